@@ -1,0 +1,146 @@
+"""What a client half of a strategy gets to work with: identity, data, model, device, durable state."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bayes.params import parameter_layout
+from client.state import ClientStateStore
+from protos.codec import TensorLayout
+from tasks.compute import resolve_device
+from tasks.config import ConfigError, RunSettings, _is_safe_name
+from tasks.datasets import NUM_CLASSES, Dataset, load_dataset
+from tasks.models import build_model, parse_hidden
+from tasks.partitions import partition_dataset
+
+DEFAULT_STATE_DIR = Path(os.environ.get("FEDBAYES_STATE_DIR", Path.home() / ".fedbayes" / "state"))
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """A SuperNode's own settings (`--node-config`), fixed for the life of that client.
+
+    client-id      stable identity, survives restarts (Flower's node id does not); default client-<partition-id>
+    partition-id   which partition of the run's split this client holds (simulation fills it in)
+    num-partitions how many partitions the split has
+    data-path      a real deployment's own data: an .npz with `images` (N,C,H,W or N,H,W) and `labels` (N,)
+    state-dir      root of the durable client state store
+    device         auto | cpu | cuda; overrides the run config's `device`
+    """
+
+    client_id: str
+    partition_id: int
+    num_partitions: int
+    data_path: str
+    state_dir: str
+    device: str
+
+    @classmethod
+    def from_node_config(cls, node_config: Mapping[str, Any], default_device: str) -> NodeSettings:
+        partition_id = int(node_config.get("partition-id", -1))
+        num_partitions = int(node_config.get("num-partitions", 0))
+        data_path = str(node_config.get("data-path", ""))
+        if not data_path and not 0 <= partition_id < num_partitions:
+            raise ConfigError(
+                f"node config needs 'data-path' or 0 <= 'partition-id' < 'num-partitions', "
+                f"got partition-id={partition_id}, num-partitions={num_partitions}"
+            )
+        client_id = str(node_config.get("client-id", f"client-{partition_id}"))
+        if not _is_safe_name(client_id):
+            raise ConfigError(f"node config 'client-id' must match [A-Za-z0-9._-]+, got {client_id!r}")
+        return cls(
+            client_id=client_id,
+            partition_id=partition_id,
+            num_partitions=num_partitions,
+            data_path=data_path,
+            state_dir=str(node_config.get("state-dir", DEFAULT_STATE_DIR)),
+            device=str(node_config.get("device", default_device)),
+        )
+
+
+@dataclass
+class ClientRuntime:
+    settings: RunSettings
+    node: NodeSettings
+    data: Dataset
+    model: torch.nn.Module
+    layout: TensorLayout
+    device: torch.device
+    store: ClientStateStore
+
+    @classmethod
+    def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
+        data = load_client_data(settings, node)
+        model = build_model(
+            settings.model, data.input_shape, data.num_classes, parse_hidden(settings.hidden), settings.activation
+        )
+        return cls(
+            settings=settings,
+            node=node,
+            data=data,
+            model=model,
+            layout=parameter_layout(model),
+            device=resolve_device(node.device),
+            store=ClientStateStore(node.state_dir, settings.federation, node.client_id),
+        )
+
+    def local_seed(self, server_round: int) -> int:
+        """Per-client, per-round seed; crc32 because str hashes differ between processes."""
+        return (self.settings.seed * 1_000_003 + server_round) ^ zlib.crc32(self.node.client_id.encode())
+
+
+def load_client_data(settings: RunSettings, node: NodeSettings) -> Dataset:
+    if node.data_path:
+        return load_npz_dataset(Path(node.data_path), settings.dataset)
+    full = load_dataset(settings.dataset, train=True, data_root=settings.data_root, download=settings.download)
+    partitions = partition_dataset(
+        full.labels.numpy(),
+        node.num_partitions,
+        settings.split,
+        settings.seed,
+        fraction=settings.fraction,
+        **_split_options(settings),
+    )
+    return full.subset(partitions[node.partition_id])
+
+
+def _split_options(settings: RunSettings) -> dict[str, Any]:
+    if settings.split == "dirichlet":
+        return {
+            "alpha_sizes": settings.dirichlet_alpha_sizes,
+            "alpha_classes": settings.dirichlet_alpha_classes,
+            "min_size": settings.min_client_size,
+        }
+    if settings.split == "two-class":
+        return {"per_class": settings.two_class_per_class}
+    return {}
+
+
+def load_npz_dataset(path: Path, dataset_name: str) -> Dataset:
+    """A deployed client's own data; uint8 pixels are scaled to [0, 1] like the built-in loaders."""
+    if not path.is_file():
+        raise FileNotFoundError(f"client data-path {path} does not exist")
+    with np.load(path, allow_pickle=False) as archive:
+        missing = {"images", "labels"} - set(archive.files)
+        if missing:
+            raise ValueError(f"{path}: missing arrays {sorted(missing)} (need 'images' and 'labels')")
+        images, labels = archive["images"], archive["labels"]
+    if images.ndim == 3:
+        images = images[:, None]
+    if images.ndim != 4 or labels.shape != images.shape[:1]:
+        raise ValueError(f"{path}: images must be (N,C,H,W) or (N,H,W) and labels (N,), got {images.shape}, {labels.shape}")
+    pixels = torch.from_numpy(images).float()
+    if images.dtype == np.uint8:
+        pixels = pixels / 255.0
+    num_classes = NUM_CLASSES[dataset_name]
+    if labels.size and not 0 <= labels.min() <= labels.max() < num_classes:
+        raise ValueError(f"{path}: labels must lie in [0, {num_classes}) for {dataset_name}")
+    return Dataset(dataset_name, pixels, torch.from_numpy(labels.astype(np.int64)), num_classes)

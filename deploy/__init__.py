@@ -1,0 +1,1 @@
+"""Operator tooling: the `fedbayes` command, the local launcher, certificates and node keys."""

@@ -1,0 +1,112 @@
+"""The `fedbayes` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedbayes", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_local(commands.add_parser("local", help="run a federation of local processes over loopback gRPC"))
+    _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
+    _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print("interrupted; all processes stopped", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as error:
+        print(f"fedbayes: error: {error}", file=sys.stderr)
+        return 1
+
+
+def _add_split_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clients", type=int, required=True)
+    parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--data-root", default="", help="torchvision layout root ('' = Debian's Fashion-MNIST)")
+    parser.add_argument("--fraction", type=float, default=1.0, help="fraction of the training set (0.1 = FMNIST-10%%)")
+    parser.add_argument("--split", default="iid", choices=("iid", "dirichlet", "two-class"))
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _add_local(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--rounds", type=int, required=True)
+    _add_split_arguments(parser)
+    parser.add_argument("--results", type=Path, help="JSON-lines results file (default: <workdir>/results.jsonl)")
+    parser.add_argument("--workdir", type=Path, help="logs, Flower home and client state (default: runs/<time>-<strategy>)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1")
+    parser.set_defaults(handler=_run_local)
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from deploy.launcher import LocalRun, parse_override, run_local
+
+    overrides = dict(parse_override(item) for item in args.set)
+    if args.data_root:
+        overrides["data-root"] = args.data_root
+    run_local(
+        LocalRun(
+            strategy=args.strategy,
+            clients=args.clients,
+            rounds=args.rounds,
+            dataset=args.dataset,
+            fraction=args.fraction,
+            split=args.split,
+            seed=args.seed,
+            results=args.results,
+            workdir=args.workdir,
+            overrides=overrides,
+        )
+    )
+    return 0
+
+
+def _add_partitions(parser: argparse.ArgumentParser) -> None:
+    _add_split_arguments(parser)
+    parser.set_defaults(handler=_print_partitions)
+
+
+def _add_export(parser: argparse.ArgumentParser) -> None:
+    _add_split_arguments(parser)
+    parser.add_argument("--out", type=Path, required=True, help="directory for client-<i>.npz")
+    parser.set_defaults(handler=_export_partitions)
+
+
+def _split(args: argparse.Namespace):
+    from tasks.datasets import load_dataset
+    from tasks.partitions import partition_dataset
+
+    train = load_dataset(args.dataset, train=True, data_root=args.data_root)
+    labels = train.labels.numpy()
+    return train, partition_dataset(labels, args.clients, args.split, args.seed, fraction=args.fraction)
+
+
+def _print_partitions(args: argparse.Namespace) -> int:
+    from tasks.partitions import describe_partitions
+
+    train, partitions = _split(args)
+    print(describe_partitions(partitions, train.labels.numpy(), train.num_classes))
+    return 0
+
+
+def _export_partitions(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    train, partitions = _split(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for index, indices in enumerate(partitions):
+        part = train.subset(indices)
+        pixels = (part.images * 255).round().to(torch.uint8).numpy()
+        np.savez(args.out / f"client-{index}.npz", images=pixels, labels=part.labels.numpy())
+    print(f"wrote {len(partitions)} partitions to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

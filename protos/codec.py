@@ -1,0 +1,176 @@
+"""Encode/decode fedbayes payloads (protos/payloads.proto) to and from Flower RecordDicts.
+
+A payload is a protobuf message plus, for each of its TensorGroup fields, one ArrayRecord under
+the field's name. `decode` rejects anything that does not match the schema *and* the receiver's
+expectation (names, dtypes, shapes, finiteness, schema version, message type) with a
+PayloadError that names the sender and the offending field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message as ProtoMessage
+
+from protos import payloads_pb2 as pb
+
+ENVELOPE_KEY = "fedbayes"
+CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
+
+_NUMPY_DTYPE = {pb.FLOAT32: np.dtype(np.float32), pb.FLOAT64: np.dtype(np.float64)}
+_PROTO_DTYPE = {dtype: proto for proto, dtype in _NUMPY_DTYPE.items()}
+
+# What a receiver expects in one tensor group: ordered name -> shape (float32 unless stated).
+TensorLayout = Mapping[str, tuple[int, ...]]
+Tensors = dict[str, np.ndarray]
+M = TypeVar("M", bound=ProtoMessage)
+
+
+class PayloadError(ValueError):
+    """A payload does not match the wire schema or what the receiver expects."""
+
+
+@dataclass
+class Payload(Generic[M]):
+    message: M
+    tensors: dict[str, Tensors]  # tensor group field name -> ordered name -> array
+
+
+def tensor_group_fields(message_type: type[ProtoMessage]) -> list[str]:
+    """Names of the message's top-level TensorGroup fields, in field order."""
+    return [
+        field.name
+        for field in message_type.DESCRIPTOR.fields
+        if field.type == FieldDescriptor.TYPE_MESSAGE
+        and field.message_type.full_name == pb.TensorGroup.DESCRIPTOR.full_name
+    ]
+
+
+def new_header(federation: str, server_round: int, client_id: str = "") -> pb.Header:
+    return pb.Header(
+        schema_version=CURRENT_SCHEMA_VERSION,
+        federation=federation,
+        server_round=server_round,
+        client_id=client_id,
+    )
+
+
+def encode(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
+    """Fill the message's TensorGroup manifests from `tensors` and pack everything."""
+    groups = tensor_group_fields(type(message))
+    if set(tensors) != set(groups):
+        raise ValueError(
+            f"{type(message).__name__} has tensor groups {groups}, got {sorted(tensors)}"
+        )
+    records: dict[str, ArrayRecord | ConfigRecord] = {}
+    for group in groups:
+        manifest = getattr(message, group)
+        del manifest.tensors[:]
+        arrays = {}
+        for name, value in tensors[group].items():
+            value = np.ascontiguousarray(value)
+            if value.dtype not in _PROTO_DTYPE:
+                raise ValueError(f"{group}/{name}: dtype {value.dtype} is not in the schema")
+            manifest.tensors.add(name=name, dtype=_PROTO_DTYPE[value.dtype], shape=value.shape)
+            arrays[name] = Array(value)
+        records[group] = ArrayRecord(arrays)
+    records[ENVELOPE_KEY] = ConfigRecord(
+        {"type": message.DESCRIPTOR.full_name, "message": message.SerializeToString()}
+    )
+    return RecordDict(records)
+
+
+def decode(
+    content: RecordDict,
+    message_type: type[M],
+    layouts: Mapping[str, TensorLayout],
+    sender: str,
+) -> Payload[M]:
+    """Parse and validate a payload; `layouts` gives the expected layout of every tensor group."""
+    message = _parse_envelope(content, message_type, sender)
+    groups = tensor_group_fields(message_type)
+    unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY}
+    if unexpected:
+        raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {message_type.__name__}")
+    tensors = {
+        group: _decode_group(content, group, getattr(message, group), layouts[group], sender)
+        for group in groups
+    }
+    _check_finite_scalars(message, sender, prefix="")
+    return Payload(message, tensors)
+
+
+def _parse_envelope(content: RecordDict, message_type: type[M], sender: str) -> M:
+    expected = message_type.DESCRIPTOR.full_name
+    envelope = content.config_records.get(ENVELOPE_KEY)
+    if envelope is None:
+        raise PayloadError(f"{sender}: missing '{ENVELOPE_KEY}' record; not a fedbayes payload")
+    if envelope.get("type") != expected:
+        raise PayloadError(f"{sender}: field 'type': expected {expected}, got {envelope.get('type')!r}")
+    raw = envelope.get("message")
+    if not isinstance(raw, bytes):
+        raise PayloadError(f"{sender}: field 'message': expected protobuf bytes")
+    message = message_type()
+    try:
+        message.ParseFromString(raw)
+    except DecodeError as error:
+        raise PayloadError(f"{sender}: field 'message': malformed {expected}: {error}") from None
+    version = message.header.schema_version
+    if version != CURRENT_SCHEMA_VERSION:
+        raise PayloadError(
+            f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}"
+        )
+    return message
+
+
+def _decode_group(
+    content: RecordDict, group: str, manifest: pb.TensorGroup, layout: TensorLayout, sender: str
+) -> Tensors:
+    record = content.array_records.get(group)
+    if record is None:
+        raise PayloadError(f"{sender}: field '{group}': missing ArrayRecord")
+    declared = [spec.name for spec in manifest.tensors]
+    if declared != list(layout) or list(record.keys()) != declared:
+        raise PayloadError(
+            f"{sender}: field '{group}': tensor names {list(record.keys())} "
+            f"(declared {declared}) do not match expected {list(layout)}"
+        )
+    tensors = {}
+    for spec in manifest.tensors:
+        where = f"{sender}: field '{group}/{spec.name}'"
+        expected_shape = tuple(layout[spec.name])
+        array = record[spec.name]
+        if spec.dtype != pb.FLOAT32 or array.dtype != "float32":
+            raise PayloadError(f"{where}: dtype must be float32, got {array.dtype}")
+        if tuple(spec.shape) != expected_shape or tuple(array.shape) != expected_shape:
+            raise PayloadError(
+                f"{where}: shape must be {expected_shape}, got {tuple(array.shape)} "
+                f"(declared {tuple(spec.shape)})"
+            )
+        try:
+            value = array.numpy()
+        except Exception as error:  # corrupt bytes inside an Array
+            raise PayloadError(f"{where}: unreadable array data: {error}") from None
+        if value.shape != expected_shape:
+            raise PayloadError(f"{where}: array data has shape {value.shape}, not {expected_shape}")
+        if not np.isfinite(value).all():
+            raise PayloadError(f"{where}: contains NaN or Inf")
+        tensors[spec.name] = value
+    return tensors
+
+
+def _check_finite_scalars(message: ProtoMessage, sender: str, prefix: str) -> None:
+    for field, value in message.ListFields():
+        name = f"{prefix}{field.name}"
+        if field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+            values = value if field.is_repeated else [value]
+            if not all(math.isfinite(v) for v in values):
+                raise PayloadError(f"{sender}: field '{name}': must be finite, got {value}")
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and not field.is_repeated:
+            _check_finite_scalars(value, sender, prefix=f"{name}.")

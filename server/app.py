@@ -1,0 +1,64 @@
+"""ServerApp: run config -> task, model and strategy; drive the rounds; evaluate every round."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see tasks/compute.py
+
+from logging import INFO
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context
+from flwr.common import log
+from flwr.serverapp import Grid, ServerApp
+
+from bayes.metrics import classification_metrics, predict_probs
+from bayes.params import get_parameters, parameter_layout, set_parameters
+from server.loop import LoopSettings, ResultsLog, run_rounds
+from strategies import get_algorithm
+from tasks.compute import configure_threads, resolve_device
+from tasks.config import RunSettings
+from tasks.datasets import load_dataset
+from tasks.models import build_model, parse_hidden
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    configure_threads()
+    settings = RunSettings.from_run_config(context.run_config)
+    algorithm = get_algorithm(settings.strategy)
+    test = load_dataset(settings.dataset, train=False, data_root=settings.data_root, download=settings.download)
+    torch.manual_seed(settings.seed)
+    model = build_model(
+        settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation
+    )
+    layout = parameter_layout(model)
+    strategy = algorithm.server(settings, layout)
+    device = resolve_device(settings.device)
+    log(INFO, "fedbayes: strategy %s, %s, %d rounds", settings.strategy, settings.dataset, settings.num_server_rounds)
+
+    def evaluate(arrays: ArrayRecord) -> dict[str, float]:
+        set_parameters(model, {name: arrays[name].numpy() for name in layout})
+        probs = predict_probs(model.to(device), test.images, settings.eval_batch_size, device)
+        model.cpu()
+        return classification_metrics(probs, test.labels)
+
+    initial = ArrayRecord({name: Array(np.asarray(value)) for name, value in get_parameters(model).items()})
+    run_rounds(
+        grid,
+        strategy,
+        initial,
+        LoopSettings(
+            num_rounds=settings.num_server_rounds,
+            round_timeout=settings.round_timeout,
+            poll_interval=settings.poll_interval,
+            wait_for_clients=settings.wait_for_clients,
+            wait_for_clients_timeout=settings.wait_for_clients_timeout,
+        ),
+        evaluate,
+        ResultsLog(settings.results_path),
+    )

@@ -1,0 +1,131 @@
+"""The server's round loop: push each round's messages, poll for replies, aggregate, evaluate, log.
+
+Flower's Strategy.start drives rounds through Grid.send_and_receive, which sleeps 3 s between
+polls; this loop pushes and pulls itself every `poll-interval` seconds (benchmarks/round_overhead.py
+measures the difference), bounds every round by `round-timeout`, and maps errors the SuperLink makes
+on a node's behalf (src_node_id 1) back to the node they were addressed to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from strategies.base import RoundReport
+
+Evaluate = Callable[[ArrayRecord], dict[str, float]]
+
+
+@dataclass
+class LoopSettings:
+    num_rounds: int
+    round_timeout: float
+    poll_interval: float
+    wait_for_clients: int
+    wait_for_clients_timeout: float
+
+
+class ResultsLog:
+    """One JSON object per round, appended and flushed as soon as the round ends."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path) if path else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a") as results_file:
+                results_file.write(json.dumps(record) + "\n")
+
+
+def wait_for_clients(grid: Grid, count: int, timeout: float, poll_interval: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(grid.get_node_ids())) < count:
+        if time.monotonic() > deadline:
+            connected = len(list(grid.get_node_ids()))
+            raise TimeoutError(f"only {connected} of the {count} clients asked for connected within {timeout:.0f} s")
+        time.sleep(poll_interval)
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float) -> list[Message]:
+    """Send `messages` and collect replies until all arrived or `timeout` passed."""
+    message_ids = list(grid.push_messages(messages))
+    destination = {mid: msg.metadata.dst_node_id for mid, msg in zip(message_ids, messages) if mid}
+    pending = set(destination)
+    replies: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for reply in grid.pull_messages(list(pending)):
+            pending.discard(reply.metadata.reply_to_message_id)
+            if reply.has_error():
+                # SuperLink-made errors (node unavailable) come from node 1: name the real node.
+                reply.metadata.__dict__["_src_node_id"] = destination.get(
+                    reply.metadata.reply_to_message_id, reply.metadata.src_node_id
+                )
+            replies.append(reply)
+        if pending:
+            time.sleep(poll_interval)
+    for message_id in pending:
+        log(WARNING, "node %d did not reply within %.0f s; round goes on without it", destination[message_id], timeout)
+    return replies
+
+
+def run_rounds(
+    grid: Grid,
+    strategy: Strategy,
+    initial_arrays: ArrayRecord,
+    settings: LoopSettings,
+    evaluate: Evaluate,
+    results: ResultsLog,
+) -> ArrayRecord:
+    wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
+    arrays = initial_arrays
+    started = time.monotonic()
+    for server_round in range(1, settings.num_rounds + 1):
+        round_started = time.monotonic()
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        replies = exchange(grid, messages, settings.round_timeout, settings.poll_interval)
+        new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
+        if new_arrays is None:
+            log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
+        else:
+            arrays = new_arrays
+        round_seconds = time.monotonic() - round_started
+        report: RoundReport = strategy.round_report
+        record = {
+            "round": server_round,
+            **evaluate(arrays),
+            "clients": len(report.accepted),
+            "clients_sent": report.sent,
+            "clients_rejected": len(report.rejected),
+            "train_loss": (train_metrics or {}).get("train-loss"),
+            "client_compute_seconds": (train_metrics or {}).get("compute-seconds"),
+            "round_seconds": round_seconds,
+            "wall_seconds": time.monotonic() - started,
+        }
+        results.write(record)
+        log(INFO, progress_line(record, settings.num_rounds))
+    return arrays
+
+
+def progress_line(record: dict[str, Any], num_rounds: int) -> str:
+    line = (
+        f"round {record['round']:>3}/{num_rounds} | acc {record['accuracy']:.4f} | nll {record['nll']:.4f} "
+        f"| ece {record['ece']:.4f} | clients {record['clients']}/{record['clients_sent']} "
+        f"| {record['round_seconds']:.1f} s"
+    )
+    if "accuracy_ensemble" in record:
+        line += f" | ensemble acc {record['accuracy_ensemble']:.4f} nll {record['nll_ensemble']:.4f}"
+    return line

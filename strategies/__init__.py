@@ -1,0 +1,38 @@
+"""One module per algorithm, each holding both halves (server Strategy + client update)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flwr.app import RecordDict
+from flwr.serverapp.strategy import Strategy
+
+from protos.codec import TensorLayout
+from tasks.config import ConfigError, RunSettings
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    server: Callable[[RunSettings, TensorLayout], Strategy]
+    client_update: Callable[..., RecordDict]  # (content, ClientRuntime) -> reply content
+
+
+def _registry() -> dict[str, Algorithm]:
+    from strategies import fedavg
+
+    return {
+        "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
+        "fedprox": Algorithm(fedavg.FedProx, fedavg.client_update),
+    }
+
+
+def get_algorithm(name: str) -> Algorithm:
+    registry = _registry()
+    if name not in registry:
+        raise ConfigError(f"run config 'strategy' must be one of {', '.join(registry)}, got {name!r}")
+    return registry[name]
+
+
+def algorithm_names() -> list[str]:
+    return list(_registry())

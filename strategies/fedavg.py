@@ -1,0 +1,142 @@
+"""FedAvg (McMahan et al., 2017) and FedProx (Li et al., 2020) over the fedbayes wire schema.
+
+Server half: Flower's own FedAvg/FedProx do node sampling and the example-weighted average
+w = sum_k N_k w_k / sum_k N_k; we only put their messages through protos/ (FedAvgInstruction /
+FedAvgReply) and reject bad replies. Client half: E local epochs of Adam/SGD on the mean minibatch
+loss, plus FedProx's proximal term mu/2 * ||w - w_global||^2 (squared norm, as in the paper; Flower's
+docstring example uses the unsquared norm).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy import FedProx as FlowerFedProx
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from bayes.params import get_parameters, set_parameters
+from client.runtime import ClientRuntime
+from client.training import train_epochs
+from protos import payloads_pb2 as pb
+from protos.codec import TensorLayout, decode, encode, new_header
+from strategies.base import RoundReport, WireStrategyMixin
+from tasks.config import RunSettings
+
+
+class _FedAvgWire(WireStrategyMixin):
+    """Puts the Flower strategy's train messages and replies through the wire schema."""
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout, **flower_options) -> None:
+        super().__init__(
+            fraction_train=settings.fraction_train,
+            fraction_evaluate=0.0,  # the server evaluates the global model centrally
+            min_train_nodes=settings.min_clients,
+            min_available_nodes=settings.min_clients,
+            **flower_options,
+        )
+        self.settings = settings
+        self.layout = layout
+        self._init_wire()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        sampled = list(super().configure_train(server_round, arrays, config, grid))  # Flower samples nodes
+        settings = self.settings
+        instruction = pb.FedAvgInstruction(
+            header=new_header(settings.federation, server_round),
+            training=pb.LocalTraining(
+                epochs=settings.local_epochs,
+                batch_size=settings.batch_size,
+                learning_rate=settings.lr,
+                optimizer=settings.optimizer,
+                weight_decay=settings.weight_decay,
+                seed=settings.seed,
+            ),
+            proximal_mu=float(config.get("proximal-mu", 0.0)),  # set by Flower's FedProx
+        )
+        content = encode(instruction, {"weights": {name: arrays[name].numpy() for name in self.layout}})
+        self.round_report = RoundReport(sent=len(sampled))
+        return [
+            Message(content, dst_node_id=message.metadata.dst_node_id, message_type=MessageType.TRAIN)
+            for message in sampled
+        ]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        payloads = self.decode_replies(replies, pb.FedAvgReply, {"weights": self.layout}, server_round)
+        if not payloads:
+            return None, None
+        # Re-shaped into the records Flower's aggregation helpers expect.
+        records = [
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({name: Array(value) for name, value in payload.tensors["weights"].items()}),
+                    "metrics": MetricRecord(
+                        {
+                            self.weighted_by_key: payload.message.num_examples,
+                            "train-loss": payload.message.train_loss,
+                            "compute-seconds": payload.message.compute_seconds,
+                        }
+                    ),
+                }
+            )
+            for payload in payloads
+        ]
+        return aggregate_arrayrecords(records, self.weighted_by_key), self.train_metrics_aggr_fn(
+            records, self.weighted_by_key
+        )
+
+
+class FedAvg(_FedAvgWire, FlowerFedAvg):
+    """FedAvg: Flower's sampling and weighted averaging, fedbayes payloads."""
+
+
+class FedProx(_FedAvgWire, FlowerFedProx):
+    """FedProx: FedAvg whose clients add mu/2 * ||w - w_global||^2 to their loss."""
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
+        super().__init__(settings, layout, proximal_mu=settings.proximal_mu)
+
+
+def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+    """Client half: load the global model, train locally, send the new weights back."""
+    payload = decode(content, pb.FedAvgInstruction, {"weights": runtime.layout}, sender="server")
+    instruction = payload.message
+    set_parameters(runtime.model, payload.tensors["weights"])
+    extra_loss = None
+    if instruction.proximal_mu > 0.0:
+        anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
+        extra_loss = _proximal_term(instruction.proximal_mu, anchor)
+    started = time.perf_counter()
+    train_loss = train_epochs(
+        runtime.model,
+        runtime.data,
+        instruction.training,
+        runtime.device,
+        seed=runtime.local_seed(instruction.header.server_round),
+        extra_loss=extra_loss,
+    )
+    reply = pb.FedAvgReply(
+        header=new_header(
+            instruction.header.federation, instruction.header.server_round, runtime.node.client_id
+        ),
+        num_examples=len(runtime.data.labels),
+        train_loss=train_loss,
+        compute_seconds=time.perf_counter() - started,
+    )
+    return encode(reply, {"weights": get_parameters(runtime.model)})
+
+
+def _proximal_term(mu: float, anchor: list[torch.Tensor]):
+    def proximal(model: torch.nn.Module) -> torch.Tensor:
+        squared = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
+        return 0.5 * mu * squared
+
+    return proximal

@@ -1,0 +1,114 @@
+"""The run configuration shared by the ServerApp and every ClientApp.
+
+Keys and defaults live in pyproject.toml [tool.flwr.app.config]; `flwr run -c` and
+`fedbayes local --set` override them. Both halves parse the same keys with the same checks, so a
+bad value fails loudly on both sides with the key's name in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+_OPTIMIZERS = ("adam", "sgd")
+
+
+class ConfigError(ValueError):
+    """A run or node configuration value is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    strategy: str
+    num_server_rounds: int
+    federation: str
+    results_path: str
+    dataset: str
+    data_root: str
+    download: bool
+    fraction: float
+    split: str
+    seed: int
+    dirichlet_alpha_sizes: float
+    dirichlet_alpha_classes: float
+    min_client_size: int
+    two_class_per_class: int
+    model: str
+    hidden: str
+    activation: str
+    local_epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    weight_decay: float
+    device: str
+    proximal_mu: float
+    fraction_train: float
+    min_clients: int
+    wait_for_clients: int
+    wait_for_clients_timeout: float
+    round_timeout: float
+    poll_interval: float
+    eval_batch_size: int
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
+        values = {}
+        for field in fields(cls):
+            key = field.name.replace("_", "-")
+            if key not in run_config:
+                raise ConfigError(f"run config is missing '{key}'")
+            values[field.name] = _coerce(key, run_config[key], field.type)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        from tasks.datasets import DATASETS
+        from tasks.models import ACTIVATIONS, MODELS
+        from tasks.partitions import SPLITS
+
+        _choice("dataset", self.dataset, DATASETS)
+        _choice("split", self.split, SPLITS)
+        _choice("model", self.model, MODELS)
+        _choice("activation", self.activation, tuple(ACTIVATIONS))
+        _choice("optimizer", self.optimizer, _OPTIMIZERS)
+        _check("num-server-rounds", self.num_server_rounds >= 1, "must be >= 1")
+        _check("fraction", 0.0 < self.fraction <= 1.0, "must be in (0, 1]")
+        _check("fraction-train", 0.0 < self.fraction_train <= 1.0, "must be in (0, 1]")
+        _check("local-epochs", self.local_epochs >= 1, "must be >= 1")
+        _check("batch-size", self.batch_size >= 1, "must be >= 1")
+        _check("eval-batch-size", self.eval_batch_size >= 1, "must be >= 1")
+        _check("lr", self.lr > 0.0, "must be > 0")
+        _check("weight-decay", self.weight_decay >= 0.0, "must be >= 0")
+        _check("proximal-mu", self.proximal_mu >= 0.0, "must be >= 0")
+        _check("min-clients", self.min_clients >= 1, "must be >= 1")
+        _check("wait-for-clients", self.wait_for_clients >= 0, "must be >= 0")
+        _check("round-timeout", self.round_timeout > 0.0, "must be > 0")
+        _check("poll-interval", self.poll_interval > 0.0, "must be > 0")
+        _check("federation", _is_safe_name(self.federation), "must match [A-Za-z0-9._-]+")
+
+
+def _coerce(key: str, value: Any, annotation: str) -> Any:
+    """Flower's TOML parsing gives 1 for `lr=1`; accept ints for floats, nothing else."""
+    kind = {"int": int, "float": float, "str": str, "bool": bool}[annotation]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"run config '{key}' must be {annotation}, got {value!r}")
+    return value
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"run config '{key}' must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check(key: str, ok: bool, requirement: str) -> None:
+    if not ok:
+        raise ConfigError(f"run config '{key}' {requirement}")
+
+
+def _is_safe_name(name: str) -> bool:
+    return bool(name) and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")

@@ -1,0 +1,147 @@
+"""Image classification datasets as in-memory tensors.
+
+Fashion-MNIST comes from the Debian package `dataset-fashion-mnist` by default, read with a small
+IDX reader, so the common case needs neither torchvision's folder layout nor a network. Every other
+case goes through torchvision with a user-given root. Images are preloaded once as float tensors
+because per-item transforms through a DataLoader are several times slower than indexing a tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision import datasets as tv_datasets
+
+DEBIAN_FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
+
+DATASETS = ("fmnist", "mnist", "cifar10", "cifar100")
+
+_TORCHVISION_CLASSES = {
+    "fmnist": tv_datasets.FashionMNIST,
+    "mnist": tv_datasets.MNIST,
+    "cifar10": tv_datasets.CIFAR10,
+    "cifar100": tv_datasets.CIFAR100,
+}
+NUM_CLASSES = {"fmnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
+
+_IDX_UBYTE_TYPE = 0x08  # IDX type code for unsigned bytes, the only one the MNIST-style files use
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """The dataset files are not where we looked; the message says how to get them."""
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: comparing tensors elementwise has no single truth value
+class Dataset:
+    """A labelled image set held in memory. Treat the tensors as read-only: loads are cached."""
+
+    name: str
+    images: torch.Tensor  # float32, shape (N, C, H, W), pixels scaled to [0, 1]
+    labels: torch.Tensor  # int64, shape (N,)
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one image, (C, H, W)."""
+        return tuple(self.images.shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices) -> Dataset:
+        """The examples at `indices` (any integer array-like), in that order."""
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return Dataset(self.name, self.images[index], self.labels[index], self.num_classes)
+
+
+def load_dataset(name: str, train: bool, data_root: str = "", download: bool = False) -> Dataset:
+    """Load the train or test split of `name` (one of DATASETS).
+
+    With `data_root` empty, "fmnist" is read from the Debian package; the other datasets need a
+    torchvision root (`download=True` lets torchvision fetch them into it). Results are cached per
+    process, so clients and the evaluator sharing a process load each split once.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    return _load_cached(name, bool(train), str(data_root), bool(download))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_cached(name: str, train: bool, data_root: str, download: bool) -> Dataset:
+    if data_root:
+        return _load_torchvision(name, train, data_root, download)
+    if name == "fmnist":
+        return _load_debian_fmnist(train)
+    raise DatasetNotFoundError(
+        f"dataset {name!r} needs --data-root (a torchvision dataset folder); "
+        "pass download=true to fetch it into that folder"
+    )
+
+
+def _load_debian_fmnist(train: bool) -> Dataset:
+    split = "train" if train else "t10k"
+    image_path = DEBIAN_FMNIST_DIR / f"{split}-images-idx3-ubyte.gz"
+    label_path = DEBIAN_FMNIST_DIR / f"{split}-labels-idx1-ubyte.gz"
+    missing = [str(path) for path in (image_path, label_path) if not path.is_file()]
+    if missing:
+        raise DatasetNotFoundError(
+            f"Fashion-MNIST files not found: {', '.join(missing)}. "
+            "Run `apt-get install dataset-fashion-mnist` (as root) "
+            "or pass --data-root with torchvision's FashionMNIST layout"
+        )
+    pixels = read_idx_ubyte_gz(image_path, ndim=3)
+    labels = read_idx_ubyte_gz(label_path, ndim=1)
+    if len(pixels) != len(labels):
+        raise ValueError(f"{image_path} has {len(pixels)} images but {label_path} has {len(labels)} labels")
+    return _dataset_from_uint8("fmnist", torch.from_numpy(pixels).unsqueeze(1), torch.from_numpy(labels))
+
+
+def read_idx_ubyte_gz(path: Path, ndim: int) -> np.ndarray:
+    """Read a gzipped IDX file of unsigned bytes with `ndim` dimensions (the MNIST file format)."""
+    try:
+        with gzip.open(path, "rb") as file:
+            raw = file.read()
+    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError; a truncated file is EOFError
+        raise ValueError(f"{path}: not a readable gzip file ({err})") from err
+    header_size = 4 + 4 * ndim
+    expected_magic = bytes([0, 0, _IDX_UBYTE_TYPE, ndim])
+    if raw[:4] != expected_magic:
+        raise ValueError(
+            f"{path}: bad IDX magic number {raw[:4].hex()} (expected {expected_magic.hex()}); "
+            "the file is corrupt or not an IDX file"
+        )
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    payload_size = len(raw) - header_size
+    if payload_size != int(np.prod(dims)):
+        raise ValueError(f"{path}: header says shape {dims} but the file holds {payload_size} data bytes")
+    # bytearray makes the array writable, so torch.from_numpy can share it without a warning.
+    return np.frombuffer(bytearray(raw), dtype=np.uint8, offset=header_size).reshape(dims)
+
+
+def _load_torchvision(name: str, train: bool, data_root: str, download: bool) -> Dataset:
+    dataset_class = _TORCHVISION_CLASSES[name]
+    try:
+        source = dataset_class(root=data_root, train=train, download=download)
+    except RuntimeError as err:
+        if "Dataset not found" not in str(err):
+            raise
+        raise DatasetNotFoundError(
+            f"dataset {name!r} not found under {data_root} (torchvision {dataset_class.__name__} layout); "
+            "pass download=true to fetch it there"
+        ) from err
+    # Read the raw arrays directly: torchvision's per-item PIL transforms are far slower.
+    if isinstance(source.data, np.ndarray):  # CIFAR stores NHWC uint8 numpy arrays
+        pixels = torch.from_numpy(source.data).permute(0, 3, 1, 2)
+    else:  # MNIST-style datasets store (N, H, W) uint8 tensors
+        pixels = source.data.unsqueeze(1)
+    return _dataset_from_uint8(name, pixels, torch.as_tensor(source.targets))
+
+
+def _dataset_from_uint8(name: str, pixels: torch.Tensor, labels: torch.Tensor) -> Dataset:
+    images = pixels.to(torch.float32).div_(255.0).contiguous()
+    return Dataset(name, images, labels.to(torch.int64), NUM_CLASSES[name])

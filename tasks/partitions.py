@@ -1,0 +1,189 @@
+"""Seeded splits of a training set among clients.
+
+Every function is deterministic in its seed and returns, per client, a sorted int64 array of
+indices into the array it was given. The Dirichlet split follows the spec's §5.1 procedure; the
+policy for empty or tiny clients (resample the whole split) is the spec's §9 P16 recommendation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+SPLITS = ("iid", "dirichlet", "two-class")
+
+Seed = int | np.random.SeedSequence  # anything np.random.default_rng accepts as a fixed seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DirichletSplit:
+    """A Dirichlet split and how many draws it took to give every client `min_size` examples."""
+
+    partitions: list[np.ndarray]
+    attempts: int
+
+
+def training_subset(num_examples: int, fraction: float, seed: Seed) -> np.ndarray:
+    """Sorted indices of a random `fraction` of `num_examples` examples (all of them for 1).
+
+    The subset differs per seed, as in the paper's FMNIST-10% runs (spec §9 P17).
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if fraction == 1.0:
+        return np.arange(num_examples, dtype=np.int64)
+    size = max(1, round(fraction * num_examples))
+    chosen = np.random.default_rng(seed).choice(num_examples, size=size, replace=False)
+    return np.sort(chosen).astype(np.int64)
+
+
+def split_iid(num_examples: int, num_clients: int, seed: Seed) -> list[np.ndarray]:
+    """Homogeneous split (spec §5.2): client k gets pi[k::K] of a random permutation pi."""
+    _check_num_clients(num_clients)
+    if num_examples < num_clients:
+        raise ValueError(f"cannot give {num_clients} clients at least one of {num_examples} examples each")
+    permutation = np.random.default_rng(seed).permutation(num_examples)
+    return [np.sort(permutation[k::num_clients]).astype(np.int64) for k in range(num_clients)]
+
+
+def split_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: Seed,
+    alpha_sizes: float = 1.0,
+    alpha_classes: float = 0.5,
+    min_size: int = 1,
+    max_attempts: int = 1000,
+) -> DirichletSplit:
+    """Two-level Dirichlet split (spec §5.1): client sizes ~ Dir(alpha_sizes), class mix per client
+    ~ Dir(alpha_classes); each class is shared among clients in proportion to size x class mix.
+
+    Small clients happen (with K = 100 often an empty one), so the whole split is redrawn until
+    every client has at least `min_size` examples; ValueError after `max_attempts` draws.
+    """
+    labels = _check_labels(labels)
+    _check_num_clients(num_clients)
+    if alpha_sizes <= 0 or alpha_classes <= 0:
+        raise ValueError(f"Dirichlet alphas must be > 0, got alpha_sizes={alpha_sizes}, alpha_classes={alpha_classes}")
+    if min_size < 0 or max_attempts < 1:
+        raise ValueError(f"need min_size >= 0 and max_attempts >= 1, got {min_size} and {max_attempts}")
+    if min_size * num_clients > len(labels):
+        raise ValueError(f"{len(labels)} examples cannot give {num_clients} clients {min_size} each")
+    rng = np.random.default_rng(seed)
+    for attempt in range(1, max_attempts + 1):
+        partitions = _draw_dirichlet_split(labels, num_clients, rng, alpha_sizes, alpha_classes)
+        if min(len(part) for part in partitions) >= min_size:
+            return DirichletSplit(partitions, attempt)
+    raise ValueError(
+        f"no Dirichlet split in {max_attempts} attempts gave all {num_clients} clients >= {min_size} "
+        f"of {len(labels)} examples; lower min_size or num_clients, or raise alpha_sizes"
+    )
+
+
+def _draw_dirichlet_split(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha_sizes: float, alpha_classes: float
+) -> list[np.ndarray]:
+    num_classes = int(labels.max()) + 1
+    client_sizes = rng.dirichlet(np.full(num_clients, alpha_sizes))
+    class_mix = rng.dirichlet(np.full(num_classes, alpha_classes), size=num_clients)
+    weights = client_sizes[:, None] * class_mix
+    class_shares = weights / weights.sum(axis=0, keepdims=True)  # per class, a distribution over clients
+    pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in range(num_classes):
+        members = np.flatnonzero(labels == c)
+        rng.shuffle(members)
+        # Floor of the cumulative shares: every example of the class goes to exactly one client.
+        cuts = (np.cumsum(class_shares[:, c]) * len(members)).astype(int)[:-1]
+        for k, piece in enumerate(np.split(members, cuts)):
+            pieces[k].append(piece)
+    return [np.sort(np.concatenate(client_pieces)).astype(np.int64) for client_pieces in pieces]
+
+
+def split_two_class(labels: np.ndarray, num_clients: int, seed: Seed, per_class: int = 300) -> list[np.ndarray]:
+    """Pathological split: each client gets `per_class` examples of each of 2 distinct classes.
+
+    Examples are drawn without replacement, so no two clients share one. Each client takes the two
+    classes with the most examples left (ties broken at random), which keeps class usage balanced
+    and postpones running out; a class that runs out is a ValueError naming it.
+    """
+    labels = _check_labels(labels)
+    _check_num_clients(num_clients)
+    if per_class < 1:
+        raise ValueError(f"per_class must be >= 1, got {per_class}")
+    num_classes = int(labels.max()) + 1
+    if num_classes < 2:
+        raise ValueError("the two-class split needs labels with at least 2 classes")
+    rng = np.random.default_rng(seed)
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    taken = np.zeros(num_classes, dtype=np.int64)
+    partitions = []
+    for k in range(num_clients):
+        remaining = np.array([len(pool) for pool in pools]) - taken
+        by_remaining = np.lexsort((rng.permutation(num_classes), -remaining))  # last key sorts first
+        classes = by_remaining[:2]
+        for c in classes:
+            if remaining[c] < per_class:
+                raise ValueError(
+                    f"class {c} has only {remaining[c]} examples left for client {k} of {num_clients} "
+                    f"(per_class={per_class}); lower per_class or num_clients"
+                )
+        picked = [pools[c][taken[c] : taken[c] + per_class] for c in classes]
+        taken[classes] += per_class
+        partitions.append(np.sort(np.concatenate(picked)).astype(np.int64))
+    return partitions
+
+
+def partition_dataset(
+    labels: np.ndarray, num_clients: int, split: str, seed: int, fraction: float = 1.0, **split_options
+) -> list[np.ndarray]:
+    """Subsample a `fraction` of the training set, then split it among clients with `split`.
+
+    Returns indices into the full `labels`. The subset and the split use independent random
+    streams derived from `seed`. `split_options` go to the split function (e.g. alpha_sizes,
+    min_size for "dirichlet"; per_class for "two-class").
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    _check_num_clients(num_clients)
+    labels = _check_labels(labels)
+    subset_seed, split_seed = np.random.SeedSequence(seed).spawn(2)
+    subset = training_subset(len(labels), fraction, subset_seed)
+    subset_labels = labels[subset]
+    if split == "iid":
+        parts = split_iid(len(subset), num_clients, split_seed, **split_options)
+    elif split == "dirichlet":
+        result = split_dirichlet(subset_labels, num_clients, split_seed, **split_options)
+        log.info("Dirichlet split (seed %d) took %d attempt(s)", seed, result.attempts)
+        parts = result.partitions
+    else:
+        parts = split_two_class(subset_labels, num_clients, split_seed, **split_options)
+    return [subset[part] for part in parts]  # subset is sorted, so these stay sorted
+
+
+def describe_partitions(partitions: list[np.ndarray], labels: np.ndarray, num_classes: int) -> str:
+    """A table with one row per client (index, size, count per class) and a total row."""
+    labels = np.asarray(labels)
+    per_client = [np.bincount(labels[part], minlength=num_classes) for part in partitions]
+    counts = np.array(per_client, dtype=np.int64).reshape(len(partitions), num_classes)  # (0, C) when no clients
+    header = ["client", "size", *(str(c) for c in range(num_classes))]
+    rows = [[str(k), str(row.sum()), *map(str, row)] for k, row in enumerate(counts)]
+    total = counts.sum(axis=0)
+    rows.append(["total", str(total.sum()), *map(str, total)])
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header, *rows])
+
+
+def _check_num_clients(num_clients: int) -> None:
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+
+
+def _check_labels(labels: np.ndarray) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or len(labels) == 0 or not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
+        raise ValueError("labels must be a non-empty 1-D array of non-negative integers")
+    return labels
