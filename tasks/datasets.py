@@ -15,18 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision import datasets as tv_datasets
 
 DEBIAN_FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
 
 DATASETS = ("fmnist", "mnist", "cifar10", "cifar100")
 
-_TORCHVISION_CLASSES = {
-    "fmnist": tv_datasets.FashionMNIST,
-    "mnist": tv_datasets.MNIST,
-    "cifar10": tv_datasets.CIFAR10,
-    "cifar100": tv_datasets.CIFAR100,
-}
+_TORCHVISION_CLASSES = {"fmnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 NUM_CLASSES = {"fmnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
 
 _IDX_UBYTE_TYPE = 0x08  # IDX type code for unsigned bytes, the only one the MNIST-style files use
@@ -124,7 +118,10 @@ def read_idx_ubyte_gz(path: Path, ndim: int) -> np.ndarray:
 
 
 def _load_torchvision(name: str, train: bool, data_root: str, download: bool) -> Dataset:
-    dataset_class = _TORCHVISION_CLASSES[name]
+    # Imported here: torchvision costs ~1.2 s per process, and every ClientApp is a fresh process.
+    from torchvision import datasets as tv_datasets
+
+    dataset_class = getattr(tv_datasets, _TORCHVISION_CLASSES[name])
     try:
         source = dataset_class(root=data_root, train=train, download=download)
     except RuntimeError as err:
