@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from deploy.processes import ManagedProcess, ProcessGroup, free_ports, wait_for_
 APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "fedbayes-local"
 STARTUP_TIMEOUT = 60.0
+TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
+
 
 @dataclass
 class LocalRun:
@@ -50,6 +53,124 @@ class LocalRun:
         }
         config.update(self.overrides)
         return config
+
+
+def run_local(spec: LocalRun) -> list[dict[str, Any]]:
+    """Run the federation to completion and return its per-round results."""
+    if spec.clients < 1 or spec.rounds < 1:
+        raise ValueError("--clients and --rounds must be >= 1")
+    workdir = (spec.workdir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.strategy}").resolve()
+    results = (spec.results or workdir / "results.jsonl").resolve()
+    say = (lambda *a: None) if spec.quiet else (lambda *a: print(*a, flush=True))
+    say(
+        "WARNING: fedbayes local runs INSECURE (no TLS, no node authentication) on 127.0.0.1 only. "
+        "Use the deploy/ path for anything that crosses a network."
+    )
+    with LocalFederation(workdir) as federation:
+        for index in range(spec.clients):
+            federation.start_supernode(index, spec.clients)
+        submit = federation.submit(spec.run_config(workdir, results))
+        say(f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; logs in {federation.log_dir}")
+        say(TABLE_HEADER)
+        rows = federation.follow(results, submit, spec.rounds, on_row=lambda row: say(format_row(row)))
+    if len(rows) < spec.rounds:
+        raise RuntimeError(
+            f"the run ended after {len(rows)} of {spec.rounds} rounds; see {federation.log_dir}:\n{submit.log_tail(40)}"
+        )
+    return rows
+
+
+class LocalFederation:
+    """A SuperLink on 127.0.0.1 plus SuperNodes started on demand; everything stops on exit."""
+
+    def __init__(self, workdir: Path) -> None:
+        if not (APP_DIR / "pyproject.toml").is_file():
+            raise FileNotFoundError(f"the Flower app (pyproject.toml) is not at {APP_DIR}; run from a source checkout")
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        self.workdir = workdir
+        self.log_dir = workdir / "logs"
+        self.flwr_home = workdir / "flwr-home"
+        self.flwr_home.mkdir(parents=True)
+        self.control_port, self.fleet_port = free_ports(2)
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.control_port}"\ninsecure = true\n'
+        )
+        self.processes = ProcessGroup(self.log_dir, process_env(self.flwr_home))
+        self.supernodes: dict[int, ManagedProcess] = {}
+
+    def __enter__(self) -> LocalFederation:
+        try:
+            self.superlink = self.processes.start(
+                "superlink",
+                [_tool("flower-superlink"), "--insecure", "--isolation", "subprocess",
+                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                 "--port", str(self.control_port), "--fleet-api-address", f"127.0.0.1:{self.fleet_port}"],
+                cwd=self.workdir,
+            )
+            wait_for_port(self.control_port, STARTUP_TIMEOUT, self.superlink)
+            wait_for_port(self.fleet_port, STARTUP_TIMEOUT, self.superlink)
+        except BaseException:
+            self.processes.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.processes.stop_all()
+
+    def start_supernode(
+        self, index: int, num_partitions: int, extra_env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        """SuperNode `client-<index>` holding partition `index`, with its own Runtime API port."""
+        (port,) = free_ports(1)
+        state_dir = json.dumps(str(self.workdir / "client-state"))
+        node_config = (
+            f'client-id="client-{index}" partition-id={index} num-partitions={num_partitions} state-dir={state_dir}'
+        )
+        node = self.processes.start(
+            f"supernode-{index}",
+            [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.fleet_port}",
+             "--port", str(port), "--node-config", node_config],
+            cwd=self.workdir,
+            extra_env=extra_env,
+        )
+        self.supernodes[index] = node
+        return node
+
+    def submit(self, run_config: dict[str, Any]) -> ManagedProcess:
+        """`flwr run` the app with these run-config overrides; returns the streaming CLI process."""
+        overrides = self.workdir / "run-config.toml"
+        overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
+        return self.processes.start(
+            "flwr-run",
+            [_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "-c", str(overrides)],
+            cwd=self.workdir,
+        )
+
+    def process_group_ids(self) -> list[int]:
+        return self.processes.process_group_ids()
+
+    def follow(
+        self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None]
+    ) -> list[dict[str, Any]]:
+        """Hand each round's results to `on_row` as the ServerApp appends them; return when the
+        run ends, raise when the SuperLink or a SuperNode dies."""
+        rows: list[dict[str, Any]] = []
+        while True:
+            finished = submit.popen.poll() is not None
+            for row in _read_rows(results)[len(rows):]:
+                rows.append(row)
+                on_row(row)
+            if finished or len(rows) >= rounds:
+                _wait(submit, 30)
+                return rows
+            for daemon in (self.superlink, *self.supernodes.values()):
+                if daemon.popen.poll() is not None:
+                    raise RuntimeError(
+                        f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
+                    )
+            time.sleep(0.2)
 
 
 def process_env(flwr_home: Path) -> dict[str, str]:
@@ -89,69 +210,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, raw
 
 
-def run_local(spec: LocalRun) -> list[dict[str, Any]]:
-    """Run the federation to completion and return its per-round results."""
-    if spec.clients < 1 or spec.rounds < 1:
-        raise ValueError("--clients and --rounds must be >= 1")
-    if not (APP_DIR / "pyproject.toml").is_file():
-        raise FileNotFoundError(f"the Flower app (pyproject.toml) is not at {APP_DIR}; run from a source checkout")
-    workdir = (spec.workdir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.strategy}").resolve()
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    results = (spec.results or workdir / "results.jsonl").resolve()
-    flwr_home = workdir / "flwr-home"
-    flwr_home.mkdir(parents=True)
-    results.unlink(missing_ok=True)
-    control_port, fleet_port, *node_ports = free_ports(2 + spec.clients)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-        f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{control_port}"\ninsecure = true\n'
+def format_row(row: dict[str, Any]) -> str:
+    clients = f"{row['clients']}/{row['clients_sent']}"
+    return (
+        f"{row['round']:>6}  {row['accuracy']:>8.4f}  {row['nll']:>7.4f}  {row['ece']:>7.4f}  {clients:>7}"
+        f"  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}"
     )
-    overrides = workdir / "run-config.toml"
-    overrides.write_text(
-        "".join(f"{key} = {toml_value(value)}\n" for key, value in spec.run_config(workdir, results).items())
-    )
-    say = (lambda *a: None) if spec.quiet else (lambda *a: print(*a, flush=True))
-    say(
-        "WARNING: fedbayes local runs INSECURE (no TLS, no node authentication) on 127.0.0.1 only. "
-        "Use the deploy/ path for anything that crosses a network."
-    )
-    with ProcessGroup(workdir / "logs", process_env(flwr_home)) as processes:
-        (workdir / "process-groups.json").write_text("[]")
-        superlink = processes.start(
-            "superlink",
-            [_tool("flower-superlink"), "--insecure", "--isolation", "subprocess",
-             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(control_port),
-             "--fleet-api-address", f"127.0.0.1:{fleet_port}"],
-            cwd=workdir,
-        )
-        wait_for_port(control_port, STARTUP_TIMEOUT, superlink)
-        wait_for_port(fleet_port, STARTUP_TIMEOUT, superlink)
-        nodes = [
-            processes.start(
-                f"supernode-{index}",
-                [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{fleet_port}",
-                 "--port", str(port), "--node-config", _node_config(index, spec.clients, workdir)],
-                cwd=workdir,
-            )
-            for index, port in enumerate(node_ports)
-        ]
-        submit = processes.start(
-            "flwr-run", [_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "-c", str(overrides)], cwd=workdir
-        )
-        (workdir / "process-groups.json").write_text(json.dumps(processes.process_group_ids()))
-        say(f"SuperLink 127.0.0.1:{fleet_port} (gRPC) + {spec.clients} SuperNodes; logs in {workdir / 'logs'}")
-        rows = _follow(results, submit, [superlink, *nodes], spec.rounds, say)
-    if len(rows) < spec.rounds:
-        raise RuntimeError(
-            f"the run ended after {len(rows)} of {spec.rounds} rounds; see {workdir / 'logs'}:\n{submit.log_tail(40)}"
-        )
-    return rows
-
-
-def _node_config(index: int, num_clients: int, workdir: Path) -> str:
-    state_dir = json.dumps(str(workdir / "client-state"))
-    return f'client-id="client-{index}" partition-id={index} num-partitions={num_clients} state-dir={state_dir}'
 
 
 def _tool(name: str) -> str:
@@ -161,29 +225,6 @@ def _tool(name: str) -> str:
     if found is None:
         raise FileNotFoundError(f"'{name}' not found; install the project (make install)")
     return found
-
-
-def _follow(
-    results: Path, submit: ManagedProcess, daemons: list[ManagedProcess], rounds: int, say
-) -> list[dict[str, Any]]:
-    """Print rows as the ServerApp appends them; stop on completion or when a daemon dies."""
-    rows: list[dict[str, Any]] = []
-    say(" round  accuracy      nll      ece  clients  round_s   wall_s")
-    while True:
-        finished = submit.popen.poll() is not None
-        for row in _read_rows(results)[len(rows):]:
-            rows.append(row)
-            say(_format_row(row))
-        if finished or len(rows) >= rounds:
-            if len(rows) >= rounds:
-                _wait(submit, 30)
-            return rows
-        for daemon in daemons:
-            if daemon.popen.poll() is not None:
-                raise RuntimeError(
-                    f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
-                )
-        time.sleep(0.2)
 
 
 def _wait(process: ManagedProcess, timeout: float) -> None:
@@ -197,11 +238,3 @@ def _read_rows(results: Path) -> list[dict[str, Any]]:
         return []
     complete_lines = results.read_text().split("\n")[:-1]  # the last piece may be a line being written
     return [json.loads(line) for line in complete_lines if line.strip()]
-
-
-def _format_row(row: dict[str, Any]) -> str:
-    clients = f"{row['clients']}/{row['clients_sent']}"
-    return (
-        f"{row['round']:>6}  {row['accuracy']:>8.4f}  {row['nll']:>7.4f}  {row['ece']:>7.4f}  {clients:>7}"
-        f"  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}"
-    )

@@ -44,7 +44,9 @@ class ProcessGroup:
         self.processes: list[ManagedProcess] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, command: Sequence[str], cwd: Path | None = None) -> ManagedProcess:
+    def start(
+        self, name: str, command: Sequence[str], cwd: Path | None = None, extra_env: Mapping[str, str] | None = None
+    ) -> ManagedProcess:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log_file:
             popen = subprocess.Popen(
@@ -52,7 +54,7 @@ class ProcessGroup:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self.env,
+                env={**self.env, **(extra_env or {})},
                 cwd=cwd,
                 start_new_session=True,
             )

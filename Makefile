@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both install what is missing first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+# Every process: one compute thread, no Flower telemetry/update checks/runtime installs.
+export OMP_NUM_THREADS ?= 1
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_UPDATE_CHECK := 1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+
+.PHONY: install demo test protos clean
+
+install: $(VENV)/.installed $(FMNIST)
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "fedbayes needs Python 3.11"' \
+		|| { echo "Python 3.11 is required: set PYTHON=/path/to/python3.11"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+$(FMNIST):
+	@if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	else \
+		echo "Fashion-MNIST is missing. As root run: apt-get install dataset-fashion-mnist"; \
+		echo "(or point the runs at a torchvision FashionMNIST folder with --data-root)"; \
+		exit 1; \
+	fi
+
+demo: install
+	$(BIN)/fedbayes local --strategy fedavg --clients 3 --rounds 5 --dataset fmnist --split iid \
+		--workdir runs/demo --results runs/demo/results.jsonl
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+protos:
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=protos --pyi_out=protos protos/payloads.proto
+
+clean:
+	rm -rf runs .pytest_cache

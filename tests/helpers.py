@@ -1,0 +1,41 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from flwr.app import Metadata, RecordDict
+from flwr.app.message.message import make_message
+
+from protos import payloads_pb2 as pb
+from protos.codec import encode, new_header
+
+LAYOUT = {"fc.weight": (3, 4), "fc.bias": (3,)}
+
+
+def weights(value: float = 0.5) -> dict[str, np.ndarray]:
+    return {name: np.full(shape, value, dtype=np.float32) for name, shape in LAYOUT.items()}
+
+
+def fedavg_reply(client_id: str = "client-0", server_round: int = 1, num_examples: int = 10, value: float = 0.5):
+    message = pb.FedAvgReply(
+        header=new_header("fed", server_round, client_id), num_examples=num_examples, train_loss=0.3
+    )
+    return encode(message, {"weights": weights(value)})
+
+
+def reply_message(content: RecordDict, node_id: int, error=None):
+    """A reply as the ServerApp receives it from node `node_id` (no Flower run needed)."""
+    metadata = Metadata(
+        run_id=1,
+        message_id=f"reply-{node_id}",
+        src_node_id=node_id,
+        dst_node_id=0,
+        reply_to_message_id=f"instruction-{node_id}",
+        group_id="1",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type="train",
+    )
+    return make_message(metadata=metadata, content=content, error=error)

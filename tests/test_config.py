@@ -1,0 +1,56 @@
+"""Run-config parsing: pyproject's defaults are valid, bad values name their key."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from client.runtime import NodeSettings
+from tasks.config import ConfigError, RunSettings
+
+DEFAULTS = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+    "config"
+]
+
+
+def test_pyproject_defaults_parse():
+    settings = RunSettings.from_run_config(DEFAULTS)
+    assert settings.strategy == "fedavg" and settings.model == "mlp" and settings.lr == 0.001
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("split", "random", "'split' must be one of iid, dirichlet, two-class"),
+        ("fraction", 0.0, "'fraction' must be in (0, 1]"),
+        ("batch-size", 0, "'batch-size' must be >= 1"),
+        ("lr", "fast", "'lr' must be float"),
+        ("num-server-rounds", 2.5, "'num-server-rounds' must be int"),
+        ("federation", "../etc", "'federation' must match"),
+        ("optimizer", "lbfgs", "'optimizer' must be one of adam, sgd"),
+    ],
+)
+def test_bad_values_name_the_key(key, value, message):
+    with pytest.raises(ConfigError) as error:
+        RunSettings.from_run_config({**DEFAULTS, key: value})
+    assert message in str(error.value)
+
+
+def test_missing_key_is_reported():
+    config = dict(DEFAULTS)
+    del config["seed"]
+    with pytest.raises(ConfigError, match="missing 'seed'"):
+        RunSettings.from_run_config(config)
+
+
+def test_integer_accepted_for_float_keys():
+    assert RunSettings.from_run_config({**DEFAULTS, "lr": 1}).lr == 1.0
+
+
+def test_node_settings():
+    node = NodeSettings.from_node_config({"partition-id": 2, "num-partitions": 3}, default_device="cpu")
+    assert node.client_id == "client-2" and node.device == "cpu"
+    with pytest.raises(ConfigError, match="partition-id"):
+        NodeSettings.from_node_config({"partition-id": 3, "num-partitions": 3}, default_device="cpu")
+    with pytest.raises(ConfigError, match="client-id"):
+        NodeSettings.from_node_config({"client-id": "a b", "data-path": "/x.npz"}, default_device="cpu")
