@@ -19,11 +19,15 @@ What is measured (median of `--repeats` runs, reported in MB/s of float32 payloa
                         link state stores messages without content; content goes through the
                         inflatable object store above).
 
+"faults" is the median number of minor page faults per run (4 KiB pages touched for the first time):
+at these sizes the cost is dominated by copying into freshly allocated memory, so timings move with
+the allocator's state and with other load on the machine; compare stages within one run.
+
 The payload is a FedAvgReply whose "weights" group holds `--tensors` random float32 tensors totalling
 `--megabytes` MB (random data, so nothing compresses or deduplicates; Flower dedups identical chunks).
 No Flower run context or network is needed; everything runs in this process.
 
-Run:  python benchmarks/payload_codec.py [--megabytes 50 --tensors 5 --repeats 5]
+Run:  python benchmarks/payload_codec.py [--megabytes 50 --tensors 5 --repeats 7]
 Writes benchmarks/results/payload_codec.json.
 """
 
@@ -34,6 +38,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -71,7 +76,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--megabytes", type=float, default=50.0, help="total float32 payload in MB (1e6 bytes)")
     parser.add_argument("--tensors", type=int, default=5, help="number of tensors the payload is split into")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per stage (median reported)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed repetitions per stage (median reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     return parser.parse_args()
@@ -152,20 +157,32 @@ def legacy_serde_round_trip(content: RecordDict) -> RecordDict:
     return recorddict_from_proto(ProtoRecordDict.FromString(wire))
 
 
-def time_stage(repeats: int, prepare: Callable[[], object], stage: Callable[[object], object]) -> list[float]:
-    """Time `stage(prepare())` `repeats` times; `prepare` is untimed (fresh inputs each run)."""
-    seconds = []
+def minor_page_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_stage(
+    repeats: int, prepare: Callable[[], object], stage: Callable[[object], object]
+) -> tuple[list[float], list[int]]:
+    """Time `stage(prepare())` `repeats` times; `prepare` is untimed (fresh inputs each run).
+
+    Also counts minor page faults: at these sizes fresh memory from the OS (page faults) is a large,
+    noisy part of the cost, which explains most of the spread between repetitions.
+    """
+    seconds, faults = [], []
     for _ in range(repeats):
         argument = prepare()
         gc.collect()  # keep a previous run's garbage from being collected inside this timing
+        faults_before = minor_page_faults()
         started = time.perf_counter()
         stage(argument)
         seconds.append(time.perf_counter() - started)
+        faults.append(minor_page_faults() - faults_before)
         del argument
-    return seconds
+    return seconds, faults
 
 
-def run_stages(weights: dict[str, np.ndarray], repeats: int) -> dict[str, list[float]]:
+def run_stages(weights: dict[str, np.ndarray], repeats: int) -> dict[str, tuple[list[float], list[int]]]:
     layout = {name: value.shape for name, value in weights.items()}
     encoded = encode_reply(weights)
     message_id, contents = deflate_message(new_message(encode_reply(weights)))
@@ -198,20 +215,26 @@ def check_round_trip(weights: dict[str, np.ndarray]) -> int:
     return len(contents)
 
 
-def summarize(timings: dict[str, list[float]], payload_mb: float) -> dict[str, dict[str, float]]:
+def summarize(timings: dict[str, tuple[list[float], list[int]]], payload_mb: float) -> dict[str, dict[str, float]]:
     summary = {}
-    for name, seconds in timings.items():
+    for name, (seconds, faults) in timings.items():
         median = statistics.median(seconds)
-        summary[name] = {"median_seconds": median, "min_seconds": min(seconds), "mb_per_second": payload_mb / median}
+        summary[name] = {
+            "median_seconds": median,
+            "min_seconds": min(seconds),
+            "mb_per_second": payload_mb / median,
+            "median_minor_page_faults": statistics.median(faults),
+            "seconds": seconds,
+        }
     return summary
 
 
 def format_table(summary: dict[str, dict[str, float]], payload_mb: float) -> str:
-    lines = [f"{'stage':<26} {'median ms':>10} {'min ms':>9} {'MB/s':>9}   ({payload_mb:.1f} MB float32)"]
+    lines = [f"{'stage':<26} {'median ms':>10} {'min ms':>9} {'MB/s':>9} {'faults':>8}   ({payload_mb:.1f} MB float32)"]
     for name, row in summary.items():
         lines.append(
             f"{name:<26} {row['median_seconds'] * 1e3:>10.1f} {row['min_seconds'] * 1e3:>9.1f}"
-            f" {row['mb_per_second']:>9.0f}"
+            f" {row['mb_per_second']:>9.0f} {row['median_minor_page_faults']:>8.0f}"
         )
     return "\n".join(lines)
 

@@ -148,9 +148,6 @@ class LocalFederation:
             cwd=self.workdir,
         )
 
-    def process_group_ids(self) -> list[int]:
-        return self.processes.process_group_ids()
-
     def follow(
         self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None]
     ) -> list[dict[str, Any]]:

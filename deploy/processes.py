@@ -1,7 +1,8 @@
-"""Start long-running child processes in their own process groups and always stop them all.
+"""Start long-running child processes and always stop them all, descendants included.
 
-Flower daemons spawn children of their own (SuperExec, one flwr-clientapp per message); giving each
-daemon its own process group lets us signal the whole tree, so nothing outlives the launcher even
+Flower daemons spawn children of their own (SuperExec, one flwr-clientapp per message), some in new
+sessions. Every process we start carries a unique marker in its environment, which its descendants
+inherit; stopping signals every live process with that marker, so nothing outlives the launcher even
 when it is interrupted or one of the processes fails.
 """
 
@@ -12,9 +13,12 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+MARKER_VARIABLE = "FEDBAYES_PROCESS_GROUP"
 
 
 @dataclass
@@ -22,10 +26,6 @@ class ManagedProcess:
     name: str
     popen: subprocess.Popen
     log_path: Path
-
-    @property
-    def pgid(self) -> int:
-        return self.popen.pid  # start_new_session=True makes the child its group leader
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -39,7 +39,8 @@ class ProcessGroup:
 
     def __init__(self, log_dir: Path, env: Mapping[str, str], stop_timeout: float = 15.0) -> None:
         self.log_dir = log_dir
-        self.env = dict(env)
+        self.marker = uuid.uuid4().hex
+        self.env = {**env, MARKER_VARIABLE: self.marker}
         self.stop_timeout = stop_timeout
         self.processes: list[ManagedProcess] = []
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -56,35 +57,39 @@ class ProcessGroup:
                 stdin=subprocess.DEVNULL,
                 env={**self.env, **(extra_env or {})},
                 cwd=cwd,
-                start_new_session=True,
+                start_new_session=True,  # Ctrl-C in the terminal reaches only us; we stop the rest
             )
         process = ManagedProcess(name, popen, log_path)
         self.processes.append(process)
         return process
 
-    def process_group_ids(self) -> list[int]:
-        return [process.pgid for process in self.processes]
+    def members(self) -> list[int]:
+        """Pids of live (non-zombie) processes carrying this group's marker."""
+        return processes_with_env(MARKER_VARIABLE, self.marker)
+
+    def stop(self, process: ManagedProcess, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Signal one process we started (e.g. to restart a SuperNode)."""
+        if process.popen.poll() is None:
+            process.popen.send_signal(sig)
 
     def stop_all(self) -> None:
-        # Clients first, so the SuperLink sees them leave; then everything else.
+        # Clients first, so the SuperLink sees them leave; then every marked descendant.
         for process in reversed(self.processes):
-            _signal_group(process.pgid, signal.SIGTERM)
+            self.stop(process)
+        for pid in self.members():
+            _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout
+        while self.members() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(3):  # a dying parent may have spawned one more child
+            for pid in self.members():
+                _signal(pid, signal.SIGKILL)
+            time.sleep(0.2)
         for process in self.processes:
-            while group_alive(process.pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-        for process in self.processes:
-            if group_alive(process.pgid):
-                _signal_group(process.pgid, signal.SIGKILL)
             try:
                 process.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        for process in self.processes:
-            # Reap group members we did not start ourselves (SuperExec, ClientApps) when they exit.
-            deadline = time.monotonic() + 5
-            while group_alive(process.pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
 
     def __enter__(self) -> ProcessGroup:
         return self
@@ -93,22 +98,25 @@ class ProcessGroup:
         self.stop_all()
 
 
-def group_alive(pgid: int) -> bool:
-    """True while any process of the group exists and is not a zombie."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def processes_with_env(variable: str, value: str) -> list[int]:
+    needle = f"{variable}={value}".encode()
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
+            if needle in (proc / "environ").read_bytes().split(b"\0") and not _is_zombie(proc):
+                pids.append(int(proc.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        state, process_group = fields[0], int(fields[2])
-        if process_group == pgid and state != "Z":
-            return True
-    return False
+    return pids
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def _is_zombie(proc: Path) -> bool:
+    return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
     try:
-        os.killpg(pgid, sig)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 

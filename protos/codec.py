@@ -106,6 +106,16 @@ def decode(
     return Payload(message, tensors)
 
 
+def claimed_client_id(content: RecordDict, message_type: type[ProtoMessage]) -> str | None:
+    """The client id a payload claims in its header, without validating anything else (for error
+    messages about payloads that fail validation)."""
+    try:
+        message = message_type.FromString(content.config_records[ENVELOPE_KEY]["message"])
+    except Exception:  # any malformation: there is simply no claim to report
+        return None
+    return message.header.client_id or None
+
+
 def _parse_envelope(content: RecordDict, message_type: type[M], sender: str) -> M:
     expected = message_type.DESCRIPTOR.full_name
     envelope = content.config_records.get(ENVELOPE_KEY)

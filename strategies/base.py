@@ -12,7 +12,7 @@ from flwr.app import Message
 from flwr.common import log
 from google.protobuf.message import Message as ProtoMessage
 
-from protos.codec import Payload, PayloadError, TensorLayout, decode
+from protos.codec import Payload, PayloadError, TensorLayout, claimed_client_id, decode
 
 M = TypeVar("M", bound=ProtoMessage)
 
@@ -55,6 +55,9 @@ class WireStrategyMixin:
             if reply.has_error():
                 self._reject(label, f"client error: {reply.error.reason}")
                 continue
+            claimed = claimed_client_id(reply.content, message_type)
+            if claimed and node_id not in self.client_of_node:
+                label = f"client {claimed!r} (node {node_id})"
             try:
                 payload = decode(reply.content, message_type, layouts, sender=label)
             except PayloadError as error:

@@ -25,7 +25,7 @@ def fedavg_reply(client_id: str = "client-0", server_round: int = 1, num_example
     return encode(message, {"weights": weights(value)})
 
 
-def reply_message(content: RecordDict, node_id: int, error=None):
+def reply_message(content: RecordDict | None, node_id: int, error=None):
     """A reply as the ServerApp receives it from node `node_id` (no Flower run needed)."""
     metadata = Metadata(
         run_id=1,
@@ -38,4 +38,6 @@ def reply_message(content: RecordDict, node_id: int, error=None):
         ttl=60.0,
         message_type="train",
     )
-    return make_message(metadata=metadata, content=content, error=error)
+    if error is not None:
+        return make_message(metadata=metadata, error=error)
+    return make_message(metadata=metadata, content=content)

@@ -1,0 +1,248 @@
+"""Wall time per federated round vs the clients' pure local compute, on a real loopback federation.
+
+For each number of clients K (default 2 and 5) and each server poll interval (default 0.1 s and 3 s)
+this starts a SuperLink and K SuperNodes with `deploy.launcher.run_local` (separate OS processes,
+gRPC on 127.0.0.1), runs FedAvg on FMNIST (iid, default MLP, `--fraction` of the data) for `--rounds`
+rounds and reads the per-round results the ServerApp writes:
+
+  round_s      time from pushing a round's messages to having aggregated the replies
+               (server/loop.py; excludes the server's central evaluation)
+  compute_s    mean over clients of their pure local training time (FedAvgReply.compute_seconds;
+               excludes decoding, process start-up, data loading)
+  overhead_s   round_s - compute_s: everything that is not local training
+  overhead %   overhead_s / round_s
+  d vs 0.1s    round_s minus round_s of the 0.1 s-poll run with the same K
+
+Rounds 2..N are reported separately because round 1 also pays one-off costs (run/FAB set-up on each
+SuperNode, first connections).
+
+Why two poll intervals: Flower's own `Strategy.start` drives rounds with `Grid.send_and_receive`,
+which pushes and then pulls every 3 s; our loop (server/loop.py) pulls every `poll-interval`
+(default 0.1 s). `poll-interval=3.0` reproduces Flower's polling, so the difference column is what
+our loop saves per round.
+
+Floors the app cannot change (Flower 1.39 SuperNode side):
+  * a SuperNode with nothing to do sleeps a hard-coded 3 s before asking the SuperLink again
+    (flwr/supernode/start_client_internal.py). It has just sent its reply when the server starts
+    aggregating, so it is usually asleep when the next round's instruction arrives: up to 3 s per
+    round on every node, whatever the server's poll interval;
+  * it checks for the ClientApp's reply every 0.5 s (hard-coded, same file);
+  * the SuperNode's SuperExec looks for a message to run every 1 s (flwr/supercore/superexec/
+    run_superexec.py; settable only through the SuperNode's environment,
+    FLWR_SUPEREXEC_TASK_POLL_INTERVAL, see --superexec-poll-interval);
+  * every message starts a fresh `flwr-clientapp` process, which imports torch and our client code
+    and loads its partition before it can train. The script times `python -c "import flwr.app,
+    client.app"` on this machine (`clientapp_import_seconds` in the JSON) as an estimate.
+
+Run:  python benchmarks/round_overhead.py [--clients 2 5 --poll-intervals 0.1 3.0 --rounds 5]
+Takes a few minutes. Writes benchmarks/results/round_overhead.json (incl. the load average at the
+start, since this machine is shared and has only 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `python benchmarks/round_overhead.py` from a source checkout
+
+# Set before any Flower process starts: they inherit our environment.
+for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
+    os.environ.setdefault(_name, _value)
+
+from deploy.launcher import LocalRun, run_local  # noqa: E402
+
+DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "round_overhead.json"
+BASELINE_POLL = 0.1  # the "d vs" column compares against this poll interval
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[2, 5], help="federation sizes K to run")
+    parser.add_argument("--poll-intervals", type=float, nargs="+", default=[BASELINE_POLL, 3.0],
+                        help="server poll intervals in seconds (3.0 = Flower's send_and_receive)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--fraction", type=float, default=0.1, help="fraction of FMNIST the clients share")
+    parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--split", default="iid")
+    parser.add_argument("--import-probes", type=int, default=3,
+                        help="times to time the ClientApp's imports in a fresh interpreter (0 = skip)")
+    parser.add_argument("--superexec-poll-interval", type=float, default=None,
+                        help="set FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (Flower default 1 s)")
+    parser.add_argument("--keep-workdirs", action="store_true", help="keep run dirs (logs) under runs/benchmark-*")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    return parser.parse_args()
+
+
+def time_clientapp_imports(probes: int) -> list[float]:
+    """Seconds a fresh interpreter needs to import what every flwr-clientapp process imports."""
+    seconds = []
+    for _ in range(probes):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import flwr.app, client.app"], cwd=REPO, check=True)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def run_configuration(args: argparse.Namespace, clients: int, poll: float, root: Path) -> list[dict[str, Any]]:
+    spec = LocalRun(
+        strategy="fedavg",
+        clients=clients,
+        rounds=args.rounds,
+        dataset=args.dataset,
+        fraction=args.fraction,
+        split=args.split,
+        workdir=root / f"k{clients}-poll{poll:g}",
+        overrides={"poll-interval": poll},
+        quiet=True,
+    )
+    return run_local(spec)
+
+
+def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [row[key] for row in rows if row.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-round means over all rounds and over rounds 2..N (steady state)."""
+    steady = [row for row in rows if row["round"] >= 2] or rows
+    round_all, round_steady = mean_of(rows, "round_seconds"), mean_of(steady, "round_seconds")
+    compute_steady = mean_of(steady, "client_compute_seconds")
+    overhead = round_steady - compute_steady if compute_steady is not None else None
+    return {
+        "round_seconds_all": round_all,
+        "round_seconds_steady": round_steady,
+        "compute_seconds_all": mean_of(rows, "client_compute_seconds"),
+        "compute_seconds_steady": compute_steady,
+        "overhead_seconds_steady": overhead,
+        "overhead_fraction_steady": overhead / round_steady if overhead is not None else None,
+        "round_seconds_max": max(row["round_seconds"] for row in rows),
+        "final_accuracy": rows[-1]["accuracy"],
+        "clients_replied": [row["clients"] for row in rows],
+    }
+
+
+def add_poll_differences(results: list[dict[str, Any]]) -> None:
+    """Steady round time minus that of the BASELINE_POLL run with the same K."""
+    baseline = {
+        r["clients"]: r["summary"]["round_seconds_steady"]
+        for r in results
+        if r.get("summary") and r["poll_interval"] == BASELINE_POLL
+    }
+    for result in results:
+        if result.get("summary") and result["clients"] in baseline:
+            result["summary"]["round_seconds_vs_baseline_poll"] = (
+                result["summary"]["round_seconds_steady"] - baseline[result["clients"]]
+            )
+
+
+def _cell(value: float | None, spec: str, width: int) -> str:
+    return f"{value:{spec}}".rjust(width) if value is not None else "-".rjust(width)
+
+
+def format_table(results: list[dict[str, Any]], rounds: int) -> str:
+    steady = f"2-{rounds}"
+    header = (
+        f"{'K':>2} {'poll_s':>6} {'round_s all':>11} {'round_s ' + steady:>11} {'compute_s':>9}"
+        f" {'overhead_s':>10} {'overhead %':>10} {'d vs 0.1s':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for result in results:
+        s = result.get("summary")
+        if s is None:
+            lines.append(f"{result['clients']:>2} {result['poll_interval']:>6g}  FAILED: {result['error']}")
+            continue
+        fraction = s["overhead_fraction_steady"]
+        lines.append(
+            f"{result['clients']:>2} {result['poll_interval']:>6g}"
+            f" {_cell(s['round_seconds_all'], '.2f', 11)} {_cell(s['round_seconds_steady'], '.2f', 11)}"
+            f" {_cell(s['compute_seconds_steady'], '.3f', 9)} {_cell(s['overhead_seconds_steady'], '.2f', 10)}"
+            f" {_cell(fraction * 100 if fraction is not None else None, '.1f', 10)}"
+            f" {_cell(s.get('round_seconds_vs_baseline_poll'), '+.2f', 9)}"
+        )
+    return "\n".join(lines)
+
+
+def format_rounds(result: dict[str, Any]) -> str:
+    """One line per configuration with every round's seconds, to show the spread."""
+    rounds = " ".join(f"{row['round_seconds']:.1f}" for row in result.get("rows", []))
+    return f"K={result['clients']} poll={result['poll_interval']:g}: round_s per round [{rounds}]"
+
+
+def run_all(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    results = []
+    for clients in args.clients:
+        for poll in args.poll_intervals:
+            print(f"running K={clients} poll-interval={poll:g} s ...", flush=True)
+            result: dict[str, Any] = {"clients": clients, "poll_interval": poll}
+            started = time.monotonic()
+            try:
+                rows = run_configuration(args, clients, poll, root)
+                result.update(rows=rows, summary=summarize(rows))
+            except Exception as error:  # keep the other configurations' results
+                traceback.print_exc()
+                result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            result["total_seconds"] = time.monotonic() - started  # incl. process start-up and shutdown
+            results.append(result)
+    add_poll_differences(results)
+    return results
+
+
+def main() -> None:
+    args = parse_args()
+    if args.superexec_poll_interval is not None:  # the launcher passes our environment to the SuperNodes
+        os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(args.superexec_poll_interval)
+    load_at_start = os.getloadavg()
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    print(f"load average at start: {load_at_start[0]:.2f} {load_at_start[1]:.2f} {load_at_start[2]:.2f}"
+          f" on {os.cpu_count()} cores")
+    import_seconds = time_clientapp_imports(args.import_probes)
+    if args.keep_workdirs:
+        root = REPO / "runs" / f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}"
+        results = run_all(args, root)
+    else:
+        with tempfile.TemporaryDirectory(prefix="fedbayes-bench-") as tmp:
+            results = run_all(args, Path(tmp))
+    print()
+    print(format_table(results, args.rounds))
+    print()
+    for result in results:
+        print(format_rounds(result))
+    if import_seconds:
+        print(f"fresh-interpreter 'import flwr.app, client.app' (per-message ClientApp floor): "
+              f"median {statistics.median(import_seconds):.2f} s")
+    output = {
+        "benchmark": "round_overhead",
+        "started_at": started_at,
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+        "settings": {
+            "strategy": "fedavg", "dataset": args.dataset, "split": args.split, "fraction": args.fraction,
+            "rounds": args.rounds, "model": "mlp (app default)",
+            "env": {
+                k: os.environ.get(k)
+                for k in ("OMP_NUM_THREADS", "FEDBAYES_THREADS", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL")
+            },
+        },
+        "clientapp_import_seconds": import_seconds,
+        "configurations": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(output, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

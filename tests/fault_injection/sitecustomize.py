@@ -1,0 +1,19 @@
+"""Test-only: makes the ClientApp of one SuperNode send NaN weights.
+
+Put on PYTHONPATH of that SuperNode only; its ClientApp processes inherit the environment. Nothing
+in the production code knows about this.
+"""
+
+import sys
+
+if sys.argv and sys.argv[0].endswith("flwr-clientapp"):
+    import numpy as np
+
+    import strategies.fedavg as fedavg
+    from protos.codec import encode
+
+    def poisoned_encode(message, tensors):
+        tensors = {group: {name: np.full_like(v, np.nan) for name, v in arrays.items()} for group, arrays in tensors.items()}
+        return encode(message, tensors)
+
+    fedavg.encode = poisoned_encode

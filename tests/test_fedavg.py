@@ -1,0 +1,86 @@
+"""FedAvg/FedProx halves in one process: weighted averaging, rejection, the proximal term."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Error
+
+from bayes.params import get_parameters, parameter_layout
+from client.runtime import ClientRuntime, NodeSettings
+from protos import payloads_pb2 as pb
+from protos.codec import decode, encode, new_header
+from strategies import get_algorithm
+from strategies.fedavg import FedAvg, _proximal_term
+from tasks.config import RunSettings
+from tests.helpers import LAYOUT, fedavg_reply, reply_message
+from tests.test_config import DEFAULTS
+
+
+def settings(**overrides):
+    return RunSettings.from_run_config({**DEFAULTS, **overrides})
+
+
+def test_weighted_average_of_accepted_replies_only():
+    strategy = FedAvg(settings(), LAYOUT)
+    bad = fedavg_reply("client-2", value=7.0)
+    bad["weights"]["fc.bias"].data = b"\x00"  # corrupt bytes inside an Array
+    replies = [
+        reply_message(fedavg_reply("client-0", num_examples=10, value=1.0), node_id=11),
+        reply_message(fedavg_reply("client-1", num_examples=30, value=3.0), node_id=12),
+        reply_message(bad, node_id=13),
+        reply_message(None, node_id=14, error=Error(code=2, reason="boom")),
+        reply_message(fedavg_reply("client-4", server_round=2, value=9.0), node_id=15),
+    ]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    expected = (10 * 1.0 + 30 * 3.0) / 40
+    for name in LAYOUT:
+        np.testing.assert_allclose(arrays[name].numpy(), expected)
+        assert arrays[name].numpy().dtype == np.float32
+    assert metrics["train-loss"] == pytest.approx(0.3)  # Flower's example-weighted metric average
+    report = strategy.round_report
+    assert report.accepted == ["client-0", "client-1"]
+    assert set(report.rejected) == {"client 'client-2' (node 13)", "node 14", "client 'client-4' (node 15)"}
+    assert "boom" in report.rejected["node 14"] and "round 2" in report.rejected["client 'client-4' (node 15)"]
+    assert strategy.client_of_node == {11: "client-0", 12: "client-1"}
+
+
+def test_no_usable_reply_leaves_the_model_unchanged():
+    strategy = FedAvg(settings(), LAYOUT)
+    assert strategy.aggregate_train(1, [reply_message(None, 1, Error(code=5, reason="gone"))]) == (None, None)
+
+
+def test_proximal_term_is_half_mu_squared_distance():
+    model = torch.nn.Linear(2, 1)
+    anchor = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        model.weight.add_(torch.tensor([[1.0, 2.0]]))
+    term = _proximal_term(0.5, anchor)(model)
+    assert term.item() == pytest.approx(0.5 * 0.5 * (1.0 + 4.0))
+    term.backward()  # gradient mu * (w - w_global)
+    torch.testing.assert_close(model.weight.grad, 0.5 * torch.tensor([[1.0, 2.0]]))
+
+
+def client_round(run_settings, mu):
+    node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 20}, default_device="cpu")
+    runtime = ClientRuntime.create(run_settings, node)
+    torch.manual_seed(0)
+    global_weights = get_parameters(runtime.model)
+    instruction = pb.FedAvgInstruction(
+        header=new_header("fed", 1),
+        training=pb.LocalTraining(epochs=2, batch_size=32, learning_rate=0.01, optimizer="adam", seed=1),
+        proximal_mu=mu,
+    )
+    reply = get_algorithm("fedprox").client_update(encode(instruction, {"weights": global_weights}), runtime)
+    payload = decode(reply, pb.FedAvgReply, {"weights": runtime.layout}, sender="client")
+    distance = sum(np.sum((payload.tensors["weights"][n] - global_weights[n]) ** 2) for n in global_weights)
+    return payload, distance, runtime
+
+
+def test_client_half_trains_and_fedprox_stays_closer():
+    run_settings = settings(fraction=0.1, model="logreg")
+    payload, fedavg_distance, runtime = client_round(run_settings, mu=0.0)
+    assert payload.message.num_examples == len(runtime.data.labels) == 300
+    assert payload.message.header.client_id == "client-0" and payload.message.train_loss < 2.0
+    assert list(payload.tensors["weights"]) == list(parameter_layout(runtime.model))
+    _, fedprox_distance, _ = client_round(run_settings, mu=1.0)
+    assert 0 < fedprox_distance < 0.5 * fedavg_distance

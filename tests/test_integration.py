@@ -1,0 +1,89 @@
+"""Real processes over loopback gRPC: a SuperLink, SuperNodes, the ServerApp and ClientApps."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.launcher import LocalFederation
+from deploy.processes import processes_with_env
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def processes_of(flwr_home: Path) -> list[int]:
+    """Live processes whose environment says they belong to this federation."""
+    return processes_with_env("FLWR_HOME", str(flwr_home))
+
+
+def run_config(workdir: Path, rounds: int, clients: int) -> dict:
+    return {
+        "strategy": "fedavg",
+        "num-server-rounds": rounds,
+        "fraction": 0.1,
+        "local-epochs": 2,
+        "results-path": str(workdir / "results.jsonl"),
+        "federation": "itest",
+        "wait-for-clients": clients,
+        "round-timeout": 120.0,
+    }
+
+
+def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str]]):
+    with LocalFederation(workdir) as federation:
+        for index in range(len(node_env)):
+            federation.start_supernode(index, len(node_env), extra_env=node_env[index])
+        submit = federation.submit(run_config(workdir, rounds, len(node_env)))
+        rows = federation.follow(workdir / "results.jsonl", submit, rounds, on_row=lambda row: None)
+        server_log = (federation.log_dir / "flwr-run.log").read_text()
+    return rows, server_log, federation.flwr_home
+
+
+def test_fedavg_two_supernodes_over_grpc(tmp_path):
+    rows, _, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: {}})
+    assert [row["round"] for row in rows] == [1, 2]
+    assert all(row["clients"] == 2 and row["clients_rejected"] == 0 for row in rows)
+    assert rows[-1]["accuracy"] > 0.5, rows  # 10 classes: chance is 0.1
+    assert 0 < rows[-1]["nll"] < 2.0 and 0 <= rows[-1]["ece"] <= 1
+    assert processes_of(flwr_home) == []
+
+
+def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
+    poisoned = {"PYTHONPATH": str(ROOT / "tests" / "fault_injection")}
+    rows, server_log, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: poisoned})
+    assert len(rows) == 2, "the server must keep running"
+    for row in rows:
+        assert (row["clients"], row["clients_rejected"], row["clients_sent"]) == (1, 1, 2)
+    assert rows[-1]["accuracy"] > 0.5, "client-0's updates were used"
+    assert "client 'client-1'" in server_log and "weights/" in server_log and "NaN or Inf" in server_log
+    assert processes_of(flwr_home) == []
+
+
+def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
+    workdir = tmp_path / "fed"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "local", "--strategy", "fedavg", "--clients", "2", "--rounds", "50",
+         "--fraction", "0.05", "--workdir", str(workdir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.monotonic() + 120
+    lines = []
+    while time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        lines.append(line)
+        if line.strip().startswith("1 "):  # first table row: the run is in full swing
+            break
+    else:
+        launcher.kill()
+        pytest.fail("no round finished:\n" + "".join(lines))
+    assert processes_of(workdir / "flwr-home"), "the federation should be running"
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=60) == 130
+    assert processes_of(workdir / "flwr-home") == []
+    results = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
+    assert 1 <= len(results) < 50
