@@ -172,6 +172,8 @@ class LocalFederation:
 
 def process_env(flwr_home: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # Flower daemons start their helpers (flower-superexec, flwr-clientapp) by name from PATH.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(
         FLWR_HOME=str(flwr_home),
         FLWR_TELEMETRY_ENABLED="0",
