@@ -48,7 +48,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
 import traceback
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--split", default="iid")
     parser.add_argument("--import-probes", type=int, default=3,
                         help="times to time the ClientApp's imports in a fresh interpreter (0 = skip)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every configuration this many times (poll order alternates)")
     parser.add_argument("--superexec-poll-interval", type=float, default=None,
                         help="set FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (Flower default 1 s)")
     parser.add_argument("--keep-workdirs", action="store_true", help="keep run dirs (logs) under runs/benchmark-*")
@@ -94,7 +98,71 @@ def time_clientapp_imports(probes: int) -> list[float]:
     return seconds
 
 
-def run_configuration(args: argparse.Namespace, clients: int, poll: float, root: Path) -> list[dict[str, Any]]:
+class CpuSampler(threading.Thread):
+    """Samples the CPU time of every process of one federation, grouped by role.
+
+    The federation's processes are found by their FLWR_HOME (the launcher gives each run its own),
+    which every helper Flower starts inherits. Each process's own utime+stime is read every
+    `interval` s and the last value kept, so short-lived flwr-clientapp processes are counted too
+    (minus at most their last `interval` s).
+    """
+
+    def __init__(self, flwr_home: Path, interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.needle = f"FLWR_HOME={flwr_home}".encode()
+        self.interval = interval
+        self.seen: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, start tick) -> (role, cpu s)
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> dict[str, float]:
+        self.halt.set()
+        self.join()
+        self.sample()
+        totals: dict[str, float] = defaultdict(float)
+        for role, seconds in self.seen.values():
+            totals[role] += seconds
+        return dict(sorted(totals.items()))
+
+    def sample(self) -> None:
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if self.needle not in (proc / "environ").read_bytes().split(b"\0"):
+                    continue
+                start_tick, cpu_seconds = _cpu_of(proc)
+                self.seen[(int(proc.name), start_tick)] = (_role_of(proc), cpu_seconds)
+            except (OSError, ValueError, IndexError):  # the process exited meanwhile
+                continue
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(proc: Path) -> tuple[int, float]:
+    """(start time in ticks, own user+system CPU seconds) from /proc/<pid>/stat."""
+    fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, start = int(fields[11]), int(fields[12]), int(fields[19])  # stat fields 14, 15, 22
+    return start, (utime + stime) / CLOCK_TICKS
+
+
+def _role_of(proc: Path) -> str:
+    """'flower-superlink', 'flwr-clientapp', ...: the Flower console script the process runs."""
+    argv = (proc / "cmdline").read_bytes().split(b"\0")
+    for arg in argv[:2]:
+        name = Path(arg.decode(errors="replace")).name
+        if name.startswith(("flwr", "flower")):
+            return name
+    return Path(argv[0].decode(errors="replace")).name or "?"
+
+
+def run_configuration(
+    args: argparse.Namespace, clients: int, poll: float, root: Path
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Run one federation; returns its per-round rows and CPU seconds by process role."""
+    workdir = (root / f"k{clients}-poll{poll:g}").resolve()
     spec = LocalRun(
         strategy="fedavg",
         clients=clients,
@@ -102,11 +170,17 @@ def run_configuration(args: argparse.Namespace, clients: int, poll: float, root:
         dataset=args.dataset,
         fraction=args.fraction,
         split=args.split,
-        workdir=root / f"k{clients}-poll{poll:g}",
+        workdir=workdir,
         overrides={"poll-interval": poll},
         quiet=True,
     )
-    return run_local(spec)
+    sampler = CpuSampler(workdir / "flwr-home")  # the launcher's FLWR_HOME for this workdir
+    sampler.start()
+    try:
+        rows = run_local(spec)
+    finally:
+        cpu = sampler.stop()
+    return rows, cpu
 
 
 def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -134,17 +208,30 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def add_poll_differences(results: list[dict[str, Any]]) -> None:
-    """Steady round time minus that of the BASELINE_POLL run with the same K."""
+    """Steady round time minus that of the BASELINE_POLL run with the same K (and repeat)."""
     baseline = {
-        r["clients"]: r["summary"]["round_seconds_steady"]
+        (r["repeat"], r["clients"]): r["summary"]["round_seconds_steady"]
         for r in results
         if r.get("summary") and r["poll_interval"] == BASELINE_POLL
     }
     for result in results:
-        if result.get("summary") and result["clients"] in baseline:
-            result["summary"]["round_seconds_vs_baseline_poll"] = (
-                result["summary"]["round_seconds_steady"] - baseline[result["clients"]]
-            )
+        key = (result["repeat"], result["clients"])
+        if result.get("summary") and key in baseline:
+            result["summary"]["round_seconds_vs_baseline_poll"] = result["summary"]["round_seconds_steady"] - baseline[key]
+
+
+def average_over_repeats(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One pseudo-result per (K, poll) whose summary is the mean of the repeats' summaries."""
+    groups: dict[tuple[int, float], list[dict[str, Any]]] = defaultdict(list)
+    for result in results:
+        if result.get("summary"):
+            groups[(result["clients"], result["poll_interval"])].append(result["summary"])
+    averaged = []
+    for (clients, poll), summaries in groups.items():
+        keys = [k for k, v in summaries[0].items() if isinstance(v, (int, float)) and k != "clients_replied"]
+        mean = {k: statistics.fmean(s[k] for s in summaries if s.get(k) is not None) for k in keys}
+        averaged.append({"clients": clients, "poll_interval": poll, "repeats": len(summaries), "summary": mean})
+    return averaged
 
 
 def _cell(value: float | None, spec: str, width: int) -> str:
@@ -177,26 +264,54 @@ def format_table(results: list[dict[str, Any]], rounds: int) -> str:
 def format_rounds(result: dict[str, Any]) -> str:
     """One line per configuration with every round's seconds, to show the spread."""
     rounds = " ".join(f"{row['round_seconds']:.1f}" for row in result.get("rows", []))
-    return f"K={result['clients']} poll={result['poll_interval']:g}: round_s per round [{rounds}]"
+    return f"repeat {result['repeat']} K={result['clients']} poll={result['poll_interval']:g}: round_s per round [{rounds}]"
 
 
 def run_all(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    """Every (K, poll) configuration, `--repeats` times; poll intervals alternate within each K so
+    that load from other users of the machine hits both alike."""
     results = []
-    for clients in args.clients:
-        for poll in args.poll_intervals:
-            print(f"running K={clients} poll-interval={poll:g} s ...", flush=True)
-            result: dict[str, Any] = {"clients": clients, "poll_interval": poll}
-            started = time.monotonic()
-            try:
-                rows = run_configuration(args, clients, poll, root)
-                result.update(rows=rows, summary=summarize(rows))
-            except Exception as error:  # keep the other configurations' results
-                traceback.print_exc()
-                result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            result["total_seconds"] = time.monotonic() - started  # incl. process start-up and shutdown
-            results.append(result)
+    for repeat in range(args.repeats):
+        for clients in args.clients:
+            polls = args.poll_intervals if repeat % 2 == 0 else list(reversed(args.poll_intervals))
+            for poll in polls:
+                results.append(run_one(args, repeat, clients, poll, root / f"r{repeat}"))
     add_poll_differences(results)
     return results
+
+
+def run_one(args: argparse.Namespace, repeat: int, clients: int, poll: float, root: Path) -> dict[str, Any]:
+    load = os.getloadavg()
+    print(f"running K={clients} poll-interval={poll:g} s (load {load[0]:.2f}) ...", flush=True)
+    result: dict[str, Any] = {"repeat": repeat, "clients": clients, "poll_interval": poll, "load_average_before": load}
+    started = time.monotonic()
+    try:
+        rows, cpu = run_configuration(args, clients, poll, root)
+        result.update(rows=rows, summary=summarize(rows), cpu_seconds_by_role=cpu)
+    except Exception as error:  # keep the other configurations' results
+        traceback.print_exc()
+        result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    result["total_seconds"] = time.monotonic() - started  # incl. process start-up and shutdown
+    return result
+
+
+CPU_ROLES = ("flower-superlink", "flwr-serverapp", "flower-supernode", "flower-superexec", "flwr-clientapp")
+
+
+def format_cpu_table(results: list[dict[str, Any]]) -> str:
+    """CPU seconds each kind of process used over the whole run (start-up included)."""
+    header = f"{'K':>2} {'poll_s':>6} {'wall_s':>7} {'cpu_s':>7} " + " ".join(f"{r:>16}" for r in CPU_ROLES) + f" {'other':>6}"
+    lines = ["CPU seconds per run by process (2 cores => at most 2 x wall_s):", header, "-" * len(header)]
+    for result in results:
+        cpu = result.get("cpu_seconds_by_role")
+        if cpu is None:
+            continue
+        other = sum(v for role, v in cpu.items() if role not in CPU_ROLES)
+        lines.append(
+            f"{result['clients']:>2} {result['poll_interval']:>6g} {result['total_seconds']:>7.1f}"
+            f" {sum(cpu.values()):>7.1f} " + " ".join(f"{cpu.get(r, 0.0):>16.1f}" for r in CPU_ROLES) + f" {other:>6.1f}"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -216,9 +331,15 @@ def main() -> None:
             results = run_all(args, Path(tmp))
     print()
     print(format_table(results, args.rounds))
+    averaged = average_over_repeats(results) if args.repeats > 1 else []
+    if averaged:
+        print(f"\nmean over {args.repeats} repeats:")
+        print(format_table(averaged, args.rounds))
     print()
     for result in results:
         print(format_rounds(result))
+    print()
+    print(format_cpu_table(results))
     if import_seconds:
         print(f"fresh-interpreter 'import flwr.app, client.app' (per-message ClientApp floor): "
               f"median {statistics.median(import_seconds):.2f} s")
@@ -238,6 +359,7 @@ def main() -> None:
         },
         "clientapp_import_seconds": import_seconds,
         "configurations": results,
+        "mean_over_repeats": averaged,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(output, indent=2) + "\n")

@@ -1,0 +1,85 @@
+"""Gaussians N(m, S^-1) as exponential families, in the three covariance shapes BayesADMM uses.
+
+The shape of `precision` says which family it is:
+  isotropic  S = s·I       precision is a 0-d tensor s
+  diagonal   S = diag(s)   precision is a (P,) vector s
+  full       S             precision is a (P, P) symmetric positive-definite matrix
+Natural parameters  lambda = (S m, -1/2 S); expectation parameters mu = (m, E[T2]) with
+T(theta) = (theta, theta^2) (diagonal), (theta, theta theta^T) (full), (theta, ||theta||^2) (isotropic);
+BayesADMM paper Eq. 12 (diagonal) and Eq. 32 (full).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Gaussian:
+    mean: torch.Tensor  # (P,)
+    precision: torch.Tensor  # (), (P,) or (P, P)
+
+    def __post_init__(self) -> None:
+        size = self.mean.shape[0]
+        allowed = [(), (size,), (size, size)]
+        if self.mean.ndim != 1 or tuple(self.precision.shape) not in allowed:
+            raise ValueError(f"mean must be (P,) and precision (), (P,) or (P, P); got {tuple(self.mean.shape)}, "
+                             f"{tuple(self.precision.shape)}")
+
+    @property
+    def kind(self) -> str:
+        return ("isotropic", "diagonal", "full")[self.precision.ndim]
+
+    def precision_times(self, vector: torch.Tensor) -> torch.Tensor:
+        return self.precision @ vector if self.precision.ndim == 2 else self.precision * vector
+
+    def natural(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.precision_times(self.mean), -0.5 * self.precision
+
+    @classmethod
+    def from_natural(cls, eta1: torch.Tensor, eta2: torch.Tensor) -> Gaussian:
+        precision = -2.0 * eta2
+        return cls(solve(precision, eta1), precision)
+
+    def expectation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.mean
+        if self.kind == "full":
+            return m, torch.outer(m, m) + torch.linalg.inv(self.precision)
+        if self.kind == "diagonal":
+            return m, m.square() + 1.0 / self.precision
+        return m, m.square().sum() + m.numel() / self.precision
+
+    @classmethod
+    def from_expectation(cls, mu1: torch.Tensor, mu2: torch.Tensor) -> Gaussian:
+        if mu2.ndim == 2:
+            return cls(mu1, torch.linalg.inv(mu2 - torch.outer(mu1, mu1)))
+        if mu2.ndim == 1:
+            return cls(mu1, 1.0 / (mu2 - mu1.square()))
+        return cls(mu1, mu1.numel() / (mu2 - mu1.square().sum()))
+
+    def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`count` draws, shape (count, P)."""
+        noise = torch.randn(count, self.mean.numel(), generator=generator, dtype=self.mean.dtype,
+                            device=self.mean.device)
+        if self.kind == "full":
+            # theta = m + L^-T eps with S = L L^T has covariance S^-1.
+            cholesky = torch.linalg.cholesky(self.precision)
+            offsets = torch.linalg.solve_triangular(cholesky.T, noise.T, upper=True).T
+            return self.mean + offsets
+        return self.mean + noise / self.precision.sqrt()
+
+
+def solve(precision: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    """S^-1 v for any of the three precision shapes."""
+    if precision.ndim == 2:
+        return torch.linalg.solve(precision, vector)
+    return vector / precision
+
+
+def scaled_identity(like: torch.Tensor, value: float) -> torch.Tensor:
+    """value·I in the same shape as the precision `like` (the prior precision delta·I)."""
+    if like.ndim == 2:
+        return value * torch.eye(like.shape[0], dtype=like.dtype, device=like.device)
+    return torch.full_like(like, value)
