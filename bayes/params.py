@@ -25,6 +25,18 @@ def set_parameters(model: torch.nn.Module, arrays: Tensors) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def check_layout(layout: TensorLayout, arrays: Tensors) -> None:
-    if list(arrays) != list(layout) or any(arrays[n].shape != tuple(s) for n, s in layout.items()):
-        raise ValueError(f"arrays {[(n, a.shape) for n, a in arrays.items()]} do not match layout {dict(layout)}")
+def flatten(arrays: Tensors, layout: TensorLayout, dtype=np.float64) -> np.ndarray:
+    """Concatenate named arrays in layout order into one flat vector."""
+    return np.concatenate([np.asarray(arrays[name], dtype=dtype).ravel() for name in layout])
+
+
+def unflatten(flat: np.ndarray, layout: TensorLayout, dtype=np.float32) -> Tensors:
+    """Split a flat vector back into named arrays shaped like `layout`."""
+    arrays, offset = {}, 0
+    for name, shape in layout.items():
+        size = int(np.prod(shape))
+        arrays[name] = flat[offset : offset + size].reshape(shape).astype(dtype)
+        offset += size
+    if offset != flat.size:
+        raise ValueError(f"flat vector has {flat.size} values, layout needs {offset}")
+    return arrays

@@ -8,7 +8,9 @@ rounds and reads the per-round results the ServerApp writes:
   round_s      time from pushing a round's messages to having aggregated the replies
                (server/loop.py; excludes the server's central evaluation)
   compute_s    mean over clients of their pure local training time (FedAvgReply.compute_seconds;
-               excludes decoding, process start-up, data loading)
+               excludes decoding, process start-up, data loading). NB: it includes building the
+               optimizer, and in a fresh process the first torch optimizer imports torch._dynamo
+               (~1-2 s here, see the start-up probe), so on small models it is mostly that import
   overhead_s   round_s - compute_s: everything that is not local training
   overhead %   overhead_s / round_s
   d vs 0.1s    round_s minus round_s of the 0.1 s-poll run with the same K
@@ -31,8 +33,12 @@ Floors the app cannot change (Flower 1.39 SuperNode side):
     run_superexec.py; settable only through the SuperNode's environment,
     FLWR_SUPEREXEC_TASK_POLL_INTERVAL, see --superexec-poll-interval);
   * every message starts a fresh `flwr-clientapp` process, which imports torch and our client code
-    and loads its partition before it can train. The script times `python -c "import flwr.app,
-    client.app"` on this machine (`clientapp_import_seconds` in the JSON) as an estimate.
+    and loads and partitions the dataset before it can train. The script measures that start-up in
+    a fresh interpreter on this machine (`clientapp_startup_probes` in the JSON).
+
+It also samples the CPU time of every process of each federation (/proc, by role): on 2 cores the
+K ClientApp processes of a round compete for the CPU, so their start-up cost, not polling, sets the
+round time once K grows. CPU totals cover the whole run, start-up included.
 
 Run:  python benchmarks/round_overhead.py [--clients 2 5 --poll-intervals 0.1 3.0 --rounds 5]
 Takes a few minutes. Writes benchmarks/results/round_overhead.json (incl. the load average at the
@@ -50,8 +56,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
 import traceback
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +83,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fraction", type=float, default=0.1, help="fraction of FMNIST the clients share")
     parser.add_argument("--dataset", default="fmnist")
     parser.add_argument("--split", default="iid")
-    parser.add_argument("--import-probes", type=int, default=3,
-                        help="times to time the ClientApp's imports in a fresh interpreter (0 = skip)")
+    parser.add_argument("--startup-probes", type=int, default=3,
+                        help="times to measure a ClientApp's start-up in a fresh interpreter (0 = skip)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every configuration this many times (poll order alternates)")
     parser.add_argument("--superexec-poll-interval", type=float, default=None,
@@ -88,14 +94,68 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def time_clientapp_imports(probes: int) -> list[float]:
-    """Seconds a fresh interpreter needs to import what every flwr-clientapp process imports."""
-    seconds = []
+# Runs in a fresh interpreter, like every flwr-clientapp process: the app's imports, then the
+# per-message set-up ClientRuntime.create does before training (load + partition the data, build
+# the model), then the first torch optimizer, whose constructor lazily imports torch._dynamo
+# (torch/_compile.py) and so costs seconds once per process. Run config = the app's defaults
+# from pyproject.toml + our overrides.
+CLIENTAPP_PROBE = r"""
+import json, sys, tempfile, time, tomllib
+started = time.perf_counter()
+import flwr.app, client.app
+imported = time.perf_counter()
+from client.runtime import ClientRuntime, NodeSettings
+from tasks.config import RunSettings
+with open("pyproject.toml", "rb") as file:
+    config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+config.update(json.loads(sys.argv[1]))
+settings = RunSettings.from_run_config(config)
+with tempfile.TemporaryDirectory() as state_dir:
+    node = NodeSettings.from_node_config(
+        {"partition-id": 0, "num-partitions": int(sys.argv[2]), "state-dir": state_dir}, settings.device
+    )
+    created = time.perf_counter()
+    runtime = ClientRuntime.create(settings, node)
+    done = time.perf_counter()
+import torch
+torch.optim.Adam(runtime.model.parameters())  # the first optimizer in a process imports torch._dynamo
+optimizer_ready = time.perf_counter()
+print(json.dumps({
+    "import_seconds": imported - started,
+    "runtime_create_seconds": done - created,
+    "first_optimizer_seconds": optimizer_ready - done,
+}))
+"""
+
+
+def probe_clientapp_startup(args: argparse.Namespace, probes: int) -> list[dict[str, float]]:
+    """Per-message ClientApp start-up cost on this machine, measured `probes` times."""
+    run_config = json.dumps({"dataset": args.dataset, "fraction": args.fraction, "split": args.split})
+    results = []
     for _ in range(probes):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import flwr.app, client.app"], cwd=REPO, check=True)
-        seconds.append(time.perf_counter() - started)
-    return seconds
+        done = subprocess.run(
+            [sys.executable, "-c", CLIENTAPP_PROBE, run_config, str(min(args.clients))],
+            cwd=REPO, capture_output=True, text=True,
+        )
+        wall = time.perf_counter() - started
+        if done.returncode != 0:  # the app's internals may have moved; the benchmark goes on without it
+            print(f"clientapp start-up probe failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+            return results
+        results.append({**json.loads(done.stdout.strip().splitlines()[-1]), "process_wall_seconds": wall})
+    return results
+
+
+def format_probe(probes: list[dict[str, float]]) -> str:
+    if not probes:
+        return "clientapp start-up probe: not run"
+    median = {key: statistics.median(p[key] for p in probes) for key in probes[0]}
+    return (
+        f"per-message ClientApp start-up in a fresh interpreter (median of {len(probes)}): "
+        f"imports {median['import_seconds']:.2f} s + data/model set-up {median['runtime_create_seconds']:.2f} s"
+        f" + first optimizer (imports torch._dynamo) {median['first_optimizer_seconds']:.2f} s;"
+        f" whole process {median['process_wall_seconds']:.2f} s"
+    )
 
 
 class CpuSampler(threading.Thread):
@@ -118,13 +178,15 @@ class CpuSampler(threading.Thread):
         while not self.halt.wait(self.interval):
             self.sample()
 
-    def stop(self) -> dict[str, float]:
+    def stop(self) -> dict[str, dict[str, float]]:
+        """Stop sampling; returns role -> {"cpu_seconds": total, "processes": how many}."""
         self.halt.set()
         self.join()
         self.sample()
-        totals: dict[str, float] = defaultdict(float)
+        totals: dict[str, dict[str, float]] = defaultdict(lambda: {"cpu_seconds": 0.0, "processes": 0})
         for role, seconds in self.seen.values():
-            totals[role] += seconds
+            totals[role]["cpu_seconds"] += seconds
+            totals[role]["processes"] += 1
         return dict(sorted(totals.items()))
 
     def sample(self) -> None:
@@ -160,7 +222,7 @@ def _role_of(proc: Path) -> str:
 
 def run_configuration(
     args: argparse.Namespace, clients: int, poll: float, root: Path
-) -> tuple[list[dict[str, Any]], dict[str, float]]:
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Run one federation; returns its per-round rows and CPU seconds by process role."""
     workdir = (root / f"k{clients}-poll{poll:g}").resolve()
     spec = LocalRun(
@@ -228,8 +290,8 @@ def average_over_repeats(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             groups[(result["clients"], result["poll_interval"])].append(result["summary"])
     averaged = []
     for (clients, poll), summaries in groups.items():
-        keys = [k for k, v in summaries[0].items() if isinstance(v, (int, float)) and k != "clients_replied"]
-        mean = {k: statistics.fmean(s[k] for s in summaries if s.get(k) is not None) for k in keys}
+        keys = {k for s in summaries for k, v in s.items() if isinstance(v, (int, float))}
+        mean = {k: mean_of(summaries, k) for k in sorted(keys)}
         averaged.append({"clients": clients, "poll_interval": poll, "repeats": len(summaries), "summary": mean})
     return averaged
 
@@ -287,7 +349,7 @@ def run_one(args: argparse.Namespace, repeat: int, clients: int, poll: float, ro
     started = time.monotonic()
     try:
         rows, cpu = run_configuration(args, clients, poll, root)
-        result.update(rows=rows, summary=summarize(rows), cpu_seconds_by_role=cpu)
+        result.update(rows=rows, summary=summarize(rows), cpu_by_role=cpu)
     except Exception as error:  # keep the other configurations' results
         traceback.print_exc()
         result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -300,16 +362,23 @@ CPU_ROLES = ("flower-superlink", "flwr-serverapp", "flower-supernode", "flower-s
 
 def format_cpu_table(results: list[dict[str, Any]]) -> str:
     """CPU seconds each kind of process used over the whole run (start-up included)."""
-    header = f"{'K':>2} {'poll_s':>6} {'wall_s':>7} {'cpu_s':>7} " + " ".join(f"{r:>16}" for r in CPU_ROLES) + f" {'other':>6}"
+    header = (
+        f"{'K':>2} {'poll_s':>6} {'wall_s':>7} {'cpu_s':>7} " + " ".join(f"{r:>16}" for r in CPU_ROLES)
+        + f" {'other':>6} {'per clientapp':>13}"
+    )
     lines = ["CPU seconds per run by process (2 cores => at most 2 x wall_s):", header, "-" * len(header)]
     for result in results:
-        cpu = result.get("cpu_seconds_by_role")
+        cpu = result.get("cpu_by_role")
         if cpu is None:
             continue
-        other = sum(v for role, v in cpu.items() if role not in CPU_ROLES)
+        seconds = {role: entry["cpu_seconds"] for role, entry in cpu.items()}
+        other = sum(v for role, v in seconds.items() if role not in CPU_ROLES)
+        clientapps = cpu.get("flwr-clientapp", {}).get("processes", 0)
+        per_clientapp = seconds.get("flwr-clientapp", 0.0) / clientapps if clientapps else 0.0
         lines.append(
             f"{result['clients']:>2} {result['poll_interval']:>6g} {result['total_seconds']:>7.1f}"
-            f" {sum(cpu.values()):>7.1f} " + " ".join(f"{cpu.get(r, 0.0):>16.1f}" for r in CPU_ROLES) + f" {other:>6.1f}"
+            f" {sum(seconds.values()):>7.1f} " + " ".join(f"{seconds.get(r, 0.0):>16.1f}" for r in CPU_ROLES)
+            + f" {other:>6.1f} {per_clientapp:>13.2f}"
         )
     return "\n".join(lines)
 
@@ -322,7 +391,7 @@ def main() -> None:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     print(f"load average at start: {load_at_start[0]:.2f} {load_at_start[1]:.2f} {load_at_start[2]:.2f}"
           f" on {os.cpu_count()} cores")
-    import_seconds = time_clientapp_imports(args.import_probes)
+    startup = probe_clientapp_startup(args, args.startup_probes)
     if args.keep_workdirs:
         root = REPO / "runs" / f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}"
         results = run_all(args, root)
@@ -340,9 +409,7 @@ def main() -> None:
         print(format_rounds(result))
     print()
     print(format_cpu_table(results))
-    if import_seconds:
-        print(f"fresh-interpreter 'import flwr.app, client.app' (per-message ClientApp floor): "
-              f"median {statistics.median(import_seconds):.2f} s")
+    print(format_probe(startup))
     output = {
         "benchmark": "round_overhead",
         "started_at": started_at,
@@ -357,7 +424,7 @@ def main() -> None:
                 for k in ("OMP_NUM_THREADS", "FEDBAYES_THREADS", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL")
             },
         },
-        "clientapp_import_seconds": import_seconds,
+        "clientapp_startup_probes": startup,
         "configurations": results,
         "mean_over_repeats": averaged,
     }

@@ -78,7 +78,7 @@ class ClientRuntime:
 
     @classmethod
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
-        data = load_client_data(settings, node)
+        data = load_client_data(settings, node).scaled(settings.input_scale)
         model = build_model(
             settings.model, data.input_shape, data.num_classes, parse_hidden(settings.hidden), settings.activation
         )

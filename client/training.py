@@ -1,8 +1,10 @@
-"""The local training loop shared by every strategy whose client runs plain SGD/Adam epochs."""
+"""The local training loop every client half shares: minibatch epochs with any torch optimizer,
+including IVON (whose gradients are taken at sampled weights)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -24,37 +26,42 @@ def make_optimizer(model: torch.nn.Module, training: pb.LocalTraining) -> torch.
 def train_epochs(
     model: torch.nn.Module,
     data: Dataset,
-    training: pb.LocalTraining,
+    optimizer: torch.optim.Optimizer,
+    epochs: int,
+    batch_size: int,
     device: torch.device,
     seed: int,
     extra_loss: ExtraLoss | None = None,
+    sampled_weights: Callable[[], AbstractContextManager] = nullcontext,
+    mc_samples: int = 1,
 ) -> float:
-    """Run `training.epochs` epochs of minibatch training; return the last epoch's mean loss.
+    """Minibatch training on the mean cross-entropy (+ `extra_loss(model)`); returns the last
+    epoch's mean loss. `model` must already be on `device` (the optimizer holds its parameters).
 
-    The loss is the mean minibatch cross-entropy plus `extra_loss(model)` (e.g. FedProx's
-    proximal term), matching the per-example scaling the strategies' specs assume.
+    For IVON, `sampled_weights` is `lambda: optimizer.sampled_params(train=True)`: each of the
+    `mc_samples` gradients is taken at a fresh weight sample, and one step uses their average.
     """
-    if training.epochs < 1 or training.batch_size < 1:
-        raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {training.epochs}, {training.batch_size}")
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
     if len(data.labels) == 0:
         raise ValueError("this client has no training examples")
-    model.to(device).train()
-    optimizer = make_optimizer(model, training)
+    model.train()
     images, labels = data.images.to(device), data.labels.to(device)
     generator = torch.Generator().manual_seed(seed)
     epoch_loss = 0.0
-    for _ in range(training.epochs):
+    for _ in range(epochs):
         order = torch.randperm(len(labels), generator=generator).to(device)
         loss_sum, batches = 0.0, 0
-        for start in range(0, len(labels), training.batch_size):
-            batch = order[start : start + training.batch_size]
-            loss = F.cross_entropy(model(images[batch]), labels[batch])
-            if extra_loss is not None:
-                loss = loss + extra_loss(model)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        for start in range(0, len(labels), batch_size):
+            batch = order[start : start + batch_size]
+            for _ in range(mc_samples):
+                with sampled_weights():
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = F.cross_entropy(model(images[batch]), labels[batch])
+                    if extra_loss is not None:
+                        loss = loss + extra_loss(model)
+                    loss.backward()
             optimizer.step()
             loss_sum, batches = loss_sum + loss.item(), batches + 1
         epoch_loss = loss_sum / batches
-    model.cpu()
     return epoch_loss

@@ -92,3 +92,55 @@ class FedAvgReply(_message.Message):
     train_loss: float
     compute_seconds: float
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
+
+class BayesADMMInstruction(_message.Message):
+    __slots__ = ("header", "global_mean", "global_precision", "training", "rho", "dual_step", "temperature", "hess_init", "beta1", "beta2", "mc_samples", "rescale_lr", "reset_posterior")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    RHO_FIELD_NUMBER: _ClassVar[int]
+    DUAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    HESS_INIT_FIELD_NUMBER: _ClassVar[int]
+    BETA1_FIELD_NUMBER: _ClassVar[int]
+    BETA2_FIELD_NUMBER: _ClassVar[int]
+    MC_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RESCALE_LR_FIELD_NUMBER: _ClassVar[int]
+    RESET_POSTERIOR_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    global_mean: TensorGroup
+    global_precision: TensorGroup
+    training: LocalTraining
+    rho: float
+    dual_step: float
+    temperature: float
+    hess_init: float
+    beta1: float
+    beta2: float
+    mc_samples: int
+    rescale_lr: bool
+    reset_posterior: bool
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rho: _Optional[float] = ..., dual_step: _Optional[float] = ..., temperature: _Optional[float] = ..., hess_init: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., mc_samples: _Optional[int] = ..., rescale_lr: _Optional[bool] = ..., reset_posterior: _Optional[bool] = ...) -> None: ...
+
+class BayesADMMReply(_message.Message):
+    __slots__ = ("header", "local_mean", "local_precision", "dual_mean", "dual_precision", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    DUAL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    DUAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    local_mean: TensorGroup
+    local_precision: TensorGroup
+    dual_mean: TensorGroup
+    dual_precision: TensorGroup
+    num_examples: int
+    train_loss: float
+    compute_seconds: float
+    resumed_from_round: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...

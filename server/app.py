@@ -31,7 +31,9 @@ def main(grid: Grid, context: Context) -> None:
     configure_threads()
     settings = RunSettings.from_run_config(context.run_config)
     algorithm = get_algorithm(settings.strategy)
-    test = load_dataset(settings.dataset, train=False, data_root=settings.data_root, download=settings.download)
+    test = load_dataset(
+        settings.dataset, train=False, data_root=settings.data_root, download=settings.download
+    ).scaled(settings.input_scale)
     torch.manual_seed(settings.seed)
     model = build_model(
         settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation
@@ -41,11 +43,22 @@ def main(grid: Grid, context: Context) -> None:
     device = resolve_device(settings.device)
     log(INFO, "fedbayes: strategy %s, %s, %d rounds", settings.strategy, settings.dataset, settings.num_server_rounds)
 
-    def evaluate(arrays: ArrayRecord) -> dict[str, float]:
-        set_parameters(model, {name: arrays[name].numpy() for name in layout})
+    generator = torch.Generator().manual_seed(settings.seed)
+
+    def predict(weights: dict[str, np.ndarray]) -> torch.Tensor:
+        set_parameters(model, weights)
         probs = predict_probs(model.to(device), test.images, settings.eval_batch_size, device)
         model.cpu()
-        return classification_metrics(probs, test.labels)
+        return probs
+
+    def evaluate(arrays: ArrayRecord) -> dict[str, float]:
+        """The global model at its mean, and (Bayesian strategies) as an ensemble over posterior samples."""
+        metrics = classification_metrics(predict({name: arrays[name].numpy() for name in layout}), test.labels)
+        samples = strategy.posterior_samples(settings.ensemble_samples, generator)
+        if samples:
+            ensemble = torch.stack([predict(sample) for sample in samples]).mean(0)
+            metrics |= {f"{key}_ensemble": value for key, value in classification_metrics(ensemble, test.labels).items()}
+        return metrics
 
     initial = ArrayRecord({name: Array(np.asarray(value)) for name, value in get_parameters(model).items()})
     run_rounds(

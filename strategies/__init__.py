@@ -19,11 +19,13 @@ class Algorithm:
 
 
 def _registry() -> dict[str, Algorithm]:
-    from strategies import fedavg
+    from strategies import bayesadmm, fedavg
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
         "fedprox": Algorithm(fedavg.FedProx, fedavg.client_update),
+        "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update),
+        "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update),
     }
 
 

@@ -36,6 +36,10 @@ class WireStrategyMixin:
         self.round_report = RoundReport()
         self.client_of_node = {}
 
+    def posterior_samples(self, count: int, generator) -> list[dict]:
+        """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""
+        return []
+
     def node_label(self, node_id: int) -> str:
         client = self.client_of_node.get(node_id)
         return f"client {client!r} (node {node_id})" if client else f"node {node_id}"

@@ -21,7 +21,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from bayes.params import get_parameters, set_parameters
 from client.runtime import ClientRuntime
-from client.training import train_epochs
+from client.training import make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
 from protos.codec import TensorLayout, decode, encode, new_header
 from strategies.base import RoundReport, WireStrategyMixin
@@ -115,14 +115,19 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
         extra_loss = _proximal_term(instruction.proximal_mu, anchor)
     started = time.perf_counter()
+    training = instruction.training
+    model = runtime.model.to(runtime.device)
     train_loss = train_epochs(
-        runtime.model,
+        model,
         runtime.data,
-        instruction.training,
+        make_optimizer(model, training),
+        training.epochs,
+        training.batch_size,
         runtime.device,
         seed=runtime.local_seed(instruction.header.server_round),
         extra_loss=extra_loss,
     )
+    model.cpu()
     reply = pb.FedAvgReply(
         header=new_header(
             instruction.header.federation, instruction.header.server_round, runtime.node.client_id

@@ -7,11 +7,13 @@ bad value fails loudly on both sides with the key's name in the message.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 _OPTIMIZERS = ("adam", "sgd")
+_LR_SCHEDULES = ("constant", "cosine")
 
 
 class ConfigError(ValueError):
@@ -43,8 +45,21 @@ class RunSettings:
     optimizer: str
     weight_decay: float
     device: str
-    proximal_mu: float
+    input_scale: float
     fraction_train: float
+    proximal_mu: float
+    rho: float
+    dual_damping: float
+    temperature: float
+    prior_precision: float
+    hess_init: float
+    beta1: float
+    beta2: float
+    mc_samples: int
+    rescale_lr: bool
+    reset_posterior: bool
+    lr_schedule: str
+    ensemble_samples: int
     min_clients: int
     wait_for_clients: int
     wait_for_clients_timeout: float
@@ -64,6 +79,13 @@ class RunSettings:
         settings.validate()
         return settings
 
+    def round_lr(self, server_round: int) -> float:
+        """The local learning rate of a round: constant, or cosine-annealed over the rounds."""
+        if self.lr_schedule == "constant":
+            return self.lr
+        progress = (server_round - 1) / max(self.num_server_rounds, 1)
+        return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
+
     def validate(self) -> None:
         from tasks.datasets import DATASETS
         from tasks.models import ACTIVATIONS, MODELS
@@ -74,6 +96,7 @@ class RunSettings:
         _choice("model", self.model, MODELS)
         _choice("activation", self.activation, tuple(ACTIVATIONS))
         _choice("optimizer", self.optimizer, _OPTIMIZERS)
+        _choice("lr-schedule", self.lr_schedule, _LR_SCHEDULES)
         _check("num-server-rounds", self.num_server_rounds >= 1, "must be >= 1")
         _check("fraction", 0.0 < self.fraction <= 1.0, "must be in (0, 1]")
         _check("fraction-train", 0.0 < self.fraction_train <= 1.0, "must be in (0, 1]")
@@ -83,6 +106,14 @@ class RunSettings:
         _check("lr", self.lr > 0.0, "must be > 0")
         _check("weight-decay", self.weight_decay >= 0.0, "must be >= 0")
         _check("proximal-mu", self.proximal_mu >= 0.0, "must be >= 0")
+        _check("input-scale", self.input_scale > 0.0, "must be > 0")
+        for key, value in (("rho", self.rho), ("dual-damping", self.dual_damping), ("temperature", self.temperature),
+                           ("prior-precision", self.prior_precision), ("hess-init", self.hess_init)):
+            _check(key, value > 0.0, "must be > 0")
+        _check("beta1", 0.0 <= self.beta1 < 1.0, "must be in [0, 1)")
+        _check("beta2", 0.0 <= self.beta2 < 1.0, "must be in [0, 1)")
+        _check("mc-samples", self.mc_samples >= 1, "must be >= 1")
+        _check("ensemble-samples", self.ensemble_samples >= 0, "must be >= 0")
         _check("min-clients", self.min_clients >= 1, "must be >= 1")
         _check("wait-for-clients", self.wait_for_clients >= 0, "must be >= 0")
         _check("round-timeout", self.round_timeout > 0.0, "must be > 0")

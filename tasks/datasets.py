@@ -52,6 +52,10 @@ class Dataset:
         index = torch.as_tensor(indices, dtype=torch.long)
         return Dataset(self.name, self.images[index], self.labels[index], self.num_classes)
 
+    def scaled(self, factor: float) -> Dataset:
+        """Pixels multiplied by `factor` (run config `input-scale`; 255 feeds raw 0-255 pixels)."""
+        return self if factor == 1.0 else Dataset(self.name, self.images * factor, self.labels, self.num_classes)
+
 
 def load_dataset(name: str, train: bool, data_root: str = "", download: bool = False) -> Dataset:
     """Load the train or test split of `name` (one of DATASETS).

@@ -1,0 +1,385 @@
+"""BayesADMM (Möllenhoff et al., "Federated ADMM from Bayesian Duality"), and federated ADMM as its
+isotropic special case.
+
+The server holds q̄ = N(m̄, S̄^-1); client k holds q_k = N(m_k, S_k^-1) and duals (v_k, U_k) on the
+natural parameters. One round:
+  client (line 4):    q_k <- argmin E_q[loss_k/τ + v_k·θ - ½ θ·U_k θ] + ρ KL(q ‖ q̄)      (Eq. 28, 40)
+  client (lines 5-6): v_k <- v_k + γ (S_k m_k - S̄ m̄),  U_k <- U_k + γ (S_k - S̄)            (Eq. 36)
+  server (lines 9-11): S̄ <- (1-α) Mean(S_k) + α [δ I + Sum(U_k)]                            (Eq. 37)
+                       m̄ <- S̄^-1 [(1-α) Mean(S_k m_k) + α Sum(v_k)],  α = 1/(1 + ρK)        (Eq. 38)
+Sign convention: the paper's (duals add client - server; the server adds the dual sums).
+
+Families (the precision's shape, see bayes/gaussian.py):
+  diagonal  Alg. 1; the client solves line 4 with IVON (bayes/ivon.py), ess = N_k/(ρτ) (App. D).
+  isotropic fixed unit covariance + the delta approximation = federated ADMM (Fig. 2a, Eqs. 21-25):
+            the client minimises loss_k + v_k·θ + ρ/2 ‖θ - m̄‖² with Adam/SGD, U_k stays 0, S̄ stays 1.
+  full      App. C.4, for small linear/logistic models: `newton_client_step` solves Eq. 34 with VON
+            (delta approximation), exact in one step for a quadratic loss (Prop. 3.2).
+
+Membership (a real federation, not the paper's fixed K): Mean(...) runs over the clients that replied
+this round; Sum(...) over the stored duals of every client that ever replied; K = that number, so α
+changes when a client joins. A joining client starts with v = U = 0 at the current q̄. Duals live on
+the client, in its durable store, with IVON's state; the client reports them (Alg. 1 line 8) and the
+server keeps them keyed by the stable client id, checking each report against its own replay of the
+dual step. A client that lost its state restarts from zero duals: the server logs the disagreement
+and uses what the client reports, so the server's sums always match the clients' objectives.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from bayes.gaussian import Gaussian, scaled_identity, solve
+from bayes.ivon import IVONWithPrior
+from bayes.params import flatten, unflatten
+from client.runtime import ClientRuntime
+from client.state import ClientState
+from client.training import make_optimizer, train_epochs
+from protos import payloads_pb2 as pb
+from protos.codec import Payload, TensorLayout, decode, encode, new_header
+from strategies.base import RoundReport, WireStrategyMixin
+from tasks.config import RunSettings
+
+DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
+
+
+# ---- the math, shared by every family -----------------------------------------------------------
+@dataclass
+class Duals:
+    mean: torch.Tensor  # v_k, shaped like a mean
+    precision: torch.Tensor  # U_k, shaped like the family's precision
+    round: int = 0  # last round these duals were updated in
+
+
+def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, server_round: int) -> Duals:
+    """Alg. 1 lines 5-6 / Eq. 36: v += γ (S_k m_k - S̄ m̄), U += γ (S_k - S̄)."""
+    local_eta, _ = local.natural()
+    global_eta, _ = global_.natural()
+    return Duals(
+        duals.mean + step * (local_eta - global_eta),
+        duals.precision + step * (local.precision - global_.precision),
+        server_round,
+    )
+
+
+def server_step(locals_: list[Gaussian], all_duals: list[Duals], rho: float, prior_precision: float) -> Gaussian:
+    """Alg. 1 lines 9-11 / Eqs. 37-38 for any family. `locals_`: this round's replies;
+    `all_duals`: every known client's duals (K = len(all_duals))."""
+    alpha = 1.0 / (1.0 + rho * len(all_duals))
+    mean_eta = torch.stack([q.natural()[0] for q in locals_]).mean(0)
+    mean_precision = torch.stack([q.precision for q in locals_]).mean(0)
+    sum_v = torch.stack([d.mean for d in all_duals]).sum(0)
+    sum_u = torch.stack([d.precision for d in all_duals]).sum(0)
+    precision = (1 - alpha) * mean_precision + alpha * (scaled_identity(mean_precision, prior_precision) + sum_u)
+    eta = (1 - alpha) * mean_eta + alpha * sum_v
+    return Gaussian(solve(precision, eta), precision)
+
+
+def newton_client_step(
+    loss_sum,
+    global_: Gaussian,
+    duals: Duals,
+    rho: float,
+    start: Gaussian,
+    step_size: float = 1.0,
+) -> Gaussian:
+    """One VON step (delta approximation) on Eq. 34 for a full or isotropic-fixed family:
+    minimise (1/ρ)·[loss(θ) + v·θ - ½θ·Uθ] + KL(q ‖ q̄). `loss_sum(theta)` is the client's summed
+    loss. With a quadratic loss and step 1 this is the exact minimiser."""
+    if global_.kind not in ("full", "isotropic"):
+        raise ValueError("newton_client_step is for the full and fixed-isotropic families; diagonal uses IVON")
+    theta = start.mean.detach()
+    gradient = torch.func.grad(loss_sum)(theta)
+    hessian = torch.func.hessian(loss_sum)(theta)
+    identity = torch.eye(theta.numel(), dtype=theta.dtype)
+    if global_.kind == "isotropic":  # fixed unit covariance: KL = ½‖m - m̄‖², U = 0, only m moves
+        precision = identity + hessian / rho
+        direction = solve(precision, (gradient + duals.mean) / rho + (theta - global_.mean))
+        return Gaussian(theta - step_size * direction, start.precision)
+    target_precision = global_.precision + (hessian - duals.precision) / rho
+    precision = (1 - step_size) * start.precision + step_size * target_precision
+    direction = solve(
+        precision, (gradient + duals.mean - duals.precision @ theta) / rho + global_.precision @ (theta - global_.mean)
+    )
+    return Gaussian(theta - step_size * direction, precision)
+
+
+# ---- server half ----------------------------------------------------------------------------------
+class BayesADMM(WireStrategyMixin, Strategy):
+    """Diagonal BayesADMM (`isotropic=False`) or federated ADMM (`isotropic=True`) over the network."""
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout, isotropic: bool = False) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.isotropic = isotropic
+        self.global_: Gaussian | None = None  # set from the initial model in round 1
+        self.duals: dict[str, Duals] = {}  # client id -> its duals
+        self.rng = random.Random(settings.seed)
+        self._init_wire()
+
+    def summary(self) -> None:
+        log(INFO, "%s: rho=%g gamma=%g tau=%g delta=%g", self.name, self.settings.rho, self.dual_step_size,
+            self.settings.temperature, self.settings.prior_precision)
+
+    @property
+    def name(self) -> str:
+        return "fedadmm" if self.isotropic else "bayesadmm"
+
+    @property
+    def dual_step_size(self) -> float:
+        # γ = damping·ρ as in the reference code; federated ADMM's dual step is ρ itself (Eq. 22).
+        return self.settings.rho if self.isotropic else self.settings.dual_damping * self.settings.rho
+
+    def _initial_global(self, arrays: ArrayRecord) -> Gaussian:
+        """q̄ at the start: the model's initial weights as mean (m̄ = 0 would make the MLP's hidden
+        units identical), precision δ (Alg. 1 init), or 1 for the fixed-covariance family."""
+        mean = torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout))
+        if self.isotropic:
+            return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
+        return Gaussian(mean, torch.full_like(mean, self.settings.prior_precision))
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.global_ is None:
+            self.global_ = self._initial_global(arrays)
+        nodes = list(grid.get_node_ids())
+        count = max(self.settings.min_clients, round(self.settings.fraction_train * len(nodes)))
+        nodes = sorted(self.rng.sample(nodes, min(count, len(nodes))))
+        settings = self.settings
+        instruction = pb.BayesADMMInstruction(
+            header=new_header(settings.federation, server_round),
+            training=pb.LocalTraining(
+                epochs=settings.local_epochs, batch_size=settings.batch_size,
+                learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer, seed=settings.seed,
+            ),
+            rho=settings.rho, dual_step=self.dual_step_size, temperature=settings.temperature,
+            hess_init=settings.hess_init, beta1=settings.beta1, beta2=settings.beta2,
+            mc_samples=settings.mc_samples, rescale_lr=settings.rescale_lr, reset_posterior=settings.reset_posterior,
+        )
+        content = encode(instruction, {
+            "global_mean": unflatten(self.global_.mean.numpy(), self.layout),
+            "global_precision": unflatten(self._precision_vector(self.global_).numpy(), self.layout),
+        })
+        self.round_report = RoundReport(sent=len(nodes))
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+
+    def _precision_vector(self, q: Gaussian) -> torch.Tensor:
+        return q.precision.expand_as(q.mean) if q.precision.ndim == 0 else q.precision
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        groups = ("local_mean", "local_precision", "dual_mean", "dual_precision")
+        payloads = self.decode_replies(replies, pb.BayesADMMReply, {g: self.layout for g in groups}, server_round)
+        locals_ = []
+        for payload in payloads:
+            local = self._local_posterior(payload)
+            self._record_duals(payload, local, server_round)
+            locals_.append(local)
+        if not locals_:
+            return None, None
+        updated = server_step(locals_, list(self.duals.values()), self.settings.rho, self.settings.prior_precision)
+        if self.isotropic:
+            updated = Gaussian(updated.mean, torch.tensor(1.0, dtype=torch.float64))
+        self._check_global(updated)
+        self.global_ = updated
+        examples = [p.message.num_examples for p in payloads]
+        metrics = MetricRecord({
+            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
+            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
+            "known-clients": len(self.duals),
+        })
+        return ArrayRecord({n: Array(v) for n, v in unflatten(updated.mean.numpy(), self.layout).items()}), metrics
+
+    def _local_posterior(self, payload: Payload) -> Gaussian:
+        mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
+        if self.isotropic:
+            return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
+        return Gaussian(mean, torch.from_numpy(flatten(payload.tensors["local_precision"], self.layout)))
+
+    def _record_duals(self, payload: Payload, local: Gaussian, server_round: int) -> None:
+        """Keep the client's reported duals; check them against our replay of its dual step."""
+        client = payload.message.header.client_id
+        reported = Duals(
+            torch.from_numpy(flatten(payload.tensors["dual_mean"], self.layout)),
+            torch.from_numpy(flatten(payload.tensors["dual_precision"], self.layout)),
+            server_round,
+        )
+        if self.isotropic:
+            reported.precision = torch.tensor(0.0, dtype=torch.float64)
+        known = self.duals.get(client)
+        resumed = payload.message.resumed_from_round
+        previous = known if known is not None and resumed == known.round else Duals(
+            torch.zeros_like(reported.mean), torch.zeros_like(reported.precision))
+        if known is not None and resumed != known.round:
+            log(WARNING, "client %r resumed from round %d but the server last saw it in round %d "
+                "(lost or stale client state); taking the client's duals", client, resumed, known.round)
+        expected = dual_step(previous, local, self.global_, self.dual_step_size, server_round)
+        for name, mine, theirs in (("dual_mean", expected.mean, reported.mean),
+                                   ("dual_precision", expected.precision, reported.precision)):
+            scale = mine.abs().max().item() + 1e-30
+            error = (mine - theirs).abs().max().item() / scale
+            if error > DUAL_CHECK_RTOL:
+                log(WARNING, "client %r: reported %s differs from the server's replay by %.2e (relative)",
+                    client, name, error)
+        self.duals[client] = reported
+
+    def _check_global(self, q: Gaussian) -> None:
+        if not (torch.isfinite(q.mean).all() and torch.isfinite(q.precision).all()):
+            raise FloatingPointError(f"{self.name}: the global posterior became non-finite")
+        if (q.precision <= 0).any():
+            raise FloatingPointError(
+                f"{self.name}: {(q.precision <= 0).sum().item()} global precisions are <= 0; "
+                "lower dual-damping or raise prior-precision"
+            )
+
+    def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
+        """Weights sampled from q̄ for the predictive ensemble (none for the fixed-covariance family)."""
+        if self.isotropic or self.global_ is None or count == 0:
+            return []
+        samples = Gaussian(self.global_.mean, self.global_.precision).sample(count, generator)
+        return [unflatten(sample.numpy(), self.layout) for sample in samples]
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+
+def fedadmm(settings: RunSettings, layout: TensorLayout) -> BayesADMM:
+    return BayesADMM(settings, layout, isotropic=True)
+
+
+# ---- client half ----------------------------------------------------------------------------------
+def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+    """Alg. 1 lines 4-6 on this client; duals and IVON state persist in the durable store."""
+    layouts = {"global_mean": runtime.layout, "global_precision": runtime.layout}
+    payload = decode(content, pb.BayesADMMInstruction, layouts, sender="server")
+    instruction = payload.message
+    global_ = Gaussian(
+        torch.from_numpy(flatten(payload.tensors["global_mean"], runtime.layout)),
+        torch.from_numpy(flatten(payload.tensors["global_precision"], runtime.layout)),
+    )
+    isotropic = runtime.settings.strategy == "fedadmm"
+    parameter_names = [name for name, _ in runtime.model.named_parameters()]
+    if parameter_names != list(runtime.layout):
+        raise ValueError(f"BayesADMM needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
+    stored = runtime.store.load()
+    duals = _stored_duals(stored, global_.mean.numel())
+    torch.manual_seed(runtime.local_seed(instruction.header.server_round))
+    started = time.perf_counter()
+    if isotropic:
+        local, train_loss, optimizer_state = _train_isotropic(runtime, instruction, global_, duals)
+        global_ = Gaussian(global_.mean, torch.tensor(1.0, dtype=torch.float64))
+        local = Gaussian(local.mean, torch.tensor(1.0, dtype=torch.float64))
+        duals.precision = torch.tensor(0.0, dtype=torch.float64)
+    else:
+        local, train_loss, optimizer_state = _train_ivon(runtime, instruction, global_, duals, stored)
+    resumed_from = duals.round
+    duals = dual_step(duals, local, global_, instruction.dual_step, instruction.header.server_round)
+    runtime.store.save(ClientState(
+        {"dual_mean": duals.mean, "dual_precision": duals.precision.expand_as(duals.mean), **optimizer_state},
+        {"round": str(duals.round), "federation": instruction.header.federation},
+    ))
+    reply = pb.BayesADMMReply(
+        header=new_header(instruction.header.federation, instruction.header.server_round, runtime.node.client_id),
+        num_examples=len(runtime.data.labels), train_loss=train_loss,
+        compute_seconds=time.perf_counter() - started, resumed_from_round=resumed_from,
+    )
+    local_precision = local.precision.expand_as(local.mean)
+    return encode(reply, {
+        "local_mean": unflatten(local.mean.numpy(), runtime.layout),
+        "local_precision": unflatten(local_precision.numpy(), runtime.layout),
+        "dual_mean": unflatten(duals.mean.numpy(), runtime.layout),
+        "dual_precision": unflatten(duals.precision.expand_as(duals.mean).numpy(), runtime.layout),
+    })
+
+
+def _stored_duals(stored: ClientState | None, size: int) -> Duals:
+    if stored is None:
+        zeros = torch.zeros(size, dtype=torch.float64)
+        return Duals(zeros, zeros.clone(), 0)
+    for name in ("dual_mean", "dual_precision"):
+        if stored.tensors[name].numel() != size:
+            raise ValueError(f"stored {name} has {stored.tensors[name].numel()} values, the model has {size}")
+    return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(),
+                 int(stored.metadata["round"]))
+
+
+def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals, stored: ClientState | None):
+    """Line 4 with IVON: ess = N_k/(ρτ), prior q̄, Lagrange terms τ v_k / N_k and τ u_k / N_k (Eq. 41)."""
+    num_examples = len(runtime.data.labels)
+    ess = num_examples / (instruction.rho * instruction.temperature)
+    model = runtime.model.to(runtime.device)
+    optimizer = IVONWithPrior(
+        model.parameters(), lr=instruction.training.learning_rate, ess=ess, hess_init=instruction.hess_init,
+        beta1=instruction.beta1, beta2=instruction.beta2, mc_samples=instruction.mc_samples,
+        rescale_lr=instruction.rescale_lr,
+    )
+    device_dtype = dict(device=runtime.device, dtype=torch.float32)
+    optimizer.set_prior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
+    scale = instruction.temperature / num_examples
+    optimizer.set_lagrange((scale * duals.mean).to(**device_dtype), (scale * duals.precision).to(**device_dtype))
+    if stored is not None and "ivon_hess" in stored.tensors:  # IVON's state carries over between rounds
+        group = optimizer.param_groups[0]
+        group["momentum"] = stored.tensors["ivon_momentum"].to(**device_dtype)
+        group["hess"] = stored.tensors["ivon_hess"].to(**device_dtype)
+        optimizer.current_step = int(stored.tensors["ivon_step"].item())
+    if instruction.reset_posterior and stored is not None:  # start at q̄, as the reference code does
+        optimizer.set_posterior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
+    else:  # start at m̄ with IVON's own Hessian estimate (h0 in a client's first round)
+        optimizer.set_posterior(global_.mean.to(**device_dtype), optimizer.posterior()[1])
+    train_loss = train_epochs(
+        model, runtime.data, optimizer, instruction.training.epochs, instruction.training.batch_size,
+        runtime.device, seed=runtime.local_seed(instruction.header.server_round),
+        sampled_weights=lambda: optimizer.sampled_params(train=True), mc_samples=instruction.mc_samples,
+    )
+    mean, precision = optimizer.posterior()
+    group = optimizer.param_groups[0]
+    state = {
+        "ivon_momentum": group["momentum"].cpu(),
+        "ivon_hess": group["hess"].cpu(),
+        "ivon_step": torch.tensor([optimizer.current_step]),
+    }
+    model.cpu()
+    local = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
+    return local, train_loss, state
+
+
+def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals):
+    """Federated ADMM's client step (Eq. 21) on the mean loss: loss + (v·θ + ρ/2 ‖θ - m̄‖²)/N_k."""
+    num_examples = len(runtime.data.labels)
+    model = runtime.model.to(runtime.device)
+    with torch.no_grad():
+        offset = 0
+        for p in model.parameters():
+            p.copy_(global_.mean[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+    anchor = global_.mean.to(runtime.device, torch.float32)
+    dual = duals.mean.to(runtime.device, torch.float32)
+
+    def admm_terms(module: torch.nn.Module) -> torch.Tensor:
+        theta = torch.cat([p.flatten() for p in module.parameters()])
+        return (dual @ theta + 0.5 * instruction.rho * (theta - anchor).square().sum()) / num_examples
+
+    train_loss = train_epochs(
+        model, runtime.data, make_optimizer(model, instruction.training), instruction.training.epochs,
+        instruction.training.batch_size, runtime.device,
+        seed=runtime.local_seed(instruction.header.server_round), extra_loss=admm_terms,
+    )
+    mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
+    model.cpu()
+    return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64)), train_loss, {}
