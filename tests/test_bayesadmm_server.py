@@ -1,0 +1,107 @@
+"""The networked BayesADMM server half: membership semantics and the dual consistency check."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord
+
+from bayes.gaussian import Gaussian
+from protos import payloads_pb2 as pb
+from protos.codec import encode, new_header
+from strategies.bayesadmm import BayesADMM, Duals, dual_step, server_step
+from tasks.config import RunSettings
+from tests.helpers import reply_message
+from tests.test_config import DEFAULTS
+
+LAYOUT = {"w": (2,)}
+
+
+@pytest.fixture(autouse=True)
+def flower_task_identity():
+    """Building a Message outside a Flower run needs a task identity (Flower's private API)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+
+
+class FakeGrid:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def get_node_ids(self):
+        return self.nodes
+
+
+def reply(client, server_round, mean, precision, global_, resumed_from, previous=None, gamma=0.2e-3):
+    local = Gaussian(torch.tensor(mean, dtype=torch.float64), torch.tensor(precision, dtype=torch.float64))
+    start = previous or Duals(torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64))
+    duals = dual_step(start, local, global_, gamma, server_round)
+    message = pb.BayesADMMReply(header=new_header("fed", server_round, client), num_examples=10,
+                                resumed_from_round=resumed_from)
+    as_arrays = lambda t: {"w": t.numpy().astype(np.float32)}  # noqa: E731
+    content = encode(message, {"local_mean": as_arrays(local.mean), "local_precision": as_arrays(local.precision),
+                               "dual_mean": as_arrays(duals.mean), "dual_precision": as_arrays(duals.precision)})
+    return content, local, duals
+
+
+def strategy():
+    settings = RunSettings.from_run_config(DEFAULTS)  # rho 0.2, damping 1e-3 -> gamma 2e-4
+    server = BayesADMM(settings, LAYOUT)
+    server.configure_train(1, ArrayRecord({"w": Array(np.array([0.5, -0.5], np.float32))}), None, FakeGrid([1, 2]))
+    return server, settings
+
+
+def test_mean_over_repliers_sum_over_all_known_clients_and_join(caplog):
+    server, settings = strategy()
+    global_1 = server.global_
+    a1, local_a1, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
+    b1, local_b1, duals_b1 = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
+    server.aggregate_train(1, [reply_message(a1, 1), reply_message(b1, 2)])
+    expected = server_step([local_a1, local_b1], [duals_a1, duals_b1], settings.rho, settings.prior_precision)
+    torch.testing.assert_close(server.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(server.global_.precision, expected.precision, rtol=1e-5, atol=1e-6)
+    # Round 2: only "a" replies, "c" joins. Mean over {a, c}; sums over {a, b, c}; K = 3.
+    global_2 = server.global_
+    a2, local_a2, duals_a2 = reply("a", 2, [1.5, 1.0], [6.0, 6.0], global_2, 1, previous=duals_a1)
+    c2, local_c2, duals_c2 = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
+    with caplog.at_level(logging.WARNING):
+        server.aggregate_train(2, [reply_message(a2, 1), reply_message(c2, 3)])
+    assert "differs" not in caplog.text and "lost or stale" not in caplog.text
+    expected = server_step([local_a2, local_c2], [duals_a2, duals_b1, duals_c2], settings.rho, settings.prior_precision)
+    assert sorted(server.duals) == ["a", "b", "c"]
+    torch.testing.assert_close(server.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
+    alpha = 1 / (1 + settings.rho * 3)
+    sum_u = duals_a2.precision + duals_b1.precision + duals_c2.precision
+    mean_s = (local_a2.precision + local_c2.precision) / 2
+    torch.testing.assert_close(server.global_.precision, (1 - alpha) * mean_s + alpha * (settings.prior_precision + sum_u),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_lost_client_state_is_reported_and_the_clients_duals_are_used(caplog):
+    server, _ = strategy()
+    a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], server.global_, 0)
+    server.aggregate_train(1, [reply_message(a1, 1)])
+    # "a" comes back with fresh duals (resumed from round 0) although the server knows round 1.
+    a2, _, fresh = reply("a", 2, [1.0, 1.0], [5.0, 5.0], server.global_, 0)
+    with caplog.at_level(logging.WARNING):
+        server.aggregate_train(2, [reply_message(a2, 1)])
+    assert "lost or stale" in caplog.text
+    torch.testing.assert_close(server.duals["a"].mean, fresh.mean, rtol=1e-6, atol=1e-9)
+
+
+def test_tampered_duals_are_flagged(caplog):
+    server, _ = strategy()
+    a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], server.global_, 0)
+    a1["dual_mean"] = ArrayRecord({"w": Array(np.array([123.0, 0.0], np.float32))})
+    with caplog.at_level(logging.WARNING):
+        server.aggregate_train(1, [reply_message(a1, 1)])
+    assert "dual_mean differs from the server's replay" in caplog.text
+
+
+def test_non_positive_global_precision_is_a_clear_error():
+    server, _ = strategy()
+    a1, _, _ = reply("a", 1, [1.0, 2.0], [-50.0, 6.0], server.global_, 0)
+    with pytest.raises(FloatingPointError, match="global precisions are <= 0"):
+        server.aggregate_train(1, [reply_message(a1, 1)])
