@@ -278,7 +278,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     if parameter_names != list(runtime.layout):
         raise ValueError(f"BayesADMM needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
     stored = runtime.store.load()
-    duals = _stored_duals(stored, global_.mean.numel())
+    duals = _stored_duals(stored, global_.mean.numel(), instruction.header.server_round, runtime)
     torch.manual_seed(runtime.local_seed(instruction.header.server_round))
     started = time.perf_counter()
     if isotropic:
@@ -308,15 +308,21 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     })
 
 
-def _stored_duals(stored: ClientState | None, size: int) -> Duals:
+def _stored_duals(stored: ClientState | None, size: int, server_round: int, runtime: ClientRuntime) -> Duals:
     if stored is None:
         zeros = torch.zeros(size, dtype=torch.float64)
         return Duals(zeros, zeros.clone(), 0)
+    stored_round = int(stored.metadata["round"])
+    if stored_round >= server_round:  # duals from the future: another run under the same federation name
+        raise ValueError(
+            f"client state {runtime.store.path} is from round {stored_round}, but the server is at round "
+            f"{server_round}: it belongs to an earlier run of federation {runtime.settings.federation!r}; "
+            "give this run a new `federation` name or remove that state"
+        )
     for name in ("dual_mean", "dual_precision"):
         if stored.tensors[name].numel() != size:
             raise ValueError(f"stored {name} has {stored.tensors[name].numel()} values, the model has {size}")
-    return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(),
-                 int(stored.metadata["round"]))
+    return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(), stored_round)
 
 
 def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals, stored: ClientState | None):
