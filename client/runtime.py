@@ -137,10 +137,9 @@ def load_npz_dataset(path: Path, dataset_name: str) -> Dataset:
         images = images[:, None]
     if images.ndim != 4 or labels.shape != images.shape[:1]:
         raise ValueError(f"{path}: images must be (N,C,H,W) or (N,H,W) and labels (N,), got {images.shape}, {labels.shape}")
-    pixels = torch.from_numpy(images).float()
-    if images.dtype == np.uint8:
-        pixels = pixels / 255.0
+    pixel_scale = 1.0 / 255.0 if images.dtype == np.uint8 else 1.0  # uint8 files hold 0-255 pixels
     num_classes = NUM_CLASSES[dataset_name]
     if labels.size and not 0 <= labels.min() <= labels.max() < num_classes:
         raise ValueError(f"{path}: labels must lie in [0, {num_classes}) for {dataset_name}")
-    return Dataset(dataset_name, pixels, torch.from_numpy(labels.astype(np.int64)), num_classes)
+    return Dataset(dataset_name, torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64)), num_classes,
+                   pixel_scale)

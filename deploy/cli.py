@@ -99,14 +99,12 @@ def _print_partitions(args: argparse.Namespace) -> int:
 
 def _export_partitions(args: argparse.Namespace) -> int:
     import numpy as np
-    import torch
 
     train, partitions = _split(args)
     args.out.mkdir(parents=True, exist_ok=True)
     for index, indices in enumerate(partitions):
         part = train.subset(indices)
-        pixels = (part.images * 255).round().to(torch.uint8).numpy()
-        np.savez(args.out / f"client-{index}.npz", images=pixels, labels=part.labels.numpy())
+        np.savez(args.out / f"client-{index}.npz", images=part.pixels.numpy(), labels=part.labels.numpy())
     print(f"wrote {len(partitions)} partitions to {args.out}")
     return 0
 
