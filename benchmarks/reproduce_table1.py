@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deploy.launcher import LocalRun, run_local  # noqa: E402
+from deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
 REPORT_ROUNDS = (10, 25, 50)
@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--clients", type=int, default=10)
     args = parser.parse_args()
+    stop_processes_on_signals()
     RESULTS.mkdir(parents=True, exist_ok=True)
     runs = []
     for split in args.splits.split(","):

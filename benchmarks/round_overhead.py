@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO))  # `python benchmarks/round_overhead.py` from a so
 for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
     os.environ.setdefault(_name, _value)
 
-from deploy.launcher import LocalRun, run_local  # noqa: E402
+from deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "round_overhead.json"
 BASELINE_POLL = 0.1  # the "d vs" column compares against this poll interval
@@ -385,6 +385,7 @@ def format_cpu_table(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     args = parse_args()
+    stop_processes_on_signals()
     if args.superexec_poll_interval is not None:  # the launcher passes our environment to the SuperNodes
         os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(args.superexec_poll_interval)
     load_at_start = os.getloadavg()

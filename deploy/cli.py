@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
@@ -15,8 +14,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
     _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
     args = parser.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the launcher still stops every process it started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from deploy.launcher import stop_processes_on_signals
+
+    stop_processes_on_signals()
     try:
         return args.handler(args)
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -53,6 +54,13 @@ class LocalRun:
         }
         config.update(self.overrides)
         return config
+
+
+def stop_processes_on_signals() -> None:
+    """Make SIGTERM and SIGINT unwind through `with LocalFederation(...)`, which stops every process
+    it started. (A background job ignores SIGINT unless told otherwise; SIGTERM would kill us outright.)"""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_local(spec: LocalRun) -> list[dict[str, Any]]:
