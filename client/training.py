@@ -3,6 +3,7 @@ including IVON (whose gradients are taken at sampled weights)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -34,9 +35,11 @@ def train_epochs(
     extra_loss: ExtraLoss | None = None,
     sampled_weights: Callable[[], AbstractContextManager] = nullcontext,
     mc_samples: int = 1,
-) -> float:
+) -> tuple[float, float]:
     """Minibatch training on the mean cross-entropy (+ `extra_loss(model)`); returns the last
-    epoch's mean loss. `model` must already be on `device` (the optimizer holds its parameters).
+    epoch's mean loss and the seconds spent training. `model` must already be on `device` (the
+    optimizer holds its parameters); build the optimizer before calling, so its one-off cost (the
+    first torch optimizer in a process imports torch._dynamo, 1.5-3 s) is not counted as training.
 
     For IVON, `sampled_weights` is `lambda: optimizer.sampled_params(train=True)`: each of the
     `mc_samples` gradients is taken at a fresh weight sample, and one step uses their average.
@@ -45,6 +48,7 @@ def train_epochs(
         raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
     if len(data.labels) == 0:
         raise ValueError("this client has no training examples")
+    started = time.perf_counter()
     model.train()
     images, labels = data.images.to(device), data.labels.to(device)
     generator = torch.Generator().manual_seed(seed)
@@ -64,4 +68,4 @@ def train_epochs(
             optimizer.step()
             loss_sum, batches = loss_sum + loss.item(), batches + 1
         epoch_loss = loss_sum / batches
-    return epoch_loss
+    return epoch_loss, time.perf_counter() - started

@@ -28,7 +28,6 @@ and uses what the client reports, so the server's sums always match the clients'
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -280,14 +279,15 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     stored = runtime.store.load()
     duals = _stored_duals(stored, global_.mean.numel(), instruction.header.server_round, runtime)
     torch.manual_seed(runtime.local_seed(instruction.header.server_round))
-    started = time.perf_counter()
     if isotropic:
-        local, train_loss, optimizer_state = _train_isotropic(runtime, instruction, global_, duals)
+        local, (train_loss, compute_seconds), optimizer_state = _train_isotropic(runtime, instruction, global_, duals)
         global_ = Gaussian(global_.mean, torch.tensor(1.0, dtype=torch.float64))
         local = Gaussian(local.mean, torch.tensor(1.0, dtype=torch.float64))
         duals.precision = torch.tensor(0.0, dtype=torch.float64)
     else:
-        local, train_loss, optimizer_state = _train_ivon(runtime, instruction, global_, duals, stored)
+        local, (train_loss, compute_seconds), optimizer_state = _train_ivon(
+            runtime, instruction, global_, duals, stored
+        )
     resumed_from = duals.round
     duals = dual_step(duals, local, global_, instruction.dual_step, instruction.header.server_round)
     runtime.store.save(ClientState(
@@ -297,7 +297,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     reply = pb.BayesADMMReply(
         header=new_header(instruction.header.federation, instruction.header.server_round, runtime.node.client_id),
         num_examples=len(runtime.data.labels), train_loss=train_loss,
-        compute_seconds=time.perf_counter() - started, resumed_from_round=resumed_from,
+        compute_seconds=compute_seconds, resumed_from_round=resumed_from,
     )
     local_precision = local.precision.expand_as(local.mean)
     return encode(reply, {
@@ -348,7 +348,7 @@ def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: D
         optimizer.set_posterior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
     else:  # start at m̄ with IVON's own Hessian estimate (h0 in a client's first round)
         optimizer.set_posterior(global_.mean.to(**device_dtype), optimizer.posterior()[1])
-    train_loss = train_epochs(
+    loss_and_seconds = train_epochs(
         model, runtime.data, optimizer, instruction.training.epochs, instruction.training.batch_size,
         runtime.device, seed=runtime.local_seed(instruction.header.server_round),
         sampled_weights=lambda: optimizer.sampled_params(train=True), mc_samples=instruction.mc_samples,
@@ -362,7 +362,7 @@ def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: D
     }
     model.cpu()
     local = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
-    return local, train_loss, state
+    return local, loss_and_seconds, state
 
 
 def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals):
@@ -381,11 +381,11 @@ def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, dua
         theta = torch.cat([p.flatten() for p in module.parameters()])
         return (dual @ theta + 0.5 * instruction.rho * (theta - anchor).square().sum()) / num_examples
 
-    train_loss = train_epochs(
+    loss_and_seconds = train_epochs(
         model, runtime.data, make_optimizer(model, instruction.training), instruction.training.epochs,
         instruction.training.batch_size, runtime.device,
         seed=runtime.local_seed(instruction.header.server_round), extra_loss=admm_terms,
     )
     mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
     model.cpu()
-    return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64)), train_loss, {}
+    return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64)), loss_and_seconds, {}
