@@ -87,3 +87,18 @@ def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     assert processes_of(workdir / "flwr-home") == []
     results = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
     assert 1 <= len(results) < 50
+
+
+def test_a_dying_superlink_stops_the_run_and_everything_else(tmp_path):
+    workdir = tmp_path / "fed"
+    with pytest.raises(RuntimeError, match="superlink exited"):
+        with LocalFederation(workdir) as federation:
+            for index in range(2):
+                federation.start_supernode(index, 2)
+            submit = federation.submit(run_config(workdir, rounds=50, clients=2))
+
+            def kill_superlink(row):
+                federation.superlink.popen.kill()
+
+            federation.follow(workdir / "results.jsonl", submit, 50, on_row=kill_superlink)
+    assert processes_of(federation.flwr_home) == []
