@@ -123,6 +123,21 @@ def plot(runs: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
+def report(args: argparse.Namespace) -> None:
+    summary_path = RESULTS / f"summary-seed{args.seed}.json"
+    walls = {(r["split"], r["strategy"]): r["wall_seconds"] for r in json.loads(summary_path.read_text())}
+    runs = []
+    for split in args.splits.split(","):
+        for strategy in args.strategies.split(","):
+            path = RESULTS / f"{split}-{strategy}-seed{args.seed}.jsonl"
+            if path.exists() and (split, strategy) in walls:
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                runs.append({"strategy": strategy, "split": split, "seed": args.seed, "rows": rows,
+                             "wall_seconds": walls[(split, strategy)]})
+    print(table(runs))
+    plot(runs, RESULTS / f"table1-seed{args.seed}.png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", default="bayesadmm,fedavg,fedprox")
@@ -130,7 +145,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--report", action="store_true", help="only tabulate and plot the runs already on disk")
     args = parser.parse_args()
+    if args.report:
+        report(args)
+        return
     stop_processes_on_signals()
     RESULTS.mkdir(parents=True, exist_ok=True)
     runs = []
