@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_local(commands.add_parser("local", help="run a federation of local processes over loopback gRPC"))
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
     _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
+    _add_superexec(commands.add_parser("superexec", help="run a SuperNode's ClientApps as forks of a warm process"))
     args = parser.parse_args(argv)
     from deploy.launcher import stop_processes_on_signals
 
@@ -43,6 +44,10 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", type=Path, help="JSON-lines results file (default: <workdir>/results.jsonl)")
     parser.add_argument("--workdir", type=Path, help="logs, Flower home and client state (default: runs/<time>-<strategy>)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1")
+    parser.add_argument(
+        "--executor", default="fork", choices=("fork", "subprocess"),
+        help="fork: ClientApps fork from a warm process per SuperNode (fast); subprocess: Flower's fresh process per message",
+    )
     parser.set_defaults(handler=_run_local)
 
 
@@ -64,9 +69,17 @@ def _run_local(args: argparse.Namespace) -> int:
             results=args.results,
             workdir=args.workdir,
             overrides=overrides,
+            executor=args.executor,
         )
     )
     return 0
+
+
+def _add_superexec(parser: argparse.ArgumentParser) -> None:
+    from deploy.warm_executor import add_arguments, run
+
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
 
 
 def _add_partitions(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,9 @@
 Starts a SuperLink and K SuperNodes (each with its own `client-id` and partition), submits the app
 with `flwr run`, prints one table row per round as the ServerApp writes it, and stops every process
 it started (also on Ctrl-C or when one of them fails). Insecure by design: loopback only.
+
+ClientApps run, by default, as forks of a warm `fedbayes superexec` per SuperNode (deploy/warm_executor.py);
+`executor="subprocess"` keeps Flower's stock path, a fresh `flwr-clientapp` process per message.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from deploy.processes import ManagedProcess, ProcessGroup, free_ports, wait_for_
 APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "fedbayes-local"
 STARTUP_TIMEOUT = 60.0
+EXECUTORS = ("fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
 
 
@@ -39,6 +43,7 @@ class LocalRun:
     workdir: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # --set key=value
     quiet: bool = False
+    executor: str = "fork"
 
     def run_config(self, workdir: Path, results: Path) -> dict[str, Any]:
         config = {
@@ -74,7 +79,7 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
         "WARNING: fedbayes local runs INSECURE (no TLS, no node authentication) on 127.0.0.1 only. "
         "Use the deploy/ path for anything that crosses a network."
     )
-    with LocalFederation(workdir) as federation:
+    with LocalFederation(workdir, spec.executor) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
         submit = federation.submit(spec.run_config(workdir, results))
@@ -91,7 +96,10 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
 class LocalFederation:
     """A SuperLink on 127.0.0.1 plus SuperNodes started on demand; everything stops on exit."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, executor: str = "fork") -> None:
+        if executor not in EXECUTORS:
+            raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
+        self.executor = executor
         if not (APP_DIR / "pyproject.toml").is_file():
             raise FileNotFoundError(f"the Flower app (pyproject.toml) is not at {APP_DIR}; run from a source checkout")
         if workdir.exists():
@@ -107,6 +115,7 @@ class LocalFederation:
         )
         self.processes = ProcessGroup(self.log_dir, process_env(self.flwr_home))
         self.supernodes: dict[int, ManagedProcess] = {}
+        self.superexecs: dict[int, ManagedProcess] = {}
 
     def __enter__(self) -> LocalFederation:
         try:
@@ -130,7 +139,8 @@ class LocalFederation:
     def start_supernode(
         self, index: int, num_partitions: int, extra_env: dict[str, str] | None = None
     ) -> ManagedProcess:
-        """SuperNode `client-<index>` holding partition `index`, with its own Runtime API port."""
+        """SuperNode `client-<index>` holding partition `index`, with its own Runtime API port (and, with
+        the fork executor, its own warm `fedbayes superexec`)."""
         (port,) = free_ports(1)
         state_dir = json.dumps(str(self.workdir / "client-state"))
         node_config = (
@@ -139,12 +149,28 @@ class LocalFederation:
         node = self.processes.start(
             f"supernode-{index}",
             [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.fleet_port}",
-             "--port", str(port), "--node-config", node_config],
+             "--port", str(port), "--node-config", node_config,
+             "--isolation", "process" if self.executor == "fork" else "subprocess"],
             cwd=self.workdir,
             extra_env=extra_env,
         )
         self.supernodes[index] = node
+        if self.executor == "fork":
+            self.superexecs[index] = self.processes.start(
+                f"superexec-{index}",
+                [_tool("fedbayes"), "superexec", "--insecure", "--runtime-api-address", f"127.0.0.1:{port}",
+                 "--parent-pid", str(node.popen.pid)],
+                cwd=self.workdir,
+                extra_env=extra_env,
+            )
         return node
+
+    def stop_supernode(self, index: int, timeout: float = 30.0) -> None:
+        """Stop SuperNode `index` (and its superexec) and wait until it is gone, e.g. to restart it."""
+        for daemon in (self.supernodes.pop(index), self.superexecs.pop(index, None)):
+            if daemon is not None:
+                self.processes.stop(daemon)
+                daemon.popen.wait(timeout=timeout)
 
     def submit(self, run_config: dict[str, Any]) -> ManagedProcess:
         """`flwr run` the app with these run-config overrides; returns the streaming CLI process."""
@@ -170,7 +196,7 @@ class LocalFederation:
             if finished or len(rows) >= rounds:
                 _wait(submit, 30)
                 return rows
-            for daemon in (self.superlink, *self.supernodes.values()):
+            for daemon in (self.superlink, *self.supernodes.values(), *self.superexecs.values()):
                 if daemon.popen.poll() is not None:
                     raise RuntimeError(
                         f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
@@ -187,6 +213,8 @@ def process_env(flwr_home: Path) -> dict[str, str]:
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        # SuperExec asks its SuperNode for a new task every 1 s by default: up to 1 s lost per round.
+        FLWR_SUPEREXEC_TASK_POLL_INTERVAL=env.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
         FEDBAYES_THREADS=env.get("FEDBAYES_THREADS", "1"),
         PYTHONUNBUFFERED="1",

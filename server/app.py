@@ -71,6 +71,7 @@ def main(grid: Grid, context: Context) -> None:
             poll_interval=settings.poll_interval,
             wait_for_clients=settings.wait_for_clients,
             wait_for_clients_timeout=settings.wait_for_clients_timeout,
+            min_clients=settings.min_clients,
         ),
         evaluate,
         ResultsLog(settings.results_path),

@@ -32,8 +32,9 @@ class LoopSettings:
     num_rounds: int
     round_timeout: float
     poll_interval: float
-    wait_for_clients: int
+    wait_for_clients: int  # before round 1
     wait_for_clients_timeout: float
+    min_clients: int = 1  # before every round
 
 
 class ResultsLog:
@@ -96,6 +97,7 @@ def run_rounds(
     started = time.monotonic()
     for server_round in range(1, settings.num_rounds + 1):
         round_started = time.monotonic()
+        wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         replies = exchange(grid, messages, settings.round_timeout, settings.poll_interval)
         new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)

@@ -34,8 +34,8 @@ def run_config(workdir: Path, rounds: int, clients: int) -> dict:
     }
 
 
-def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str]]):
-    with LocalFederation(workdir) as federation:
+def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str]], executor: str = "fork"):
+    with LocalFederation(workdir, executor) as federation:
         for index in range(len(node_env)):
             federation.start_supernode(index, len(node_env), extra_env=node_env[index])
         submit = federation.submit(run_config(workdir, rounds, len(node_env)))
@@ -44,8 +44,10 @@ def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str
     return rows, server_log, federation.flwr_home
 
 
-def test_fedavg_two_supernodes_over_grpc(tmp_path):
-    rows, _, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: {}})
+@pytest.mark.parametrize("executor", ["fork", "subprocess"])
+def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
+    """Both ways of running ClientApps: forks of our warm superexec, and Flower's stock subprocess."""
+    rows, _, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: {}}, executor=executor)
     assert [row["round"] for row in rows] == [1, 2]
     assert all(row["clients"] == 2 and row["clients_rejected"] == 0 for row in rows)
     assert rows[-1]["accuracy"] > 0.5, rows  # 10 classes: chance is 0.1

@@ -1,12 +1,13 @@
 """Test-only: makes the ClientApp of one SuperNode send NaN weights.
 
-Put on PYTHONPATH of that SuperNode only; its ClientApp processes inherit the environment. Nothing
-in the production code knows about this.
+Put on PYTHONPATH of that SuperNode only; its ClientApp processes inherit the environment: either
+fresh `flwr-clientapp` processes, or forks of its `fedbayes superexec`, which then holds the patched
+module for them. Nothing in the production code knows about this.
 """
 
 import sys
 
-if sys.argv and sys.argv[0].endswith("flwr-clientapp"):
+if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["superexec"]):
     import numpy as np
 
     import strategies.fedavg as fedavg

@@ -1,0 +1,131 @@
+"""`fedbayes superexec`: Flower's SuperExec for a SuperNode, but each ClientApp task is a fork of a
+process that has already imported torch.
+
+Flower runs every message in a fresh `flwr-clientapp` process. On these 2-core machines that process
+spends ~1.2-3 s importing torch and another ~1.2-2 s importing torch._dynamo (every torch.optim
+optimizer imports it on construction) before it trains for well under a second; with ten SuperNodes
+that start-up is most of a round. This executor imports those libraries once, then forks one child
+per task. The child runs Flower's own `run_clientapp` with the task's token, so the protocol, the app
+loading from the FAB and the error handling are Flower's; only the process start is cheaper.
+
+Use with `flower-supernode --isolation process`:
+
+    fedbayes superexec --runtime-api-address 127.0.0.1:9094 --insecure --parent-pid <supernode pid>
+
+Our own app modules are not preloaded: the child imports them from the FAB it is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import traceback
+from typing import NoReturn
+
+# Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point.
+PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch", "ivon", "flwr.clientapp",
+           "flwr.supernode.runtime.run_clientapp")
+
+
+class ForkExecutor:
+    """An executor in the sense of `flwr.supercore.superexec.executor.Executor`: one forked child per
+    ClientApp task, reaped between task polls and terminated when the SuperExec stops."""
+
+    def __init__(self) -> None:
+        self.children: set[int] = set()
+
+    def get_eligible_capacity(self, supported_task_types, *, insecure=False, root_certificates_path=None):
+        from flwr.supercore.constant import TaskType
+
+        return {TaskType.CLIENT_APP} & set(supported_task_types), set()
+
+    def wait_for_capacity(self, task_type=None, *, fab_hash=None, insecure=False, root_certificates_path=None) -> None:
+        """Forking has no capacity gate."""
+
+    def launch(self, spec):
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:
+            return LaunchResult.failed(f"fedbayes superexec runs ClientApp tasks only, not {spec.task_type}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_task(spec)
+        self.children.add(pid)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        for pid in list(self.children):
+            finished_pid, _ = os.waitpid(pid, os.WNOHANG)
+            if finished_pid:
+                self.children.discard(pid)
+
+    def close(self) -> None:
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def _run_task(spec) -> NoReturn:
+    """Child side of the fork: run one ClientApp task with Flower's own runner, then exit without
+    ever returning into the parent's poll loop."""
+    exit_code = 1
+    try:
+        from flwr.supercore.exit import exit_handler
+        from flwr.supercore.tls import validate_and_resolve_root_certificates
+        from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        # The parent's exit handlers (close its Runtime API client, terminate *its* children) were
+        # copied by fork; they must not run when this task exits.
+        exit_handler.registered_exit_handlers.clear()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+            parent_pid=spec.parent_pid,
+            runtime_dependency_install=False,
+        )
+        exit_code = 0
+    except SystemExit as stop:  # run_clientapp ends with flwr_exit -> sys.exit
+        exit_code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # noqa: BLE001 - report anything, then leave through os._exit below
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (host:port)")
+    tls = parser.add_mutually_exclusive_group(required=True)
+    tls.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API (same host only)")
+    tls.add_argument("--root-certificates", help="CA bundle that signed the Runtime API's certificate")
+    parser.add_argument("--parent-pid", type=int, help="exit when this process (the SuperNode) exits")
+
+
+def run(args: argparse.Namespace) -> int:
+    for module in PRELOAD:
+        importlib.import_module(module)
+    # Flower 1.39's SuperExec builds its executor from a fixed factory (subprocess | kubernetes) and
+    # has no hook for another; its poll loop, TLS and signal handling are otherwise what we want.
+    superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
+    superexec.get_executor = lambda *_args, **_kwargs: ForkExecutor()
+    superexec.run_superexec(
+        runtime_api_address=args.runtime_api_address,
+        insecure=args.insecure,
+        root_certificates_path=args.root_certificates,
+        parent_pid=args.parent_pid,
+        runtime_dependency_install=False,
+    )
+    return 0
