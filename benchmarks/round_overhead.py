@@ -1,7 +1,8 @@
 """Wall time per federated round vs the clients' pure local compute, on a real loopback federation.
 
-For each number of clients K (default 2 and 5) and each server poll interval (default 0.1 s and 3 s)
-this starts a SuperLink and K SuperNodes with `deploy.launcher.run_local` (separate OS processes,
+For each number of clients K (default 2 and 5), each way of running ClientApps (`fork`: forks of a
+warm `fedbayes superexec` per SuperNode, the launcher's default; `subprocess`: Flower's fresh
+`flwr-clientapp` process per message) and each server poll interval (default 0.1 s and 3 s) this starts a SuperLink and K SuperNodes with `deploy.launcher.run_local` (separate OS processes,
 gRPC on 127.0.0.1), runs FedAvg on FMNIST (iid, default MLP, `--fraction` of the data) for `--rounds`
 rounds and reads the per-round results the ServerApp writes:
 
@@ -31,10 +32,11 @@ Floors the app cannot change (Flower 1.39 SuperNode side):
   * it checks for the ClientApp's reply every 0.5 s (hard-coded, same file);
   * the SuperNode's SuperExec looks for a message to run every 1 s (flwr/supercore/superexec/
     run_superexec.py; settable only through the SuperNode's environment,
-    FLWR_SUPEREXEC_TASK_POLL_INTERVAL, see --superexec-poll-interval);
-  * every message starts a fresh `flwr-clientapp` process, which imports torch and our client code
-    and loads and partitions the dataset before it can train. The script measures that start-up in
-    a fresh interpreter on this machine (`clientapp_startup_probes` in the JSON).
+    FLWR_SUPEREXEC_TASK_POLL_INTERVAL, which the launcher sets to 0.2 s; see --superexec-poll-interval);
+  * with `subprocess`, every message starts a fresh `flwr-clientapp` process, which imports torch and
+    our client code and loads and partitions the dataset before it can train. The script measures
+    that start-up in a fresh interpreter on this machine (`clientapp_startup_probes` in the JSON).
+    `fork` removes the imports from it (deploy/warm_executor.py).
 
 It also samples the CPU time of every process of each federation (/proc, by role): on 2 cores the
 K ClientApp processes of a round compete for the CPU, so their start-up cost, not polling, sets the
@@ -79,6 +81,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--clients", type=int, nargs="+", default=[2, 5], help="federation sizes K to run")
     parser.add_argument("--poll-intervals", type=float, nargs="+", default=[BASELINE_POLL, 3.0],
                         help="server poll intervals in seconds (3.0 = Flower's send_and_receive)")
+    parser.add_argument("--executors", nargs="+", default=["fork", "subprocess"], choices=["fork", "subprocess"],
+                        help="how SuperNodes run ClientApps (see deploy/warm_executor.py)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fraction", type=float, default=0.1, help="fraction of FMNIST the clients share")
     parser.add_argument("--dataset", default="fmnist")
@@ -217,14 +221,16 @@ def _role_of(proc: Path) -> str:
         name = Path(arg.decode(errors="replace")).name
         if name.startswith(("flwr", "flower")):
             return name
+        if name == "fedbayes" and len(argv) > 2:
+            return f"fedbayes {argv[2].decode(errors='replace')}"
     return Path(argv[0].decode(errors="replace")).name or "?"
 
 
 def run_configuration(
-    args: argparse.Namespace, clients: int, poll: float, root: Path
+    args: argparse.Namespace, clients: int, executor: str, poll: float, root: Path
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Run one federation; returns its per-round rows and CPU seconds by process role."""
-    workdir = (root / f"k{clients}-poll{poll:g}").resolve()
+    workdir = (root / f"k{clients}-{executor}-poll{poll:g}").resolve()
     spec = LocalRun(
         strategy="fedavg",
         clients=clients,
@@ -235,6 +241,7 @@ def run_configuration(
         workdir=workdir,
         overrides={"poll-interval": poll},
         quiet=True,
+        executor=executor,
     )
     sampler = CpuSampler(workdir / "flwr-home")  # the launcher's FLWR_HOME for this workdir
     sampler.start()
@@ -272,27 +279,28 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def add_poll_differences(results: list[dict[str, Any]]) -> None:
     """Steady round time minus that of the BASELINE_POLL run with the same K (and repeat)."""
     baseline = {
-        (r["repeat"], r["clients"]): r["summary"]["round_seconds_steady"]
+        (r["repeat"], r["clients"], r["executor"]): r["summary"]["round_seconds_steady"]
         for r in results
         if r.get("summary") and r["poll_interval"] == BASELINE_POLL
     }
     for result in results:
-        key = (result["repeat"], result["clients"])
+        key = (result["repeat"], result["clients"], result["executor"])
         if result.get("summary") and key in baseline:
             result["summary"]["round_seconds_vs_baseline_poll"] = result["summary"]["round_seconds_steady"] - baseline[key]
 
 
 def average_over_repeats(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One pseudo-result per (K, poll) whose summary is the mean of the repeats' summaries."""
-    groups: dict[tuple[int, float], list[dict[str, Any]]] = defaultdict(list)
+    """One pseudo-result per (K, executor, poll) whose summary is the mean of the repeats' summaries."""
+    groups: dict[tuple[int, str, float], list[dict[str, Any]]] = defaultdict(list)
     for result in results:
         if result.get("summary"):
-            groups[(result["clients"], result["poll_interval"])].append(result["summary"])
+            groups[(result["clients"], result["executor"], result["poll_interval"])].append(result["summary"])
     averaged = []
-    for (clients, poll), summaries in groups.items():
+    for (clients, executor, poll), summaries in groups.items():
         keys = {k for s in summaries for k, v in s.items() if isinstance(v, (int, float))}
         mean = {k: mean_of(summaries, k) for k in sorted(keys)}
-        averaged.append({"clients": clients, "poll_interval": poll, "repeats": len(summaries), "summary": mean})
+        averaged.append({"clients": clients, "executor": executor, "poll_interval": poll,
+                         "repeats": len(summaries), "summary": mean})
     return averaged
 
 
@@ -303,18 +311,18 @@ def _cell(value: float | None, spec: str, width: int) -> str:
 def format_table(results: list[dict[str, Any]], rounds: int) -> str:
     steady = f"2-{rounds}"
     header = (
-        f"{'K':>2} {'poll_s':>6} {'round_s all':>11} {'round_s ' + steady:>11} {'compute_s':>9}"
+        f"{'K':>2} {'executor':>10} {'poll_s':>6} {'round_s all':>11} {'round_s ' + steady:>11} {'compute_s':>9}"
         f" {'overhead_s':>10} {'overhead %':>10} {'d vs 0.1s':>9}"
     )
     lines = [header, "-" * len(header)]
     for result in results:
         s = result.get("summary")
         if s is None:
-            lines.append(f"{result['clients']:>2} {result['poll_interval']:>6g}  FAILED: {result['error']}")
+            lines.append(f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g}  FAILED: {result['error']}")
             continue
         fraction = s["overhead_fraction_steady"]
         lines.append(
-            f"{result['clients']:>2} {result['poll_interval']:>6g}"
+            f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g}"
             f" {_cell(s['round_seconds_all'], '.2f', 11)} {_cell(s['round_seconds_steady'], '.2f', 11)}"
             f" {_cell(s['compute_seconds_steady'], '.3f', 9)} {_cell(s['overhead_seconds_steady'], '.2f', 10)}"
             f" {_cell(fraction * 100 if fraction is not None else None, '.1f', 10)}"
@@ -326,29 +334,34 @@ def format_table(results: list[dict[str, Any]], rounds: int) -> str:
 def format_rounds(result: dict[str, Any]) -> str:
     """One line per configuration with every round's seconds, to show the spread."""
     rounds = " ".join(f"{row['round_seconds']:.1f}" for row in result.get("rows", []))
-    return f"repeat {result['repeat']} K={result['clients']} poll={result['poll_interval']:g}: round_s per round [{rounds}]"
+    return (f"repeat {result['repeat']} K={result['clients']} {result['executor']} poll={result['poll_interval']:g}:"
+            f" round_s per round [{rounds}]")
 
 
 def run_all(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
-    """Every (K, poll) configuration, `--repeats` times; poll intervals alternate within each K so
-    that load from other users of the machine hits both alike."""
+    """Every (K, executor, poll) configuration, `--repeats` times; poll intervals alternate within
+    each K so that load from other users of the machine hits both alike."""
     results = []
     for repeat in range(args.repeats):
         for clients in args.clients:
-            polls = args.poll_intervals if repeat % 2 == 0 else list(reversed(args.poll_intervals))
-            for poll in polls:
-                results.append(run_one(args, repeat, clients, poll, root / f"r{repeat}"))
+            for executor in args.executors:
+                polls = args.poll_intervals if repeat % 2 == 0 else list(reversed(args.poll_intervals))
+                for poll in polls:
+                    results.append(run_one(args, repeat, clients, executor, poll, root / f"r{repeat}"))
     add_poll_differences(results)
     return results
 
 
-def run_one(args: argparse.Namespace, repeat: int, clients: int, poll: float, root: Path) -> dict[str, Any]:
+def run_one(
+    args: argparse.Namespace, repeat: int, clients: int, executor: str, poll: float, root: Path
+) -> dict[str, Any]:
     load = os.getloadavg()
-    print(f"running K={clients} poll-interval={poll:g} s (load {load[0]:.2f}) ...", flush=True)
-    result: dict[str, Any] = {"repeat": repeat, "clients": clients, "poll_interval": poll, "load_average_before": load}
+    print(f"running K={clients} executor={executor} poll-interval={poll:g} s (load {load[0]:.2f}) ...", flush=True)
+    result: dict[str, Any] = {"repeat": repeat, "clients": clients, "executor": executor, "poll_interval": poll,
+                              "load_average_before": load}
     started = time.monotonic()
     try:
-        rows, cpu = run_configuration(args, clients, poll, root)
+        rows, cpu = run_configuration(args, clients, executor, poll, root)
         result.update(rows=rows, summary=summarize(rows), cpu_by_role=cpu)
     except Exception as error:  # keep the other configurations' results
         traceback.print_exc()
@@ -357,13 +370,15 @@ def run_one(args: argparse.Namespace, repeat: int, clients: int, poll: float, ro
     return result
 
 
-CPU_ROLES = ("flower-superlink", "flwr-serverapp", "flower-supernode", "flower-superexec", "flwr-clientapp")
+# `fedbayes superexec` = the warm parent and its forked ClientApps (same command line).
+CPU_ROLES = ("flower-superlink", "flwr-serverapp", "flower-supernode", "flower-superexec", "flwr-clientapp",
+             "fedbayes superexec")
 
 
 def format_cpu_table(results: list[dict[str, Any]]) -> str:
     """CPU seconds each kind of process used over the whole run (start-up included)."""
     header = (
-        f"{'K':>2} {'poll_s':>6} {'wall_s':>7} {'cpu_s':>7} " + " ".join(f"{r:>16}" for r in CPU_ROLES)
+        f"{'K':>2} {'executor':>10} {'poll_s':>6} {'wall_s':>7} {'cpu_s':>7} " + " ".join(f"{r:>16}" for r in CPU_ROLES)
         + f" {'other':>6} {'per clientapp':>13}"
     )
     lines = ["CPU seconds per run by process (2 cores => at most 2 x wall_s):", header, "-" * len(header)]
@@ -376,7 +391,7 @@ def format_cpu_table(results: list[dict[str, Any]]) -> str:
         clientapps = cpu.get("flwr-clientapp", {}).get("processes", 0)
         per_clientapp = seconds.get("flwr-clientapp", 0.0) / clientapps if clientapps else 0.0
         lines.append(
-            f"{result['clients']:>2} {result['poll_interval']:>6g} {result['total_seconds']:>7.1f}"
+            f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g} {result['total_seconds']:>7.1f}"
             f" {sum(seconds.values()):>7.1f} " + " ".join(f"{seconds.get(r, 0.0):>16.1f}" for r in CPU_ROLES)
             + f" {other:>6.1f} {per_clientapp:>13.2f}"
         )
@@ -420,6 +435,7 @@ def main() -> None:
         "settings": {
             "strategy": "fedavg", "dataset": args.dataset, "split": args.split, "fraction": args.fraction,
             "rounds": args.rounds, "model": "mlp (app default)",
+            "executors": args.executors,
             "env": {
                 k: os.environ.get(k)
                 for k in ("OMP_NUM_THREADS", "FEDBAYES_THREADS", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL")
