@@ -138,6 +138,14 @@ def report(args: argparse.Namespace) -> None:
     plot(runs, RESULTS / f"table1-seed{args.seed}.png")
 
 
+def record_summary(result: dict, path: Path) -> None:
+    """Add one run (without its rows) to the seed's summary, replacing an earlier run of the same pair."""
+    summary = json.loads(path.read_text()) if path.exists() else []
+    summary = [r for r in summary if (r["split"], r["strategy"]) != (result["split"], result["strategy"])]
+    summary.append({k: v for k, v in result.items() if k != "rows"})
+    path.write_text(json.dumps(summary, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", default="bayesadmm,fedavg,fedprox")
@@ -156,8 +164,7 @@ def main() -> None:
     for split in args.splits.split(","):
         for strategy in args.strategies.split(","):
             runs.append(run(strategy, split, args.seed, args.rounds, args.clients))
-            summary = [{k: v for k, v in r.items() if k != "rows"} for r in runs]
-            (RESULTS / f"summary-seed{args.seed}.json").write_text(json.dumps(summary, indent=1))
+            record_summary(runs[-1], RESULTS / f"summary-seed{args.seed}.json")
             print(table(runs[-1:]), flush=True)
     print()
     print(table(runs))
