@@ -80,7 +80,8 @@ class ClientRuntime:
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
         data = load_client_data(settings, node).scaled(settings.input_scale)
         model = build_model(
-            settings.model, data.input_shape, data.num_classes, parse_hidden(settings.hidden), settings.activation
+            settings.model, data.input_shape, data.num_classes, parse_hidden(settings.hidden), settings.activation,
+            settings.pool,
         )
         return cls(
             settings=settings,

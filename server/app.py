@@ -36,7 +36,8 @@ def main(grid: Grid, context: Context) -> None:
     ).scaled(settings.input_scale)
     torch.manual_seed(settings.seed)
     model = build_model(
-        settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation
+        settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation,
+        settings.pool,
     )
     layout = parameter_layout(model)
     strategy = algorithm.server(settings, layout)

@@ -39,6 +39,7 @@ class RunSettings:
     model: str
     hidden: str
     activation: str
+    pool: int
     local_epochs: int
     batch_size: int
     lr: float
@@ -107,6 +108,7 @@ class RunSettings:
         _check("weight-decay", self.weight_decay >= 0.0, "must be >= 0")
         _check("proximal-mu", self.proximal_mu >= 0.0, "must be >= 0")
         _check("input-scale", self.input_scale > 0.0, "must be > 0")
+        _check("pool", self.pool >= 1, "must be >= 1")
         for key, value in (("rho", self.rho), ("dual-damping", self.dual_damping), ("temperature", self.temperature),
                            ("prior-precision", self.prior_precision), ("hess-init", self.hess_init)):
             _check(key, value > 0.0, "must be > 0")
