@@ -13,8 +13,10 @@ Families (the precision's shape, see bayes/gaussian.py):
   diagonal  Alg. 1; the client solves line 4 with IVON (bayes/ivon.py), ess = N_k/(ρτ) (App. D).
   isotropic fixed unit covariance + the delta approximation = federated ADMM (Fig. 2a, Eqs. 21-25):
             the client minimises loss_k + v_k·θ + ρ/2 ‖θ - m̄‖² with Adam/SGD, U_k stays 0, S̄ stays 1.
-  full      App. C.4, for small linear/logistic models: `newton_client_step` solves Eq. 34 with VON
-            (delta approximation), exact in one step for a quadratic loss (Prop. 3.2).
+  full      App. C.4, for small logistic regressions (strategy `bayesadmm-full`): the client takes
+            `local-epochs` VON/Newton steps of size `lr` on Eq. 34 (`newton_client_step`, delta
+            approximation; exact in one unit step for a quadratic loss, Prop. 3.2). Precisions and U_k
+            travel as one P x P matrix, so P is capped at MAX_FULL_PARAMETERS.
 
 Membership (a real federation, not the paper's fixed K): Mean(...) runs over the clients that replied
 this round; Sum(...) over the stored duals of every client that ever replied; K = that number, so α
@@ -27,7 +29,9 @@ and uses what the client reports, so the server's sums always match the clients'
 
 from __future__ import annotations
 
+import math
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -46,11 +50,14 @@ from client.runtime import ClientRuntime
 from client.state import ClientState
 from client.training import make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
-from protos.codec import Payload, TensorLayout, decode, encode, new_header
+from protos.codec import Payload, TensorLayout, Tensors, decode, encode, new_header
 from strategies.base import RoundReport, WireStrategyMixin
-from tasks.config import RunSettings
+from tasks.config import ConfigError, RunSettings
 
 DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
+FAMILIES = {"bayesadmm": "diagonal", "fedadmm": "isotropic", "bayesadmm-full": "full"}  # strategy -> family
+MIN_NEWTON_STEP = 1e-6
+MAX_FULL_PARAMETERS = 2048  # a full precision is P x P float32 on the wire: 16 MiB per matrix at the cap
 
 
 # ---- the math, shared by every family -----------------------------------------------------------
@@ -100,7 +107,8 @@ def newton_client_step(
         raise ValueError("newton_client_step is for the full and fixed-isotropic families; diagonal uses IVON")
     theta = start.mean.detach()
     gradient = torch.func.grad(loss_sum)(theta)
-    hessian = torch.func.hessian(loss_sum)(theta)
+    # jacrev∘jacrev: torch.func.hessian's forward mode costs ~8 s on its first call in a process (~2 s here).
+    hessian = torch.func.jacrev(torch.func.jacrev(loss_sum))(theta)
     identity = torch.eye(theta.numel(), dtype=theta.dtype)
     if global_.kind == "isotropic":  # fixed unit covariance: KL = ½‖m - m̄‖², U = 0, only m moves
         precision = identity + hessian / rho
@@ -114,14 +122,64 @@ def newton_client_step(
     return Gaussian(theta - step_size * direction, precision)
 
 
+def delta_objective(loss_sum, global_: Gaussian, duals: Duals, rho: float):
+    """Eq. 34 under the delta approximation as a function of the mean θ (what `newton_client_step`
+    descends): (1/ρ)·[loss(θ) + v·θ - ½θ·Uθ] + ½(θ - m̄)·S̄(θ - m̄)."""
+
+    def objective(theta: torch.Tensor) -> torch.Tensor:
+        offset = theta - global_.mean
+        lagrange = duals.mean @ theta - 0.5 * theta @ (duals.precision @ theta)
+        return (loss_sum(theta) + lagrange) / rho + 0.5 * offset @ (global_.precision @ offset)
+
+    return objective
+
+
+# ---- precisions on the wire: one (P, P) matrix for the full family, else shaped like the parameters ----
+def precision_layout(family: str, layout: TensorLayout) -> TensorLayout:
+    if family != "full":
+        return layout
+    size = sum(math.prod(shape) for shape in layout.values())
+    return {"matrix": (size, size)}
+
+
+def precision_to_wire(precision: torch.Tensor, size: int, family: str, layout: TensorLayout) -> Tensors:
+    if family == "full":
+        return {"matrix": precision.numpy().astype(np.float32)}
+    return unflatten(precision.expand(size).numpy(), layout)  # an isotropic scalar goes as a constant vector
+
+
+def precision_from_wire(arrays: Tensors, family: str, layout: TensorLayout) -> torch.Tensor:
+    wire_layout = precision_layout(family, layout)
+    flat = torch.from_numpy(flatten(arrays, wire_layout))
+    return flat.view(wire_layout["matrix"]) if family == "full" else flat
+
+
+def check_full_family_fits(settings: RunSettings, layout: TensorLayout) -> None:
+    size = sum(math.prod(shape) for shape in layout.values())
+    if settings.model != "logreg":
+        raise ConfigError("strategy 'bayesadmm-full' needs model=logreg: its Newton steps need a convex loss")
+    if size > MAX_FULL_PARAMETERS:
+        raise ConfigError(
+            f"strategy 'bayesadmm-full' sends {size}x{size} precisions; the model has {size} parameters and "
+            f"at most {MAX_FULL_PARAMETERS} are allowed: shrink the input, e.g. pool=4 (FMNIST 7x7, 500 parameters)"
+        )
+
+
 # ---- server half ----------------------------------------------------------------------------------
 class BayesADMM(WireStrategyMixin, Strategy):
-    """Diagonal BayesADMM (`isotropic=False`) or federated ADMM (`isotropic=True`) over the network."""
+    """BayesADMM over the network in one of three families (see the module docstring): `diagonal`
+    (Alg. 1, IVON clients), `full` (App. C.4, Newton clients) or `isotropic` (= federated ADMM)."""
 
-    def __init__(self, settings: RunSettings, layout: TensorLayout, isotropic: bool = False) -> None:
+    def __init__(self, settings: RunSettings, layout: TensorLayout, family: str = "diagonal") -> None:
+        if family not in FAMILIES.values():
+            raise ValueError(f"unknown BayesADMM family {family!r}")
+        if family == "full":
+            check_full_family_fits(settings, layout)
         self.settings = settings
         self.layout = layout
-        self.isotropic = isotropic
+        self.family = family
+        self.isotropic = family == "isotropic"
+        self.size = sum(math.prod(shape) for shape in layout.values())
         self.global_: Gaussian | None = None  # set from the initial model in round 1
         self.duals: dict[str, Duals] = {}  # client id -> its duals
         self.rng = random.Random(settings.seed)
@@ -133,7 +191,7 @@ class BayesADMM(WireStrategyMixin, Strategy):
 
     @property
     def name(self) -> str:
-        return "fedadmm" if self.isotropic else "bayesadmm"
+        return next(strategy for strategy, family in FAMILIES.items() if family == self.family)
 
     @property
     def dual_step_size(self) -> float:
@@ -146,6 +204,8 @@ class BayesADMM(WireStrategyMixin, Strategy):
         mean = torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout))
         if self.isotropic:
             return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
+        if self.family == "full":
+            return Gaussian(mean, self.settings.prior_precision * torch.eye(self.size, dtype=torch.float64))
         return Gaussian(mean, torch.full_like(mean, self.settings.prior_precision))
 
     def configure_train(
@@ -169,19 +229,18 @@ class BayesADMM(WireStrategyMixin, Strategy):
         )
         content = encode(instruction, {
             "global_mean": unflatten(self.global_.mean.numpy(), self.layout),
-            "global_precision": unflatten(self._precision_vector(self.global_).numpy(), self.layout),
+            "global_precision": precision_to_wire(self.global_.precision, self.size, self.family, self.layout),
         })
         self.round_report = RoundReport(sent=len(nodes))
         return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
 
-    def _precision_vector(self, q: Gaussian) -> torch.Tensor:
-        return q.precision.expand_as(q.mean) if q.precision.ndim == 0 else q.precision
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        groups = ("local_mean", "local_precision", "dual_mean", "dual_precision")
-        payloads = self.decode_replies(replies, pb.BayesADMMReply, {g: self.layout for g in groups}, server_round)
+        precision_wire = precision_layout(self.family, self.layout)
+        layouts = {"local_mean": self.layout, "local_precision": precision_wire,
+                   "dual_mean": self.layout, "dual_precision": precision_wire}
+        payloads = self.decode_replies(replies, pb.BayesADMMReply, layouts, server_round)
         locals_ = []
         for payload in payloads:
             local = self._local_posterior(payload)
@@ -206,14 +265,14 @@ class BayesADMM(WireStrategyMixin, Strategy):
         mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
         if self.isotropic:
             return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
-        return Gaussian(mean, torch.from_numpy(flatten(payload.tensors["local_precision"], self.layout)))
+        return Gaussian(mean, precision_from_wire(payload.tensors["local_precision"], self.family, self.layout))
 
     def _record_duals(self, payload: Payload, local: Gaussian, server_round: int) -> None:
         """Keep the client's reported duals; check them against our replay of its dual step."""
         client = payload.message.header.client_id
         reported = Duals(
             torch.from_numpy(flatten(payload.tensors["dual_mean"], self.layout)),
-            torch.from_numpy(flatten(payload.tensors["dual_precision"], self.layout)),
+            precision_from_wire(payload.tensors["dual_precision"], self.family, self.layout),
             server_round,
         )
         if self.isotropic:
@@ -238,7 +297,11 @@ class BayesADMM(WireStrategyMixin, Strategy):
     def _check_global(self, q: Gaussian) -> None:
         if not (torch.isfinite(q.mean).all() and torch.isfinite(q.precision).all()):
             raise FloatingPointError(f"{self.name}: the global posterior became non-finite")
-        if (q.precision <= 0).any():
+        if self.family == "full":
+            if torch.linalg.cholesky_ex(q.precision).info != 0:
+                raise FloatingPointError(f"{self.name}: the global precision matrix is not positive definite; "
+                                         "lower dual-damping or raise prior-precision")
+        elif (q.precision <= 0).any():
             raise FloatingPointError(
                 f"{self.name}: {(q.precision <= 0).sum().item()} global precisions are <= 0; "
                 "lower dual-damping or raise prior-precision"
@@ -259,31 +322,39 @@ class BayesADMM(WireStrategyMixin, Strategy):
 
 
 def fedadmm(settings: RunSettings, layout: TensorLayout) -> BayesADMM:
-    return BayesADMM(settings, layout, isotropic=True)
+    return BayesADMM(settings, layout, family="isotropic")
+
+
+def bayesadmm_full(settings: RunSettings, layout: TensorLayout) -> BayesADMM:
+    return BayesADMM(settings, layout, family="full")
 
 
 # ---- client half ----------------------------------------------------------------------------------
 def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     """Alg. 1 lines 4-6 on this client; duals and IVON state persist in the durable store."""
-    layouts = {"global_mean": runtime.layout, "global_precision": runtime.layout}
+    family = FAMILIES[runtime.settings.strategy]
+    layouts = {"global_mean": runtime.layout, "global_precision": precision_layout(family, runtime.layout)}
     payload = decode(content, pb.BayesADMMInstruction, layouts, sender="server")
     instruction = payload.message
     global_ = Gaussian(
         torch.from_numpy(flatten(payload.tensors["global_mean"], runtime.layout)),
-        torch.from_numpy(flatten(payload.tensors["global_precision"], runtime.layout)),
+        precision_from_wire(payload.tensors["global_precision"], family, runtime.layout),
     )
-    isotropic = runtime.settings.strategy == "fedadmm"
+    size = global_.mean.numel()
+    precision_shape = global_.precision.shape  # (P,) or (P, P): how U_k is stored and sent
     parameter_names = [name for name, _ in runtime.model.named_parameters()]
     if parameter_names != list(runtime.layout):
         raise ValueError(f"BayesADMM needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
     stored = runtime.store.load()
-    duals = _stored_duals(stored, global_.mean.numel(), instruction.header.server_round, runtime)
+    duals = _stored_duals(stored, global_, instruction.header.server_round, runtime)
     torch.manual_seed(runtime.local_seed(instruction.header.server_round))
-    if isotropic:
+    if family == "isotropic":
         local, (train_loss, compute_seconds), optimizer_state = _train_isotropic(runtime, instruction, global_, duals)
         global_ = Gaussian(global_.mean, torch.tensor(1.0, dtype=torch.float64))
         local = Gaussian(local.mean, torch.tensor(1.0, dtype=torch.float64))
         duals.precision = torch.tensor(0.0, dtype=torch.float64)
+    elif family == "full":
+        local, (train_loss, compute_seconds), optimizer_state = _train_full(runtime, instruction, global_, duals)
     else:
         local, (train_loss, compute_seconds), optimizer_state = _train_ivon(
             runtime, instruction, global_, duals, stored
@@ -291,7 +362,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     resumed_from = duals.round
     duals = dual_step(duals, local, global_, instruction.dual_step, instruction.header.server_round)
     runtime.store.save(ClientState(
-        {"dual_mean": duals.mean, "dual_precision": duals.precision.expand_as(duals.mean), **optimizer_state},
+        {"dual_mean": duals.mean, "dual_precision": duals.precision.expand(precision_shape), **optimizer_state},
         {"round": str(duals.round), "federation": instruction.header.federation},
     ))
     reply = pb.BayesADMMReply(
@@ -299,19 +370,21 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         num_examples=len(runtime.data.labels), train_loss=train_loss,
         compute_seconds=compute_seconds, resumed_from_round=resumed_from,
     )
-    local_precision = local.precision.expand_as(local.mean)
     return encode(reply, {
         "local_mean": unflatten(local.mean.numpy(), runtime.layout),
-        "local_precision": unflatten(local_precision.numpy(), runtime.layout),
+        "local_precision": precision_to_wire(local.precision, size, family, runtime.layout),
         "dual_mean": unflatten(duals.mean.numpy(), runtime.layout),
-        "dual_precision": unflatten(duals.precision.expand_as(duals.mean).numpy(), runtime.layout),
+        "dual_precision": precision_to_wire(duals.precision, size, family, runtime.layout),
     })
 
 
-def _stored_duals(stored: ClientState | None, size: int, server_round: int, runtime: ClientRuntime) -> Duals:
+def _stored_duals(stored: ClientState | None, global_: Gaussian, server_round: int, runtime: ClientRuntime) -> Duals:
+    """This client's duals from its store (zeros in its first round), shaped like q̄ as received: U_k is
+    (P,) for the diagonal and isotropic families (zeros for the latter) and (P, P) for the full one."""
+    shapes = {"dual_mean": global_.mean.shape, "dual_precision": global_.precision.shape}
     if stored is None:
-        zeros = torch.zeros(size, dtype=torch.float64)
-        return Duals(zeros, zeros.clone(), 0)
+        return Duals(torch.zeros(shapes["dual_mean"], dtype=torch.float64),
+                     torch.zeros(shapes["dual_precision"], dtype=torch.float64), 0)
     stored_round = int(stored.metadata["round"])
     if stored_round >= server_round:  # duals from the future: another run under the same federation name
         raise ValueError(
@@ -319,9 +392,9 @@ def _stored_duals(stored: ClientState | None, size: int, server_round: int, runt
             f"{server_round}: it belongs to an earlier run of federation {runtime.settings.federation!r}; "
             "give this run a new `federation` name or remove that state"
         )
-    for name in ("dual_mean", "dual_precision"):
-        if stored.tensors[name].numel() != size:
-            raise ValueError(f"stored {name} has {stored.tensors[name].numel()} values, the model has {size}")
+    for name, shape in shapes.items():
+        if stored.tensors[name].shape != shape:
+            raise ValueError(f"stored {name} has shape {tuple(stored.tensors[name].shape)}, this run needs {tuple(shape)}")
     return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(), stored_round)
 
 
@@ -363,6 +436,39 @@ def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: D
     model.cpu()
     local = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
     return local, loss_and_seconds, state
+
+
+def _train_full(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals):
+    """Line 4 for the full family (App. C.4): `epochs` VON/Newton steps from q̄ on Eq. 34, whose loss is
+    the client's summed cross-entropy tempered by τ (the same units as the diagonal family's
+    ess = N_k/(ρτ)). Each step starts at size `learning_rate` and halves until Eq. 34 decreases:
+    undamped Newton can diverge on a logistic loss far from its minimum. Full-batch, CPU, float64."""
+    images, labels = runtime.data.images.double(), runtime.data.labels
+
+    def tempered_loss_sum(theta: torch.Tensor) -> torch.Tensor:
+        weights, offset = {}, 0
+        for name, shape in runtime.layout.items():
+            weights[name] = theta[offset : offset + math.prod(shape)].view(shape)
+            offset += math.prod(shape)
+        logits = torch.func.functional_call(runtime.model, weights, (images,))
+        return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / instruction.temperature
+
+    objective = delta_objective(tempered_loss_sum, global_, duals, instruction.rho)
+    started = time.perf_counter()
+    local, value = global_, objective(global_.mean)
+    for _ in range(instruction.training.epochs):
+        step_size = instruction.training.learning_rate
+        while True:
+            candidate = newton_client_step(tempered_loss_sum, global_, duals, instruction.rho, local, step_size)
+            candidate_value = objective(candidate.mean)
+            if candidate_value <= value or step_size < MIN_NEWTON_STEP:  # the latter: converged to round-off
+                break
+            step_size /= 2
+        local, value = candidate, candidate_value
+    local = Gaussian(local.mean, 0.5 * (local.precision + local.precision.T))  # exact symmetry for the wire
+    seconds = time.perf_counter() - started
+    train_loss = tempered_loss_sum(local.mean).item() * instruction.temperature / max(len(labels), 1)
+    return local, (train_loss, seconds), {}
 
 
 def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals):

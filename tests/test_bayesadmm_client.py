@@ -72,3 +72,57 @@ def test_fedadmm_client_is_a_point_estimate_with_linear_dual(tmp_path):
     assert (s_k == 1.0).all() and (u_k == 0.0).all()
     np.testing.assert_allclose(v_k, 0.2 * (m_k - global_mean), rtol=1e-5, atol=1e-7)  # Eq. 22
     assert np.abs(m_k - global_mean).max() > 0  # it trained
+
+
+def test_full_covariance_client_solves_eq34_with_newton_steps(tmp_path):
+    """bayesadmm-full (App. C.4) on a 7x7 logistic regression: after enough Newton steps the client's
+    mean is the stationary point of Eq. 34, its precision is S̄ + H/ρ, and the duals move by γ(S_k m_k - S̄ m̄)
+    and γ(S_k - S̄) as full matrices."""
+    settings = RunSettings.from_run_config({**DEFAULTS, "strategy": "bayesadmm-full", "fraction": 0.05,
+                                            "model": "logreg", "pool": 4, "temperature": 1.0})
+    node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 10, "state-dir": str(tmp_path)}, "cpu")
+    runtime = ClientRuntime.create(settings, node)
+    size, rho, gamma = 500, 0.5, 0.1
+    global_mean = flatten(get_parameters(runtime.model), runtime.layout)
+    global_precision = 2.0 * np.eye(size)
+    message = pb.BayesADMMInstruction(
+        header=new_header(settings.federation, 1),
+        training=pb.LocalTraining(epochs=10, batch_size=32, learning_rate=1.0, optimizer="adam", seed=0),
+        rho=rho, dual_step=gamma, temperature=1.0, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
+        rescale_lr=False, reset_posterior=True,
+    )
+    content = encode(message, {"global_mean": unflatten(global_mean, runtime.layout),
+                               "global_precision": {"matrix": global_precision.astype(np.float32)}})
+    matrix = {"matrix": (size, size)}
+    layouts = {"local_mean": runtime.layout, "local_precision": matrix, "dual_mean": runtime.layout,
+               "dual_precision": matrix}
+    payload = decode(get_algorithm("bayesadmm-full").client_update(content, runtime), pb.BayesADMMReply, layouts, "client")
+    m_k = torch.from_numpy(flatten(payload.tensors["local_mean"], runtime.layout))
+    s_k = torch.from_numpy(payload.tensors["local_precision"]["matrix"]).double()
+
+    # The model written out independently: 4x4 average pooling, then softmax regression (summed loss).
+    pooled = torch.nn.functional.avg_pool2d(runtime.data.images.double(), 4).flatten(1)
+
+    def loss_sum(theta):
+        logits = pooled @ theta[:490].view(10, 49).T + theta[490:]
+        return torch.nn.functional.cross_entropy(logits, runtime.data.labels, reduction="sum")
+
+    m_bar, s_bar = torch.from_numpy(global_mean), torch.from_numpy(global_precision)
+    stationarity = torch.func.grad(loss_sum)(m_k) / rho + s_bar @ (m_k - m_bar)  # Eq. 34, first round: v = U = 0
+    assert stationarity.norm() < 1e-3 * (s_bar @ (m_k - m_bar)).norm()
+    expected_precision = s_bar + torch.func.jacrev(torch.func.jacrev(loss_sum))(m_k) / rho
+    torch.testing.assert_close(s_k, expected_precision, rtol=1e-4, atol=1e-4)
+    v_k = flatten(payload.tensors["dual_mean"], runtime.layout)
+    u_k = payload.tensors["dual_precision"]["matrix"]
+    np.testing.assert_allclose(v_k, gamma * (s_k @ m_k - s_bar @ m_bar).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(u_k, gamma * (s_k - s_bar).numpy(), rtol=1e-4, atol=1e-5)
+    # Round 2 in a new process: the (P, P) dual comes back from the durable store.
+    message.header.CopyFrom(new_header(settings.federation, 2))
+    content = encode(message, {"global_mean": unflatten(global_mean, runtime.layout),
+                               "global_precision": {"matrix": global_precision.astype(np.float32)}})
+    second = decode(get_algorithm("bayesadmm-full").client_update(content, ClientRuntime.create(settings, node)),
+                    pb.BayesADMMReply, layouts, "client")
+    assert second.message.resumed_from_round == 1
+    s_k2 = second.tensors["local_precision"]["matrix"].astype(np.float64)
+    np.testing.assert_allclose(second.tensors["dual_precision"]["matrix"], u_k + gamma * (s_k2 - global_precision),
+                               rtol=1e-4, atol=1e-4)

@@ -105,3 +105,19 @@ def test_non_positive_global_precision_is_a_clear_error():
     a1, _, _ = reply("a", 1, [1.0, 2.0], [-50.0, 6.0], server.global_, 0)
     with pytest.raises(FloatingPointError, match="global precisions are <= 0"):
         server.aggregate_train(1, [reply_message(a1, 1)])
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    ({"model": "mlp"}, "needs model=logreg"),
+    ({"model": "logreg", "pool": 1}, "pool=4"),  # 7850 parameters: a 7850 x 7850 precision per message
+])
+def test_full_covariance_refuses_models_it_cannot_carry(overrides, problem):
+    from strategies import get_algorithm
+    from tasks.config import ConfigError
+    from tasks.models import build_model
+    from bayes.params import parameter_layout
+
+    settings = RunSettings.from_run_config({**DEFAULTS, "strategy": "bayesadmm-full", **overrides})
+    model = build_model(settings.model, (1, 28, 28), 10, pool=settings.pool)
+    with pytest.raises(ConfigError, match=problem):
+        get_algorithm("bayesadmm-full").server(settings, parameter_layout(model))
