@@ -25,7 +25,8 @@ import sys
 import traceback
 from typing import NoReturn
 
-# Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point.
+# Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
+# torch does not initialise CUDA, so each forked child still sets up its own GPU context.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch", "ivon", "flwr.clientapp",
            "flwr.supernode.runtime.run_clientapp")
 
