@@ -9,6 +9,9 @@ and NLL against the round.
 
     python benchmarks/reproduce_table1.py --splits dirichlet --strategies bayesadmm,fedavg --seed 0
 
+Tuning runs (`--tag NAME --set key=value ...`, the overrides on top of the presets) go to
+benchmarks/results/table1/tuning/ with their own summary, so they never replace the reference runs.
+
 Hyperparameters: BayesADMM uses the reference configuration (../shared/specs/bayesadmm.md §2),
 which feeds raw 0-255 pixels (input-scale=255); FedAvg/FedProx use Adam 1e-3 on [0, 1] pixels with
 5 local epochs, their usual good setting, not tuned down.
@@ -24,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
+from deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
 REPORT_ROUNDS = (10, 25, 50)
@@ -59,17 +62,26 @@ PAPER_ACCURACY = {
 PAPER_NLL = {("dirichlet", "fedavg"): (0.78, 0.72, 0.67), ("dirichlet", "bayesadmm"): (0.65, 0.52, 0.50)}
 
 
-def run(strategy: str, split: str, seed: int, rounds: int, clients: int) -> dict:
-    results = RESULTS / f"{split}-{strategy}-seed{seed}.jsonl"
+def results_dir(tag: str) -> Path:
+    return RESULTS / "tuning" if tag else RESULTS
+
+
+def run_name(split: str, strategy: str, seed: int, tag: str) -> str:
+    return f"{split}-{strategy}{'-' + tag if tag else ''}-seed{seed}"
+
+
+def run(strategy: str, split: str, seed: int, rounds: int, clients: int, tag: str = "", extra: dict | None = None) -> dict:
+    name = run_name(split, strategy, seed, tag)
     started = time.monotonic()
     rows = run_local(
         LocalRun(
             strategy=strategy, clients=clients, rounds=rounds, dataset="fmnist", fraction=0.1, split=split,
-            seed=seed, results=results, workdir=Path("runs") / f"table1-{split}-{strategy}-seed{seed}",
-            overrides={**COMMON, **PRESETS[(strategy, split)]},
+            seed=seed, results=results_dir(tag) / f"{name}.jsonl", workdir=Path("runs") / f"table1-{name}",
+            overrides={**COMMON, **PRESETS[(strategy, split)], **(extra or {})},
         )
     )
-    return {"strategy": strategy, "split": split, "seed": seed, "rows": rows, "wall_seconds": time.monotonic() - started}
+    return {"strategy": strategy, "split": split, "seed": seed, "tag": tag, "overrides": extra or {}, "rows": rows,
+            "wall_seconds": time.monotonic() - started}
 
 
 def last_three(rows: list[dict], round_: int, key: str) -> float | None:
@@ -83,13 +95,14 @@ def table(runs: list[dict]) -> str:
         variants = [("", result["strategy"])]
         if result["strategy"] == "bayesadmm":
             variants = [("", "bayesadmm@mean"), ("_ensemble", "bayesadmm")]
+        tag = f" [{result['tag']}]" if result.get("tag") else ""
         for suffix, method in variants:
             accuracy = [last_three(result["rows"], r, f"accuracy{suffix}") for r in REPORT_ROUNDS]
             nll = [last_three(result["rows"], r, f"nll{suffix}") for r in REPORT_ROUNDS]
             paper = PAPER_ACCURACY.get((result["split"], method))
             paper_nll = PAPER_NLL.get((result["split"], method))
             lines.append(
-                f"{result['split']:<10} {method:<16} {_fmt(accuracy, 100, 1):<22} {_fmt(paper, 1, 1):<18} "
+                f"{result['split']:<10} {method + tag:<16} {_fmt(accuracy, 100, 1):<22} {_fmt(paper, 1, 1):<18} "
                 f"{_fmt(nll, 1, 3):<22} {_fmt(paper_nll, 1, 2):<16} {result['wall_seconds'] / 60:.1f} min"
             )
     return "\n".join(lines)
@@ -124,24 +137,27 @@ def plot(runs: list[dict], path: Path) -> None:
 
 
 def report(args: argparse.Namespace) -> None:
-    summary_path = RESULTS / f"summary-seed{args.seed}.json"
-    walls = {(r["split"], r["strategy"]): r["wall_seconds"] for r in json.loads(summary_path.read_text())}
+    directory = results_dir(args.tag)
+    summary = json.loads((directory / f"summary-seed{args.seed}.json").read_text())
+    walls = {(r["split"], r["strategy"], r.get("tag", "")): r["wall_seconds"] for r in summary}
     runs = []
     for split in args.splits.split(","):
         for strategy in args.strategies.split(","):
-            path = RESULTS / f"{split}-{strategy}-seed{args.seed}.jsonl"
-            if path.exists() and (split, strategy) in walls:
+            path = directory / f"{run_name(split, strategy, args.seed, args.tag)}.jsonl"
+            if path.exists() and (split, strategy, args.tag) in walls:
                 rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                runs.append({"strategy": strategy, "split": split, "seed": args.seed, "rows": rows,
-                             "wall_seconds": walls[(split, strategy)]})
+                runs.append({"strategy": strategy, "split": split, "seed": args.seed, "tag": args.tag, "rows": rows,
+                             "wall_seconds": walls[(split, strategy, args.tag)]})
     print(table(runs))
-    plot(runs, RESULTS / f"table1-seed{args.seed}.png")
+    if not args.tag:
+        plot(runs, RESULTS / f"table1-seed{args.seed}.png")
 
 
 def record_summary(result: dict, path: Path) -> None:
     """Add one run (without its rows) to the seed's summary, replacing an earlier run of the same pair."""
     summary = json.loads(path.read_text()) if path.exists() else []
-    summary = [r for r in summary if (r["split"], r["strategy"]) != (result["split"], result["strategy"])]
+    key = (result["split"], result["strategy"], result.get("tag", ""))
+    summary = [r for r in summary if (r["split"], r["strategy"], r.get("tag", "")) != key]
     summary.append({k: v for k, v in result.items() if k != "rows"})
     path.write_text(json.dumps(summary, indent=1))
 
@@ -154,21 +170,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--report", action="store_true", help="only tabulate and plot the runs already on disk")
+    parser.add_argument("--tag", default="", help="a tuning run's name (results go to results/table1/tuning/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset value")
     args = parser.parse_args()
     if args.report:
         report(args)
         return
     stop_processes_on_signals()
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.set and not args.tag:
+        parser.error("--set changes the presets: name the tuning run with --tag")
+    directory = results_dir(args.tag)
+    directory.mkdir(parents=True, exist_ok=True)
+    extra = dict(parse_override(item) for item in args.set)
     runs = []
     for split in args.splits.split(","):
         for strategy in args.strategies.split(","):
-            runs.append(run(strategy, split, args.seed, args.rounds, args.clients))
-            record_summary(runs[-1], RESULTS / f"summary-seed{args.seed}.json")
+            runs.append(run(strategy, split, args.seed, args.rounds, args.clients, args.tag, extra))
+            record_summary(runs[-1], directory / f"summary-seed{args.seed}.json")
             print(table(runs[-1:]), flush=True)
     print()
     print(table(runs))
-    plot(runs, RESULTS / f"table1-seed{args.seed}.png")
+    if not args.tag:
+        plot(runs, RESULTS / f"table1-seed{args.seed}.png")
 
 
 if __name__ == "__main__":
