@@ -79,6 +79,7 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
         "WARNING: fedbayes local runs INSECURE (no TLS, no node authentication) on 127.0.0.1 only. "
         "Use the deploy/ path for anything that crosses a network."
     )
+    results.unlink(missing_ok=True)  # an earlier run's rows must not be read as this run's
     with LocalFederation(workdir, spec.executor) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)

@@ -68,9 +68,11 @@ def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
 
 def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     workdir = tmp_path / "fed"
+    results_path = tmp_path / "out.jsonl"  # left over from an earlier run: must not be read as this run's
+    results_path.write_text("".join(json.dumps({"round": r, "stale": True}) + "\n" for r in range(1, 51)))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "deploy.cli", "local", "--strategy", "fedavg", "--clients", "2", "--rounds", "50",
-         "--fraction", "0.05", "--workdir", str(workdir)],
+         "--fraction", "0.05", "--workdir", str(workdir), "--results", str(results_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     deadline = time.monotonic() + 120
@@ -87,8 +89,8 @@ def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(timeout=60) == 130
     assert processes_of(workdir / "flwr-home") == []
-    results = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
-    assert 1 <= len(results) < 50
+    results = [json.loads(line) for line in results_path.read_text().splitlines()]
+    assert 1 <= len(results) < 50 and not any("stale" in row for row in results)
 
 
 def test_a_dying_superlink_stops_the_run_and_everything_else(tmp_path):
