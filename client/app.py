@@ -6,10 +6,15 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see tasks/compute.py
 
+from logging import INFO
+
+import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
+from flwr.common import log
 
 from client.runtime import ClientRuntime, NodeSettings
+from protos.codec import check_payload_size
 from strategies import get_algorithm
 from tasks.compute import configure_threads
 from tasks.config import RunSettings
@@ -23,5 +28,12 @@ def train(message: Message, context: Context) -> Message:
     settings = RunSettings.from_run_config(context.run_config)
     node = NodeSettings.from_node_config(context.node_config, default_device=settings.device)
     runtime = ClientRuntime.create(settings, node)
+    log(INFO, "%s: %d examples, training on %s", node.client_id, len(runtime.data.labels), describe(runtime.device))
+    check_payload_size(message.content, settings.max_payload_mb, sender="server")
     reply = get_algorithm(settings.strategy).client_update(message.content, runtime)
+    check_payload_size(reply, settings.max_payload_mb, sender=f"this client's ({node.client_id}) reply")
     return Message(reply, reply_to=message)
+
+
+def describe(device: torch.device) -> str:
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -174,7 +176,12 @@ class LocalFederation:
                 daemon.popen.wait(timeout=timeout)
 
     def submit(self, run_config: dict[str, Any]) -> ManagedProcess:
-        """`flwr run` the app with these run-config overrides; returns the streaming CLI process."""
+        """`flwr run` the app with these run-config overrides; returns the streaming CLI process.
+
+        Server checkpoints go under the workdir unless the overrides say otherwise: a local federation
+        must never resume from another one's checkpoint in the user-wide default directory.
+        """
+        run_config = {"server-state-dir": str(self.workdir / "server-state"), **run_config}
         overrides = self.workdir / "run-config.toml"
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
         return self.processes.start(
@@ -182,6 +189,22 @@ class LocalFederation:
             [_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "-c", str(overrides)],
             cwd=self.workdir,
         )
+
+    def run_id(self, submit: ManagedProcess, timeout: float = 30.0) -> int:
+        """The Flower run id a `submit` started (the CLI prints it when it starts streaming)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(r"run_id `(\d+)`", submit.log_path.read_text(errors="replace"))
+            if match:
+                return int(match.group(1))
+            time.sleep(0.1)
+        raise TimeoutError(f"no run id in {submit.log_path} after {timeout:.0f} s:\n{submit.log_tail()}")
+
+    def stop_run(self, run_id: int) -> None:
+        """`flwr stop`: the SuperLink marks the run stopped at once (after a ServerApp crash it would
+        take Flower's heartbeat timeout, up to 60 s, during which SuperNodes hold the dead run's messages)."""
+        subprocess.run([_tool("flwr"), "stop", str(run_id), CONNECTION], cwd=self.workdir, env=self.processes.env,
+                       check=True, capture_output=True, timeout=60)
 
     def follow(
         self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None]
@@ -232,10 +255,12 @@ def toml_value(value: Any) -> str:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` -> (key, typed value): bools, ints, floats, else the string itself."""
+    """`key=value` -> (key, typed value): bools, ints, floats, else the string itself. Keys are
+    spelled with hyphens (`proximal-mu`); `proximal_mu` means the same."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ValueError(f"--set expects key=value, got {text!r}")
+    key = key.replace("_", "-")
     if raw in ("true", "false"):
         return key, raw == "true"
     for kind in (int, float):

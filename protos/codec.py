@@ -106,6 +106,22 @@ def decode(
     return Payload(message, tensors)
 
 
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes a payload carries: its tensors as serialized in Flower's Arrays (.npy bytes) plus its
+    protobuf envelope: what a receiver holds in memory before it can decode anything."""
+    tensors = sum(len(array.data) for record in content.array_records.values() for array in record.values())
+    envelope = content.config_records.get(ENVELOPE_KEY)
+    message = envelope.get("message") if envelope is not None else None
+    return tensors + (len(message) if isinstance(message, bytes) else 0)
+
+
+def check_payload_size(content: RecordDict, max_mb: float, sender: str) -> None:
+    """Reject a payload over the configured limit (run config `max-payload-mb`) before decoding it."""
+    size = payload_bytes(content)
+    if size > max_mb * 2**20:
+        raise PayloadError(f"{sender}: payload is {size / 2**20:.1f} MiB, over the limit max-payload-mb={max_mb:g}")
+
+
 def claimed_client_id(content: RecordDict, message_type: type[ProtoMessage]) -> str | None:
     """The client id a payload claims in its header, without validating anything else (for error
     messages about payloads that fail validation)."""

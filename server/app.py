@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see tasks/compute.py
 
 from logging import INFO
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,7 +17,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from bayes.metrics import classification_metrics, predict_probs
 from bayes.params import get_parameters, parameter_layout, set_parameters
-from server.loop import LoopSettings, ResultsLog, run_rounds
+from server.checkpoint import CheckpointStore
+from server.loop import LoopSettings, run_rounds
 from strategies import get_algorithm
 from tasks.compute import configure_threads, resolve_device
 from tasks.config import RunSettings
@@ -24,6 +26,7 @@ from tasks.datasets import load_dataset
 from tasks.models import build_model, parse_hidden
 
 app = ServerApp()
+DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.home() / ".fedbayes" / "server"))
 
 
 @app.main()
@@ -44,17 +47,17 @@ def main(grid: Grid, context: Context) -> None:
     device = resolve_device(settings.device)
     log(INFO, "fedbayes: strategy %s, %s, %d rounds", settings.strategy, settings.dataset, settings.num_server_rounds)
 
-    generator = torch.Generator().manual_seed(settings.seed)
-
     def predict(weights: dict[str, np.ndarray]) -> torch.Tensor:
         set_parameters(model, weights)
         probs = predict_probs(model.to(device), test.images, settings.eval_batch_size, device)
         model.cpu()
         return probs
 
-    def evaluate(arrays: ArrayRecord) -> dict[str, float]:
-        """The global model at its mean, and (Bayesian strategies) as an ensemble over posterior samples."""
+    def evaluate(arrays: ArrayRecord, server_round: int) -> dict[str, float]:
+        """The global model at its mean, and (Bayesian strategies) as an ensemble over posterior samples,
+        drawn with a per-round seed so a resumed run evaluates exactly like an uninterrupted one."""
         metrics = classification_metrics(predict({name: arrays[name].numpy() for name in layout}), test.labels)
+        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + server_round)
         samples = strategy.posterior_samples(settings.ensemble_samples, generator)
         if samples:
             ensemble = torch.stack([predict(sample) for sample in samples]).mean(0)
@@ -73,7 +76,9 @@ def main(grid: Grid, context: Context) -> None:
             wait_for_clients=settings.wait_for_clients,
             wait_for_clients_timeout=settings.wait_for_clients_timeout,
             min_clients=settings.min_clients,
+            max_payload_mb=settings.max_payload_mb,
         ),
         evaluate,
-        ResultsLog(settings.results_path),
+        settings.results_path,
+        CheckpointStore(settings.server_state_dir or DEFAULT_SERVER_STATE_DIR, settings.federation, context.run_config),
     )

@@ -17,14 +17,16 @@ from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from protos.codec import check_payload_size
+from server.checkpoint import Checkpoint, CheckpointStore
 from strategies.base import RoundReport
 
-Evaluate = Callable[[ArrayRecord], dict[str, float]]
+Evaluate = Callable[[ArrayRecord, int], dict[str, float]]  # (global arrays, round) -> metrics
 
 
 @dataclass
@@ -35,16 +37,25 @@ class LoopSettings:
     wait_for_clients: int  # before round 1
     wait_for_clients_timeout: float
     min_clients: int = 1  # before every round
+    max_payload_mb: float = 512.0
 
 
 class ResultsLog:
-    """One JSON object per round, appended and flushed as soon as the round ends."""
+    """One JSON object per round, appended and flushed as soon as the round ends. A resumed run keeps
+    the rows of the rounds its checkpoint covers and drops any later ones (rounds it runs again)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, keep_through_round: int = 0) -> None:
         self.path = Path(path) if path else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
+            kept = [line for line in self._lines() if json.loads(line)["round"] <= keep_through_round]
+            self.path.write_text("".join(f"{line}\n" for line in kept))
+
+    def _lines(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        # A line cut short by a crash is not a row.
+        return [line for line in self.path.read_text().split("\n")[:-1] if line.strip()]
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path is not None:
@@ -90,15 +101,32 @@ def run_rounds(
     initial_arrays: ArrayRecord,
     settings: LoopSettings,
     evaluate: Evaluate,
-    results: ResultsLog,
+    results_path: str,
+    checkpoints: CheckpointStore,
 ) -> ArrayRecord:
+    """Rounds 1..num_rounds, or, when the federation has a checkpoint, the rounds after it. Each round:
+    configure, exchange, aggregate, evaluate, log, checkpoint. A crash before the checkpoint means the
+    round runs again on resume; clients then start it from their state before it (client/state.py)."""
+    arrays, first_round, elapsed = initial_arrays, 1, 0.0
+    checkpoint = checkpoints.load()
+    if checkpoint is not None:
+        arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
+        strategy.restore_server_state(checkpoint.strategy_state)
+        first_round, elapsed = checkpoint.server_round + 1, checkpoint.wall_seconds
+        log(INFO, "resuming after round %d from %s", checkpoint.server_round, checkpoints.path)
+        if first_round > settings.num_rounds:
+            log(INFO, "the federation already finished its %d rounds; nothing to do (a new `federation` name "
+                "starts over)", settings.num_rounds)
+            return arrays
+    results = ResultsLog(results_path, keep_through_round=first_round - 1)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
-    arrays = initial_arrays
-    started = time.monotonic()
-    for server_round in range(1, settings.num_rounds + 1):
+    started = time.monotonic() - elapsed
+    for server_round in range(first_round, settings.num_rounds + 1):
         round_started = time.monotonic()
         wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        for message in messages:  # too big for the clients' limit: every one of them would refuse it
+            check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
         replies = exchange(grid, messages, settings.round_timeout, settings.poll_interval)
         new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
         if new_arrays is None:
@@ -109,7 +137,7 @@ def run_rounds(
         report: RoundReport = strategy.round_report
         record = {
             "round": server_round,
-            **evaluate(arrays),
+            **evaluate(arrays, server_round),
             "clients": len(report.accepted),
             "clients_sent": report.sent,
             "clients_rejected": len(report.rejected),
@@ -119,6 +147,10 @@ def run_rounds(
             "wall_seconds": time.monotonic() - started,
         }
         results.write(record)
+        checkpoints.save(Checkpoint(
+            server_round, {name: arrays[name].numpy() for name in arrays}, strategy.server_state(),
+            record["wall_seconds"],
+        ))
         log(INFO, progress_line(record, settings.num_rounds))
     return arrays
 

@@ -3,18 +3,31 @@ rejecting bad ones without stopping the round, and knowing which stable client s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import random
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import TypeVar
 
+import numpy as np
 from flwr.app import Message
 from flwr.common import log
 from google.protobuf.message import Message as ProtoMessage
 
-from protos.codec import Payload, PayloadError, TensorLayout, claimed_client_id, decode
+from protos.codec import Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode
+from tasks.config import RunSettings
 
 M = TypeVar("M", bound=ProtoMessage)
+
+
+@dataclass
+class ServerState:
+    """What a strategy's server half must carry across a server restart, besides the global arrays the
+    round loop checkpoints itself: tensors (float32/float64 numpy) and string metadata (e.g. JSON).
+    Keys are the strategy's own. Randomness is derived from (seed, round), so no RNG state is needed."""
+
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -26,15 +39,33 @@ class RoundReport:
     rejected: dict[str, str] = field(default_factory=dict)  # "client-3 (node 42)" -> reason
 
 
+def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int, server_round: int) -> list[int]:
+    """The nodes to train this round: a `fraction` of the connected ones (at least `minimum`), drawn with a
+    per-round seed so that a server resumed from its checkpoint draws as an uninterrupted one would."""
+    nodes = sorted(nodes)
+    count = min(len(nodes), max(minimum, round(fraction * len(nodes))))
+    return sorted(random.Random(seed * 1_000_003 + server_round).sample(nodes, count))
+
+
 class WireStrategyMixin:
     """Mixed into a Flower Strategy; keeps the node -> client id map and the round report."""
 
+    settings: RunSettings
     round_report: RoundReport
     client_of_node: dict[int, str]
 
     def _init_wire(self) -> None:
         self.round_report = RoundReport()
         self.client_of_node = {}
+
+    def server_state(self) -> ServerState:
+        """Checkpointed after every round (server/checkpoint.py); stateless strategies keep nothing."""
+        return ServerState()
+
+    def restore_server_state(self, state: ServerState) -> None:
+        """Continue from `server_state()` as saved by an earlier server process."""
+        if state.tensors or state.metadata:
+            raise ValueError(f"{type(self).__name__} keeps no server state, but the checkpoint has some")
 
     def posterior_samples(self, count: int, generator) -> list[dict]:
         """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""
@@ -50,8 +81,11 @@ class WireStrategyMixin:
         message_type: type[M],
         layouts: Mapping[str, TensorLayout],
         server_round: int,
+        check: Callable[[Payload[M]], None] | None = None,
     ) -> list[Payload[M]]:
-        """Valid payloads of this round; errors and bad payloads are logged and left out."""
+        """Valid payloads of this round, by client id; errors and bad payloads are logged and left out. `check` adds
+        the strategy's own semantic checks (e.g. positive precisions): a PayloadError it raises rejects
+        that reply only."""
         accepted: list[Payload[M]] = []
         for reply in replies:
             node_id = reply.metadata.src_node_id
@@ -63,7 +97,10 @@ class WireStrategyMixin:
             if claimed and node_id not in self.client_of_node:
                 label = f"client {claimed!r} (node {node_id})"
             try:
+                check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
                 payload = decode(reply.content, message_type, layouts, sender=label)
+                if check is not None:
+                    check(payload)
             except PayloadError as error:
                 self._reject(label, f"rejected payload: {error}")
                 continue
@@ -75,7 +112,8 @@ class WireStrategyMixin:
             self.round_report.accepted.append(header.client_id)
             accepted.append(payload)
         log(INFO, "round %d: %d accepted, %d left out", server_round, len(accepted), len(self.round_report.rejected))
-        return accepted
+        # In client-id order, so aggregates do not depend on the order replies happened to arrive in.
+        return sorted(accepted, key=lambda payload: payload.message.header.client_id)
 
     def _reject(self, label: str, reason: str) -> None:
         self.round_report.rejected[label] = reason

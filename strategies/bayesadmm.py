@@ -29,8 +29,8 @@ and uses what the client reports, so the server's sums always match the clients'
 
 from __future__ import annotations
 
+import json
 import math
-import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,8 +50,8 @@ from client.runtime import ClientRuntime
 from client.state import ClientState
 from client.training import make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
-from protos.codec import Payload, TensorLayout, Tensors, decode, encode, new_header
-from strategies.base import RoundReport, WireStrategyMixin
+from protos.codec import Payload, PayloadError, TensorLayout, Tensors, decode, encode, new_header
+from strategies.base import RoundReport, ServerState, WireStrategyMixin, sample_nodes
 from tasks.config import ConfigError, RunSettings
 
 DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
@@ -182,7 +182,6 @@ class BayesADMM(WireStrategyMixin, Strategy):
         self.size = sum(math.prod(shape) for shape in layout.values())
         self.global_: Gaussian | None = None  # set from the initial model in round 1
         self.duals: dict[str, Duals] = {}  # client id -> its duals
-        self.rng = random.Random(settings.seed)
         self._init_wire()
 
     def summary(self) -> None:
@@ -213,10 +212,9 @@ class BayesADMM(WireStrategyMixin, Strategy):
     ) -> Iterable[Message]:
         if self.global_ is None:
             self.global_ = self._initial_global(arrays)
-        nodes = list(grid.get_node_ids())
-        count = max(self.settings.min_clients, round(self.settings.fraction_train * len(nodes)))
-        nodes = sorted(self.rng.sample(nodes, min(count, len(nodes))))
         settings = self.settings
+        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
+                             server_round)
         instruction = pb.BayesADMMInstruction(
             header=new_header(settings.federation, server_round),
             training=pb.LocalTraining(
@@ -240,7 +238,7 @@ class BayesADMM(WireStrategyMixin, Strategy):
         precision_wire = precision_layout(self.family, self.layout)
         layouts = {"local_mean": self.layout, "local_precision": precision_wire,
                    "dual_mean": self.layout, "dual_precision": precision_wire}
-        payloads = self.decode_replies(replies, pb.BayesADMMReply, layouts, server_round)
+        payloads = self.decode_replies(replies, pb.BayesADMMReply, layouts, server_round, check=self._check_reply)
         locals_ = []
         for payload in payloads:
             local = self._local_posterior(payload)
@@ -260,6 +258,18 @@ class BayesADMM(WireStrategyMixin, Strategy):
             "known-clients": len(self.duals),
         })
         return ArrayRecord({n: Array(v) for n, v in unflatten(updated.mean.numpy(), self.layout).items()}), metrics
+
+    def _check_reply(self, payload: Payload) -> None:
+        """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite
+        precision matrix (full). The isotropic family sends none."""
+        if self.isotropic:
+            return
+        precision = self._local_posterior(payload).precision
+        if self.family == "full":
+            if torch.linalg.cholesky_ex(precision).info != 0:
+                raise PayloadError("field 'local_precision': the precision matrix is not positive definite")
+        elif (precision <= 0).any():
+            raise PayloadError(f"field 'local_precision': {(precision <= 0).sum().item()} precisions are <= 0")
 
     def _local_posterior(self, payload: Payload) -> Gaussian:
         mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
@@ -293,6 +303,26 @@ class BayesADMM(WireStrategyMixin, Strategy):
                 log(WARNING, "client %r: reported %s differs from the server's replay by %.2e (relative)",
                     client, name, error)
         self.duals[client] = reported
+
+    def server_state(self) -> ServerState:
+        """q̄ and every known client's duals (with the round they were last updated in), in float64."""
+        if self.global_ is None:
+            return ServerState()
+        tensors = {"global_mean": self.global_.mean.numpy(), "global_precision": self.global_.precision.numpy()}
+        for client, duals in self.duals.items():
+            tensors[f"duals/{client}/mean"] = duals.mean.numpy()
+            tensors[f"duals/{client}/precision"] = duals.precision.numpy()
+        return ServerState(tensors, {"dual_rounds": json.dumps({c: d.round for c, d in self.duals.items()})})
+
+    def restore_server_state(self, state: ServerState) -> None:
+        if not state.tensors:
+            return
+        tensors = {name: torch.from_numpy(value.copy()) for name, value in state.tensors.items()}
+        self.global_ = Gaussian(tensors["global_mean"], tensors["global_precision"])
+        self.duals = {
+            client: Duals(tensors[f"duals/{client}/mean"], tensors[f"duals/{client}/precision"], dual_round)
+            for client, dual_round in json.loads(state.metadata["dual_rounds"]).items()
+        }
 
     def _check_global(self, q: Gaussian) -> None:
         if not (torch.isfinite(q.mean).all() and torch.isfinite(q.precision).all()):
@@ -345,8 +375,8 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     parameter_names = [name for name, _ in runtime.model.named_parameters()]
     if parameter_names != list(runtime.layout):
         raise ValueError(f"BayesADMM needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
-    stored = runtime.store.load()
-    duals = _stored_duals(stored, global_, instruction.header.server_round, runtime)
+    stored = runtime.store.load(before_round=instruction.header.server_round)
+    duals = _stored_duals(stored, global_)
     torch.manual_seed(runtime.local_seed(instruction.header.server_round))
     if family == "isotropic":
         local, (train_loss, compute_seconds), optimizer_state = _train_isotropic(runtime, instruction, global_, duals)
@@ -363,8 +393,8 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     duals = dual_step(duals, local, global_, instruction.dual_step, instruction.header.server_round)
     runtime.store.save(ClientState(
         {"dual_mean": duals.mean, "dual_precision": duals.precision.expand(precision_shape), **optimizer_state},
-        {"round": str(duals.round), "federation": instruction.header.federation},
-    ))
+        {"federation": instruction.header.federation},
+    ), duals.round)
     reply = pb.BayesADMMReply(
         header=new_header(instruction.header.federation, instruction.header.server_round, runtime.node.client_id),
         num_examples=len(runtime.data.labels), train_loss=train_loss,
@@ -378,24 +408,17 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     })
 
 
-def _stored_duals(stored: ClientState | None, global_: Gaussian, server_round: int, runtime: ClientRuntime) -> Duals:
+def _stored_duals(stored: ClientState | None, global_: Gaussian) -> Duals:
     """This client's duals from its store (zeros in its first round), shaped like q̄ as received: U_k is
     (P,) for the diagonal and isotropic families (zeros for the latter) and (P, P) for the full one."""
     shapes = {"dual_mean": global_.mean.shape, "dual_precision": global_.precision.shape}
     if stored is None:
         return Duals(torch.zeros(shapes["dual_mean"], dtype=torch.float64),
                      torch.zeros(shapes["dual_precision"], dtype=torch.float64), 0)
-    stored_round = int(stored.metadata["round"])
-    if stored_round >= server_round:  # duals from the future: another run under the same federation name
-        raise ValueError(
-            f"client state {runtime.store.path} is from round {stored_round}, but the server is at round "
-            f"{server_round}: it belongs to an earlier run of federation {runtime.settings.federation!r}; "
-            "give this run a new `federation` name or remove that state"
-        )
     for name, shape in shapes.items():
         if stored.tensors[name].shape != shape:
             raise ValueError(f"stored {name} has shape {tuple(stored.tensors[name].shape)}, this run needs {tuple(shape)}")
-    return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(), stored_round)
+    return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(), stored.round)
 
 
 def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals, stored: ClientState | None):

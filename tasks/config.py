@@ -26,6 +26,7 @@ class RunSettings:
     num_server_rounds: int
     federation: str
     results_path: str
+    server_state_dir: str
     dataset: str
     data_root: str
     download: bool
@@ -66,6 +67,7 @@ class RunSettings:
     wait_for_clients_timeout: float
     round_timeout: float
     poll_interval: float
+    max_payload_mb: float
     eval_batch_size: int
 
     @classmethod
@@ -120,6 +122,7 @@ class RunSettings:
         _check("wait-for-clients", self.wait_for_clients >= 0, "must be >= 0")
         _check("round-timeout", self.round_timeout > 0.0, "must be > 0")
         _check("poll-interval", self.poll_interval > 0.0, "must be > 0")
+        _check("max-payload-mb", self.max_payload_mb > 0.0, "must be > 0")
         _check("federation", _is_safe_name(self.federation), "must match [A-Za-z0-9._-]+")
 
 

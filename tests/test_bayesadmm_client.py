@@ -6,6 +6,7 @@ import torch
 
 from bayes.params import flatten, get_parameters, unflatten
 from client.runtime import ClientRuntime, NodeSettings
+from client.state import StaleStateError
 from protos import payloads_pb2 as pb
 from protos.codec import decode, encode, new_header
 from strategies import get_algorithm
@@ -22,6 +23,7 @@ def make_runtime(tmp_path, strategy):
     node = NodeSettings.from_node_config(
         {"partition-id": 0, "num-partitions": 10, "state-dir": str(tmp_path)}, default_device="cpu"
     )
+    torch.manual_seed(0)  # the same initial model, hence the same q̄ in `instruction`, in every runtime
     return ClientRuntime.create(settings, node)
 
 
@@ -54,12 +56,18 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
     np.testing.assert_allclose(v_k, 2e-4 * (s_k * m_k - 1.0 * global_mean), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(u_k, 2e-4 * (s_k - 1.0), rtol=1e-4, atol=1e-6)
     state = runtime.store.load()
-    assert state.metadata["round"] == "1" and {"ivon_hess", "ivon_momentum", "ivon_step"} <= set(state.tensors)
+    assert state.round == 1 and {"ivon_hess", "ivon_momentum", "ivon_step"} <= set(state.tensors)
     # A new process (new runtime) for round 2 continues from those duals.
     payload, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm")
     assert payload.message.resumed_from_round == 1
+    # Round 2 run again (a server resumed from its round-1 checkpoint) starts from the same round-1 duals.
+    again, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm")
+    assert again.message.resumed_from_round == 1
+    for group in GROUPS:
+        np.testing.assert_array_equal(flatten(again.tensors[group], runtime.layout),
+                                      flatten(payload.tensors[group], runtime.layout))
     # The same federation's state replayed at round 1 (another run, same name) is refused.
-    with pytest.raises(ValueError, match="earlier run of federation"):
+    with pytest.raises(StaleStateError, match="earlier run of federation"):
         run_round(make_runtime(tmp_path, "bayesadmm"), 1, "bayesadmm")
 
 

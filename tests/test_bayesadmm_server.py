@@ -100,11 +100,38 @@ def test_tampered_duals_are_flagged(caplog):
     assert "dual_mean differs from the server's replay" in caplog.text
 
 
-def test_non_positive_global_precision_is_a_clear_error():
-    server, _ = strategy()
-    a1, _, _ = reply("a", 1, [1.0, 2.0], [-50.0, 6.0], server.global_, 0)
-    with pytest.raises(FloatingPointError, match="global precisions are <= 0"):
-        server.aggregate_train(1, [reply_message(a1, 1)])
+def test_a_non_positive_local_precision_is_rejected_and_the_round_goes_on(caplog):
+    server, settings = strategy()
+    global_1 = server.global_
+    bad, _, _ = reply("a", 1, [1.0, 2.0], [-50.0, 6.0], global_1, 0)
+    good, local_b, duals_b = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
+    with caplog.at_level(logging.WARNING):
+        server.aggregate_train(1, [reply_message(bad, 1), reply_message(good, 2)])
+    assert "client 'a' (node 1): rejected payload" in caplog.text and "1 precisions are <= 0" in caplog.text
+    assert server.round_report.accepted == ["b"] and sorted(server.duals) == ["b"]
+    expected = server_step([local_b], [duals_b], settings.rho, settings.prior_precision)
+    torch.testing.assert_close(server.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
+
+
+def test_a_restored_server_continues_exactly_like_the_original():
+    """server_state() after round 1, restored into a new strategy (a restarted server), then round 2 on
+    both: the same q̄ and the same duals, bit for bit; the restored one also checks round-2 duals."""
+    original, _ = strategy()
+    global_1 = original.global_
+    a1, _, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
+    b1, _, _ = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
+    original.aggregate_train(1, [reply_message(a1, 1), reply_message(b1, 2)])
+    restored = BayesADMM(RunSettings.from_run_config(DEFAULTS), LAYOUT)
+    restored.restore_server_state(original.server_state())
+    a2, _, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], original.global_, 1, previous=duals_a1)
+    for server in (original, restored):
+        server.aggregate_train(2, [reply_message(a2, 1)])
+    assert torch.equal(original.global_.mean, restored.global_.mean)
+    assert torch.equal(original.global_.precision, restored.global_.precision)
+    assert original.duals.keys() == restored.duals.keys() == {"a", "b"}
+    for client in ("a", "b"):
+        assert torch.equal(original.duals[client].mean, restored.duals[client].mean)
+        assert original.duals[client].round == restored.duals[client].round
 
 
 @pytest.mark.parametrize("overrides, problem", [

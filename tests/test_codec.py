@@ -124,3 +124,15 @@ def test_generated_code_is_current(tmp_path):
         assert (tmp_path / generated).read_text() == (ROOT / "protos" / generated).read_text(), (
             f"protos/{generated} is stale: run `make protos`"
         )
+
+
+def test_payload_size_is_tensor_bytes_plus_envelope():
+    from protos.codec import check_payload_size, payload_bytes
+
+    content = fedavg_reply()
+    envelope = len(content.config_records["fedbayes"]["message"])
+    # 15 float32 values, each array serialized with a .npy header of at most 128 bytes
+    assert 15 * 4 + envelope < payload_bytes(content) <= 15 * 4 + envelope + 2 * 128
+    check_payload_size(content, max_mb=1.0, sender="client x")
+    with pytest.raises(PayloadError, match="client x: payload is .* MiB, over the limit max-payload-mb=1e-05"):
+        check_payload_size(content, max_mb=1e-5, sender="client x")

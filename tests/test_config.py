@@ -54,3 +54,14 @@ def test_node_settings():
         NodeSettings.from_node_config({"partition-id": 3, "num-partitions": 3}, default_device="cpu")
     with pytest.raises(ConfigError, match="client-id"):
         NodeSettings.from_node_config({"client-id": "a b", "data-path": "/x.npz"}, default_device="cpu")
+
+
+def test_set_overrides_are_typed_and_accept_underscores():
+    from deploy.launcher import parse_override
+
+    assert parse_override("proximal_mu=0.1") == ("proximal-mu", 0.1)
+    assert parse_override("local-epochs=5") == ("local-epochs", 5)
+    assert parse_override("rescale-lr=true") == ("rescale-lr", True)
+    assert parse_override("hidden=200,100") == ("hidden", "200,100")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_override("lr")

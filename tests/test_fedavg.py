@@ -44,6 +44,14 @@ def test_weighted_average_of_accepted_replies_only():
     assert strategy.client_of_node == {11: "client-0", 12: "client-1"}
 
 
+def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
+    limit_mb = 60 / 2**20  # LAYOUT is 15 float32 = 60 bytes of tensors, plus the envelope
+    strategy = FedAvg(settings(**{"max-payload-mb": limit_mb}), LAYOUT)
+    assert strategy.aggregate_train(1, [reply_message(fedavg_reply("client-0"), node_id=11)]) == (None, None)
+    reason = strategy.round_report.rejected["client 'client-0' (node 11)"]
+    assert "payload is 0.0 MiB, over the limit max-payload-mb=" in reason
+
+
 def test_no_usable_reply_leaves_the_model_unchanged():
     strategy = FedAvg(settings(), LAYOUT)
     assert strategy.aggregate_train(1, [reply_message(None, 1, Error(code=5, reason="gone"))]) == (None, None)

@@ -1,6 +1,7 @@
 """Real processes over loopback gRPC: a SuperLink, SuperNodes, the ServerApp and ClientApps."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,11 @@ from deploy.processes import processes_with_env
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def with_pythonpath(folder: Path) -> str:
+    """`folder` first on PYTHONPATH, keeping what the environment already had there."""
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
 
 
 def processes_of(flwr_home: Path) -> list[int]:
@@ -56,7 +62,7 @@ def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
 
 
 def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
-    poisoned = {"PYTHONPATH": str(ROOT / "tests" / "fault_injection")}
+    poisoned = {"PYTHONPATH": with_pythonpath(ROOT / "tests" / "fault_injection")}
     rows, server_log, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: poisoned})
     assert len(rows) == 2, "the server must keep running"
     for row in rows:

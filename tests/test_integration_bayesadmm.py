@@ -1,13 +1,19 @@
 """BayesADMM over real gRPC processes: a client restarted mid-run continues with its durable duals."""
 
-import time
+import json
+import os
+import signal
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from safetensors.numpy import load_file
 
 from client.state import ClientStateStore
 from deploy.launcher import LocalFederation
 from deploy.processes import processes_with_env
+from server.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +38,7 @@ def test_client_restart_keeps_its_duals(tmp_path):
         def restart_after_round_one(row):
             rows.append(row)
             if row["round"] == 1:
-                assert store.load().metadata["round"] == "1"
+                assert store.load().round == 1
                 federation.stop_supernode(1)
                 federation.start_supernode(1, 2)
 
@@ -45,7 +51,7 @@ def test_client_restart_keeps_its_duals(tmp_path):
     # The restarted client resumed from its own state: no lost-state or replay mismatch on the server.
     assert "lost or stale" not in server_log and "differs from the server's replay" not in server_log
     state = store.load()
-    assert state.metadata["round"] == "3"
+    assert state.round == 3
     assert torch.isfinite(state.tensors["dual_mean"]).all() and state.tensors["dual_mean"].abs().sum() > 0
     assert processes_with_env("FLWR_HOME", str(flwr_home)) == []
 
@@ -68,3 +74,51 @@ def test_full_covariance_bayesadmm_over_grpc(tmp_path):
     assert [row["clients"] for row in rows] == [2, 2], server_log[-3000:]
     assert rows[-1]["accuracy"] > 0.5 and rows[-1]["accuracy_ensemble"] > 0.5, rows  # chance is 0.1
     assert "differs from the server's replay" not in server_log
+
+
+def serverapp_pids(flwr_home) -> list[int]:
+    return [pid for pid in processes_with_env("FLWR_HOME", str(flwr_home))
+            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
+    """BayesADMM for 3 rounds twice on the same SuperNodes: once straight through, once with the ServerApp
+    SIGKILLed after round 2's results appear and the run submitted again. The resumed federation continues
+    from its checkpoint (round 2, or round 1 if the kill beat the checkpoint, in which case round 2 runs
+    again and the clients start it from their state before it) and ends with the same global posterior."""
+    workdir = tmp_path / "fed"
+    base = {
+        "strategy": "bayesadmm", "num-server-rounds": 3, "fraction": 0.05, "local-epochs": 1, "lr": 5e-5,
+        "input-scale": 255.0, "ensemble-samples": 2, "wait-for-clients": 2, "min-clients": 2,
+        "round-timeout": 120.0,
+    }
+    straight = {**base, "federation": "straight", "results-path": str(workdir / "straight.jsonl")}
+    resumed = {**base, "federation": "resumed", "results-path": str(workdir / "resumed.jsonl")}
+    with LocalFederation(workdir) as federation:
+        for index in range(2):
+            federation.start_supernode(index, 2)
+        federation.follow(workdir / "straight.jsonl", federation.submit(straight), 3, on_row=lambda row: None)
+
+        first = federation.submit(resumed)
+
+        def kill_server_after_round_two(row):
+            if row["round"] == 2:
+                for pid in serverapp_pids(federation.flwr_home):
+                    os.kill(pid, signal.SIGKILL)
+                federation.stop_run(federation.run_id(first))  # else Flower notices after its 60 s heartbeat
+                federation.processes.stop(first)  # the CLI streaming the dead run's logs
+
+        rows = federation.follow(workdir / "resumed.jsonl", first, 3, on_row=kill_server_after_round_two)
+        assert [row["round"] for row in rows] == [1, 2], "the kill should have stopped the run"
+        second = federation.submit(resumed)
+        federation.follow(workdir / "resumed.jsonl", second, 3, on_row=lambda row: None)
+        server_log = (federation.log_dir / "flwr-run.log").read_text()
+    assert "resuming after round" in server_log
+    assert "lost or stale" not in server_log and "differs from the server's replay" not in server_log
+    rows = [json.loads(line) for line in (workdir / "resumed.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == [1, 2, 3] and all(row["clients"] == 2 for row in rows)
+    final = {name: CheckpointStore(workdir / "server-state", name, {}).path for name in ("straight", "resumed")}
+    straight_state, resumed_state = (load_file(path) for path in final.values())
+    assert straight_state.keys() == resumed_state.keys()
+    for name, value in straight_state.items():
+        np.testing.assert_allclose(resumed_state[name], value, rtol=1e-6, atol=1e-9, err_msg=name)
