@@ -6,12 +6,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from protos import payloads_pb2 as pb
 from tasks.datasets import Dataset
+
+if TYPE_CHECKING:
+    from client.runtime import ClientRuntime
 
 ExtraLoss = Callable[[torch.nn.Module], torch.Tensor]
 
@@ -35,6 +39,7 @@ def train_epochs(
     extra_loss: ExtraLoss | None = None,
     sampled_weights: Callable[[], AbstractContextManager] = nullcontext,
     mc_samples: int = 1,
+    max_grad_norm: float = 0.0,
 ) -> tuple[float, float]:
     """Minibatch training on the mean cross-entropy (+ `extra_loss(model)`); returns the last
     epoch's mean loss and the seconds spent training. `model` must already be on `device` (the
@@ -43,6 +48,7 @@ def train_epochs(
 
     For IVON, `sampled_weights` is `lambda: optimizer.sampled_params(train=True)`: each of the
     `mc_samples` gradients is taken at a fresh weight sample, and one step uses their average.
+    `max_grad_norm` > 0 clips each step's gradient to that global norm (the official FedDyn code uses 10).
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
@@ -65,7 +71,52 @@ def train_epochs(
                     if extra_loss is not None:
                         loss = loss + extra_loss(model)
                     loss.backward()
+            if max_grad_norm > 0.0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
             loss_sum, batches = loss_sum + loss.item(), batches + 1
         epoch_loss = loss_sum / batches
     return epoch_loss, time.perf_counter() - started
+
+
+def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> ExtraLoss:
+    """½ Σ_j weight_j (θ_j − anchor_j)² over the flattened parameters θ (in `model.parameters()` order):
+    the cavity/proximal term FedDyn, FedLap and FedLap-Cov add to the mean minibatch loss
+    (../shared/specs/feddyn-fedlap-splits.md §1.7). `weight` is a scalar or one value per parameter,
+    already in mean-loss units; both tensors must be on the model's device."""
+
+    def penalty(model: torch.nn.Module) -> torch.Tensor:
+        theta = torch.cat([p.reshape(-1) for p in model.parameters()])
+        return 0.5 * (weight * (theta - anchor).square()).sum()
+
+    return penalty
+
+
+def train_anchored(
+    runtime: ClientRuntime,
+    training: pb.LocalTraining,
+    start: torch.Tensor,
+    anchor: torch.Tensor,
+    weight: torch.Tensor | float,
+    server_round: int,
+    max_grad_norm: float = 0.0,
+) -> tuple[torch.Tensor, float, float]:
+    """The local solve FedDyn, FedLap and FedLap-Cov share: from the flat weights `start`, `training.epochs` of
+    a fresh optimizer on mean CE + ½ Σ weight·(θ − anchor)² (+ the optimizer's weight decay). Returns the
+    trained flat weights (float64, CPU), the last epoch's mean loss and the training seconds."""
+    model = runtime.model
+    if [name for name, _ in model.named_parameters()] != list(runtime.layout):
+        raise ValueError(f"this strategy needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(start.to(torch.float32), model.parameters())
+    model.to(runtime.device)
+    device_anchor = anchor.to(runtime.device, torch.float32)
+    device_weight = weight.to(runtime.device, torch.float32) if isinstance(weight, torch.Tensor) else weight
+    train_loss, seconds = train_epochs(
+        model, runtime.data, make_optimizer(model, training), training.epochs, training.batch_size, runtime.device,
+        seed=runtime.local_seed(server_round), extra_loss=anchored_penalty(device_anchor, device_weight),
+        max_grad_norm=max_grad_norm,
+    )
+    local = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().double()
+    model.cpu()
+    return local, train_loss, seconds

@@ -144,3 +144,79 @@ class BayesADMMReply(_message.Message):
     compute_seconds: float
     resumed_from_round: int
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+
+class FedDynInstruction(_message.Message):
+    __slots__ = ("header", "global_weights", "training", "alpha", "known_clients", "known_examples", "max_grad_norm")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    global_weights: TensorGroup
+    training: LocalTraining
+    alpha: float
+    known_clients: int
+    known_examples: int
+    max_grad_norm: float
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., alpha: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
+
+class FedDynReply(_message.Message):
+    __slots__ = ("header", "weights", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    weights: TensorGroup
+    num_examples: int
+    train_loss: float
+    compute_seconds: float
+    resumed_from_round: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+
+class FedLapInstruction(_message.Message):
+    __slots__ = ("header", "global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_SHARE_FIELD_NUMBER: _ClassVar[int]
+    MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    global_mean: TensorGroup
+    global_precision: TensorGroup
+    training: LocalTraining
+    prior_precision: float
+    known_clients: int
+    known_examples: int
+    initial_share: float
+    max_grad_norm: float
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
+
+class FedLapReply(_message.Message):
+    __slots__ = ("header", "site_mean", "site_precision", "num_examples", "train_loss", "compute_seconds", "curvature_seconds", "resumed_from_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SITE_MEAN_FIELD_NUMBER: _ClassVar[int]
+    SITE_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CURVATURE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    site_mean: TensorGroup
+    site_precision: TensorGroup
+    num_examples: int
+    train_loss: float
+    compute_seconds: float
+    curvature_seconds: float
+    resumed_from_round: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., site_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., site_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., curvature_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...

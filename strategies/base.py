@@ -3,6 +3,7 @@ rejecting bad ones without stopping the round, and knowing which stable client s
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -118,3 +119,40 @@ class WireStrategyMixin:
     def _reject(self, label: str, reason: str) -> None:
         self.round_report.rejected[label] = reason
         log(WARNING, "%s: %s", label, reason)
+
+
+@dataclass
+class Membership:
+    """The clients a server has accepted a reply from: each one's N_k and the last round it replied in.
+    FedDyn and FedLap take K and N from here (../shared/specs/feddyn-fedlap-splits.md §9 P14: "the server
+    learns N_k from num_examples"), so K grows when a client joins and never shrinks when one vanishes."""
+
+    examples: dict[str, int] = field(default_factory=dict)
+    last_round: dict[str, int] = field(default_factory=dict)
+
+    def record(self, client: str, num_examples: int, server_round: int) -> None:
+        self.examples[client] = num_examples
+        self.last_round[client] = server_round
+
+    @property
+    def clients(self) -> int:
+        return len(self.examples)
+
+    @property
+    def total_examples(self) -> int:
+        return sum(self.examples.values())
+
+    def to_metadata(self) -> dict[str, str]:
+        return {"examples": json.dumps(self.examples), "last_round": json.dumps(self.last_round)}
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, str]) -> Membership:
+        return cls(json.loads(metadata["examples"]), json.loads(metadata["last_round"]))
+
+
+def client_population(known_clients: int, known_examples: int, num_examples: int, fresh: bool) -> tuple[int, int]:
+    """(K, N) as a client sees them: the server's counts, plus this client itself when it has no state yet
+    after round 1 (the server has not heard of it). N = 0 means the server knows no sizes yet (round 1)."""
+    if fresh and known_examples > 0:
+        return known_clients + 1, known_examples + num_examples
+    return max(known_clients, 1), known_examples

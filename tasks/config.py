@@ -62,6 +62,10 @@ class RunSettings:
     reset_posterior: bool
     lr_schedule: str
     ensemble_samples: int
+    # FedDyn / FedLap / FedLap-Cov (../shared/specs/feddyn-fedlap-splits.md): FedDyn's local weight decay is
+    # `weight-decay`, FedLap's prior precision δ is `prior-precision`.
+    feddyn_alpha: float
+    max_grad_norm: float
     min_clients: int
     wait_for_clients: int
     wait_for_clients_timeout: float
@@ -118,6 +122,8 @@ class RunSettings:
         _check("beta2", 0.0 <= self.beta2 < 1.0, "must be in [0, 1)")
         _check("mc-samples", self.mc_samples >= 1, "must be >= 1")
         _check("ensemble-samples", self.ensemble_samples >= 0, "must be >= 0")
+        _check("feddyn-alpha", self.feddyn_alpha > 0.0, "must be > 0")
+        _check("max-grad-norm", self.max_grad_norm >= 0.0, "must be >= 0 (0 = no clipping)")
         _check("min-clients", self.min_clients >= 1, "must be >= 1")
         _check("wait-for-clients", self.wait_for_clients >= 0, "must be >= 0")
         _check("round-timeout", self.round_timeout > 0.0, "must be > 0")

@@ -1,0 +1,213 @@
+"""FedDyn (Acar et al., 2021) in the official code's form (../shared/specs/feddyn-fedlap-splits.md §2.2).
+
+  client k:  w_k ← argmin_w  L_k(w) + (α_k/2)‖w − (w_g − λ_k)‖² + (wd/2)‖w‖²,   α_k = α·N/(K·N_k)
+             λ_k ← λ_k + (w_k − w_g)                                         ("local_param_list += curr − cld")
+  server:    w_g ← mean_{k replied} w_k + (1/K) Σ_{all k} λ_k
+L_k is the mean minibatch loss; wd is the run's `weight-decay` (Adam's coupled weight decay, = the explicit
+term). Eq. 2 of [P] with v_k = α_k λ_k is the same algorithm (§2.3). Fixed point: argmin Σ_k ℓ_k + (N·wd/2)‖w‖²
+(§2.3), with wd = 0 the unregularised optimum. Each client uses its own α_k (the reference code overwrote every
+client's α with the last client's; we do not).
+
+Where the state lives: λ_k in the client's durable store (client/state.py), so it survives a SuperNode restart.
+The server keeps its own replay of every λ_k (λ_k += w_k − w_g from the w_k it receives), so it knows
+Λ = Σ_k λ_k without the clients sending λ_k; the uplink is w_k alone (P floats).
+
+Membership (strategies/base.py Membership): K and N count the clients the server has heard from. Partial
+participation (`fraction-train` < 1): the mean runs over this round's repliers, Λ over every known client's λ_k,
+as in FedDyn's Alg. 1. In round 1 the server knows no sizes, so every client uses α_k = α. A client joining
+mid-run starts at λ_k = 0 and the current w_g, and counts itself into K and N for its α_k; from its first reply
+on it is in the server's K and N, which moves every α_k a little (the fixed point only depends on the final
+α_k). A client that lost its state (it reports resumed_from_round 0 but the server knows it) starts again from
+λ_k = 0; the server resets its replay of that λ_k too, so Λ stays the sum of the clients' actual λ_k.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from bayes.params import flatten, unflatten
+from client.runtime import ClientRuntime
+from client.state import ClientState
+from client.training import train_anchored
+from protos import payloads_pb2 as pb
+from protos.codec import TensorLayout, decode, encode, new_header
+from strategies.base import Membership, RoundReport, ServerState, WireStrategyMixin, client_population, sample_nodes
+from tasks.config import RunSettings
+
+
+# ---- the math ---------------------------------------------------------------------------------------
+def client_alpha(alpha: float, num_examples: int, known_clients: int, known_examples: int) -> float:
+    """α_k = α·N/(K·N_k) ("alpha_coef_adpt" = α / (K·N_k/N)); α while no sizes are known (round 1)."""
+    if known_examples == 0:
+        return alpha
+    return alpha * known_examples / (known_clients * num_examples)
+
+
+def lambda_step(lam: torch.Tensor, local: torch.Tensor, global_: torch.Tensor) -> torch.Tensor:
+    """λ_k ← λ_k + (w_k − w_g)."""
+    return lam + (local - global_)
+
+
+def server_step(local_weights: list[torch.Tensor], lambda_sum: torch.Tensor, known_clients: int) -> torch.Tensor:
+    """w_g ← mean of this round's w_k + Λ/K."""
+    return torch.stack(local_weights).mean(0) + lambda_sum / known_clients
+
+
+def as_sent(flat: torch.Tensor) -> torch.Tensor:
+    """`flat` rounded to float32, as the clients receive it: the server replays λ_k += w_k − w_g with the same
+    w_g the client subtracted, so the replay matches the client bit for bit."""
+    return flat.to(torch.float32).double()
+
+
+@dataclass
+class ClientLambda:
+    value: torch.Tensor  # λ_k (float64)
+    round: int  # the round it was last updated in
+
+
+# ---- server half --------------------------------------------------------------------------------------
+class FedDyn(WireStrategyMixin, Strategy):
+    def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.global_: torch.Tensor | None = None  # w_g, float32-representable float64
+        self.lambdas: dict[str, ClientLambda] = {}  # the server's replay of every known client's λ_k
+        self.membership = Membership()
+        self._init_wire()
+
+    def summary(self) -> None:
+        log(INFO, "feddyn: alpha=%g weight-decay=%g max-grad-norm=%g fraction-train=%g", self.settings.feddyn_alpha,
+            self.settings.weight_decay, self.settings.max_grad_norm, self.settings.fraction_train)
+
+    @property
+    def lambda_sum(self) -> torch.Tensor:
+        """Λ = Σ_k λ_k over every known client."""
+        return torch.stack([entry.value for entry in self.lambdas.values()]).sum(0)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.global_ is None:
+            self.global_ = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)))
+        settings = self.settings
+        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
+                             server_round)
+        instruction = pb.FedDynInstruction(
+            header=new_header(settings.federation, server_round),
+            training=pb.LocalTraining(
+                epochs=settings.local_epochs, batch_size=settings.batch_size,
+                learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer,
+                weight_decay=settings.weight_decay, seed=settings.seed,
+            ),
+            alpha=settings.feddyn_alpha,
+            known_clients=self.membership.clients or len(nodes),
+            known_examples=self.membership.total_examples,
+            max_grad_norm=settings.max_grad_norm,
+        )
+        content = encode(instruction, {"global_weights": unflatten(self.global_.numpy(), self.layout)})
+        self.round_report = RoundReport(sent=len(nodes))
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        payloads = self.decode_replies(replies, pb.FedDynReply, {"weights": self.layout}, server_round)
+        if not payloads:
+            return None, None
+        locals_ = []
+        for payload in payloads:
+            message = payload.message
+            local = torch.from_numpy(flatten(payload.tensors["weights"], self.layout))
+            client = message.header.client_id
+            previous = self._lambda_before(client, message.resumed_from_round)
+            self.lambdas[client] = ClientLambda(lambda_step(previous, local, self.global_), server_round)
+            self.membership.record(client, message.num_examples, server_round)
+            locals_.append(local)
+        self.global_ = as_sent(server_step(locals_, self.lambda_sum, self.membership.clients))
+        if not torch.isfinite(self.global_).all():
+            raise FloatingPointError("feddyn: the global model became non-finite; lower feddyn-alpha or lr")
+        examples = [p.message.num_examples for p in payloads]
+        metrics = MetricRecord({
+            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
+            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
+            "known-clients": self.membership.clients,
+        })
+        return ArrayRecord({n: Array(v) for n, v in unflatten(self.global_.numpy(), self.layout).items()}), metrics
+
+    def _lambda_before(self, client: str, resumed_from: int) -> torch.Tensor:
+        """The λ_k the client started this round from, by the server's replay."""
+        known = self.lambdas.get(client)
+        if known is not None and resumed_from == known.round:
+            return known.value
+        if known is not None:
+            log(WARNING, "client %r resumed from round %d but the server last saw it in round %d (lost or stale "
+                "client state); its λ_k restarts from zero", client, resumed_from, known.round)
+        return torch.zeros_like(self.global_)
+
+    def server_state(self) -> ServerState:
+        if self.global_ is None:
+            return ServerState()
+        tensors = {"global": self.global_.numpy()}
+        tensors |= {f"lambda/{client}": entry.value.numpy() for client, entry in self.lambdas.items()}
+        metadata = {"lambda_rounds": json.dumps({c: e.round for c, e in self.lambdas.items()}),
+                    **self.membership.to_metadata()}
+        return ServerState(tensors, metadata)
+
+    def restore_server_state(self, state: ServerState) -> None:
+        if not state.tensors:
+            return
+        self.global_ = torch.from_numpy(state.tensors["global"].copy())
+        self.lambdas = {
+            client: ClientLambda(torch.from_numpy(state.tensors[f"lambda/{client}"].copy()), last_round)
+            for client, last_round in json.loads(state.metadata["lambda_rounds"]).items()
+        }
+        self.membership = Membership.from_metadata(state.metadata)
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+
+# ---- client half ----------------------------------------------------------------------------------
+LAMBDA_KEY = "feddyn_lambda"
+
+
+def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+    """Train on the FedDyn objective from w_g, update λ_k, persist it, send w_k back."""
+    payload = decode(content, pb.FedDynInstruction, {"global_weights": runtime.layout}, sender="server")
+    instruction = payload.message
+    server_round = instruction.header.server_round
+    global_ = torch.from_numpy(flatten(payload.tensors["global_weights"], runtime.layout))
+    stored = runtime.store.load(before_round=server_round)
+    lam = stored.tensors[LAMBDA_KEY].double() if stored is not None else torch.zeros_like(global_)
+    if lam.shape != global_.shape:
+        raise ValueError(f"stored λ_k has {lam.numel()} values, this run's model has {global_.numel()}")
+    num_examples = len(runtime.data.labels)
+    known_clients, known_examples = client_population(
+        instruction.known_clients, instruction.known_examples, num_examples, fresh=stored is None
+    )
+    alpha_k = client_alpha(instruction.alpha, num_examples, known_clients, known_examples)
+    local, train_loss, seconds = train_anchored(
+        runtime, instruction.training, start=global_, anchor=global_ - lam, weight=alpha_k,
+        server_round=server_round, max_grad_norm=instruction.max_grad_norm,
+    )
+    runtime.store.save(ClientState({LAMBDA_KEY: lambda_step(lam, local, global_)},
+                                   {"federation": instruction.header.federation}), server_round)
+    reply = pb.FedDynReply(
+        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
+        num_examples=num_examples, train_loss=train_loss, compute_seconds=seconds,
+        resumed_from_round=stored.round if stored is not None else 0,
+    )
+    return encode(reply, {"weights": unflatten(local.numpy(), runtime.layout)})
