@@ -12,6 +12,11 @@ and NLL against the round.
 Tuning runs (`--tag NAME --set key=value ...`, the overrides on top of the presets) go to
 benchmarks/results/table1/tuning/ with their own summary, so they never replace the reference runs.
 
+FedDyn, FedLap and FedLap-Cov (../shared/specs/feddyn-fedlap-splits.md) run with Adam 1e-3 and 5 local epochs
+like FedAvg; FedDyn α = 1e-2, wd = 1e-4; FedLap/FedLap-Cov δ = 1 (one point of [P]'s grids each, not swept):
+
+    python benchmarks/reproduce_table1.py --splits dirichlet,iid --strategies feddyn,fedlap-cov,fedlap
+
 Hyperparameters: BayesADMM uses the reference configuration (../shared/specs/bayesadmm.md §2),
 which feeds raw 0-255 pixels (input-scale=255); FedAvg/FedProx use Adam 1e-3 on [0, 1] pixels with
 5 local epochs, their usual good setting, not tuned down.
@@ -46,6 +51,11 @@ PRESETS = {
     ("fedavg", "iid"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam"},
     ("fedprox", "dirichlet"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "proximal-mu": 0.01},
     ("fedprox", "iid"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "proximal-mu": 0.01},
+    # FedDyn / FedLap / FedLap-Cov ([P] App. E.5 grids, one point each, not swept here): Adam 1e-3, 5 epochs.
+    **{(strategy, split): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", **preset}
+       for split in ("dirichlet", "iid")
+       for strategy, preset in (("feddyn", {"feddyn-alpha": 0.01, "weight-decay": 1e-4}),
+                                ("fedlap", {"prior-precision": 1.0}), ("fedlap-cov", {"prior-precision": 1.0}))},
 }
 
 # Paper Table 1 (FMNIST-10%, 10 clients), accuracy % at rounds 10/25/50; heterogeneous NLL where given.
@@ -58,8 +68,21 @@ PAPER_ACCURACY = {
     ("dirichlet", "fedprox"): (69.9, 74.7, 76.9),
     ("dirichlet", "bayesadmm@mean"): (77.0, 81.4, 82.1),
     ("dirichlet", "bayesadmm"): (77.0, 81.5, 82.3),
+    ("iid", "feddyn"): (75.3, 77.5, 78.2),
+    ("iid", "fedlap"): (72.1, 77.1, 80.2),
+    ("iid", "fedlap-cov"): (75.0, 79.8, 81.8),
+    ("dirichlet", "feddyn"): (73.0, 74.6, 74.6),
+    ("dirichlet", "fedlap"): (71.3, 74.3, 77.6),
+    ("dirichlet", "fedlap-cov"): (74.6, 78.3, 80.5),
 }
-PAPER_NLL = {("dirichlet", "fedavg"): (0.78, 0.72, 0.67), ("dirichlet", "bayesadmm"): (0.65, 0.52, 0.50)}
+# NLL: BayesADMM's paper [C] Table 1 (FedDyn/FedLap rows taken from Swaroop et al.).
+PAPER_NLL = {
+    ("dirichlet", "fedavg"): (0.78, 0.72, 0.67), ("dirichlet", "bayesadmm"): (0.65, 0.52, 0.50),
+    ("iid", "fedavg"): (0.70, 0.61, 0.56),
+    ("iid", "feddyn"): (0.67, 0.63, 0.63), ("iid", "fedlap"): (0.71, 0.62, 0.57), ("iid", "fedlap-cov"): (0.67, 0.59, 0.56),
+    ("dirichlet", "feddyn"): (0.75, 0.70, 0.77), ("dirichlet", "fedlap"): (0.75, 0.71, 0.65),
+    ("dirichlet", "fedlap-cov"): (0.70, 0.63, 0.60),
+}
 
 
 def results_dir(tag: str) -> Path:
