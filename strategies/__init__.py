@@ -19,7 +19,7 @@ class Algorithm:
 
 
 def _registry() -> dict[str, Algorithm]:
-    from strategies import bayesadmm, fedavg, feddyn
+    from strategies import bayesadmm, fedavg, feddyn, fedlap
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
@@ -28,6 +28,8 @@ def _registry() -> dict[str, Algorithm]:
         "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update),
         "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update),
         "feddyn": Algorithm(feddyn.FedDyn, feddyn.client_update),
+        "fedlap": Algorithm(fedlap.FedLap, fedlap.client_update),
+        "fedlap-cov": Algorithm(fedlap.fedlap_cov, fedlap.client_update),
     }
 
 

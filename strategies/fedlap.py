@@ -1,0 +1,284 @@
+"""FedLap and FedLap-Cov (Swaroop et al., ICLR 2025; ../shared/specs/feddyn-fedlap-splits.md §1.7, §3).
+
+Both keep, per client, a Gaussian site t̂_k ∝ exp(v_k·w − ½ w·diag(V_k) w) (v_k natural: precision times mean),
+and the server's global q_g = N(w_g, diag(S_g)^-1) ∝ p_0 Π_k t̂_k with p_0 = N(0, I/δ):
+  server:  S_g = δ + Σ_k V_k,   w_g = (Σ_k v_k) / S_g                                    [P Eq. 9, Eq. 21]
+  client:  w_k ← argmin ℓ_k(w) + ½ (w − m_k)·P_k (w − m_k)   cavity P_k = S_g − V_k, m_k = (S_g w_g − v_k)/P_k
+           S_k = H_k(w_k) − V_k + S_g;  v_k ← v_k + ρ_k (S_k w_k − S_g w_g);  V_k ← V_k + ρ_k (H_k − V_k)  [Eq. 21]
+ℓ_k is the client's SUM loss; the client trains on the mean loss + ½ Σ (P_k/N_k)(w − m_k)² (§1.7, P1).
+  FedLap:      H_k ≡ 0, so V_k = 0 and S_g = δ: the cavity term is (δ/N_k)/2 ‖w − (w_g − v_k/δ)‖² and the site step
+               v_k += ρ_k δ (w_k − w_g) (v_k here is δ times [P]'s v_k). ρ_k = N_k/N ([P] App. E).
+  FedLap-Cov:  H_k = the diagonal GGN of ℓ_k at the new w_k (bayes/curvature.py), ρ_k = 1/K ([P] App. E).
+Fixed point of both: w* = argmin Σ_k ℓ_k + (δ/2)‖w‖² (§1.7). With Σ_k ρ_k = 1, FedLap's server step is the
+average Σ_k ρ_k w_k.
+
+Initialisation (§3.1, §9 P3, "consistent"): the prior stays centred at 0 and w_g starts at the model's initial
+weights w_0: the clients of round 1 each start with v_k = S_g w_0 / K₁ (the instruction's `initial_share` = 1/K₁,
+K₁ = the nodes round 1 goes to), so Σ_k v_k = δ w_0. The server keeps what no client has claimed (the share of a
+round-1 client that never replied) as an unclaimed natural mean, so w_g = (unclaimed + Σ_k v_k)/S_g always.
+
+State and messages: the client keeps (v_k, V_k) in its durable store and sends them after each round (FedLap:
+v_k, P floats; FedLap-Cov: 2P); the server keeps the last reported site of every client that ever replied, so a
+client that lost its state and starts again from a fresh site simply replaces its old one. Down: w_g (+ S_g).
+
+Membership (strategies/base.py Membership): K and N count the clients the server has heard from. A client
+joining after round 1 starts with a flat site (v_k = V_k = 0) and counts itself into K and N for its ρ_k; its
+ρ_k then makes Σ_k ρ_k exceed 1 for that round, which only affects the transient. Partial participation
+(`fraction-train` < 1): non-sampled clients keep their sites, as in PVI.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from bayes.curvature import diag_ggn
+from bayes.params import flatten, unflatten
+from client.runtime import ClientRuntime
+from client.state import ClientState
+from client.training import train_anchored
+from protos import payloads_pb2 as pb
+from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
+from strategies.base import Membership, RoundReport, ServerState, WireStrategyMixin, client_population, sample_nodes
+from tasks.config import RunSettings
+
+COVARIANCE = {"fedlap": False, "fedlap-cov": True}  # strategy name -> learns a diagonal curvature
+
+
+# ---- the math (float64 torch, flat vectors) ---------------------------------------------------------------
+@dataclass
+class Site:
+    mean: torch.Tensor  # v_k, natural (precision times mean)
+    precision: torch.Tensor  # V_k (zeros for FedLap)
+    round: int = 0  # the round it was last updated in (0: never)
+
+
+def cavity(global_mean: torch.Tensor, global_precision: torch.Tensor, site: Site, prior_precision: float):
+    """(m_k, P_k): q_g / t̂_k. P_k = δ + Σ_{j≠k} V_j ≥ δ exactly; the clamp only absorbs float32 rounding of S_g."""
+    precision = (global_precision - site.precision).clamp(min=prior_precision)
+    return (global_precision * global_mean - site.mean) / precision, precision
+
+
+def site_step(site: Site, local_mean: torch.Tensor, curvature: torch.Tensor, global_mean: torch.Tensor,
+              global_precision: torch.Tensor, rho: float, server_round: int) -> Site:
+    """[P] Eq. 21: S_k = H_k − V_k + S_g (old V_k); v_k += ρ(S_k w_k − S_g w_g); V_k += ρ(H_k − V_k)."""
+    local_precision = curvature - site.precision + global_precision
+    return Site(site.mean + rho * (local_precision * local_mean - global_precision * global_mean),
+                site.precision + rho * (curvature - site.precision), server_round)
+
+
+def global_from_sites(natural_sum: torch.Tensor, precision_sum: torch.Tensor, prior_precision: float):
+    """q_g ∝ p_0 Π_k t̂_k: S_g = δ + Σ V_k, w_g = Σ v_k / S_g."""
+    precision = prior_precision + precision_sum
+    return natural_sum / precision, precision
+
+
+def client_damping(covariance: bool, num_examples: int, known_clients: int, known_examples: int) -> float:
+    """ρ_k: 1/K for FedLap-Cov, N_k/N for FedLap ([P] App. E); 1/K while no sizes are known (round 1)."""
+    if covariance or known_examples == 0:
+        return 1.0 / known_clients
+    return num_examples / known_examples
+
+
+def as_sent(flat: torch.Tensor) -> torch.Tensor:
+    return flat.to(torch.float32).double()
+
+
+# ---- server half --------------------------------------------------------------------------------------
+class FedLap(WireStrategyMixin, Strategy):
+    def __init__(self, settings: RunSettings, layout: TensorLayout, covariance: bool = False) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.covariance = covariance
+        self.delta = settings.prior_precision
+        self.global_mean: torch.Tensor | None = None  # w_g and S_g as sent (float32-representable)
+        self.global_precision: torch.Tensor | None = None
+        self.unclaimed: torch.Tensor | None = None  # natural mean of the prior init no client holds
+        self.initial_share = 0.0  # what this round's fresh clients start with (1/K₁ in round 1)
+        self.sites: dict[str, Site] = {}
+        self.membership = Membership()
+        self._init_wire()
+
+    @property
+    def name(self) -> str:
+        return "fedlap-cov" if self.covariance else "fedlap"
+
+    @property
+    def precision_layout(self) -> TensorLayout:
+        return self.layout if self.covariance else {}
+
+    def summary(self) -> None:
+        log(INFO, "%s: prior-precision=%g max-grad-norm=%g fraction-train=%g", self.name, self.delta,
+            self.settings.max_grad_norm, self.settings.fraction_train)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        settings = self.settings
+        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
+                             server_round)
+        if self.global_mean is None:
+            self.global_mean = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout},
+                                                                self.layout)))
+            self.global_precision = torch.full_like(self.global_mean, self.delta)
+            self.unclaimed = self.global_precision * self.global_mean
+        self.initial_share = 1.0 / len(nodes) if server_round == 1 and nodes else 0.0
+        instruction = pb.FedLapInstruction(
+            header=new_header(settings.federation, server_round),
+            training=pb.LocalTraining(
+                epochs=settings.local_epochs, batch_size=settings.batch_size,
+                learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer, seed=settings.seed,
+            ),
+            prior_precision=self.delta,
+            known_clients=self.membership.clients or len(nodes),
+            known_examples=self.membership.total_examples,
+            initial_share=self.initial_share,
+            max_grad_norm=settings.max_grad_norm,
+        )
+        precision = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
+        content = encode(instruction, {"global_mean": unflatten(self.global_mean.numpy(), self.layout),
+                                       "global_precision": precision})
+        self.round_report = RoundReport(sent=len(nodes))
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        layouts = {"site_mean": self.layout, "site_precision": self.precision_layout}
+        payloads = self.decode_replies(replies, pb.FedLapReply, layouts, server_round, check=self._check_reply)
+        if not payloads:
+            return None, None
+        for payload in payloads:
+            message = payload.message
+            client = message.header.client_id
+            known = self.sites.get(client)
+            if known is not None and message.resumed_from_round != known.round:
+                log(WARNING, "client %r resumed from round %d but the server last saw it in round %d (lost or stale "
+                    "client state); its new site replaces the old one", client, message.resumed_from_round,
+                    known.round)
+            if message.resumed_from_round == 0 and self.initial_share > 0.0:  # it took its share of the init
+                self.unclaimed = self.unclaimed - self.initial_share * self.global_precision * self.global_mean
+            self.sites[client] = self._site(payload, server_round)
+            self.membership.record(client, message.num_examples, server_round)
+        self._update_global()
+        examples = [p.message.num_examples for p in payloads]
+        metrics = MetricRecord({
+            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
+            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
+            "known-clients": self.membership.clients,
+        })
+        return ArrayRecord({n: Array(v) for n, v in unflatten(self.global_mean.numpy(), self.layout).items()}), metrics
+
+    def _site(self, payload: Payload, server_round: int) -> Site:
+        mean = torch.from_numpy(flatten(payload.tensors["site_mean"], self.layout))
+        if not self.covariance:
+            return Site(mean, torch.zeros_like(mean), server_round)
+        return Site(mean, torch.from_numpy(flatten(payload.tensors["site_precision"], self.layout)), server_round)
+
+    def _check_reply(self, payload: Payload) -> None:
+        """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0."""
+        if self.covariance and (self._site(payload, 0).precision < 0).any():
+            raise PayloadError("field 'site_precision': has negative values; a site precision V_k must be >= 0")
+
+    def _update_global(self) -> None:
+        natural_sum = self.unclaimed + torch.stack([site.mean for site in self.sites.values()]).sum(0)
+        precision_sum = torch.stack([site.precision for site in self.sites.values()]).sum(0)
+        mean, precision = global_from_sites(natural_sum, precision_sum, self.delta)
+        if not torch.isfinite(mean).all():
+            raise FloatingPointError(f"{self.name}: the global mean became non-finite")
+        self.global_mean, self.global_precision = as_sent(mean), as_sent(precision)
+
+    def server_state(self) -> ServerState:
+        if self.global_mean is None:
+            return ServerState()
+        tensors = {"global_mean": self.global_mean.numpy(), "global_precision": self.global_precision.numpy(),
+                   "unclaimed": self.unclaimed.numpy()}
+        for client, site in self.sites.items():
+            tensors[f"site/{client}/mean"] = site.mean.numpy()
+            tensors[f"site/{client}/precision"] = site.precision.numpy()
+        metadata = {"site_rounds": json.dumps({c: s.round for c, s in self.sites.items()}),
+                    **self.membership.to_metadata()}
+        return ServerState(tensors, metadata)
+
+    def restore_server_state(self, state: ServerState) -> None:
+        if not state.tensors:
+            return
+        tensors = {name: torch.from_numpy(value.copy()) for name, value in state.tensors.items()}
+        self.global_mean, self.global_precision = tensors["global_mean"], tensors["global_precision"]
+        self.unclaimed = tensors["unclaimed"]
+        self.sites = {client: Site(tensors[f"site/{client}/mean"], tensors[f"site/{client}/precision"], last_round)
+                      for client, last_round in json.loads(state.metadata["site_rounds"]).items()}
+        self.membership = Membership.from_metadata(state.metadata)
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+
+def fedlap_cov(settings: RunSettings, layout: TensorLayout) -> FedLap:
+    return FedLap(settings, layout, covariance=True)
+
+
+# ---- client half ----------------------------------------------------------------------------------
+def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+    """Train on the cavity-regularised loss from w_g, compute H_k (Cov), take the site step, persist, reply."""
+    covariance = COVARIANCE[runtime.settings.strategy]
+    layouts = {"global_mean": runtime.layout, "global_precision": runtime.layout if covariance else {}}
+    payload = decode(content, pb.FedLapInstruction, layouts, sender="server")
+    instruction = payload.message
+    server_round = instruction.header.server_round
+    delta = instruction.prior_precision
+    global_mean = torch.from_numpy(flatten(payload.tensors["global_mean"], runtime.layout))
+    global_precision = (torch.from_numpy(flatten(payload.tensors["global_precision"], runtime.layout)) if covariance
+                        else torch.full_like(global_mean, delta))
+    stored = runtime.store.load(before_round=server_round)
+    site = _stored_site(stored, global_mean, global_precision, instruction.initial_share)
+    num_examples = len(runtime.data.labels)
+    known_clients, known_examples = client_population(
+        instruction.known_clients, instruction.known_examples, num_examples, fresh=stored is None
+    )
+    anchor, precision = cavity(global_mean, global_precision, site, delta)
+    local, train_loss, seconds = train_anchored(
+        runtime, instruction.training, start=global_mean, anchor=anchor, weight=precision / num_examples,
+        server_round=server_round, max_grad_norm=instruction.max_grad_norm,
+    )
+    curvature, curvature_seconds = torch.zeros_like(local), 0.0
+    if covariance:  # H_k at the new w_k, which train_anchored left in the model
+        started = time.perf_counter()
+        curvature = diag_ggn(runtime.model.to(runtime.device), runtime.data.images.to(runtime.device))
+        runtime.model.cpu()
+        curvature_seconds = time.perf_counter() - started
+    rho = client_damping(covariance, num_examples, known_clients, known_examples)
+    site = site_step(site, local, curvature, global_mean, global_precision, rho, server_round)
+    runtime.store.save(ClientState({"site_mean": site.mean, "site_precision": site.precision},
+                                   {"federation": instruction.header.federation}), server_round)
+    reply = pb.FedLapReply(
+        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
+        num_examples=num_examples, train_loss=train_loss, compute_seconds=seconds + curvature_seconds,
+        curvature_seconds=curvature_seconds, resumed_from_round=stored.round if stored is not None else 0,
+    )
+    precision_wire = unflatten(site.precision.numpy(), runtime.layout) if covariance else {}
+    return encode(reply, {"site_mean": unflatten(site.mean.numpy(), runtime.layout), "site_precision": precision_wire})
+
+
+def _stored_site(stored: ClientState | None, global_mean: torch.Tensor, global_precision: torch.Tensor,
+                 initial_share: float) -> Site:
+    """This client's site from its store; a fresh one holds `initial_share` of the global natural mean."""
+    if stored is None:
+        return Site(initial_share * global_precision * global_mean, torch.zeros_like(global_mean), 0)
+    site = Site(stored.tensors["site_mean"].double(), stored.tensors["site_precision"].double(), stored.round)
+    if site.mean.shape != global_mean.shape:
+        raise ValueError(f"stored site has {site.mean.numel()} values, this run's model has {global_mean.numel()}")
+    return site
