@@ -14,6 +14,7 @@ from protos import payloads_pb2 as pb
 from tasks.datasets import Dataset
 
 ExtraLoss = Callable[[torch.nn.Module], torch.Tensor]
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss
 
 
 def make_optimizer(model: torch.nn.Module, training: pb.LocalTraining) -> torch.optim.Optimizer:
@@ -35,14 +36,17 @@ def train_epochs(
     extra_loss: ExtraLoss | None = None,
     sampled_weights: Callable[[], AbstractContextManager] = nullcontext,
     mc_samples: int = 1,
+    loss_fn: Loss = F.cross_entropy,
+    after_step: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
-    """Minibatch training on the mean cross-entropy (+ `extra_loss(model)`); returns the last
+    """Minibatch training on `loss_fn` (mean cross-entropy by default) + `extra_loss(model)`; returns the last
     epoch's mean loss and the seconds spent training. `model` must already be on `device` (the
     optimizer holds its parameters); build the optimizer before calling, so its one-off cost (the
     first torch optimizer in a process imports torch._dynamo, 1.5-3 s) is not counted as training.
 
     For IVON, `sampled_weights` is `lambda: optimizer.sampled_params(train=True)`: each of the
     `mc_samples` gradients is taken at a fresh weight sample, and one step uses their average.
+    `after_step()` runs after every optimizer step (FedPA averages the iterates into samples).
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
@@ -61,11 +65,13 @@ def train_epochs(
             for _ in range(mc_samples):
                 with sampled_weights():
                     optimizer.zero_grad(set_to_none=True)
-                    loss = F.cross_entropy(model(images[batch]), labels[batch])
+                    loss = loss_fn(model(images[batch]), labels[batch])
                     if extra_loss is not None:
                         loss = loss + extra_loss(model)
                     loss.backward()
             optimizer.step()
+            if after_step is not None:
+                after_step()
             loss_sum, batches = loss_sum + loss.item(), batches + 1
         epoch_loss = loss_sum / batches
     return epoch_loss, time.perf_counter() - started

@@ -19,7 +19,7 @@ class Algorithm:
 
 
 def _registry() -> dict[str, Algorithm]:
-    from strategies import bayesadmm, fedavg
+    from strategies import bayesadmm, fedavg, fedpa
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
@@ -27,6 +27,7 @@ def _registry() -> dict[str, Algorithm]:
         "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update),
         "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update),
         "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update),
+        "fedpa": Algorithm(fedpa.FedPA, fedpa.client_update),
     }
 
 
