@@ -19,7 +19,8 @@ like FedAvg; FedDyn α = 1e-2, wd = 1e-4; FedLap/FedLap-Cov δ = 1 (one point of
 
 Hyperparameters: BayesADMM uses the reference configuration (../shared/specs/bayesadmm.md §2),
 which feeds raw 0-255 pixels (input-scale=255); FedAvg/FedProx use Adam 1e-3 on [0, 1] pixels with
-5 local epochs, their usual good setting, not tuned down.
+5 local epochs, their usual good setting, not tuned down. FedPA (heterogeneous split only) uses
+FedAvg's client and server setting, with 10 burn-in rounds and shrinkage ρ = 0.1 (spec fedpa.md §6.3).
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ PRESETS = {
        for split in ("dirichlet", "iid")
        for strategy, preset in (("feddyn", {"feddyn-alpha": 0.01, "weight-decay": 1e-4}),
                                 ("fedlap", {"prior-precision": 1.0}), ("fedlap-cov", {"prior-precision": 1.0}))},
+    # FedPA reuses FedAvg's client setting (the paper's protocol, §5.1) and FedAvg's server (SGD, lr 1):
+    # 10 FedAvg rounds, then 1 discarded + 4 sampled epochs per round (the same 5 epochs), ρ = 0.1.
+    ("fedpa", "dirichlet"): {
+        "local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "burn-in-rounds": 10, "samples": 4,
+        "local-burnin-epochs": 1, "shrinkage": 0.1, "server-optimizer": "sgd", "server-lr": 1.0,
+    },
 }
 
 # Paper Table 1 (FMNIST-10%, 10 clients), accuracy % at rounds 10/25/50; heterogeneous NLL where given.

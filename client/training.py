@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from client.runtime import ClientRuntime
 
 ExtraLoss = Callable[[torch.nn.Module], torch.Tensor]
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss
 
 
 def make_optimizer(model: torch.nn.Module, training: pb.LocalTraining) -> torch.optim.Optimizer:
@@ -40,8 +41,10 @@ def train_epochs(
     sampled_weights: Callable[[], AbstractContextManager] = nullcontext,
     mc_samples: int = 1,
     max_grad_norm: float = 0.0,
+    loss_fn: Loss = F.cross_entropy,
+    after_step: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
-    """Minibatch training on the mean cross-entropy (+ `extra_loss(model)`); returns the last
+    """Minibatch training on `loss_fn` (mean cross-entropy by default) + `extra_loss(model)`; returns the last
     epoch's mean loss and the seconds spent training. `model` must already be on `device` (the
     optimizer holds its parameters); build the optimizer before calling, so its one-off cost (the
     first torch optimizer in a process imports torch._dynamo, 1.5-3 s) is not counted as training.
@@ -49,6 +52,7 @@ def train_epochs(
     For IVON, `sampled_weights` is `lambda: optimizer.sampled_params(train=True)`: each of the
     `mc_samples` gradients is taken at a fresh weight sample, and one step uses their average.
     `max_grad_norm` > 0 clips each step's gradient to that global norm (the official FedDyn code uses 10).
+    `after_step()` runs after every optimizer step (FedPA averages the iterates into samples).
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
@@ -67,13 +71,15 @@ def train_epochs(
             for _ in range(mc_samples):
                 with sampled_weights():
                     optimizer.zero_grad(set_to_none=True)
-                    loss = F.cross_entropy(model(images[batch]), labels[batch])
+                    loss = loss_fn(model(images[batch]), labels[batch])
                     if extra_loss is not None:
                         loss = loss + extra_loss(model)
                     loss.backward()
             if max_grad_norm > 0.0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
+            if after_step is not None:
+                after_step()
             loss_sum, batches = loss_sum + loss.item(), batches + 1
         epoch_loss = loss_sum / batches
     return epoch_loss, time.perf_counter() - started

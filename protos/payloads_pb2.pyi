@@ -220,3 +220,39 @@ class FedLapReply(_message.Message):
     curvature_seconds: float
     resumed_from_round: int
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., site_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., site_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., curvature_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+
+class FedPAInstruction(_message.Message):
+    __slots__ = ("header", "weights", "training", "sampling", "shrinkage", "local_burnin_epochs", "samples")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SHRINKAGE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BURNIN_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    weights: TensorGroup
+    training: LocalTraining
+    sampling: bool
+    shrinkage: float
+    local_burnin_epochs: int
+    samples: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., sampling: _Optional[bool] = ..., shrinkage: _Optional[float] = ..., local_burnin_epochs: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class FedPAReply(_message.Message):
+    __slots__ = ("header", "delta", "num_examples", "train_loss", "compute_seconds", "samples", "correction_norm")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_NORM_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    delta: TensorGroup
+    num_examples: int
+    train_loss: float
+    compute_seconds: float
+    samples: int
+    correction_norm: float
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ...) -> None: ...

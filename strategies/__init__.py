@@ -19,7 +19,7 @@ class Algorithm:
 
 
 def _registry() -> dict[str, Algorithm]:
-    from strategies import bayesadmm, fedavg, feddyn, fedlap
+    from strategies import bayesadmm, fedavg, feddyn, fedlap, fedpa
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
@@ -30,6 +30,7 @@ def _registry() -> dict[str, Algorithm]:
         "feddyn": Algorithm(feddyn.FedDyn, feddyn.client_update),
         "fedlap": Algorithm(fedlap.FedLap, fedlap.client_update),
         "fedlap-cov": Algorithm(fedlap.fedlap_cov, fedlap.client_update),
+        "fedpa": Algorithm(fedpa.FedPA, fedpa.client_update),
     }
 
 

@@ -109,23 +109,9 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     payload = decode(content, pb.FedAvgInstruction, {"weights": runtime.layout}, sender="server")
     instruction = payload.message
     set_parameters(runtime.model, payload.tensors["weights"])
-    extra_loss = None
-    if instruction.proximal_mu > 0.0:
-        anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
-        extra_loss = _proximal_term(instruction.proximal_mu, anchor)
-    training = instruction.training
-    model = runtime.model.to(runtime.device)
-    train_loss, compute_seconds = train_epochs(
-        model,
-        runtime.data,
-        make_optimizer(model, training),
-        training.epochs,
-        training.batch_size,
-        runtime.device,
-        seed=runtime.local_seed(instruction.header.server_round),
-        extra_loss=extra_loss,
+    train_loss, compute_seconds = train_locally(
+        runtime, instruction.training, instruction.header.server_round, instruction.proximal_mu
     )
-    model.cpu()
     reply = pb.FedAvgReply(
         header=new_header(
             instruction.header.federation, instruction.header.server_round, runtime.node.client_id
@@ -135,6 +121,30 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         compute_seconds=compute_seconds,
     )
     return encode(reply, {"weights": get_parameters(runtime.model)})
+
+
+def train_locally(
+    runtime: ClientRuntime, training: pb.LocalTraining, server_round: int, proximal_mu: float = 0.0
+) -> tuple[float, float]:
+    """FedAvg's local training of `runtime.model` from its current weights (FedPA's burn-in rounds
+    run exactly this); returns the last epoch's loss and the compute seconds."""
+    extra_loss = None
+    if proximal_mu > 0.0:
+        anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
+        extra_loss = _proximal_term(proximal_mu, anchor)
+    model = runtime.model.to(runtime.device)
+    losses = train_epochs(
+        model,
+        runtime.data,
+        make_optimizer(model, training),
+        training.epochs,
+        training.batch_size,
+        runtime.device,
+        seed=runtime.local_seed(server_round),
+        extra_loss=extra_loss,
+    )
+    model.cpu()
+    return losses
 
 
 def _proximal_term(mu: float, anchor: list[torch.Tensor]):

@@ -14,6 +14,7 @@ from typing import Any
 
 _OPTIMIZERS = ("adam", "sgd")
 _LR_SCHEDULES = ("constant", "cosine")
+SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad")  # FedPA's SERVEROPT
 
 
 class ConfigError(ValueError):
@@ -73,6 +74,18 @@ class RunSettings:
     poll_interval: float
     max_payload_mb: float
     eval_batch_size: int
+    # FedPA (../shared/specs/fedpa.md §7)
+    burn_in_rounds: int
+    samples: int
+    local_burnin_epochs: int
+    shrinkage: float
+    server_optimizer: str
+    server_lr: float
+    server_momentum: float
+    server_beta1: float
+    server_beta2: float
+    server_eps: float
+    server_adagrad_init: float
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -130,6 +143,18 @@ class RunSettings:
         _check("poll-interval", self.poll_interval > 0.0, "must be > 0")
         _check("max-payload-mb", self.max_payload_mb > 0.0, "must be > 0")
         _check("federation", _is_safe_name(self.federation), "must match [A-Za-z0-9._-]+")
+        # FedPA
+        _check("burn-in-rounds", self.burn_in_rounds >= 0, "must be >= 0")
+        _check("samples", self.samples >= 1, "must be >= 1")
+        _check("local-burnin-epochs", self.local_burnin_epochs >= 0, "must be >= 0")
+        _check("shrinkage", math.isfinite(self.shrinkage) and self.shrinkage >= 0.0, "must be finite and >= 0")
+        _choice("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        _check("server-lr", self.server_lr > 0.0, "must be > 0")
+        _check("server-momentum", 0.0 <= self.server_momentum < 1.0, "must be in [0, 1)")
+        _check("server-beta1", 0.0 <= self.server_beta1 < 1.0, "must be in [0, 1)")
+        _check("server-beta2", 0.0 <= self.server_beta2 < 1.0, "must be in [0, 1)")
+        _check("server-eps", self.server_eps > 0.0, "must be > 0")
+        _check("server-adagrad-init", self.server_adagrad_init >= 0.0, "must be >= 0")
 
 
 def _coerce(key: str, value: Any, annotation: str) -> Any:

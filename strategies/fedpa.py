@@ -1,0 +1,333 @@
+"""FedPA (Al-Shedivat et al., "Federated Learning via Posterior Averaging", ICLR 2021) over the fedbayes
+wire schema; the spec is ../shared/specs/fedpa.md.
+
+Server half (Alg. 1): Δ = Σ n_i Δ_i / Σ n_i, the example-weighted mean of the client deltas, is the
+gradient of a torch optimizer over the flat global model (SERVEROPT: SGD with momentum, Adam or
+Adagrad). Deltas point "old - new", so the server descends: SGD with lr 1 and no momentum on FedAvg
+deltas is FedAvg. The optimizer's state is checkpointed and never reset when the clients switch phase.
+The server tells each client whether the round is a burn-in or a sampling round.
+
+Client half. Rounds 1..burn-in-rounds (the released code's 0-based `round >= burn-in` switch):
+  burn-in   FedAvg's client exactly (strategies/fedavg.train_locally); Δ = x_0 - θ_final (Alg. 2).
+  sampling  IASG (Alg. 4) from x_0: `local-burnin-epochs` epochs are discarded, then each of `samples`
+            epochs is averaged into one sample (K = one epoch's minibatch steps, the paper's "one
+            sample per epoch"). The samples stream into the dynamic programme of App. C, which returns
+            Δ = Σ̂_ℓ⁻¹(x_0 - x̄_ℓ) for the shrinkage covariance Σ̂_ℓ = ρ_ℓ I + (1 - ρ_ℓ) Ŝ_ℓ,
+            ρ_ℓ = 1/(1 + (ℓ-1)ρ) (Eq. 10, Thm 3), in O(ℓ²d) time and O(ℓd) memory: no d x d matrix.
+Local burn-in: we follow the released code's default of 1 discarded epoch (spec §3.3, pitfall 3); the
+paper's fn. 11 reads as 0, which is `local-burnin-epochs=0`. IASG uses FedAvg's client optimizer
+(`optimizer`, `lr`), fresh each round, its state carrying over across the epochs of the round.
+The sampler is pluggable: anything that hands flat samples to a callback (`ExactGaussianSampler` in
+the tests).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from torch.nn.utils import parameters_to_vector
+
+from bayes.params import flatten, set_parameters, unflatten
+from client.runtime import ClientRuntime
+from client.training import Loss, make_optimizer, train_epochs
+from protos import payloads_pb2 as pb
+from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
+from strategies.base import RoundReport, ServerState, WireStrategyMixin, sample_nodes
+from strategies.fedavg import train_locally
+from tasks.config import RunSettings
+from tasks.datasets import Dataset
+
+SampleSink = Callable[[torch.Tensor], None]  # receives one flat posterior sample x_t
+
+
+# ---- the client's math: App. C ---------------------------------------------------------------------
+class ShrinkageDelta:
+    """Δ̂_t = Σ̂_t⁻¹(x_0 - x̄_t), updated online as each sample x_t arrives (App. C, Eqs. 20-28).
+
+    Σ̃_t = I + (t-1)ρ Ŝ_t = Σ̃_{t-1} + γ_t u_t u_tᵀ (Eq. 18) is a rank-1 update, so Sherman-Morrison
+    gives Δ̃_t = Σ̃_t⁻¹(x_0 - x̄_t) from Δ̃_{t-1} and the vectors v_{k-1,k} = Σ̃_{k-1}⁻¹ u_k; Σ̂_t = ρ_t Σ̃_t.
+    Keeps t-1 vectors and t-1 scalars; works in the dtype and on the device of `x0`. Any-time: `delta()`
+    is valid after every sample."""
+
+    def __init__(self, x0: torch.Tensor, shrinkage: float) -> None:
+        self.x0 = x0
+        self.shrinkage = float(shrinkage)  # ρ
+        self.count = 0  # t
+        self.mean: torch.Tensor | None = None  # x̄_t
+        self.scaled_delta: torch.Tensor | None = None  # Δ̃_t
+        self.directions: list[torch.Tensor] = []  # v_{k-1,k}, k = 2..t
+        self.denominators: list[float] = []  # 1 + γ_k u_kᵀ v_{k-1,k} (>= 1: Σ̃ is positive definite)
+
+    def gamma(self, t: int) -> float:
+        return self.shrinkage * (t - 1) / t  # γ_t = β_t / t, β_t = (t-1)ρ (Eq. 17)
+
+    @torch.no_grad()
+    def add_sample(self, x: torch.Tensor) -> None:
+        self.count += 1
+        t = self.count
+        if t == 1:
+            self.mean = x.clone()
+            self.scaled_delta = self.x0 - x  # Eq. 21
+            return
+        u = x - self.mean  # Eq. 22
+        v = u.clone()  # v_{1,t} = u_t (Eq. 25)
+        for k, (v_k, denominator) in enumerate(zip(self.directions, self.denominators), start=2):
+            v.add_(v_k, alpha=-self.gamma(k) * torch.dot(v_k, u).item() / denominator)  # Eq. 28
+        gamma = self.gamma(t)
+        denominator = 1.0 + gamma * torch.dot(u, v).item()
+        # Eq. 23, its coefficient simplified: 1 + γ(t uᵀΔ̃ - uᵀv)/den = (1 + γ t uᵀΔ̃)/den.
+        coefficient = (1.0 + gamma * t * torch.dot(u, self.scaled_delta).item()) / (denominator * t)
+        self.scaled_delta.add_(v, alpha=-coefficient)
+        self.directions.append(v)
+        self.denominators.append(denominator)
+        self.mean.add_(u, alpha=1.0 / t)  # Eq. 13, only after u_t was used
+
+    def delta(self) -> torch.Tensor:
+        """Δ̂_t = Δ̃_t / ρ_t (Eq. 24)."""
+        if self.count == 0:
+            raise ValueError("no posterior sample yet")
+        return self.scaled_delta * (1.0 + (self.count - 1) * self.shrinkage)
+
+    def iterate_average_delta(self) -> torch.Tensor:
+        """x_0 - x̄_t: the delta with Σ̂ = I (ρ = 0)."""
+        return self.x0 - self.mean
+
+
+# ---- samplers: each hands flat samples to a SampleSink as soon as it has them ----------------------
+@dataclass
+class IASG:
+    """Alg. 4 with K = one epoch: train `burnin_epochs + samples` epochs; after the burn-in epochs, the
+    mean of each epoch's post-step iterates is one sample. The chain (weights and optimizer state) runs
+    on across epochs. Returns the last epoch's mean loss and the seconds spent, DP included."""
+
+    model: torch.nn.Module  # on `device`, at x_0
+    data: Dataset
+    optimizer: torch.optim.Optimizer
+    batch_size: int
+    device: torch.device
+    seed: int
+    burnin_epochs: int
+    samples: int
+    loss_fn: Loss = F.cross_entropy
+
+    def __call__(self, emit: SampleSink) -> tuple[float, float]:
+        parameters = list(self.model.parameters())
+        steps_per_epoch = math.ceil(len(self.data.labels) / self.batch_size)
+        discarded = self.burnin_epochs * steps_per_epoch
+        window = [torch.zeros_like(p) for p in parameters]
+        step = 0
+
+        @torch.no_grad()
+        def average_iterates() -> None:
+            nonlocal step
+            step += 1
+            if step <= discarded:
+                return
+            for total, parameter in zip(window, parameters):
+                total.add_(parameter)
+            if (step - discarded) % steps_per_epoch == 0:
+                emit(torch.cat([total.flatten() for total in window]).div_(steps_per_epoch))
+                for total in window:
+                    total.zero_()
+
+        return train_epochs(
+            self.model, self.data, self.optimizer, self.burnin_epochs + self.samples, self.batch_size, self.device,
+            seed=self.seed, loss_fn=self.loss_fn, after_step=average_iterates,
+        )
+
+
+@dataclass
+class ExactGaussianSampler:
+    """`count` exact samples of N(mean, covariance_factor covariance_factorᵀ) (the spec's T3 sampler,
+    [C-JAX] ExactQuadraticSampler): the local posterior of a least-squares client, no SGD."""
+
+    mean: torch.Tensor
+    covariance_factor: torch.Tensor  # L with Σ_i = L Lᵀ
+    count: int
+    generator: torch.Generator
+
+    def __call__(self, emit: SampleSink) -> None:
+        for _ in range(self.count):
+            noise = torch.randn(self.mean.numel(), generator=self.generator, dtype=self.mean.dtype)
+            emit(self.mean + self.covariance_factor @ noise)
+
+
+# ---- server half ----------------------------------------------------------------------------------
+class ServerOptimizer:
+    """SERVEROPT of Alg. 1: a torch optimizer over the flat global model (float64), stepped with the
+    averaged client delta as its gradient (spec §2.2: SGD/momentum = FedAvgM, Adam with bias correction
+    as the released code's Keras Adam, Adagrad with an initial accumulator)."""
+
+    def __init__(self, settings: RunSettings, size: int) -> None:
+        self.theta = torch.nn.Parameter(torch.zeros(size, dtype=torch.float64))
+        if settings.server_optimizer == "sgd":
+            self.optimizer = torch.optim.SGD([self.theta], lr=settings.server_lr, momentum=settings.server_momentum)
+        elif settings.server_optimizer == "adam":
+            self.optimizer = torch.optim.Adam([self.theta], lr=settings.server_lr,
+                                              betas=(settings.server_beta1, settings.server_beta2),
+                                              eps=settings.server_eps)
+        else:
+            self.optimizer = torch.optim.Adagrad([self.theta], lr=settings.server_lr, eps=settings.server_eps,
+                                                 initial_accumulator_value=settings.server_adagrad_init)
+
+    def step(self, theta: torch.Tensor, pseudo_gradient: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.theta.copy_(theta)
+        self.theta.grad = pseudo_gradient.to(torch.float64).clone()
+        self.optimizer.step()
+        return self.theta.detach().clone()
+
+    def state(self) -> dict[str, np.ndarray]:
+        state = self.optimizer.state_dict()["state"].get(0, {})
+        return {key: value.detach().numpy().copy() for key, value in state.items() if isinstance(value, torch.Tensor)}
+
+    def load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        saved = self.optimizer.state_dict()
+        saved["state"] = {0: {key: torch.from_numpy(value.copy()) for key, value in tensors.items()}} if tensors else {}
+        self.optimizer.load_state_dict(saved)
+
+
+def weighted_mean_delta(deltas: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """Alg. 1 line 8 as both official codes compute it: Σ n_i Δ_i / Σ n_i (spec §2.1, pitfall 7)."""
+    total = sum(weights)
+    return sum(w / total * delta for w, delta in zip(weights, deltas))
+
+
+class FedPA(WireStrategyMixin, Strategy):
+    """FedPA's server: generalized federated optimization (Alg. 1) with burn-in and sampling rounds."""
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.server_optimizer = ServerOptimizer(settings, sum(math.prod(shape) for shape in layout.values()))
+        self.theta: torch.Tensor | None = None  # the global model sent this round, flat float64
+        self._init_wire()
+
+    def summary(self) -> None:
+        s = self.settings
+        log(INFO, "fedpa: %d burn-in rounds, then %d samples after %d local burn-in epochs, shrinkage %g; "
+            "server %s lr %g", s.burn_in_rounds, s.samples, s.local_burnin_epochs, s.shrinkage, s.server_optimizer,
+            s.server_lr)
+
+    def is_sampling_round(self, server_round: int) -> bool:
+        return server_round > self.settings.burn_in_rounds
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        settings = self.settings
+        weights = {name: arrays[name].numpy() for name in self.layout}
+        self.theta = torch.from_numpy(flatten(weights, self.layout))
+        sampling = self.is_sampling_round(server_round)
+        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
+                             server_round)
+        instruction = pb.FedPAInstruction(
+            header=new_header(settings.federation, server_round),
+            training=pb.LocalTraining(
+                epochs=settings.local_burnin_epochs + settings.samples if sampling else settings.local_epochs,
+                batch_size=settings.batch_size, learning_rate=settings.lr, optimizer=settings.optimizer,
+                weight_decay=settings.weight_decay, seed=settings.seed,
+            ),
+            sampling=sampling, shrinkage=settings.shrinkage, local_burnin_epochs=settings.local_burnin_epochs,
+            samples=settings.samples,
+        )
+        content = encode(instruction, {"weights": weights})
+        self.round_report = RoundReport(sent=len(nodes))
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        payloads = self.decode_replies(replies, pb.FedPAReply, {"delta": self.layout}, server_round,
+                                       check=_check_reply)
+        if not payloads:
+            return None, None
+        examples = [float(p.message.num_examples) for p in payloads]
+        deltas = [torch.from_numpy(flatten(p.tensors["delta"], self.layout)) for p in payloads]
+        pseudo_gradient = weighted_mean_delta(deltas, examples)
+        if not torch.isfinite(pseudo_gradient).all():  # finite deltas can still overflow their sum
+            log(WARNING, "round %d: the averaged delta is not finite; the global model is unchanged", server_round)
+            return None, None
+        theta = self.server_optimizer.step(self.theta, pseudo_gradient)
+        if not torch.isfinite(theta).all():
+            raise FloatingPointError("fedpa: the global model became non-finite; lower server-lr")
+        metrics = {
+            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
+            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
+            "delta-norm": pseudo_gradient.norm().item(),
+            "samples": float(np.mean([p.message.samples for p in payloads])),
+            "correction-norm": float(np.mean([p.message.correction_norm for p in payloads])),
+        }
+        log(INFO, "round %d (%s): |Δ| %.4g, mean samples %.1f, mean |Δ - (x0 - x̄)| %.4g", server_round,
+            "sampling" if self.is_sampling_round(server_round) else "burn-in", metrics["delta-norm"],
+            metrics["samples"], metrics["correction-norm"])
+        arrays = unflatten(theta.numpy(), self.layout)
+        return ArrayRecord({name: Array(value) for name, value in arrays.items()}), MetricRecord(metrics)
+
+    def server_state(self) -> ServerState:
+        """The server optimizer's state (momentum, Adam moments, Adagrad sums, step count)."""
+        return ServerState({f"optimizer/{key}": value for key, value in self.server_optimizer.state().items()})
+
+    def restore_server_state(self, state: ServerState) -> None:
+        prefix = "optimizer/"
+        self.server_optimizer.load_state(
+            {name[len(prefix):]: value for name, value in state.tensors.items() if name.startswith(prefix)})
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []  # the server evaluates the global model centrally
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+
+def _check_reply(payload: Payload) -> None:
+    if payload.message.num_examples < 1:
+        raise PayloadError("field 'num_examples': must be >= 1")
+
+
+# ---- client half ----------------------------------------------------------------------------------
+def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+    """FedAvg's local training in burn-in rounds; IASG + the App. C delta in sampling rounds."""
+    payload = decode(content, pb.FedPAInstruction, {"weights": runtime.layout}, sender="server")
+    instruction = payload.message
+    server_round = instruction.header.server_round
+    if [name for name, _ in runtime.model.named_parameters()] != list(runtime.layout):
+        raise ValueError(f"FedPA needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
+    set_parameters(runtime.model, payload.tensors["weights"])
+    x0 = parameters_to_vector(runtime.model.parameters()).detach().clone()
+    samples, correction_norm = 0, 0.0
+    if instruction.sampling:
+        model = runtime.model.to(runtime.device)
+        estimate = ShrinkageDelta(x0.to(runtime.device), instruction.shrinkage)
+        iasg = IASG(model, runtime.data, make_optimizer(model, instruction.training), instruction.training.batch_size,
+                    runtime.device, runtime.local_seed(server_round), instruction.local_burnin_epochs,
+                    instruction.samples)
+        train_loss, compute_seconds = iasg(estimate.add_sample)
+        delta = estimate.delta()
+        samples, correction_norm = estimate.count, (delta - estimate.iterate_average_delta()).norm().item()
+        delta = delta.cpu()
+        model.cpu()
+    else:
+        train_loss, compute_seconds = train_locally(runtime, instruction.training, server_round)
+        delta = x0 - parameters_to_vector(runtime.model.parameters()).detach()
+    if not torch.isfinite(delta).all():
+        raise FloatingPointError(
+            f"{runtime.node.client_id}: the FedPA delta of round {server_round} is not finite "
+            f"({'sampling' if instruction.sampling else 'burn-in'} round); lower lr or shrinkage"
+        )
+    reply = pb.FedPAReply(
+        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
+        num_examples=len(runtime.data.labels), train_loss=train_loss, compute_seconds=compute_seconds,
+        samples=samples, correction_norm=correction_norm,
+    )
+    return encode(reply, {"delta": unflatten(delta.numpy(), runtime.layout)})
