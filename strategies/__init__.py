@@ -19,7 +19,7 @@ class Algorithm:
 
 
 def _registry() -> dict[str, Algorithm]:
-    from strategies import bayesadmm, fedavg
+    from strategies import bayesadmm, dsvgd, fedavg
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
@@ -27,6 +27,8 @@ def _registry() -> dict[str, Algorithm]:
         "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update),
         "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update),
         "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update),
+        "dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update),
+        "p-dsvgd": Algorithm(dsvgd.p_dsvgd, dsvgd.client_update),
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 _OPTIMIZERS = ("adam", "sgd")
 _LR_SCHEDULES = ("constant", "cosine")
+_DSVGD_SCHEDULERS = ("round-robin", "random")
 
 
 class ConfigError(ValueError):
@@ -69,6 +70,18 @@ class RunSettings:
     poll_interval: float
     max_payload_mb: float
     eval_batch_size: int
+    # DSVGD / P-DSVGD (../shared/specs/dsvgd.md §8)
+    particles: int
+    kde_bandwidth: float
+    local_steps: int
+    distill_steps: int
+    server_steps: int
+    svgd_lr: float
+    distill_lr: float
+    svgd_beta: float
+    svgd_fudge: float
+    dsvgd_alpha: float
+    dsvgd_scheduler: str
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -124,6 +137,17 @@ class RunSettings:
         _check("poll-interval", self.poll_interval > 0.0, "must be > 0")
         _check("max-payload-mb", self.max_payload_mb > 0.0, "must be > 0")
         _check("federation", _is_safe_name(self.federation), "must match [A-Za-z0-9._-]+")
+        # DSVGD / P-DSVGD
+        _check("particles", self.particles >= 1, "must be >= 1")
+        for key, value in (("local-steps", self.local_steps), ("distill-steps", self.distill_steps),
+                           ("server-steps", self.server_steps)):
+            _check(key, value >= 0, "must be >= 0")
+        for key, value in (("kde-bandwidth", self.kde_bandwidth), ("svgd-lr", self.svgd_lr),
+                           ("distill-lr", self.distill_lr), ("svgd-fudge", self.svgd_fudge),
+                           ("dsvgd-alpha", self.dsvgd_alpha)):
+            _check(key, value > 0.0, "must be > 0")
+        _check("svgd-beta", 0.0 <= self.svgd_beta < 1.0, "must be in [0, 1)")
+        _choice("dsvgd-scheduler", self.dsvgd_scheduler, _DSVGD_SCHEDULERS)
 
 
 def _coerce(key: str, value: Any, annotation: str) -> Any:
