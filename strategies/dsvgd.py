@@ -201,6 +201,12 @@ class DSVGD(WireStrategyMixin, Strategy):
         self.local_particles: dict[str, np.ndarray] = {}  # P-DSVGD: every client's latest local set
         self._init_wire()
 
+    def summary(self) -> None:
+        s = self.settings
+        log(INFO, "%s: N=%d particles x P=%d, L=%d, L'=%d, kde-bandwidth=%g, lr=%g/%g, alpha=%g, prior precision %g",
+            "p-dsvgd" if self.parallel else "dsvgd", s.particles, self.size, s.local_steps, s.distill_steps,
+            s.kde_bandwidth, s.svgd_lr, s.distill_lr, s.dsvgd_alpha, s.prior_precision)
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -244,6 +250,8 @@ class DSVGD(WireStrategyMixin, Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        replying_nodes = {reply.metadata.src_node_id for reply in replies}
         if self.parallel:
             payloads = self.decode_replies(replies, pb.PDSVGDReply, {"local_particles": self.particle_layout},
                                            server_round)
@@ -261,6 +269,9 @@ class DSVGD(WireStrategyMixin, Strategy):
                     payload.message.resumed_from_round, expected)
             self.accepted_rounds[client] = server_round
             self.last_scheduled = client
+            # a restarted client is a new node: forget its old node, so the schedule never picks a dead one
+            for node in [n for n, c in self.client_of_node.items() if c == client and n not in replying_nodes]:
+                del self.client_of_node[node]
         if self.parallel:
             for payload in payloads:
                 self.local_particles[payload.message.header.client_id] = payload.tensors["local_particles"][
