@@ -21,9 +21,14 @@ MIN_SVGD_BANDWIDTH = 1e-12  # all particles equal (N = 1, or collapse): k = 1, n
 
 
 def squared_distances(points: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
-    """(M, N) ‖points_m - centres_n‖², without the ‖x‖² + ‖c‖² - 2x·c shortcut, whose round-off in
-    float32 is larger than the KDE bandwidth once ‖x‖² is large (a network's parameters)."""
-    return torch.cdist(points, centres, compute_mode="donot_use_mm_for_euclid_dist").square()
+    """(M, N) ‖points_m - centres_n‖² as ‖a‖² + ‖c‖² - 2a·c (matrix products: 3x faster than direct
+    differences for network-sized particles), after moving the origin to the centres' mean: the round-off
+    scales with the squared norms, which this keeps at the particles' spread (about 1e-2 in float32 for
+    80k-parameter particles, against 2λ² = 0.6 in the kernels' exponents)."""
+    origin = centres.mean(0)
+    points, centres = points - origin, centres - origin
+    cross = points @ centres.T
+    return (points.square().sum(1)[:, None] + centres.square().sum(1)[None, :] - 2 * cross).clamp_min(0)
 
 
 def rbf_kernel(particles: torch.Tensor) -> tuple[torch.Tensor, float]:
