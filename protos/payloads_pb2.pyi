@@ -256,3 +256,74 @@ class FedPAReply(_message.Message):
     samples: int
     correction_norm: float
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ...) -> None: ...
+
+class DSVGDInstruction(_message.Message):
+    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "accepted_rounds")
+    class AcceptedRoundsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTICLES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DISTILL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    KDE_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    STEP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DISTILL_STEP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    FUDGE_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_SEED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    particles: TensorGroup
+    local_steps: int
+    distill_steps: int
+    kde_bandwidth: float
+    step_size: float
+    distill_step_size: float
+    beta: float
+    fudge: float
+    alpha: float
+    prior_precision: float
+    batch_size: int
+    initial_seed: int
+    accepted_rounds: _containers.ScalarMap[str, int]
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class DSVGDReply(_message.Message):
+    __slots__ = ("header", "particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTICLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    particles: TensorGroup
+    num_examples: int
+    train_loss: float
+    compute_seconds: float
+    resumed_from_round: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+
+class PDSVGDReply(_message.Message):
+    __slots__ = ("header", "local_particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PARTICLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    local_particles: TensorGroup
+    num_examples: int
+    train_loss: float
+    compute_seconds: float
+    resumed_from_round: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...

@@ -19,7 +19,7 @@ class Algorithm:
 
 
 def _registry() -> dict[str, Algorithm]:
-    from strategies import bayesadmm, fedavg, feddyn, fedlap, fedpa
+    from strategies import bayesadmm, dsvgd, fedavg, feddyn, fedlap, fedpa
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
@@ -31,6 +31,8 @@ def _registry() -> dict[str, Algorithm]:
         "fedlap": Algorithm(fedlap.FedLap, fedlap.client_update),
         "fedlap-cov": Algorithm(fedlap.fedlap_cov, fedlap.client_update),
         "fedpa": Algorithm(fedpa.FedPA, fedpa.client_update),
+        "dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update),
+        "p-dsvgd": Algorithm(dsvgd.p_dsvgd, dsvgd.client_update),
     }
 
 

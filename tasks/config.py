@@ -15,6 +15,7 @@ from typing import Any
 _OPTIMIZERS = ("adam", "sgd")
 _LR_SCHEDULES = ("constant", "cosine")
 SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad")  # FedPA's SERVEROPT
+_DSVGD_SCHEDULERS = ("round-robin", "random")
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,18 @@ class RunSettings:
     server_beta2: float
     server_eps: float
     server_adagrad_init: float
+    # DSVGD / P-DSVGD (../shared/specs/dsvgd.md §8)
+    particles: int
+    kde_bandwidth: float
+    local_steps: int
+    distill_steps: int
+    server_steps: int
+    svgd_lr: float
+    distill_lr: float
+    svgd_beta: float
+    svgd_fudge: float
+    dsvgd_alpha: float
+    dsvgd_scheduler: str
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -155,6 +168,17 @@ class RunSettings:
         _check("server-beta2", 0.0 <= self.server_beta2 < 1.0, "must be in [0, 1)")
         _check("server-eps", self.server_eps > 0.0, "must be > 0")
         _check("server-adagrad-init", self.server_adagrad_init >= 0.0, "must be >= 0")
+        # DSVGD / P-DSVGD
+        _check("particles", self.particles >= 1, "must be >= 1")
+        for key, value in (("local-steps", self.local_steps), ("distill-steps", self.distill_steps),
+                           ("server-steps", self.server_steps)):
+            _check(key, value >= 0, "must be >= 0")
+        for key, value in (("kde-bandwidth", self.kde_bandwidth), ("svgd-lr", self.svgd_lr),
+                           ("distill-lr", self.distill_lr), ("svgd-fudge", self.svgd_fudge),
+                           ("dsvgd-alpha", self.dsvgd_alpha)):
+            _check(key, value > 0.0, "must be > 0")
+        _check("svgd-beta", 0.0 <= self.svgd_beta < 1.0, "must be in [0, 1)")
+        _choice("dsvgd-scheduler", self.dsvgd_scheduler, _DSVGD_SCHEDULERS)
 
 
 def _coerce(key: str, value: Any, annotation: str) -> Any:

@@ -1,0 +1,403 @@
+"""DSVGD (Kassab & Simeone, "Federated Generalized Bayesian Learning via Distributed Stein Variational
+Gradient Descent"), and its parallel variant P-DSVGD (App. A.5, Alg. 5). Spec: ../shared/specs/dsvgd.md.
+
+The server holds N global particles Θ (N x P, all model parameters of each particle); their KDE is the
+global posterior q. Each round it schedules ONE client (round-robin over stable client ids by default)
+and sends it Θ^(i-1). The client
+  loop 1 (eqs. 13-14): runs L SVGD steps from Θ^(i-1) towards its tilted distribution
+                       p̃_k ∝ q^(i-1)/t_k^(i-1) · exp(-L_k/α) and sends the result Θ^(i) back;
+  loop 2 (eq. 17):     distils its factor t_k^(i) ∝ t_k^(i-1) · q^(i)/q^(i-1) into its N local particles
+                       Θ_k, which stay in its durable store (client/state.py) and never leave it.
+The server replaces Θ by the upload; it never averages particles (they are exchangeable).
+
+Where the prior enters: convention B of the spec (§3.4, the authors' code). A client's local particles
+start as copies of Θ^(0) and loop 1 adds ∇log p_0, so the local factor approximates p_0·exp(-L_k/α), a
+proper density, and every SVGD target stays normalisable. Θ^(0) is drawn from the model's own
+initialiser (torch's default for Linear layers) with the run's seed; client and server draw the same.
+L_k is the client's summed loss, estimated on one minibatch per step (the same for all particles) x |D_k|/B.
+
+Rounds whose scheduled client fails leave Θ unchanged. The server tells each client the round of its last
+accepted update, and the client starts from the local particles it stored in that round: particles
+distilled for an update the server never received are not used.
+
+Scheduling: the server learns a node's stable client id from its first reply, so a node it has not heard
+from yet (a new client, or one whose SuperNode restarted) is scheduled first; after that clients take turns
+in client-id order (`dsvgd-scheduler = "random"` draws one connected node per round instead).
+
+P-DSVGD (`p-dsvgd`): a `fraction-train` of the clients per round run both loops from the server's φ and upload
+their local particles; the server keeps every client's latest set and distils φ towards
+q = p_0 Π_k t_k (eq. 28-29), with t_k = KDE(Θ_k)/p_0 under convention B.
+
+Evaluation: the server's predictive averages the N particles (eq. 27) and is reported under the
+`*_ensemble` keys; the plain keys evaluate the particle mean, which for a network is no meaningful model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from logging import ERROR, INFO, WARNING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from bayes.kernels import AdaGradMomentum, grad_log_kde, svgd
+from bayes.params import unflatten
+from client.runtime import ClientRuntime
+from client.state import ClientState, StaleStateError
+from protos import payloads_pb2 as pb
+from protos.codec import TensorLayout, decode, encode, new_header
+from strategies.base import RoundReport, ServerState, WireStrategyMixin, sample_nodes
+from tasks.config import RunSettings
+from tasks.datasets import Dataset
+
+Score = Callable[[torch.Tensor], torch.Tensor]  # (N, P) particles -> (N, P) gradients
+
+
+# ---- the math -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SVGDSettings:
+    local_steps: int  # L
+    distill_steps: int  # L'
+    kde_bandwidth: float  # λ
+    lr: float
+    distill_lr: float
+    beta: float = 0.9
+    fudge: float = 1e-6
+    alpha: float = 1.0  # temperature
+
+    def stepper(self, lr: float) -> AdaGradMomentum:
+        return AdaGradMomentum(lr, self.beta, self.fudge)
+
+
+def gaussian_prior_score(precision: float) -> Score:
+    """∇log p_0 for p_0 = N(0, I/precision)."""
+    return lambda theta: -precision * theta
+
+
+def tilted_update(downloaded: torch.Tensor, local: torch.Tensor, prior_score: Score, loss_gradient: Score,
+                  settings: SVGDSettings) -> torch.Tensor:
+    """Loop 1 (eqs. 13-14, convention B): L SVGD steps from Θ^(i-1) towards
+    q^(i-1)/s_k^(i-1) · p_0 · exp(-L_k/α). The KDE centres stay at the downloaded particles and the stored
+    local particles while the particles move."""
+    bandwidth = settings.kde_bandwidth
+
+    def score(theta: torch.Tensor) -> torch.Tensor:
+        return (grad_log_kde(theta, downloaded, bandwidth) - grad_log_kde(theta, local, bandwidth)
+                + prior_score(theta) - loss_gradient(theta) / settings.alpha)
+
+    return svgd(downloaded.clone(), score, settings.local_steps, settings.stepper(settings.lr))
+
+
+def distill(local: torch.Tensor, downloaded: torch.Tensor, updated: torch.Tensor,
+            settings: SVGDSettings) -> torch.Tensor:
+    """Loop 2 (eq. 17): L' SVGD steps of the local particles towards t_k^(i) ∝ q^(i)/q^(i-1) · t_k^(i-1), the
+    three KDEs centred on Θ^(i), Θ^(i-1) and a frozen copy of the old local particles."""
+    bandwidth = settings.kde_bandwidth
+
+    def score(theta: torch.Tensor) -> torch.Tensor:
+        return (grad_log_kde(theta, updated, bandwidth) - grad_log_kde(theta, downloaded, bandwidth)
+                + grad_log_kde(theta, local, bandwidth))
+
+    return svgd(local.clone(), score, settings.distill_steps, settings.stepper(settings.distill_lr))
+
+
+def agent_round(downloaded: torch.Tensor, local: torch.Tensor, prior_score: Score, loss_gradient: Score,
+                settings: SVGDSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scheduled client's round: (new global particles to upload, new local particles to keep)."""
+    updated = tilted_update(downloaded, local, prior_score, loss_gradient, settings)
+    return updated, distill(local, downloaded, updated, settings)
+
+
+def server_distillation(particles: torch.Tensor, local_sets: list[torch.Tensor], prior_score: Score, steps: int,
+                        settings: SVGDSettings) -> torch.Tensor:
+    """P-DSVGD (eqs. 28-29): `steps` SVGD steps of φ towards p_0 Π_k t_k over the clients that reported a set,
+    where each set approximates p_0·t_k (convention B): ∇log q = ∇log p_0 + Σ_k [∇log KDE(Θ_k) - ∇log p_0]."""
+    bandwidth = settings.kde_bandwidth
+
+    def score(theta: torch.Tensor) -> torch.Tensor:
+        prior = prior_score(theta)
+        return prior + sum(grad_log_kde(theta, local, bandwidth) - prior for local in local_sets)
+
+    return svgd(particles.clone(), score, steps, settings.stepper(settings.distill_lr))
+
+
+def initial_particles(layout: TensorLayout, count: int, seed: int) -> np.ndarray:
+    """Θ^(0), (count, P) float32: each particle drawn like a fresh torch Linear layer, weight and bias
+    ~ U(±1/√fan_in); deterministic in `seed`, so the server and every client draw the same."""
+    generator = torch.Generator().manual_seed(seed)
+    fan_in = {}
+    for name, shape in layout.items():
+        if name.endswith(".weight") and len(shape) == 2:
+            fan_in[name.removesuffix(".weight")] = shape[1]
+        elif not (name.endswith(".bias") and len(shape) == 1):
+            raise ValueError(f"initial_particles knows Linear layers only, got {name} {shape}")
+    particles = []
+    for _ in range(count):
+        pieces = []
+        for name, shape in layout.items():
+            bound = 1.0 / math.sqrt(fan_in[name.rsplit(".", 1)[0]])
+            pieces.append((torch.rand(math.prod(shape), generator=generator) * 2 - 1) * bound)
+        particles.append(torch.cat(pieces))
+    return torch.stack(particles).numpy()
+
+
+class MinibatchLossGradient:
+    """∇L_k at every particle at once (vmap over the N rows), L_k the summed cross-entropy over the client's
+    data, estimated as |D_k|/B x the sum over one minibatch; each call takes the next minibatch of a seeded
+    permutation (a new permutation when it runs out), the same for all particles."""
+
+    def __init__(self, model: torch.nn.Module, layout: TensorLayout, data: Dataset, batch_size: int, seed: int,
+                 device: torch.device) -> None:
+        self.images, self.labels = data.images.to(device), data.labels.to(device)
+        self.batch_size = min(batch_size, len(self.labels))
+        self.scale = len(self.labels) / self.batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order, self.position = torch.randperm(len(self.labels), generator=self.generator), 0
+        self.last_loss = float("nan")  # mean per-example loss over the particles at the last call
+
+        def loss_sum(theta: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            weights, offset = {}, 0
+            for name, shape in layout.items():
+                weights[name] = theta[offset : offset + math.prod(shape)].view(shape)
+                offset += math.prod(shape)
+            logits = torch.func.functional_call(model, weights, (images,))
+            return F.cross_entropy(logits, labels, reduction="sum")
+
+        self.gradients = torch.func.vmap(torch.func.grad_and_value(loss_sum), in_dims=(0, None, None))
+
+    def __call__(self, particles: torch.Tensor) -> torch.Tensor:
+        if self.position + self.batch_size > len(self.labels):
+            self.order, self.position = torch.randperm(len(self.labels), generator=self.generator), 0
+        batch = self.order[self.position : self.position + self.batch_size].to(self.images.device)
+        self.position += self.batch_size
+        gradients, losses = self.gradients(particles, self.images[batch], self.labels[batch])
+        self.last_loss = losses.mean().item() / self.batch_size
+        return self.scale * gradients
+
+
+# ---- server half ----------------------------------------------------------------------------------
+class DSVGD(WireStrategyMixin, Strategy):
+    """DSVGD over the network (one client per round), or P-DSVGD (`parallel`: several, server distils)."""
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout, parallel: bool = False) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.parallel = parallel
+        self.size = sum(math.prod(shape) for shape in layout.values())
+        self.particle_layout = {"particles": (settings.particles, self.size)}
+        self.particles: np.ndarray | None = None  # Θ (P-DSVGD: φ), (N, P) float32
+        self.accepted_rounds: dict[str, int] = {}  # client id -> round of its last accepted update
+        self.last_scheduled = ""  # round-robin position: the client id scheduled last
+        self.local_particles: dict[str, np.ndarray] = {}  # P-DSVGD: every client's latest local set
+        self._init_wire()
+
+    def summary(self) -> None:
+        s = self.settings
+        log(INFO, "%s: N=%d particles x P=%d, L=%d, L'=%d, kde-bandwidth=%g, lr=%g/%g, alpha=%g, prior precision %g",
+            "p-dsvgd" if self.parallel else "dsvgd", s.particles, self.size, s.local_steps, s.distill_steps,
+            s.kde_bandwidth, s.svgd_lr, s.distill_lr, s.dsvgd_alpha, s.prior_precision)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        settings = self.settings
+        if self.particles is None:
+            self.particles = initial_particles(self.layout, settings.particles, settings.seed)
+        nodes = self.schedule(sorted(grid.get_node_ids()), server_round)
+        instruction = pb.DSVGDInstruction(
+            header=new_header(settings.federation, server_round),
+            local_steps=settings.local_steps, distill_steps=settings.distill_steps,
+            kde_bandwidth=settings.kde_bandwidth, step_size=settings.svgd_lr, distill_step_size=settings.distill_lr,
+            beta=settings.svgd_beta, fudge=settings.svgd_fudge, alpha=settings.dsvgd_alpha,
+            prior_precision=settings.prior_precision, batch_size=settings.batch_size, initial_seed=settings.seed,
+            accepted_rounds=self.accepted_rounds,
+        )
+        content = encode(instruction, {"particles": {"particles": self.particles}})
+        self.round_report = RoundReport(sent=len(nodes))
+        log(INFO, "round %d: scheduled %s", server_round, ", ".join(self.node_label(node) for node in nodes))
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+
+    def schedule(self, nodes: list[int], server_round: int) -> list[int]:
+        """P-DSVGD: a seeded `fraction-train` of the nodes. DSVGD: one node; a node whose client id is not
+        known yet first, then the client after the last scheduled one in client-id order (round-robin),
+        or a seeded random node (`dsvgd-scheduler = "random"`)."""
+        settings = self.settings
+        if not nodes:
+            return []
+        if self.parallel:
+            return sample_nodes(nodes, settings.fraction_train, settings.min_clients, settings.seed, server_round)
+        if settings.dsvgd_scheduler == "random":
+            return [random.Random(settings.seed * 1_000_003 + server_round).choice(nodes)]
+        unknown = [node for node in nodes if node not in self.client_of_node]
+        if unknown:
+            return unknown[:1]
+        node_of_client = {self.client_of_node[node]: node for node in nodes}
+        clients = sorted(node_of_client)
+        following = [client for client in clients if client > self.last_scheduled]
+        self.last_scheduled = (following or clients)[0]
+        return [node_of_client[self.last_scheduled]]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        replying_nodes = {reply.metadata.src_node_id for reply in replies}
+        if self.parallel:
+            payloads = self.decode_replies(replies, pb.PDSVGDReply, {"local_particles": self.particle_layout},
+                                           server_round)
+        else:
+            payloads = self.decode_replies(replies, pb.DSVGDReply, {"particles": self.particle_layout},
+                                           server_round)
+        if not payloads:
+            return None, None
+        for payload in payloads:
+            client = payload.message.header.client_id
+            expected = self.accepted_rounds.get(client, 0)
+            if payload.message.resumed_from_round != expected:
+                log(WARNING, "client %r started from its local particles of round %d, but its last accepted "
+                    "update is from round %d (lost or stale client state)", client,
+                    payload.message.resumed_from_round, expected)
+            self.accepted_rounds[client] = server_round
+            self.last_scheduled = client
+            # a restarted client is a new node: forget its old node, so the schedule never picks a dead one
+            for node in [n for n, c in self.client_of_node.items() if c == client and n not in replying_nodes]:
+                del self.client_of_node[node]
+        if self.parallel:
+            for payload in payloads:
+                self.local_particles[payload.message.header.client_id] = payload.tensors["local_particles"][
+                    "particles"]
+            self.particles = self._server_distillation()
+        else:
+            (payload,) = payloads  # one node was sent the round's instruction
+            self.particles = payload.tensors["particles"]["particles"]  # Alg. 1 line 6: replace, never average
+        self._log_spread(server_round)
+        examples = [p.message.num_examples for p in payloads]
+        metrics = MetricRecord({
+            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
+            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
+        })
+        mean = self.particles.astype(np.float64).mean(0)
+        return ArrayRecord({name: Array(value) for name, value in unflatten(mean, self.layout).items()}), metrics
+
+    def _server_distillation(self) -> np.ndarray:
+        settings = self.settings
+        steps = SVGDSettings(0, 0, settings.kde_bandwidth, settings.svgd_lr, settings.distill_lr, settings.svgd_beta,
+                             settings.svgd_fudge, settings.dsvgd_alpha)
+        local_sets = [torch.from_numpy(self.local_particles[c]) for c in sorted(self.local_particles)]
+        started = time.perf_counter()
+        particles = server_distillation(torch.from_numpy(self.particles), local_sets,
+                                        gaussian_prior_score(settings.prior_precision), settings.server_steps, steps)
+        log(INFO, "P-DSVGD server distillation over %d clients' particles: %.1f s", len(local_sets),
+            time.perf_counter() - started)
+        if not torch.isfinite(particles).all():
+            raise FloatingPointError("p-dsvgd: the server's particles became non-finite; lower distill-lr")
+        return particles.numpy().astype(np.float32)
+
+    def _log_spread(self, server_round: int) -> None:
+        """The spec's instability watch (§9.4): particles running off show as growing norms."""
+        particles = torch.from_numpy(self.particles).double()
+        log(INFO, "round %d: particle norms max %.3g, mean distance to the particle mean %.3g", server_round,
+            particles.norm(dim=1).max().item(), (particles - particles.mean(0)).norm(dim=1).mean().item())
+
+    def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
+        """Every particle (the posterior IS the particles, eq. 27), whenever the ensemble is asked for."""
+        if self.particles is None or count == 0:
+            return []
+        return [unflatten(particle, self.layout) for particle in self.particles]
+
+    def server_state(self) -> ServerState:
+        if self.particles is None:
+            return ServerState()
+        tensors = {"particles": self.particles}
+        tensors |= {f"local/{client}": value for client, value in self.local_particles.items()}
+        return ServerState(tensors, {"accepted_rounds": json.dumps(self.accepted_rounds),
+                                     "last_scheduled": self.last_scheduled})
+
+    def restore_server_state(self, state: ServerState) -> None:
+        if not state.tensors:
+            return
+        self.particles = state.tensors["particles"].astype(np.float32)
+        self.local_particles = {name.removeprefix("local/"): value.astype(np.float32)
+                                for name, value in state.tensors.items() if name.startswith("local/")}
+        self.accepted_rounds = json.loads(state.metadata["accepted_rounds"])
+        self.last_scheduled = state.metadata["last_scheduled"]
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+
+def p_dsvgd(settings: RunSettings, layout: TensorLayout) -> DSVGD:
+    return DSVGD(settings, layout, parallel=True)
+
+
+# ---- client half ----------------------------------------------------------------------------------
+def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+    """Loops 1 and 2 on this client; its local particles persist in the durable store, never on the wire."""
+    size = sum(math.prod(shape) for shape in runtime.layout.values())
+    particle_layout = {"particles": (runtime.settings.particles, size)}
+    payload = decode(content, pb.DSVGDInstruction, {"particles": particle_layout}, sender="server")
+    instruction = payload.message
+    server_round = instruction.header.server_round
+    if [name for name, _ in runtime.model.named_parameters()] != list(runtime.layout):
+        raise ValueError(f"DSVGD needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
+    settings = SVGDSettings(
+        instruction.local_steps, instruction.distill_steps, instruction.kde_bandwidth, instruction.step_size,
+        instruction.distill_step_size, instruction.beta, instruction.fudge, instruction.alpha,
+    )
+    device = runtime.device
+    downloaded = torch.from_numpy(payload.tensors["particles"]["particles"]).to(device)
+    local, resumed_from = _stored_local_particles(runtime, instruction, particle_layout["particles"])
+    loss_gradient = MinibatchLossGradient(runtime.model.to(device), runtime.layout, runtime.data,
+                                          instruction.batch_size, runtime.local_seed(server_round), device)
+    started = time.perf_counter()
+    updated, local = agent_round(downloaded, local.to(device), gaussian_prior_score(instruction.prior_precision),
+                                 loss_gradient, settings)
+    compute_seconds = time.perf_counter() - started
+    runtime.model.cpu()
+    if not (torch.isfinite(updated).all() and torch.isfinite(local).all()):
+        raise FloatingPointError(f"{runtime.node.client_id}: particles became non-finite in round {server_round}; "
+                                 "lower svgd-lr / distill-lr or raise kde-bandwidth")
+    runtime.store.save(ClientState({"local_particles": local.cpu()}, {"federation": instruction.header.federation}),
+                       server_round)
+    fields = dict(
+        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
+        num_examples=len(runtime.data.labels), train_loss=loss_gradient.last_loss, compute_seconds=compute_seconds,
+        resumed_from_round=resumed_from,
+    )
+    if runtime.settings.strategy == "p-dsvgd":
+        return encode(pb.PDSVGDReply(**fields), {"local_particles": {"particles": local.cpu().numpy()}})
+    return encode(pb.DSVGDReply(**fields), {"particles": {"particles": updated.cpu().numpy()}})
+
+
+def _stored_local_particles(runtime: ClientRuntime, instruction: pb.DSVGDInstruction,
+                            shape: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    """This client's local particles from the round of its last accepted update, and that round; at its
+    first visit (or, logged as an error, if they are lost) copies of Θ^(0), round 0. Lost particles cannot
+    be recovered: starting again from Θ^(0) counts this client's earlier data twice (spec §4)."""
+    accepted = instruction.accepted_rounds.get(runtime.node.client_id, 0)
+    if accepted:
+        try:
+            stored = runtime.store.load(before_round=accepted + 1)
+        except StaleStateError:
+            stored = None
+        if stored is not None and stored.round == accepted:
+            local = stored.tensors["local_particles"]
+            if tuple(local.shape) != shape:
+                raise ValueError(f"stored local particles have shape {tuple(local.shape)}, this run needs {shape}")
+            return local.float(), accepted
+        log(ERROR, "%s: no local particles from round %d (its last accepted update); starting again from the "
+            "initial particles, which counts this client's data twice", runtime.node.client_id, accepted)
+    return torch.from_numpy(initial_particles(runtime.layout, shape[0], instruction.initial_seed)), 0

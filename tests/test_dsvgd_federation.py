@@ -1,0 +1,159 @@
+"""DSVGD's bookkeeping with the real server and client halves in one process (messages routed by hand):
+scheduling, the server adopting uploads bit for bit, local particles staying on their client, dropped
+replies, checkpoints, P-DSVGD."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from client.runtime import ClientRuntime, NodeSettings
+from protos import payloads_pb2 as pb
+from protos.codec import ENVELOPE_KEY, decode
+from strategies import get_algorithm
+from strategies.dsvgd import initial_particles
+from tasks.config import RunSettings
+from tests.helpers import reply_message
+from tests.test_config import DEFAULTS
+
+@pytest.fixture(autouse=True)
+def flower_task_identity():
+    """Building a Message outside a Flower run needs a task identity (Flower's private API)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+
+
+NODE_CLIENTS = {11: "client-2", 12: "client-0", 13: "client-1"}  # node order is not client-id order
+
+
+class RoutingGrid:
+    """Just enough of a Grid for configure_train: the connected node ids."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+
+def federation(tmp_path, strategy="dsvgd", **overrides):
+    settings = RunSettings.from_run_config({
+        **DEFAULTS, "strategy": strategy, "fraction": 0.05, "model": "logreg", "pool": 4, "particles": 3,
+        "local-steps": 3, "distill-steps": 3, "svgd-lr": 0.01, "distill-lr": 0.01, **overrides,
+    })
+    runtimes = {}
+    for node, client in NODE_CLIENTS.items():
+        partition = int(client.split("-")[1])
+        node_settings = NodeSettings.from_node_config(
+            {"client-id": client, "partition-id": partition, "num-partitions": 3, "state-dir": str(tmp_path)},
+            default_device="cpu")
+        runtimes[node] = ClientRuntime.create(settings, node_settings)
+    layout = runtimes[11].layout
+    return get_algorithm(strategy).server(settings, layout), runtimes, settings
+
+
+def run_round(strategy, runtimes, server_round, lose_reply=False):
+    """One round: the server's messages go to their nodes' client halves; returns (messages, replies)."""
+    messages = list(strategy.configure_train(server_round, None, None, RoutingGrid(runtimes)))
+    replies = []
+    for message in messages:
+        node = message.metadata.dst_node_id
+        content = get_algorithm(runtimes[node].settings.strategy).client_update(message.content, runtimes[node])
+        replies.append(reply_message(content, node))
+    delivered = [] if lose_reply else replies
+    strategy.aggregate_train(server_round, delivered)
+    return messages, replies
+
+
+def store_files(runtime):
+    return {path.name: path.read_bytes() for path in runtime.store.directory.glob("*")} \
+        if runtime.store.directory.is_dir() else {}
+
+
+def all_arrays(content):
+    return [array.numpy() for record in content.array_records.values() for array in record.values()]
+
+
+def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_particles_stay_home(tmp_path):
+    strategy, runtimes, settings = federation(tmp_path)
+    size = sum(int(np.prod(shape)) for shape in runtimes[11].layout.values())
+    layout = {"particles": (3, size)}
+    scheduled, wire = [], []
+    for server_round in range(1, 8):
+        before = {node: store_files(runtime) for node, runtime in runtimes.items()}
+        messages, replies = run_round(strategy, runtimes, server_round)
+        assert len(messages) == 1 and len(replies) == 1
+        node = messages[0].metadata.dst_node_id
+        scheduled.append(NODE_CLIENTS[node])
+        reply = decode(replies[0].content, pb.DSVGDReply, {"particles": layout}, sender="test")
+        assert set(replies[0].content.keys()) == {"particles", ENVELOPE_KEY}
+        assert np.array_equal(strategy.particles, reply.tensors["particles"]["particles"])  # bit for bit
+        assert strategy.particles.shape == (3, size) and strategy.particles.dtype == np.float32
+        # a client's second visit starts from the local particles of its first
+        first_visit = 1 + scheduled.index(scheduled[-1])
+        assert reply.message.resumed_from_round == (0 if first_visit == server_round else server_round - 3)
+        for other in set(runtimes) - {node}:
+            assert store_files(runtimes[other]) == before[other]  # non-scheduled clients untouched
+        wire += [messages[0].content, replies[0].content]
+    # discovery in node order, then round-robin continuing in client-id order
+    assert scheduled == ["client-2", "client-0", "client-1", "client-2", "client-0", "client-1", "client-2"]
+    stored = [runtime.store.load().tensors["local_particles"].numpy() for runtime in runtimes.values()]
+    for content in wire:
+        for array in all_arrays(content):
+            assert not any(array.shape == local.shape and np.allclose(array, local) for local in stored)
+    initial = initial_particles(runtimes[11].layout, 3, settings.seed)
+    assert not np.allclose(strategy.particles, initial)
+
+
+def test_a_lost_reply_leaves_the_particles_and_the_clients_next_start_alone(tmp_path, caplog):
+    strategy, runtimes, _ = federation(tmp_path)
+    for server_round in (1, 2, 3):
+        run_round(strategy, runtimes, server_round)
+    particles = strategy.particles.copy()
+    messages, _ = run_round(strategy, runtimes, 4, lose_reply=True)  # client-2 ran and saved, the reply got lost
+    lost_node = messages[0].metadata.dst_node_id
+    assert np.array_equal(strategy.particles, particles) and strategy.accepted_rounds["client-2"] == 1
+    assert runtimes[lost_node].store.saved_rounds() == [1, 4]
+    with caplog.at_level(logging.WARNING):
+        for server_round in (5, 6, 7):
+            messages, replies = run_round(strategy, runtimes, server_round)
+    assert messages[0].metadata.dst_node_id == lost_node
+    reply = decode(replies[0].content, pb.DSVGDReply, {"particles": {"particles": strategy.particles.shape}},
+                   sender="test")
+    assert reply.message.resumed_from_round == 1
+    assert "lost or stale" not in caplog.text  # it restarted from round 1's local particles, not round 4's
+    assert strategy.accepted_rounds["client-2"] == 7
+
+
+def test_server_state_round_trip(tmp_path):
+    strategy, runtimes, settings = federation(tmp_path)
+    for server_round in (1, 2):
+        run_round(strategy, runtimes, server_round)
+    restored = get_algorithm("dsvgd").server(settings, runtimes[11].layout)
+    restored.restore_server_state(strategy.server_state())
+    assert np.array_equal(restored.particles, strategy.particles)
+    assert restored.accepted_rounds == strategy.accepted_rounds == {"client-2": 1, "client-0": 2}
+    assert restored.last_scheduled == "client-0"
+
+
+def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp_path):
+    strategy, runtimes, _ = federation(tmp_path, "p-dsvgd", **{"fraction-train": 0.67, "server-steps": 5})
+    initial = None
+    for server_round in (1, 2):
+        messages, replies = run_round(strategy, runtimes, server_round)
+        assert len(messages) == 2
+        for reply in replies:
+            assert set(reply.content.keys()) == {"local_particles", ENVELOPE_KEY}
+        if initial is None:
+            initial = initial_particles(runtimes[11].layout, 3, 0)
+    assert 2 <= len(strategy.local_particles) <= 3
+    for client, local in strategy.local_particles.items():
+        node = next(n for n, c in NODE_CLIENTS.items() if c == client)
+        stored = runtimes[node].store.load().tensors["local_particles"].numpy()
+        assert np.array_equal(local, stored)  # P-DSVGD uploads exactly what the client keeps
+    assert torch.isfinite(torch.from_numpy(strategy.particles)).all()
+    assert not np.allclose(strategy.particles, initial)
+    state = strategy.server_state()
+    assert {f"local/{client}" for client in strategy.local_particles} <= set(state.tensors)
