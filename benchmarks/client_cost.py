@@ -1,11 +1,13 @@
-"""Cost of one client round: BayesADMM's client half (IVON with prior and duals, then the dual step)
-against FedAvg's (Adam), on the same data, model and number of epochs.
+"""Cost of one client round: BayesADMM's client half (IVON with prior and duals, then the dual step),
+FedDyn's, FedLap's and FedLap-Cov's (Adam on the cavity loss, plus the diagonal-GGN pass for Cov) against
+FedAvg's (Adam), on the same data, model and number of epochs.
 
 Calls each strategy's real `client_update` in this process (decode the instruction, train, encode the
 reply, write durable state), so it times exactly what a ClientApp does between receiving and replying,
 minus Flower's process start. One compute thread.
 
     python benchmarks/client_cost.py --epochs 5 --repeats 3
+    python benchmarks/client_cost.py --epochs 5 --strategies fedavg,fedlap-cov   # results/client_cost-fedlap-cov.json
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bayes.gaussian import Gaussian  # noqa: E402
@@ -72,6 +75,37 @@ def bayesadmm_instruction(runtime: ClientRuntime, server_round: int):
     })
 
 
+def feddyn_instruction(runtime: ClientRuntime, server_round: int):
+    settings = runtime.settings
+    message = pb.FedDynInstruction(
+        header=new_header(settings.federation, server_round),
+        training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
+                                  learning_rate=settings.lr, optimizer="adam", weight_decay=1e-4, seed=0),
+        alpha=0.01, known_clients=10, known_examples=10 * len(runtime.data.labels),
+    )
+    return encode(message, {"global_weights": get_parameters(runtime.model)})
+
+
+def fedlap_instruction(runtime: ClientRuntime, server_round: int):
+    settings = runtime.settings
+    covariance = settings.strategy == "fedlap-cov"
+    message = pb.FedLapInstruction(
+        header=new_header(settings.federation, server_round),
+        training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
+                                  learning_rate=settings.lr, optimizer="adam", seed=0),
+        prior_precision=1.0, known_clients=10, known_examples=10 * len(runtime.data.labels),
+    )
+    weights = get_parameters(runtime.model)
+    precision = {name: np.ones_like(value) for name, value in weights.items()} if covariance else {}
+    return encode(message, {"global_mean": weights, "global_precision": precision})
+
+
+INSTRUCTIONS = {"fedavg": fedavg_instruction, "bayesadmm": bayesadmm_instruction, "feddyn": feddyn_instruction,
+                "fedlap": fedlap_instruction, "fedlap-cov": fedlap_instruction}
+LABELS = {"fedavg": "FedAvg (Adam)", "bayesadmm": "BayesADMM (IVON + duals)", "feddyn": "FedDyn (Adam, λ_k)",
+          "fedlap": "FedLap (Adam, cavity)", "fedlap-cov": "FedLap-Cov (+ diag GGN)"}
+
+
 def time_rounds(strategy: str, build, epochs: int, repeats: int) -> list[float]:
     with tempfile.TemporaryDirectory() as state_dir:
         runtime = runtime_for(strategy, epochs, state_dir)
@@ -90,22 +124,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--strategies", default="fedavg,bayesadmm", help="comma-separated; fedavg is always timed")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    fedavg, examples = time_rounds("fedavg", fedavg_instruction, args.epochs, args.repeats)
-    bayesadmm, _ = time_rounds("bayesadmm", bayesadmm_instruction, args.epochs, args.repeats)
-    result = {
-        "examples": examples, "epochs": args.epochs, "model": "mlp 784-200-100-10",
-        "fedavg_adam_seconds": fedavg, "bayesadmm_ivon_seconds": bayesadmm,
-        "ratio_median": statistics.median(bayesadmm) / statistics.median(fedavg),
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1))
+    strategies = ["fedavg"] + [s for s in args.strategies.split(",") if s != "fedavg"]
+    seconds = {}
+    for strategy in strategies:
+        seconds[strategy], examples = time_rounds(strategy, INSTRUCTIONS[strategy], args.epochs, args.repeats)
+    ratios = {s: statistics.median(seconds[s]) / statistics.median(seconds["fedavg"]) for s in strategies[1:]}
+    if strategies == ["fedavg", "bayesadmm"]:  # the original comparison keeps its file and keys
+        path, result = RESULTS, {
+            "examples": examples, "epochs": args.epochs, "model": "mlp 784-200-100-10",
+            "fedavg_adam_seconds": seconds["fedavg"], "bayesadmm_ivon_seconds": seconds["bayesadmm"],
+            "ratio_median": ratios["bayesadmm"],
+        }
+    else:
+        path = RESULTS.with_name(f"client_cost-{'-'.join(strategies[1:])}.json")
+        result = {"examples": examples, "epochs": args.epochs, "model": "mlp 784-200-100-10", "seconds": seconds,
+                  "ratio_to_fedavg_median": ratios}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
     print(f"one client round, {examples} examples x {args.epochs} epochs, MLP 784-200-100-10, 1 thread")
-    print(f"{'client half':<28} {'median s':>9}  runs")
-    print(f"{'FedAvg (Adam)':<28} {statistics.median(fedavg):>9.3f}  {', '.join(f'{s:.3f}' for s in fedavg)}")
-    print(f"{'BayesADMM (IVON + duals)':<28} {statistics.median(bayesadmm):>9.3f}  {', '.join(f'{s:.3f}' for s in bayesadmm)}")
-    print(f"ratio BayesADMM / FedAvg: {result['ratio_median']:.2f}")
+    print(f"{'client half':<28} {'median s':>9} {'/ FedAvg':>9}  runs")
+    for strategy in strategies:
+        ratio = f"{ratios[strategy]:.2f}" if strategy in ratios else "1.00"
+        print(f"{LABELS[strategy]:<28} {statistics.median(seconds[strategy]):>9.3f} {ratio:>9}  "
+              f"{', '.join(f'{s:.3f}' for s in seconds[strategy])}")
 
 
 if __name__ == "__main__":

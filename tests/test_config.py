@@ -28,6 +28,8 @@ def test_pyproject_defaults_parse():
         ("num-server-rounds", 2.5, "'num-server-rounds' must be int"),
         ("federation", "../etc", "'federation' must match"),
         ("optimizer", "lbfgs", "'optimizer' must be one of adam, sgd"),
+        ("feddyn-alpha", 0.0, "'feddyn-alpha' must be > 0"),
+        ("max-grad-norm", -1.0, "'max-grad-norm' must be >= 0"),
     ],
 )
 def test_bad_values_name_the_key(key, value, message):
