@@ -28,6 +28,9 @@ def test_pyproject_defaults_parse():
         ("num-server-rounds", 2.5, "'num-server-rounds' must be int"),
         ("federation", "../etc", "'federation' must match"),
         ("optimizer", "lbfgs", "'optimizer' must be one of adam, sgd"),
+        ("kde-bandwidth", 0.0, "'kde-bandwidth' must be > 0"),
+        ("particles", 0, "'particles' must be >= 1"),
+        ("dsvgd-scheduler", "fifo", "'dsvgd-scheduler' must be one of round-robin, random"),
     ],
 )
 def test_bad_values_name_the_key(key, value, message):
