@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd"
-MODEL = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100, "min-clients": 10}
+MODEL = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100}
 PRESETS = {
     "dsvgd": {"particles": 10, "local-steps": 50, "distill-steps": 50, "kde-bandwidth": 0.55, "svgd-lr": 1e-3,
               "distill-lr": 1e-3, "prior-precision": 2.718281828, "dsvgd-alpha": 1.0, "ensemble-samples": 10},
