@@ -12,7 +12,8 @@ L = L' = 50 here; `--set particles=20 --set local-steps=200 --set distill-steps=
 reports MCE, we report ECE.
 
     python benchmarks/dsvgd_fmnist.py --rounds 10
-    python benchmarks/dsvgd_fmnist.py --report        # tabulate the runs on disk
+    python benchmarks/dsvgd_fmnist.py --strategies dsvgd --rounds 20 --tag r20      # each client twice
+    python benchmarks/dsvgd_fmnist.py --report --tag ,r20    # tabulate the runs on disk
 
 Writes benchmarks/results/dsvgd/fmnist-<strategy>-seed<seed>.jsonl (one row per round) and a summary JSON.
 """
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd"
-MODEL = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100, "min-clients": 10}
+MODEL = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100}
 PRESETS = {
     "dsvgd": {"particles": 10, "local-steps": 50, "distill-steps": 50, "kde-bandwidth": 0.55, "svgd-lr": 1e-3,
               "distill-lr": 1e-3, "prior-precision": 2.718281828, "dsvgd-alpha": 1.0, "ensemble-samples": 10},
@@ -38,15 +39,20 @@ PRESETS = {
 }
 
 
-def run(strategy: str, rounds: int, seed: int, extra: dict) -> dict:
+def run_name(strategy: str, seed: int, tag: str) -> str:
+    return f"fmnist-{strategy}{'-' + tag if tag else ''}-seed{seed}"
+
+
+def run(strategy: str, rounds: int, seed: int, extra: dict, tag: str) -> dict:
     started = time.monotonic()
-    name = f"fmnist-{strategy}-seed{seed}"
+    name = run_name(strategy, seed, tag)
     rows = run_local(LocalRun(
         strategy=strategy, clients=10, rounds=rounds, dataset="fmnist", fraction=0.1, split="iid", seed=seed,
         results=RESULTS / f"{name}.jsonl", workdir=Path("runs") / f"dsvgd-{name}",
         overrides={**MODEL, **PRESETS[strategy], **extra},
     ))
-    return {"strategy": strategy, "seed": seed, "overrides": {**MODEL, **PRESETS[strategy], **extra}, "rows": rows,
+    return {"strategy": strategy, "seed": seed, "tag": tag, "overrides": {**MODEL, **PRESETS[strategy], **extra},
+            "rows": rows,
             "wall_seconds": time.monotonic() - started}
 
 
@@ -56,7 +62,7 @@ def predictive(row: dict, strategy: str) -> tuple[float, float, float]:
 
 
 def table(runs: list[dict]) -> str:
-    lines = [f"{'round':>5}  " + "  ".join(f"{r['strategy'] + ' acc/nll/ece':<26}" for r in runs)]
+    lines = [f"{'round':>5}  " + "  ".join(f"{label(r) + ' acc/nll/ece':<26}" for r in runs)]
     for index in range(max(len(r["rows"]) for r in runs)):
         cells = []
         for result in runs:
@@ -70,9 +76,13 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def load(strategy: str, seed: int, summary: list[dict]) -> dict | None:
-    path = RESULTS / f"fmnist-{strategy}-seed{seed}.jsonl"
-    known = [r for r in summary if r["strategy"] == strategy and r["seed"] == seed]
+def label(result: dict) -> str:
+    return result["strategy"] + (f" [{result['tag']}]" if result.get("tag") else "")
+
+
+def load(strategy: str, seed: int, tag: str, summary: list[dict]) -> dict | None:
+    path = RESULTS / f"{run_name(strategy, seed, tag)}.jsonl"
+    known = [r for r in summary if r["strategy"] == strategy and r["seed"] == seed and r.get("tag", "") == tag]
     if not path.exists() or not known:
         return None
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -84,22 +94,27 @@ def main() -> None:
     parser.add_argument("--strategies", default="dsvgd,fedavg")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", default="", help="names a run with other settings (kept beside the presets' runs)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset value")
     parser.add_argument("--report", action="store_true", help="only tabulate the runs already on disk")
     args = parser.parse_args()
     summary_path = RESULTS / f"summary-seed{args.seed}.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else []
     if args.report:
-        runs = [r for r in (load(s, args.seed, summary) for s in args.strategies.split(",")) if r]
+        tags = args.tag.split(",")
+        runs = [r for r in (load(s, args.seed, t, summary) for s in args.strategies.split(",") for t in tags) if r]
         print(table(runs))
         return
     stop_processes_on_signals()
     RESULTS.mkdir(parents=True, exist_ok=True)
     extra = dict(parse_override(item) for item in args.set)
+    if extra and not args.tag:
+        parser.error("--set changes the presets: name the run with --tag")
     runs = []
     for strategy in args.strategies.split(","):
-        runs.append(run(strategy, args.rounds, args.seed, extra))
-        summary = [r for r in summary if not (r["strategy"] == strategy and r["seed"] == args.seed)]
+        runs.append(run(strategy, args.rounds, args.seed, extra, args.tag))
+        summary = [r for r in summary
+                   if (r["strategy"], r["seed"], r.get("tag", "")) != (strategy, args.seed, args.tag)]
         summary.append({k: v for k, v in runs[-1].items() if k != "rows"})
         summary_path.write_text(json.dumps(summary, indent=1))
         print(table(runs[-1:]), flush=True)
