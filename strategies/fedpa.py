@@ -56,17 +56,19 @@ class ShrinkageDelta:
 
     Σ̃_t = I + (t-1)ρ Ŝ_t = Σ̃_{t-1} + γ_t u_t u_tᵀ (Eq. 18) is a rank-1 update, so Sherman-Morrison
     gives Δ̃_t = Σ̃_t⁻¹(x_0 - x̄_t) from Δ̃_{t-1} and the vectors v_{k-1,k} = Σ̃_{k-1}⁻¹ u_k; Σ̂_t = ρ_t Σ̃_t.
-    Keeps t-1 vectors and t-1 scalars; works in the dtype and on the device of `x0`. Any-time: `delta()`
-    is valid after every sample."""
+    Keeps the t-1 vectors v_{k-1,k} as rows of one matrix, so Eq. 28's t-2 dot products and axpys are
+    two matrix-vector products: O(td) per sample, O(ℓ²d) time and O(ℓd) memory in all. Works in the
+    dtype and on the device of `x0`, without host syncs. Any-time: `delta()` is valid after every sample.
+    `capacity`: the number of samples expected (the buffer grows if more arrive)."""
 
-    def __init__(self, x0: torch.Tensor, shrinkage: float) -> None:
+    def __init__(self, x0: torch.Tensor, shrinkage: float, capacity: int = 8) -> None:
         self.x0 = x0
         self.shrinkage = float(shrinkage)  # ρ
         self.count = 0  # t
         self.mean: torch.Tensor | None = None  # x̄_t
         self.scaled_delta: torch.Tensor | None = None  # Δ̃_t
-        self.directions: list[torch.Tensor] = []  # v_{k-1,k}, k = 2..t
-        self.denominators: list[float] = []  # 1 + γ_k u_kᵀ v_{k-1,k} (>= 1: Σ̃ is positive definite)
+        self.directions = x0.new_empty((max(capacity - 1, 1), x0.numel()))  # row k-2: v_{k-1,k}, k = 2..t
+        self.weights = x0.new_empty(max(capacity - 1, 1))  # row k-2: γ_k / (1 + γ_k u_kᵀ v_{k-1,k})
 
     def gamma(self, t: int) -> float:
         return self.shrinkage * (t - 1) / t  # γ_t = β_t / t, β_t = (t-1)ρ (Eq. 17)
@@ -79,18 +81,24 @@ class ShrinkageDelta:
             self.mean = x.clone()
             self.scaled_delta = self.x0 - x  # Eq. 21
             return
+        stored = t - 2
+        directions = self.directions[:stored]
         u = x - self.mean  # Eq. 22
-        v = u.clone()  # v_{1,t} = u_t (Eq. 25)
-        for k, (v_k, denominator) in enumerate(zip(self.directions, self.denominators), start=2):
-            v.add_(v_k, alpha=-self.gamma(k) * torch.dot(v_k, u).item() / denominator)  # Eq. 28
+        v = u - directions.T @ (self.weights[:stored] * (directions @ u))  # Eqs. 25, 28: v_{t-1,t} = Σ̃_{t-1}⁻¹ u_t
         gamma = self.gamma(t)
-        denominator = 1.0 + gamma * torch.dot(u, v).item()
+        denominator = 1.0 + gamma * torch.dot(u, v)  # >= 1: Σ̃_{t-1} is positive definite
         # Eq. 23, its coefficient simplified: 1 + γ(t uᵀΔ̃ - uᵀv)/den = (1 + γ t uᵀΔ̃)/den.
-        coefficient = (1.0 + gamma * t * torch.dot(u, self.scaled_delta).item()) / (denominator * t)
-        self.scaled_delta.add_(v, alpha=-coefficient)
-        self.directions.append(v)
-        self.denominators.append(denominator)
+        coefficient = (1.0 + gamma * t * torch.dot(u, self.scaled_delta)) / (denominator * t)
+        self.scaled_delta.sub_(coefficient * v)
+        self._store(stored, v, gamma / denominator)
         self.mean.add_(u, alpha=1.0 / t)  # Eq. 13, only after u_t was used
+
+    def _store(self, row: int, direction: torch.Tensor, weight: torch.Tensor) -> None:
+        if row == len(self.directions):  # more samples than the capacity: double it
+            self.directions = torch.cat([self.directions, torch.empty_like(self.directions)])
+            self.weights = torch.cat([self.weights, torch.empty_like(self.weights)])
+        self.directions[row] = direction
+        self.weights[row] = weight
 
     def delta(self) -> torch.Tensor:
         """Δ̂_t = Δ̃_t / ρ_t (Eq. 24)."""
@@ -308,7 +316,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     samples, correction_norm = 0, 0.0
     if instruction.sampling:
         model = runtime.model.to(runtime.device)
-        estimate = ShrinkageDelta(x0.to(runtime.device), instruction.shrinkage)
+        estimate = ShrinkageDelta(x0.to(runtime.device), instruction.shrinkage, capacity=instruction.samples)
         iasg = IASG(model, runtime.data, make_optimizer(model, instruction.training), instruction.training.batch_size,
                     runtime.device, runtime.local_seed(server_round), instruction.local_burnin_epochs,
                     instruction.samples)
