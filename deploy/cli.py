@@ -14,6 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
     _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
     _add_superexec(commands.add_parser("superexec", help="run a SuperNode's ClientApps as forks of a warm process"))
+    _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))
+    _add_client(commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)"))
     args = parser.parse_args(argv)
     from deploy.launcher import stop_processes_on_signals
 
@@ -77,6 +79,20 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def _add_superexec(parser: argparse.ArgumentParser) -> None:
     from deploy.warm_executor import add_arguments, run
+
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_client(parser: argparse.ArgumentParser) -> None:
+    from deploy.client import add_arguments, run
+
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_pki(parser: argparse.ArgumentParser) -> None:
+    from deploy.pki import add_arguments, run
 
     add_arguments(parser)
     parser.set_defaults(handler=run)

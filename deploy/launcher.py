@@ -4,6 +4,10 @@ Starts a SuperLink and K SuperNodes (each with its own `client-id` and partition
 with `flwr run`, prints one table row per round as the ServerApp writes it, and stops every process
 it started (also on Ctrl-C or when one of them fails). Insecure by design: loopback only.
 
+The same LocalFederation also runs a secured federation across hosts (TLS + SuperNode authentication,
+deploy/pki.py), where a host is this machine or a Linux network namespace with its own IP standing in
+for another machine (tests/test_system_netns.py). Without TLS it refuses anything but 127.0.0.1.
+
 ClientApps run, by default, as forks of a warm `fedbayes superexec` per SuperNode (deploy/warm_executor.py);
 `executor="subprocess"` keeps Flower's stock path, a fresh `flwr-clientapp` process per message.
 """
@@ -23,13 +27,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.processes import ManagedProcess, ProcessGroup, free_ports, wait_for_port
+from deploy.client import node_config, superexec_command, supernode_command
+from deploy.pki import TlsFiles, connection_config, register_supernode
+from deploy.processes import ManagedProcess, ProcessGroup, free_ports, kill_tree
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "fedbayes-local"
 STARTUP_TIMEOUT = 60.0
 EXECUTORS = ("fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where a process runs: this machine, or a network namespace (`ip netns`) standing in for another
+    machine that reaches the others at `address`."""
+
+    address: str = "127.0.0.1"
+    netns: str | None = None
+
+    def command(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else list(argv)
+
+    def port_open(self, address: str, port: int) -> bool:
+        """Whether something listens on `address`:`port` as seen from this host."""
+        probe = ["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"]
+        return subprocess.run(self.command(probe), capture_output=True, timeout=10).returncode == 0
+
+
+LOOPBACK = Host()
 
 
 @dataclass
@@ -97,12 +123,26 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
 
 
 class LocalFederation:
-    """A SuperLink on 127.0.0.1 plus SuperNodes started on demand; everything stops on exit."""
+    """A SuperLink plus SuperNodes started on demand; everything stops on exit.
 
-    def __init__(self, workdir: Path, executor: str = "fork") -> None:
+    By default all on 127.0.0.1 and insecure. With `tls` the SuperLink serves TLS (its Fleet API on
+    `server.address`, its Control API on the server host's 127.0.0.1, where the operator's `flwr` runs)
+    and, with `node_auth`, accepts only SuperNodes whose public key was registered; it then keeps its
+    state in a database, so a client's node id stays the same across SuperNode and SuperLink restarts.
+    """
+
+    def __init__(
+        self, workdir: Path, executor: str = "fork", server: Host = LOOPBACK, tls: TlsFiles | None = None,
+        node_auth: bool = False,
+    ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
+        if tls is None and (server != LOOPBACK or node_auth):
+            raise ValueError("a federation beyond 127.0.0.1, or with node authentication, needs TLS (deploy/pki.py)")
         self.executor = executor
+        self.server = server
+        self.tls = tls
+        self.node_auth = node_auth
         if not (APP_DIR / "pyproject.toml").is_file():
             raise FileNotFoundError(f"the Flower app (pyproject.toml) is not at {APP_DIR}; run from a source checkout")
         if workdir.exists():
@@ -113,8 +153,7 @@ class LocalFederation:
         self.flwr_home.mkdir(parents=True)
         self.control_port, self.fleet_port = free_ports(2)
         (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.control_port}"\ninsecure = true\n'
+            connection_config(CONNECTION, f"127.0.0.1:{self.control_port}", tls.ca_cert if tls else None)
         )
         self.processes = ProcessGroup(self.log_dir, process_env(self.flwr_home))
         self.supernodes: dict[int, ManagedProcess] = {}
@@ -122,15 +161,7 @@ class LocalFederation:
 
     def __enter__(self) -> LocalFederation:
         try:
-            self.superlink = self.processes.start(
-                "superlink",
-                [_tool("flower-superlink"), "--insecure", "--isolation", "subprocess",
-                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                 "--port", str(self.control_port), "--fleet-api-address", f"127.0.0.1:{self.fleet_port}"],
-                cwd=self.workdir,
-            )
-            wait_for_port(self.control_port, STARTUP_TIMEOUT, self.superlink)
-            wait_for_port(self.fleet_port, STARTUP_TIMEOUT, self.superlink)
+            self.start_superlink()
         except BaseException:
             self.processes.stop_all()
             raise
@@ -139,21 +170,66 @@ class LocalFederation:
     def __exit__(self, *exc_info) -> None:
         self.processes.stop_all()
 
-    def start_supernode(
-        self, index: int, num_partitions: int, extra_env: dict[str, str] | None = None
-    ) -> ManagedProcess:
-        """SuperNode `client-<index>` holding partition `index`, with its own Runtime API port (and, with
-        the fork executor, its own warm `fedbayes superexec`)."""
-        (port,) = free_ports(1)
-        state_dir = json.dumps(str(self.workdir / "client-state"))
-        node_config = (
-            f'client-id="client-{index}" partition-id={index} num-partitions={num_partitions} state-dir={state_dir}'
+    @property
+    def fleet_address(self) -> str:
+        return f"{self.server.address}:{self.fleet_port}"
+
+    def start_superlink(self) -> ManagedProcess:
+        if self.tls is None:
+            security = ["--insecure"]
+        else:
+            security = ["--ssl-ca-certfile", str(self.tls.ca_cert), "--ssl-certfile", str(self.tls.server_cert),
+                        "--ssl-keyfile", str(self.tls.server_key), "--database", str(self.workdir / "superlink.db")]
+            security += ["--enable-supernode-auth"] if self.node_auth else []
+        self.superlink = self.processes.start(
+            "superlink",
+            self.server.command(
+                [console_script("flower-superlink"), *security, "--isolation", "subprocess",
+                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                 "--port", str(self.control_port), "--fleet-api-address", self.fleet_address]
+            ),
+            cwd=self.workdir,
         )
+        self._wait_for_port("127.0.0.1", self.control_port)
+        self._wait_for_port(self.server.address, self.fleet_port)
+        return self.superlink
+
+    def kill_superlink(self) -> None:
+        """SIGKILL the SuperLink with its ServerApp and executor: the server machine dies mid-run."""
+        kill_tree(self.superlink.popen.pid)
+        self.superlink.popen.wait(timeout=30)
+
+    def _wait_for_port(self, address: str, port: int) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self.server.port_open(address, port):
+            if self.superlink.popen.poll() is not None:
+                raise RuntimeError(f"the SuperLink exited with code {self.superlink.popen.returncode}:\n"
+                                   f"{self.superlink.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the SuperLink did not listen on {address}:{port} within {STARTUP_TIMEOUT:.0f} s:\n"
+                                   f"{self.superlink.log_tail()}")
+            time.sleep(0.1)
+
+    def register(self, public_key: Path) -> int | None:
+        """Let the SuperNode holding this key's private half in (node authentication); its node id."""
+        return register_supernode(public_key, CONNECTION, self.processes.env, self.server.command([]), console_script("flwr"))
+
+    def start_supernode(
+        self, index: int, num_partitions: int, extra_env: dict[str, str] | None = None, host: Host = LOOPBACK,
+        auth_key: Path | None = None,
+    ) -> ManagedProcess:
+        """SuperNode `client-<index>` holding partition `index` on `host`, with its own Runtime API port
+        (and, with the fork executor, its own warm `fedbayes superexec` next to it on that host)."""
+        if self.node_auth and auth_key is None:
+            raise ValueError("this federation authenticates SuperNodes: pass the client's private key")
+        (port,) = free_ports(1)
+        config = node_config(f"client-{index}", self.workdir / "client-state", partition=(index, num_partitions))
+        isolation = "process" if self.executor == "fork" else "subprocess"
+        tls = None if self.tls is None else self.tls.ca_cert
         node = self.processes.start(
             f"supernode-{index}",
-            [_tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.fleet_port}",
-             "--port", str(port), "--node-config", node_config,
-             "--isolation", "process" if self.executor == "fork" else "subprocess"],
+            host.command(supernode_command(console_script("flower-supernode"), self.fleet_address, config, port, tls, auth_key,
+                                           isolation)),
             cwd=self.workdir,
             extra_env=extra_env,
         )
@@ -161,8 +237,7 @@ class LocalFederation:
         if self.executor == "fork":
             self.superexecs[index] = self.processes.start(
                 f"superexec-{index}",
-                [_tool("fedbayes"), "superexec", "--insecure", "--runtime-api-address", f"127.0.0.1:{port}",
-                 "--parent-pid", str(node.popen.pid)],
+                host.command(superexec_command(console_script("fedbayes"), port, node.popen.pid)),
                 cwd=self.workdir,
                 extra_env=extra_env,
             )
@@ -175,6 +250,13 @@ class LocalFederation:
                 self.processes.stop(daemon)
                 daemon.popen.wait(timeout=timeout)
 
+    def kill_supernode(self, index: int) -> None:
+        """SIGKILL SuperNode `index`, its superexec and any ClientApp running: the client machine dies."""
+        for daemon in (self.supernodes.pop(index), self.superexecs.pop(index, None)):
+            if daemon is not None:
+                kill_tree(daemon.popen.pid)
+                daemon.popen.wait(timeout=30)
+
     def submit(self, run_config: dict[str, Any]) -> ManagedProcess:
         """`flwr run` the app with these run-config overrides; returns the streaming CLI process.
 
@@ -186,7 +268,7 @@ class LocalFederation:
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
         return self.processes.start(
             "flwr-run",
-            [_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "-c", str(overrides)],
+            self.server.command([console_script("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "-c", str(overrides)]),
             cwd=self.workdir,
         )
 
@@ -203,8 +285,8 @@ class LocalFederation:
     def stop_run(self, run_id: int) -> None:
         """`flwr stop`: the SuperLink marks the run stopped at once (after a ServerApp crash it would
         take Flower's heartbeat timeout, up to 60 s, during which SuperNodes hold the dead run's messages)."""
-        subprocess.run([_tool("flwr"), "stop", str(run_id), CONNECTION], cwd=self.workdir, env=self.processes.env,
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(self.server.command([console_script("flwr"), "stop", str(run_id), CONNECTION]), cwd=self.workdir,
+                       env=self.processes.env, check=True, capture_output=True, timeout=60)
 
     def follow(
         self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None]
@@ -221,7 +303,7 @@ class LocalFederation:
                 _wait(submit, 30)
                 return rows
             for daemon in (self.superlink, *self.supernodes.values(), *self.superexecs.values()):
-                if daemon.popen.poll() is not None:
+                if daemon.popen.poll() is not None and submit.popen.poll() is None:
                     raise RuntimeError(
                         f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
                     )
@@ -279,7 +361,7 @@ def format_row(row: dict[str, Any]) -> str:
     )
 
 
-def _tool(name: str) -> str:
+def console_script(name: str) -> str:
     """Flower's console scripts from this interpreter's environment."""
     candidate = Path(sys.executable).parent / name
     found = str(candidate) if candidate.exists() else shutil.which(name)

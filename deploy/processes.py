@@ -25,9 +25,11 @@ MARKER_VARIABLE = "FEDBAYES_PROCESS_GROUP"
 class ManagedProcess:
     name: str
     popen: subprocess.Popen
-    log_path: Path
+    log_path: Path | None  # None: its output goes to our own stdout/stderr
 
     def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None:
+            return "(its output is above)"
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
@@ -35,25 +37,27 @@ class ManagedProcess:
 
 
 class ProcessGroup:
-    """Context manager owning every process it started; exiting stops them (TERM, then KILL)."""
+    """Context manager owning every process it started; exiting stops them (TERM, then KILL). Each
+    process logs to <log_dir>/<name>.log, or, without a log_dir, to our own stdout/stderr."""
 
-    def __init__(self, log_dir: Path, env: Mapping[str, str], stop_timeout: float = 15.0) -> None:
+    def __init__(self, log_dir: Path | None, env: Mapping[str, str], stop_timeout: float = 15.0) -> None:
         self.log_dir = log_dir
         self.marker = uuid.uuid4().hex
         self.env = {**env, MARKER_VARIABLE: self.marker}
         self.stop_timeout = stop_timeout
         self.processes: list[ManagedProcess] = []
-        log_dir.mkdir(parents=True, exist_ok=True)
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
 
     def start(
         self, name: str, command: Sequence[str], cwd: Path | None = None, extra_env: Mapping[str, str] | None = None
     ) -> ManagedProcess:
-        log_path = self.log_dir / f"{name}.log"
-        with log_path.open("wb") as log_file:
+        log_path = None if self.log_dir is None else self.log_dir / f"{name}.log"
+        with (open(os.devnull, "wb") if log_path is None else log_path.open("wb")) as log_file:
             popen = subprocess.Popen(
                 list(command),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
+                stdout=None if log_path is None else log_file,
+                stderr=None if log_path is None else subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**self.env, **(extra_env or {})},
                 cwd=cwd,
@@ -110,6 +114,30 @@ def processes_with_env(variable: str, value: str) -> list[int]:
     return pids
 
 
+def descendants(pid: int) -> list[int]:
+    """Pids of every live process below `pid` (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(proc.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and everything below it, as when its machine loses power. The tree is read before
+    anything dies, so children re-parented to init on their parent's death are still hit."""
+    for member in [pid, *descendants(pid)]:
+        _signal(member, signal.SIGKILL)
+
+
 def _is_zombie(proc: Path) -> bool:
     return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
@@ -133,15 +161,3 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-def wait_for_port(port: int, timeout: float, process: ManagedProcess) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.popen.poll() is not None:
-            raise RuntimeError(f"{process.name} exited with code {process.popen.returncode}:\n{process.log_tail()}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"{process.name} did not listen on 127.0.0.1:{port} within {timeout:.0f} s:\n{process.log_tail()}")

@@ -143,6 +143,7 @@ def run_rounds(
             "clients_rejected": len(report.rejected),
             "train_loss": (train_metrics or {}).get("train-loss"),
             "client_compute_seconds": (train_metrics or {}).get("compute-seconds"),
+            "known_clients": (train_metrics or {}).get("known-clients"),  # BayesADMM's K
             "round_seconds": round_seconds,
             "wall_seconds": time.monotonic() - started,
         }
