@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from bayes.params import flatten, get_parameters

@@ -2,7 +2,6 @@
 against a dense solve (T1), exact-delta FedPA and GD-FedAvg on federated least squares (T2),
 exact-sampler FedPA (T3), and IASG FedPA end to end (T4)."""
 
-import math
 
 import numpy as np
 import pytest
