@@ -1,6 +1,7 @@
-"""Test-only: the ClientApp of one SuperNode stops in round $FEDBAYES_STALL_ROUND after touching the file
-$FEDBAYES_STALL_MARKER, so a test knows that client is mid-round: it hangs there for good (to be killed),
-or, with $FEDBAYES_STALL_RELEASE set, until that file exists (to hold the round open).
+"""Test-only: the ClientApp of one SuperNode stops in each round listed in $FEDBAYES_STALL_ROUNDS
+("1,3") after touching <$FEDBAYES_STALL_MARKER>-r<round>, so a test knows that client is mid-round:
+it hangs there for good (to be killed), or, with $FEDBAYES_STALL_RELEASE set, until
+<$FEDBAYES_STALL_RELEASE>-r<round> exists (to hold the round open).
 
 Put on PYTHONPATH of that SuperNode only (see fault_injection/sitecustomize.py for how the patched module
 reaches its ClientApps). Nothing in the production code knows about this.
@@ -15,14 +16,14 @@ if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["su
 
     from client.state import ClientStateStore
 
-    stall_round = int(os.environ["FEDBAYES_STALL_ROUND"])
+    stall_rounds = {int(r) for r in os.environ["FEDBAYES_STALL_ROUNDS"].split(",")}
     release = os.environ.get("FEDBAYES_STALL_RELEASE")
     load_state = ClientStateStore.load
 
     def load_or_stall(self, before_round=None):
-        if before_round == stall_round:
-            Path(os.environ["FEDBAYES_STALL_MARKER"]).touch()
-            while release is None or not Path(release).exists():
+        if before_round in stall_rounds:
+            Path(f"{os.environ['FEDBAYES_STALL_MARKER']}-r{before_round}").touch()
+            while release is None or not Path(f"{release}-r{before_round}").exists():
                 time.sleep(0.1)
         return load_state(self, before_round)
 
