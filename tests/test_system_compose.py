@@ -25,7 +25,7 @@ from deploy.pki import init_pki, make_supernode_key
 from deploy.processes import free_ports
 from tasks.datasets import DEBIAN_FMNIST_DIR
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compose]
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "fedbayes-base:bookworm"
