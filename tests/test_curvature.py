@@ -3,7 +3,7 @@ the diagonal of Jᵀ(diag p − ppᵀ)J built from full Jacobians."""
 
 import torch
 
-from bayes.curvature import diag_ggn
+from bayes.curvature import _per_example_diag_ggn, diag_ggn
 from tasks.models import build_model
 
 
@@ -38,6 +38,8 @@ def test_mlp_diag_ggn_matches_the_full_jacobian_product_and_restores_train_mode(
         expected += torch.diagonal(jacobian.T @ (torch.diag(p) - torch.outer(p, p)) @ jacobian)
     torch.testing.assert_close(diag_ggn(model, images.double(), batch_size=3), expected, rtol=1e-8, atol=1e-12)
     assert model.training
+    # the generic per-example path (any model) against the same closed form
+    torch.testing.assert_close(_per_example_diag_ggn(model, images.double(), 3), expected, rtol=1e-8, atol=1e-12)
 
 
 def _split(theta, params):
