@@ -10,7 +10,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install demo test system-test protos clean
+.PHONY: install demo test protos clean
 
 install: $(VENV)/.installed $(FMNIST)
 
@@ -35,12 +35,9 @@ demo: install
 	$(BIN)/fedbayes local --strategy fedavg --clients 3 --rounds 5 --dataset fmnist --split iid \
 		--workdir runs/demo --results runs/demo/results.jsonl
 
+# Everything, system tests included (as root they install and start what they need: Docker, namespaces).
 test: install
-	$(BIN)/python -m pytest -q -m "not compose" tests
-
-# The compose system test: installs and starts Docker, builds the images (cold: tens of minutes).
-system-test: install
-	$(BIN)/python -m pytest -q -m compose tests
+	$(BIN)/python -m pytest -q tests
 
 protos:
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=protos --pyi_out=protos protos/payloads.proto
