@@ -181,6 +181,7 @@ class LocalFederation:
             security = ["--ssl-ca-certfile", str(self.tls.ca_cert), "--ssl-certfile", str(self.tls.server_cert),
                         "--ssl-keyfile", str(self.tls.server_key), "--database", str(self.workdir / "superlink.db")]
             security += ["--enable-supernode-auth"] if self.node_auth else []
+        self.superlink_killed = False
         self.superlink = self.processes.start(
             "superlink",
             self.server.command(
@@ -198,6 +199,7 @@ class LocalFederation:
         """SIGKILL the SuperLink with its ServerApp and executor: the server machine dies mid-run."""
         kill_tree(self.superlink.popen.pid)
         self.superlink.popen.wait(timeout=30)
+        self.superlink_killed = True  # on purpose: `follow` does not take it for a crash
 
     def _wait_for_port(self, address: str, port: int) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -299,14 +301,16 @@ class LocalFederation:
             for row in _read_rows(results)[len(rows):]:
                 rows.append(row)
                 on_row(row)
-            if finished or len(rows) >= rounds:
-                _wait(submit, 30)
-                return rows
-            for daemon in (self.superlink, *self.supernodes.values(), *self.superexecs.values()):
-                if daemon.popen.poll() is not None and submit.popen.poll() is None:
+            # Checked before `finished`: a dying SuperLink also ends `flwr run`, and that is no normal end.
+            superlink = [] if self.superlink_killed else [self.superlink]
+            for daemon in (*superlink, *self.supernodes.values(), *self.superexecs.values()):
+                if daemon.popen.poll() is not None:
                     raise RuntimeError(
                         f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
                     )
+            if finished or len(rows) >= rounds:
+                _wait(submit, 30)
+                return rows
             time.sleep(0.2)
 
 
