@@ -15,6 +15,7 @@ from flwr.app import Message
 from flwr.common import log
 from google.protobuf.message import Message as ProtoMessage
 
+from protos import payloads_pb2 as pb
 from protos.codec import Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode
 from tasks.config import RunSettings
 
@@ -46,6 +47,19 @@ def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int,
     nodes = sorted(nodes)
     count = min(len(nodes), max(minimum, round(fraction * len(nodes))))
     return sorted(random.Random(seed * 1_000_003 + server_round).sample(nodes, count))
+
+
+def local_training(
+    settings: RunSettings, server_round: int, weight_decay: float = 0.0, epochs: int | None = None
+) -> pb.LocalTraining:
+    """The local-training part of every strategy's instruction: the run's epochs (unless the strategy
+    asks for others), batch size, optimizer and seed, and this round's learning rate (constant or cosine).
+    Weight decay only where the strategy's objective has it; Bayesian ones regularise with their prior."""
+    return pb.LocalTraining(
+        epochs=settings.local_epochs if epochs is None else epochs, batch_size=settings.batch_size,
+        learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer, weight_decay=weight_decay,
+        seed=settings.seed,
+    )
 
 
 class WireStrategyMixin:

@@ -51,7 +51,7 @@ from client.state import ClientState
 from client.training import make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
 from protos.codec import Payload, PayloadError, TensorLayout, Tensors, decode, encode, new_header
-from strategies.base import RoundReport, ServerState, WireStrategyMixin, sample_nodes
+from strategies.base import RoundReport, ServerState, WireStrategyMixin, local_training, sample_nodes
 from tasks.config import ConfigError, RunSettings
 
 DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
@@ -217,10 +217,7 @@ class BayesADMM(WireStrategyMixin, Strategy):
                              server_round)
         instruction = pb.BayesADMMInstruction(
             header=new_header(settings.federation, server_round),
-            training=pb.LocalTraining(
-                epochs=settings.local_epochs, batch_size=settings.batch_size,
-                learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer, seed=settings.seed,
-            ),
+            training=local_training(settings, server_round),
             rho=settings.rho, dual_step=self.dual_step_size, temperature=settings.temperature,
             hess_init=settings.hess_init, beta1=settings.beta1, beta2=settings.beta2,
             mc_samples=settings.mc_samples, rescale_lr=settings.rescale_lr, reset_posterior=settings.reset_posterior,

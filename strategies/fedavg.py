@@ -23,7 +23,7 @@ from client.runtime import ClientRuntime
 from client.training import make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
 from protos.codec import TensorLayout, decode, encode, new_header
-from strategies.base import RoundReport, WireStrategyMixin
+from strategies.base import RoundReport, WireStrategyMixin, local_training
 from tasks.config import RunSettings
 
 
@@ -49,14 +49,7 @@ class _FedAvgWire(WireStrategyMixin):
         settings = self.settings
         instruction = pb.FedAvgInstruction(
             header=new_header(settings.federation, server_round),
-            training=pb.LocalTraining(
-                epochs=settings.local_epochs,
-                batch_size=settings.batch_size,
-                learning_rate=settings.lr,
-                optimizer=settings.optimizer,
-                weight_decay=settings.weight_decay,
-                seed=settings.seed,
-            ),
+            training=local_training(settings, server_round, weight_decay=settings.weight_decay),
             proximal_mu=float(config.get("proximal-mu", 0.0)),  # set by Flower's FedProx
         )
         content = encode(instruction, {"weights": {name: arrays[name].numpy() for name in self.layout}})

@@ -41,7 +41,9 @@ from client.state import ClientState
 from client.training import train_anchored
 from protos import payloads_pb2 as pb
 from protos.codec import TensorLayout, decode, encode, new_header
-from strategies.base import Membership, RoundReport, ServerState, WireStrategyMixin, client_population, sample_nodes
+from strategies.base import (
+    Membership, RoundReport, ServerState, WireStrategyMixin, client_population, local_training, sample_nodes,
+)
 from tasks.config import RunSettings
 
 
@@ -104,11 +106,7 @@ class FedDyn(WireStrategyMixin, Strategy):
                              server_round)
         instruction = pb.FedDynInstruction(
             header=new_header(settings.federation, server_round),
-            training=pb.LocalTraining(
-                epochs=settings.local_epochs, batch_size=settings.batch_size,
-                learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer,
-                weight_decay=settings.weight_decay, seed=settings.seed,
-            ),
+            training=local_training(settings, server_round, weight_decay=settings.weight_decay),
             alpha=settings.feddyn_alpha,
             known_clients=self.membership.clients or len(nodes),
             known_examples=self.membership.total_examples,

@@ -49,7 +49,9 @@ from client.state import ClientState
 from client.training import train_anchored
 from protos import payloads_pb2 as pb
 from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
-from strategies.base import Membership, RoundReport, ServerState, WireStrategyMixin, client_population, sample_nodes
+from strategies.base import (
+    Membership, RoundReport, ServerState, WireStrategyMixin, client_population, local_training, sample_nodes,
+)
 from tasks.config import RunSettings
 
 COVARIANCE = {"fedlap": False, "fedlap-cov": True}  # strategy name -> learns a diagonal curvature
@@ -135,10 +137,7 @@ class FedLap(WireStrategyMixin, Strategy):
         self.initial_share = 1.0 / len(nodes) if server_round == 1 and nodes else 0.0
         instruction = pb.FedLapInstruction(
             header=new_header(settings.federation, server_round),
-            training=pb.LocalTraining(
-                epochs=settings.local_epochs, batch_size=settings.batch_size,
-                learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer, seed=settings.seed,
-            ),
+            training=local_training(settings, server_round),
             prior_precision=self.delta,
             known_clients=self.membership.clients or len(nodes),
             known_examples=self.membership.total_examples,

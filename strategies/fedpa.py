@@ -42,7 +42,7 @@ from client.runtime import ClientRuntime
 from client.training import Loss, make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
 from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
-from strategies.base import RoundReport, ServerState, WireStrategyMixin, sample_nodes
+from strategies.base import RoundReport, ServerState, WireStrategyMixin, local_training, sample_nodes
 from strategies.fedavg import train_locally
 from tasks.config import RunSettings
 from tasks.datasets import Dataset
@@ -241,10 +241,9 @@ class FedPA(WireStrategyMixin, Strategy):
                              server_round)
         instruction = pb.FedPAInstruction(
             header=new_header(settings.federation, server_round),
-            training=pb.LocalTraining(
-                epochs=settings.local_burnin_epochs + settings.samples if sampling else settings.local_epochs,
-                batch_size=settings.batch_size, learning_rate=settings.lr, optimizer=settings.optimizer,
-                weight_decay=settings.weight_decay, seed=settings.seed,
+            training=local_training(
+                settings, server_round, weight_decay=settings.weight_decay,
+                epochs=settings.local_burnin_epochs + settings.samples if sampling else None,
             ),
             sampling=sampling, shrinkage=settings.shrinkage, local_burnin_epochs=settings.local_burnin_epochs,
             samples=settings.samples,
