@@ -30,7 +30,6 @@ def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, bins: int 
 def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
     # Bin b holds confidences in (b/bins, (b+1)/bins]; confidence 0 goes to the first bin.
     bin_index = (confidence * bins).ceil().long().clamp(1, bins) - 1
-    count = torch.bincount(bin_index, minlength=bins).double()
     confidence_sum = torch.bincount(bin_index, weights=confidence.double(), minlength=bins)
     correct_sum = torch.bincount(bin_index, weights=correct.double(), minlength=bins)
     return ((confidence_sum - correct_sum).abs().sum() / confidence.numel()).item()

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,12 +97,26 @@ def stop_processes_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def check_run_config(run_config: dict[str, Any]) -> None:
+    """Refuse, before any process starts, a run config the ServerApp would refuse after its start-up: an
+    unknown key, a bad value, an unknown strategy (tasks.config.ConfigError, a ValueError, names it)."""
+    from strategies import get_algorithm
+    from tasks.config import ConfigError, RunSettings
+
+    defaults = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    unknown = sorted(set(run_config) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; they are listed in pyproject.toml")
+    get_algorithm(RunSettings.from_run_config({**defaults, **run_config}).strategy)
+
+
 def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     """Run the federation to completion and return its per-round results."""
     if spec.clients < 1 or spec.rounds < 1:
         raise ValueError("--clients and --rounds must be >= 1")
     workdir = (spec.workdir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.strategy}").resolve()
     results = (spec.results or workdir / "results.jsonl").resolve()
+    check_run_config(spec.run_config(workdir, results))
     say = (lambda *a: None) if spec.quiet else (lambda *a: print(*a, flush=True))
     say(
         "WARNING: fedbayes local runs INSECURE (no TLS, no node authentication) on 127.0.0.1 only. "

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Metadata, RecordDict
 from flwr.app.message.message import make_message
 
+from deploy.launcher import LocalFederation
 from protos import payloads_pb2 as pb
 from protos.codec import encode, new_header
 
@@ -41,3 +46,32 @@ def reply_message(content: RecordDict | None, node_id: int, error=None):
     if error is not None:
         return make_message(metadata=metadata, error=error)
     return make_message(metadata=metadata, content=content)
+
+
+@dataclass
+class LoopbackRun:
+    rows: list[dict[str, Any]]
+    server_log: str
+    flwr_home: Path  # to check that no process of the federation outlived it
+
+
+def run_loopback(
+    workdir: Path, config: dict[str, Any], rounds: int, clients: int = 2, executor: str = "fork",
+    node_env: dict[int, dict[str, str]] | None = None,
+    on_row: Callable[[LocalFederation, dict[str, Any]], None] | None = None,
+) -> LoopbackRun:
+    """A SuperLink and `clients` SuperNodes on loopback, `config` submitted and followed for `rounds` rounds
+    (`on_row(federation, row)` after each, e.g. to restart a client), then everything stopped."""
+    rows = []
+
+    def record(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(federation, row)
+
+    with LocalFederation(workdir, executor) as federation:
+        for index in range(clients):
+            federation.start_supernode(index, clients, extra_env=(node_env or {}).get(index))
+        federation.follow(Path(config["results-path"]), federation.submit(config), rounds, on_row=record)
+        server_log = (federation.log_dir / "flwr-run.log").read_text()
+    return LoopbackRun(rows, server_log, federation.flwr_home)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from protos import payloads_pb2 as pb
 from protos.codec import ENVELOPE_KEY, PayloadError, decode, encode, new_header, tensor_group_fields

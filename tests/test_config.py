@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from client.runtime import NodeSettings
+from deploy.launcher import LocalRun, run_local
 from tasks.config import ConfigError, RunSettings
 
 DEFAULTS = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
@@ -70,3 +71,15 @@ def test_set_overrides_are_typed_and_accept_underscores():
     assert parse_override("hidden=200,100") == ("hidden", "200,100")
     with pytest.raises(ValueError, match="key=value"):
         parse_override("lr")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "overrides", "message"),
+    [("nope", {}, "'strategy' must be one of"), ("fedavg", {"lr": -1.0}, "'lr' must be > 0"),
+     ("fedavg", {"lrr": 1.0}, "unknown run-config key.* lrr")],
+)
+def test_fedbayes_local_refuses_a_bad_run_config_before_starting_anything(tmp_path, strategy, overrides, message):
+    spec = LocalRun(strategy=strategy, clients=1, rounds=1, workdir=tmp_path / "run", overrides=overrides, quiet=True)
+    with pytest.raises(ConfigError, match=message):
+        run_local(spec)
+    assert not (tmp_path / "run").exists()  # no SuperLink, no SuperNode, no workdir

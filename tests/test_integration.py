@@ -12,6 +12,7 @@ import pytest
 
 from deploy.launcher import LocalFederation
 from deploy.processes import processes_with_env
+from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +42,8 @@ def run_config(workdir: Path, rounds: int, clients: int) -> dict:
 
 
 def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str]], executor: str = "fork"):
-    with LocalFederation(workdir, executor) as federation:
-        for index in range(len(node_env)):
-            federation.start_supernode(index, len(node_env), extra_env=node_env[index])
-        submit = federation.submit(run_config(workdir, rounds, len(node_env)))
-        rows = federation.follow(workdir / "results.jsonl", submit, rounds, on_row=lambda row: None)
-        server_log = (federation.log_dir / "flwr-run.log").read_text()
-    return rows, server_log, federation.flwr_home
+    run = run_loopback(workdir, run_config(workdir, rounds, len(node_env)), rounds, len(node_env), executor, node_env)
+    return run.rows, run.server_log, run.flwr_home
 
 
 @pytest.mark.parametrize("executor", ["fork", "subprocess"])

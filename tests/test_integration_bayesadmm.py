@@ -14,6 +14,7 @@ from client.state import ClientStateStore
 from deploy.launcher import LocalFederation
 from deploy.processes import processes_with_env
 from server.checkpoint import CheckpointStore
+from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -28,23 +29,16 @@ def test_client_restart_keeps_its_duals(tmp_path):
     }
     # Rounds take seconds, so round 2 may already be on its way to the old client-1 when it stops; with
     # min-clients=2, round 3 waits for the restarted one, which must then go on from its stored duals.
-    rows = []
-    with LocalFederation(workdir) as federation:
-        for index in range(2):
-            federation.start_supernode(index, 2)
-        submit = federation.submit(config)
-        store = ClientStateStore(workdir / "client-state", "restart", "client-1")
+    store = ClientStateStore(workdir / "client-state", "restart", "client-1")
 
-        def restart_after_round_one(row):
-            rows.append(row)
-            if row["round"] == 1:
-                assert store.load().round == 1
-                federation.stop_supernode(1)
-                federation.start_supernode(1, 2)
+    def restart_after_round_one(federation, row):
+        if row["round"] == 1:
+            assert store.load().round == 1
+            federation.stop_supernode(1)
+            federation.start_supernode(1, 2)
 
-        federation.follow(results, submit, 3, on_row=restart_after_round_one)
-        server_log = (federation.log_dir / "flwr-run.log").read_text()
-        flwr_home = federation.flwr_home
+    run = run_loopback(workdir, config, 3, on_row=restart_after_round_one)
+    rows, server_log = run.rows, run.server_log
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows
     assert rows[-1]["accuracy"] > 0.25 and "accuracy_ensemble" in rows[-1]  # chance is 0.1
@@ -53,7 +47,7 @@ def test_client_restart_keeps_its_duals(tmp_path):
     state = store.load()
     assert state.round == 3
     assert torch.isfinite(state.tensors["dual_mean"]).all() and state.tensors["dual_mean"].abs().sum() > 0
-    assert processes_with_env("FLWR_HOME", str(flwr_home)) == []
+    assert processes_with_env("FLWR_HOME", str(run.flwr_home)) == []
 
 
 def test_full_covariance_bayesadmm_over_grpc(tmp_path):
@@ -66,11 +60,8 @@ def test_full_covariance_bayesadmm_over_grpc(tmp_path):
         "local-epochs": 4, "lr": 1.0, "temperature": 1.0, "rho": 0.5, "dual-damping": 0.2, "ensemble-samples": 4,
         "results-path": str(results), "federation": "full", "wait-for-clients": 2, "round-timeout": 120.0,
     }
-    with LocalFederation(workdir) as federation:
-        for index in range(2):
-            federation.start_supernode(index, 2)
-        rows = federation.follow(results, federation.submit(config), 2, on_row=lambda row: None)
-        server_log = (federation.log_dir / "flwr-run.log").read_text()
+    run = run_loopback(workdir, config, 2)
+    rows, server_log = run.rows, run.server_log
     assert [row["clients"] for row in rows] == [2, 2], server_log[-3000:]
     assert rows[-1]["accuracy"] > 0.5 and rows[-1]["accuracy_ensemble"] > 0.5, rows  # chance is 0.1
     assert "differs from the server's replay" not in server_log

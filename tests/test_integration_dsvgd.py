@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from client.state import ClientStateStore
-from deploy.launcher import LocalFederation
+from tests.helpers import run_loopback
 from deploy.processes import processes_with_env
 
 pytestmark = pytest.mark.integration
@@ -24,22 +24,16 @@ def test_restarted_client_continues_from_its_local_particles(tmp_path):
     }
     stores = {index: ClientStateStore(workdir / "client-state", "dsvgd-restart", f"client-{index}") for index in (0, 1)}
     restarted = []
-    rows = []
-    with LocalFederation(workdir) as federation:
-        for index in range(2):
+
+    def restart_the_round_one_client(federation, row):
+        if row["round"] == 1:
+            (index,) = [i for i, store in stores.items() if store.saved_rounds() == [1]]
+            federation.stop_supernode(index)
             federation.start_supernode(index, 2)
+            restarted.append(index)
 
-        def restart_the_round_one_client(row):
-            rows.append(row)
-            if row["round"] == 1:
-                (index,) = [i for i, store in stores.items() if store.saved_rounds() == [1]]
-                federation.stop_supernode(index)
-                federation.start_supernode(index, 2)
-                restarted.append(index)
-
-        federation.follow(results, federation.submit(config), 3, on_row=restart_the_round_one_client)
-        server_log = (federation.log_dir / "flwr-run.log").read_text()
-        flwr_home = federation.flwr_home
+    run = run_loopback(workdir, config, 3, on_row=restart_the_round_one_client)
+    rows, server_log = run.rows, run.server_log
     assert [row["clients"] for row in rows] == [1, 1, 1], server_log[-3000:]
     (index,) = restarted
     rounds = stores[index].saved_rounds()
@@ -49,4 +43,4 @@ def test_restarted_client_continues_from_its_local_particles(tmp_path):
     other = stores[1 - index].load()
     assert other is not None and torch.isfinite(other.tensors["local_particles"]).all()
     assert rows[-1]["accuracy_ensemble"] > 0.3, rows  # 5 particles of a pooled logistic regression; chance 0.1
-    assert processes_with_env("FLWR_HOME", str(flwr_home)) == []
+    assert processes_with_env("FLWR_HOME", str(run.flwr_home)) == []

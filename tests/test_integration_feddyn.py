@@ -6,9 +6,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from client.state import ClientStateStore
-from deploy.launcher import LocalFederation
 from server.checkpoint import CheckpointStore
 from strategies.feddyn import LAMBDA_KEY
+from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -21,22 +21,16 @@ def test_a_restarted_client_continues_with_its_lambda(tmp_path):
         "weight-decay": 1e-4, "max-grad-norm": 10.0, "results-path": str(results), "federation": "restart",
         "wait-for-clients": 2, "min-clients": 2, "round-timeout": 120.0,
     }
-    rows = []
-    with LocalFederation(workdir) as federation:
-        for index in range(2):
-            federation.start_supernode(index, 2)
-        submit = federation.submit(config)
-        stores = [ClientStateStore(workdir / "client-state", "restart", f"client-{index}") for index in range(2)]
+    stores = [ClientStateStore(workdir / "client-state", "restart", f"client-{index}") for index in range(2)]
 
-        def restart_after_round_one(row):
-            rows.append(row)
-            if row["round"] == 1:
-                assert stores[1].load().round == 1
-                federation.stop_supernode(1)
-                federation.start_supernode(1, 2)
+    def restart_after_round_one(federation, row):
+        if row["round"] == 1:
+            assert stores[1].load().round == 1
+            federation.stop_supernode(1)
+            federation.start_supernode(1, 2)
 
-        federation.follow(results, submit, 3, on_row=restart_after_round_one)
-        server_log = (federation.log_dir / "flwr-run.log").read_text()
+    run = run_loopback(workdir, config, 3, on_row=restart_after_round_one)
+    rows, server_log = run.rows, run.server_log
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows  # round 2 may miss the stopped one
     assert rows[-1]["accuracy"] > 0.25  # chance is 0.1

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from deploy.launcher import LocalFederation
+from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -18,11 +18,8 @@ def test_fedpa_burn_in_then_sampling_over_grpc(tmp_path):
         "server-optimizer": "sgd", "server-lr": 1.0, "server-momentum": 0.5, "results-path": str(results),
         "federation": "fedpa", "wait-for-clients": 2, "round-timeout": 120.0,
     }
-    with LocalFederation(workdir) as federation:
-        for index in range(2):
-            federation.start_supernode(index, 2)
-        rows = federation.follow(results, federation.submit(config), 2, on_row=lambda row: None)
-        server_log = (federation.log_dir / "flwr-run.log").read_text()
+    run = run_loopback(workdir, config, 2)
+    rows, server_log = run.rows, run.server_log
     assert [row["clients"] for row in rows] == [2, 2], server_log[-3000:]
     assert rows[-1]["accuracy"] > 0.5, rows  # chance is 0.1
     assert re.search(r"round 1 \(burn-in\): .* mean samples 0\.0", server_log)
