@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from client.state import ClientStateStore
-from tests.helpers import run_loopback
 from deploy.processes import processes_with_env
+from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration
 
