@@ -18,7 +18,6 @@ import statistics
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,13 +32,13 @@ from client.runtime import ClientRuntime, NodeSettings  # noqa: E402
 from protos import payloads_pb2 as pb  # noqa: E402
 from protos.codec import encode, new_header  # noqa: E402
 from strategies import get_algorithm  # noqa: E402
-from tasks.config import RunSettings  # noqa: E402
+from tasks.config import RunSettings, pyproject_run_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client_cost.json"
 
 
 def runtime_for(strategy: str, epochs: int, state_dir: str) -> ClientRuntime:
-    defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = pyproject_run_config(ROOT / "pyproject.toml")
     settings = RunSettings.from_run_config({**defaults, "strategy": strategy, "fraction": 0.1, "local-epochs": epochs})
     node = NodeSettings.from_node_config(
         {"partition-id": 0, "num-partitions": 10, "state-dir": state_dir}, default_device="cpu"

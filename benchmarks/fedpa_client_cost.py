@@ -18,7 +18,6 @@ import json
 import statistics
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +33,7 @@ from protos import payloads_pb2 as pb  # noqa: E402
 from protos.codec import encode, new_header  # noqa: E402
 from strategies import get_algorithm  # noqa: E402
 from strategies.fedpa import IASG, ShrinkageDelta  # noqa: E402
-from tasks.config import RunSettings  # noqa: E402
+from tasks.config import RunSettings, pyproject_run_config  # noqa: E402
 from tasks.datasets import Dataset  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fedpa_client_cost.json"
@@ -109,7 +108,7 @@ def synthetic_row(size: int, repeats: int, dense_limit: int) -> dict:
 
 
 def mlp_row(repeats: int) -> dict:
-    defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = pyproject_run_config(ROOT / "pyproject.toml")
     settings = RunSettings.from_run_config({**defaults, "strategy": "fedpa", "fraction": 0.1, "split": "dirichlet"})
     node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 10, "state-dir": "/tmp"}, "cpu")
     runtime = ClientRuntime.create(settings, node)

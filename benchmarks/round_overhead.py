@@ -104,14 +104,13 @@ def parse_args() -> argparse.Namespace:
 # (torch/_compile.py) and so costs seconds once per process. Run config = the app's defaults
 # from pyproject.toml + our overrides.
 CLIENTAPP_PROBE = r"""
-import json, sys, tempfile, time, tomllib
+import json, sys, tempfile, time
 started = time.perf_counter()
 import flwr.app, client.app
 imported = time.perf_counter()
 from client.runtime import ClientRuntime, NodeSettings
-from tasks.config import RunSettings
-with open("pyproject.toml", "rb") as file:
-    config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+from tasks.config import RunSettings, pyproject_run_config
+config = pyproject_run_config("pyproject.toml")
 config.update(json.loads(sys.argv[1]))
 settings = RunSettings.from_run_config(config)
 with tempfile.TemporaryDirectory() as state_dir:

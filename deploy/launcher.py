@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,9 +100,9 @@ def check_run_config(run_config: dict[str, Any]) -> None:
     """Refuse, before any process starts, a run config the ServerApp would refuse after its start-up: an
     unknown key, a bad value, an unknown strategy (tasks.config.ConfigError, a ValueError, names it)."""
     from strategies import get_algorithm
-    from tasks.config import ConfigError, RunSettings
+    from tasks.config import ConfigError, RunSettings, pyproject_run_config
 
-    defaults = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = pyproject_run_config(APP_DIR / "pyproject.toml")
     unknown = sorted(set(run_config) - set(defaults))
     if unknown:
         raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; they are listed in pyproject.toml")

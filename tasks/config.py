@@ -8,8 +8,10 @@ bad value fails loudly on both sides with the key's name in the message.
 from __future__ import annotations
 
 import math
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 _OPTIMIZERS = ("adam", "sgd")
@@ -20,6 +22,12 @@ _DSVGD_SCHEDULERS = ("round-robin", "random")
 
 class ConfigError(ValueError):
     """A run or node configuration value is missing or invalid."""
+
+
+def pyproject_run_config(pyproject: Path | str) -> dict[str, Any]:
+    """Every run-config key with its default, as pyproject.toml's [tool.flwr.app.config] declares them."""
+    with open(pyproject, "rb") as file:
+        return tomllib.load(file)["tool"]["flwr"]["app"]["config"]
 
 
 @dataclass(frozen=True)

@@ -62,16 +62,10 @@ def run_loopback(
 ) -> LoopbackRun:
     """A SuperLink and `clients` SuperNodes on loopback, `config` submitted and followed for `rounds` rounds
     (`on_row(federation, row)` after each, e.g. to restart a client), then everything stopped."""
-    rows = []
-
-    def record(row: dict[str, Any]) -> None:
-        rows.append(row)
-        if on_row is not None:
-            on_row(federation, row)
-
     with LocalFederation(workdir, executor) as federation:
         for index in range(clients):
             federation.start_supernode(index, clients, extra_env=(node_env or {}).get(index))
-        federation.follow(Path(config["results-path"]), federation.submit(config), rounds, on_row=record)
+        rows = federation.follow(Path(config["results-path"]), federation.submit(config), rounds,
+                                 on_row=lambda row: on_row and on_row(federation, row))
         server_log = (federation.log_dir / "flwr-run.log").read_text()
     return LoopbackRun(rows, server_log, federation.flwr_home)

@@ -1,17 +1,14 @@
 """Run-config parsing: pyproject's defaults are valid, bad values name their key."""
 
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from client.runtime import NodeSettings
 from deploy.launcher import LocalRun, run_local
-from tasks.config import ConfigError, RunSettings
+from tasks.config import ConfigError, RunSettings, pyproject_run_config
 
-DEFAULTS = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
-    "config"
-]
+DEFAULTS = pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml")
 
 
 def test_pyproject_defaults_parse():
