@@ -277,9 +277,13 @@ class LocalFederation:
         """`flwr run` the app with these run-config overrides; returns the streaming CLI process.
 
         Server checkpoints go under the workdir unless the overrides say otherwise: a local federation
-        must never resume from another one's checkpoint in the user-wide default directory.
+        must never resume from another one's checkpoint in the user-wide default directory. Without node
+        authentication a restarted SuperNode gets a new node id, so client ids may move to a new node once
+        the old one has left (`client-identity=reconnect`); with it a node id is a key, and ids stay bound.
         """
-        run_config = {"server-state-dir": str(self.workdir / "server-state"), **run_config}
+        identity = "bound" if self.node_auth else "reconnect"
+        run_config = {"server-state-dir": str(self.workdir / "server-state"), "client-identity": identity,
+                      **run_config}
         overrides = self.workdir / "run-config.toml"
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
         return self.processes.start(

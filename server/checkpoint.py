@@ -29,7 +29,8 @@ FORMAT_VERSION = "1"
 RESUMABLE_KEYS = frozenset({
     "num-server-rounds", "results-path", "server-state-dir", "round-timeout", "poll-interval",
     "wait-for-clients", "wait-for-clients-timeout", "min-clients", "eval-batch-size", "device", "data-root",
-    "download", "max-payload-mb",
+    "download", "max-payload-mb", "max-failed-rounds", "max-clients", "max-client-examples", "client-identity",
+    "client-registry",
 })
 _GLOBAL, _STRATEGY = "global/", "strategy/"
 

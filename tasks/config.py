@@ -18,6 +18,7 @@ _OPTIMIZERS = ("adam", "sgd")
 _LR_SCHEDULES = ("constant", "cosine")
 SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad")  # FedPA's SERVEROPT
 _DSVGD_SCHEDULERS = ("round-robin", "random")
+CLIENT_IDENTITIES = ("bound", "reconnect")
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,11 @@ class RunSettings:
     round_timeout: float
     poll_interval: float
     max_payload_mb: float
+    max_failed_rounds: int
+    max_clients: int
+    max_client_examples: int
+    client_identity: str
+    client_registry: str
     eval_batch_size: int
     # FedPA (../shared/specs/fedpa.md §7)
     burn_in_rounds: int
@@ -163,6 +169,10 @@ class RunSettings:
         _check("round-timeout", self.round_timeout > 0.0, "must be > 0")
         _check("poll-interval", self.poll_interval > 0.0, "must be > 0")
         _check("max-payload-mb", self.max_payload_mb > 0.0, "must be > 0")
+        _check("max-failed-rounds", self.max_failed_rounds >= 1, "must be >= 1")
+        _check("max-clients", self.max_clients >= 1, "must be >= 1")
+        _check("max-client-examples", 1 <= self.max_client_examples <= 2**40, "must be in [1, 2^40]")
+        _choice("client-identity", self.client_identity, CLIENT_IDENTITIES)
         _check("federation", _is_safe_name(self.federation), "must match [A-Za-z0-9._-]+")
         # FedPA
         _check("burn-in-rounds", self.burn_in_rounds >= 0, "must be >= 0")
@@ -193,9 +203,11 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
     """Flower's TOML parsing gives 1 for `lr=1`; accept ints for floats, nothing else."""
     kind = {"int": int, "float": float, "str": str, "bool": bool}[annotation]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"run config '{key}' must be {annotation}, got {value!r}")
+    if kind is float and not math.isfinite(value):  # TOML has inf and nan; no key of ours means them
+        raise ConfigError(f"run config '{key}' must be finite, got {value!r}")
     return value
 
 
