@@ -77,6 +77,7 @@ def main(grid: Grid, context: Context) -> None:
             wait_for_clients_timeout=settings.wait_for_clients_timeout,
             min_clients=settings.min_clients,
             max_payload_mb=settings.max_payload_mb,
+            max_failed_rounds=settings.max_failed_rounds,
         ),
         evaluate,
         settings.results_path,

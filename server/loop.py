@@ -38,6 +38,7 @@ class LoopSettings:
     wait_for_clients_timeout: float
     min_clients: int = 1  # before every round
     max_payload_mb: float = 512.0
+    max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
 
 
 class ResultsLog:
