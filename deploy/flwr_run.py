@@ -60,7 +60,8 @@ class Streamed:
 def main(argv: Sequence[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print("usage: fedbayes run ARGS: `flwr run ARGS --stream` that exits 1, with the reason on its last line, "
-              "unless the run completed; and stops the simulation SuperLink it started. `flwr run`'s ARGS:\n", flush=True)
+              "unless the run completed; and stops the simulation SuperLink it started. `flwr run`'s ARGS:\n",
+              flush=True)
         return subprocess.call([console_script("flwr"), "run", "--help"], env=process_env(flwr_home=None))
     connection = flwr_run_arguments(argv).superlink
     command = [console_script("flwr"), "run", *argv, *([] if "--stream" in argv else ["--stream"])]

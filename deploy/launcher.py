@@ -1,8 +1,11 @@
 """`fedbayes local`: a real federation on this machine, one OS process per party, gRPC on loopback.
 
 Starts a SuperLink and K SuperNodes (each with its own `client-id` and partition), submits the app
-with `flwr run`, prints one table row per round as the ServerApp writes it, and stops every process
-it started (also on Ctrl-C or when one of them fails). Insecure by design: loopback only.
+with `fedbayes run` (deploy/flwr_run.py), prints one table row per round as the ServerApp writes it, and
+stops every process it started (also on Ctrl-C or when one of them fails). Insecure by design: loopback
+only. What the run needs of this machine is checked before anything starts (tasks/preflight.py); a run
+that fails, ends early or loses its ServerApp raises RunFailed, one line. Its workdir is never emptied:
+a new federation needs a new or empty one, and `resume` continues the federation a workdir holds.
 
 The same LocalFederation also runs a secured federation across hosts (TLS + SuperNode authentication,
 deploy/pki.py), where a host is this machine or a Linux network namespace with its own IP standing in
@@ -355,7 +358,8 @@ class LocalFederation:
 
     def serverapp_pids(self) -> set[int]:
         """Live ServerApp processes of this federation (the SuperLink's executor starts one per run)."""
-        return {pid for pid in self.processes.members() if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))}
+        return {pid for pid in self.processes.members()
+                if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))}
 
     def follow(
         self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None]

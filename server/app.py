@@ -103,7 +103,8 @@ def run_federation(grid: Grid, context: Context) -> None:
         evaluate,
         settings.results_path,
         # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
-        CheckpointStore(server_state_dir, settings.federation, {**context.run_config, "federation": settings.federation}),
+        CheckpointStore(server_state_dir, settings.federation,
+                        {**context.run_config, "federation": settings.federation}),
     )
 
 

@@ -15,7 +15,8 @@ from tasks.config import ConfigError, RunSettings
 
 # Image shape of each dataset, to build its model without loading it.
 INPUT_SHAPES = {"fmnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
-_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                "t10k-labels-idx1-ubyte")
 # The files torchvision 0.29 reads under data-root (its datasets' _check_exists / _check_integrity; kept
 # here because importing torchvision alone takes seconds; tests/test_preflight.py compares them).
 TORCHVISION_FILES = {
@@ -45,7 +46,8 @@ def check_dataset_files(settings: RunSettings) -> None:
         if settings.dataset != "fmnist":
             raise ConfigError(
                 f"run config 'data-root' is empty, and dataset {settings.dataset!r} has no default location: set it "
-                "to a torchvision dataset folder (fedbayes local: --data-root DIR), with download=true to fetch it there"
+                "to a torchvision dataset folder (fedbayes local: --data-root DIR), with download=true to fetch "
+                "it there"
             )
         from tasks.datasets import DEBIAN_FMNIST_DIR
 
@@ -64,7 +66,8 @@ def check_dataset_files(settings: RunSettings) -> None:
     if missing:
         raise ConfigError(
             f"run config 'data-root': dataset {settings.dataset!r} is not under {settings.data_root} (missing "
-            f"{', '.join(missing)}); point data-root at torchvision's folder for it, or add download=true to fetch it there"
+            f"{', '.join(missing)}); point data-root at torchvision's folder for it, or add download=true to "
+            "fetch it there"
         )
 
 

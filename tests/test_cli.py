@@ -64,7 +64,8 @@ def test_a_workdir_holding_a_federation_is_kept_as_it_is(tmp_path):
 def test_a_directory_of_other_files_is_no_workdir(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    for extra, message in (([], "exists and is not an empty directory"), (["--resume"], "holds no federation to resume")):
+    refusals = (([], "exists and is not an empty directory"), (["--resume"], "holds no federation to resume"))
+    for extra, message in refusals:
         result = fedbayes([*LOCAL, "--workdir", str(tmp_path), *extra])
         assert result.returncode == 1 and message in result.last_error_line, result.stderr
         assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"] and notes.read_text() == "mine"
