@@ -80,6 +80,13 @@ def encode(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]
             manifest.tensors.add(name=name, dtype=_PROTO_DTYPE[value.dtype], shape=value.shape)
             arrays[name] = Array(value)
         records[group] = ArrayRecord(arrays)
+    return with_envelope(RecordDict(records), message)
+
+
+def with_envelope(content: RecordDict, message: ProtoMessage) -> RecordDict:
+    """`content` (as `encode` packed it) with `message` as its envelope, sharing the tensor records: one
+    instruction's tensors go to every node, each with its own header."""
+    records: dict[str, ArrayRecord | ConfigRecord] = dict(content.array_records)
     records[ENVELOPE_KEY] = ConfigRecord(
         {"type": message.DESCRIPTOR.full_name, "message": message.SerializeToString()}
     )
@@ -179,16 +186,26 @@ def _decode_group(
                 f"{where}: shape must be {expected_shape}, got {tuple(array.shape)} "
                 f"(declared {tuple(spec.shape)})"
             )
-        try:
-            value = array.numpy()
-        except Exception as error:  # corrupt bytes inside an Array
-            raise PayloadError(f"{where}: unreadable array data: {error}") from None
-        if value.shape != expected_shape:
-            raise PayloadError(f"{where}: array data has shape {value.shape}, not {expected_shape}")
-        if not np.isfinite(value).all():
-            raise PayloadError(f"{where}: contains NaN or Inf")
-        tensors[spec.name] = value
+        tensors[spec.name] = _decoded_array(array, expected_shape, where)
     return tensors
+
+
+def _decoded_array(array: Array, expected_shape: tuple[int, ...], where: str) -> np.ndarray:
+    """The array the bytes really hold, checked again: an Array's dtype and shape are only what its sender
+    declared, and its bytes are an .npy file that may say otherwise (unicode, complex, bool, an .npz...)."""
+    try:
+        value = array.numpy()
+    except Exception as error:  # corrupt .npy bytes: np.load raises many kinds of errors
+        raise PayloadError(f"{where}: unreadable array data: {type(error).__name__}: {error}") from None
+    if not isinstance(value, np.ndarray):
+        raise PayloadError(f"{where}: array data is a {type(value).__name__}, not one array")
+    if value.dtype != np.float32:
+        raise PayloadError(f"{where}: array data has dtype {value.dtype}, not float32 (declared float32)")
+    if value.shape != expected_shape:
+        raise PayloadError(f"{where}: array data has shape {value.shape}, not {expected_shape}")
+    if not np.isfinite(value).all():
+        raise PayloadError(f"{where}: contains NaN or Inf")
+    return value
 
 
 def _check_finite_scalars(message: ProtoMessage, sender: str, prefix: str) -> None:

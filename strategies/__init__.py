@@ -23,7 +23,7 @@ def _registry() -> dict[str, Algorithm]:
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
-        "fedprox": Algorithm(fedavg.FedProx, fedavg.client_update),
+        "fedprox": Algorithm(fedavg.fedprox, fedavg.client_update),
         "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update),
         "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update),
         "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update),
