@@ -1,7 +1,6 @@
 """The BayesADMM/federated-ADMM client half in one process: training, dual step, durable state."""
 
 import numpy as np
-import pytest
 import torch
 
 from bayes.params import flatten, get_parameters, unflatten

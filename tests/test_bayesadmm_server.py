@@ -18,14 +18,6 @@ from tests.test_config import DEFAULTS
 LAYOUT = {"w": (2,)}
 
 
-@pytest.fixture(autouse=True)
-def flower_task_identity():
-    """Building a Message outside a Flower run needs a task identity (Flower's private API)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-
-
 class FakeGrid:
     def __init__(self, nodes):
         self.nodes = nodes

@@ -5,7 +5,6 @@ replies, checkpoints, P-DSVGD."""
 import logging
 
 import numpy as np
-import pytest
 import torch
 
 from client.runtime import ClientRuntime, NodeSettings
@@ -16,13 +15,6 @@ from strategies.dsvgd import initial_particles
 from tasks.config import RunSettings
 from tests.helpers import reply_message
 from tests.test_config import DEFAULTS
-
-@pytest.fixture(autouse=True)
-def flower_task_identity():
-    """Building a Message outside a Flower run needs a task identity (Flower's private API)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
 
 
 NODE_CLIENTS = {11: "client-2", 12: "client-0", 13: "client-1"}  # node order is not client-id order

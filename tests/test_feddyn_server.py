@@ -11,14 +11,6 @@ from strategies.feddyn import LAMBDA_KEY, FedDyn, as_sent
 from tests.inprocess import InProcessFederation
 
 
-@pytest.fixture(autouse=True)
-def flower_task_identity():
-    """Building a Message outside a Flower run needs a task identity (Flower's private API)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-
-
 def stored_lambda_sum(federation) -> torch.Tensor:
     stores = [runtime.state_store("fed") for runtime in federation.runtimes.values()]
     return torch.stack([store.latest().tensors[LAMBDA_KEY] for store in stores if store.saved_rounds()]).sum(0)

@@ -13,13 +13,6 @@ from tests.helpers import reply_message
 from tests.inprocess import FakeGrid, InProcessFederation
 
 
-@pytest.fixture(autouse=True)
-def flower_task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-
-
 def global_from_stores(federation, delta):
     """S_g = δ + Σ V_k and w_g = Σ v_k / S_g from the clients' durable sites."""
     stores = [runtime.state_store("fed") for runtime in federation.runtimes.values()]

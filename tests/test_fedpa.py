@@ -16,7 +16,7 @@ from strategies import get_algorithm
 from strategies.fedpa import FedPA
 from tasks.config import ConfigError, RunSettings
 from tests.helpers import LAYOUT, reply_message, weights
-from tests.test_bayesadmm_server import FakeGrid, flower_task_identity  # noqa: F401 (an autouse fixture)
+from tests.test_bayesadmm_server import FakeGrid
 from tests.test_config import DEFAULTS
 
 
