@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from logging import ERROR
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ class ClientRuntime:
     model: torch.nn.Module
     layout: TensorLayout
     device: torch.device
+    timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds this message (client/app.py)
 
     @classmethod
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
@@ -107,14 +109,19 @@ class ClientRuntime:
         this client (client/state.py), in the instruction's federation. None in the client's first round, and
         when that state is lost: the client then starts afresh and says so (resumed_from_round 0), and the
         server, whose record of this client no longer matches anything the client holds, follows it."""
+        started = time.perf_counter()
         try:
             return self.state_store(header.federation).load(self.accepted_round(header), header.server_round)
         except StateLostError as error:
             log(ERROR, "%s: %s; starting again from a fresh state", self.node.client_id, error)
             return None
+        finally:
+            self.timings["state-load"] = time.perf_counter() - started
 
     def save_state(self, header: pb.Header, state: ClientState) -> None:
+        started = time.perf_counter()
         self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header))
+        self.timings["state-save"] = time.perf_counter() - started
 
     def local_seed(self, server_round: int) -> int:
         """Per-client, per-round seed; crc32 because str hashes differ between processes."""

@@ -21,6 +21,8 @@ from google.protobuf.message import DecodeError, Message as ProtoMessage
 from protos import payloads_pb2 as pb
 
 ENVELOPE_KEY = "fedbayes"
+TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client's phase seconds (measurement only)
+MAX_TIMINGS = 16
 CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
 
 _NUMPY_DTYPE = {pb.FLOAT32: np.dtype(np.float32), pb.FLOAT64: np.dtype(np.float64)}
@@ -102,7 +104,7 @@ def decode(
     """Parse and validate a payload; `layouts` gives the expected layout of every tensor group."""
     message = _parse_envelope(content, message_type, sender)
     groups = tensor_group_fields(message_type)
-    unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY}
+    unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY, TIMINGS_KEY}
     if unexpected:
         raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {message_type.__name__}")
     tensors = {
@@ -111,6 +113,16 @@ def decode(
     }
     _check_finite_scalars(message, sender, prefix="")
     return Payload(message, tensors)
+
+
+def reply_timings(content: RecordDict) -> dict[str, float]:
+    """The phase seconds a reply reports (TIMINGS_KEY), for the round's timing report only: nothing in training
+    depends on them, so anything malformed is dropped, never an error."""
+    record = content.config_records.get(TIMINGS_KEY)
+    if record is None or len(record) > MAX_TIMINGS:
+        return {}
+    return {name[:32]: float(value) for name, value in record.items()
+            if isinstance(value, float) and math.isfinite(value) and 0.0 <= value < 1e6}
 
 
 def payload_bytes(content: RecordDict) -> int:

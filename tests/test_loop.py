@@ -3,6 +3,8 @@ one bad round among good ones does not; a strategy that fails while absorbing a 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from flwr.app import Array, ArrayRecord
 
@@ -90,3 +92,25 @@ def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on
     assert len(calls) == 2 and strategy.accepted_rounds == {} and strategy.identities.node_of_client == {}
     assert (arrays["fc.bias"].numpy() == 0.0).all()
     assert "ZeroDivisionError: boom" in strategy.round_report.rejected["round"]
+
+
+def test_each_row_says_where_the_round_went(tmp_path):
+    """Server phases (and the previous round's checkpoint) plus the clients' median phases from their replies;
+    a client's malformed timings are dropped, never an error."""
+    from flwr.app import ConfigRecord
+
+    from protos.codec import TIMINGS_KEY
+
+    def reply(server_round, node):
+        content = fedavg_reply(f"client-{node}", server_round, value=1.0)
+        content[TIMINGS_KEY] = ConfigRecord({"setup": 0.5 * node, "update": 2.0, "state-load": float("nan")})
+        return content
+
+    run(tmp_path, reply, rounds=2)
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    for row in rows:
+        phases = row["phase_seconds"]
+        assert {"wait_clients", "configure", "push", "first_reply", "last_reply", "aggregate", "evaluate"} <= set(phases)
+        assert 0 <= phases["first_reply"] <= phases["last_reply"] <= row["round_seconds"]
+        assert row["client_phase_seconds"] == {"setup": 0.75, "update": 2.0}  # medians; the NaN is dropped
+    assert rows[0]["phase_seconds"]["previous_checkpoint"] is None and rows[1]["phase_seconds"]["previous_checkpoint"] > 0
