@@ -27,6 +27,7 @@ from tasks.config import RunSettings
 
 M = TypeVar("M", bound=ProtoMessage)
 WIRE_STATE_KEY = "fedbayes/wire"  # the base's part of a checkpoint's strategy metadata
+MAX_REASON = 400  # characters of a rejection reason that are logged and reported
 
 
 @dataclass
@@ -212,6 +213,8 @@ class WireStrategy(Strategy):
         return self.node_label(node)
 
     def _reject(self, label: str, reason: str) -> None:
+        if len(reason) > MAX_REASON:  # reasons quote what the sender sent: bound what a reply can make us log
+            reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
         self.round_report.rejected[label] = reason
         log(WARNING, "%s: %s", label, reason)
 
