@@ -40,3 +40,9 @@ def unflatten(flat: np.ndarray, layout: TensorLayout, dtype=np.float32) -> Tenso
     if offset != flat.size:
         raise ValueError(f"flat vector has {flat.size} values, layout needs {offset}")
     return arrays
+
+
+def weighted_mean(vectors: list[np.ndarray], weights: list[int | float]) -> np.ndarray:
+    """Σ_k w_k x_k / Σ_k w_k in float64 (weights such as example counts can be large integers)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    return np.tensordot(weights / weights.sum(), np.stack(vectors).astype(np.float64, copy=False), axes=1)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from logging import ERROR
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from flwr.common import log
+
 from bayes.params import parameter_layout
-from client.state import ClientStateStore
+from client.state import ClientState, ClientStateStore, StateLostError
+from protos import payloads_pb2 as pb
 from protos.codec import TensorLayout
 from tasks.compute import resolve_device
 from tasks.config import ConfigError, RunSettings, _is_safe_name
@@ -74,7 +79,7 @@ class ClientRuntime:
     model: torch.nn.Module
     layout: TensorLayout
     device: torch.device
-    store: ClientStateStore
+    timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds this message (client/app.py)
 
     @classmethod
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
@@ -90,8 +95,33 @@ class ClientRuntime:
             model=model,
             layout=parameter_layout(model),
             device=resolve_device(node.device),
-            store=ClientStateStore(node.state_dir, settings.federation, node.client_id),
         )
+
+    def state_store(self, federation: str) -> ClientStateStore:
+        return ClientStateStore(self.node.state_dir, federation, self.node.client_id)
+
+    def accepted_round(self, header: pb.Header) -> int:
+        """The last round whose reply the server accepted from this client (0: none)."""
+        return header.accepted_rounds.get(self.node.client_id, 0)
+
+    def load_state(self, header: pb.Header) -> ClientState | None:
+        """The durable state this round starts from: the one after the last round the server accepted from
+        this client (client/state.py), in the instruction's federation. None in the client's first round, and
+        when that state is lost: the client then starts afresh and says so (resumed_from_round 0), and the
+        server, whose record of this client no longer matches anything the client holds, follows it."""
+        started = time.perf_counter()
+        try:
+            return self.state_store(header.federation).load(self.accepted_round(header), header.server_round)
+        except StateLostError as error:
+            log(ERROR, "%s: %s; starting again from a fresh state", self.node.client_id, error)
+            return None
+        finally:
+            self.timings["state-load"] = time.perf_counter() - started
+
+    def save_state(self, header: pb.Header, state: ClientState) -> None:
+        started = time.perf_counter()
+        self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header))
+        self.timings["state-save"] = time.perf_counter() - started
 
     def local_seed(self, server_round: int) -> int:
         """Per-client, per-round seed; crc32 because str hashes differ between processes."""

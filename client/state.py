@@ -2,9 +2,14 @@
 
 Flower's Context.state lives in the SuperNode's memory and is lost when it restarts, so each client
 keeps what its algorithm needs across rounds under <state-dir>/<federation>/<client-id>/, one file per
-round it took part in: round-<r>.safetensors is the state *after* round r. The two newest are kept,
-because a server that restarts from its checkpoint may run a round again: a re-run of round r must
-start from the state before r (`load(before_round=r)`), not from the one that round already wrote.
+round it took part in: round-<r>.safetensors is the state *after* round r.
+
+Which state a round starts from is the server's call, not the client's: every instruction carries the last
+round whose reply the server accepted from this client (Header.accepted_rounds), and the client continues
+from its state after that round. A reply that was lost, late or rejected thus leaves no trace: the server
+never used it, and the client rolls back past it. The same covers a server resumed from an older
+checkpoint, which runs rounds again. So the store keeps the accepted round's state and every later one
+(at most MAX_UNCONFIRMED of them) until the server accepts a newer round.
 
 Writes are atomic (temp file + fsync + rename): a crash mid-write leaves the previous state intact.
 safetensors holds tensors and string metadata only, so loading never unpickles anything.
@@ -22,7 +27,7 @@ from safetensors.torch import save as save_safetensors
 
 from tasks.storage import write_atomically
 
-KEEP_ROUNDS = 2
+MAX_UNCONFIRMED = 4  # states after the accepted round kept for the server to accept (or roll back past)
 _STATE_FILE = re.compile(r"round-(\d+)\.safetensors")
 
 
@@ -30,8 +35,8 @@ class StateCorruptError(RuntimeError):
     """The state file exists but cannot be read; never silently replaced by a fresh state."""
 
 
-class StaleStateError(RuntimeError):
-    """The stored state is from a later round than the server's: another run of the same federation."""
+class StateLostError(RuntimeError):
+    """The server accepted a round from this client whose state the client no longer has."""
 
 
 @dataclass
@@ -59,20 +64,22 @@ class ClientStateStore:
         matches = (_STATE_FILE.fullmatch(entry.name) for entry in self.directory.iterdir())
         return sorted(int(match.group(1)) for match in matches if match)
 
-    def load(self, before_round: int | None = None) -> ClientState | None:
-        """The newest saved state (from a round before `before_round`), or None if this client never
-        saved one. States only from round `before_round` on mean another run used this federation name."""
-        rounds = self.saved_rounds()
-        if not rounds:
+    def load(self, accepted_round: int, for_round: int) -> ClientState | None:
+        """The state after `accepted_round`, the last round of this client the server accepted (None when it
+        accepted none yet), to start round `for_round` from. Raises StateLostError when that state is gone."""
+        if accepted_round == 0:
             return None
-        usable = [r for r in rounds if before_round is None or r < before_round]
-        if not usable:
-            raise StaleStateError(
-                f"client state in {self.directory} is from round {rounds[-1]}, but the server is at round "
-                f"{before_round}: it belongs to an earlier run of federation {self.federation!r}; give this run "
-                "a new `federation` name or remove that state"
+        if accepted_round not in self.saved_rounds():
+            raise StateLostError(
+                f"round {for_round}: the server accepted this client's round {accepted_round}, but {self.directory} "
+                f"has no state from it (rounds there: {self.saved_rounds() or 'none'})"
             )
-        return self._read(usable[-1])
+        return self._read(accepted_round)
+
+    def latest(self) -> ClientState | None:
+        """The newest saved state, whether or not the server accepted it (for inspection)."""
+        rounds = self.saved_rounds()
+        return self._read(rounds[-1]) if rounds else None
 
     def _read(self, server_round: int) -> ClientState:
         path = self.path(server_round)
@@ -84,9 +91,10 @@ class ClientStateStore:
             raise StateCorruptError(f"client state {path} is unreadable: {error}") from None
         return ClientState(tensors, metadata, server_round)
 
-    def save(self, state: ClientState, server_round: int) -> None:
-        """Store the state after `server_round`; drop states older than the last KEEP_ROUNDS and any
-        from later rounds (a future the restarted server has abandoned)."""
+    def save(self, state: ClientState, server_round: int, accepted_round: int) -> None:
+        """Store the state after `server_round`. Keep the state after `accepted_round` (what the server may roll
+        this client back to) and the newest MAX_UNCONFIRMED after it; drop older ones and any from later rounds
+        (a future that a server resumed from its checkpoint has abandoned)."""
         payload = save_safetensors(
             {name: tensor.detach().cpu().contiguous() for name, tensor in state.tensors.items()},
             metadata=state.metadata,
@@ -94,6 +102,7 @@ class ClientStateStore:
         write_atomically(self.path(server_round), payload)
         state.round = server_round
         rounds = self.saved_rounds()
-        kept = [r for r in rounds if r <= server_round][-KEEP_ROUNDS:]
-        for old in set(rounds) - set(kept):
+        unconfirmed = [r for r in rounds if accepted_round < r <= server_round][-MAX_UNCONFIRMED:]
+        kept = set(unconfirmed) | ({accepted_round} & set(rounds))
+        for old in set(rounds) - kept:
             self.path(old).unlink(missing_ok=True)

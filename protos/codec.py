@@ -21,6 +21,8 @@ from google.protobuf.message import DecodeError, Message as ProtoMessage
 from protos import payloads_pb2 as pb
 
 ENVELOPE_KEY = "fedbayes"
+TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client's phase seconds (measurement only)
+MAX_TIMINGS = 16
 CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
 
 _NUMPY_DTYPE = {pb.FLOAT32: np.dtype(np.float32), pb.FLOAT64: np.dtype(np.float64)}
@@ -80,6 +82,13 @@ def encode(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]
             manifest.tensors.add(name=name, dtype=_PROTO_DTYPE[value.dtype], shape=value.shape)
             arrays[name] = Array(value)
         records[group] = ArrayRecord(arrays)
+    return with_envelope(RecordDict(records), message)
+
+
+def with_envelope(content: RecordDict, message: ProtoMessage) -> RecordDict:
+    """`content` (as `encode` packed it) with `message` as its envelope, sharing the tensor records: one
+    instruction's tensors go to every node, each with its own header."""
+    records: dict[str, ArrayRecord | ConfigRecord] = dict(content.array_records)
     records[ENVELOPE_KEY] = ConfigRecord(
         {"type": message.DESCRIPTOR.full_name, "message": message.SerializeToString()}
     )
@@ -95,7 +104,7 @@ def decode(
     """Parse and validate a payload; `layouts` gives the expected layout of every tensor group."""
     message = _parse_envelope(content, message_type, sender)
     groups = tensor_group_fields(message_type)
-    unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY}
+    unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY, TIMINGS_KEY}
     if unexpected:
         raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {message_type.__name__}")
     tensors = {
@@ -104,6 +113,16 @@ def decode(
     }
     _check_finite_scalars(message, sender, prefix="")
     return Payload(message, tensors)
+
+
+def reply_timings(content: RecordDict) -> dict[str, float]:
+    """The phase seconds a reply reports (TIMINGS_KEY), for the round's timing report only: nothing in training
+    depends on them, so anything malformed is dropped, never an error."""
+    record = content.config_records.get(TIMINGS_KEY)
+    if record is None or len(record) > MAX_TIMINGS:
+        return {}
+    return {name[:32]: float(value) for name, value in record.items()
+            if isinstance(value, float) and math.isfinite(value) and 0.0 <= value < 1e6}
 
 
 def payload_bytes(content: RecordDict) -> int:
@@ -179,16 +198,26 @@ def _decode_group(
                 f"{where}: shape must be {expected_shape}, got {tuple(array.shape)} "
                 f"(declared {tuple(spec.shape)})"
             )
-        try:
-            value = array.numpy()
-        except Exception as error:  # corrupt bytes inside an Array
-            raise PayloadError(f"{where}: unreadable array data: {error}") from None
-        if value.shape != expected_shape:
-            raise PayloadError(f"{where}: array data has shape {value.shape}, not {expected_shape}")
-        if not np.isfinite(value).all():
-            raise PayloadError(f"{where}: contains NaN or Inf")
-        tensors[spec.name] = value
+        tensors[spec.name] = _decoded_array(array, expected_shape, where)
     return tensors
+
+
+def _decoded_array(array: Array, expected_shape: tuple[int, ...], where: str) -> np.ndarray:
+    """The array the bytes really hold, checked again: an Array's dtype and shape are only what its sender
+    declared, and its bytes are an .npy file that may say otherwise (unicode, complex, bool, an .npz...)."""
+    try:
+        value = array.numpy()
+    except Exception as error:  # corrupt .npy bytes: np.load raises many kinds of errors
+        raise PayloadError(f"{where}: unreadable array data: {type(error).__name__}: {error}") from None
+    if not isinstance(value, np.ndarray):
+        raise PayloadError(f"{where}: array data is a {type(value).__name__}, not one array")
+    if value.dtype != np.float32:
+        raise PayloadError(f"{where}: array data has dtype {value.dtype}, not float32 (declared float32)")
+    if value.shape != expected_shape:
+        raise PayloadError(f"{where}: array data has shape {value.shape}, not {expected_shape}")
+    if not np.isfinite(value).all():
+        raise PayloadError(f"{where}: contains NaN or Inf")
+    return value
 
 
 def _check_finite_scalars(message: ProtoMessage, sender: str, prefix: str) -> None:

@@ -11,6 +11,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SCHEMA_VERSION_UNSPECIFIED: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_1: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_2: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -19,6 +20,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLOAT64: _ClassVar[DType]
 SCHEMA_VERSION_UNSPECIFIED: SchemaVersion
 SCHEMA_VERSION_1: SchemaVersion
+SCHEMA_VERSION_2: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -40,16 +42,25 @@ class TensorGroup(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class Header(_message.Message):
-    __slots__ = ("schema_version", "federation", "server_round", "client_id")
+    __slots__ = ("schema_version", "federation", "server_round", "client_id", "accepted_rounds")
+    class AcceptedRoundsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     FEDERATION_FIELD_NUMBER: _ClassVar[int]
     SERVER_ROUND_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     schema_version: SchemaVersion
     federation: str
     server_round: int
     client_id: str
-    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
+    accepted_rounds: _containers.ScalarMap[str, int]
+    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class LocalTraining(_message.Message):
     __slots__ = ("epochs", "batch_size", "learning_rate", "optimizer", "weight_decay", "seed")
@@ -258,14 +269,7 @@ class FedPAReply(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ...) -> None: ...
 
 class DSVGDInstruction(_message.Message):
-    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "accepted_rounds")
-    class AcceptedRoundsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: int
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PARTICLES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -279,7 +283,6 @@ class DSVGDInstruction(_message.Message):
     PRIOR_PRECISION_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     INITIAL_SEED_FIELD_NUMBER: _ClassVar[int]
-    ACCEPTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     particles: TensorGroup
     local_steps: int
@@ -293,8 +296,7 @@ class DSVGDInstruction(_message.Message):
     prior_precision: float
     batch_size: int
     initial_seed: int
-    accepted_rounds: _containers.ScalarMap[str, int]
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ...) -> None: ...
 
 class DSVGDReply(_message.Message):
     __slots__ = ("header", "particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")

@@ -10,21 +10,22 @@ from polling faster than 3 s (the clients' side dominates), so the default is a 
 from __future__ import annotations
 
 import json
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
-from protos.codec import check_payload_size
+from protos.codec import check_payload_size, reply_timings
 from server.checkpoint import Checkpoint, CheckpointStore
-from strategies.base import RoundReport
+from strategies.base import WIRE_STATE_KEY, RoundReport, ServerState, WireStrategy
 
 Evaluate = Callable[[ArrayRecord, int], dict[str, float]]  # (global arrays, round) -> metrics
 
@@ -73,15 +74,26 @@ def wait_for_clients(grid: Grid, count: int, timeout: float, poll_interval: floa
         time.sleep(poll_interval)
 
 
-def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float) -> list[Message]:
-    """Send `messages` and collect replies until all arrived or `timeout` passed."""
+class RunFailed(RuntimeError):
+    """The federation trained nothing for `max-failed-rounds` rounds in a row."""
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float,
+             phases: dict[str, float]) -> tuple[list[Message], list[int]]:
+    """Send `messages` and collect replies until all arrived or `timeout` passed; (replies, silent nodes).
+    A reply that comes later is never pulled: the server does not use it, and its client rolls back.
+    Records in `phases` the seconds the push took and, from the push, until the first and the last reply."""
+    pushed = time.perf_counter()
     message_ids = list(grid.push_messages(messages))
+    phases["push"] = time.perf_counter() - pushed
     destination = {mid: msg.metadata.dst_node_id for mid, msg in zip(message_ids, messages) if mid}
     pending = set(destination)
     replies: list[Message] = []
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         for reply in grid.pull_messages(list(pending)):
+            phases.setdefault("first_reply", time.perf_counter() - pushed)
+            phases["last_reply"] = time.perf_counter() - pushed
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error():
                 # SuperLink-made errors (node unavailable) come from node 1: name the real node.
@@ -91,14 +103,57 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
             replies.append(reply)
         if pending:
             time.sleep(poll_interval)
-    for message_id in pending:
-        log(WARNING, "node %d did not reply within %.0f s; round goes on without it", destination[message_id], timeout)
-    return replies
+    silent = [destination[message_id] for message_id in pending]
+    for node in silent:
+        log(WARNING, "node %d did not reply within %.0f s; round goes on without it", node, timeout)
+    return replies, silent
+
+
+def aggregate(strategy: WireStrategy, server_round: int, replies: list[Message], silent: list[int]):
+    """The strategy's aggregate_train, guarded: an error while absorbing the round (a reply it should have
+    refused, or a bug) leaves its state as it was (strategies commit last), and the round goes on."""
+    try:
+        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+    except Exception as error:
+        log(ERROR, "round %d: absorbing the replies failed (%s: %s); the round changes nothing", server_round,
+            type(error).__name__, error, exc_info=True)
+        strategy.round_report.accepted.clear()
+        strategy.round_report.rejected["round"] = f"the server could not absorb the replies: {type(error).__name__}: {error}"
+        new_arrays, metrics = None, None
+    for node in silent:
+        strategy.round_report.rejected[strategy.node_label(node)] = "no reply within round-timeout"
+    return new_arrays, metrics
+
+
+class PhaseTimer:
+    """`with timer("name"):` adds the block's seconds to `timer.seconds["name"]`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+
+def median_client_phases(replies: list[Message]) -> dict[str, float]:
+    """Per phase, the median over this round's replies of the seconds each client reports (client/app.py)."""
+    reported = [reply_timings(reply.content) for reply in replies if not reply.has_error()]
+    names = sorted({name for timings in reported for name in timings})
+    return {name: statistics.median(t[name] for t in reported if name in t) for name in names}
+
+
+def failure_reasons(report: RoundReport) -> str:
+    return "; ".join(f"{who}: {why}" for who, why in report.rejected.items()) or "no client was sent work"
 
 
 def run_rounds(
     grid: Grid,
-    strategy: Strategy,
+    strategy: WireStrategy,
     initial_arrays: ArrayRecord,
     settings: LoopSettings,
     evaluate: Evaluate,
@@ -112,7 +167,9 @@ def run_rounds(
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
-        strategy.restore_server_state(checkpoint.strategy_state)
+        metadata = dict(checkpoint.strategy_state.metadata)
+        strategy.restore_wire_state(metadata.pop(WIRE_STATE_KEY))
+        strategy.restore_server_state(ServerState(checkpoint.strategy_state.tensors, metadata))
         first_round, elapsed = checkpoint.server_round + 1, checkpoint.wall_seconds
         log(INFO, "resuming after round %d from %s", checkpoint.server_round, checkpoints.path)
         if first_round > settings.num_rounds:
@@ -122,23 +179,31 @@ def run_rounds(
     results = ResultsLog(results_path, keep_through_round=first_round - 1)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     started = time.monotonic() - elapsed
+    failed_rounds, checkpoint_seconds = 0, None
     for server_round in range(first_round, settings.num_rounds + 1):
         round_started = time.monotonic()
-        wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
-        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        phases = PhaseTimer()
+        with phases("wait_clients"):
+            wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
+        with phases("configure"):
+            messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         for message in messages:  # too big for the clients' limit: every one of them would refuse it
             check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
-        replies = exchange(grid, messages, settings.round_timeout, settings.poll_interval)
-        new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
+        replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds)
+        client_phases = median_client_phases(replies)
+        with phases("aggregate"):
+            new_arrays, train_metrics = aggregate(strategy, server_round, replies, silent)
         if new_arrays is None:
             log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
         else:
             arrays = new_arrays
+        with phases("evaluate"):
+            metrics = evaluate(arrays, server_round)
         round_seconds = time.monotonic() - round_started
         report: RoundReport = strategy.round_report
         record = {
             "round": server_round,
-            **evaluate(arrays, server_round),
+            **metrics,
             "clients": len(report.accepted),
             "clients_sent": report.sent,
             "clients_rejected": len(report.rejected),
@@ -147,13 +212,23 @@ def run_rounds(
             "known_clients": (train_metrics or {}).get("known-clients"),  # BayesADMM's K
             "round_seconds": round_seconds,
             "wall_seconds": time.monotonic() - started,
+            # Where the round went (server side; the checkpoint is written after the row, so the row carries the
+            # previous round's) and the clients' medians (setup, update = decode..encode, state-load/-save).
+            "phase_seconds": {**phases.seconds, "previous_checkpoint": checkpoint_seconds},
+            "client_phase_seconds": client_phases,
         }
         results.write(record)
-        checkpoints.save(Checkpoint(
-            server_round, {name: arrays[name].numpy() for name in arrays}, strategy.server_state(),
-            record["wall_seconds"],
-        ))
+        checkpoint_started = time.perf_counter()
+        state = strategy.server_state()
+        state.metadata[WIRE_STATE_KEY] = strategy.wire_state()
+        checkpoints.save(Checkpoint(server_round, {name: arrays[name].numpy() for name in arrays}, state,
+                                    record["wall_seconds"]))
+        checkpoint_seconds = time.perf_counter() - checkpoint_started
         log(INFO, progress_line(record, settings.num_rounds))
+        failed_rounds = 0 if report.accepted else failed_rounds + 1
+        if failed_rounds >= settings.max_failed_rounds:
+            raise RunFailed(f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; last "
+                            f"round: {failure_reasons(report)}")
     return arrays
 
 

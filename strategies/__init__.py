@@ -1,29 +1,40 @@
-"""One module per algorithm, each holding both halves (server Strategy + client update)."""
+"""One module per algorithm, each holding both halves (server Strategy + client update), and the registry that
+names them. Strategies from elsewhere plug in without editing this package (README "Write your own strategy"):
+  - `strategy = "<module>:<attribute>"`: an `Algorithm` in any module importable by the server and every client
+    (e.g. on PYTHONPATH, which `fedbayes local` passes on to every process it starts);
+  - an installed package's entry point in the group `fedbayes.strategies` (name -> "<module>:<attribute>").
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 
 from flwr.app import RecordDict
-from flwr.serverapp.strategy import Strategy
 
 from protos.codec import TensorLayout
 from tasks.config import ConfigError, RunSettings
 
+ENTRY_POINT_GROUP = "fedbayes.strategies"
+
 
 @dataclass(frozen=True)
 class Algorithm:
-    server: Callable[[RunSettings, TensorLayout], Strategy]
+    """A strategy's two halves. `server(settings, layout)` returns a `strategies.base.WireStrategy`;
+    `client_update(content, runtime)` turns an instruction's content into the reply's content on a client."""
+
+    server: Callable[[RunSettings, TensorLayout], object]
     client_update: Callable[..., RecordDict]  # (content, ClientRuntime) -> reply content
 
 
-def _registry() -> dict[str, Algorithm]:
+def _builtin() -> dict[str, Algorithm]:
     from strategies import bayesadmm, dsvgd, fedavg, feddyn, fedlap, fedpa
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
-        "fedprox": Algorithm(fedavg.FedProx, fedavg.client_update),
+        "fedprox": Algorithm(fedavg.fedprox, fedavg.client_update),
         "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update),
         "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update),
         "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update),
@@ -36,12 +47,37 @@ def _registry() -> dict[str, Algorithm]:
     }
 
 
+def _installed() -> dict[str, str]:
+    """Strategies other packages declare: name -> "<module>:<attribute>"."""
+    return {entry.name: entry.value for entry in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_algorithm(reference: str) -> Algorithm:
+    """The `Algorithm` at "<module>:<attribute>"; a ConfigError naming `strategy` when it is not one."""
+    module_name, _, attribute = reference.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ConfigError(f"run config 'strategy': cannot load {reference!r}: {error} (the module must be "
+                          "importable on the server and on every client, e.g. on PYTHONPATH)") from None
+    if not isinstance(found, Algorithm):
+        raise ConfigError(f"run config 'strategy': {reference!r} is {found!r}, not a "
+                          "strategies.Algorithm(server, client_update)")
+    return found
+
+
 def get_algorithm(name: str) -> Algorithm:
-    registry = _registry()
-    if name not in registry:
-        raise ConfigError(f"run config 'strategy' must be one of {', '.join(registry)}, got {name!r}")
-    return registry[name]
+    builtin = _builtin()
+    if name in builtin:
+        return builtin[name]
+    if ":" in name:
+        return load_algorithm(name)
+    installed = _installed()
+    if name in installed:
+        return load_algorithm(installed[name])
+    raise ConfigError(f"run config 'strategy' must be one of {', '.join(algorithm_names())} or "
+                      f"'<module>:<attribute>', got {name!r}")
 
 
 def algorithm_names() -> list[str]:
-    return list(_registry())
+    return [*_builtin(), *_installed()]

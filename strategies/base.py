@@ -1,5 +1,6 @@
-"""What every fedbayes server strategy shares: decoding replies through the wire schema,
-rejecting bad ones without stopping the round, and knowing which stable client sent what."""
+"""What every fedbayes server strategy shares: the trust boundary (every reply decoded and checked inside one
+guard, identities bound to nodes, state touched only by accepted replies), node sampling, and the per-node
+instructions that tell each client which of its rounds the server accepted."""
 
 from __future__ import annotations
 
@@ -11,15 +12,22 @@ from logging import INFO, WARNING
 from typing import TypeVar
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import Message, MessageType, MetricRecord
 from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
 
 from protos import payloads_pb2 as pb
-from protos.codec import Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode
+from protos.codec import (
+    Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, with_envelope,
+)
+from server.identity import ClientIdentities
 from tasks.config import RunSettings
 
 M = TypeVar("M", bound=ProtoMessage)
+WIRE_STATE_KEY = "fedbayes/wire"  # the base's part of a checkpoint's strategy metadata
+MAX_REASON = 400  # characters of a rejection reason that are logged and reported
 
 
 @dataclass
@@ -62,16 +70,163 @@ def local_training(
     )
 
 
-class WireStrategyMixin:
-    """Mixed into a Flower Strategy; keeps the node -> client id map and the round report."""
+def round_metrics(payloads: list[Payload], **extra: float) -> MetricRecord:
+    """What every round reports of its accepted replies: the example-weighted training loss, the mean compute
+    seconds, plus the strategy's own `extra` metrics."""
+    examples = np.array([p.message.num_examples for p in payloads], dtype=np.float64)
+    return MetricRecord({
+        "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
+        "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
+        **extra,
+    })
+
+
+class WireStrategy(Strategy):
+    """Base of every fedbayes server strategy. A subclass builds each round's instruction and absorbs the
+    accepted replies; this class owns who may reply and what a reply must be:
+
+      configure_train: `sample` (or `connected_nodes`), then `instructions(...)` (one message per node).
+      aggregate_train: `decode_replies(...)` -> payloads that passed every check, then compute the new state
+        from them WITHOUT touching the old one, check it, and only then `commit(payloads, round)` and assign.
+        A candidate state that fails its check is dropped with `reject_round(...)`: the clients roll back.
+    """
 
     settings: RunSettings
-    round_report: RoundReport
-    client_of_node: dict[int, str]
 
-    def _init_wire(self) -> None:
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
         self.round_report = RoundReport()
-        self.client_of_node = {}
+        self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
+        self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
+        self.connected: list[int] = []  # the nodes connected when this round was configured
+        self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
+
+    # ---- configure_train --------------------------------------------------------------------------------
+    def connected_nodes(self, grid: Grid) -> list[int]:
+        self.connected = sorted(grid.get_node_ids())
+        return self.connected
+
+    def sample(self, grid: Grid, server_round: int) -> list[int]:
+        return sample_nodes(self.connected_nodes(grid), self.settings.fraction_train, self.settings.min_clients,
+                            self.settings.seed, server_round)
+
+    def instructions(self, instruction: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]],
+                     nodes: Iterable[int]) -> list[Message]:
+        """One TRAIN message per node: the tensors are packed once and shared; each header carries the rounds
+        that node's client had accepted (Header.accepted_rounds), so it continues from the right state."""
+        content = encode(instruction, tensors)
+        nodes = list(nodes)
+        self.round_report = RoundReport(sent=len(nodes))
+        messages = []
+        for node in nodes:
+            instruction.header.accepted_rounds.clear()
+            instruction.header.accepted_rounds.update(
+                self.identities.accepted_view(node, self.accepted_rounds, self.connected))
+            messages.append(Message(with_envelope(content, instruction), dst_node_id=node,
+                                    message_type=MessageType.TRAIN))
+        return messages
+
+    # ---- aggregate_train ----------------------------------------------------------------------------------
+    def decode_replies(
+        self,
+        replies: Iterable[Message],
+        message_type: type[M],
+        layouts: Mapping[str, TensorLayout],
+        server_round: int,
+        check: Callable[[Payload[M]], None] | None = None,
+    ) -> list[Payload[M]]:
+        """The replies of this round that pass every check, in client-id order (so aggregates do not depend on
+        arrival order). Anything wrong with a reply, whatever it raises, rejects that reply alone, logged
+        with its client id, node id and the field; nothing about it is kept. `check` adds the strategy's own
+        checks against its state (positive precisions, duals that match the server's replay, ...)."""
+        accepted: list[Payload[M]] = []
+        claimed: dict[str, int] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                self._reject(self.node_label(node), f"client error: {reply.error.reason}")
+                continue
+            try:
+                payload = self._checked_reply(reply, message_type, layouts, server_round, claimed, check)
+            except Exception as error:  # the guard: no reply may stop the server
+                label = self._claimed_label(reply, message_type)
+                reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
+                self._reject(label, f"rejected reply: {reason.removeprefix(f'{label}: ')}")
+                continue
+            claimed[payload.message.header.client_id] = node
+            accepted.append(payload)
+        self._reply_nodes = claimed
+        log(INFO, "round %d: %d replies pass the checks, %d left out", server_round, len(accepted),
+            len(self.round_report.rejected))
+        return sorted(accepted, key=lambda payload: payload.message.header.client_id)
+
+    def _checked_reply(self, reply: Message, message_type: type[M], layouts: Mapping[str, TensorLayout],
+                       server_round: int, claimed: Mapping[str, int], check) -> Payload[M]:
+        node = reply.metadata.src_node_id
+        sender = self._claimed_label(reply, message_type)
+        check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
+        payload = decode(reply.content, message_type, layouts, sender=sender)
+        header = payload.message.header
+        if header.server_round != server_round:
+            raise PayloadError(f"field 'header.server_round': the reply is for round {header.server_round}, "
+                               f"not {server_round}")
+        if header.federation != self.settings.federation:
+            raise PayloadError(f"field 'header.federation': {header.federation[:64]!r} is not this federation")
+        if header.accepted_rounds:
+            raise PayloadError("field 'header.accepted_rounds': only the server sets it")
+        self.identities.check(node, header.client_id, self.connected, claimed)
+        examples = payload.message.num_examples
+        if not 1 <= examples <= self.settings.max_client_examples:
+            raise PayloadError(f"field 'num_examples': {examples} is not in [1, max-client-examples="
+                               f"{self.settings.max_client_examples}]")
+        if check is not None:
+            check(payload)
+        return payload
+
+    def commit(self, payloads: Iterable[Payload], server_round: int) -> None:
+        """The strategy has absorbed these replies into its state: bind their ids, record the round."""
+        for payload in payloads:
+            client = payload.message.header.client_id
+            self.identities.bind(self._reply_nodes[client], client)
+            self.accepted_rounds[client] = server_round
+            self.round_report.accepted.append(client)
+
+    def reject_round(self, payloads: Iterable[Payload], reason: str) -> None:
+        """The state these replies would make together is unusable: none of them is used (their clients roll
+        back); the round leaves the server's state as it was."""
+        log(WARNING, "round aggregate rejected: %s", reason)
+        for payload in payloads:
+            self._reject(f"client {payload.message.header.client_id!r}", f"rejected with this round's aggregate: {reason}")
+
+    def node_label(self, node: int) -> str:
+        client = self.identities.client_of(node)
+        return f"client {client!r} (node {node})" if client else f"node {node}"
+
+    def _claimed_label(self, reply: Message, message_type: type[ProtoMessage]) -> str:
+        node = reply.metadata.src_node_id
+        claimed = claimed_client_id(reply.content, message_type)
+        known = self.identities.client_of(node)
+        if claimed and known and claimed != known:
+            return f"client {known!r} (node {node}) claiming to be client {claimed[:64]!r}"
+        if claimed and not known:
+            return f"client {claimed[:64]!r} (node {node})"
+        return self.node_label(node)
+
+    def _reject(self, label: str, reason: str) -> None:
+        if len(reason) > MAX_REASON:  # reasons quote what the sender sent: bound what a reply can make us log
+            reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
+        self.round_report.rejected[label] = reason
+        log(WARNING, "%s: %s", label, reason)
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def wire_state(self) -> str:
+        """The base's part of a checkpoint: bound identities and accepted rounds."""
+        return json.dumps({"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds})
+
+    def restore_wire_state(self, saved: str) -> None:
+        state = json.loads(saved)
+        self.identities.restore(state["identities"])
+        self.accepted_rounds = {client: int(r) for client, r in state["accepted_rounds"].items()}
 
     def server_state(self) -> ServerState:
         """Checkpointed after every round (server/checkpoint.py); stateless strategies keep nothing."""
@@ -86,53 +241,15 @@ class WireStrategyMixin:
         """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""
         return []
 
-    def node_label(self, node_id: int) -> str:
-        client = self.client_of_node.get(node_id)
-        return f"client {client!r} (node {node_id})" if client else f"node {node_id}"
+    # The server evaluates the global model centrally; Flower's federated evaluation is not used.
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
 
-    def decode_replies(
-        self,
-        replies: Iterable[Message],
-        message_type: type[M],
-        layouts: Mapping[str, TensorLayout],
-        server_round: int,
-        check: Callable[[Payload[M]], None] | None = None,
-    ) -> list[Payload[M]]:
-        """Valid payloads of this round, by client id; errors and bad payloads are logged and left out. `check` adds
-        the strategy's own semantic checks (e.g. positive precisions): a PayloadError it raises rejects
-        that reply only."""
-        accepted: list[Payload[M]] = []
-        for reply in replies:
-            node_id = reply.metadata.src_node_id
-            label = self.node_label(node_id)
-            if reply.has_error():
-                self._reject(label, f"client error: {reply.error.reason}")
-                continue
-            claimed = claimed_client_id(reply.content, message_type)
-            if claimed and node_id not in self.client_of_node:
-                label = f"client {claimed!r} (node {node_id})"
-            try:
-                check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
-                payload = decode(reply.content, message_type, layouts, sender=label)
-                if check is not None:
-                    check(payload)
-            except PayloadError as error:
-                self._reject(label, f"rejected payload: {error}")
-                continue
-            header = payload.message.header
-            if header.server_round != server_round:
-                self._reject(label, f"reply is for round {header.server_round}, not {server_round}")
-                continue
-            self.client_of_node[node_id] = header.client_id
-            self.round_report.accepted.append(header.client_id)
-            accepted.append(payload)
-        log(INFO, "round %d: %d accepted, %d left out", server_round, len(accepted), len(self.round_report.rejected))
-        # In client-id order, so aggregates do not depend on the order replies happened to arrive in.
-        return sorted(accepted, key=lambda payload: payload.message.header.client_id)
+    def aggregate_evaluate(self, server_round, replies):
+        return None
 
-    def _reject(self, label: str, reason: str) -> None:
-        self.round_report.rejected[label] = reason
-        log(WARNING, "%s: %s", label, reason)
+    def summary(self) -> None:
+        log(INFO, "%s: %s", type(self).__name__, self.settings.strategy)
 
 
 @dataclass
@@ -143,6 +260,9 @@ class Membership:
 
     examples: dict[str, int] = field(default_factory=dict)
     last_round: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> Membership:
+        return Membership(dict(self.examples), dict(self.last_round))
 
     def record(self, client: str, num_examples: int, server_round: int) -> None:
         self.examples[client] = num_examples

@@ -38,10 +38,9 @@ from logging import INFO, WARNING
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from bayes.gaussian import Gaussian, scaled_identity, solve
 from bayes.ivon import IVONWithPrior
@@ -51,7 +50,7 @@ from client.state import ClientState
 from client.training import make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
 from protos.codec import Payload, PayloadError, TensorLayout, Tensors, decode, encode, new_header
-from strategies.base import RoundReport, ServerState, WireStrategyMixin, local_training, sample_nodes
+from strategies.base import ServerState, WireStrategy, local_training, round_metrics
 from tasks.config import ConfigError, RunSettings
 
 DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
@@ -166,7 +165,7 @@ def check_full_family_fits(settings: RunSettings, layout: TensorLayout) -> None:
 
 
 # ---- server half ----------------------------------------------------------------------------------
-class BayesADMM(WireStrategyMixin, Strategy):
+class BayesADMM(WireStrategy):
     """BayesADMM over the network in one of three families (see the module docstring): `diagonal`
     (Alg. 1, IVON clients), `full` (App. C.4, Newton clients) or `isotropic` (= federated ADMM)."""
 
@@ -175,14 +174,13 @@ class BayesADMM(WireStrategyMixin, Strategy):
             raise ValueError(f"unknown BayesADMM family {family!r}")
         if family == "full":
             check_full_family_fits(settings, layout)
-        self.settings = settings
+        super().__init__(settings)
         self.layout = layout
         self.family = family
         self.isotropic = family == "isotropic"
         self.size = sum(math.prod(shape) for shape in layout.values())
-        self.global_: Gaussian | None = None  # set from the initial model in round 1
-        self.duals: dict[str, Duals] = {}  # client id -> its duals
-        self._init_wire()
+        self.global_: Gaussian | None = None  # q̄ as the clients receive it; set from the initial model in round 1
+        self.duals: dict[str, Duals] = {}  # client id -> its duals after its last accepted round
 
     def summary(self) -> None:
         log(INFO, "%s: rho=%g gamma=%g tau=%g delta=%g", self.name, self.settings.rho, self.dual_step_size,
@@ -204,8 +202,8 @@ class BayesADMM(WireStrategyMixin, Strategy):
         if self.isotropic:
             return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
         if self.family == "full":
-            return Gaussian(mean, self.settings.prior_precision * torch.eye(self.size, dtype=torch.float64))
-        return Gaussian(mean, torch.full_like(mean, self.settings.prior_precision))
+            return as_sent(Gaussian(mean, self.settings.prior_precision * torch.eye(self.size, dtype=torch.float64)))
+        return as_sent(Gaussian(mean, torch.full_like(mean, self.settings.prior_precision)))
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -213,8 +211,6 @@ class BayesADMM(WireStrategyMixin, Strategy):
         if self.global_ is None:
             self.global_ = self._initial_global(arrays)
         settings = self.settings
-        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
-                             server_round)
         instruction = pb.BayesADMMInstruction(
             header=new_header(settings.federation, server_round),
             training=local_training(settings, server_round),
@@ -222,12 +218,11 @@ class BayesADMM(WireStrategyMixin, Strategy):
             hess_init=settings.hess_init, beta1=settings.beta1, beta2=settings.beta2,
             mc_samples=settings.mc_samples, rescale_lr=settings.rescale_lr, reset_posterior=settings.reset_posterior,
         )
-        content = encode(instruction, {
+        tensors = {
             "global_mean": unflatten(self.global_.mean.numpy(), self.layout),
             "global_precision": precision_to_wire(self.global_.precision, self.size, self.family, self.layout),
-        })
-        self.round_report = RoundReport(sent=len(nodes))
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+        }
+        return self.instructions(instruction, tensors, self.sample(grid, server_round))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -236,37 +231,53 @@ class BayesADMM(WireStrategyMixin, Strategy):
         layouts = {"local_mean": self.layout, "local_precision": precision_wire,
                    "dual_mean": self.layout, "dual_precision": precision_wire}
         payloads = self.decode_replies(replies, pb.BayesADMMReply, layouts, server_round, check=self._check_reply)
-        locals_ = []
-        for payload in payloads:
-            local = self._local_posterior(payload)
-            self._record_duals(payload, local, server_round)
-            locals_.append(local)
-        if not locals_:
+        if not payloads:
             return None, None
-        updated = server_step(locals_, list(self.duals.values()), self.settings.rho, self.settings.prior_precision)
+        locals_ = [self._local_posterior(payload) for payload in payloads]
+        duals = self.duals | {p.message.header.client_id: self._reported_duals(p, server_round) for p in payloads}
+        updated = server_step(locals_, list(duals.values()), self.settings.rho, self.settings.prior_precision)
         if self.isotropic:
             updated = Gaussian(updated.mean, torch.tensor(1.0, dtype=torch.float64))
-        self._check_global(updated)
-        self.global_ = updated
-        examples = [p.message.num_examples for p in payloads]
-        metrics = MetricRecord({
-            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
-            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
-            "known-clients": len(self.duals),
-        })
-        return ArrayRecord({n: Array(v) for n, v in unflatten(updated.mean.numpy(), self.layout).items()}), metrics
+        updated = as_sent(updated)
+        problem = self._global_problem(updated)
+        if problem:
+            self.reject_round(payloads, problem)
+            return None, None
+        self.commit(payloads, server_round)
+        self.duals, self.global_ = duals, updated
+        arrays = ArrayRecord({n: Array(v) for n, v in unflatten(updated.mean.numpy(), self.layout).items()})
+        return arrays, round_metrics(payloads, **{"known-clients": len(duals)})
 
     def _check_reply(self, payload: Payload) -> None:
         """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite
-        precision matrix (full). The isotropic family sends none."""
-        if self.isotropic:
-            return
-        precision = self._local_posterior(payload).precision
+        precision matrix (full); the isotropic family sends none. The reported duals must be the dual step
+        (Alg. 1 lines 5-6) from the duals of the client's last accepted round (zero for a new client or one
+        that lost its state), as the server replays it: the duals feed the server's sums."""
+        local = self._local_posterior(payload)
         if self.family == "full":
-            if torch.linalg.cholesky_ex(precision).info != 0:
+            if torch.linalg.cholesky_ex(local.precision).info != 0:
                 raise PayloadError("field 'local_precision': the precision matrix is not positive definite")
-        elif (precision <= 0).any():
-            raise PayloadError(f"field 'local_precision': {(precision <= 0).sum().item()} precisions are <= 0")
+        elif not self.isotropic and (local.precision <= 0).any():
+            raise PayloadError(f"field 'local_precision': {(local.precision <= 0).sum().item()} precisions are <= 0")
+        message = payload.message
+        client = message.header.client_id
+        accepted = self.accepted_rounds.get(client, 0)
+        if message.resumed_from_round not in (0, accepted):
+            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
+                               f"server accepted from client {client!r} is {accepted}")
+        if accepted and message.resumed_from_round == 0:
+            log(WARNING, "client %r lost its state after round %d and starts again from zero duals", client, accepted)
+        previous = self.duals[client] if message.resumed_from_round else Duals(
+            torch.zeros_like(local.mean), torch.zeros_like(self.global_.precision))
+        expected = dual_step(previous, local, self.global_, self.dual_step_size, message.header.server_round)
+        reported = self._reported_duals(payload, message.header.server_round)
+        for name, mine, theirs in (("dual_mean", expected.mean, reported.mean),
+                                   ("dual_precision", expected.precision, reported.precision)):
+            scale = max(mine.abs().max().item(), theirs.abs().max().item(), 1e-30)
+            error = (mine - theirs).abs().max().item() / scale
+            if error > DUAL_CHECK_RTOL:
+                raise PayloadError(f"field '{name}': differs from the server's replay of the dual step by "
+                                   f"{error:.2e} (relative; at most {DUAL_CHECK_RTOL:g})")
 
     def _local_posterior(self, payload: Payload) -> Gaussian:
         mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
@@ -274,32 +285,12 @@ class BayesADMM(WireStrategyMixin, Strategy):
             return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
         return Gaussian(mean, precision_from_wire(payload.tensors["local_precision"], self.family, self.layout))
 
-    def _record_duals(self, payload: Payload, local: Gaussian, server_round: int) -> None:
-        """Keep the client's reported duals; check them against our replay of its dual step."""
-        client = payload.message.header.client_id
-        reported = Duals(
-            torch.from_numpy(flatten(payload.tensors["dual_mean"], self.layout)),
-            precision_from_wire(payload.tensors["dual_precision"], self.family, self.layout),
-            server_round,
-        )
+    def _reported_duals(self, payload: Payload, server_round: int) -> Duals:
+        mean = torch.from_numpy(flatten(payload.tensors["dual_mean"], self.layout))
         if self.isotropic:
-            reported.precision = torch.tensor(0.0, dtype=torch.float64)
-        known = self.duals.get(client)
-        resumed = payload.message.resumed_from_round
-        previous = known if known is not None and resumed == known.round else Duals(
-            torch.zeros_like(reported.mean), torch.zeros_like(reported.precision))
-        if known is not None and resumed != known.round:
-            log(WARNING, "client %r resumed from round %d but the server last saw it in round %d "
-                "(lost or stale client state); taking the client's duals", client, resumed, known.round)
-        expected = dual_step(previous, local, self.global_, self.dual_step_size, server_round)
-        for name, mine, theirs in (("dual_mean", expected.mean, reported.mean),
-                                   ("dual_precision", expected.precision, reported.precision)):
-            scale = mine.abs().max().item() + 1e-30
-            error = (mine - theirs).abs().max().item() / scale
-            if error > DUAL_CHECK_RTOL:
-                log(WARNING, "client %r: reported %s differs from the server's replay by %.2e (relative)",
-                    client, name, error)
-        self.duals[client] = reported
+            return Duals(mean, torch.tensor(0.0, dtype=torch.float64), server_round)
+        return Duals(mean, precision_from_wire(payload.tensors["dual_precision"], self.family, self.layout),
+                     server_round)
 
     def server_state(self) -> ServerState:
         """q̄ and every known client's duals (with the round they were last updated in), in float64."""
@@ -321,18 +312,17 @@ class BayesADMM(WireStrategyMixin, Strategy):
             for client, dual_round in json.loads(state.metadata["dual_rounds"]).items()
         }
 
-    def _check_global(self, q: Gaussian) -> None:
+    def _global_problem(self, q: Gaussian) -> str | None:
+        """Why `q` cannot be the new global posterior, or None."""
         if not (torch.isfinite(q.mean).all() and torch.isfinite(q.precision).all()):
-            raise FloatingPointError(f"{self.name}: the global posterior became non-finite")
-        if self.family == "full":
-            if torch.linalg.cholesky_ex(q.precision).info != 0:
-                raise FloatingPointError(f"{self.name}: the global precision matrix is not positive definite; "
-                                         "lower dual-damping or raise prior-precision")
-        elif (q.precision <= 0).any():
-            raise FloatingPointError(
-                f"{self.name}: {(q.precision <= 0).sum().item()} global precisions are <= 0; "
-                "lower dual-damping or raise prior-precision"
-            )
+            return f"{self.name}: the global posterior would be non-finite"
+        if self.family == "full" and torch.linalg.cholesky_ex(q.precision).info != 0:
+            return (f"{self.name}: the global precision matrix would not be positive definite; lower dual-damping "
+                    "or raise prior-precision")
+        if self.family == "diagonal" and (q.precision <= 0).any():
+            return (f"{self.name}: {(q.precision <= 0).sum().item()} global precisions would be <= 0; lower "
+                    "dual-damping or raise prior-precision")
+        return None
 
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
         """Weights sampled from q̄ for the predictive ensemble (none for the fixed-covariance family)."""
@@ -341,11 +331,10 @@ class BayesADMM(WireStrategyMixin, Strategy):
         samples = Gaussian(self.global_.mean, self.global_.precision).sample(count, generator)
         return [unflatten(sample.numpy(), self.layout) for sample in samples]
 
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return []
 
-    def aggregate_evaluate(self, server_round, replies):
-        return None
+def as_sent(q: Gaussian) -> Gaussian:
+    """`q` rounded to float32, as the clients receive it: the server replays their dual steps from the same q̄."""
+    return Gaussian(q.mean.to(torch.float32).double(), q.precision.to(torch.float32).double())
 
 
 def fedadmm(settings: RunSettings, layout: TensorLayout) -> BayesADMM:
@@ -372,7 +361,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     parameter_names = [name for name, _ in runtime.model.named_parameters()]
     if parameter_names != list(runtime.layout):
         raise ValueError(f"BayesADMM needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
-    stored = runtime.store.load(before_round=instruction.header.server_round)
+    stored = runtime.load_state(instruction.header)
     duals = _stored_duals(stored, global_)
     torch.manual_seed(runtime.local_seed(instruction.header.server_round))
     if family == "isotropic":
@@ -388,10 +377,10 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         )
     resumed_from = duals.round
     duals = dual_step(duals, local, global_, instruction.dual_step, instruction.header.server_round)
-    runtime.store.save(ClientState(
+    runtime.save_state(instruction.header, ClientState(
         {"dual_mean": duals.mean, "dual_precision": duals.precision.expand(precision_shape), **optimizer_state},
         {"federation": instruction.header.federation},
-    ), duals.round)
+    ))
     reply = pb.BayesADMMReply(
         header=new_header(instruction.header.federation, instruction.header.server_round, runtime.node.client_id),
         num_examples=len(runtime.data.labels), train_loss=train_loss,

@@ -34,29 +34,27 @@ Evaluation: the server's predictive averages the N particles (eq. 27) and is rep
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from bayes.kernels import AdaGradMomentum, grad_log_kde, svgd
 from bayes.params import unflatten
 from client.runtime import ClientRuntime
-from client.state import ClientState, StaleStateError
+from client.state import ClientState
 from protos import payloads_pb2 as pb
-from protos.codec import TensorLayout, decode, encode, new_header
-from strategies.base import RoundReport, ServerState, WireStrategyMixin, sample_nodes
+from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
+from strategies.base import ServerState, WireStrategy, round_metrics, sample_nodes
 from tasks.config import RunSettings
 from tasks.datasets import Dataset
 
@@ -186,20 +184,18 @@ class MinibatchLossGradient:
 
 
 # ---- server half ----------------------------------------------------------------------------------
-class DSVGD(WireStrategyMixin, Strategy):
+class DSVGD(WireStrategy):
     """DSVGD over the network (one client per round), or P-DSVGD (`parallel`: several, server distils)."""
 
     def __init__(self, settings: RunSettings, layout: TensorLayout, parallel: bool = False) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.layout = layout
         self.parallel = parallel
         self.size = sum(math.prod(shape) for shape in layout.values())
         self.particle_layout = {"particles": (settings.particles, self.size)}
         self.particles: np.ndarray | None = None  # Θ (P-DSVGD: φ), (N, P) float32
-        self.accepted_rounds: dict[str, int] = {}  # client id -> round of its last accepted update
         self.last_scheduled = ""  # round-robin position: the client id scheduled last
         self.local_particles: dict[str, np.ndarray] = {}  # P-DSVGD: every client's latest local set
-        self._init_wire()
 
     def summary(self) -> None:
         s = self.settings
@@ -213,19 +209,16 @@ class DSVGD(WireStrategyMixin, Strategy):
         settings = self.settings
         if self.particles is None:
             self.particles = initial_particles(self.layout, settings.particles, settings.seed)
-        nodes = self.schedule(sorted(grid.get_node_ids()), server_round)
+        nodes = self.schedule(self.connected_nodes(grid), server_round)
         instruction = pb.DSVGDInstruction(
             header=new_header(settings.federation, server_round),
             local_steps=settings.local_steps, distill_steps=settings.distill_steps,
             kde_bandwidth=settings.kde_bandwidth, step_size=settings.svgd_lr, distill_step_size=settings.distill_lr,
             beta=settings.svgd_beta, fudge=settings.svgd_fudge, alpha=settings.dsvgd_alpha,
             prior_precision=settings.prior_precision, batch_size=settings.batch_size, initial_seed=settings.seed,
-            accepted_rounds=self.accepted_rounds,
         )
-        content = encode(instruction, {"particles": {"particles": self.particles}})
-        self.round_report = RoundReport(sent=len(nodes))
         log(INFO, "round %d: scheduled %s", server_round, ", ".join(self.node_label(node) for node in nodes))
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+        return self.instructions(instruction, {"particles": {"particles": self.particles}}, nodes)
 
     def schedule(self, nodes: list[int], server_round: int) -> list[int]:
         """P-DSVGD: a seeded `fraction-train` of the nodes. DSVGD: one node; a node whose client id is not
@@ -238,69 +231,72 @@ class DSVGD(WireStrategyMixin, Strategy):
             return sample_nodes(nodes, settings.fraction_train, settings.min_clients, settings.seed, server_round)
         if settings.dsvgd_scheduler == "random":
             return [random.Random(settings.seed * 1_000_003 + server_round).choice(nodes)]
-        unknown = [node for node in nodes if node not in self.client_of_node]
+        client_of_node = {node: self.identities.client_of(node) for node in nodes}
+        unknown = [node for node, client in client_of_node.items() if client is None]
         if unknown:
             return unknown[:1]
-        node_of_client = {self.client_of_node[node]: node for node in nodes}
+        node_of_client = {client: node for node, client in client_of_node.items()}
         clients = sorted(node_of_client)
         following = [client for client in clients if client > self.last_scheduled]
-        self.last_scheduled = (following or clients)[0]
+        self.last_scheduled = (following or clients)[0]  # moves on even if its reply never comes
         return [node_of_client[self.last_scheduled]]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
-        replying_nodes = {reply.metadata.src_node_id for reply in replies}
         if self.parallel:
             payloads = self.decode_replies(replies, pb.PDSVGDReply, {"local_particles": self.particle_layout},
-                                           server_round)
+                                           server_round, check=self._check_reply)
         else:
             payloads = self.decode_replies(replies, pb.DSVGDReply, {"particles": self.particle_layout},
-                                           server_round)
+                                           server_round, check=self._check_reply)
         if not payloads:
             return None, None
-        for payload in payloads:
-            client = payload.message.header.client_id
-            expected = self.accepted_rounds.get(client, 0)
-            if payload.message.resumed_from_round != expected:
-                log(WARNING, "client %r started from its local particles of round %d, but its last accepted "
-                    "update is from round %d (lost or stale client state)", client,
-                    payload.message.resumed_from_round, expected)
-            self.accepted_rounds[client] = server_round
-            self.last_scheduled = client
-            # a restarted client is a new node: forget its old node, so the schedule never picks a dead one
-            for node in [n for n, c in self.client_of_node.items() if c == client and n not in replying_nodes]:
-                del self.client_of_node[node]
         if self.parallel:
-            for payload in payloads:
-                self.local_particles[payload.message.header.client_id] = payload.tensors["local_particles"][
-                    "particles"]
-            self.particles = self._server_distillation()
+            local_particles = self.local_particles | {
+                p.message.header.client_id: p.tensors["local_particles"]["particles"] for p in payloads}
+            particles = self._server_distillation(local_particles)
+            if particles is None:
+                self.reject_round(payloads, "p-dsvgd: the server's particles became non-finite; lower distill-lr")
+                return None, None
+            self.local_particles = local_particles
         else:
             (payload,) = payloads  # one node was sent the round's instruction
-            self.particles = payload.tensors["particles"]["particles"]  # Alg. 1 line 6: replace, never average
+            particles = payload.tensors["particles"]["particles"]  # Alg. 1 line 6: replace, never average
+        self.commit(payloads, server_round)
+        self.particles = particles
+        self.last_scheduled = payloads[-1].message.header.client_id  # a newly discovered client counts too
         self._log_spread(server_round)
-        examples = [p.message.num_examples for p in payloads]
-        metrics = MetricRecord({
-            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
-            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
-        })
         mean = self.particles.astype(np.float64).mean(0)
-        return ArrayRecord({name: Array(value) for name, value in unflatten(mean, self.layout).items()}), metrics
+        arrays = ArrayRecord({name: Array(value) for name, value in unflatten(mean, self.layout).items()})
+        return arrays, round_metrics(payloads)
 
-    def _server_distillation(self) -> np.ndarray:
+    def _check_reply(self, payload: Payload) -> None:
+        """An update must start from the local particles of the client's last accepted round (or, when they
+        are lost, from Θ^(0)); anything else belongs to a round the server never used."""
+        message = payload.message
+        client = message.header.client_id
+        accepted = self.accepted_rounds.get(client, 0)
+        if message.resumed_from_round not in (0, accepted):
+            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
+                               f"server accepted from client {client!r} is {accepted}")
+        if accepted and message.resumed_from_round == 0:
+            log(WARNING, "client %r lost its local particles of round %d and started again from the initial "
+                "particles (its earlier data now counts twice)", client, accepted)
+
+    def _server_distillation(self, local_particles: dict[str, np.ndarray]) -> np.ndarray | None:
+        """P-DSVGD's server step (eq. 28-29) over every client's latest local particles; None if it diverges."""
         settings = self.settings
         steps = SVGDSettings(0, 0, settings.kde_bandwidth, settings.svgd_lr, settings.distill_lr, settings.svgd_beta,
                              settings.svgd_fudge, settings.dsvgd_alpha)
-        local_sets = [torch.from_numpy(self.local_particles[c]) for c in sorted(self.local_particles)]
+        local_sets = [torch.from_numpy(local_particles[c]) for c in sorted(local_particles)]
         started = time.perf_counter()
         particles = server_distillation(torch.from_numpy(self.particles), local_sets,
                                         gaussian_prior_score(settings.prior_precision), settings.server_steps, steps)
         log(INFO, "P-DSVGD server distillation over %d clients' particles: %.1f s", len(local_sets),
             time.perf_counter() - started)
         if not torch.isfinite(particles).all():
-            raise FloatingPointError("p-dsvgd: the server's particles became non-finite; lower distill-lr")
+            return None
         return particles.numpy().astype(np.float32)
 
     def _log_spread(self, server_round: int) -> None:
@@ -320,8 +316,7 @@ class DSVGD(WireStrategyMixin, Strategy):
             return ServerState()
         tensors = {"particles": self.particles}
         tensors |= {f"local/{client}": value for client, value in self.local_particles.items()}
-        return ServerState(tensors, {"accepted_rounds": json.dumps(self.accepted_rounds),
-                                     "last_scheduled": self.last_scheduled})
+        return ServerState(tensors, {"last_scheduled": self.last_scheduled})
 
     def restore_server_state(self, state: ServerState) -> None:
         if not state.tensors:
@@ -329,14 +324,7 @@ class DSVGD(WireStrategyMixin, Strategy):
         self.particles = state.tensors["particles"].astype(np.float32)
         self.local_particles = {name.removeprefix("local/"): value.astype(np.float32)
                                 for name, value in state.tensors.items() if name.startswith("local/")}
-        self.accepted_rounds = json.loads(state.metadata["accepted_rounds"])
         self.last_scheduled = state.metadata["last_scheduled"]
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return []
-
-    def aggregate_evaluate(self, server_round, replies):
-        return None
 
 
 def p_dsvgd(settings: RunSettings, layout: TensorLayout) -> DSVGD:
@@ -370,8 +358,8 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     if not (torch.isfinite(updated).all() and torch.isfinite(local).all()):
         raise FloatingPointError(f"{runtime.node.client_id}: particles became non-finite in round {server_round}; "
                                  "lower svgd-lr / distill-lr or raise kde-bandwidth")
-    runtime.store.save(ClientState({"local_particles": local.cpu()}, {"federation": instruction.header.federation}),
-                       server_round)
+    runtime.save_state(instruction.header, ClientState({"local_particles": local.cpu()},
+                                                       {"federation": instruction.header.federation}))
     fields = dict(
         header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
         num_examples=len(runtime.data.labels), train_loss=loss_gradient.last_loss, compute_seconds=compute_seconds,
@@ -384,20 +372,13 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
 
 def _stored_local_particles(runtime: ClientRuntime, instruction: pb.DSVGDInstruction,
                             shape: tuple[int, int]) -> tuple[torch.Tensor, int]:
-    """This client's local particles from the round of its last accepted update, and that round; at its
-    first visit (or, logged as an error, if they are lost) copies of Θ^(0), round 0. Lost particles cannot
-    be recovered: starting again from Θ^(0) counts this client's earlier data twice (spec §4)."""
-    accepted = instruction.accepted_rounds.get(runtime.node.client_id, 0)
-    if accepted:
-        try:
-            stored = runtime.store.load(before_round=accepted + 1)
-        except StaleStateError:
-            stored = None
-        if stored is not None and stored.round == accepted:
-            local = stored.tensors["local_particles"]
-            if tuple(local.shape) != shape:
-                raise ValueError(f"stored local particles have shape {tuple(local.shape)}, this run needs {shape}")
-            return local.float(), accepted
-        log(ERROR, "%s: no local particles from round %d (its last accepted update); starting again from the "
-            "initial particles, which counts this client's data twice", runtime.node.client_id, accepted)
-    return torch.from_numpy(initial_particles(runtime.layout, shape[0], instruction.initial_seed)), 0
+    """This client's local particles after the round of its last accepted update, and that round; at its
+    first visit (or, logged as an error by the runtime, if they are lost) copies of Θ^(0), round 0. Lost
+    particles cannot be recovered: starting again from Θ^(0) counts this client's earlier data twice (spec §4)."""
+    stored = runtime.load_state(instruction.header)
+    if stored is None:
+        return torch.from_numpy(initial_particles(runtime.layout, shape[0], instruction.initial_seed)), 0
+    local = stored.tensors["local_particles"]
+    if tuple(local.shape) != shape:
+        raise ValueError(f"stored local particles have shape {tuple(local.shape)}, this run needs {shape}")
+    return local.float(), stored.round

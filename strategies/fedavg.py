@@ -1,63 +1,48 @@
 """FedAvg (McMahan et al., 2017) and FedProx (Li et al., 2020) over the fedbayes wire schema.
 
-Server half: Flower's own FedAvg/FedProx do node sampling and the example-weighted average
-w = sum_k N_k w_k / sum_k N_k; we only put their messages through protos/ (FedAvgInstruction /
-FedAvgReply) and reject bad replies. Client half: E local epochs of Adam/SGD on the mean minibatch
-loss, plus FedProx's proximal term mu/2 * ||w - w_global||^2 (squared norm, as in the paper; Flower's
-docstring example uses the unsquared norm).
+Server half: a seeded `fraction-train` of the nodes, and the example-weighted average
+w = sum_k N_k w_k / sum_k N_k (in float64) of the replies that pass the checks. Client half: E local epochs of
+Adam/SGD on the mean minibatch loss, plus FedProx's proximal term mu/2 * ||w - w_global||^2 (squared norm, as
+in the paper; Flower's docstring example uses the unsquared norm).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-from flwr.serverapp.strategy import FedProx as FlowerFedProx
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from bayes.params import get_parameters, set_parameters
+from bayes.params import flatten, get_parameters, set_parameters, unflatten, weighted_mean
 from client.runtime import ClientRuntime
 from client.training import make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
 from protos.codec import TensorLayout, decode, encode, new_header
-from strategies.base import RoundReport, WireStrategyMixin, local_training
+from strategies.base import WireStrategy, local_training, round_metrics
 from tasks.config import RunSettings
 
 
-class _FedAvgWire(WireStrategyMixin):
-    """Puts the Flower strategy's train messages and replies through the wire schema."""
+class FedAvg(WireStrategy):
+    """FedAvg; FedProx when `proximal_mu` > 0 (its clients add mu/2 * ||w - w_global||^2)."""
 
-    def __init__(self, settings: RunSettings, layout: TensorLayout, **flower_options) -> None:
-        super().__init__(
-            fraction_train=settings.fraction_train,
-            fraction_evaluate=0.0,  # the server evaluates the global model centrally
-            min_train_nodes=settings.min_clients,
-            min_available_nodes=settings.min_clients,
-            **flower_options,
-        )
-        self.settings = settings
+    def __init__(self, settings: RunSettings, layout: TensorLayout, proximal_mu: float = 0.0) -> None:
+        super().__init__(settings)
         self.layout = layout
-        self._init_wire()
+        self.proximal_mu = proximal_mu
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        sampled = list(super().configure_train(server_round, arrays, config, grid))  # Flower samples nodes
         settings = self.settings
         instruction = pb.FedAvgInstruction(
             header=new_header(settings.federation, server_round),
             training=local_training(settings, server_round, weight_decay=settings.weight_decay),
-            proximal_mu=float(config.get("proximal-mu", 0.0)),  # set by Flower's FedProx
+            proximal_mu=self.proximal_mu,
         )
-        content = encode(instruction, {"weights": {name: arrays[name].numpy() for name in self.layout}})
-        self.round_report = RoundReport(sent=len(sampled))
-        return [
-            Message(content, dst_node_id=message.metadata.dst_node_id, message_type=MessageType.TRAIN)
-            for message in sampled
-        ]
+        weights = {name: arrays[name].numpy() for name in self.layout}
+        return self.instructions(instruction, {"weights": weights}, self.sample(grid, server_round))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -65,36 +50,15 @@ class _FedAvgWire(WireStrategyMixin):
         payloads = self.decode_replies(replies, pb.FedAvgReply, {"weights": self.layout}, server_round)
         if not payloads:
             return None, None
-        # Re-shaped into the records Flower's aggregation helpers expect.
-        records = [
-            RecordDict(
-                {
-                    "arrays": ArrayRecord({name: Array(value) for name, value in payload.tensors["weights"].items()}),
-                    "metrics": MetricRecord(
-                        {
-                            self.weighted_by_key: payload.message.num_examples,
-                            "train-loss": payload.message.train_loss,
-                            "compute-seconds": payload.message.compute_seconds,
-                        }
-                    ),
-                }
-            )
-            for payload in payloads
-        ]
-        return aggregate_arrayrecords(records, self.weighted_by_key), self.train_metrics_aggr_fn(
-            records, self.weighted_by_key
-        )
+        average = weighted_mean([flatten(p.tensors["weights"], self.layout) for p in payloads],
+                                [p.message.num_examples for p in payloads])
+        self.commit(payloads, server_round)
+        weights = unflatten(average.astype(np.float32), self.layout)
+        return ArrayRecord({name: Array(value) for name, value in weights.items()}), round_metrics(payloads)
 
 
-class FedAvg(_FedAvgWire, FlowerFedAvg):
-    """FedAvg: Flower's sampling and weighted averaging, fedbayes payloads."""
-
-
-class FedProx(_FedAvgWire, FlowerFedProx):
-    """FedProx: FedAvg whose clients add mu/2 * ||w - w_global||^2 to their loss."""
-
-    def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
-        super().__init__(settings, layout, proximal_mu=settings.proximal_mu)
+def fedprox(settings: RunSettings, layout: TensorLayout) -> FedAvg:
+    return FedAvg(settings, layout, proximal_mu=settings.proximal_mu)
 
 
 def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:

@@ -28,21 +28,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from bayes.params import flatten, unflatten
 from client.runtime import ClientRuntime
 from client.state import ClientState
 from client.training import train_anchored
 from protos import payloads_pb2 as pb
-from protos.codec import TensorLayout, decode, encode, new_header
+from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
 from strategies.base import (
-    Membership, RoundReport, ServerState, WireStrategyMixin, client_population, local_training, sample_nodes,
+    Membership, ServerState, WireStrategy, client_population, local_training, round_metrics,
 )
 from tasks.config import RunSettings
 
@@ -77,24 +75,23 @@ class ClientLambda:
     round: int  # the round it was last updated in
 
 
+def total_lambda(lambdas: dict[str, ClientLambda]) -> torch.Tensor:
+    """Λ = Σ_k λ_k over every known client."""
+    return torch.stack([entry.value for entry in lambdas.values()]).sum(0)
+
+
 # ---- server half --------------------------------------------------------------------------------------
-class FedDyn(WireStrategyMixin, Strategy):
+class FedDyn(WireStrategy):
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.layout = layout
         self.global_: torch.Tensor | None = None  # w_g, float32-representable float64
         self.lambdas: dict[str, ClientLambda] = {}  # the server's replay of every known client's λ_k
         self.membership = Membership()
-        self._init_wire()
 
     def summary(self) -> None:
         log(INFO, "feddyn: alpha=%g weight-decay=%g max-grad-norm=%g fraction-train=%g", self.settings.feddyn_alpha,
             self.settings.weight_decay, self.settings.max_grad_norm, self.settings.fraction_train)
-
-    @property
-    def lambda_sum(self) -> torch.Tensor:
-        """Λ = Σ_k λ_k over every known client."""
-        return torch.stack([entry.value for entry in self.lambdas.values()]).sum(0)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -102,8 +99,7 @@ class FedDyn(WireStrategyMixin, Strategy):
         if self.global_ is None:
             self.global_ = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)))
         settings = self.settings
-        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
-                             server_round)
+        nodes = self.sample(grid, server_round)
         instruction = pb.FedDynInstruction(
             header=new_header(settings.federation, server_round),
             training=local_training(settings, server_round, weight_decay=settings.weight_decay),
@@ -112,45 +108,48 @@ class FedDyn(WireStrategyMixin, Strategy):
             known_examples=self.membership.total_examples,
             max_grad_norm=settings.max_grad_norm,
         )
-        content = encode(instruction, {"global_weights": unflatten(self.global_.numpy(), self.layout)})
-        self.round_report = RoundReport(sent=len(nodes))
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+        return self.instructions(instruction, {"global_weights": unflatten(self.global_.numpy(), self.layout)}, nodes)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        payloads = self.decode_replies(replies, pb.FedDynReply, {"weights": self.layout}, server_round)
+        payloads = self.decode_replies(replies, pb.FedDynReply, {"weights": self.layout}, server_round,
+                                       check=self._check_reply)
         if not payloads:
             return None, None
-        locals_ = []
+        locals_, lambdas, membership = [], dict(self.lambdas), self.membership.copy()
         for payload in payloads:
             message = payload.message
             local = torch.from_numpy(flatten(payload.tensors["weights"], self.layout))
             client = message.header.client_id
-            previous = self._lambda_before(client, message.resumed_from_round)
-            self.lambdas[client] = ClientLambda(lambda_step(previous, local, self.global_), server_round)
-            self.membership.record(client, message.num_examples, server_round)
+            previous = lambdas[client].value if message.resumed_from_round else torch.zeros_like(self.global_)
+            lambdas[client] = ClientLambda(lambda_step(previous, local, self.global_), server_round)
+            membership.record(client, message.num_examples, server_round)
             locals_.append(local)
-        self.global_ = as_sent(server_step(locals_, self.lambda_sum, self.membership.clients))
-        if not torch.isfinite(self.global_).all():
-            raise FloatingPointError("feddyn: the global model became non-finite; lower feddyn-alpha or lr")
-        examples = [p.message.num_examples for p in payloads]
-        metrics = MetricRecord({
-            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
-            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
-            "known-clients": self.membership.clients,
-        })
-        return ArrayRecord({n: Array(v) for n, v in unflatten(self.global_.numpy(), self.layout).items()}), metrics
+        global_ = as_sent(server_step(locals_, total_lambda(lambdas), membership.clients))
+        if not torch.isfinite(global_).all():
+            self.reject_round(payloads, "feddyn: the global model would be non-finite; lower feddyn-alpha or lr")
+            return None, None
+        self.commit(payloads, server_round)
+        self.global_, self.lambdas, self.membership = global_, lambdas, membership
+        arrays = ArrayRecord({n: Array(v) for n, v in unflatten(self.global_.numpy(), self.layout).items()})
+        return arrays, round_metrics(payloads, **{"known-clients": self.membership.clients})
 
-    def _lambda_before(self, client: str, resumed_from: int) -> torch.Tensor:
-        """The λ_k the client started this round from, by the server's replay."""
-        known = self.lambdas.get(client)
-        if known is not None and resumed_from == known.round:
-            return known.value
-        if known is not None:
-            log(WARNING, "client %r resumed from round %d but the server last saw it in round %d (lost or stale "
-                "client state); its λ_k restarts from zero", client, resumed_from, known.round)
-        return torch.zeros_like(self.global_)
+    @property
+    def lambda_sum(self) -> torch.Tensor:
+        return total_lambda(self.lambdas)
+
+    def _check_reply(self, payload: Payload) -> None:
+        """The server replays λ_k from the round the client started from: its last accepted round, or 0 when
+        the client is new or lost its state (λ_k = 0 on both sides then)."""
+        message = payload.message
+        client = message.header.client_id
+        accepted = self.accepted_rounds.get(client, 0)
+        if message.resumed_from_round not in (0, accepted):
+            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
+                               f"server accepted from client {client!r} is {accepted}")
+        if accepted and message.resumed_from_round == 0:
+            log(WARNING, "client %r lost its state after round %d; its λ_k restarts from zero", client, accepted)
 
     def server_state(self) -> ServerState:
         if self.global_ is None:
@@ -171,12 +170,6 @@ class FedDyn(WireStrategyMixin, Strategy):
         }
         self.membership = Membership.from_metadata(state.metadata)
 
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return []
-
-    def aggregate_evaluate(self, server_round, replies):
-        return None
-
 
 # ---- client half ----------------------------------------------------------------------------------
 LAMBDA_KEY = "feddyn_lambda"
@@ -188,7 +181,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     instruction = payload.message
     server_round = instruction.header.server_round
     global_ = torch.from_numpy(flatten(payload.tensors["global_weights"], runtime.layout))
-    stored = runtime.store.load(before_round=server_round)
+    stored = runtime.load_state(instruction.header)
     lam = stored.tensors[LAMBDA_KEY].double() if stored is not None else torch.zeros_like(global_)
     if lam.shape != global_.shape:
         raise ValueError(f"stored λ_k has {lam.numel()} values, this run's model has {global_.numel()}")
@@ -201,8 +194,8 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         runtime, instruction.training, start=global_, anchor=global_ - lam, weight=alpha_k,
         server_round=server_round, max_grad_norm=instruction.max_grad_norm,
     )
-    runtime.store.save(ClientState({LAMBDA_KEY: lambda_step(lam, local, global_)},
-                                   {"federation": instruction.header.federation}), server_round)
+    runtime.save_state(instruction.header, ClientState({LAMBDA_KEY: lambda_step(lam, local, global_)},
+                                                       {"federation": instruction.header.federation}))
     reply = pb.FedDynReply(
         header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
         num_examples=num_examples, train_loss=train_loss, compute_seconds=seconds,

@@ -35,12 +35,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from bayes.curvature import diag_ggn
 from bayes.params import flatten, unflatten
@@ -50,7 +48,7 @@ from client.training import train_anchored
 from protos import payloads_pb2 as pb
 from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
 from strategies.base import (
-    Membership, RoundReport, ServerState, WireStrategyMixin, client_population, local_training, sample_nodes,
+    Membership, ServerState, WireStrategy, client_population, local_training, round_metrics,
 )
 from tasks.config import RunSettings
 
@@ -97,9 +95,9 @@ def as_sent(flat: torch.Tensor) -> torch.Tensor:
 
 
 # ---- server half --------------------------------------------------------------------------------------
-class FedLap(WireStrategyMixin, Strategy):
+class FedLap(WireStrategy):
     def __init__(self, settings: RunSettings, layout: TensorLayout, covariance: bool = False) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.layout = layout
         self.covariance = covariance
         self.delta = settings.prior_precision
@@ -109,7 +107,6 @@ class FedLap(WireStrategyMixin, Strategy):
         self.initial_share = 0.0  # what this round's fresh clients start with (1/K₁ in round 1)
         self.sites: dict[str, Site] = {}
         self.membership = Membership()
-        self._init_wire()
 
     @property
     def name(self) -> str:
@@ -127,8 +124,7 @@ class FedLap(WireStrategyMixin, Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         settings = self.settings
-        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
-                             server_round)
+        nodes = self.sample(grid, server_round)
         if self.global_mean is None:
             self.global_mean = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout},
                                                                 self.layout)))
@@ -145,10 +141,8 @@ class FedLap(WireStrategyMixin, Strategy):
             max_grad_norm=settings.max_grad_norm,
         )
         precision = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
-        content = encode(instruction, {"global_mean": unflatten(self.global_mean.numpy(), self.layout),
-                                       "global_precision": precision})
-        self.round_report = RoundReport(sent=len(nodes))
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+        tensors = {"global_mean": unflatten(self.global_mean.numpy(), self.layout), "global_precision": precision}
+        return self.instructions(instruction, tensors, nodes)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -157,26 +151,25 @@ class FedLap(WireStrategyMixin, Strategy):
         payloads = self.decode_replies(replies, pb.FedLapReply, layouts, server_round, check=self._check_reply)
         if not payloads:
             return None, None
+        sites, unclaimed, membership = dict(self.sites), self.unclaimed, self.membership.copy()
         for payload in payloads:
             message = payload.message
             client = message.header.client_id
-            known = self.sites.get(client)
-            if known is not None and message.resumed_from_round != known.round:
-                log(WARNING, "client %r resumed from round %d but the server last saw it in round %d (lost or stale "
-                    "client state); its new site replaces the old one", client, message.resumed_from_round,
-                    known.round)
             if message.resumed_from_round == 0 and self.initial_share > 0.0:  # it took its share of the init
-                self.unclaimed = self.unclaimed - self.initial_share * self.global_precision * self.global_mean
-            self.sites[client] = self._site(payload, server_round)
-            self.membership.record(client, message.num_examples, server_round)
-        self._update_global()
-        examples = [p.message.num_examples for p in payloads]
-        metrics = MetricRecord({
-            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
-            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
-            "known-clients": self.membership.clients,
-        })
-        return ArrayRecord({n: Array(v) for n, v in unflatten(self.global_mean.numpy(), self.layout).items()}), metrics
+                unclaimed = unclaimed - self.initial_share * self.global_precision * self.global_mean
+            sites[client] = self._site(payload, server_round)
+            membership.record(client, message.num_examples, server_round)
+        natural_sum = unclaimed + torch.stack([site.mean for site in sites.values()]).sum(0)
+        precision_sum = torch.stack([site.precision for site in sites.values()]).sum(0)
+        mean, precision = global_from_sites(natural_sum, precision_sum, self.delta)
+        if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
+            self.reject_round(payloads, f"{self.name}: the global mean would be non-finite")
+            return None, None
+        self.commit(payloads, server_round)
+        self.sites, self.unclaimed, self.membership = sites, unclaimed, membership
+        self.global_mean, self.global_precision = as_sent(mean), as_sent(precision)
+        arrays = ArrayRecord({n: Array(v) for n, v in unflatten(self.global_mean.numpy(), self.layout).items()})
+        return arrays, round_metrics(payloads, **{"known-clients": self.membership.clients})
 
     def _site(self, payload: Payload, server_round: int) -> Site:
         mean = torch.from_numpy(flatten(payload.tensors["site_mean"], self.layout))
@@ -185,17 +178,18 @@ class FedLap(WireStrategyMixin, Strategy):
         return Site(mean, torch.from_numpy(flatten(payload.tensors["site_precision"], self.layout)), server_round)
 
     def _check_reply(self, payload: Payload) -> None:
-        """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0."""
+        """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0. The site must follow
+        from the client's last accepted one (or start afresh: a new client, or one that lost its state)."""
         if self.covariance and (self._site(payload, 0).precision < 0).any():
             raise PayloadError("field 'site_precision': has negative values; a site precision V_k must be >= 0")
-
-    def _update_global(self) -> None:
-        natural_sum = self.unclaimed + torch.stack([site.mean for site in self.sites.values()]).sum(0)
-        precision_sum = torch.stack([site.precision for site in self.sites.values()]).sum(0)
-        mean, precision = global_from_sites(natural_sum, precision_sum, self.delta)
-        if not torch.isfinite(mean).all():
-            raise FloatingPointError(f"{self.name}: the global mean became non-finite")
-        self.global_mean, self.global_precision = as_sent(mean), as_sent(precision)
+        message = payload.message
+        client = message.header.client_id
+        accepted = self.accepted_rounds.get(client, 0)
+        if message.resumed_from_round not in (0, accepted):
+            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
+                               f"server accepted from client {client!r} is {accepted}")
+        if accepted and message.resumed_from_round == 0:
+            log(WARNING, "client %r lost its site of round %d; its new site replaces the old one", client, accepted)
 
     def server_state(self) -> ServerState:
         if self.global_mean is None:
@@ -219,12 +213,6 @@ class FedLap(WireStrategyMixin, Strategy):
                       for client, last_round in json.loads(state.metadata["site_rounds"]).items()}
         self.membership = Membership.from_metadata(state.metadata)
 
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return []
-
-    def aggregate_evaluate(self, server_round, replies):
-        return None
-
 
 def fedlap_cov(settings: RunSettings, layout: TensorLayout) -> FedLap:
     return FedLap(settings, layout, covariance=True)
@@ -242,7 +230,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     global_mean = torch.from_numpy(flatten(payload.tensors["global_mean"], runtime.layout))
     global_precision = (torch.from_numpy(flatten(payload.tensors["global_precision"], runtime.layout)) if covariance
                         else torch.full_like(global_mean, delta))
-    stored = runtime.store.load(before_round=server_round)
+    stored = runtime.load_state(instruction.header)
     site = _stored_site(stored, global_mean, global_precision, instruction.initial_share)
     num_examples = len(runtime.data.labels)
     known_clients, known_examples = client_population(
@@ -261,8 +249,8 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         curvature_seconds = time.perf_counter() - started
     rho = client_damping(covariance, num_examples, known_clients, known_examples)
     site = site_step(site, local, curvature, global_mean, global_precision, rho, server_round)
-    runtime.store.save(ClientState({"site_mean": site.mean, "site_precision": site.precision},
-                                   {"federation": instruction.header.federation}), server_round)
+    runtime.save_state(instruction.header, ClientState({"site_mean": site.mean, "site_precision": site.precision},
+                                                       {"federation": instruction.header.federation}))
     reply = pb.FedLapReply(
         header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
         num_examples=num_examples, train_loss=train_loss, compute_seconds=seconds + curvature_seconds,

@@ -23,26 +23,27 @@ the tests).
 
 from __future__ import annotations
 
+import copy
+
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 from torch.nn.utils import parameters_to_vector
 
 from bayes.params import flatten, set_parameters, unflatten
 from client.runtime import ClientRuntime
 from client.training import Loss, make_optimizer, train_epochs
 from protos import payloads_pb2 as pb
-from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
-from strategies.base import RoundReport, ServerState, WireStrategyMixin, local_training, sample_nodes
+from protos.codec import TensorLayout, decode, encode, new_header
+from strategies.base import ServerState, WireStrategy, local_training, round_metrics
 from strategies.fedavg import train_locally
 from tasks.config import RunSettings
 from tasks.datasets import Dataset
@@ -195,6 +196,13 @@ class ServerOptimizer:
         self.optimizer.step()
         return self.theta.detach().clone()
 
+    def state_dict(self) -> dict:
+        """A deep copy of the optimizer's state, to undo a step (`load_state_dict`)."""
+        return copy.deepcopy(self.optimizer.state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
     def state(self) -> dict[str, np.ndarray]:
         state = self.optimizer.state_dict()["state"].get(0, {})
         return {key: value.detach().numpy().copy() for key, value in state.items() if isinstance(value, torch.Tensor)}
@@ -211,15 +219,14 @@ def weighted_mean_delta(deltas: list[torch.Tensor], weights: list[float]) -> tor
     return sum(w / total * delta for w, delta in zip(weights, deltas))
 
 
-class FedPA(WireStrategyMixin, Strategy):
+class FedPA(WireStrategy):
     """FedPA's server: generalized federated optimization (Alg. 1) with burn-in and sampling rounds."""
 
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.layout = layout
         self.server_optimizer = ServerOptimizer(settings, sum(math.prod(shape) for shape in layout.values()))
         self.theta: torch.Tensor | None = None  # the global model sent this round, flat float64
-        self._init_wire()
 
     def summary(self) -> None:
         s = self.settings
@@ -237,8 +244,6 @@ class FedPA(WireStrategyMixin, Strategy):
         weights = {name: arrays[name].numpy() for name in self.layout}
         self.theta = torch.from_numpy(flatten(weights, self.layout))
         sampling = self.is_sampling_round(server_round)
-        nodes = sample_nodes(grid.get_node_ids(), settings.fraction_train, settings.min_clients, settings.seed,
-                             server_round)
         instruction = pb.FedPAInstruction(
             header=new_header(settings.federation, server_round),
             training=local_training(
@@ -248,38 +253,37 @@ class FedPA(WireStrategyMixin, Strategy):
             sampling=sampling, shrinkage=settings.shrinkage, local_burnin_epochs=settings.local_burnin_epochs,
             samples=settings.samples,
         )
-        content = encode(instruction, {"weights": weights})
-        self.round_report = RoundReport(sent=len(nodes))
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in nodes]
+        return self.instructions(instruction, {"weights": weights}, self.sample(grid, server_round))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        payloads = self.decode_replies(replies, pb.FedPAReply, {"delta": self.layout}, server_round,
-                                       check=_check_reply)
+        payloads = self.decode_replies(replies, pb.FedPAReply, {"delta": self.layout}, server_round)
         if not payloads:
             return None, None
         examples = [float(p.message.num_examples) for p in payloads]
         deltas = [torch.from_numpy(flatten(p.tensors["delta"], self.layout)) for p in payloads]
         pseudo_gradient = weighted_mean_delta(deltas, examples)
         if not torch.isfinite(pseudo_gradient).all():  # finite deltas can still overflow their sum
-            log(WARNING, "round %d: the averaged delta is not finite; the global model is unchanged", server_round)
+            self.reject_round(payloads, "fedpa: the averaged delta is not finite")
             return None, None
+        before = self.server_optimizer.state_dict()
         theta = self.server_optimizer.step(self.theta, pseudo_gradient)
         if not torch.isfinite(theta).all():
-            raise FloatingPointError("fedpa: the global model became non-finite; lower server-lr")
-        metrics = {
-            "train-loss": float(np.average([p.message.train_loss for p in payloads], weights=examples)),
-            "compute-seconds": float(np.mean([p.message.compute_seconds for p in payloads])),
+            self.server_optimizer.load_state_dict(before)  # the rejected round leaves no trace
+            self.reject_round(payloads, "fedpa: the global model would be non-finite; lower server-lr")
+            return None, None
+        self.commit(payloads, server_round)
+        extra = {
             "delta-norm": pseudo_gradient.norm().item(),
             "samples": float(np.mean([p.message.samples for p in payloads])),
             "correction-norm": float(np.mean([p.message.correction_norm for p in payloads])),
         }
         log(INFO, "round %d (%s): |Δ| %.4g, mean samples %.1f, mean |Δ - (x0 - x̄)| %.4g", server_round,
-            "sampling" if self.is_sampling_round(server_round) else "burn-in", metrics["delta-norm"],
-            metrics["samples"], metrics["correction-norm"])
+            "sampling" if self.is_sampling_round(server_round) else "burn-in", extra["delta-norm"],
+            extra["samples"], extra["correction-norm"])
         arrays = unflatten(theta.numpy(), self.layout)
-        return ArrayRecord({name: Array(value) for name, value in arrays.items()}), MetricRecord(metrics)
+        return ArrayRecord({name: Array(value) for name, value in arrays.items()}), round_metrics(payloads, **extra)
 
     def server_state(self) -> ServerState:
         """The server optimizer's state (momentum, Adam moments, Adagrad sums, step count)."""
@@ -289,17 +293,6 @@ class FedPA(WireStrategyMixin, Strategy):
         prefix = "optimizer/"
         self.server_optimizer.load_state(
             {name[len(prefix):]: value for name, value in state.tensors.items() if name.startswith(prefix)})
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return []  # the server evaluates the global model centrally
-
-    def aggregate_evaluate(self, server_round, replies):
-        return None
-
-
-def _check_reply(payload: Payload) -> None:
-    if payload.message.num_examples < 1:
-        raise PayloadError("field 'num_examples': must be >= 1")
 
 
 # ---- client half ----------------------------------------------------------------------------------

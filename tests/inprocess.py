@@ -10,7 +10,6 @@ from flwr.app import Array, ArrayRecord
 
 from bayes.params import get_parameters, parameter_layout
 from client.runtime import ClientRuntime, NodeSettings
-from client.state import ClientStateStore
 from strategies import get_algorithm
 from tasks.config import RunSettings
 from tasks.datasets import Dataset
@@ -36,8 +35,7 @@ def synthetic_runtime(settings: RunSettings, client_id: str, size: int, state_di
     torch.manual_seed(0)
     model = build_model("logreg", data.input_shape, 2)
     node = NodeSettings(client_id, 0, 1, "", str(state_dir), "cpu")
-    return ClientRuntime(settings, node, data, model, parameter_layout(model), torch.device("cpu"),
-                         ClientStateStore(state_dir, settings.federation, client_id))
+    return ClientRuntime(settings, node, data, model, parameter_layout(model), torch.device("cpu"))
 
 
 class InProcessFederation:

@@ -1,12 +1,10 @@
 """The BayesADMM/federated-ADMM client half in one process: training, dual step, durable state."""
 
 import numpy as np
-import pytest
 import torch
 
 from bayes.params import flatten, get_parameters, unflatten
 from client.runtime import ClientRuntime, NodeSettings
-from client.state import StaleStateError
 from protos import payloads_pb2 as pb
 from protos.codec import decode, encode, new_header
 from strategies import get_algorithm
@@ -27,11 +25,15 @@ def make_runtime(tmp_path, strategy):
     return ClientRuntime.create(settings, node)
 
 
-def instruction(runtime, server_round, precision=1.0, dual_step=2e-4):
+def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0):
+    """Round `server_round`'s instruction; the server last accepted this client's round `accepted`."""
     torch.manual_seed(0)
     mean = flatten(get_parameters(runtime.model), runtime.layout)
+    header = new_header(runtime.settings.federation, server_round)
+    if accepted:
+        header.accepted_rounds[runtime.node.client_id] = accepted
     message = pb.BayesADMMInstruction(
-        header=new_header(runtime.settings.federation, server_round),
+        header=header,
         training=pb.LocalTraining(epochs=1, batch_size=32, learning_rate=5e-5, optimizer="adam", seed=0),
         rho=0.2, dual_step=dual_step, temperature=1e-3, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
         rescale_lr=False, reset_posterior=True,
@@ -40,8 +42,8 @@ def instruction(runtime, server_round, precision=1.0, dual_step=2e-4):
                             "global_precision": unflatten(np.full_like(mean, precision), runtime.layout)}), mean
 
 
-def run_round(runtime, server_round, strategy):
-    content, global_mean = instruction(runtime, server_round)
+def run_round(runtime, server_round, strategy, accepted=0):
+    content, global_mean = instruction(runtime, server_round, accepted=accepted)
     reply = get_algorithm(strategy).client_update(content, runtime)
     return decode(reply, pb.BayesADMMReply, {g: runtime.layout for g in GROUPS}, sender="client"), global_mean
 
@@ -55,20 +57,26 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
     assert (s_k > 1.0).all() and np.isfinite(m_k).all()
     np.testing.assert_allclose(v_k, 2e-4 * (s_k * m_k - 1.0 * global_mean), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(u_k, 2e-4 * (s_k - 1.0), rtol=1e-4, atol=1e-6)
-    state = runtime.store.load()
+    state = runtime.state_store(runtime.settings.federation).latest()
     assert state.round == 1 and {"ivon_hess", "ivon_momentum", "ivon_step"} <= set(state.tensors)
-    # A new process (new runtime) for round 2 continues from those duals.
-    payload, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm")
+    # A new process (new runtime) for round 2, the server having accepted round 1, continues from those duals.
+    payload, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm", accepted=1)
     assert payload.message.resumed_from_round == 1
     # Round 2 run again (a server resumed from its round-1 checkpoint) starts from the same round-1 duals.
-    again, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm")
+    again, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm", accepted=1)
     assert again.message.resumed_from_round == 1
     for group in GROUPS:
         np.testing.assert_array_equal(flatten(again.tensors[group], runtime.layout),
                                       flatten(payload.tensors[group], runtime.layout))
-    # The same federation's state replayed at round 1 (another run, same name) is refused.
-    with pytest.raises(StaleStateError, match="earlier run of federation"):
-        run_round(make_runtime(tmp_path, "bayesadmm"), 1, "bayesadmm")
+    # Round 2's reply was lost: round 3 rolls back to round 1's state, not round 2's.
+    third, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 3, "bayesadmm", accepted=1)
+    assert third.message.resumed_from_round == 1
+    # A server that accepted nothing from this client (a new run of the name) gets fresh duals...
+    fresh, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 4, "bayesadmm", accepted=0)
+    assert fresh.message.resumed_from_round == 0
+    # ...and so does one that accepted a round whose state is gone: the client says so (resumed from 0).
+    lost, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 9, "bayesadmm", accepted=7)
+    assert lost.message.resumed_from_round == 0
 
 
 def test_fedadmm_client_is_a_point_estimate_with_linear_dual(tmp_path):
@@ -126,6 +134,7 @@ def test_full_covariance_client_solves_eq34_with_newton_steps(tmp_path):
     np.testing.assert_allclose(u_k, gamma * (s_k - s_bar).numpy(), rtol=1e-4, atol=1e-5)
     # Round 2 in a new process: the (P, P) dual comes back from the durable store.
     message.header.CopyFrom(new_header(settings.federation, 2))
+    message.header.accepted_rounds["client-0"] = 1
     content = encode(message, {"global_mean": unflatten(global_mean, runtime.layout),
                                "global_precision": {"matrix": global_precision.astype(np.float32)}})
     second = decode(get_algorithm("bayesadmm-full").client_update(content, ClientRuntime.create(settings, node)),

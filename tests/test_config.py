@@ -8,7 +8,8 @@ from client.runtime import NodeSettings
 from deploy.launcher import LocalRun, run_local
 from tasks.config import ConfigError, RunSettings, pyproject_run_config
 
-DEFAULTS = pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml")
+# The tests' in-process payloads name the federation "fed"; a real run's ServerApp names it (or the user does).
+DEFAULTS = {**pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml"), "federation": "fed"}
 
 
 def test_pyproject_defaults_parse():

@@ -5,7 +5,6 @@ replies, checkpoints, P-DSVGD."""
 import logging
 
 import numpy as np
-import pytest
 import torch
 
 from client.runtime import ClientRuntime, NodeSettings
@@ -16,13 +15,6 @@ from strategies.dsvgd import initial_particles
 from tasks.config import RunSettings
 from tests.helpers import reply_message
 from tests.test_config import DEFAULTS
-
-@pytest.fixture(autouse=True)
-def flower_task_identity():
-    """Building a Message outside a Flower run needs a task identity (Flower's private API)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
 
 
 NODE_CLIENTS = {11: "client-2", 12: "client-0", 13: "client-1"}  # node order is not client-id order
@@ -68,8 +60,8 @@ def run_round(strategy, runtimes, server_round, lose_reply=False):
 
 
 def store_files(runtime):
-    return {path.name: path.read_bytes() for path in runtime.store.directory.glob("*")} \
-        if runtime.store.directory.is_dir() else {}
+    return {path.name: path.read_bytes() for path in runtime.state_store("fed").directory.glob("*")} \
+        if runtime.state_store("fed").directory.is_dir() else {}
 
 
 def all_arrays(content):
@@ -99,7 +91,7 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
         wire += [messages[0].content, replies[0].content]
     # discovery in node order, then round-robin continuing in client-id order
     assert scheduled == ["client-2", "client-0", "client-1", "client-2", "client-0", "client-1", "client-2"]
-    stored = [runtime.store.load().tensors["local_particles"].numpy() for runtime in runtimes.values()]
+    stored = [runtime.state_store("fed").latest().tensors["local_particles"].numpy() for runtime in runtimes.values()]
     for content in wire:
         for array in all_arrays(content):
             assert not any(array.shape == local.shape and np.allclose(array, local) for local in stored)
@@ -115,7 +107,7 @@ def test_a_lost_reply_leaves_the_particles_and_the_clients_next_start_alone(tmp_
     messages, _ = run_round(strategy, runtimes, 4, lose_reply=True)  # client-2 ran and saved, the reply got lost
     lost_node = messages[0].metadata.dst_node_id
     assert np.array_equal(strategy.particles, particles) and strategy.accepted_rounds["client-2"] == 1
-    assert runtimes[lost_node].store.saved_rounds() == [1, 4]
+    assert runtimes[lost_node].state_store("fed").saved_rounds() == [1, 4]
     with caplog.at_level(logging.WARNING):
         for server_round in (5, 6, 7):
             messages, replies = run_round(strategy, runtimes, server_round)
@@ -123,7 +115,7 @@ def test_a_lost_reply_leaves_the_particles_and_the_clients_next_start_alone(tmp_
     reply = decode(replies[0].content, pb.DSVGDReply, {"particles": {"particles": strategy.particles.shape}},
                    sender="test")
     assert reply.message.resumed_from_round == 1
-    assert "lost or stale" not in caplog.text  # it restarted from round 1's local particles, not round 4's
+    assert "lost its local particles" not in caplog.text  # it restarted from round 1's particles, not round 4's
     assert strategy.accepted_rounds["client-2"] == 7
 
 
@@ -133,6 +125,7 @@ def test_server_state_round_trip(tmp_path):
         run_round(strategy, runtimes, server_round)
     restored = get_algorithm("dsvgd").server(settings, runtimes[11].layout)
     restored.restore_server_state(strategy.server_state())
+    restored.restore_wire_state(strategy.wire_state())
     assert np.array_equal(restored.particles, strategy.particles)
     assert restored.accepted_rounds == strategy.accepted_rounds == {"client-2": 1, "client-0": 2}
     assert restored.last_scheduled == "client-0"
@@ -151,7 +144,7 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
     assert 2 <= len(strategy.local_particles) <= 3
     for client, local in strategy.local_particles.items():
         node = next(n for n, c in NODE_CLIENTS.items() if c == client)
-        stored = runtimes[node].store.load().tensors["local_particles"].numpy()
+        stored = runtimes[node].state_store("fed").latest().tensors["local_particles"].numpy()
         assert np.array_equal(local, stored)  # P-DSVGD uploads exactly what the client keeps
     assert torch.isfinite(torch.from_numpy(strategy.particles)).all()
     assert not np.allclose(strategy.particles, initial)

@@ -17,7 +17,7 @@ from tests.test_config import DEFAULTS
 
 
 def settings(**overrides):
-    return RunSettings.from_run_config({**DEFAULTS, **overrides})
+    return RunSettings.from_run_config({**DEFAULTS, "federation": "fed", **overrides})
 
 
 def test_weighted_average_of_accepted_replies_only():
@@ -41,7 +41,7 @@ def test_weighted_average_of_accepted_replies_only():
     assert report.accepted == ["client-0", "client-1"]
     assert set(report.rejected) == {"client 'client-2' (node 13)", "node 14", "client 'client-4' (node 15)"}
     assert "boom" in report.rejected["node 14"] and "round 2" in report.rejected["client 'client-4' (node 15)"]
-    assert strategy.client_of_node == {11: "client-0", 12: "client-1"}
+    assert strategy.identities.node_of_client == {"client-0": 11, "client-1": 12}
 
 
 def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():

@@ -11,17 +11,9 @@ from strategies.feddyn import LAMBDA_KEY, FedDyn, as_sent
 from tests.inprocess import InProcessFederation
 
 
-@pytest.fixture(autouse=True)
-def flower_task_identity():
-    """Building a Message outside a Flower run needs a task identity (Flower's private API)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-
-
 def stored_lambda_sum(federation) -> torch.Tensor:
-    stores = [runtime.store for runtime in federation.runtimes.values() if runtime.store.saved_rounds()]
-    return torch.stack([store.load().tensors[LAMBDA_KEY] for store in stores]).sum(0)
+    stores = [runtime.state_store("fed") for runtime in federation.runtimes.values()]
+    return torch.stack([store.latest().tensors[LAMBDA_KEY] for store in stores if store.saved_rounds()]).sum(0)
 
 
 def test_server_lambda_sum_equals_the_clients_lambdas_through_joins_partial_rounds_and_lost_state(tmp_path):
@@ -35,7 +27,7 @@ def test_server_lambda_sum_equals_the_clients_lambdas_through_joins_partial_roun
     for server_round in range(1, 9):
         connected = [1, 2, 3] if server_round < 4 else [1, 2, 3, 4]  # client-4 joins in round 4
         if server_round == 6:  # client-2 loses its durable state
-            shutil.rmtree(federation.runtimes[2].store.directory)
+            shutil.rmtree(federation.runtimes[2].state_store("fed").directory)
         sent = federation.round(server_round, connected)
         assert len(sent) == max(1, round(0.5 * len(connected)))
         trained |= set(sent)

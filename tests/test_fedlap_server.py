@@ -13,16 +13,10 @@ from tests.helpers import reply_message
 from tests.inprocess import FakeGrid, InProcessFederation
 
 
-@pytest.fixture(autouse=True)
-def flower_task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-
-
 def global_from_stores(federation, delta):
     """S_g = δ + Σ V_k and w_g = Σ v_k / S_g from the clients' durable sites."""
-    states = [runtime.store.load() for runtime in federation.runtimes.values() if runtime.store.saved_rounds()]
+    stores = [runtime.state_store("fed") for runtime in federation.runtimes.values()]
+    states = [store.latest() for store in stores if store.saved_rounds()]
     return global_from_sites(torch.stack([s.tensors["site_mean"] for s in states]).sum(0),
                              torch.stack([s.tensors["site_precision"] for s in states]).sum(0), delta)
 
@@ -39,7 +33,7 @@ def test_global_is_the_prior_times_the_clients_sites(tmp_path, strategy):
     assert server.unclaimed.abs().max() < 1e-6 * initial.abs().max()
     for server_round in range(2, 7):
         if server_round == 5:
-            shutil.rmtree(federation.runtimes[1].store.directory)  # client-1 loses its state
+            shutil.rmtree(federation.runtimes[1].state_store("fed").directory)  # client-1 loses its state
         federation.round(server_round, [1, 2, 3, 4])  # client-4 joins in round 2
         mean, precision = global_from_stores(federation, delta)
         torch.testing.assert_close(server.global_mean, mean, rtol=1e-5, atol=1e-6)

@@ -33,7 +33,7 @@ def test_client_restart_keeps_its_duals(tmp_path):
 
     def restart_after_round_one(federation, row):
         if row["round"] == 1:
-            assert store.load().round == 1
+            assert store.latest().round == 1
             federation.stop_supernode(1)
             federation.start_supernode(1, 2)
 
@@ -43,8 +43,8 @@ def test_client_restart_keeps_its_duals(tmp_path):
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows
     assert rows[-1]["accuracy"] > 0.25 and "accuracy_ensemble" in rows[-1]  # chance is 0.1
     # The restarted client resumed from its own state: no lost-state or replay mismatch on the server.
-    assert "lost or stale" not in server_log and "differs from the server's replay" not in server_log
-    state = store.load()
+    assert "lost its" not in server_log and "differs from the server's replay" not in server_log
+    state = store.latest()
     assert state.round == 3
     assert torch.isfinite(state.tensors["dual_mean"]).all() and state.tensors["dual_mean"].abs().sum() > 0
     assert processes_with_env("FLWR_HOME", str(run.flwr_home)) == []
@@ -105,7 +105,7 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path)
         federation.follow(workdir / "resumed.jsonl", second, 3, on_row=lambda row: None)
         server_log = (federation.log_dir / "flwr-run.log").read_text()
     assert "resuming after round" in server_log
-    assert "lost or stale" not in server_log and "differs from the server's replay" not in server_log
+    assert "lost its" not in server_log and "differs from the server's replay" not in server_log
     rows = [json.loads(line) for line in (workdir / "resumed.jsonl").read_text().splitlines()]
     assert [row["round"] for row in rows] == [1, 2, 3] and all(row["clients"] == 2 for row in rows)
     final = {name: CheckpointStore(workdir / "server-state", name, {}).path for name in ("straight", "resumed")}

@@ -10,43 +10,55 @@ from pathlib import Path
 import pytest
 import torch
 
-from client.state import ClientState, ClientStateStore, StaleStateError, StateCorruptError
+from client.state import MAX_UNCONFIRMED, ClientState, ClientStateStore, StateCorruptError, StateLostError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_round_trip_and_keying(tmp_path):
     store = ClientStateStore(tmp_path, "fed-a", "client-1")
-    assert store.load() is None
-    store.save(ClientState({"dual_mean": torch.arange(6.0).view(2, 3)}, {"note": "x"}), server_round=4)
-    loaded = ClientStateStore(tmp_path, "fed-a", "client-1").load()
+    assert store.latest() is None and store.load(accepted_round=0, for_round=1) is None
+    store.save(ClientState({"dual_mean": torch.arange(6.0).view(2, 3)}, {"note": "x"}), server_round=4, accepted_round=0)
+    loaded = ClientStateStore(tmp_path, "fed-a", "client-1").load(accepted_round=4, for_round=5)
     assert torch.equal(loaded.tensors["dual_mean"], torch.arange(6.0).view(2, 3))
     assert loaded.metadata == {"note": "x"} and loaded.round == 4
     # Another federation or client never sees this state.
-    assert ClientStateStore(tmp_path, "fed-b", "client-1").load() is None
-    assert ClientStateStore(tmp_path, "fed-a", "client-2").load() is None
+    assert ClientStateStore(tmp_path, "fed-b", "client-1").latest() is None
+    assert ClientStateStore(tmp_path, "fed-a", "client-2").latest() is None
 
 
-def test_a_rerun_round_starts_from_the_state_before_it(tmp_path):
-    """A server resumed from its checkpoint may run round r again: the client must start from the state
-    after its previous round, not the one round r already wrote. Two rounds are kept; older ones go."""
+def save_round(store, server_round, accepted_round):
+    store.save(ClientState({"x": torch.tensor([float(server_round)])}), server_round, accepted_round)
+
+
+def test_a_round_starts_from_the_state_of_the_last_accepted_round(tmp_path):
+    """The server decides: rounds it never used (lost, late or rejected replies; rounds a resumed server runs
+    again) are rolled back past, so the client starts from the state after the round it accepted."""
     store = ClientStateStore(tmp_path, "fed", "client-0")
-    for server_round in (1, 3, 4):  # the client skipped round 2
-        store.save(ClientState({"x": torch.tensor([float(server_round)])}), server_round)
-    assert store.saved_rounds() == [3, 4]
-    assert store.load(before_round=5).round == 4
-    assert store.load(before_round=4).round == 3  # round 4 again
-    assert store.load().round == 4
-    # Round 4 re-run writes round 4 anew; a later round from the abandoned future would be dropped too.
-    store.save(ClientState({"x": torch.tensor([40.0])}), 4)
-    assert store.load(before_round=5).tensors["x"].item() == 40.0
+    save_round(store, 1, accepted_round=0)
+    save_round(store, 3, accepted_round=1)  # round 3's reply is lost: the server still knows round 1
+    assert store.load(accepted_round=1, for_round=4).tensors["x"].item() == 1.0
+    save_round(store, 4, accepted_round=1)
+    assert store.saved_rounds() == [1, 3, 4]  # round 1 is kept while nothing newer is accepted
+    save_round(store, 5, accepted_round=4)  # round 4 accepted: what came before it goes
+    assert store.saved_rounds() == [4, 5]
+    # A server resumed from its round-4 checkpoint runs round 5 again: it starts from round 4 and rewrites 5.
+    assert store.load(accepted_round=4, for_round=5).round == 4
+    store.save(ClientState({"x": torch.tensor([50.0])}), 5, accepted_round=4)
+    assert store.load(accepted_round=5, for_round=6).tensors["x"].item() == 50.0
+    # Rounds from a future the server abandoned are dropped when an earlier round is written.
+    save_round(store, 9, accepted_round=5)
+    save_round(store, 6, accepted_round=5)
+    assert store.saved_rounds() == [5, 6]
 
 
-def test_state_from_a_later_round_belongs_to_another_run(tmp_path):
+def test_unconfirmed_rounds_are_bounded_and_a_lost_state_is_named(tmp_path):
     store = ClientStateStore(tmp_path, "fed", "client-0")
-    store.save(ClientState({"x": torch.ones(1)}), 7)
-    with pytest.raises(StaleStateError, match="round 7, but the server is at round 3"):
-        store.load(before_round=3)
+    for server_round in range(1, 10):  # the server never accepts a reply from this client
+        save_round(store, server_round, accepted_round=0)
+    assert store.saved_rounds() == list(range(10 - MAX_UNCONFIRMED, 10))
+    with pytest.raises(StateLostError, match="accepted this client's round 2"):
+        store.load(accepted_round=2, for_round=10)
 
 
 @pytest.mark.parametrize("bad", ["", "..", "a/b", "client 1"])
@@ -57,10 +69,10 @@ def test_unsafe_names_are_refused(tmp_path, bad):
 
 def test_corrupt_file_is_an_error_not_a_fresh_start(tmp_path):
     store = ClientStateStore(tmp_path, "fed", "client-0")
-    store.save(ClientState({"x": torch.ones(2)}), 1)
+    store.save(ClientState({"x": torch.ones(2)}), 1, accepted_round=0)
     store.path(1).write_bytes(b"\x00" * 5)
     with pytest.raises(StateCorruptError, match="unreadable"):
-        store.load()
+        store.load(accepted_round=1, for_round=2)
 
 
 WRITER = """
@@ -71,7 +83,7 @@ version = 0
 print("ready", flush=True)
 while True:  # every version is a 16 MB tensor filled with its version number
     version += 1
-    store.save(ClientState({"dual": torch.full((4_000_000,), float(version))}), version)
+    store.save(ClientState({"dual": torch.full((4_000_000,), float(version))}), version, version - 1)
 """
 
 
@@ -86,7 +98,7 @@ def test_state_survives_a_crash_mid_write(tmp_path):
         time.sleep(1.0 + 0.3 * attempt)  # land somewhere inside a write
         writer.send_signal(signal.SIGKILL)
         writer.wait()
-        state = ClientStateStore(tmp_path, "fed", "client-0").load()
+        state = ClientStateStore(tmp_path, "fed", "client-0").latest()
         assert state is not None
         version = float(state.round)
         assert torch.all(state.tensors["dual"] == version), "a torn write became visible"

@@ -20,11 +20,11 @@ if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["su
     release = os.environ.get("FEDBAYES_STALL_RELEASE")
     load_state = ClientStateStore.load
 
-    def load_or_stall(self, before_round=None):
-        if before_round in stall_rounds:
-            Path(f"{os.environ['FEDBAYES_STALL_MARKER']}-r{before_round}").touch()
-            while release is None or not Path(f"{release}-r{before_round}").exists():
+    def load_or_stall(self, accepted_round, for_round):
+        if for_round in stall_rounds:
+            Path(f"{os.environ['FEDBAYES_STALL_MARKER']}-r{for_round}").touch()
+            while release is None or not Path(f"{release}-r{for_round}").exists():
                 time.sleep(0.1)
-        return load_state(self, before_round)
+        return load_state(self, accepted_round, for_round)
 
     ClientStateStore.load = load_or_stall

@@ -1,0 +1,126 @@
+"""Client identity on the server: which node may speak for which client id.
+
+A reply's header names its client id, but the client chose that name. The server binds the id to the node
+(Flower's node id; with node authentication, the node of one registered public key) and holds it to that:
+  - `client-registry` names a JSON file {client-id: node-id} written by `fedbayes pki register --client-id`:
+    then an id is accepted only from its registered node (re-read every round, so new registrations count).
+  - otherwise an id is bound to the first node that presents it in an accepted reply, for the life of the
+    federation (checkpointed). With `client-identity = "reconnect"` (insecure federations, where a restarted
+    SuperNode gets a new node id) it may move to a new node once its old node has left the federation.
+Either way a node cannot change its id, two nodes cannot share one, and at most `max-clients` ids are ever
+counted (a node inventing a new id each round is refused once the bound is reached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from logging import ERROR
+from pathlib import Path
+
+from flwr.common import log
+
+from protos.codec import PayloadError
+from tasks.config import ConfigError, _is_safe_name
+
+MAX_CLIENT_ID_LENGTH = 128
+
+
+def read_registry(path: str) -> dict[str, int]:
+    """{client id: node id} from the operator's registry file; ConfigError naming the key if it is unusable."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"run config 'client-registry': cannot read {path}: {error}") from None
+    if not isinstance(entries, dict) or not all(
+        isinstance(client, str) and _is_safe_name(client) and isinstance(node, int) and not isinstance(node, bool)
+        for client, node in entries.items()
+    ):
+        raise ConfigError(f"run config 'client-registry': {path} must be a JSON object of client id -> node id")
+    return entries
+
+
+@dataclass
+class ClientIdentities:
+    mode: str  # "bound" | "reconnect"
+    max_clients: int
+    registry_path: str = ""
+    node_of_client: dict[str, int] = field(default_factory=dict)
+    _registry: dict[str, int] = field(default_factory=dict)
+    _registry_mtime: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.registry_path:
+            self._registry = read_registry(self.registry_path)  # unusable at start: refuse to start
+            self._registry_mtime = os.stat(self.registry_path).st_mtime
+
+    def registry(self) -> dict[str, int]:
+        """The registry as the operator last wrote it; a broken rewrite mid-run keeps the last good one."""
+        if not self.registry_path:
+            return {}
+        try:
+            mtime = os.stat(self.registry_path).st_mtime
+            if mtime != self._registry_mtime:
+                self._registry, self._registry_mtime = read_registry(self.registry_path), mtime
+        except (OSError, ConfigError) as error:
+            log(ERROR, "client registry %s: %s; keeping the registry read before", self.registry_path, error)
+        return self._registry
+
+    def client_of(self, node: int) -> str | None:
+        bound = [client for client, bound_node in self.node_of_client.items() if bound_node == node]
+        registered = [client for client, registered_node in self.registry().items() if registered_node == node]
+        return (bound or registered or [None])[0]
+
+    def check(self, node: int, client: str, connected: Iterable[int], claimed: Mapping[str, int]) -> None:
+        """Refuse (PayloadError, naming ids and nodes) a reply from `node` claiming `client`. `claimed`: the
+        ids already accepted this round, each with its node."""
+        if not (_is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
+            raise PayloadError(f"field 'header.client_id': {client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id "
+                               f"([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH} characters)")
+        if client in claimed:
+            raise PayloadError(f"field 'header.client_id': client id {client!r} already replied this round "
+                               f"from node {claimed[client]}")
+        own = self.client_of(node)
+        if own is not None and own != client:
+            raise PayloadError(f"field 'header.client_id': node {node} is client {own!r}; it may not "
+                               f"speak as {client!r}")
+        if self.registry_path:
+            registered = self.registry().get(client)
+            if registered is None:
+                raise PayloadError(f"field 'header.client_id': client id {client!r} is not in the client registry")
+            if registered != node:
+                raise PayloadError(f"field 'header.client_id': client id {client!r} is registered to node "
+                                   f"{registered}, not node {node}")
+            return
+        bound = self.node_of_client.get(client)
+        if bound is None:
+            if len(self.node_of_client) >= self.max_clients:
+                raise PayloadError(f"field 'header.client_id': new client id {client!r} refused: the federation "
+                                   f"already counts max-clients={self.max_clients} clients")
+        elif bound != node and not (self.mode == "reconnect" and bound not in set(connected)):
+            raise PayloadError(f"field 'header.client_id': client id {client!r} is bound to node {bound}; "
+                               f"node {node} may not use it")
+
+    def bind(self, node: int, client: str) -> None:
+        """After an accepted reply: `client` is `node`'s (a reconnecting client moves to its new node)."""
+        self.node_of_client[client] = node
+
+    def accepted_view(self, node: int, accepted_rounds: Mapping[str, int], connected: Iterable[int]) -> dict[str, int]:
+        """The accepted rounds `node` is told: its own client's; for a node not yet known under
+        `reconnect`, those of clients whose node has left (it may be one of them, restarted)."""
+        own = self.client_of(node)
+        if own is not None:
+            return {own: accepted_rounds[own]} if own in accepted_rounds else {}
+        if self.mode != "reconnect":
+            return {}
+        connected = set(connected)
+        return {client: accepted_round for client, accepted_round in accepted_rounds.items()
+                if self.node_of_client.get(client) not in connected}
+
+    def to_metadata(self) -> str:
+        return json.dumps(self.node_of_client, sort_keys=True)
+
+    def restore(self, metadata: str) -> None:
+        self.node_of_client = {client: int(node) for client, node in json.loads(metadata).items()}

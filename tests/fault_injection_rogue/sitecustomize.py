@@ -1,0 +1,52 @@
+"""Test-only: the ClientApp of one SuperNode turns hostile, as $FEDBAYES_ROGUE_ATTACK says:
+  spoof:<id>  every reply claims to come from client <id>
+  sybil       every reply claims a new client id (<own id>-r<round>)
+  dtype       the first tensor of every reply declares float32 but holds unicode .npy bytes
+  examples    every reply claims 2^64 - 1 examples
+  late:<r>    the reply of round <r> is honest but sent after $FEDBAYES_ROGUE_DELAY seconds (past round-timeout)
+
+Put on PYTHONPATH of that SuperNode only (see fault_injection/sitecustomize.py for how the patched module
+reaches its ClientApps). Nothing in the production code knows about this.
+"""
+
+import os
+import sys
+
+if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["superexec"]):
+    import io
+    import time
+
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    import strategies.bayesadmm as bayesadmm
+    from protos.codec import encode
+
+    attack = os.environ["FEDBAYES_ROGUE_ATTACK"]
+
+    def unicode_bytes(shape):
+        buffer = io.BytesIO()
+        np.save(buffer, np.full(shape, "x"), allow_pickle=False)
+        return buffer.getvalue()
+
+    def hostile_encode(message, tensors):
+        header = message.header
+        if attack.startswith("spoof:"):
+            header.client_id = attack.removeprefix("spoof:")
+        elif attack == "sybil":
+            header.client_id = f"{header.client_id}-r{header.server_round}"
+        elif attack == "examples":
+            message.num_examples = 2**64 - 1
+        elif attack.startswith("late:") and header.server_round == int(attack.removeprefix("late:")):
+            time.sleep(float(os.environ["FEDBAYES_ROGUE_DELAY"]))
+        content = encode(message, tensors)
+        if attack == "dtype":
+            group = next(iter(content.array_records))
+            arrays = dict(content.array_records[group].items())
+            name = next(iter(arrays))
+            shape = tuple(arrays[name].shape)
+            arrays[name] = Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=unicode_bytes(shape))
+            content[group] = ArrayRecord(arrays)
+        return content
+
+    bayesadmm.encode = hostile_encode

@@ -1,0 +1,116 @@
+"""The server's round loop against a scripted grid: a federation that trains nothing stops loudly, naming why;
+one bad round among good ones does not; a strategy that fails while absorbing a round keeps its state."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from flwr.app import Array, ArrayRecord
+
+from server.checkpoint import CheckpointStore
+from server.loop import LoopSettings, RunFailed, run_rounds
+from strategies.fedavg import FedAvg
+from tests.helpers import LAYOUT, fedavg_reply, reply_message, weights
+from tests.test_fedavg import settings
+
+
+class ScriptedGrid:
+    """Two nodes; `reply(round, node)` gives each node's reply content (None: it stays silent)."""
+
+    def __init__(self, reply):
+        self.reply, self.round, self.pushed = reply, 0, {}
+
+    def get_node_ids(self):
+        return [1, 2]
+
+    def push_messages(self, messages):
+        self.round += 1
+        ids = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            ids.append(f"r{self.round}-n{node}")
+            self.pushed[ids[-1]] = node
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for message_id in message_ids:
+            content = self.reply(self.round, self.pushed[message_id])
+            if content is not None:
+                message = reply_message(content, self.pushed[message_id])
+                message.metadata.__dict__["_reply_to_message_id"] = message_id
+                replies.append(message)
+        return replies
+
+
+def run(tmp_path, reply, rounds=5, **overrides):
+    run_settings = settings(**overrides)
+    strategy = FedAvg(run_settings, LAYOUT)
+    initial = ArrayRecord({name: Array(value) for name, value in weights(0.0).items()})
+    loop = LoopSettings(num_rounds=rounds, round_timeout=0.5, poll_interval=0.01, wait_for_clients=2,
+                        wait_for_clients_timeout=5, max_failed_rounds=run_settings.max_failed_rounds)
+    evaluate = lambda arrays, server_round: {"accuracy": 0.0, "nll": 0.0, "ece": 0.0}  # noqa: E731
+    return strategy, run_rounds(ScriptedGrid(reply), strategy, initial, loop, evaluate, str(tmp_path / "r.jsonl"),
+                                CheckpointStore(tmp_path / "state", "fed", {}))
+
+
+def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_path):
+    def reply(server_round, node):  # node 1 sends zero examples, node 2 never answers
+        return fedavg_reply("client-1", server_round, num_examples=0) if node == 1 else None
+
+    with pytest.raises(RunFailed) as failure:
+        run(tmp_path, reply, **{"max-failed-rounds": 2})
+    message = str(failure.value)
+    assert message.startswith("2 rounds in a row (max-failed-rounds) accepted no client reply")
+    assert "client 'client-1' (node 1): rejected reply: field 'num_examples': 0 is not in" in message
+    assert "node 2: no reply within round-timeout" in message
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2  # the failed rounds are on record
+
+
+def test_a_bad_round_between_good_ones_does_not_stop_the_run(tmp_path):
+    def reply(server_round, node):
+        good = server_round % 2 == 1  # rounds 2 and 4 bring nothing usable
+        return fedavg_reply(f"client-{node}", server_round, num_examples=5 if good else 0, value=1.0)
+
+    strategy, arrays = run(tmp_path, reply, **{"max-failed-rounds": 2})
+    assert strategy.accepted_rounds == {"client-1": 5, "client-2": 5}
+    assert (arrays["fc.bias"].numpy() == 1.0).all()
+
+
+def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A bug (or a reply a strategy should have refused) that raises inside aggregate_train: that round changes
+    nothing and counts as failed; the server keeps running."""
+    calls = []
+
+    def broken_mean(vectors, weights_):
+        calls.append(1)
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr("strategies.fedavg.weighted_mean", broken_mean)
+    strategy, arrays = run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0), rounds=2)
+    assert len(calls) == 2 and strategy.accepted_rounds == {} and strategy.identities.node_of_client == {}
+    assert (arrays["fc.bias"].numpy() == 0.0).all()
+    assert "ZeroDivisionError: boom" in strategy.round_report.rejected["round"]
+
+
+def test_each_row_says_where_the_round_went(tmp_path):
+    """Server phases (and the previous round's checkpoint) plus the clients' median phases from their replies;
+    a client's malformed timings are dropped, never an error."""
+    from flwr.app import ConfigRecord
+
+    from protos.codec import TIMINGS_KEY
+
+    def reply(server_round, node):
+        content = fedavg_reply(f"client-{node}", server_round, value=1.0)
+        content[TIMINGS_KEY] = ConfigRecord({"setup": 0.5 * node, "update": 2.0, "state-load": float("nan")})
+        return content
+
+    run(tmp_path, reply, rounds=2)
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    for row in rows:
+        phases = row["phase_seconds"]
+        assert {"wait_clients", "configure", "push", "first_reply", "last_reply", "aggregate", "evaluate"} <= set(phases)
+        assert 0 <= phases["first_reply"] <= phases["last_reply"] <= row["round_seconds"]
+        assert row["client_phase_seconds"] == {"setup": 0.75, "update": 2.0}  # medians; the NaN is dropped
+    assert rows[0]["phase_seconds"]["previous_checkpoint"] is None and rows[1]["phase_seconds"]["previous_checkpoint"] > 0
