@@ -71,7 +71,7 @@ def main(argv: Sequence[str]) -> int:
         streamed = stream(command, env, resume_command=["fedbayes", "run", *argv])
         reason = failure(streamed, connection, env)
     except KeyboardInterrupt:
-        print("fedbayes run: interrupted; stopped what it started (a run on a remote SuperLink goes on: "
+        print("fedbayes run: interrupted; stopping what it started (a run on a remote SuperLink goes on: "
               "`flwr stop <run-id>` ends it)", file=sys.stderr)
         return 130
     finally:
@@ -84,8 +84,7 @@ def main(argv: Sequence[str]) -> int:
 
 def flwr_run_arguments(argv: Sequence[str]) -> argparse.Namespace:
     """`flwr run`'s arguments as Flower 1.39 defines them; we need only the connection's name."""
-    parser = argparse.ArgumentParser(prog="fedbayes run", add_help=False,
-                                     description="flwr run ARGS --stream, exiting non-zero unless the run completed")
+    parser = argparse.ArgumentParser(prog="fedbayes run", add_help=False)
     parser.add_argument("app", nargs="?", default=".")
     parser.add_argument("superlink", nargs="?")
     parser.add_argument("--federation")
