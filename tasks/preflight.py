@@ -8,7 +8,6 @@ looks only as far as it must: dataset files are checked for presence, not read.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from tasks.config import ConfigError, RunSettings
@@ -98,7 +97,6 @@ def check_model_and_strategy(settings: RunSettings) -> None:
     except RuntimeError as error:  # torch's own complaint, e.g. a pooling window larger than the image
         raise ConfigError(f"run config 'pool' ({settings.pool}) does not fit the {shape[1]}x{shape[2]} images of "
                           f"{settings.dataset!r}: {' '.join(str(error).split())}") from None
-    ignore_central_evaluation_warning()
     get_algorithm(settings.strategy).server(settings, parameter_layout(model))
 
 
@@ -107,19 +105,3 @@ def check_client_counts(settings: RunSettings, clients: int) -> None:
         if value > clients:
             raise ConfigError(f"run config '{key}' is {value}, more than the federation's {clients} clients: "
                               "its rounds would wait for clients that never come")
-
-
-class _CentralEvaluationWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("fraction_evaluate is set to 0.0")
-
-
-_central_evaluation_filter = _CentralEvaluationWarning()
-
-
-def ignore_central_evaluation_warning() -> None:
-    """Our FedAvg/FedProx build on Flower's with fraction_evaluate=0 on purpose (the server evaluates the
-    global model itself), and Flower warns about it every run; drop that one warning."""
-    from flwr.common.logger import LOGGER_NAME
-
-    logging.getLogger(LOGGER_NAME).addFilter(_central_evaluation_filter)  # adding it twice keeps one
