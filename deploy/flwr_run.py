@@ -10,9 +10,9 @@ status. Anything but finished:completed exits 1, the reason on the last line:
 A simulation connection (address ":local:") makes `flwr` start a SuperLink of its own on two fixed
 ports and leave it running, shared by every user of the machine. Each `fedbayes run` gives that
 SuperLink two free ports instead (unless FLWR_LOCAL_SUPERLINK_HTTP_API_PORT / FLWR_LOCAL_CONTROL_API_PORT
-are set) and, once the run is over, stops every process its `flwr run` caused to start (the SuperLink,
-its executor, the simulation and Ray's workers) by process id: they inherit a marker in their
-environment. Nothing it did not start is touched.
+are set), gives it time to start on a busy machine (deploy/patient_flwr.py) and, once the run is over,
+stops every process its `flwr run` caused to start (the SuperLink, its executor, the simulation and Ray's
+workers) by process id: they inherit a marker in their environment. Nothing it did not start is touched.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deploy.processes import console_script, free_ports, process_env, stop_processes_with_env
+from deploy.processes import free_ports, process_env, stop_processes_with_env
 from tasks.runlog import RUN_FAILED, failure_reason, new_federation
 
 MARKER_VARIABLE = "FEDBAYES_SUBMISSION"
@@ -36,6 +36,7 @@ LOCAL_SUPERLINK_PORTS = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTR
 # we rely on neither behaviour.
 RAY_FUTURE_WARNING = "ignore::FutureWarning:ray._private.worker"
 STOP_TIMEOUT = 30.0
+PATIENT_FLWR = [sys.executable, "-m", "deploy.patient_flwr"]  # `flwr`, waiting longer for its simulation SuperLink
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RUN_ID = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # default and --format json output
 
@@ -62,9 +63,9 @@ def main(argv: Sequence[str]) -> int:
         print("usage: fedbayes run ARGS: `flwr run ARGS --stream` that exits 1, with the reason on its last line, "
               "unless the run completed; and stops the simulation SuperLink it started. `flwr run`'s ARGS:\n",
               flush=True)
-        return subprocess.call([console_script("flwr"), "run", "--help"], env=process_env(flwr_home=None))
+        return subprocess.call([*PATIENT_FLWR, "run", "--help"], env=process_env(flwr_home=None))
     connection = flwr_run_arguments(argv).superlink
-    command = [console_script("flwr"), "run", *argv, *([] if "--stream" in argv else ["--stream"])]
+    command = [*PATIENT_FLWR, "run", *argv, *([] if "--stream" in argv else ["--stream"])]
     marker = uuid.uuid4().hex
     env = submission_env(marker)
     try:
@@ -129,7 +130,7 @@ def failure(streamed: Streamed, connection: str | None, env: Mapping[str, str]) 
         return streamed.failure or f"flwr run exited with code {streamed.returncode} (its message is above)"
     if streamed.run_id is None:
         return "flwr run printed no run id"
-    status = run_status([console_script("flwr")], connection, streamed.run_id, env)
+    status = run_status(PATIENT_FLWR, connection, streamed.run_id, env)
     if status.status == "finished:completed":
         return None
     return streamed.failure or f"run {streamed.run_id} is {status.status} ({status.details})"
