@@ -31,9 +31,9 @@ $(FMNIST):
 		exit 1; \
 	fi
 
+# Each demo is a new federation in its own runs/<time>-fedavg (an existing workdir is never reused unasked).
 demo: install
-	$(BIN)/fedbayes local --strategy fedavg --clients 3 --rounds 5 --dataset fmnist --split iid \
-		--workdir runs/demo --results runs/demo/results.jsonl
+	$(BIN)/fedbayes local --strategy fedavg --clients 3 --rounds 5 --dataset fmnist --split iid
 
 # Everything, system tests included (as root they install and start what they need: Docker, namespaces).
 test: install

@@ -3,28 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import shlex
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="fedbayes", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_local(commands.add_parser("local", help="run a federation of local processes over loopback gRPC"))
+    commands.add_parser(
+        "run", add_help=False,
+        help="`flwr run ARGS --stream` that exits non-zero unless the run completed, and stops the simulation "
+             "SuperLink it started",
+    )
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
     _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
     _add_superexec(commands.add_parser("superexec", help="run a SuperNode's ClientApps as forks of a warm process"))
     _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))
     _add_client(commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)"))
-    args = parser.parse_args(argv)
-    from deploy.launcher import stop_processes_on_signals
+    if argv[:1] == ["run"]:  # every argument goes to `flwr run` as it is: argparse cannot pass options through
+        from deploy.flwr_run import main as flwr_run
+
+        command = functools.partial(flwr_run, argv[1:])
+    else:
+        args = parser.parse_args(argv)
+        args.argv = argv  # `fedbayes local` prints the command that resumes it
+        command = functools.partial(args.handler, args)
+    from deploy.launcher import RunFailed, stop_processes_on_signals
 
     stop_processes_on_signals()
     try:
-        return args.handler(args)
+        return command()
     except KeyboardInterrupt:
         print("interrupted; all processes stopped", file=sys.stderr)
         return 130
+    except RunFailed as error:  # its message is the one-line reason
+        print(error, file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as error:
         print(f"fedbayes: error: {error}", file=sys.stderr)
         return 1
@@ -44,7 +62,11 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, required=True)
     _add_split_arguments(parser)
     parser.add_argument("--results", type=Path, help="JSON-lines results file (default: <workdir>/results.jsonl)")
-    parser.add_argument("--workdir", type=Path, help="logs, Flower home and client state (default: runs/<time>-<strategy>)")
+    parser.add_argument("--workdir", type=Path,
+                        help="logs, Flower home, server checkpoints and client state; a new or empty directory "
+                             "(default: runs/<time>-<strategy>), or with --resume one that holds a federation")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the federation in --workdir after its last checkpointed round")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1")
     parser.add_argument(
         "--executor", default="fork", choices=("fork", "subprocess"),
@@ -54,11 +76,12 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    from deploy.launcher import LocalRun, parse_override, run_local
+    from deploy.launcher import LocalRun, default_workdir, parse_override, run_local
 
     overrides = dict(parse_override(item) for item in args.set)
     if args.data_root:
         overrides["data-root"] = args.data_root
+    workdir = args.workdir or default_workdir(args.strategy)
     run_local(
         LocalRun(
             strategy=args.strategy,
@@ -69,12 +92,26 @@ def _run_local(args: argparse.Namespace) -> int:
             split=args.split,
             seed=args.seed,
             results=args.results,
-            workdir=args.workdir,
+            workdir=workdir,
             overrides=overrides,
             executor=args.executor,
+            resume=args.resume,
+            resume_hint=shlex.join(["fedbayes", *_without_workdir(args.argv), "--workdir", str(workdir), "--resume"]),
         )
     )
     return 0
+
+
+def _without_workdir(argv: list[str]) -> list[str]:
+    """A command line without its --workdir and --resume (a later --workdir would win anyway; this is for reading)."""
+    kept = []
+    arguments = iter(argv)
+    for arg in arguments:
+        if arg == "--workdir":
+            next(arguments, None)  # its value
+        elif arg != "--resume" and not arg.startswith("--workdir="):
+            kept.append(arg)
+    return kept
 
 
 def _add_superexec(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,11 @@
 """`fedbayes local`: a real federation on this machine, one OS process per party, gRPC on loopback.
 
 Starts a SuperLink and K SuperNodes (each with its own `client-id` and partition), submits the app
-with `flwr run`, prints one table row per round as the ServerApp writes it, and stops every process
-it started (also on Ctrl-C or when one of them fails). Insecure by design: loopback only.
+with `fedbayes run` (deploy/flwr_run.py), prints one table row per round as the ServerApp writes it, and
+stops every process it started (also on Ctrl-C or when one of them fails). Insecure by design: loopback
+only. What the run needs of this machine is checked before anything starts (tasks/preflight.py); a run
+that fails, ends early or loses its ServerApp raises RunFailed, one line. Its workdir is never emptied:
+a new federation needs a new or empty one, and `resume` continues the federation a workdir holds.
 
 The same LocalFederation also runs a secured federation across hosts (TLS + SuperNode authentication,
 deploy/pki.py), where a host is this machine or a Linux network namespace with its own IP standing in
@@ -14,10 +17,9 @@ ClientApps run, by default, as forks of a warm `fedbayes superexec` per SuperNod
 
 from __future__ import annotations
 
+import itertools
 import json
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,11 +30,22 @@ from pathlib import Path
 from typing import Any
 
 from deploy.client import node_config, superexec_command, supernode_command
+from deploy.flwr_run import RunStatus, run_status
 from deploy.pki import TlsFiles, connection_config, register_supernode
-from deploy.processes import ManagedProcess, ProcessGroup, free_ports, kill_tree
+from deploy.processes import (
+    ManagedProcess,
+    ProcessGroup,
+    command_line,
+    console_script,
+    free_ports,
+    kill_tree,
+    process_env,
+)
+from tasks.runlog import RUN_FAILED, failure_reason
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "fedbayes-local"
+FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
 STARTUP_TIMEOUT = 60.0
 EXECUTORS = ("fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
@@ -72,6 +85,8 @@ class LocalRun:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set key=value
     quiet: bool = False
     executor: str = "fork"
+    resume: bool = False  # continue the federation held by `workdir` (it must hold one)
+    resume_hint: str = ""  # the command that would resume this run, printed at its start
 
     def run_config(self, workdir: Path, results: Path) -> dict[str, Any]:
         config = {
@@ -89,6 +104,13 @@ class LocalRun:
         return config
 
 
+class RunFailed(RuntimeError):
+    """The run did not complete. The message is one line, `fedbayes run failed: <reason>`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{RUN_FAILED}{reason}")
+
+
 def stop_processes_on_signals() -> None:
     """Make SIGTERM and SIGINT unwind through `with LocalFederation(...)`, which stops every process
     it started. (A background job ignores SIGINT unless told otherwise; SIGTERM would kill us outright.)"""
@@ -96,44 +118,66 @@ def stop_processes_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def check_run_config(run_config: dict[str, Any]) -> None:
-    """Refuse, before any process starts, a run config the ServerApp would refuse after its start-up: an
-    unknown key, a bad value, an unknown strategy (tasks.config.ConfigError, a ValueError, names it)."""
-    from strategies import get_algorithm
+def check_run_config(run_config: dict[str, Any], clients: int) -> None:
+    """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
+    federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
+    checks against this machine (tasks.config.ConfigError, a ValueError, names the key)."""
     from tasks.config import ConfigError, RunSettings, pyproject_run_config
+    from tasks.preflight import preflight
 
     defaults = pyproject_run_config(APP_DIR / "pyproject.toml")
     unknown = sorted(set(run_config) - set(defaults))
     if unknown:
         raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; they are listed in pyproject.toml")
-    get_algorithm(RunSettings.from_run_config({**defaults, **run_config}).strategy)
+    preflight(RunSettings.from_run_config({**defaults, **run_config}), clients)
+
+
+def check_workdir(workdir: Path, resume: bool) -> None:
+    """A new federation needs a new or empty workdir; --resume one that holds a federation. An existing
+    workdir is never emptied: it may hold the server's checkpoints and the clients' state."""
+    holds_federation = (workdir / FLWR_HOME).is_dir()
+    if resume and not holds_federation:
+        raise ValueError(f"--resume: {workdir} holds no federation to resume (no {FLWR_HOME}/ in it)")
+    if resume or not workdir.exists():
+        return
+    if holds_federation:
+        raise ValueError(f"--workdir {workdir} already holds federation {workdir.name!r}; add --resume to continue it, "
+                         "or choose another --workdir (nothing was deleted)")
+    if not workdir.is_dir() or any(workdir.iterdir()):
+        raise ValueError(f"--workdir {workdir} exists and is not an empty directory; choose a new or empty one "
+                         "(nothing was deleted)")
 
 
 def run_local(spec: LocalRun) -> list[dict[str, Any]]:
-    """Run the federation to completion and return its per-round results."""
+    """Run the federation to completion and return its per-round results; RunFailed if it does not complete."""
     if spec.clients < 1 or spec.rounds < 1:
         raise ValueError("--clients and --rounds must be >= 1")
-    workdir = (spec.workdir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.strategy}").resolve()
+    workdir = (spec.workdir or default_workdir(spec.strategy)).resolve()
     results = (spec.results or workdir / "results.jsonl").resolve()
-    check_run_config(spec.run_config(workdir, results))
+    check_workdir(workdir, spec.resume)
+    check_run_config(spec.run_config(workdir, results), spec.clients)
     say = (lambda *a: None) if spec.quiet else (lambda *a: print(*a, flush=True))
     say(
         "WARNING: fedbayes local runs INSECURE (no TLS, no node authentication) on 127.0.0.1 only. "
         "Use the deploy/ path for anything that crosses a network."
     )
-    results.unlink(missing_ok=True)  # an earlier run's rows must not be read as this run's
+    if not spec.resume:
+        results.unlink(missing_ok=True)  # an earlier run's rows must not be read as this run's
     with LocalFederation(workdir, spec.executor) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
         submit = federation.submit(spec.run_config(workdir, results))
         say(f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; logs in {federation.log_dir}")
+        if spec.resume_hint:
+            say(f"federation {workdir.name} in {workdir}; to resume it after an interruption: {spec.resume_hint}")
         say(TABLE_HEADER)
-        rows = federation.follow(results, submit, spec.rounds, on_row=lambda row: say(format_row(row)))
-    if len(rows) < spec.rounds:
-        raise RuntimeError(
-            f"the run ended after {len(rows)} of {spec.rounds} rounds; see {federation.log_dir}:\n{submit.log_tail(40)}"
-        )
-    return rows
+        return federation.follow(results, submit, spec.rounds, on_row=lambda row: say(format_row(row)))
+
+
+def default_workdir(strategy: str) -> Path:
+    """runs/<date>-<time>-<strategy>: a new one for every run, so that a run that names no workdir starts a
+    new federation."""
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}"
 
 
 class LocalFederation:
@@ -159,12 +203,10 @@ class LocalFederation:
         self.node_auth = node_auth
         if not (APP_DIR / "pyproject.toml").is_file():
             raise FileNotFoundError(f"the Flower app (pyproject.toml) is not at {APP_DIR}; run from a source checkout")
-        if workdir.exists():
-            shutil.rmtree(workdir)
         self.workdir = workdir
-        self.log_dir = workdir / "logs"
-        self.flwr_home = workdir / "flwr-home"
-        self.flwr_home.mkdir(parents=True)
+        self.log_dir = _unused_log_dir(workdir)
+        self.flwr_home = workdir / FLWR_HOME
+        self.flwr_home.mkdir(parents=True, exist_ok=True)  # an existing workdir is used as it is, never emptied
         self.control_port, self.fleet_port = free_ports(2)
         (self.flwr_home / "config.toml").write_text(
             connection_config(CONNECTION, f"127.0.0.1:{self.control_port}", tls.ca_cert if tls else None)
@@ -286,9 +328,12 @@ class LocalFederation:
                       **run_config}
         overrides = self.workdir / "run-config.toml"
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
+        # `fedbayes run` (deploy/flwr_run.py): `flwr run --stream` that exits non-zero, with the reason on its
+        # last line, unless the run completed.
         return self.processes.start(
             "flwr-run",
-            self.server.command([console_script("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "-c", str(overrides)]),
+            self.server.command([console_script("fedbayes"), "run", str(APP_DIR), CONNECTION, "--stream", "-c",
+                                 str(overrides)]),
             cwd=self.workdir,
         )
 
@@ -308,17 +353,29 @@ class LocalFederation:
         subprocess.run(self.server.command([console_script("flwr"), "stop", str(run_id), CONNECTION]), cwd=self.workdir,
                        env=self.processes.env, check=True, capture_output=True, timeout=60)
 
+    def run_status(self, run_id: int) -> RunStatus:
+        return run_status(self.server.command([console_script("flwr")]), CONNECTION, run_id, self.processes.env)
+
+    def serverapp_pids(self) -> set[int]:
+        """Live ServerApp processes of this federation (the SuperLink's executor starts one per run)."""
+        return {pid for pid in self.processes.members()
+                if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))}
+
     def follow(
         self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None]
     ) -> list[dict[str, Any]]:
-        """Hand each round's results to `on_row` as the ServerApp appends them; return when the
-        run ends, raise when the SuperLink or a SuperNode dies."""
-        rows: list[dict[str, Any]] = []
+        """Hand each round's results to `on_row` as the ServerApp appends them; return them all when the
+        submission ends. Raise RuntimeError when the SuperLink or a SuperNode dies, RunFailed when the run
+        fails, its ServerApp dies or it ends before `rounds` rounds. A submission stopped on purpose
+        (ProcessGroup.stop) just ends the following."""
+        rows: dict[int, dict[str, Any]] = {}  # by round: a resumed run writes again the rounds after its checkpoint
+        serverapp = _ServerAppWatch(self, submit)
         while True:
             finished = submit.popen.poll() is not None
-            for row in _read_rows(results)[len(rows):]:
-                rows.append(row)
-                on_row(row)
+            for row in _read_rows(results):
+                if row["round"] not in rows:
+                    on_row(row)
+                rows[row["round"]] = row
             # Checked before `finished`: a dying SuperLink also ends `flwr run`, and that is no normal end.
             superlink = [] if self.superlink_killed else [self.superlink]
             for daemon in (*superlink, *self.supernodes.values(), *self.superexecs.values()):
@@ -326,28 +383,22 @@ class LocalFederation:
                     raise RuntimeError(
                         f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
                     )
-            if finished or len(rows) >= rounds:
-                _wait(submit, 30)
-                return rows
+            if finished:
+                in_order = [rows[number] for number in sorted(rows)]
+                if not submit.stopped:
+                    self._check_outcome(submit, len(in_order), rounds)
+                return in_order
+            serverapp.check()
             time.sleep(0.2)
 
-
-def process_env(flwr_home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    # Flower daemons start their helpers (flower-superexec, flwr-clientapp) by name from PATH.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(
-        FLWR_HOME=str(flwr_home),
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        # SuperExec asks its SuperNode for a new task every 1 s by default: up to 1 s lost per round.
-        FLWR_SUPEREXEC_TASK_POLL_INTERVAL=env.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"),
-        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-        FEDBAYES_THREADS=env.get("FEDBAYES_THREADS", "1"),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
+    def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int) -> None:
+        if submit.popen.returncode != 0:
+            reported = [reason for line in submit.log_path.read_text(errors="replace").splitlines()
+                        if (reason := failure_reason(line)) is not None]
+            reason = reported[-1] if reported else f"`fedbayes run` exited with code {submit.popen.returncode}"
+            raise RunFailed(f"{reason} (logs in {self.log_dir})")
+        if rounds_done < rounds:
+            raise RunFailed(f"the run ended after {rounds_done} of {rounds} rounds (logs in {self.log_dir})")
 
 
 def toml_value(value: Any) -> str:
@@ -383,19 +434,41 @@ def format_row(row: dict[str, Any]) -> str:
     )
 
 
-def console_script(name: str) -> str:
-    """Flower's console scripts from this interpreter's environment."""
-    candidate = Path(sys.executable).parent / name
-    found = str(candidate) if candidate.exists() else shutil.which(name)
-    if found is None:
-        raise FileNotFoundError(f"'{name}' not found; install the project (make install)")
-    return found
+class _ServerAppWatch:
+    """Tells when the ServerApp of the run being followed died without a word (SIGKILL, out of memory).
+    Flower notices only when its heartbeat lapses, up to a minute later, and `flwr run --stream` waits
+    for that; here it takes a second. A ServerApp that ends by itself reports its outcome before it
+    exits, so one that is gone while its run is not finished died."""
+
+    def __init__(self, federation: LocalFederation, submit: ManagedProcess) -> None:
+        self.federation = federation
+        self.submit = submit
+        self.earlier = federation.serverapp_pids()  # an earlier run's ServerApp may still be on its way out
+        self.seen: set[int] = set()
+        self.next_check = 0.0
+
+    def check(self) -> None:
+        if self.federation.superlink_killed or time.monotonic() < self.next_check:
+            return
+        self.next_check = time.monotonic() + 1.0
+        alive = self.federation.serverapp_pids() - self.earlier
+        if alive or not self.seen:
+            self.seen |= alive
+            return
+        run_id = self.federation.run_id(self.submit)
+        status = self.federation.run_status(run_id)
+        if not status.finished:
+            raise RunFailed(f"the ServerApp of run {run_id} (pid {', '.join(map(str, sorted(self.seen)))}) died "
+                            f"without reporting an outcome (killed?); logs in {self.federation.log_dir}")
+        self.earlier |= self.seen  # it ended normally; the submission ends with the run's stream
+        self.seen = set()
 
 
-def _wait(process: ManagedProcess, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while process.popen.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+def _unused_log_dir(workdir: Path) -> Path:
+    """<workdir>/logs, or for a later start in the same workdir (a resume) logs-2, logs-3, ...: the logs of
+    the start that failed are what tells why."""
+    candidates = (workdir / ("logs" if number == 1 else f"logs-{number}") for number in itertools.count(1))
+    return next(path for path in candidates if not path.exists() or not any(path.iterdir()))
 
 
 def _read_rows(results: Path) -> list[dict[str, Any]]:

@@ -9,9 +9,11 @@ when it is interrupted or one of the processes fails.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,6 +28,7 @@ class ManagedProcess:
     name: str
     popen: subprocess.Popen
     log_path: Path | None  # None: its output goes to our own stdout/stderr
+    stopped: bool = False  # we signalled it: its end is no failure
 
     def log_tail(self, lines: int = 20) -> str:
         if self.log_path is None:
@@ -73,6 +76,7 @@ class ProcessGroup:
 
     def stop(self, process: ManagedProcess, sig: signal.Signals = signal.SIGTERM) -> None:
         """Signal one process we started (e.g. to restart a SuperNode)."""
+        process.stopped = True
         if process.popen.poll() is None:
             process.popen.send_signal(sig)
 
@@ -80,15 +84,7 @@ class ProcessGroup:
         # Clients first, so the SuperLink sees them leave; then every marked descendant.
         for process in reversed(self.processes):
             self.stop(process)
-        for pid in self.members():
-            _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout
-        while self.members() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for _ in range(3):  # a dying parent may have spawned one more child
-            for pid in self.members():
-                _signal(pid, signal.SIGKILL)
-            time.sleep(0.2)
+        stop_processes_with_env(MARKER_VARIABLE, self.marker, self.stop_timeout)
         for process in self.processes:
             try:
                 process.popen.wait(timeout=5)
@@ -102,6 +98,19 @@ class ProcessGroup:
         self.stop_all()
 
 
+def stop_processes_with_env(variable: str, value: str, timeout: float) -> None:
+    """TERM every live process whose environment holds variable=value, KILL those left after `timeout`."""
+    for pid in processes_with_env(variable, value):
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while processes_with_env(variable, value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for _ in range(3):  # a dying parent may have spawned one more child
+        for pid in processes_with_env(variable, value):
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.2)
+
+
 def processes_with_env(variable: str, value: str) -> list[int]:
     needle = f"{variable}={value}".encode()
     pids = []
@@ -112,6 +121,15 @@ def processes_with_env(variable: str, value: str) -> list[int]:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return pids
+
+
+def command_line(pid: int) -> list[str]:
+    """The arguments process `pid` was started with ([] once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
 def descendants(pid: int) -> list[int]:
@@ -161,3 +179,33 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def console_script(name: str) -> str:
+    """A console script (Flower's, ours) from this interpreter's environment."""
+    candidate = Path(sys.executable).parent / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"'{name}' not found; install the project (make install)")
+    return found
+
+
+def process_env(flwr_home: Path | None) -> dict[str, str]:
+    """Our environment for a Flower process: Flower's home (None: the one we have, else Flower's
+    default), no telemetry, update checks or runtime installs, one compute thread."""
+    env = dict(os.environ)
+    # Flower daemons start their helpers (flower-superexec, flwr-clientapp) by name from PATH.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if flwr_home is not None:
+        env["FLWR_HOME"] = str(flwr_home)
+    env.update(
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        # SuperExec asks its SuperNode for a new task every 1 s by default: up to 1 s lost per round.
+        FLWR_SUPEREXEC_TASK_POLL_INTERVAL=env.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        FEDBAYES_THREADS=env.get("FEDBAYES_THREADS", "1"),
+        PYTHONUNBUFFERED="1",
+    )
+    return env

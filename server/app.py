@@ -6,7 +6,10 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see tasks/compute.py
 
-from logging import INFO
+import secrets
+import time
+from dataclasses import replace
+from logging import ERROR, INFO
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,8 @@ from tasks.compute import configure_threads, resolve_device
 from tasks.config import RunSettings
 from tasks.datasets import load_dataset
 from tasks.models import build_model, parse_hidden
+from tasks.preflight import preflight
+from tasks.runlog import new_federation_line, run_failed_line
 
 app = ServerApp()
 DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.home() / ".fedbayes" / "server"))
@@ -31,8 +36,23 @@ DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """Flower records a failed ServerApp only as a run status without the exception's type, and the
+    traceback it logs spans many lines: log the cause as one line the CLI tools can find."""
+    try:
+        run_federation(grid, context)
+    except Exception as error:
+        log(ERROR, "%s", run_failed_line(error))
+        raise
+
+
+def run_federation(grid: Grid, context: Context) -> None:
     configure_threads()
     settings = RunSettings.from_run_config(context.run_config)
+    preflight(settings)
+    server_state_dir = settings.server_state_dir or DEFAULT_SERVER_STATE_DIR
+    if not settings.federation:
+        settings = replace(settings, federation=new_federation_name(server_state_dir))
+        log(INFO, "%s", new_federation_line(settings.federation))
     algorithm = get_algorithm(settings.strategy)
     test = load_dataset(
         settings.dataset, train=False, data_root=settings.data_root, download=settings.download
@@ -45,7 +65,8 @@ def main(grid: Grid, context: Context) -> None:
     layout = parameter_layout(model)
     strategy = algorithm.server(settings, layout)
     device = resolve_device(settings.device)
-    log(INFO, "fedbayes: strategy %s, %s, %d rounds", settings.strategy, settings.dataset, settings.num_server_rounds)
+    log(INFO, "fedbayes: federation %s, strategy %s, %s, %d rounds", settings.federation, settings.strategy,
+        settings.dataset, settings.num_server_rounds)
 
     def predict(weights: dict[str, np.ndarray]) -> torch.Tensor:
         set_parameters(model, weights)
@@ -81,5 +102,16 @@ def main(grid: Grid, context: Context) -> None:
         ),
         evaluate,
         settings.results_path,
-        CheckpointStore(settings.server_state_dir or DEFAULT_SERVER_STATE_DIR, settings.federation, context.run_config),
+        # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
+        CheckpointStore(server_state_dir, settings.federation,
+                        {**context.run_config, "federation": settings.federation}),
     )
+
+
+def new_federation_name(server_state_dir: str) -> str:
+    """<date>-<time>-<4 hex digits>, one no checkpoint under `server_state_dir` has: a run that names no
+    federation starts a new one rather than resuming (or clashing with) whatever ran before."""
+    while True:
+        name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if not (Path(server_state_dir) / name).exists():
+            return name

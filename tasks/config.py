@@ -134,6 +134,7 @@ class RunSettings:
         return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
 
     def validate(self) -> None:
+        from tasks.compute import DEVICES
         from tasks.datasets import DATASETS
         from tasks.models import ACTIVATIONS, MODELS
         from tasks.partitions import SPLITS
@@ -143,6 +144,7 @@ class RunSettings:
         _choice("model", self.model, MODELS)
         _choice("activation", self.activation, tuple(ACTIVATIONS))
         _choice("optimizer", self.optimizer, _OPTIMIZERS)
+        _choice("device", self.device, DEVICES)
         _choice("lr-schedule", self.lr_schedule, _LR_SCHEDULES)
         _check("num-server-rounds", self.num_server_rounds >= 1, "must be >= 1")
         _check("fraction", 0.0 < self.fraction <= 1.0, "must be in (0, 1]")
@@ -173,7 +175,9 @@ class RunSettings:
         _check("max-clients", self.max_clients >= 1, "must be >= 1")
         _check("max-client-examples", 1 <= self.max_client_examples <= 2**40, "must be in [1, 2^40]")
         _choice("client-identity", self.client_identity, CLIENT_IDENTITIES)
-        _check("federation", _is_safe_name(self.federation), "must match [A-Za-z0-9._-]+")
+        # "" = the ServerApp names a new federation at start (server/app.py); resuming one always names it.
+        _check("federation", self.federation == "" or _is_safe_name(self.federation),
+               'must be "" (a new federation) or match [A-Za-z0-9._-]+')
         # FedPA
         _check("burn-in-rounds", self.burn_in_rounds >= 0, "must be >= 0")
         _check("samples", self.samples >= 1, "must be >= 1")

@@ -25,7 +25,7 @@ def test_pyproject_defaults_parse():
         ("batch-size", 0, "'batch-size' must be >= 1"),
         ("lr", "fast", "'lr' must be float"),
         ("num-server-rounds", 2.5, "'num-server-rounds' must be int"),
-        ("federation", "../etc", "'federation' must match"),
+        ("federation", "../etc", "'federation' must be \"\" (a new federation) or match"),
         ("optimizer", "lbfgs", "'optimizer' must be one of adam, sgd"),
         ("feddyn-alpha", 0.0, "'feddyn-alpha' must be > 0"),
         ("max-grad-norm", -1.0, "'max-grad-norm' must be >= 0"),

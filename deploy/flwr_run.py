@@ -1,0 +1,161 @@
+"""`fedbayes run ARGS...`: Flower's `flwr run ARGS... --stream`, made to fail loudly and to leave nothing behind.
+
+`flwr run --stream` exits 0 whatever became of the run: a ServerApp that raised, a resume its checkpoint
+refused, a ServerApp killed (Flower marks that run failed once its heartbeat lapses) all look like
+success. This command hands its arguments to `flwr run` unchanged (adding --stream), echoes the streamed
+log (without colour codes where its output is no terminal), then asks the SuperLink for the run's final
+status. Anything but finished:completed exits 1, the reason on the last line:
+`fedbayes run failed: <reason>` (the ServerApp's own one-line report where it made one, tasks/runlog.py).
+
+A simulation connection (address ":local:") makes `flwr` start a SuperLink of its own on two fixed
+ports and leave it running, shared by every user of the machine. Each `fedbayes run` gives that
+SuperLink two free ports instead (unless FLWR_LOCAL_SUPERLINK_HTTP_API_PORT / FLWR_LOCAL_CONTROL_API_PORT
+are set), gives it time to start on a busy machine (deploy/patient_flwr.py) and, once the run is over,
+stops every process its `flwr run` caused to start (the SuperLink, its executor, the simulation and Ray's
+workers) by process id: they inherit a marker in their environment. Nothing it did not start is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from deploy.processes import free_ports, process_env, stop_processes_with_env
+from tasks.runlog import RUN_FAILED, failure_reason, new_federation
+
+MARKER_VARIABLE = "FEDBAYES_SUBMISSION"
+LOCAL_SUPERLINK_PORTS = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")  # Flower 1.39's names
+# Ray's driver warns on every start that a future Ray will stop hiding GPUs from actors that asked for none;
+# we rely on neither behaviour.
+RAY_FUTURE_WARNING = "ignore::FutureWarning:ray._private.worker"
+STOP_TIMEOUT = 30.0
+PATIENT_FLWR = [sys.executable, "-m", "deploy.patient_flwr"]  # `flwr`, waiting longer for its simulation SuperLink
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_RUN_ID = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # default and --format json output
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    status: str  # pending | starting | running | finished:completed | finished:failed | finished:stopped
+    details: str
+
+    @property
+    def finished(self) -> bool:
+        return self.status.startswith("finished")
+
+
+@dataclass(frozen=True)
+class Streamed:
+    returncode: int
+    run_id: int | None
+    failure: str | None  # the ServerApp's `fedbayes run failed: ...` report, if it made one
+
+
+def main(argv: Sequence[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print("usage: fedbayes run ARGS: `flwr run ARGS --stream` that exits 1, with the reason on its last line, "
+              "unless the run completed; and stops the simulation SuperLink it started. `flwr run`'s ARGS:\n",
+              flush=True)
+        return subprocess.call([*PATIENT_FLWR, "run", "--help"], env=process_env(flwr_home=None))
+    connection = flwr_run_arguments(argv).superlink
+    command = [*PATIENT_FLWR, "run", *argv, *([] if "--stream" in argv else ["--stream"])]
+    marker = uuid.uuid4().hex
+    env = submission_env(marker)
+    try:
+        streamed = stream(command, env, resume_command=["fedbayes", "run", *argv])
+        reason = failure(streamed, connection, env)
+    except KeyboardInterrupt:
+        print("fedbayes run: interrupted; stopping what it started (a run on a remote SuperLink goes on: "
+              "`flwr stop <run-id>` ends it)", file=sys.stderr)
+        return 130
+    finally:
+        stop_processes_with_env(MARKER_VARIABLE, marker, STOP_TIMEOUT)
+    if reason is not None:
+        print(f"{RUN_FAILED}{reason}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def flwr_run_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """`flwr run`'s arguments as Flower 1.39 defines them; we need only the connection's name."""
+    parser = argparse.ArgumentParser(prog="fedbayes run", add_help=False)
+    parser.add_argument("app", nargs="?", default=".")
+    parser.add_argument("superlink", nargs="?")
+    parser.add_argument("--federation")
+    parser.add_argument("-c", "--run-config", action="append")
+    parser.add_argument("--federation-config", action="append")
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--format", choices=("default", "json"))
+    return parser.parse_args(list(argv))
+
+
+def submission_env(marker: str) -> dict[str, str]:
+    env = process_env(flwr_home=None)
+    env[MARKER_VARIABLE] = marker
+    unset = [variable for variable in LOCAL_SUPERLINK_PORTS if variable not in env]
+    env.update(zip(unset, map(str, free_ports(len(unset)))))
+    env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), RAY_FUTURE_WARNING]))
+    return env
+
+
+def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Sequence[str]) -> Streamed:
+    """Run `flwr run ... --stream`, echoing its output, and note what the run's log says about it."""
+    process = subprocess.Popen(list(command), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C reaches us; we stop it
+    keep_colour = sys.stdout.isatty()
+    run_id = reported = None
+    for raw in process.stdout:
+        line = raw.decode(errors="replace")
+        plain = _ANSI_ESCAPE.sub("", line)
+        sys.stdout.write(line if keep_colour else plain)
+        sys.stdout.flush()
+        run_id = run_id or _run_id(plain)
+        reported = failure_reason(plain) or reported
+        if name := new_federation(plain):
+            resume = shlex.join([*resume_command, "-c", f'federation="{name}"'])
+            print(f"fedbayes: federation {name}; to resume it after an interruption: {resume}", flush=True)
+    return Streamed(process.wait(), run_id, reported)
+
+
+def failure(streamed: Streamed, connection: str | None, env: Mapping[str, str]) -> str | None:
+    """Why the run did not complete, or None if it did."""
+    if streamed.returncode != 0:
+        return streamed.failure or f"flwr run exited with code {streamed.returncode} (its message is above)"
+    if streamed.run_id is None:
+        return "flwr run printed no run id"
+    status = run_status(PATIENT_FLWR, connection, streamed.run_id, env)
+    if status.status == "finished:completed":
+        return None
+    return streamed.failure or f"run {streamed.run_id} is {status.status} ({status.details})"
+
+
+def run_status(flwr: Sequence[str], connection: str | None, run_id: int, env: Mapping[str, str]) -> RunStatus:
+    """The run's status as its SuperLink reports it (`flwr ls --run-id N --format json`). `flwr`: the
+    command that runs Flower's CLI (with a prefix such as `ip netns exec NS` where needed)."""
+    command = [*flwr, "ls", *([connection] if connection else []), "--run-id", str(run_id), "--format", "json"]
+    result = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=120)
+    try:
+        answer = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"`flwr ls` gave no status for run {run_id} (exit code {result.returncode}): "
+                           f"{_one_line(result.stdout + result.stderr)}") from None
+    if not answer.get("success"):
+        raise RuntimeError(f"`flwr ls` has no status for run {run_id}: {_one_line(answer.get('error-message', ''))}")
+    run = answer["runs"][0]
+    return RunStatus(run["status"], run["status-details"])
+
+
+def _run_id(line: str) -> int | None:
+    match = _RUN_ID.search(line)
+    return int(match.group(1) or match.group(2)) if match else None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,0 +1,107 @@
+"""Checks of a run config against this machine that need no federation: run before anything starts.
+
+`fedbayes local` runs them before it starts a single process, and the ServerApp at its start, so a
+missing dataset, an absent GPU, a model that does not build or more clients awaited than will come is
+refused in seconds, by the run-config key, instead of after the federation's start-up. Each check
+looks only as far as it must: dataset files are checked for presence, not read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks.config import ConfigError, RunSettings
+
+# Image shape of each dataset, to build its model without loading it.
+INPUT_SHAPES = {"fmnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                "t10k-labels-idx1-ubyte")
+# The files torchvision 0.29 reads under data-root (its datasets' _check_exists / _check_integrity; kept
+# here because importing torchvision alone takes seconds; tests/test_preflight.py compares them).
+TORCHVISION_FILES = {
+    "fmnist": ("FashionMNIST/raw", _MNIST_FILES),
+    "mnist": ("MNIST/raw", _MNIST_FILES),
+    "cifar10": ("cifar-10-batches-py",
+                ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch",
+                 "batches.meta")),
+    "cifar100": ("cifar-100-python", ("train", "test", "meta")),
+}
+_DEBIAN_FMNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                        "t10k-labels-idx1-ubyte.gz")
+
+
+def preflight(settings: RunSettings, clients: int | None = None) -> None:
+    """Refuse (ConfigError naming the key) what the ServerApp or the clients would fail on later.
+    `clients`: how many clients the federation will have, where the caller knows it."""
+    if clients is not None:
+        check_client_counts(settings, clients)
+    check_dataset_files(settings)
+    check_device(settings.device)
+    check_model_and_strategy(settings)
+
+
+def check_dataset_files(settings: RunSettings) -> None:
+    if not settings.data_root:
+        if settings.dataset != "fmnist":
+            raise ConfigError(
+                f"run config 'data-root' is empty, and dataset {settings.dataset!r} has no default location: set it "
+                "to a torchvision dataset folder (fedbayes local: --data-root DIR), with download=true to fetch "
+                "it there"
+            )
+        from tasks.datasets import DEBIAN_FMNIST_DIR
+
+        missing = [name for name in _DEBIAN_FMNIST_FILES if not (DEBIAN_FMNIST_DIR / name).is_file()]
+        if missing:
+            raise ConfigError(
+                f"run config 'data-root' is empty, so dataset 'fmnist' is read from {DEBIAN_FMNIST_DIR}, which lacks "
+                f"{', '.join(missing)}: run `apt-get install dataset-fashion-mnist` (as root) or set data-root to a "
+                "torchvision FashionMNIST folder"
+            )
+        return
+    if settings.download:
+        return  # torchvision fetches what is missing into data-root
+    folder, names = TORCHVISION_FILES[settings.dataset]
+    missing = [f"{folder}/{name}" for name in names if not (Path(settings.data_root) / folder / name).is_file()]
+    if missing:
+        raise ConfigError(
+            f"run config 'data-root': dataset {settings.dataset!r} is not under {settings.data_root} (missing "
+            f"{', '.join(missing)}); point data-root at torchvision's folder for it, or add download=true to "
+            "fetch it there"
+        )
+
+
+def check_device(device: str) -> None:
+    """`cuda` needs a GPU torch can use here; there is no silent fall-back to the CPU."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run config 'device' is 'cuda', but torch sees no CUDA GPU on this machine; "
+                          "set device=cpu, or device=auto to use a GPU where there is one")
+
+
+def check_model_and_strategy(settings: RunSettings) -> None:
+    """The model the settings describe builds, and the strategy accepts it (e.g. bayesadmm-full's size cap)."""
+    from bayes.params import parameter_layout
+    from strategies import get_algorithm
+    from tasks.datasets import NUM_CLASSES
+    from tasks.models import build_model, parse_hidden
+
+    try:
+        hidden = parse_hidden(settings.hidden)
+    except ValueError as error:
+        raise ConfigError(f"run config 'hidden': {error}") from None
+    shape = INPUT_SHAPES[settings.dataset]
+    try:
+        model = build_model(settings.model, shape, NUM_CLASSES[settings.dataset], hidden, settings.activation,
+                            settings.pool)
+    except RuntimeError as error:  # torch's own complaint, e.g. a pooling window larger than the image
+        raise ConfigError(f"run config 'pool' ({settings.pool}) does not fit the {shape[1]}x{shape[2]} images of "
+                          f"{settings.dataset!r}: {' '.join(str(error).split())}") from None
+    get_algorithm(settings.strategy).server(settings, parameter_layout(model))
+
+
+def check_client_counts(settings: RunSettings, clients: int) -> None:
+    for key, value in (("min-clients", settings.min_clients), ("wait-for-clients", settings.wait_for_clients)):
+        if value > clients:
+            raise ConfigError(f"run config '{key}' is {value}, more than the federation's {clients} clients: "
+                              "its rounds would wait for clients that never come")
