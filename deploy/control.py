@@ -17,19 +17,24 @@ from pathlib import Path
 
 def node_id_of_key(public_key: Path, connection: str) -> int | None:
     """The node the SuperLink bound to this public key, or None if it holds no (live) node for it."""
-    from flwr.cli.flower_config import read_superlink_connection
     from flwr.cli.supernode.register import try_load_public_key
+
+    key = try_load_public_key(public_key)  # the bytes `flwr supernode register` sent for this file
+    matches = [node.node_id for node in list_nodes(connection) if node.public_key == key and node.status != "unregistered"]
+    return matches[0] if matches else None
+
+
+def list_nodes(connection: str) -> list:
+    """Every node the SuperLink knows (Flower's NodeInfo: node_id, status, public_key, ...)."""
+    from flwr.cli.flower_config import read_superlink_connection
     from flwr.cli.utils import init_http_client_from_connection
     from flwr.proto.control_pb2 import ListNodesRequest  # pylint: disable=no-name-in-module
 
-    key = try_load_public_key(public_key)  # the bytes `flwr supernode register` sent for this file
     client = init_http_client_from_connection(read_superlink_connection(connection))
     try:
-        nodes = client.ListNodes(ListNodesRequest()).nodes_info
+        return list(client.ListNodes(ListNodesRequest()).nodes_info)
     finally:
         client.close()
-    matches = [node.node_id for node in nodes if node.public_key == key and node.status != "unregistered"]
-    return matches[0] if matches else None
 
 
 def main(argv: list[str]) -> int:

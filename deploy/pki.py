@@ -95,9 +95,15 @@ def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()
 
 
 def server_certificate_names(cert_path: Path) -> list[str]:
-    """The DNS names and IPs a certificate is valid for (what `init` put in its SAN)."""
-    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    """The DNS names and IPs a certificate file is valid for (what `init` put in its SAN)."""
+    return certificate_names(x509.load_pem_x509_certificate(cert_path.read_bytes()))
+
+
+def certificate_names(certificate: x509.Certificate) -> list[str]:
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
     return [*san.get_values_for_type(x509.DNSName), *map(str, san.get_values_for_type(x509.IPAddress))]
 
 
