@@ -30,7 +30,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,30 +191,49 @@ def record_client(registry: Path, client_id: str, node_id: int) -> bool:
     """Bind `client_id` to `node_id` in the registry file; True if the pair is new, False if it was there.
 
     Refuses, naming both, a client id bound to another node and a node bound to another client id: one
-    key is one node is one client. The file is rewritten atomically (readers, such as a ServerApp that
-    re-reads it every round, see the old or the new file, never a partial one) under an exclusive lock
-    on its directory, so concurrent registrations do not lose each other's entries."""
+    key is one node is one client."""
     if not _is_safe_name(client_id):
         raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")
-    registry.parent.mkdir(parents=True, exist_ok=True)
-    directory = os.open(registry.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(directory, fcntl.LOCK_EX)
-        entries = read_client_registry(registry)
+    with _locked(registry) as entries:
         if entries.get(client_id) == node_id:
             return False
         if client_id in entries:
             raise ValueError(f"client id {client_id!r} is bound to node {entries[client_id]} in {registry}, not to "
-                             f"node {node_id}; to move it to the new key, remove its entry from {registry} first")
+                             f"node {node_id}; to move it to the new key, `fedbayes pki forget` it first")
         holders = [other for other, node in entries.items() if node == node_id]
         if holders:
             raise ValueError(f"node {node_id} already presents client id {holders[0]!r} in {registry}; "
                              f"a key (node) stands for one client id")
-        text = json.dumps({**entries, client_id: node_id}, indent=2, sort_keys=True) + "\n"
-        _write_atomically(registry, text.encode(), mode=0o644)
+        _write_registry(registry, {**entries, client_id: node_id})
         return True
+
+
+def forget_client(registry: Path, client_id: str) -> int:
+    """Remove `client_id` from the registry (a client that left, or that moves to a new key); its node id."""
+    with _locked(registry) as entries:
+        if client_id not in entries:
+            raise ValueError(f"client id {client_id!r} is not in {registry} (it has {', '.join(sorted(entries)) or 'none'})")
+        node_id = entries.pop(client_id)
+        _write_registry(registry, entries)
+        return node_id
+
+
+@contextmanager
+def _locked(registry: Path) -> Iterator[dict[str, int]]:
+    """The registry's entries, read under an exclusive lock on its directory (held until the block ends), so
+    concurrent registrations do not lose each other's entries."""
+    registry.parent.mkdir(parents=True, exist_ok=True)
+    directory = os.open(registry.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        yield read_client_registry(registry)
     finally:
         os.close(directory)  # releases the lock
+
+
+def _write_registry(registry: Path, entries: dict[str, int]) -> None:
+    """Replaced atomically: a reader (the ServerApp re-reads it every round) sees the old or the new file."""
+    _write_atomically(registry, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
 
 
 def list_supernodes(
@@ -315,6 +335,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="the client id each key stands for, in the order of the keys (with --registry)")
     register.add_argument("public_keys", nargs="+", type=Path)
     register.set_defaults(handler=_register)
+    forget = commands.add_parser("forget", help="remove client ids from a client registry (the keys stay registered)")
+    forget.add_argument("--registry", type=Path, required=True)
+    forget.add_argument("client_ids", nargs="+")
+    forget.set_defaults(handler=_forget)
     connect = commands.add_parser("connection", help="write a TLS `flwr` connection into $FLWR_HOME/config.toml")
     connect.add_argument("--name", required=True, help="connection name for `flwr run <app> <name>`")
     connect.add_argument("--superlink", required=True, help="the SuperLink's Control API, host:port")
@@ -364,6 +388,12 @@ def _register(args: argparse.Namespace) -> int:
                       + f" {args.registry}")
         for node in list_supernodes("fedbayes-admin", env, flwr=flwr):
             print(f"node {node['node-id']}: {node['status']}")
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    for client_id in args.client_ids:
+        print(f"client id {client_id!r} (node {forget_client(args.registry, client_id)}) removed from {args.registry}")
     return 0
 
 

@@ -15,7 +15,8 @@ from flwr.cli.supernode.register import try_load_public_key
 from deploy.cli import main as fedbayes
 from deploy.launcher import Host, LocalFederation
 from deploy.pki import (
-    connection_config, init_pki, make_supernode_key, read_client_registry, record_client, server_certificate_names,
+    connection_config, forget_client, init_pki, make_supernode_key, read_client_registry, record_client,
+    server_certificate_names,
 )
 
 
@@ -86,6 +87,17 @@ def test_the_registry_refuses_to_rebind_an_id_or_a_node(tmp_path):
     with pytest.raises(ValueError, match=r"must match"):
         record_client(registry, "../etc", 13)
     assert registry.read_bytes() == before
+
+
+def test_forgetting_a_client_frees_its_id_for_a_new_key(tmp_path):
+    registry = tmp_path / "clients.json"
+    record_client(registry, "hospital-a", 11)
+    record_client(registry, "hospital-b", 12)
+    assert fedbayes(["pki", "forget", "--registry", str(registry), "hospital-a"]) == 0
+    assert read_client_registry(registry) == {"hospital-b": 12}
+    assert record_client(registry, "hospital-a", 13) is True  # e.g. the client's new key
+    with pytest.raises(ValueError, match=r"'hospital-z' is not in .* \(it has hospital-a, hospital-b\)"):
+        forget_client(registry, "hospital-z")
 
 
 def test_a_broken_registry_is_named_and_left_alone(tmp_path):
