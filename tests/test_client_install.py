@@ -52,6 +52,10 @@ def test_the_small_install_joins_and_trains(tmp_path):
     location, present = probe.stdout.splitlines()
     assert location.startswith(str(venv)), location  # the installed package, not this checkout
     assert present == "", f"the small install carries {present}"
+    torchvision_data = subprocess.run(
+        [str(venv / "bin/python"), "-c", "from tasks.datasets import load_dataset; load_dataset('mnist', True, '/data')"],
+        cwd=venv, env=without_source_tree(), capture_output=True, text=True)
+    assert "needs torchvision, which this install lacks" in torchvision_data.stderr, torchvision_data.stderr
     size_mb = int(subprocess.run(["du", "-sm", str(venv)], capture_output=True, text=True, check=True).stdout.split()[0])
 
     tls = init_pki(tmp_path / "pki")
