@@ -2,7 +2,8 @@
 
     fedbayes pki init --out certs --name fl.example.org          # CA + SuperLink certificate
     fedbayes pki supernode-key --out certs/supernodes hospital-a  # one key pair per client
-    fedbayes pki register --superlink 127.0.0.1:9093 --ca certs/ca.crt certs/supernodes/hospital-a.pub
+    fedbayes pki register --superlink 127.0.0.1:9093 --ca certs/ca.crt \
+        --registry certs/registry/clients.json --client-id hospital-a certs/supernodes/hospital-a.pub
     fedbayes pki connection --name prod --superlink 127.0.0.1:9093 --ca certs/ca.crt  # for `flwr run . prod`
 
 `init` makes a CA (ca.crt, ca.key) and a SuperLink certificate (server.pem, server.key) signed by it,
@@ -10,8 +11,10 @@ valid for the compose service name `superlink`, `localhost`, 127.0.0.1 (the Supe
 executor connects there) and every --name/--ip given: the public host name clients dial must be one of
 them, or their TLS handshake fails. SuperNode keys are ECDSA P-384 in OpenSSH format, which is what
 `flower-supernode --auth-supernode-private-key` and `flwr supernode register` read. `register` tells the
-SuperLink (started with --enable-supernode-auth) to accept a public key; a key registered before is
-accepted again (idempotent), so restarts and re-runs can register unconditionally.
+SuperLink (started with --enable-supernode-auth) to accept a public key and prints the node id the
+SuperLink bound to it; a key registered before keeps its node id (idempotent), so restarts and re-runs
+can register unconditionally. With --registry it also records client id -> node id in the JSON file the
+ServerApp reads as run config `client-registry`: a client id is then accepted only from its key's node.
 
 Private keys are written 0600 and never overwritten: re-running `init` keeps an existing CA.
 """
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import ipaddress
 import json
 import os
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +39,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from flwr.common.constant import PUBLIC_KEY_ALREADY_IN_USE_MESSAGE
+
+from tasks.config import _is_safe_name
 
 DEFAULT_SERVER_NAMES = ("superlink", "localhost")
 DEFAULT_SERVER_IPS = ("127.0.0.1",)
@@ -87,9 +96,15 @@ def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()
 
 
 def server_certificate_names(cert_path: Path) -> list[str]:
-    """The DNS names and IPs a certificate is valid for (what `init` put in its SAN)."""
-    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    """The DNS names and IPs a certificate file is valid for (what `init` put in its SAN)."""
+    return certificate_names(x509.load_pem_x509_certificate(cert_path.read_bytes()))
+
+
+def certificate_names(certificate: x509.Certificate) -> list[str]:
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
     return [*san.get_values_for_type(x509.DNSName), *map(str, san.get_values_for_type(x509.IPAddress))]
 
 
@@ -119,18 +134,106 @@ def connection_config(name: str, control_address: str, ca_cert: Path | None) -> 
 def register_supernode(
     public_key: Path, connection: str, env: Mapping[str, str], command_prefix: Iterable[str] = (),
     flwr: str = "flwr", timeout: float = 60.0,
-) -> int | None:
-    """`flwr supernode register` through the connection named `connection` in env's FLWR_HOME. Returns the
-    node id the SuperLink bound to the key, or None when it knew the key already (that is fine)."""
+) -> int:
+    """`flwr supernode register` through the connection named `connection` in env's FLWR_HOME; the node id
+    the SuperLink bound to the key. A key it holds already keeps its node id, which is looked up and
+    returned: registering is idempotent, so a SuperLink restarted with its database (compose `down` +
+    `up` with the volumes kept) lets every registration run again. `command_prefix` runs both commands
+    on the server's host (e.g. `ip netns exec <ns>`)."""
+    command = [*command_prefix, flwr, "supernode", "register", str(public_key), connection, "--format", "json"]
+    reply = _run_json(command, env, timeout, what=f"registering {public_key}")
+    if reply.get("success"):
+        return int(reply["node-id"])
+    # With --format json the CLI reports a refusal as {"success": false, ...} and exits 0.
+    error = str(reply.get("error-message", reply))
+    if PUBLIC_KEY_ALREADY_IN_USE_MESSAGE not in error:
+        raise RuntimeError(f"registering {public_key} failed: {error.strip()}")
+    return _node_id_of_registered_key(public_key, connection, env, command_prefix, timeout)
+
+
+def _node_id_of_registered_key(
+    public_key: Path, connection: str, env: Mapping[str, str], command_prefix: Iterable[str], timeout: float
+) -> int:
     result = subprocess.run(
-        [*command_prefix, flwr, "supernode", "register", str(public_key), connection, "--format", "json"],
+        [*command_prefix, sys.executable, "-m", "deploy.control", "node-id", connection, str(public_key)],
         env=dict(env), capture_output=True, text=True, timeout=timeout,
     )
     if result.returncode != 0:
-        if "already in use" in result.stdout + result.stderr:
-            return None
-        raise RuntimeError(f"registering {public_key} failed:\n{result.stdout}{result.stderr}")
-    return int(json.loads(result.stdout[result.stdout.index("{"):])["node-id"])
+        raise RuntimeError(f"the SuperLink says {public_key} is in use but names no node for it:\n"
+                           f"{result.stdout}{result.stderr}")
+    return int(result.stdout.split()[-1])
+
+
+def _run_json(command: list[str], env: Mapping[str, str], timeout: float, what: str) -> dict:
+    result = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0 or "{" not in result.stdout:
+        raise RuntimeError(f"{what} failed (exit code {result.returncode}):\n{result.stdout}{result.stderr}")
+    return json.loads(result.stdout[result.stdout.index("{"):])
+
+
+# ---- client registry: which node may present which client id ---------------------------------------
+def read_client_registry(registry: Path) -> dict[str, int]:
+    """The registry file `{"<client-id>": <node-id>, ...}`; a missing file is an empty registry."""
+    if not registry.exists():
+        return {}
+    try:
+        entries = json.loads(registry.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"client registry {registry} is not valid JSON ({error}); fix or move it") from None
+    if not isinstance(entries, dict) or not all(
+        isinstance(client_id, str) and type(node_id) is int for client_id, node_id in entries.items()
+    ):
+        raise ValueError(f"client registry {registry} must be a JSON object {{\"<client-id>\": <node-id>, ...}}")
+    return entries
+
+
+def record_client(registry: Path, client_id: str, node_id: int) -> bool:
+    """Bind `client_id` to `node_id` in the registry file; True if the pair is new, False if it was there.
+
+    Refuses, naming both, a client id bound to another node and a node bound to another client id: one
+    key is one node is one client."""
+    if not _is_safe_name(client_id):
+        raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")
+    with _locked(registry) as entries:
+        if entries.get(client_id) == node_id:
+            return False
+        if client_id in entries:
+            raise ValueError(f"client id {client_id!r} is bound to node {entries[client_id]} in {registry}, not to "
+                             f"node {node_id}; to move it to the new key, `fedbayes pki forget` it first")
+        holders = [other for other, node in entries.items() if node == node_id]
+        if holders:
+            raise ValueError(f"node {node_id} already presents client id {holders[0]!r} in {registry}; "
+                             f"a key (node) stands for one client id")
+        _write_registry(registry, {**entries, client_id: node_id})
+        return True
+
+
+def forget_client(registry: Path, client_id: str) -> int:
+    """Remove `client_id` from the registry (a client that left, or that moves to a new key); its node id."""
+    with _locked(registry) as entries:
+        if client_id not in entries:
+            raise ValueError(f"client id {client_id!r} is not in {registry} (it has {', '.join(sorted(entries)) or 'none'})")
+        node_id = entries.pop(client_id)
+        _write_registry(registry, entries)
+        return node_id
+
+
+@contextmanager
+def _locked(registry: Path) -> Iterator[dict[str, int]]:
+    """The registry's entries, read under an exclusive lock on its directory (held until the block ends), so
+    concurrent registrations do not lose each other's entries."""
+    registry.parent.mkdir(parents=True, exist_ok=True)
+    directory = os.open(registry.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        yield read_client_registry(registry)
+    finally:
+        os.close(directory)  # releases the lock
+
+
+def _write_registry(registry: Path, entries: dict[str, int]) -> None:
+    """Replaced atomically: a reader (the ServerApp re-reads it every round) sees the old or the new file."""
+    _write_atomically(registry, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
 
 
 def list_supernodes(
@@ -194,10 +297,16 @@ def _pem_private(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write_private(path: Path, payload: bytes) -> None:
-    """Created 0600 from the start (never world-readable, not even briefly), then renamed into place."""
+    """Created 0600 from the start (mkstemp's mode: never world-readable, not even briefly)."""
+    _write_atomically(path, payload)
+
+
+def _write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
+    """Written to a temporary file beside `path` (created 0600), set to `mode`, then renamed into place."""
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(handle, "wb") as key_file:
-        key_file.write(payload)
+    with os.fdopen(handle, "wb") as file:
+        file.write(payload)
+        os.fchmod(file.fileno(), mode)
     os.replace(temp_name, path)
 
 
@@ -220,8 +329,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     register = commands.add_parser("register", help="register SuperNode public keys with a running SuperLink")
     register.add_argument("--superlink", required=True, help="the SuperLink's Control API, host:port")
     register.add_argument("--ca", type=Path, required=True, help="the federation's CA certificate")
+    register.add_argument("--registry", type=Path,
+                          help="client registry (JSON client id -> node id) the ServerApp reads as `client-registry`")
+    register.add_argument("--client-id", action="append", default=[], dest="client_ids", metavar="CLIENT_ID",
+                          help="the client id each key stands for, in the order of the keys (with --registry)")
     register.add_argument("public_keys", nargs="+", type=Path)
     register.set_defaults(handler=_register)
+    forget = commands.add_parser("forget", help="remove client ids from a client registry (the keys stay registered)")
+    forget.add_argument("--registry", type=Path, required=True)
+    forget.add_argument("client_ids", nargs="+")
+    forget.set_defaults(handler=_forget)
     connect = commands.add_parser("connection", help="write a TLS `flwr` connection into $FLWR_HOME/config.toml")
     connect.add_argument("--name", required=True, help="connection name for `flwr run <app> <name>`")
     connect.add_argument("--superlink", required=True, help="the SuperLink's Control API, host:port")
@@ -255,12 +372,42 @@ def _connection(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace) -> int:
+    from deploy.launcher import console_script  # deploy.launcher imports this module
+
+    client_ids = _client_ids_for_keys(args)
+    flwr = console_script("flwr")
     with tempfile.TemporaryDirectory() as flwr_home:
         Path(flwr_home, "config.toml").write_text(connection_config("fedbayes-admin", args.superlink, args.ca))
         env = {**os.environ, "FLWR_HOME": flwr_home, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
-        for public_key in args.public_keys:
-            node_id = register_supernode(public_key, "fedbayes-admin", env)
-            print(f"{public_key}: " + (f"registered as node {node_id}" if node_id else "was registered already"))
-        for node in list_supernodes("fedbayes-admin", env):
+        for public_key, client_id in zip(args.public_keys, client_ids):
+            node_id = register_supernode(public_key, "fedbayes-admin", env, flwr=flwr)
+            print(f"{public_key}: node {node_id}")
+            if client_id is not None:
+                new = record_client(args.registry, client_id, node_id)
+                print(f"  client id {client_id!r} -> node {node_id} " + ("recorded in" if new else "was already in")
+                      + f" {args.registry}")
+        for node in list_supernodes("fedbayes-admin", env, flwr=flwr):
             print(f"node {node['node-id']}: {node['status']}")
     return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    for client_id in args.client_ids:
+        print(f"client id {client_id!r} (node {forget_client(args.registry, client_id)}) removed from {args.registry}")
+    return 0
+
+
+def _client_ids_for_keys(args: argparse.Namespace) -> list[str | None]:
+    """One client id per key with --registry; checked before anything is registered."""
+    if args.registry is None:
+        if args.client_ids:
+            raise ValueError("--client-id needs --registry: the registry file is where the binding is kept")
+        return [None] * len(args.public_keys)
+    if len(args.client_ids) != len(args.public_keys):
+        raise ValueError(f"--registry needs one --client-id per public key, in the same order; got "
+                         f"{len(args.client_ids)} client id(s) for {len(args.public_keys)} key(s)")
+    for client_id in args.client_ids:
+        if not _is_safe_name(client_id):
+            raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")
+    read_client_registry(args.registry)  # a broken registry file is reported before any key is registered
+    return list(args.client_ids)

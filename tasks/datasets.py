@@ -164,8 +164,15 @@ def read_idx_ubyte_gz(path: Path, ndim: int) -> np.ndarray:
 
 
 def _load_torchvision(name: str, train: bool, data_root: str, download: bool) -> Dataset:
-    # Imported here: torchvision costs ~1.2 s per process, and every ClientApp is a fresh process.
-    from torchvision import datasets as tv_datasets
+    # Imported here: torchvision costs ~1.2 s per process, every ClientApp is a fresh process, and the small
+    # client install (deploy/install-client.sh: clients with .npz data) leaves it out.
+    try:
+        from torchvision import datasets as tv_datasets
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            f"dataset {name!r} from a torchvision folder ({data_root}) needs torchvision, which this install lacks: "
+            "pip install torchvision (pyproject.toml pins the version), or give the client an .npz data-path"
+        ) from None
 
     dataset_class = getattr(tv_datasets, _TORCHVISION_CLASSES[name])
     try:

@@ -1,7 +1,10 @@
 """deploy/pki.py: what it writes is what Flower's TLS and node authentication accept."""
 
+import json
+import multiprocessing
 import stat
 import tomllib
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -9,8 +12,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.cli.supernode.register import try_load_public_key
 
+from deploy.cli import main as fedbayes
 from deploy.launcher import Host, LocalFederation
-from deploy.pki import connection_config, init_pki, make_supernode_key, server_certificate_names
+from deploy.pki import (
+    connection_config, forget_client, init_pki, make_supernode_key, read_client_registry, record_client,
+    server_certificate_names,
+)
 
 
 def test_server_certificate_is_signed_by_the_ca_for_every_name_clients_use(tmp_path):
@@ -55,3 +62,84 @@ def test_an_insecure_federation_stays_on_loopback(tmp_path):
         LocalFederation(tmp_path / "fed", server=Host("10.77.1.10", "some-netns"))
     with pytest.raises(ValueError, match="needs TLS"):
         LocalFederation(tmp_path / "fed", node_auth=True)
+
+
+# ---- client registry (client id -> node id) ----------------------------------------------------------
+def test_the_registry_records_a_pair_once_and_keeps_other_entries(tmp_path):
+    registry = tmp_path / "registry" / "clients.json"
+    assert record_client(registry, "hospital-a", 11) is True
+    assert record_client(registry, "hospital-b", 2**64 - 5) is True  # node ids are uint64
+    assert record_client(registry, "hospital-a", 11) is False  # the same pair again: nothing changes
+    assert read_client_registry(registry) == {"hospital-a": 11, "hospital-b": 2**64 - 5}
+    assert json.loads(registry.read_text()) == {"hospital-a": 11, "hospital-b": 2**64 - 5}
+    assert stat.S_IMODE(registry.stat().st_mode) == 0o644
+    assert sorted(path.name for path in registry.parent.iterdir()) == ["clients.json"]  # no temporary files left
+
+
+def test_the_registry_refuses_to_rebind_an_id_or_a_node(tmp_path):
+    registry = tmp_path / "clients.json"
+    record_client(registry, "hospital-a", 11)
+    before = registry.read_bytes()
+    with pytest.raises(ValueError, match=r"'hospital-a' is bound to node 11 .* not to node 12"):
+        record_client(registry, "hospital-a", 12)
+    with pytest.raises(ValueError, match=r"node 11 already presents client id 'hospital-a'"):
+        record_client(registry, "hospital-z", 11)
+    with pytest.raises(ValueError, match=r"must match"):
+        record_client(registry, "../etc", 13)
+    assert registry.read_bytes() == before
+
+
+def test_forgetting_a_client_frees_its_id_for_a_new_key(tmp_path):
+    registry = tmp_path / "clients.json"
+    record_client(registry, "hospital-a", 11)
+    record_client(registry, "hospital-b", 12)
+    assert fedbayes(["pki", "forget", "--registry", str(registry), "hospital-a"]) == 0
+    assert read_client_registry(registry) == {"hospital-b": 12}
+    assert record_client(registry, "hospital-a", 13) is True  # e.g. the client's new key
+    with pytest.raises(ValueError, match=r"'hospital-z' is not in .* \(it has hospital-a, hospital-b\)"):
+        forget_client(registry, "hospital-z")
+
+
+def test_a_broken_registry_is_named_and_left_alone(tmp_path):
+    registry = tmp_path / "clients.json"
+    for text, problem in (("{not json", "not valid JSON"), ('["a", 1]', "must be a JSON object"),
+                          ('{"a": "12"}', "must be a JSON object")):
+        registry.write_text(text)
+        with pytest.raises(ValueError, match=problem):
+            record_client(registry, "hospital-a", 11)
+        assert registry.read_text() == text
+
+
+def _record_many(registry: Path, prefix: str) -> None:
+    for index in range(25):
+        record_client(registry, f"{prefix}-{index}", hash((prefix, index)) % 2**63)
+
+
+def test_concurrent_registrations_lose_no_entry(tmp_path):
+    registry = tmp_path / "clients.json"
+    writers = [multiprocessing.Process(target=_record_many, args=(registry, f"site{n}")) for n in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=60)
+        assert writer.exitcode == 0
+    assert len(read_client_registry(registry)) == 4 * 25
+
+
+def test_register_is_idempotent_and_records_the_client_id(tmp_path):
+    """Against a real SuperLink (TLS + node auth, loopback): the second registration of a key (a compose
+    `up` after `down` with the database kept) returns the node id of the first instead of failing, and
+    `fedbayes pki register --registry` binds the client id to exactly that node."""
+    tls = init_pki(tmp_path / "pki")
+    key = make_supernode_key(tmp_path / "pki" / "supernodes", "hospital-a")
+    registry = tmp_path / "registry" / "clients.json"
+    with LocalFederation(tmp_path / "fed", tls=tls, node_auth=True) as federation:
+        node_id = federation.register(key.public)
+        assert federation.register(key.public) == node_id
+        command = ["pki", "register", "--superlink", f"127.0.0.1:{federation.control_port}", "--ca", str(tls.ca_cert),
+                   "--registry", str(registry), "--client-id", "hospital-a", str(key.public)]
+        assert fedbayes(command) == 0 and fedbayes(command) == 0
+        assert read_client_registry(registry) == {"hospital-a": node_id}
+        other = make_supernode_key(tmp_path / "pki" / "supernodes", "hospital-b")
+        assert fedbayes([*command[:-1], str(other.public)]) == 1  # hospital-a is bound to the first key's node
+        assert read_client_registry(registry) == {"hospital-a": node_id}

@@ -1,0 +1,93 @@
+"""What a reply over `max-payload-mb` costs the server before it is refused.
+
+One SuperLink (TLS, node auth, --database as in deployments) and one SuperNode on loopback; the client's
+FedAvg reply is padded with `--padding-mb` MiB of random data (benchmarks/oversize_reply/sitecustomize.py,
+which also skips the honest client's own size check). The run's `max-payload-mb` (default 512) refuses it.
+While the round runs this samples, every 0.2 s, the peak resident memory (VmHWM) of the ServerApp, the
+SuperLink, the SuperNode and its ClientApp executor, and the size of the SuperLink's database file.
+
+    python benchmarks/oversize_reply.py --padding-mb 600 [--out benchmarks/results/oversize_reply.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+from deploy.launcher import LocalFederation
+from deploy.pki import init_pki, make_supernode_key
+from deploy.processes import ProcessGroup
+
+HERE = Path(__file__).resolve().parent
+ROLES = {"ServerApp": "flwr-serverapp", "SuperLink": "flower-superlink", "SuperNode": "flower-supernode",
+         "ClientApp (fork of the executor)": "fedbayes superexec"}
+
+
+def peak_rss_mb(group: ProcessGroup) -> dict[str, float]:
+    """VmHWM (peak resident set) of the largest process of each role among this federation's processes
+    (other federations may run on the same machine)."""
+    peaks = dict.fromkeys(ROLES, 0.0)
+    for pid in group.members():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        hwm = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+        for role, needle in ROLES.items():
+            if needle in cmdline:
+                peaks[role] = max(peaks[role], hwm / 1024)
+    return peaks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--padding-mb", type=float, default=600.0)
+    parser.add_argument("--max-payload-mb", type=float, default=512.0)
+    parser.add_argument("--workdir", type=Path, default=Path("runs/oversize-reply"))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    workdir = args.workdir.resolve()
+    tls = init_pki(workdir.parent / f"{workdir.name}-pki")
+    key = make_supernode_key(workdir.parent / f"{workdir.name}-pki" / "supernodes", "client-0")
+    results = workdir / "results.jsonl"
+    peaks, database_mb, stop = dict.fromkeys(ROLES, 0.0), [0.0], threading.Event()
+
+    def sample(group: ProcessGroup) -> None:
+        while not stop.is_set():
+            for role, value in peak_rss_mb(group).items():
+                peaks[role] = max(peaks[role], value)
+            database = workdir / "superlink.db"
+            if database.exists():
+                database_mb[0] = max(database_mb[0], database.stat().st_size / 2**20)
+            time.sleep(0.2)
+
+    with LocalFederation(workdir, tls=tls, node_auth=True) as federation:
+        federation.register(key.public)
+        federation.start_supernode(0, 1, auth_key=key.private, extra_env={
+            "PYTHONPATH": f"{HERE / 'oversize_reply'}:{HERE.parent}", "FEDBAYES_PADDING_MB": str(args.padding_mb)})
+        sampler = threading.Thread(target=sample, args=(federation.processes,), daemon=True)
+        sampler.start()
+        started = time.monotonic()
+        submit = federation.submit({"strategy": "fedavg", "num-server-rounds": 1, "fraction": 0.02, "wait-for-clients": 1,
+                                    "max-payload-mb": args.max_payload_mb, "results-path": str(results)})
+        rows = federation.follow(results, submit, 1, on_row=lambda row: None)
+        seconds = time.monotonic() - started
+        stop.set()
+        sampler.join()
+        server_log = (federation.log_dir / "flwr-run.log").read_text()
+    refusal = next((line.strip() for line in server_log.splitlines() if "max-payload-mb" in line), "(no refusal logged)")
+    report = {"padding_mb": args.padding_mb, "max_payload_mb": args.max_payload_mb, "round": rows[0] if rows else None,
+              "seconds": round(seconds, 1), "peak_rss_mb": {k: round(v) for k, v in peaks.items()},
+              "superlink_db_peak_mb": round(database_mb[0]), "superlink_db_end_mb": round(
+                  (workdir / "superlink.db").stat().st_size / 2**20), "refusal": refusal}
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

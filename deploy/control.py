@@ -1,0 +1,53 @@
+"""What the `flwr` CLI knows but does not print: the node id a SuperLink holds for a public key.
+
+    python -m deploy.control node-id <connection> <public key file>     # prints the node id, or exits 1
+
+`flwr supernode list` shows node ids without their keys, and `flwr supernode register` answers a key it
+knows already with an error instead of its node id. deploy/pki.py needs that node id to register keys
+idempotently (a SuperLink restarted with its database keeps every key), so it runs this module, as a
+process on the server's host like the `flwr` CLI itself (the Control API listens on that host's loopback).
+The connection is read from $FLWR_HOME/config.toml, as `flwr` reads it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def node_id_of_key(public_key: Path, connection: str) -> int | None:
+    """The node the SuperLink bound to this public key, or None if it holds no (live) node for it."""
+    from flwr.cli.supernode.register import try_load_public_key
+
+    key = try_load_public_key(public_key)  # the bytes `flwr supernode register` sent for this file
+    matches = [node.node_id for node in list_nodes(connection) if node.public_key == key and node.status != "unregistered"]
+    return matches[0] if matches else None
+
+
+def list_nodes(connection: str) -> list:
+    """Every node the SuperLink knows (Flower's NodeInfo: node_id, status, public_key, ...)."""
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.proto.control_pb2 import ListNodesRequest  # pylint: disable=no-name-in-module
+
+    client = init_http_client_from_connection(read_superlink_connection(connection))
+    try:
+        return list(client.ListNodes(ListNodesRequest()).nodes_info)
+    finally:
+        client.close()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] != "node-id":
+        print("usage: python -m deploy.control node-id <connection> <public key file>", file=sys.stderr)
+        return 2
+    node_id = node_id_of_key(Path(argv[2]), argv[1])
+    if node_id is None:
+        print(f"the SuperLink holds no node for {argv[2]}", file=sys.stderr)
+        return 1
+    print(node_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

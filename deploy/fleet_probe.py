@@ -1,0 +1,238 @@
+"""Can this machine join the federation? Name, network, TLS, clock and key, checked one at a time
+against the SuperLink's Fleet API, each failure named with what to do about it.
+
+    fedbayes client --check --superlink fl.example.org:9092 --ca ca.crt --key keys/hospital-d
+
+The last step asks the SuperLink to activate this key's node and deactivates it at once: the Fleet API
+has no other call that tells whether it accepts a key (every other call needs the node id that only
+activation returns). The probe pulls no message, so it never takes part in a run; the node is online
+for the milliseconds between the two calls, and announces the shortest heartbeat interval Flower allows,
+so a probe cut off between them leaves the node online for 20 s, not a SuperNode's 60 s.
+
+The SuperLink refuses activation with one error (code 2004) for two different reasons it does not tell
+apart: the key was never registered, or its node is still online, from a running client or from one that
+died without signing off and whose heartbeat has not yet lapsed (2 x 30 s). `fedbayes client` therefore
+retries a refusal (and an unreachable SuperLink) for a while before it gives up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+from deploy.pki import certificate_names
+
+CONNECT_TIMEOUT = 10.0
+RPC_TIMEOUT = 30.0
+ACTIVATION_REFUSED = 2004  # Flower's ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED
+
+
+class ProbeError(RuntimeError):
+    """A step failed; the message says what is wrong and what to do. `retryable`: a later attempt can
+    succeed without anyone changing anything (the SuperLink is down, or still holds this key's node)."""
+
+    def __init__(self, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class FleetTarget:
+    """A SuperLink's Fleet API as one client sees it: its address, the CA it trusts, its own key."""
+
+    host: str
+    port: int
+    ca_cert: Path
+    private_key: Path
+
+    @classmethod
+    def from_address(cls, superlink: str, ca_cert: Path, private_key: Path) -> FleetTarget:
+        host, separator, port = superlink.rpartition(":")
+        if not separator or not host or not port.isdigit():
+            raise ProbeError(f"--superlink {superlink!r} must be host:port, e.g. fl.example.org:9092")
+        return cls(host.strip("[]"), int(port), ca_cert, private_key)
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def check(target: FleetTarget, say: Callable[[str], None]) -> int:
+    """Every step in order, one line each; the node id the SuperLink holds for this key."""
+    key = load_private_key(target.private_key)
+    say(f"key          {target.private_key}: ECDSA {key.curve.name}")
+    addresses = resolve(target.host)
+    say(f"name         {target.host} -> {', '.join(addresses)}")
+    milliseconds = connect(target, addresses[0])
+    say(f"network      {addresses[0]}:{target.port} accepts connections ({milliseconds:.0f} ms)")
+    certificate = verify_tls(target)
+    say(f"TLS          the SuperLink's certificate is signed by {target.ca_cert} and valid for {target.host}"
+        f" (names: {', '.join(certificate_names(certificate))}; until {certificate.not_valid_after_utc:%Y-%m-%d})")
+    node_id = activate_and_release(target, key)
+    say(f"node auth    the SuperLink accepts this key as node {node_id} (clock within its tolerance)")
+    return node_id
+
+
+def load_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    try:
+        key = load_ssh_private_key(path.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise ProbeError(f"--key {path} does not exist") from None
+    except (ValueError, TypeError) as error:
+        raise ProbeError(f"--key {path} is not an unencrypted OpenSSH private key ({error}); make a key pair with "
+                         "`fedbayes pki supernode-key` and pass the file without .pub") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ProbeError(f"--key {path} is a {type(key).__name__}; the SuperLink accepts ECDSA keys on a NIST curve "
+                         "(`fedbayes pki supernode-key` makes P-384 ones)")
+    return key
+
+
+def resolve(host: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise ProbeError(
+            f"cannot resolve {host!r} ({error.strerror}): put the SuperLink's name in DNS or in /etc/hosts "
+            f"(e.g. `<server IP> {host}`), or, for a server known only by its IP, dial the IP and ask the operator "
+            "for a certificate made with `fedbayes pki init --ip <server IP>`"
+        ) from None
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+def connect(target: FleetTarget, ip: str) -> float:
+    """Milliseconds a TCP connection to the Fleet port took."""
+    started = time.monotonic()
+    try:
+        socket.create_connection((ip, target.port), timeout=CONNECT_TIMEOUT).close()
+    except OSError as error:
+        raise ProbeError(
+            f"no connection to the SuperLink at {ip}:{target.port} ({error.strerror or error}): is it running, and "
+            f"does the server's firewall let this machine reach port {target.port}?", retryable=True,
+        ) from None
+    return (time.monotonic() - started) * 1000
+
+
+def verify_tls(target: FleetTarget) -> x509.Certificate:
+    """The SuperLink's certificate, verified against the CA for the name dialled (what gRPC checks too)."""
+    context = ssl.create_default_context(cafile=str(_readable(target.ca_cert, "--ca")))
+    context.set_alpn_protocols(["h2"])  # gRPC's protocol; the Fleet API offers no other
+    try:
+        with socket.create_connection((target.host, target.port), timeout=CONNECT_TIMEOUT) as raw:
+            with context.wrap_socket(raw, server_hostname=target.host) as tls:
+                return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+    except ssl.SSLCertVerificationError as error:
+        raise ProbeError(_explain_certificate_failure(target, error.verify_message)) from None
+    except (ssl.SSLError, OSError) as error:
+        raise ProbeError(f"TLS handshake with {target.address} failed ({error}): is {target.port} the SuperLink's "
+                         "Fleet API port (9092 by default)?", retryable=isinstance(error, ConnectionError)) from None
+
+
+def _explain_certificate_failure(target: FleetTarget, reason: str) -> str:
+    presented = x509.load_pem_x509_certificate(ssl.get_server_certificate((target.host, target.port)).encode())
+    names = ", ".join(certificate_names(presented))
+    valid = f"{presented.not_valid_before_utc:%Y-%m-%d %H:%M} to {presented.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if "Hostname mismatch" in reason or "IP address mismatch" in reason:
+        option = "--ip" if _is_ip(target.host) else "--name"
+        return (f"the SuperLink's certificate is valid for {names}, not for {target.host!r}: dial one of those names "
+                f"(DNS or /etc/hosts), or ask the operator to add yours (`fedbayes pki init {option} {target.host}`, "
+                "then restart the SuperLink)")
+    if "expired" in reason or "not yet valid" in reason:
+        return (f"the SuperLink's certificate is valid {valid}, and this machine's clock says {now:%Y-%m-%d %H:%M} "
+                f"UTC ({reason}): set the clock (NTP), or, if the certificate has really expired, ask the operator "
+                "for a new one")
+    return (f"the SuperLink's certificate (for {names}) is not signed by {target.ca_cert} ({reason}): use the "
+            "ca.crt of this federation, from its operator")
+
+
+def activate_and_release(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> int:
+    """Activate this key's node and deactivate it at once; its node id."""
+    from flwr.common.constant import HEARTBEAT_MIN_INTERVAL
+
+    with fleet_stub(target, key) as stub:
+        node_id = activate(stub, key, HEARTBEAT_MIN_INTERVAL)
+        deactivate(stub, node_id)
+    return node_id
+
+
+@contextmanager
+def fleet_stub(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> Iterator:
+    """A Fleet API stub over TLS that signs every call with the client's key, as a SuperNode's does."""
+    from flwr.client.grpc_rere_client.node_auth_client_interceptor import NodeAuthClientInterceptor
+    from flwr.proto.fleet_pb2_grpc import FleetStub
+
+    credentials = grpc.ssl_channel_credentials(_readable(target.ca_cert, "--ca").read_bytes())
+    channel = grpc.secure_channel(target.address, credentials)
+    try:
+        yield FleetStub(grpc.intercept_channel(channel, NodeAuthClientInterceptor(key, key.public_key())))
+    finally:
+        channel.close()
+
+
+def activate(stub, key: ec.EllipticCurvePrivateKey, heartbeat_interval: float) -> int:
+    """ActivateNode for this key, promising a heartbeat every `heartbeat_interval` s; the node id."""
+    from flwr.proto.fleet_pb2 import ActivateNodeRequest  # pylint: disable=no-name-in-module
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    request = ActivateNodeRequest(public_key=public_key_to_bytes(key.public_key()), heartbeat_interval=heartbeat_interval)
+    try:
+        return stub.ActivateNode(request, timeout=RPC_TIMEOUT).node_id
+    except grpc.RpcError as error:
+        raise _explain_rpc_failure(error) from None
+
+
+def deactivate(stub, node_id: int) -> None:
+    from flwr.proto.fleet_pb2 import DeactivateNodeRequest  # pylint: disable=no-name-in-module
+
+    try:
+        stub.DeactivateNode(DeactivateNodeRequest(node_id=node_id), timeout=RPC_TIMEOUT)
+    except grpc.RpcError as error:
+        raise _explain_rpc_failure(error) from None
+
+
+def _explain_rpc_failure(error: grpc.RpcError) -> ProbeError:
+    from flwr.supercore.error import FlowerError
+
+    details = error.details() or ""
+    flower_error = FlowerError.from_json(details)
+    if flower_error is not None and flower_error.code == ACTIVATION_REFUSED:
+        return ProbeError(
+            "the SuperLink refuses this key (Flower code 2004). Either it is not registered (send the .pub file to the "
+            "operator: `fedbayes pki register ... --client-id <id> <key>.pub`), or its node is still online: a client "
+            "with this key is running (here or elsewhere), or one stopped without signing off less than 60 s ago",
+            retryable=True,
+        )
+    if error.code() == grpc.StatusCode.UNAUTHENTICATED and "timestamp" in details:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return ProbeError(f"the SuperLink rejects this machine's clock ({now:%Y-%m-%d %H:%M:%S} UTC): signed requests "
+                          "may be at most 5 s ahead of the server's clock or 300 s behind; set the clock (NTP)")
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        return ProbeError(f"the SuperLink is unavailable ({details})", retryable=True)
+    message = f"[code: {flower_error.code}] {flower_error.message}" if flower_error is not None else details
+    return ProbeError(f"the SuperLink answered {error.code().name}: {message}")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _readable(path: Path, option: str) -> Path:
+    if not path.is_file():
+        raise ProbeError(f"{option} {path} does not exist")
+    return path
