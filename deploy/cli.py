@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
     _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
+    commands.add_parser(
+        "supernode", add_help=False,
+        help="`flower-supernode ARGS` without Flower's 3 s idle sleep between pulls (deploy/supernode.py)",
+    )
     _add_superexec(commands.add_parser("superexec", help="run a SuperNode's ClientApps as forks of a warm process"))
     _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))
     _add_client(commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)"))
@@ -28,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from deploy.flwr_run import main as flwr_run
 
         command = functools.partial(flwr_run, argv[1:])
+    elif argv[:1] == ["supernode"]:  # likewise to `flower-supernode`
+        from deploy.supernode import main as supernode
+
+        command = functools.partial(supernode, argv[1:])
     else:
         args = parser.parse_args(argv)
         args.argv = argv  # `fedbayes local` prints the command that resumes it

@@ -49,14 +49,15 @@ def node_config(client_id: str, state_dir: Path, data_path: Path | None = None,
 
 
 def supernode_command(
-    flower_supernode: str, superlink: str, config: str, runtime_port: int, ca_cert: Path | None,
+    fedbayes: str, superlink: str, config: str, runtime_port: int, ca_cert: Path | None,
     auth_key: Path | None, isolation: str = "process",
 ) -> list[str]:
-    """A SuperNode dialing `superlink`: TLS with `ca_cert` (insecure without, loopback development only),
-    authenticated with `auth_key`; its Runtime API for the ClientApp executor on 127.0.0.1:`runtime_port`."""
+    """A SuperNode (`fedbayes supernode`: Flower's, without its 3 s idle sleep) dialing `superlink`: TLS with
+    `ca_cert` (insecure without, loopback development only), authenticated with `auth_key`; its Runtime API
+    for the ClientApp executor on 127.0.0.1:`runtime_port`."""
     security = ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     security += ["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []
-    return [flower_supernode, *security, "--superlink", superlink, "--port", str(runtime_port),
+    return [fedbayes, "supernode", *security, "--superlink", superlink, "--port", str(runtime_port),
             "--node-config", config, "--isolation", isolation]
 
 
@@ -123,7 +124,7 @@ def run_supernode(args: argparse.Namespace) -> int:
     config = node_config(args.client_id, args.state_dir.resolve(), data_path=args.data.resolve())
     with ProcessGroup(args.log_dir, process_env(Path.home() / ".flwr")) as processes:
         supernode = processes.start("supernode", supernode_command(
-            console_script("flower-supernode"), args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()
+            console_script("fedbayes"), args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()
         ))
         try:
             superexec = processes.start(

@@ -286,7 +286,7 @@ class LocalFederation:
         tls = None if self.tls is None else self.tls.ca_cert
         node = self.processes.start(
             f"supernode-{index}",
-            host.command(supernode_command(console_script("flower-supernode"), self.fleet_address, config, port, tls, auth_key,
+            host.command(supernode_command(console_script("fedbayes"), self.fleet_address, config, port, tls, auth_key,
                                            isolation)),
             cwd=self.workdir,
             extra_env=extra_env,
