@@ -19,6 +19,7 @@ _LR_SCHEDULES = ("constant", "cosine")
 SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad")  # FedPA's SERVEROPT
 _DSVGD_SCHEDULERS = ("round-robin", "random")
 CLIENT_IDENTITIES = ("bound", "reconnect")
+NOISE_MODES = ("shared", "independent")  # BayesADMM's training noise across clients and rounds
 
 
 class ConfigError(ValueError):
@@ -73,6 +74,7 @@ class RunSettings:
     reset_posterior: bool
     lr_schedule: str
     ensemble_samples: int
+    noise: str
     # FedDyn / FedLap / FedLap-Cov (../shared/specs/feddyn-fedlap-splits.md): FedDyn's local weight decay is
     # `weight-decay`, FedLap's prior precision δ is `prior-precision`.
     feddyn_alpha: float
@@ -162,6 +164,7 @@ class RunSettings:
         _check("beta2", 0.0 <= self.beta2 < 1.0, "must be in [0, 1)")
         _check("mc-samples", self.mc_samples >= 1, "must be >= 1")
         _check("ensemble-samples", self.ensemble_samples >= 0, "must be >= 0")
+        _choice("noise", self.noise, NOISE_MODES)
         _check("feddyn-alpha", self.feddyn_alpha > 0.0, "must be > 0")
         _check("max-grad-norm", self.max_grad_norm >= 0.0, "must be >= 0 (0 = no clipping)")
         _check("min-clients", self.min_clients >= 1, "must be >= 1")
