@@ -49,6 +49,8 @@ class RunSettings:
     dirichlet_alpha_classes: float
     min_client_size: int
     two_class_per_class: int
+    split_file: str
+    split_file_overlap: bool
     model: str
     hidden: str
     activation: str
@@ -148,6 +150,8 @@ class RunSettings:
         _choice("lr-schedule", self.lr_schedule, _LR_SCHEDULES)
         _check("num-server-rounds", self.num_server_rounds >= 1, "must be >= 1")
         _check("fraction", 0.0 < self.fraction <= 1.0, "must be in (0, 1]")
+        _check("fraction", not self.split_file or self.fraction == 1.0,
+               "must be 1 with a split-file: the file names every client's rows of the whole training set")
         _check("fraction-train", 0.0 < self.fraction_train <= 1.0, "must be in (0, 1]")
         _check("local-epochs", self.local_epochs >= 1, "must be >= 1")
         _check("batch-size", self.batch_size >= 1, "must be >= 1")
