@@ -273,7 +273,7 @@ class FedPAReply(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ...) -> None: ...
 
 class DSVGDInstruction(_message.Message):
-    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed")
+    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "initial_particles")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PARTICLES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +287,7 @@ class DSVGDInstruction(_message.Message):
     PRIOR_PRECISION_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     INITIAL_SEED_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_PARTICLES_FIELD_NUMBER: _ClassVar[int]
     header: Header
     particles: TensorGroup
     local_steps: int
@@ -300,7 +301,8 @@ class DSVGDInstruction(_message.Message):
     prior_precision: float
     batch_size: int
     initial_seed: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ...) -> None: ...
+    initial_particles: bool
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., initial_particles: _Optional[bool] = ...) -> None: ...
 
 class DSVGDReply(_message.Message):
     __slots__ = ("header", "particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")

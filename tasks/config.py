@@ -117,6 +117,7 @@ class RunSettings:
     svgd_fudge: float
     dsvgd_alpha: float
     dsvgd_scheduler: str
+    udsvgd_max_visits: int
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -204,6 +205,7 @@ class RunSettings:
             _check(key, value > 0.0, "must be > 0")
         _check("svgd-beta", 0.0 <= self.svgd_beta < 1.0, "must be in [0, 1)")
         _choice("dsvgd-scheduler", self.dsvgd_scheduler, _DSVGD_SCHEDULERS)
+        _check("udsvgd-max-visits", self.udsvgd_max_visits >= 1, "must be >= 1")
 
 
 def _coerce(key: str, value: Any, annotation: str) -> Any:
