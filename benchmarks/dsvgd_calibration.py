@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bayes.params import parameter_layout, set_parameters, unflatten  # noqa: E402
 from bayes.metrics import predict_probs  # noqa: E402
-from dsvgd_fmnist import MODEL, RESULTS, run, run_name  # noqa: E402
+from dsvgd_fmnist import MODEL, RESULTS, record_summary, run, run_name  # noqa: E402
 from tasks.datasets import load_dataset  # noqa: E402
 from tasks.models import build_model, parse_hidden  # noqa: E402
 
@@ -97,7 +97,7 @@ def main() -> None:
     diagrams = {}
     for strategy in args.strategies.split(","):
         if not args.reuse:
-            run(strategy, args.rounds, args.seed, {}, "")
+            record_summary(run(strategy, args.rounds, args.seed, {}, ""))
         probs = checkpoint_probs(strategy, args.seed, "")
         confidence, predicted = probs.max(1)
         correct = predicted == load_dataset("fmnist", train=False).labels
