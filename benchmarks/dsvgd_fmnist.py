@@ -89,6 +89,16 @@ def load(strategy: str, seed: int, tag: str, summary: list[dict]) -> dict | None
     return {**known[0], "rows": rows}
 
 
+def record_summary(result: dict) -> None:
+    """Add one run (without its rows) to its seed's summary, replacing an earlier run of the same strategy and tag."""
+    path = RESULTS / f"summary-seed{result['seed']}.json"
+    summary = json.loads(path.read_text()) if path.exists() else []
+    key = (result["strategy"], result["seed"], result.get("tag", ""))
+    summary = [r for r in summary if (r["strategy"], r["seed"], r.get("tag", "")) != key]
+    summary.append({k: v for k, v in result.items() if k != "rows"})
+    path.write_text(json.dumps(summary, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", default="dsvgd,fedavg")
@@ -113,10 +123,7 @@ def main() -> None:
     runs = []
     for strategy in args.strategies.split(","):
         runs.append(run(strategy, args.rounds, args.seed, extra, args.tag))
-        summary = [r for r in summary
-                   if (r["strategy"], r["seed"], r.get("tag", "")) != (strategy, args.seed, args.tag)]
-        summary.append({k: v for k, v in runs[-1].items() if k != "rows"})
-        summary_path.write_text(json.dumps(summary, indent=1))
+        record_summary(runs[-1])
         print(table(runs[-1:]), flush=True)
     print(table(runs))
 

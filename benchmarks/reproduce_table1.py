@@ -17,6 +17,10 @@ like FedAvg; FedDyn α = 1e-2, wd = 1e-4; FedLap/FedLap-Cov δ = 1 (one point of
 
     python benchmarks/reproduce_table1.py --splits dirichlet,iid --strategies feddyn,fedlap-cov,fedlap
 
+BayesADMM runs with the run config's default `noise=shared` (every client draws IVON's weight noise and its
+minibatch order from the run seed in every round, as the reference code does); the earlier rows with fresh numbers
+per client and round are `--tag independent --set noise=independent`.
+
 Hyperparameters: BayesADMM uses the reference configuration (../shared/specs/bayesadmm.md §2),
 which feeds raw 0-255 pixels (input-scale=255); FedAvg/FedProx use Adam 1e-3 on [0, 1] pixels with
 5 local epochs, their usual good setting, not tuned down. FedPA (heterogeneous split only) uses

@@ -24,7 +24,7 @@ from tasks.compute import resolve_device
 from tasks.config import ConfigError, RunSettings, _is_safe_name
 from tasks.datasets import NUM_CLASSES, Dataset, load_dataset
 from tasks.models import build_model, parse_hidden
-from tasks.partitions import partition_dataset
+from tasks.partitions import partition_dataset, read_split_file
 
 DEFAULT_STATE_DIR = Path(os.environ.get("FEDBAYES_STATE_DIR", Path.home() / ".fedbayes" / "state"))
 
@@ -132,6 +132,9 @@ def load_client_data(settings: RunSettings, node: NodeSettings) -> Dataset:
     if node.data_path:
         return load_npz_dataset(Path(node.data_path), settings.dataset)
     full = load_dataset(settings.dataset, train=True, data_root=settings.data_root, download=settings.download)
+    if settings.split_file:
+        partitions = read_split_file(settings.split_file, len(full), node.num_partitions, settings.split_file_overlap)
+        return full.subset(partitions[node.partition_id])
     partitions = partition_dataset(
         full.labels.numpy(),
         node.num_partitions,

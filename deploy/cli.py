@@ -145,6 +145,11 @@ def _add_pki(parser: argparse.ArgumentParser) -> None:
 
 def _add_partitions(parser: argparse.ArgumentParser) -> None:
     _add_split_arguments(parser)
+    parser.add_argument("--write", type=Path, metavar="F",
+                        help="also write the split as JSON (per client its row indices) for run config split-file")
+    parser.add_argument("--split-file", type=Path, metavar="F",
+                        help="describe (and check) the split in F instead of drawing one")
+    parser.add_argument("--allow-overlap", action="store_true", help="with --split-file: rows may be in several clients")
     parser.set_defaults(handler=_print_partitions)
 
 
@@ -164,10 +169,18 @@ def _split(args: argparse.Namespace):
 
 
 def _print_partitions(args: argparse.Namespace) -> int:
-    from tasks.partitions import describe_partitions
+    from tasks.datasets import load_dataset
+    from tasks.partitions import describe_partitions, read_split_file, write_split_file
 
-    train, partitions = _split(args)
+    if args.split_file:
+        train = load_dataset(args.dataset, train=True, data_root=args.data_root)
+        partitions = read_split_file(args.split_file, len(train), args.clients, args.allow_overlap)
+    else:
+        train, partitions = _split(args)
     print(describe_partitions(partitions, train.labels.numpy(), train.num_classes))
+    if args.write:
+        write_split_file(args.write, partitions)
+        print(f"wrote the split of {len(partitions)} clients to {args.write}")
     return 0
 
 

@@ -105,7 +105,7 @@ class FedAvgReply(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class BayesADMMInstruction(_message.Message):
-    __slots__ = ("header", "global_mean", "global_precision", "training", "rho", "dual_step", "temperature", "hess_init", "beta1", "beta2", "mc_samples", "rescale_lr", "reset_posterior")
+    __slots__ = ("header", "global_mean", "global_precision", "training", "rho", "dual_step", "temperature", "hess_init", "beta1", "beta2", "mc_samples", "rescale_lr", "reset_posterior", "shared_noise", "noise_seed")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,8 @@ class BayesADMMInstruction(_message.Message):
     MC_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     RESCALE_LR_FIELD_NUMBER: _ClassVar[int]
     RESET_POSTERIOR_FIELD_NUMBER: _ClassVar[int]
+    SHARED_NOISE_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SEED_FIELD_NUMBER: _ClassVar[int]
     header: Header
     global_mean: TensorGroup
     global_precision: TensorGroup
@@ -132,7 +134,9 @@ class BayesADMMInstruction(_message.Message):
     mc_samples: int
     rescale_lr: bool
     reset_posterior: bool
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rho: _Optional[float] = ..., dual_step: _Optional[float] = ..., temperature: _Optional[float] = ..., hess_init: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., mc_samples: _Optional[int] = ..., rescale_lr: _Optional[bool] = ..., reset_posterior: _Optional[bool] = ...) -> None: ...
+    shared_noise: bool
+    noise_seed: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rho: _Optional[float] = ..., dual_step: _Optional[float] = ..., temperature: _Optional[float] = ..., hess_init: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., mc_samples: _Optional[int] = ..., rescale_lr: _Optional[bool] = ..., reset_posterior: _Optional[bool] = ..., shared_noise: _Optional[bool] = ..., noise_seed: _Optional[int] = ...) -> None: ...
 
 class BayesADMMReply(_message.Message):
     __slots__ = ("header", "local_mean", "local_precision", "dual_mean", "dual_precision", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
@@ -269,7 +273,7 @@ class FedPAReply(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ...) -> None: ...
 
 class DSVGDInstruction(_message.Message):
-    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed")
+    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "initial_particles")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PARTICLES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +287,7 @@ class DSVGDInstruction(_message.Message):
     PRIOR_PRECISION_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     INITIAL_SEED_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_PARTICLES_FIELD_NUMBER: _ClassVar[int]
     header: Header
     particles: TensorGroup
     local_steps: int
@@ -296,7 +301,8 @@ class DSVGDInstruction(_message.Message):
     prior_precision: float
     batch_size: int
     initial_seed: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ...) -> None: ...
+    initial_particles: bool
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., initial_particles: _Optional[bool] = ...) -> None: ...
 
 class DSVGDReply(_message.Message):
     __slots__ = ("header", "particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")

@@ -217,6 +217,7 @@ class BayesADMM(WireStrategy):
             rho=settings.rho, dual_step=self.dual_step_size, temperature=settings.temperature,
             hess_init=settings.hess_init, beta1=settings.beta1, beta2=settings.beta2,
             mc_samples=settings.mc_samples, rescale_lr=settings.rescale_lr, reset_posterior=settings.reset_posterior,
+            shared_noise=settings.noise == "shared", noise_seed=settings.seed,
         )
         tensors = {
             "global_mean": unflatten(self.global_.mean.numpy(), self.layout),
@@ -246,7 +247,7 @@ class BayesADMM(WireStrategy):
         self.commit(payloads, server_round)
         self.duals, self.global_ = duals, updated
         arrays = ArrayRecord({n: Array(v) for n, v in unflatten(updated.mean.numpy(), self.layout).items()})
-        return arrays, round_metrics(payloads, **{"known-clients": len(duals)})
+        return arrays, round_metrics(payloads, **{"known-clients": len(duals), **precision_summary(updated)})
 
     def _check_reply(self, payload: Payload) -> None:
         """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite
@@ -332,6 +333,15 @@ class BayesADMM(WireStrategy):
         return [unflatten(sample.numpy(), self.layout) for sample in samples]
 
 
+def precision_summary(q: Gaussian) -> dict[str, float]:
+    """The median of the global precision S̄ (its diagonal for the full family): how fast q̄ concentrates,
+    which is what shared training noise speeds up (README, Results)."""
+    if q.kind == "isotropic":
+        return {}
+    diagonal = q.precision.diagonal() if q.precision.ndim == 2 else q.precision
+    return {"global-precision-median": float(diagonal.median())}
+
+
 def as_sent(q: Gaussian) -> Gaussian:
     """`q` rounded to float32, as the clients receive it: the server replays their dual steps from the same q̄."""
     return Gaussian(q.mean.to(torch.float32).double(), q.precision.to(torch.float32).double())
@@ -363,7 +373,7 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         raise ValueError(f"BayesADMM needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
     stored = runtime.load_state(instruction.header)
     duals = _stored_duals(stored, global_)
-    torch.manual_seed(runtime.local_seed(instruction.header.server_round))
+    torch.manual_seed(training_seed(instruction, runtime))
     if family == "isotropic":
         local, (train_loss, compute_seconds), optimizer_state = _train_isotropic(runtime, instruction, global_, duals)
         global_ = Gaussian(global_.mean, torch.tensor(1.0, dtype=torch.float64))
@@ -392,6 +402,16 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         "dual_mean": unflatten(duals.mean.numpy(), runtime.layout),
         "dual_precision": precision_to_wire(duals.precision, size, family, runtime.layout),
     })
+
+
+def training_seed(instruction: pb.BayesADMMInstruction, runtime: ClientRuntime) -> int:
+    """The seed of this round's random numbers: IVON's weight noise (torch's global generator) and the
+    minibatch order. Run config `noise`: shared = the server's noise seed, the same for every client in every
+    round (the reference code calls torch.manual_seed(seed) at the start of each local training); independent =
+    a seed of this client's own for this round."""
+    if instruction.shared_noise:
+        return instruction.noise_seed
+    return runtime.local_seed(instruction.header.server_round)
 
 
 def _stored_duals(stored: ClientState | None, global_: Gaussian) -> Duals:
@@ -432,7 +452,7 @@ def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: D
         optimizer.set_posterior(global_.mean.to(**device_dtype), optimizer.posterior()[1])
     loss_and_seconds = train_epochs(
         model, runtime.data, optimizer, instruction.training.epochs, instruction.training.batch_size,
-        runtime.device, seed=runtime.local_seed(instruction.header.server_round),
+        runtime.device, seed=training_seed(instruction, runtime),
         sampled_weights=lambda: optimizer.sampled_params(train=True), mc_samples=instruction.mc_samples,
     )
     mean, precision = optimizer.posterior()
@@ -499,7 +519,7 @@ def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, dua
     loss_and_seconds = train_epochs(
         model, runtime.data, make_optimizer(model, instruction.training), instruction.training.epochs,
         instruction.training.batch_size, runtime.device,
-        seed=runtime.local_seed(instruction.header.server_round), extra_loss=admm_terms,
+        seed=training_seed(instruction, runtime), extra_loss=admm_terms,
     )
     mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
     model.cpu()

@@ -28,6 +28,13 @@ P-DSVGD (`p-dsvgd`): a `fraction-train` of the clients per round run both loops 
 their local particles; the server keeps every client's latest set and distils φ towards
 q = p_0 Π_k t_k (eq. 28-29), with t_k = KDE(Θ_k)/p_0 under convention B.
 
+U-DSVGD (`u-dsvgd`, Sec. 5.1, Alg. 4): DSVGD without distillation. The scheduled agent keeps, for every round j
+it was scheduled in, the global particles it downloaded (Θ^(j-1)) and uploaded (Θ^(j)), and its factor is the
+product t_k = Π_j q^(j)/q^(j-1) over those visits (eq. 10), with q^(0) = p_0 (analytic) and every other q^(j) the
+KDE of Θ^(j); loop 1 is DSVGD's with that t_k. Its memory grows by 2·N·P float32 per visit (28.5 MB for 20
+particles of the 784-200-100-10 MLP), and each SVGD step costs one KDE per buffered set: a client refuses to
+go past `udsvgd-max-visits` visits (run config), naming the key. With K = 1 it is SVGD (A.6).
+
 Evaluation: the server's predictive averages the N particles (eq. 27) and is reported under the
 `*_ensemble` keys; the plain keys evaluate the particle mean, which for a network is no meaningful model.
 """
@@ -116,6 +123,39 @@ def agent_round(downloaded: torch.Tensor, local: torch.Tensor, prior_score: Scor
     return updated, distill(local, downloaded, updated, settings)
 
 
+@dataclass(frozen=True)
+class Visit:
+    """A round j an U-DSVGD agent was scheduled in: the global particles it downloaded, Θ^(j-1) (None for
+    Θ^(0), whose density is q^(0) = p_0), and the ones it uploaded, Θ^(j)."""
+
+    before: torch.Tensor | None
+    after: torch.Tensor
+
+
+def global_score(particles: torch.Tensor | None, prior_score: Score, bandwidth: float) -> Score:
+    """∇log q^(j): p_0's score for q^(0) (`particles` None), else that of the KDE of Θ^(j)."""
+    if particles is None:
+        return prior_score
+    return lambda theta: grad_log_kde(theta, particles, bandwidth)
+
+
+def unconstrained_tilted_update(downloaded: torch.Tensor, downloaded_is_initial: bool, visits: list[Visit],
+                                prior_score: Score, loss_gradient: Score, settings: SVGDSettings) -> torch.Tensor:
+    """U-DSVGD's round (Alg. 4 lines 3-12, eqs. 13-14): L SVGD steps from Θ^(i-1) towards
+    q^(i-1)/t_k^(i-1) · exp(-L_k/α), with ∇log t_k^(i-1) = Σ_{j∈I_k} [∇log q^(j) - ∇log q^(j-1)] (eq. 10 as a
+    product over the agent's earlier visits; eq. 15 is its recursion) and q^(0) = p_0."""
+    bandwidth = settings.kde_bandwidth
+    current = global_score(None if downloaded_is_initial else downloaded, prior_score, bandwidth)
+    factors = [(global_score(v.after, prior_score, bandwidth), global_score(v.before, prior_score, bandwidth))
+               for v in visits]
+
+    def score(theta: torch.Tensor) -> torch.Tensor:
+        log_factor = sum((after(theta) - before(theta) for after, before in factors), torch.zeros_like(theta))
+        return current(theta) - log_factor - loss_gradient(theta) / settings.alpha
+
+    return svgd(downloaded.clone(), score, settings.local_steps, settings.stepper(settings.lr))
+
+
 def server_distillation(particles: torch.Tensor, local_sets: list[torch.Tensor], prior_score: Score, steps: int,
                         settings: SVGDSettings) -> torch.Tensor:
     """P-DSVGD (eqs. 28-29): `steps` SVGD steps of φ towards p_0 Π_k t_k over the clients that reported a set,
@@ -200,7 +240,7 @@ class DSVGD(WireStrategy):
     def summary(self) -> None:
         s = self.settings
         log(INFO, "%s: N=%d particles x P=%d, L=%d, L'=%d, kde-bandwidth=%g, lr=%g/%g, alpha=%g, prior precision %g",
-            "p-dsvgd" if self.parallel else "dsvgd", s.particles, self.size, s.local_steps, s.distill_steps,
+            s.strategy, s.particles, self.size, s.local_steps, s.distill_steps,
             s.kde_bandwidth, s.svgd_lr, s.distill_lr, s.dsvgd_alpha, s.prior_precision)
 
     def configure_train(
@@ -216,6 +256,7 @@ class DSVGD(WireStrategy):
             kde_bandwidth=settings.kde_bandwidth, step_size=settings.svgd_lr, distill_step_size=settings.distill_lr,
             beta=settings.svgd_beta, fudge=settings.svgd_fudge, alpha=settings.dsvgd_alpha,
             prior_precision=settings.prior_precision, batch_size=settings.batch_size, initial_seed=settings.seed,
+            initial_particles=not self.accepted_rounds,
         )
         log(INFO, "round %d: scheduled %s", server_round, ", ".join(self.node_label(node) for node in nodes))
         return self.instructions(instruction, {"particles": {"particles": self.particles}}, nodes)
@@ -347,26 +388,34 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
     )
     device = runtime.device
     downloaded = torch.from_numpy(payload.tensors["particles"]["particles"]).to(device)
-    local, resumed_from = _stored_local_particles(runtime, instruction, particle_layout["particles"])
     loss_gradient = MinibatchLossGradient(runtime.model.to(device), runtime.layout, runtime.data,
                                           instruction.batch_size, runtime.local_seed(server_round), device)
+    prior_score = gaussian_prior_score(instruction.prior_precision)
     started = time.perf_counter()
-    updated, local = agent_round(downloaded, local.to(device), gaussian_prior_score(instruction.prior_precision),
-                                 loss_gradient, settings)
+    if runtime.settings.strategy == "u-dsvgd":
+        visits, resumed_from = _stored_visits(runtime, instruction, particle_layout["particles"])
+        visits = [Visit(None if v.before is None else v.before.to(device), v.after.to(device)) for v in visits]
+        updated = unconstrained_tilted_update(downloaded, instruction.initial_particles, visits, prior_score,
+                                              loss_gradient, settings)
+        visits.append(Visit(None if instruction.initial_particles else downloaded, updated))
+        state, kept = visits_state(visits), updated
+    else:
+        local, resumed_from = _stored_local_particles(runtime, instruction, particle_layout["particles"])
+        updated, kept = agent_round(downloaded, local.to(device), prior_score, loss_gradient, settings)
+        state = {"local_particles": kept.cpu()}
     compute_seconds = time.perf_counter() - started
     runtime.model.cpu()
-    if not (torch.isfinite(updated).all() and torch.isfinite(local).all()):
+    if not (torch.isfinite(updated).all() and torch.isfinite(kept).all()):
         raise FloatingPointError(f"{runtime.node.client_id}: particles became non-finite in round {server_round}; "
                                  "lower svgd-lr / distill-lr or raise kde-bandwidth")
-    runtime.save_state(instruction.header, ClientState({"local_particles": local.cpu()},
-                                                       {"federation": instruction.header.federation}))
+    runtime.save_state(instruction.header, ClientState(state, {"federation": instruction.header.federation}))
     fields = dict(
         header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
         num_examples=len(runtime.data.labels), train_loss=loss_gradient.last_loss, compute_seconds=compute_seconds,
         resumed_from_round=resumed_from,
     )
     if runtime.settings.strategy == "p-dsvgd":
-        return encode(pb.PDSVGDReply(**fields), {"local_particles": {"particles": local.cpu().numpy()}})
+        return encode(pb.PDSVGDReply(**fields), {"local_particles": {"particles": kept.cpu().numpy()}})
     return encode(pb.DSVGDReply(**fields), {"particles": {"particles": updated.cpu().numpy()}})
 
 
@@ -382,3 +431,32 @@ def _stored_local_particles(runtime: ClientRuntime, instruction: pb.DSVGDInstruc
     if tuple(local.shape) != shape:
         raise ValueError(f"stored local particles have shape {tuple(local.shape)}, this run needs {shape}")
     return local.float(), stored.round
+
+
+def visits_state(visits: list[Visit]) -> dict[str, torch.Tensor]:
+    """An U-DSVGD agent's buffer as durable-state tensors: (V, N, P) downloaded and uploaded particles and which
+    downloads were Θ^(0) (their `before` is stored as zeros)."""
+    return {
+        "visit_before": torch.stack([torch.zeros_like(v.after) if v.before is None else v.before for v in visits]).cpu(),
+        "visit_after": torch.stack([v.after for v in visits]).cpu(),
+        "visit_initial": torch.tensor([v.before is None for v in visits], dtype=torch.uint8),
+    }
+
+
+def _stored_visits(runtime: ClientRuntime, instruction: pb.DSVGDInstruction,
+                   shape: tuple[int, int]) -> tuple[list[Visit], int]:
+    """This U-DSVGD agent's buffer after the round of its last accepted update, and that round ([] and 0 at its
+    first visit or when lost); refuses to grow it past run config `udsvgd-max-visits`."""
+    stored = runtime.load_state(instruction.header)
+    if stored is None:
+        return [], 0
+    before, after, initial = (stored.tensors[name] for name in ("visit_before", "visit_after", "visit_initial"))
+    if tuple(after.shape[1:]) != shape:
+        raise ValueError(f"stored U-DSVGD particles have shape {tuple(after.shape[1:])}, this run needs {shape}")
+    limit = runtime.settings.udsvgd_max_visits
+    if len(after) >= limit:
+        raise ValueError(f"{runtime.node.client_id}: U-DSVGD keeps the particles of {len(after)} visits (2 x "
+                         f"{shape[0]} x {shape[1]} float32 each) and run config 'udsvgd-max-visits' = {limit} allows "
+                         "no more; raise it, or use dsvgd, whose memory stays N x P")
+    visits = [Visit(None if flag else b.float(), a.float()) for b, a, flag in zip(before, after, initial.tolist())]
+    return visits, stored.round

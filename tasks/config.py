@@ -19,6 +19,7 @@ _LR_SCHEDULES = ("constant", "cosine")
 SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad")  # FedPA's SERVEROPT
 _DSVGD_SCHEDULERS = ("round-robin", "random")
 CLIENT_IDENTITIES = ("bound", "reconnect")
+NOISE_MODES = ("shared", "independent")  # BayesADMM's training noise across clients and rounds
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,8 @@ class RunSettings:
     dirichlet_alpha_classes: float
     min_client_size: int
     two_class_per_class: int
+    split_file: str
+    split_file_overlap: bool
     model: str
     hidden: str
     activation: str
@@ -73,6 +76,7 @@ class RunSettings:
     reset_posterior: bool
     lr_schedule: str
     ensemble_samples: int
+    noise: str
     # FedDyn / FedLap / FedLap-Cov (../shared/specs/feddyn-fedlap-splits.md): FedDyn's local weight decay is
     # `weight-decay`, FedLap's prior precision δ is `prior-precision`.
     feddyn_alpha: float
@@ -113,6 +117,7 @@ class RunSettings:
     svgd_fudge: float
     dsvgd_alpha: float
     dsvgd_scheduler: str
+    udsvgd_max_visits: int
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -148,6 +153,8 @@ class RunSettings:
         _choice("lr-schedule", self.lr_schedule, _LR_SCHEDULES)
         _check("num-server-rounds", self.num_server_rounds >= 1, "must be >= 1")
         _check("fraction", 0.0 < self.fraction <= 1.0, "must be in (0, 1]")
+        _check("fraction", not self.split_file or self.fraction == 1.0,
+               "must be 1 with a split-file: the file names every client's rows of the whole training set")
         _check("fraction-train", 0.0 < self.fraction_train <= 1.0, "must be in (0, 1]")
         _check("local-epochs", self.local_epochs >= 1, "must be >= 1")
         _check("batch-size", self.batch_size >= 1, "must be >= 1")
@@ -164,6 +171,7 @@ class RunSettings:
         _check("beta2", 0.0 <= self.beta2 < 1.0, "must be in [0, 1)")
         _check("mc-samples", self.mc_samples >= 1, "must be >= 1")
         _check("ensemble-samples", self.ensemble_samples >= 0, "must be >= 0")
+        _choice("noise", self.noise, NOISE_MODES)
         _check("feddyn-alpha", self.feddyn_alpha > 0.0, "must be > 0")
         _check("max-grad-norm", self.max_grad_norm >= 0.0, "must be >= 0 (0 = no clipping)")
         _check("min-clients", self.min_clients >= 1, "must be >= 1")
@@ -201,6 +209,7 @@ class RunSettings:
             _check(key, value > 0.0, "must be > 0")
         _check("svgd-beta", 0.0 <= self.svgd_beta < 1.0, "must be in [0, 1)")
         _choice("dsvgd-scheduler", self.dsvgd_scheduler, _DSVGD_SCHEDULERS)
+        _check("udsvgd-max-visits", self.udsvgd_max_visits >= 1, "must be >= 1")
 
 
 def _coerce(key: str, value: Any, annotation: str) -> Any:

@@ -7,8 +7,10 @@ policy for empty or tiny clients (resample the whole split) is the spec's §9 P1
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -162,6 +164,47 @@ def partition_dataset(
     else:
         parts = split_two_class(subset_labels, num_clients, split_seed, **split_options)
     return [subset[part] for part in parts]  # subset is sorted, so these stay sorted
+
+
+def write_split_file(path: Path | str, partitions: list[np.ndarray]) -> None:
+    """A split as JSON: a list with, per client (in partition-id order), its 0-based row indices into the
+    training file. `read_split_file` reads it back; any code base that can dump its split this way can be replayed."""
+    Path(path).write_text(json.dumps([[int(i) for i in part] for part in partitions]))
+
+
+def read_split_file(path: Path | str, num_examples: int, num_clients: int, allow_overlap: bool = False) -> list[np.ndarray]:
+    """The split a JSON file names (format: `write_split_file`), checked against a training file of
+    `num_examples` rows and a federation of `num_clients`: one non-empty list of distinct integer indices in
+    [0, num_examples) per client and, unless `allow_overlap`, no index in two clients. Sorted int64 arrays."""
+    path = Path(path)
+    try:
+        clients = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"split file {path}: cannot read it as JSON ({error})") from error
+    if not isinstance(clients, list) or not all(isinstance(client, list) for client in clients):
+        raise ValueError(f"split file {path}: must be a JSON list with one list of row indices per client")
+    if len(clients) != num_clients:
+        raise ValueError(f"split file {path}: has {len(clients)} clients, the federation has {num_clients}")
+    partitions = []
+    for k, rows in enumerate(clients):
+        if not rows:
+            raise ValueError(f"split file {path}: client {k} has no rows")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in rows):
+            raise ValueError(f"split file {path}: client {k} has a row index that is not an integer")
+        part = np.array(rows, dtype=np.int64)
+        if part.min() < 0 or part.max() >= num_examples:
+            raise ValueError(f"split file {path}: client {k} has row index {part.min() if part.min() < 0 else part.max()}"
+                             f" outside [0, {num_examples}) of the training file")
+        unique = np.unique(part)
+        if len(unique) != len(part):
+            raise ValueError(f"split file {path}: client {k} lists {len(part) - len(unique)} rows twice")
+        partitions.append(unique)
+    everything = np.concatenate(partitions)
+    shared = len(everything) - len(np.unique(everything))
+    if shared and not allow_overlap:
+        raise ValueError(f"split file {path}: {shared} rows belong to more than one client "
+                         "(set split-file-overlap=true if that is meant)")
+    return partitions
 
 
 def describe_partitions(partitions: list[np.ndarray], labels: np.ndarray, num_classes: int) -> str:
