@@ -74,6 +74,9 @@ def wait_for_clients(grid: Grid, count: int, timeout: float, poll_interval: floa
         time.sleep(poll_interval)
 
 
+ROW_KEYS = {"compute-seconds": "client_compute_seconds"}  # a round metric's key in the results row, where not its own
+
+
 class RunFailed(RuntimeError):
     """The federation trained nothing for `max-failed-rounds` rounds in a row."""
 
@@ -207,9 +210,9 @@ def run_rounds(
             "clients": len(report.accepted),
             "clients_sent": report.sent,
             "clients_rejected": len(report.rejected),
-            "train_loss": (train_metrics or {}).get("train-loss"),
-            "client_compute_seconds": (train_metrics or {}).get("compute-seconds"),
-            "known_clients": (train_metrics or {}).get("known-clients"),  # BayesADMM's K
+            # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
+            "train_loss": None, "client_compute_seconds": None, "known_clients": None,
+            **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (train_metrics or {}).items()},
             "round_seconds": round_seconds,
             "wall_seconds": time.monotonic() - started,
             # Where the round went (server side; the checkpoint is written after the row, so the row carries the
