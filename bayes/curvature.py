@@ -7,13 +7,19 @@ summed over the client's data, in eval mode.
 
 For models whose only parameters are in nn.Linear layers (logistic regression, the MLPs) the per-example
 gradient of b_icᵀ f at a layer y = W a + b is g aᵀ (g = ∂/∂y), so Σ_i (g_i a_iᵀ)² = (g∘g)ᵀ(a∘a): C ordinary
-batched backward passes to the layer outputs suffice. Other models take C per-example (vmap) gradients.
+batched backward passes to the layer outputs suffice. Other models (the CNNs, ResNet-20) take C per-example (vmap)
+gradients: C backward passes per example, each materialising a (batch, P) gradient, so the batch is capped at
+PER_EXAMPLE_VALUES / P examples (cnn-zenke's 1.25M parameters: 26 at a time). Cost, measured in
+benchmarks/model_cost.py: a multiple of C x (one epoch of training) — for CIFAR-100 (C = 100) on ResNet-20 this is
+what the BayesADMM paper (App. G.4) calls prohibitively slow.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.func import functional_call, grad, vmap
+
+PER_EXAMPLE_VALUES = 2**25  # per-example gradient values held at once (128 MiB in float32)
 
 
 def diag_ggn(model: torch.nn.Module, images: torch.Tensor, batch_size: int = 128) -> torch.Tensor:
@@ -72,7 +78,8 @@ def _per_example_diag_ggn(model: torch.nn.Module, images: torch.Tensor, batch_si
 
     per_example = vmap(grad(projected_logits), in_dims=(None, 0, 0))
     total = {name: torch.zeros_like(p, dtype=torch.float64) for name, p in params.items()}
-    for batch in images.split(batch_size):
+    size = sum(p.numel() for p in params.values())
+    for batch in images.split(max(1, min(batch_size, PER_EXAMPLE_VALUES // size))):
         with torch.no_grad():
             probs = torch.softmax(model(batch), dim=-1)
         for direction in _directions(probs):
