@@ -164,7 +164,7 @@ def main() -> None:
     for model in args.models.split(","):
         for strategy in strategies:
             results.append(measure(model, strategy, args.examples, args.epochs, args.particles, args.device))
-            print(table(results[-1:], args).splitlines()[-1], flush=True)
+            print(table(results, args).splitlines()[-1], flush=True)
     path = RESULTS / f"model_cost-{args.device}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"examples": args.examples, "epochs": args.epochs, "particles": args.particles,
