@@ -93,7 +93,8 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
     steps = epochs * math.ceil(examples / batch)
     config = {**pyproject_run_config(ROOT / "pyproject.toml"), "federation": "cost", "strategy": strategy,
               "model": model, "local-epochs": epochs, "batch-size": batch, "samples": epochs, "particles": particles,
-              "local-steps": steps, "distill-steps": steps, "device": device, **PRESETS.get(strategy, {})}
+              "local-steps": steps, "distill-steps": steps, "server-steps": 1,  # P-DSVGD's server half is not timed
+              "device": device, **PRESETS.get(strategy, {})}
     settings = RunSettings.from_run_config(config)
     data = load_dataset("fmnist", train=True).subset(range(examples))
     torch.manual_seed(0)
@@ -165,10 +166,14 @@ def main() -> None:
         for strategy in strategies:
             results.append(measure(model, strategy, args.examples, args.epochs, args.particles, args.device))
             print(table(results, args).splitlines()[-1], flush=True)
-    path = RESULTS / f"model_cost-{args.device}.json"
+    path = RESULTS / f"model_cost-{args.device}.json"  # merged with earlier runs of other pairs, same settings
+    settings = {"examples": args.examples, "epochs": args.epochs, "particles": args.particles}
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    if {key: earlier.get(key) for key in settings} == settings:
+        ours = {(r["model"], r["strategy"]) for r in results}
+        results = [r for r in earlier["results"] if (r["model"], r["strategy"]) not in ours] + results
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"examples": args.examples, "epochs": args.epochs, "particles": args.particles,
-                                "results": results}, indent=1))
+    path.write_text(json.dumps({**settings, "results": results}, indent=1))
     print()
     print(table(results, args))
 
