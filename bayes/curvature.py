@@ -9,7 +9,7 @@ Per-example squares without per-example backward passes: at a layer y = W a + b,
 g aᵀ (g = ∂/∂y). For nn.Linear Σ_i (g_i a_iᵀ)² = (g∘g)ᵀ(a∘a); for nn.Conv2d the per-example gradient is
 G_i U_iᵀ (U_i the unfolded input patches, G_i the output gradient per position), formed for a slice of the batch
 at a time (at most PER_EXAMPLE_VALUES values). So C ordinary batched backward passes to the layer outputs cover every
-Linear and Conv2d parameter: the CNNs cost about C x (one pass of training over the data). Parameters of any other
+Linear and Conv2d parameter: measured, about 2·C epochs of training (benchmarks/model_cost.py). Parameters of any other
 module (ResNet-20's FRN or GroupNorm scales and shifts, ~1% of its parameters) take C per-example (vmap) gradients
 with respect to those parameters alone, which still run a per-example backward through the network.
 """
