@@ -25,6 +25,20 @@ Hyperparameters: BayesADMM uses the reference configuration (../shared/specs/bay
 which feeds raw 0-255 pixels (input-scale=255); FedAvg/FedProx use Adam 1e-3 on [0, 1] pixels with
 5 local epochs, their usual good setting, not tuned down. FedPA (heterogeneous split only) uses
 FedAvg's client and server setting, with 10 burn-in rounds and shrinkage ρ = 0.1 (spec fedpa.md §6.3).
+
+Other setups (`--setup`, results in benchmarks/results/<setup>/; heterogeneous split, 10 clients, batch 64):
+  cifar10-zenke, cifar10-acar   Table 1's CIFAR-10 rows (CNN of Zenke et al. / of Acar et al.), 50 rounds
+  cifar100-resnet20             Table 2's CIFAR-100 row (ResNet-20 with FRN), rounds 25/50/100
+  fmnist-acar                   the Acar CNN on FMNIST-10% (1x28x28): what a CPU machine affords
+CIFAR needs the torchvision folder (`--data-root DIR`, cifar-10-batches-py / cifar-100-python inside; these
+machines cannot download it). BayesADMM uses the authors' IVON configuration of each setup
+(configs/{cifar10_zenke,cifar10_acar,cifar100_resnet20}/fedivon.yaml: 25 local epochs, cosine), the baselines
+their Adam configuration (fedavg/feddyn/fedprox.yaml: lr 1e-4 and gradient clipping 10 for the Acar CNN,
+lr 1e-3 for ResNet-20); pixels in [0, 1], no augmentation, as in their data generator:
+
+    python benchmarks/reproduce_table1.py --setup cifar10-acar --data-root /data/cifar --strategies bayesadmm,fedavg
+    python benchmarks/reproduce_table1.py --setup fmnist-acar --splits dirichlet --strategies bayesadmm,fedavg,feddyn \
+        --rounds 10
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -96,25 +111,114 @@ PAPER_NLL = {
 }
 
 
-def results_dir(tag: str) -> Path:
-    return RESULTS / "tuning" if tag else RESULTS
+# The authors' per-setup configurations (team-approx-bayes/bayes-admm configs/*/fedivon.yaml and the baselines'
+# yaml files); "dirichlet" is their heterogeneous split (Dir(1) sizes, Dir(0.5) classes).
+_IVON = {"temperature": 0.1, "dual-damping": 0.1, "beta1": 0.9, "lr-schedule": "cosine", "local-epochs": 25}
+CNN_PRESETS = {
+    "cifar10-zenke": {
+        ("bayesadmm", "dirichlet"): {**_IVON, "lr": 1e-3, "hess-init": 0.02, "prior-precision": 100.0, "rho": 0.5,
+                                     "beta2": 0.99999},
+        ("fedavg", "dirichlet"): {"local-epochs": 10, "lr": 1e-3, "optimizer": "adam"},
+        ("feddyn", "dirichlet"): {"local-epochs": 10, "lr": 1e-3, "optimizer": "adam", "feddyn-alpha": 0.01,
+                                  "weight-decay": 1e-4},
+    },
+    "cifar10-acar": {
+        ("bayesadmm", "dirichlet"): {**_IVON, "lr": 5e-3, "hess-init": 0.1, "prior-precision": 0.5, "rho": 1.0,
+                                     "beta2": 0.99998},
+        ("fedavg", "dirichlet"): {"local-epochs": 10, "lr": 1e-4, "optimizer": "adam", "max-grad-norm": 10.0},
+        ("fedprox", "dirichlet"): {"local-epochs": 20, "lr": 1e-4, "optimizer": "adam", "proximal-mu": 1e-3,
+                                   "max-grad-norm": 10.0},
+        ("feddyn", "dirichlet"): {"local-epochs": 20, "lr": 1e-4, "optimizer": "adam", "feddyn-alpha": 1e-6,
+                                  "weight-decay": 1e-4, "max-grad-norm": 10.0},
+    },
+    "cifar100-resnet20": {
+        ("bayesadmm", "dirichlet"): {**_IVON, "lr": 1e-3, "hess-init": 0.1, "prior-precision": 0.5, "rho": 0.5,
+                                     "beta2": 0.99999},
+        ("fedavg", "dirichlet"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam"},
+        ("feddyn", "dirichlet"): {"local-epochs": 10, "lr": 1e-3, "optimizer": "adam", "feddyn-alpha": 1e-4,
+                                  "weight-decay": 1e-4},
+    },
+}
+# FMNIST-10% with the Acar CNN, sized for a CPU run: 2 local epochs (instead of 25 on CIFAR, 10 on the MLP), batch 64.
+# BayesADMM takes the FMNIST-10% heterogeneous IVON setting of the MLP rows (τ 1e-3, h0 1e-3, δ 1, ρ 0.2, damping
+# 1e-3, β2 0.9998, cosine) on [0, 1] pixels with lr 5e-4: the CIFAR-10 Acar setting (τ 0.1) leaves the CNN at chance
+# for rounds at 600 examples per client (its weight noise 1/√(ess·(h+δ)) is as large as the weights), and lr 1e-3
+# diverged in round 2 (a few one-client trials, not a sweep). A 4-sample ensemble (each sample is one more pass over
+# the 10,000 test images). The baselines: Adam 1e-3 as on the MLP rows.
+CNN_PRESETS["fmnist-acar"] = {
+    ("bayesadmm", "dirichlet"): {
+        "local-epochs": 2, "lr": 5e-4, "hess-init": 1e-3, "temperature": 1e-3, "prior-precision": 1.0,
+        "dual-damping": 1e-3, "rho": 0.2, "beta2": 0.9998, "lr-schedule": "cosine", "ensemble-samples": 4,
+    },
+    ("fedavg", "dirichlet"): {"local-epochs": 2, "lr": 1e-3, "optimizer": "adam"},
+    ("feddyn", "dirichlet"): {"local-epochs": 2, "lr": 1e-3, "optimizer": "adam", "feddyn-alpha": 0.01,
+                              "weight-decay": 1e-4},
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    dataset: str
+    fraction: float
+    common: dict
+    presets: dict
+    report_rounds: tuple[int, ...] = REPORT_ROUNDS
+    paper_accuracy: dict = field(default_factory=dict)
+    paper_nll: dict = field(default_factory=dict)
+
+
+_CNN = {"batch-size": 64}
+SETUPS = {
+    "fmnist-mlp": Setup("fmnist", 0.1, COMMON, PRESETS, paper_accuracy=PAPER_ACCURACY, paper_nll=PAPER_NLL),
+    "fmnist-acar": Setup("fmnist", 0.1, {**_CNN, "model": "cnn-acar"}, CNN_PRESETS["fmnist-acar"]),
+    # Paper Table 1 (CIFAR-10 heterogeneous, 10 clients) and Table 2 (CIFAR-100), accuracy % and NLL.
+    "cifar10-zenke": Setup(
+        "cifar10", 1.0, {**_CNN, "model": "cnn-zenke"}, CNN_PRESETS["cifar10-zenke"],
+        paper_accuracy={("dirichlet", "bayesadmm"): (71.5, 79.0, 80.3), ("dirichlet", "bayesadmm@mean"): (71.5, 78.9, 80.3),
+                        ("dirichlet", "fedavg"): (73.8, 75.0, 75.1), ("dirichlet", "feddyn"): (72.7, 77.4, 79.4)},
+        paper_nll={("dirichlet", "bayesadmm"): (0.8, 0.6, 0.6), ("dirichlet", "fedavg"): (0.9, 1.1, 1.5),
+                   ("dirichlet", "feddyn"): (1.0, 0.8, 0.7)}),
+    "cifar10-acar": Setup(
+        "cifar10", 1.0, {**_CNN, "model": "cnn-acar"}, CNN_PRESETS["cifar10-acar"],
+        paper_accuracy={("dirichlet", "bayesadmm"): (63.8, 69.5, 70.3), ("dirichlet", "bayesadmm@mean"): (63.8, 69.5, 70.2),
+                        ("dirichlet", "fedavg"): (62.8, 65.4, 66.0), ("dirichlet", "fedprox"): (64.3, 65.9, 66.3),
+                        ("dirichlet", "feddyn"): (63.6, 64.7, 65.4)},
+        paper_nll={("dirichlet", "bayesadmm"): (1.0, 1.0, 1.4), ("dirichlet", "fedavg"): (1.1, 1.8, 2.3),
+                   ("dirichlet", "fedprox"): (1.7, 2.2, 2.6), ("dirichlet", "feddyn"): (2.0, 3.6, 2.6)}),
+    "cifar100-resnet20": Setup(
+        "cifar100", 1.0, {**_CNN, "model": "resnet20"}, CNN_PRESETS["cifar100-resnet20"], report_rounds=(25, 50, 100),
+        paper_accuracy={("dirichlet", "bayesadmm"): (40.0, 46.2, 46.6), ("dirichlet", "fedavg"): (39.8, 39.8, 39.3),
+                        ("dirichlet", "feddyn"): (38.4, 39.2, 39.6)},
+        paper_nll={("dirichlet", "fedavg"): (2.6, 3.3, 4.0), ("dirichlet", "feddyn"): (3.5, 3.2, 3.2)}),
+}
+
+
+def results_dir(setup: str, tag: str) -> Path:
+    base = RESULTS if setup == "fmnist-mlp" else RESULTS.parent / setup
+    return base / "tuning" if tag else base
 
 
 def run_name(split: str, strategy: str, seed: int, tag: str) -> str:
     return f"{split}-{strategy}{'-' + tag if tag else ''}-seed{seed}"
 
 
-def run(strategy: str, split: str, seed: int, rounds: int, clients: int, tag: str = "", extra: dict | None = None) -> dict:
-    name = run_name(split, strategy, seed, tag)
+def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: dict) -> dict:
+    spec = SETUPS[setup]
+    if (strategy, split) not in spec.presets:
+        raise SystemExit(f"setup {setup!r} has no preset for {strategy} on the {split} split; "
+                         f"it has {', '.join(f'{s}/{p}' for s, p in spec.presets)}")
+    name = run_name(split, strategy, args.seed, args.tag)
+    data = {"data-root": args.data_root} if args.data_root else {}
     started = time.monotonic()
     rows = run_local(
         LocalRun(
-            strategy=strategy, clients=clients, rounds=rounds, dataset="fmnist", fraction=0.1, split=split,
-            seed=seed, results=results_dir(tag) / f"{name}.jsonl", workdir=Path("runs") / f"table1-{name}",
-            overrides={**COMMON, **PRESETS[(strategy, split)], **(extra or {})},
+            strategy=strategy, clients=args.clients, rounds=args.rounds, dataset=spec.dataset, fraction=spec.fraction,
+            split=split, seed=args.seed, results=results_dir(setup, args.tag) / f"{name}.jsonl",
+            workdir=Path("runs") / f"{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
+            overrides={**spec.common, **spec.presets[(strategy, split)], **data, **extra},
         )
     )
-    return {"strategy": strategy, "split": split, "seed": seed, "tag": tag, "overrides": extra or {}, "rows": rows,
+    return {"strategy": strategy, "split": split, "seed": args.seed, "tag": args.tag, "overrides": extra, "rows": rows,
             "wall_seconds": time.monotonic() - started}
 
 
@@ -123,22 +227,40 @@ def last_three(rows: list[dict], round_: int, key: str) -> float | None:
     return sum(values) / len(values) if len(values) == 3 else None
 
 
-def table(runs: list[dict]) -> str:
-    lines = [f"{'split':<10} {'method':<16} {'acc@10/25/50 (ours)':<22} {'paper':<18} {'nll@10/25/50 (ours)':<22} {'paper nll':<16} wall"]
+def table(runs: list[dict], setup: str = "fmnist-mlp") -> str:
+    spec = SETUPS[setup]
+    at = "/".join(str(r) for r in spec.report_rounds)
+    lines = [f"{'split':<10} {'method':<16} {f'acc@{at} (ours)':<22} {'paper':<18} {f'nll@{at} (ours)':<22} "
+             f"{'paper nll':<16} wall"]
     for result in runs:
         variants = [("", result["strategy"])]
         if result["strategy"] == "bayesadmm":
             variants = [("", "bayesadmm@mean"), ("_ensemble", "bayesadmm")]
         tag = f" [{result['tag']}]" if result.get("tag") else ""
         for suffix, method in variants:
-            accuracy = [last_three(result["rows"], r, f"accuracy{suffix}") for r in REPORT_ROUNDS]
-            nll = [last_three(result["rows"], r, f"nll{suffix}") for r in REPORT_ROUNDS]
-            paper = PAPER_ACCURACY.get((result["split"], method))
-            paper_nll = PAPER_NLL.get((result["split"], method))
+            accuracy = [last_three(result["rows"], r, f"accuracy{suffix}") for r in spec.report_rounds]
+            nll = [last_three(result["rows"], r, f"nll{suffix}") for r in spec.report_rounds]
+            paper = spec.paper_accuracy.get((result["split"], method))
+            paper_nll = spec.paper_nll.get((result["split"], method))
             lines.append(
                 f"{result['split']:<10} {method + tag:<16} {_fmt(accuracy, 100, 1):<22} {_fmt(paper, 1, 1):<18} "
                 f"{_fmt(nll, 1, 3):<22} {_fmt(paper_nll, 1, 2):<16} {result['wall_seconds'] / 60:.1f} min"
             )
+    return "\n".join(lines)
+
+
+def per_round(runs: list[dict]) -> str:
+    """Every round of every run: accuracy, NLL, ECE (and the ensemble's, where there is one), seconds."""
+    lines = []
+    for result in runs:
+        ensemble = "accuracy_ensemble" in result["rows"][0]
+        lines.append(f"{result['split']} {result['strategy']}: round  acc    nll    ece"
+                     + ("   | ens acc  nll    ece" if ensemble else "") + "   round_s")
+        for row in result["rows"]:
+            line = f"  {row['round']:>5}  {row['accuracy']:.4f} {row['nll']:.4f} {row['ece']:.4f}"
+            if ensemble:
+                line += f" | {row['accuracy_ensemble']:.4f} {row['nll_ensemble']:.4f} {row['ece_ensemble']:.4f}"
+            lines.append(line + f"  {row['round_seconds']:.1f}")
     return "\n".join(lines)
 
 
@@ -148,30 +270,34 @@ def _fmt(values, scale: float, digits: int) -> str:
     return " / ".join("-" if v is None else f"{v * scale:.{digits}f}" for v in values)
 
 
-def plot(runs: list[dict], path: Path) -> None:
+def plot(runs: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (accuracy_axis, nll_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
     for result in runs:
         rounds = [row["round"] for row in result["rows"]]
         label = f"{result['split']} {result['strategy']}"
-        accuracy_axis.plot(rounds, [row["accuracy"] for row in result["rows"]], label=label + " @mean")
-        nll_axis.plot(rounds, [row["nll"] for row in result["rows"]], label=label + " @mean")
-        if "accuracy_ensemble" in result["rows"][0]:
-            accuracy_axis.plot(rounds, [row["accuracy_ensemble"] for row in result["rows"]], "--", label=label + " ensemble")
-            nll_axis.plot(rounds, [row["nll_ensemble"] for row in result["rows"]], "--", label=label + " ensemble")
-    accuracy_axis.set(xlabel="round", ylabel="test accuracy", title="FMNIST-10%, 10 clients")
-    nll_axis.set(xlabel="round", ylabel="test NLL", ylim=(0.3, 1.5))
-    accuracy_axis.legend(fontsize=7)
+        for axis, key in zip(axes, ("accuracy", "nll", "ece")):
+            axis.plot(rounds, [row[key] for row in result["rows"]], label=label + " @mean")
+            if f"{key}_ensemble" in result["rows"][0]:
+                axis.plot(rounds, [row[f"{key}_ensemble"] for row in result["rows"]], "--", label=label + " ensemble")
+    axes[0].set(xlabel="round", ylabel="test accuracy", title=title)
+    axes[1].set(xlabel="round", ylabel="test NLL")
+    axes[2].set(xlabel="round", ylabel="test ECE (15 bins)")
+    axes[0].legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
 
+def plot_path(setup: str, seed: int) -> Path:
+    return RESULTS / f"table1-seed{seed}.png" if setup == "fmnist-mlp" else results_dir(setup, "") / f"{setup}-seed{seed}.png"
+
+
 def report(args: argparse.Namespace) -> None:
-    directory = results_dir(args.tag)
+    directory = results_dir(args.setup, args.tag)
     summary = json.loads((directory / f"summary-seed{args.seed}.json").read_text())
     walls = {(r["split"], r["strategy"], r.get("tag", "")): r["wall_seconds"] for r in summary}
     runs = []
@@ -182,9 +308,11 @@ def report(args: argparse.Namespace) -> None:
                 rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
                 runs.append({"strategy": strategy, "split": split, "seed": args.seed, "tag": args.tag, "rows": rows,
                              "wall_seconds": walls[(split, strategy, args.tag)]})
-    print(table(runs))
+    print(table(runs, args.setup))
+    if args.setup != "fmnist-mlp":
+        print(per_round(runs))
     if not args.tag:
-        plot(runs, RESULTS / f"table1-seed{args.seed}.png")
+        plot(runs, plot_path(args.setup, args.seed), args.setup)
 
 
 def record_summary(result: dict, path: Path) -> None:
@@ -198,34 +326,41 @@ def record_summary(result: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--setup", default="fmnist-mlp", choices=list(SETUPS))
     parser.add_argument("--strategies", default="bayesadmm,fedavg,fedprox")
     parser.add_argument("--splits", default="dirichlet,iid")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--data-root", default="", help="torchvision dataset folder (CIFAR setups)")
     parser.add_argument("--report", action="store_true", help="only tabulate and plot the runs already on disk")
-    parser.add_argument("--tag", default="", help="a tuning run's name (results go to results/table1/tuning/)")
+    parser.add_argument("--tag", default="", help="a tuning run's name (results go to <results>/tuning/)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset value")
     args = parser.parse_args()
+    if SETUPS[args.setup].dataset.startswith("cifar") and not args.data_root:
+        parser.error(f"--setup {args.setup} needs --data-root: a torchvision folder holding CIFAR "
+                     "(these machines cannot download it)")
     if args.report:
         report(args)
         return
     stop_processes_on_signals()
     if args.set and not args.tag:
         parser.error("--set changes the presets: name the tuning run with --tag")
-    directory = results_dir(args.tag)
+    directory = results_dir(args.setup, args.tag)
     directory.mkdir(parents=True, exist_ok=True)
     extra = dict(parse_override(item) for item in args.set)
     runs = []
     for split in args.splits.split(","):
         for strategy in args.strategies.split(","):
-            runs.append(run(strategy, split, args.seed, args.rounds, args.clients, args.tag, extra))
+            runs.append(run(args.setup, strategy, split, args, extra))
             record_summary(runs[-1], directory / f"summary-seed{args.seed}.json")
-            print(table(runs[-1:]), flush=True)
+            print(table(runs[-1:], args.setup), flush=True)
     print()
-    print(table(runs))
+    print(table(runs, args.setup))
+    if args.setup != "fmnist-mlp":
+        print(per_round(runs))
     if not args.tag:
-        plot(runs, RESULTS / f"table1-seed{args.seed}.png")
+        plot(runs, plot_path(args.setup, args.seed), args.setup)
 
 
 if __name__ == "__main__":

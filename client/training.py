@@ -48,6 +48,8 @@ def train_epochs(
     epoch's mean loss and the seconds spent training. `model` must already be on `device` (the
     optimizer holds its parameters); build the optimizer before calling, so its one-off cost (the
     first torch optimizer in a process imports torch._dynamo, 1.5-3 s) is not counted as training.
+    The client's whole partition is moved to `device` once, and the loop reads nothing back to the host
+    until the end (one `.item()` per call), so a GPU runs the epochs without waiting on the CPU.
 
     For IVON, `sampled_weights` is `lambda: optimizer.sampled_params(train=True)`: each of the
     `mc_samples` gradients is taken at a fresh weight sample, and one step uses their average.
@@ -62,10 +64,10 @@ def train_epochs(
     model.train()
     images, labels = data.images.to(device), data.labels.to(device)
     generator = torch.Generator().manual_seed(seed)
-    epoch_loss = 0.0
+    epoch_loss = torch.zeros((), dtype=torch.float64, device=device)
     for _ in range(epochs):
         order = torch.randperm(len(labels), generator=generator).to(device)
-        loss_sum, batches = 0.0, 0
+        loss_sum, batches = torch.zeros((), dtype=torch.float64, device=device), 0
         for start in range(0, len(labels), batch_size):
             batch = order[start : start + batch_size]
             for _ in range(mc_samples):
@@ -80,9 +82,10 @@ def train_epochs(
             optimizer.step()
             if after_step is not None:
                 after_step()
-            loss_sum, batches = loss_sum + loss.item(), batches + 1
+            loss_sum, batches = loss_sum + loss.detach(), batches + 1  # on the device: no host sync per step
         epoch_loss = loss_sum / batches
-    return epoch_loss, time.perf_counter() - started
+    mean_loss = epoch_loss.item()  # the one host sync: it waits for the device, so the time below is complete
+    return mean_loss, time.perf_counter() - started
 
 
 def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> ExtraLoss:

@@ -170,23 +170,37 @@ def server_distillation(particles: torch.Tensor, local_sets: list[torch.Tensor],
 
 
 def initial_particles(layout: TensorLayout, count: int, seed: int) -> np.ndarray:
-    """Θ^(0), (count, P) float32: each particle drawn like a fresh torch Linear layer, weight and bias
-    ~ U(±1/√fan_in); deterministic in `seed`, so the server and every client draw the same."""
+    """Θ^(0), (count, P) float32: each particle drawn like torch's default initialiser of Linear and Conv layers,
+    weight and bias ~ U(±1/√fan_in) (fan_in = the weight's size over its first axis); normalisation parameters
+    (GroupNorm, FRN) take their constant initial values (scale 1, shift and threshold 0) in every particle.
+    Deterministic in `seed`, so the server and every client draw the same."""
     generator = torch.Generator().manual_seed(seed)
-    fan_in = {}
-    for name, shape in layout.items():
-        if name.endswith(".weight") and len(shape) == 2:
-            fan_in[name.removesuffix(".weight")] = shape[1]
-        elif not (name.endswith(".bias") and len(shape) == 1):
-            raise ValueError(f"initial_particles knows Linear layers only, got {name} {shape}")
+    inits = {name: _initialiser(name, layout) for name in layout}
     particles = []
     for _ in range(count):
         pieces = []
         for name, shape in layout.items():
-            bound = 1.0 / math.sqrt(fan_in[name.rsplit(".", 1)[0]])
-            pieces.append((torch.rand(math.prod(shape), generator=generator) * 2 - 1) * bound)
+            kind, value = inits[name]
+            if kind == "uniform":
+                pieces.append((torch.rand(math.prod(shape), generator=generator) * 2 - 1) * value)
+            else:
+                pieces.append(torch.full((math.prod(shape),), value))
         particles.append(torch.cat(pieces))
     return torch.stack(particles).numpy()
+
+
+def _initialiser(name: str, layout: TensorLayout) -> tuple[str, float]:
+    """("uniform", 1/√fan_in) for a Linear/Conv weight (≥ 2 axes) or its bias; ("constant", c) for a normalisation
+    parameter."""
+    layer, _, kind = name.rpartition(".")
+    weight_shape = layout.get(f"{layer}.weight", ())
+    if kind in ("weight", "bias") and len(weight_shape) >= 2:
+        return "uniform", 1.0 / math.sqrt(math.prod(weight_shape[1:]))
+    if kind in ("weight", "gamma"):
+        return "constant", 1.0
+    if kind in ("bias", "beta", "tau"):
+        return "constant", 0.0
+    raise ValueError(f"initial_particles knows Linear, Conv, GroupNorm and FRN parameters, got {name} {layout[name]}")
 
 
 class MinibatchLossGradient:
@@ -211,7 +225,9 @@ class MinibatchLossGradient:
             logits = torch.func.functional_call(model, weights, (images,))
             return F.cross_entropy(logits, labels, reduction="sum")
 
-        self.gradients = torch.func.vmap(torch.func.grad_and_value(loss_sum), in_dims=(0, None, None))
+        model.train()  # local training: dropout on, an independent mask per particle
+        self.gradients = torch.func.vmap(torch.func.grad_and_value(loss_sum), in_dims=(0, None, None),
+                                         randomness="different")
 
     def __call__(self, particles: torch.Tensor) -> torch.Tensor:
         if self.position + self.batch_size > len(self.labels):

@@ -1,21 +1,45 @@
-"""Classifiers for the image tasks: multiclass logistic regression and a fully connected MLP.
+"""Classifiers for the image tasks: logistic regression, a fully connected MLP, and the BayesADMM paper's
+convolutional models (App. G; the authors' code, team-approx-bayes/bayes-admm `models.py`).
 
-Models are plain `nn.Sequential`s, so their state_dict keys are the layer positions
-("1.weight", "1.bias", "3.weight", ...; position 0 is the Flatten; with `pool` > 1 an average pooling
-comes first and every position moves up by one). Those keys name the tensors
-on the wire, so they must not depend on anything but the architecture arguments.
+  logreg      one Linear layer on the flattened image
+  mlp         Linear layers of widths `hidden`, `activation` after each (the paper's FMNIST MLP: 200-100, sigmoid)
+  cnn-zenke   CifarNet (Zenke et al. 2017): Conv(C→32,3,pad 1)-ReLU-Conv(32→32,3)-ReLU-MaxPool2-Dropout .25-
+              Conv(32→64,3,pad 1)-ReLU-Conv(64→64,3)-ReLU-MaxPool2-Dropout .25-Linear(→512)-ReLU-Dropout .5-Linear
+              (1,250,858 parameters on CIFAR-10)
+  cnn-acar    the FedDyn paper's CNN (Acar et al. 2021): Conv(C→64,5)-ReLU-MaxPool2-Conv(64→64,5)-ReLU-MaxPool2-
+              Linear(→384)-ReLU-Linear(384→192)-ReLU-Linear; no dropout (797,962 parameters on CIFAR-10)
+  resnet20    ResNet-20 (He et al. 2016, option-A shortcuts) with filter response normalisation (FRN, Singh &
+              Krishnan 2020) in place of batch norm, the authors' option: no running statistics to federate
+  resnet20-gn the same with GroupNorm(2 groups), the authors' default normalisation
+
+Shape-generic: the convolutional models take the channel count from the input and size their first Linear layer
+by a dry run, so FMNIST (1x28x28, unpadded) works as well as CIFAR (3x32x32): on 28x28 cnn-zenke's first Linear
+is 1600→512 (2304→512 on 32x32) and cnn-acar's 1024→384 (1600→384); ResNet-20 ends in global average pooling.
+
+Every model's state is exactly its parameters (no buffers: FRN's ε is a constant, GroupNorm keeps no statistics),
+so every strategy can put the whole state on the wire. Dropout follows the module's mode: the local training
+loop sets train mode, evaluation, the GGN curvature and other sampling-free passes set eval mode.
+
+The Sequential models' state_dict keys are the layer positions ("1.weight", "1.bias", ...; for the MLPs position 0
+is the Flatten, and with `pool` > 1 an average pooling comes first and every position moves up by one); the
+ResNets' keys are their module names ("conv1.weight", "layer1.0.bn1.gamma", ...). Those keys name the tensors on
+the wire, so they depend on nothing but the architecture arguments.
 Initial weights come from torch's global RNG: seed it (torch.manual_seed) before building.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-MODELS = ("logreg", "mlp")
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU, "tanh": nn.Tanh}
+DENSE_MODELS = ("logreg", "mlp")
+CONV_MODELS = ("cnn-zenke", "cnn-acar", "resnet20", "resnet20-gn")
+MODELS = DENSE_MODELS + CONV_MODELS
 
 
 def build_model(
@@ -31,7 +55,8 @@ def build_model(
     "logreg" ignores `hidden` and `activation`; "mlp" puts `activation` after each hidden layer
     (the paper's FMNIST model is 784-200-100-10 with sigmoid). `pool` > 1 first averages the image
     over pool x pool blocks (28x28 -> 7x7 for pool 4): a logistic regression small enough for a
-    full-covariance posterior.
+    full-covariance posterior. The convolutional models ignore `hidden` and `activation` (their layers
+    are fixed by the papers) and refuse `pool` > 1.
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
@@ -39,15 +64,123 @@ def build_model(
         raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
     if pool < 1:
         raise ValueError(f"pool must be >= 1, got {pool}")
+    if name in CONV_MODELS:
+        if pool > 1:
+            raise ValueError(f"pool applies to logreg and mlp only; model {name!r} needs pool=1, got {pool}")
+        return _CONV_BUILDERS[name](input_shape, num_classes)
     layers: list[nn.Module] = [nn.AvgPool2d(pool)] if pool > 1 else []
     layers.append(nn.Flatten())
-    num_inputs = math.prod(nn.Sequential(*layers)(torch.zeros(1, *input_shape)).shape[1:])
+    num_inputs = _flat_size(nn.Sequential(*layers), input_shape)
     if name == "logreg":
         return nn.Sequential(*layers, nn.Linear(num_inputs, num_classes))
     for width_in, width_out in zip((num_inputs, *hidden), hidden):
         layers += [nn.Linear(width_in, width_out), ACTIVATIONS[activation]()]
     layers.append(nn.Linear(hidden[-1] if hidden else num_inputs, num_classes))
     return nn.Sequential(*layers)
+
+
+def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """How many values `features` makes of one input (a dry run on zeros); an error if the image is too small."""
+    try:
+        with torch.no_grad():
+            shape = features(torch.zeros(1, *input_shape)).shape[1:]
+    except RuntimeError as error:
+        raise ValueError(f"input shape {tuple(input_shape)} is too small for this model: {error}") from None
+    return math.prod(shape)
+
+
+def cnn_zenke(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    features = [
+        nn.Conv2d(input_shape[0], 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Dropout(0.25),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
+    ]
+    flat = _flat_size(nn.Sequential(*features), input_shape)
+    return nn.Sequential(*features, nn.Linear(flat, 512), nn.ReLU(), nn.Dropout(0.5), nn.Linear(512, num_classes))
+
+
+def cnn_acar(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    features = [
+        nn.Conv2d(input_shape[0], 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+    ]
+    flat = _flat_size(nn.Sequential(*features), input_shape)
+    return nn.Sequential(*features, nn.Linear(flat, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU(),
+                         nn.Linear(192, num_classes))
+
+
+class FilterResponseNorm2d(nn.Module):
+    """FRN + TLU (Singh & Krishnan 2020): y = max(γ·x/√(mean_hw(x²) + ε) + β, τ), per channel and example, so
+    it needs no batch statistics. ε is a constant (the authors' code keeps it as a frozen parameter)."""
+
+    def __init__(self, channels: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(1, channels, 1, 1))
+        self.beta = nn.Parameter(torch.zeros(1, channels, 1, 1))
+        self.tau = nn.Parameter(torch.zeros(1, channels, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.rsqrt(x.square().mean(dim=(2, 3), keepdim=True) + self.eps)
+        return torch.maximum(self.gamma * x + self.beta, self.tau)
+
+
+NORMALISATIONS: dict[str, Callable[[int], nn.Module]] = {
+    "frn": FilterResponseNorm2d,
+    "groupnorm": lambda channels: nn.GroupNorm(2, channels),
+}
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with normalisation; the option-A shortcut subsamples and zero-pads channels."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int, norm: Callable[[int], nn.Module]) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = norm(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = norm(planes)
+        self.downsample = stride != 1 or in_planes != planes
+        self.pad = (planes - in_planes) // 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        shortcut = F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, self.pad, self.pad)) if self.downsample else x
+        return F.relu(out + shortcut)
+
+
+class ResNet20(nn.Module):
+    """ResNet-20 for 32x32 images (3 stages of 3 blocks, 16/32/64 channels), any input size and channel count."""
+
+    def __init__(self, in_channels: int, num_classes: int, normalisation: str) -> None:
+        super().__init__()
+        norm = NORMALISATIONS[normalisation]
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, stride=1, padding=1, bias=False)
+        self.bn1 = norm(16)
+        stages, in_planes = [], 16
+        for planes, stride in ((16, 1), (32, 2), (64, 2)):
+            blocks = [BasicBlock(in_planes, planes, stride, norm)] + [BasicBlock(planes, planes, 1, norm) for _ in range(2)]
+            stages.append(nn.Sequential(*blocks))
+            in_planes = planes
+        self.layer1, self.layer2, self.layer3 = stages
+        self.linear = nn.Linear(64, num_classes)
+        for module in self.modules():  # the authors' initialisation (akamaster's pytorch_resnet_cifar10)
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.kaiming_normal_(module.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.layer3(self.layer2(self.layer1(out)))
+        return self.linear(out.mean(dim=(2, 3)))
+
+
+_CONV_BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
+    "cnn-zenke": cnn_zenke,
+    "cnn-acar": cnn_acar,
+    "resnet20": lambda shape, classes: ResNet20(shape[0], classes, "frn"),
+    "resnet20-gn": lambda shape, classes: ResNet20(shape[0], classes, "groupnorm"),
+}
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:

@@ -41,7 +41,7 @@ def test_mlp_without_hidden_layers_is_logistic_regression():
 
 
 def test_bad_names_list_the_choices():
-    with pytest.raises(ValueError, match="logreg, mlp"):
+    with pytest.raises(ValueError, match="logreg, mlp, cnn-zenke, cnn-acar, resnet20, resnet20-gn"):
         build_model("resnet", (1, 28, 28), 10)
     with pytest.raises(ValueError, match="sigmoid, relu, tanh"):
         build_model("mlp", (1, 28, 28), 10, activation="gelu")
@@ -54,3 +54,47 @@ def test_parse_hidden():
     for bad in ("200,,100", "wide", "200,0", "-5"):
         with pytest.raises(ValueError, match="hidden"):
             parse_hidden(bad)
+
+
+CIFAR10, FMNIST = ((3, 32, 32), 10), ((1, 28, 28), 10)
+
+
+@pytest.mark.parametrize("name,parameters", [("cnn-zenke", 1250858), ("cnn-acar", 797962), ("resnet20", 270410),
+                                             ("resnet20-gn", 269722)])
+def test_the_papers_conv_models_have_their_parameter_counts_and_no_buffers(name, parameters):
+    model = build_model(name, *CIFAR10)
+    assert count_parameters(model) == parameters  # Zenke 2304-512 head; Acar 1600-384-192; ResNet-20 ~0.27M
+    assert list(model.buffers()) == []  # the whole state is the parameters, so it can all go on the wire
+    assert list(model.state_dict()) == [n for n, _ in model.named_parameters()]
+
+
+@pytest.mark.parametrize("name", ["cnn-zenke", "cnn-acar", "resnet20", "resnet20-gn"])
+@pytest.mark.parametrize("input_shape,num_classes", [FMNIST, CIFAR10, ((3, 32, 32), 100)])
+def test_conv_models_take_fmnist_and_cifar_shapes(name, input_shape, num_classes):
+    model = build_model(name, input_shape, num_classes).eval()
+    assert model(torch.zeros(2, *input_shape)).shape == (2, num_classes)
+
+
+def test_fmnist_sizes_the_first_linear_layer_without_padding():
+    assert build_model("cnn-zenke", *FMNIST)[13].in_features == 64 * 5 * 5
+    assert build_model("cnn-acar", *FMNIST)[7].in_features == 64 * 4 * 4
+
+
+def test_resnet20_names_its_tensors_by_module_and_uses_frn_or_groupnorm():
+    frn, gn = build_model("resnet20", *CIFAR10), build_model("resnet20-gn", *CIFAR10)
+    assert "layer3.2.bn2.tau" in frn.state_dict() and "linear.weight" in frn.state_dict()
+    assert isinstance(gn.layer2[0].bn1, nn.GroupNorm) and gn.layer2[0].bn1.num_groups == 2
+
+
+def test_dropout_follows_the_mode():
+    torch.manual_seed(0)
+    model, images = build_model("cnn-zenke", *CIFAR10), torch.rand(4, 3, 32, 32)
+    assert not torch.equal(model.train()(images), model(images))  # two dropout masks
+    assert torch.equal(model.eval()(images), model(images))
+
+
+def test_conv_models_refuse_pool_and_too_small_inputs():
+    with pytest.raises(ValueError, match="pool"):
+        build_model("cnn-acar", *FMNIST, pool=4)
+    with pytest.raises(ValueError, match="too small"):
+        build_model("cnn-acar", (1, 8, 8), 10)
