@@ -82,7 +82,7 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
     from bayes.params import get_parameters, parameter_layout
     from client.runtime import ClientRuntime, NodeSettings
     from strategies import get_algorithm
-    from tasks.compute import configure_threads, resolve_device
+    from tasks.compute import resolve_device
     from tasks.config import RunSettings, pyproject_run_config
     from tasks.datasets import load_dataset
     from tasks.models import build_model
