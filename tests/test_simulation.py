@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.processes import processes_with_env
+from deploy.processes import command_line, processes_with_env
 from tests.clihelpers import ROOT, cli_env, fedbayes, read_until
 
 pytestmark = pytest.mark.integration
@@ -42,8 +42,9 @@ def simulation_env(tmp_path: Path) -> dict[str, str]:
     return cli_env(FEDBAYES_SERVER_STATE_DIR=str(tmp_path / "server-state"))
 
 
-def processes_of(flwr_home: Path) -> list[int]:
-    return processes_with_env("FLWR_HOME", str(flwr_home))
+def processes_of(flwr_home: Path) -> list[str]:
+    """The command lines of live processes that run with this Flower home."""
+    return [" ".join(command_line(pid)) for pid in processes_with_env("FLWR_HOME", str(flwr_home))]
 
 
 def rounds_in(results: Path) -> list[int]:
