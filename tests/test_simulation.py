@@ -51,6 +51,7 @@ def rounds_in(results: Path) -> list[int]:
     return [json.loads(line)["round"] for line in results.read_text().splitlines()]
 
 
+@pytest.mark.timeout(1200)  # two simulations in a row
 def test_the_readme_command_twice_with_other_settings_trains_twice(tmp_path):
     """Issue 19: the second run used to fail on the first one's checkpoint (or do nothing), and exit 0."""
     runs = tmp_path / "runs"
@@ -74,6 +75,7 @@ def test_the_readme_command_twice_with_other_settings_trains_twice(tmp_path):
         assert "FutureWarning" not in run.stdout + run.stderr
 
 
+@pytest.mark.timeout(1200)  # three simulations in a row; on a loaded 2-core machine each can take minutes
 def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_path):
     runs = tmp_path / "runs"
     command = simulation_command(runs).replace("num-server-rounds=5", "num-server-rounds=3")
