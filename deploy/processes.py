@@ -2,8 +2,9 @@
 
 Flower daemons spawn children of their own (SuperExec, one flwr-clientapp per message), some in new
 sessions. Every process we start carries a unique marker in its environment, which its descendants
-inherit; stopping signals every live process with that marker, so nothing outlives the launcher even
-when it is interrupted or one of the processes fails.
+inherit; stopping signals every live process with that marker, and every process in a session one of
+them leads (for descendants started with an environment of their own), so nothing outlives the launcher
+even when it is interrupted or one of the processes fails.
 """
 
 from __future__ import annotations
@@ -99,28 +100,60 @@ class ProcessGroup:
 
 
 def stop_processes_with_env(variable: str, value: str, timeout: float) -> None:
-    """TERM every live process whose environment holds variable=value, KILL those left after `timeout`."""
-    for pid in processes_with_env(variable, value):
+    """TERM every live process whose environment holds variable=value, and every process in a session one
+    of them leads; KILL those left after `timeout` until none is left (a dying parent may spawn one more
+    child; on a busy machine a killed process takes a while to go).
+
+    Sessions, because not every descendant keeps the environment it was given: Ray starts its dashboard
+    and runtime-env agents without our marker, in the session of the executor that started the simulation.
+    Only sessions a marked process leads count, never one it merely belongs to (that may be the user's
+    terminal session)."""
+    sessions: set[int] = set()
+    for pid in _ours(variable, value, sessions):
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while processes_with_env(variable, value) and time.monotonic() < deadline:
+    while _ours(variable, value, sessions) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for _ in range(3):  # a dying parent may have spawned one more child
-        for pid in processes_with_env(variable, value):
+    deadline = time.monotonic() + timeout
+    while (left := _ours(variable, value, sessions)) and time.monotonic() < deadline:
+        for pid in left:
             _signal(pid, signal.SIGKILL)
         time.sleep(0.2)
 
 
+def _ours(variable: str, value: str, sessions: set[int]) -> list[int]:
+    """Live processes marked variable=value or in one of `sessions`, to which it adds the sessions marked
+    processes lead (the set outlives its leaders: their sessions' other members keep its id)."""
+    live = _live_processes()
+    needle = f"{variable}={value}".encode()
+    marked = {pid for pid, _ in live if needle in _environ(pid)}
+    sessions.update(pid for pid, session in live if pid in marked and session == pid)
+    return sorted(marked | {pid for pid, session in live if session in sessions})
+
+
 def processes_with_env(variable: str, value: str) -> list[int]:
     needle = f"{variable}={value}".encode()
-    pids = []
+    return [pid for pid, _ in _live_processes() if needle in _environ(pid)]
+
+
+def _live_processes() -> list[tuple[int, int]]:
+    """(pid, session id) of every process that is not a zombie."""
+    found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if needle in (proc / "environ").read_bytes().split(b"\0") and not _is_zombie(proc):
-                pids.append(int(proc.name))
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-    return pids
+        if fields[0] != "Z":
+            found.append((int(proc.name), int(fields[3])))  # fields after the name: state, ppid, pgrp, session
+    return found
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
 
 
 def command_line(pid: int) -> list[str]:
@@ -154,10 +187,6 @@ def kill_tree(pid: int) -> None:
     anything dies, so children re-parented to init on their parent's death are still hit."""
     for member in [pid, *descendants(pid)]:
         _signal(member, signal.SIGKILL)
-
-
-def _is_zombie(proc: Path) -> bool:
-    return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -69,6 +69,7 @@ def test_a_config_the_serverapp_refuses_fails_the_run_with_its_reason(tmp_path):
     assert processes_of(workdir) == []
 
 
+@pytest.mark.timeout(1200)  # two federations in a row
 def test_an_interrupted_federation_is_resumed_only_when_asked(tmp_path):
     workdir = tmp_path / "fed"
     command = [*LOCAL, "--rounds", "3", "--workdir", str(workdir)]

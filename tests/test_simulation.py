@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.processes import processes_with_env
+from deploy.processes import command_line, processes_with_env
 from tests.clihelpers import ROOT, cli_env, fedbayes, read_until
 
 pytestmark = pytest.mark.integration
@@ -42,14 +42,16 @@ def simulation_env(tmp_path: Path) -> dict[str, str]:
     return cli_env(FEDBAYES_SERVER_STATE_DIR=str(tmp_path / "server-state"))
 
 
-def processes_of(flwr_home: Path) -> list[int]:
-    return processes_with_env("FLWR_HOME", str(flwr_home))
+def processes_of(flwr_home: Path) -> list[str]:
+    """The command lines of live processes that run with this Flower home."""
+    return [" ".join(command_line(pid)) for pid in processes_with_env("FLWR_HOME", str(flwr_home))]
 
 
 def rounds_in(results: Path) -> list[int]:
     return [json.loads(line)["round"] for line in results.read_text().splitlines()]
 
 
+@pytest.mark.timeout(1200)  # two simulations in a row
 def test_the_readme_command_twice_with_other_settings_trains_twice(tmp_path):
     """Issue 19: the second run used to fail on the first one's checkpoint (or do nothing), and exit 0."""
     runs = tmp_path / "runs"
@@ -73,6 +75,7 @@ def test_the_readme_command_twice_with_other_settings_trains_twice(tmp_path):
         assert "FutureWarning" not in run.stdout + run.stderr
 
 
+@pytest.mark.timeout(1200)  # three simulations in a row; on a loaded 2-core machine each can take minutes
 def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_path):
     runs = tmp_path / "runs"
     command = simulation_command(runs).replace("num-server-rounds=5", "num-server-rounds=3")

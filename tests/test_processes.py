@@ -1,0 +1,56 @@
+"""Stopping what we started reaches every descendant, including one that dropped our marker, and nothing else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+from deploy.processes import descendants, processes_with_env, stop_processes_with_env
+
+VARIABLE = "FEDBAYES_TEST_MARKER"
+SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+# A child started with an empty environment, as Ray starts its agents: it no longer carries the marker.
+SPAWNS_UNMARKED_CHILD = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                         "'-c', 'import time; time.sleep(600)'], env={}); time.sleep(600)"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_child(pid: int) -> int:
+    deadline = time.monotonic() + 60
+    while not descendants(pid):
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.05)
+    return descendants(pid)[0]
+
+
+def test_a_descendant_without_the_marker_is_stopped_with_the_session_its_marked_ancestor_leads():
+    marker = uuid.uuid4().hex
+    leader = subprocess.Popen(SPAWNS_UNMARKED_CHILD, env={**os.environ, VARIABLE: marker}, start_new_session=True)
+    child = wait_for_child(leader.pid)
+    assert processes_with_env(VARIABLE, marker) == [leader.pid], "the child has no marker"
+    stop_processes_with_env(VARIABLE, marker, timeout=10)
+    assert leader.wait(timeout=10) != 0
+    assert not alive(child)
+
+
+def test_a_marked_process_in_our_own_session_does_not_take_the_session_with_it():
+    marker = uuid.uuid4().hex
+    marked = subprocess.Popen(SLEEP, env={**os.environ, VARIABLE: marker})  # our session, not its leader
+    bystander = subprocess.Popen(SLEEP)
+    try:
+        stop_processes_with_env(VARIABLE, marker, timeout=10)
+        assert marked.wait(timeout=10) != 0
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
