@@ -177,7 +177,8 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
 def default_workdir(strategy: str) -> Path:
     """runs/<date>-<time>-<strategy>: a new one for every run, so that a run that names no workdir starts a
     new federation."""
-    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}"
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", strategy)  # a workdir's name is its federation's: "mod:attr" -> "mod-attr"
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
 
 
 class LocalFederation:

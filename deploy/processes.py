@@ -225,6 +225,11 @@ def process_env(flwr_home: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     # Flower daemons start their helpers (flower-superexec, flwr-clientapp) by name from PATH.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # Our processes run in their workdir: a relative PYTHONPATH entry (a user's model or strategy module) must
+    # mean what it meant where the user typed it.
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(entry).resolve()) for entry in env["PYTHONPATH"].split(os.pathsep)
+                                            if entry)
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)
     env.update(
