@@ -89,12 +89,12 @@ class Federation:
         self.output.mkdir()
 
     def submit(self, name: str, rounds: int) -> subprocess.Popen:
-        """`flwr run` through the operator container, its output in <output>/<name>.log."""
+        """`fedbayes run` (`flwr run --stream` that exits non-zero unless the run completed) through the operator
+        container, as the READMEs document it; its output in <output>/<name>.log."""
         config = RUN_CONFIG.format(name=name, rounds=rounds)
         with (self.output / f"{name}.log").open("wb") as log:
-            return subprocess.Popen([*self.compose, "run", "--rm", "operator", "flwr", "run", "/app", "fedbayes",
-                                     "--stream", "-c", config], cwd=REPO, env=self.env, stdout=log,
-                                    stderr=subprocess.STDOUT)
+            return subprocess.Popen([*self.compose, "run", "--rm", "operator", "fedbayes", "run", "/app", "fedbayes",
+                                     "-c", config], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
 
     def register_remote_client(self) -> None:
         """What the operator does with the .pub file a client sends (deploy/README.md)."""
