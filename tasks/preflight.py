@@ -94,8 +94,9 @@ def check_model_and_strategy(settings: RunSettings) -> None:
     try:
         model = build_model(settings.model, shape, NUM_CLASSES[settings.dataset], hidden, settings.activation,
                             settings.pool)
-    except RuntimeError as error:  # torch's own complaint, e.g. a pooling window larger than the image
-        raise ConfigError(f"run config 'pool' ({settings.pool}) does not fit the {shape[1]}x{shape[2]} images of "
+    except (RuntimeError, ValueError) as error:  # e.g. a pooling window larger than the image, pool on a CNN
+        key, value = ("pool", settings.pool) if settings.pool > 1 else ("model", repr(settings.model))
+        raise ConfigError(f"run config '{key}' ({value}) does not fit the {shape[1]}x{shape[2]} images of "
                           f"{settings.dataset!r}: {' '.join(str(error).split())}") from None
     get_algorithm(settings.strategy).server(settings, parameter_layout(model))
 
