@@ -1,12 +1,13 @@
 """What a reply over `max-payload-mb` costs the server before it is refused.
 
-One SuperLink (TLS, node auth, --database as in deployments) and one SuperNode on loopback; the client's
+One SuperLink (TLS, node auth, --database as in deployments; or, with --in-memory, insecure with
+Flower's in-memory state, as `fedbayes local`) and one SuperNode on loopback; the client's
 FedAvg reply is padded with `--padding-mb` MiB of random data (benchmarks/oversize_reply/sitecustomize.py,
 which also skips the honest client's own size check). The run's `max-payload-mb` (default 512) refuses it.
 While the round runs this samples, every 0.2 s, the peak resident memory (VmHWM) of the ServerApp, the
 SuperLink, the SuperNode and its ClientApp executor, and the size of the SuperLink's database file.
 
-    python benchmarks/oversize_reply.py --padding-mb 600 [--out benchmarks/results/oversize_reply.json]
+    python benchmarks/oversize_reply.py --padding-mb 600 [--in-memory] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--padding-mb", type=float, default=600.0)
     parser.add_argument("--max-payload-mb", type=float, default=512.0)
     parser.add_argument("--workdir", type=Path, default=Path("runs/oversize-reply"))
+    parser.add_argument("--in-memory", action="store_true", help="insecure SuperLink without --database")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     workdir = args.workdir.resolve()
@@ -65,9 +67,11 @@ def main() -> None:
                 database_mb[0] = max(database_mb[0], database.stat().st_size / 2**20)
             time.sleep(0.2)
 
-    with LocalFederation(workdir, tls=tls, node_auth=True) as federation:
-        federation.register(key.public)
-        federation.start_supernode(0, 1, auth_key=key.private, extra_env={
+    security = {} if args.in_memory else {"tls": tls, "node_auth": True}
+    with LocalFederation(workdir, **security) as federation:
+        if not args.in_memory:
+            federation.register(key.public)
+        federation.start_supernode(0, 1, auth_key=None if args.in_memory else key.private, extra_env={
             "PYTHONPATH": f"{HERE / 'oversize_reply'}:{HERE.parent}", "FEDBAYES_PADDING_MB": str(args.padding_mb)})
         sampler = threading.Thread(target=sample, args=(federation.processes,), daemon=True)
         sampler.start()
@@ -79,11 +83,16 @@ def main() -> None:
         stop.set()
         sampler.join()
         server_log = (federation.log_dir / "flwr-run.log").read_text()
+        superlink_log = (federation.log_dir / "superlink.log").read_text(errors="replace")
     refusal = next((line.strip() for line in server_log.splitlines() if "max-payload-mb" in line), "(no refusal logged)")
-    report = {"padding_mb": args.padding_mb, "max_payload_mb": args.max_payload_mb, "round": rows[0] if rows else None,
+    database = workdir / "superlink.db"
+    report = {"padding_mb": args.padding_mb, "max_payload_mb": args.max_payload_mb, "in_memory": args.in_memory,
+              "round": rows[0] if rows else None,
               "seconds": round(seconds, 1), "peak_rss_mb": {k: round(v) for k, v in peaks.items()},
-              "superlink_db_peak_mb": round(database_mb[0]), "superlink_db_end_mb": round(
-                  (workdir / "superlink.db").stat().st_size / 2**20), "refusal": refusal}
+              "superlink_db_peak_mb": round(database_mb[0]),
+              "superlink_db_end_mb": round(database.stat().st_size / 2**20) if database.exists() else 0,
+              "superlink_errors": sorted({line.split("]")[0] + "]" for line in superlink_log.splitlines() if "ERROR" in line}),
+              "refusal": refusal}
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
