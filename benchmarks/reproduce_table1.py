@@ -214,7 +214,7 @@ def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: 
         LocalRun(
             strategy=strategy, clients=args.clients, rounds=args.rounds, dataset=spec.dataset, fraction=spec.fraction,
             split=split, seed=args.seed, results=results_dir(setup, args.tag) / f"{name}.jsonl",
-            workdir=Path("runs") / f"{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
+            workdir=Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
             overrides={**spec.common, **spec.presets[(strategy, split)], **data, **extra},
         )
     )
