@@ -183,6 +183,20 @@ class WireStrategy(Strategy):
             check(payload)
         return payload
 
+    def check_resumed(self, payload: Payload, consequence: str) -> bool:
+        """A stateful strategy's check: the reply must continue from the state of the client's last accepted round,
+        or start afresh (a new client, or one that lost its state: logged with `consequence`); anything else
+        belongs to a round the server never used. True when it continued."""
+        message = payload.message
+        client = message.header.client_id
+        accepted = self.accepted_rounds.get(client, 0)
+        if message.resumed_from_round not in (0, accepted):
+            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
+                               f"server accepted from client {client!r} is {accepted}")
+        if accepted and message.resumed_from_round == 0:
+            log(WARNING, "client %r lost its state of round %d; %s", client, accepted, consequence)
+        return message.resumed_from_round != 0
+
     def commit(self, payloads: Iterable[Payload], server_round: int) -> None:
         """The strategy has absorbed these replies into its state: bind their ids, record the round."""
         for payload in payloads:

@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
 import torch
@@ -261,14 +261,8 @@ class BayesADMM(WireStrategy):
         elif not self.isotropic and (local.precision <= 0).any():
             raise PayloadError(f"field 'local_precision': {(local.precision <= 0).sum().item()} precisions are <= 0")
         message = payload.message
-        client = message.header.client_id
-        accepted = self.accepted_rounds.get(client, 0)
-        if message.resumed_from_round not in (0, accepted):
-            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
-                               f"server accepted from client {client!r} is {accepted}")
-        if accepted and message.resumed_from_round == 0:
-            log(WARNING, "client %r lost its state after round %d and starts again from zero duals", client, accepted)
-        previous = self.duals[client] if message.resumed_from_round else Duals(
+        continued = self.check_resumed(payload, "it starts again from zero duals")
+        previous = self.duals[message.header.client_id] if continued else Duals(
             torch.zeros_like(local.mean), torch.zeros_like(self.global_.precision))
         expected = dual_step(previous, local, self.global_, self.dual_step_size, message.header.server_round)
         reported = self._reported_duals(payload, message.header.server_round)

@@ -46,7 +46,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ from bayes.params import unflatten
 from client.runtime import ClientRuntime
 from client.state import ClientState
 from protos import payloads_pb2 as pb
-from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
+from protos.codec import Payload, TensorLayout, decode, encode, new_header
 from strategies.base import ServerState, WireStrategy, round_metrics, sample_nodes
 from tasks.config import RunSettings
 from tasks.datasets import Dataset
@@ -331,15 +331,7 @@ class DSVGD(WireStrategy):
     def _check_reply(self, payload: Payload) -> None:
         """An update must start from the local particles of the client's last accepted round (or, when they
         are lost, from Θ^(0)); anything else belongs to a round the server never used."""
-        message = payload.message
-        client = message.header.client_id
-        accepted = self.accepted_rounds.get(client, 0)
-        if message.resumed_from_round not in (0, accepted):
-            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
-                               f"server accepted from client {client!r} is {accepted}")
-        if accepted and message.resumed_from_round == 0:
-            log(WARNING, "client %r lost its local particles of round %d and started again from the initial "
-                "particles (its earlier data now counts twice)", client, accepted)
+        self.check_resumed(payload, "it started again from the initial particles (its earlier data now counts twice)")
 
     def _server_distillation(self, local_particles: dict[str, np.ndarray]) -> np.ndarray | None:
         """P-DSVGD's server step (eq. 28-29) over every client's latest local particles; None if it diverges."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -38,7 +38,7 @@ from client.runtime import ClientRuntime
 from client.state import ClientState
 from client.training import train_anchored
 from protos import payloads_pb2 as pb
-from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
+from protos.codec import Payload, TensorLayout, decode, encode, new_header
 from strategies.base import (
     Membership, ServerState, WireStrategy, client_population, local_training, round_metrics,
 )
@@ -142,14 +142,7 @@ class FedDyn(WireStrategy):
     def _check_reply(self, payload: Payload) -> None:
         """The server replays λ_k from the round the client started from: its last accepted round, or 0 when
         the client is new or lost its state (λ_k = 0 on both sides then)."""
-        message = payload.message
-        client = message.header.client_id
-        accepted = self.accepted_rounds.get(client, 0)
-        if message.resumed_from_round not in (0, accepted):
-            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
-                               f"server accepted from client {client!r} is {accepted}")
-        if accepted and message.resumed_from_round == 0:
-            log(WARNING, "client %r lost its state after round %d; its λ_k restarts from zero", client, accepted)
+        self.check_resumed(payload, "its λ_k restarts from zero")
 
     def server_state(self) -> ServerState:
         if self.global_ is None:

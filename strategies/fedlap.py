@@ -33,7 +33,7 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -182,14 +182,7 @@ class FedLap(WireStrategy):
         from the client's last accepted one (or start afresh: a new client, or one that lost its state)."""
         if self.covariance and (self._site(payload, 0).precision < 0).any():
             raise PayloadError("field 'site_precision': has negative values; a site precision V_k must be >= 0")
-        message = payload.message
-        client = message.header.client_id
-        accepted = self.accepted_rounds.get(client, 0)
-        if message.resumed_from_round not in (0, accepted):
-            raise PayloadError(f"field 'resumed_from_round': {message.resumed_from_round}, but the last round the "
-                               f"server accepted from client {client!r} is {accepted}")
-        if accepted and message.resumed_from_round == 0:
-            log(WARNING, "client %r lost its site of round %d; its new site replaces the old one", client, accepted)
+        self.check_resumed(payload, "its new site replaces the old one")
 
     def server_state(self) -> ServerState:
         if self.global_mean is None:

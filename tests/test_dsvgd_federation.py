@@ -115,7 +115,7 @@ def test_a_lost_reply_leaves_the_particles_and_the_clients_next_start_alone(tmp_
     reply = decode(replies[0].content, pb.DSVGDReply, {"particles": {"particles": strategy.particles.shape}},
                    sender="test")
     assert reply.message.resumed_from_round == 1
-    assert "lost its local particles" not in caplog.text  # it restarted from round 1's particles, not round 4's
+    assert "lost its state" not in caplog.text  # it restarted from round 1's particles, not round 4's
     assert strategy.accepted_rounds["client-2"] == 7
 
 
