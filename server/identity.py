@@ -3,7 +3,8 @@
 A reply's header names its client id, but the client chose that name. The server binds the id to the node
 (Flower's node id; with node authentication, the node of one registered public key) and holds it to that:
   - `client-registry` names a JSON file {client-id: node-id} written by `fedbayes pki register --client-id`:
-    then an id is accepted only from its registered node (re-read every round, so new registrations count).
+    then an id is accepted only from its registered node (re-read at the start of every round, so new
+    registrations count).
   - otherwise an id is bound to the first node that presents it in an accepted reply, for the life of the
     federation (checkpointed). With `client-identity = "reconnect"` (insecure federations, where a restarted
     SuperNode gets a new node id) it may move to a new node once its old node has left the federation.
@@ -56,21 +57,20 @@ class ClientIdentities:
             self._registry = read_registry(self.registry_path)  # unusable at start: refuse to start
             self._registry_mtime = os.stat(self.registry_path).st_mtime
 
-    def registry(self) -> dict[str, int]:
-        """The registry as the operator last wrote it; a broken rewrite mid-run keeps the last good one."""
+    def refresh_registry(self) -> None:
+        """Re-read the registry if the operator rewrote it (once a round); a broken rewrite keeps the last good one."""
         if not self.registry_path:
-            return {}
+            return
         try:
             mtime = os.stat(self.registry_path).st_mtime
             if mtime != self._registry_mtime:
                 self._registry, self._registry_mtime = read_registry(self.registry_path), mtime
         except (OSError, ConfigError) as error:
             log(ERROR, "client registry %s: %s; keeping the registry read before", self.registry_path, error)
-        return self._registry
 
     def client_of(self, node: int) -> str | None:
         bound = [client for client, bound_node in self.node_of_client.items() if bound_node == node]
-        registered = [client for client, registered_node in self.registry().items() if registered_node == node]
+        registered = [client for client, registered_node in self._registry.items() if registered_node == node]
         return (bound or registered or [None])[0]
 
     def check(self, node: int, client: str, connected: Iterable[int], claimed: Mapping[str, int]) -> None:
@@ -87,7 +87,7 @@ class ClientIdentities:
             raise PayloadError(f"field 'header.client_id': node {node} is client {own!r}; it may not "
                                f"speak as {client!r}")
         if self.registry_path:
-            registered = self.registry().get(client)
+            registered = self._registry.get(client)
             if registered is None:
                 raise PayloadError(f"field 'header.client_id': client id {client!r} is not in the client registry")
             if registered != node:

@@ -103,6 +103,8 @@ class WireStrategy(Strategy):
 
     # ---- configure_train --------------------------------------------------------------------------------
     def connected_nodes(self, grid: Grid) -> list[int]:
+        """The nodes connected as this round starts; also when the operator's client registry is re-read."""
+        self.identities.refresh_registry()
         self.connected = sorted(grid.get_node_ids())
         return self.connected
 
