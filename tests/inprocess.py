@@ -51,11 +51,11 @@ class InProcessFederation:
         initial = get_parameters(build_model("logreg", (1, 1, 5), 2))
         self.arrays = ArrayRecord({name: Array(value) for name, value in initial.items()})
 
-    def round(self, server_round: int, nodes: list[int]) -> list[int]:
-        """One round with `nodes` connected; returns the nodes the server sent work to."""
+    def round(self, server_round: int, nodes: list[int], return_metrics: bool = False):
+        """One round with `nodes` connected; returns the nodes the server sent work to (or the round's metrics)."""
         messages = list(self.server.configure_train(server_round, self.arrays, None, FakeGrid(nodes)))
         replies = [reply_message(self.client_update(m.content, self.runtimes[m.metadata.dst_node_id]),
                                  m.metadata.dst_node_id) for m in messages]
-        arrays, _ = self.server.aggregate_train(server_round, replies)
+        arrays, metrics = self.server.aggregate_train(server_round, replies)
         self.arrays = arrays if arrays is not None else self.arrays
-        return [m.metadata.dst_node_id for m in messages]
+        return metrics if return_metrics else [m.metadata.dst_node_id for m in messages]
