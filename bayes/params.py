@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from protos.codec import TensorLayout, Tensors
+from fedbayes.protos.codec import TensorLayout, Tensors
 
 
 def parameter_layout(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

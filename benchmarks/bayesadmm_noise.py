@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flwr.app import Array, ArrayRecord  # noqa: E402
 
-from bayes.metrics import predict_probs  # noqa: E402
-from bayes.params import get_parameters, set_parameters  # noqa: E402
-from client.runtime import ClientRuntime, NodeSettings  # noqa: E402
+from fedbayes.bayes.metrics import predict_probs  # noqa: E402
+from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
+from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
 from reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from strategies.bayesadmm import BayesADMM, client_update  # noqa: E402
-from tasks.config import RunSettings, pyproject_run_config  # noqa: E402
-from tasks.datasets import load_dataset  # noqa: E402
+from fedbayes.strategies.bayesadmm import BayesADMM, client_update  # noqa: E402
+from fedbayes.tasks.config import RunSettings, pyproject_run_config  # noqa: E402
+from fedbayes.tasks.datasets import load_dataset  # noqa: E402
 from tests.helpers import reply_message  # noqa: E402
 from tests.inprocess import FakeGrid  # noqa: E402
 

@@ -26,13 +26,13 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bayes.gaussian import Gaussian  # noqa: E402
-from bayes.params import flatten, get_parameters, unflatten  # noqa: E402
-from client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from protos import payloads_pb2 as pb  # noqa: E402
-from protos.codec import encode, new_header  # noqa: E402
-from strategies import get_algorithm  # noqa: E402
-from tasks.config import RunSettings, pyproject_run_config  # noqa: E402
+from fedbayes.bayes.gaussian import Gaussian  # noqa: E402
+from fedbayes.bayes.params import flatten, get_parameters, unflatten  # noqa: E402
+from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
+from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
+from fedbayes.protos.codec import encode, new_header  # noqa: E402
+from fedbayes.strategies import get_algorithm  # noqa: E402
+from fedbayes.tasks.config import RunSettings, pyproject_run_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client_cost.json"
 

@@ -34,15 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bayes.params import parameter_layout  # noqa: E402
+from fedbayes.bayes.params import parameter_layout  # noqa: E402
 from payload_codec import deflate_message, inflate_message, new_message  # noqa: E402
-from protos import payloads_pb2 as pb  # noqa: E402
-from protos.codec import decode, encode, new_header, payload_bytes  # noqa: E402
-from strategies.dsvgd import (  # noqa: E402
+from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
+from fedbayes.protos.codec import decode, encode, new_header, payload_bytes  # noqa: E402
+from fedbayes.strategies.dsvgd import (  # noqa: E402
     MinibatchLossGradient, SVGDSettings, distill, gaussian_prior_score, initial_particles, tilted_update,
 )
-from tasks.datasets import Dataset  # noqa: E402
-from tasks.models import build_model  # noqa: E402
+from fedbayes.tasks.datasets import Dataset  # noqa: E402
+from fedbayes.tasks.models import build_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd_cost.json"
 ROUND_STEPS = 200  # the paper's L = L'

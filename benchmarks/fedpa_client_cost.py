@@ -26,15 +26,15 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.nn.utils import parameters_to_vector  # noqa: E402
 
-from bayes.params import get_parameters  # noqa: E402
-from client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from client.training import train_epochs  # noqa: E402
-from protos import payloads_pb2 as pb  # noqa: E402
-from protos.codec import encode, new_header  # noqa: E402
-from strategies import get_algorithm  # noqa: E402
-from strategies.fedpa import IASG, ShrinkageDelta  # noqa: E402
-from tasks.config import RunSettings, pyproject_run_config  # noqa: E402
-from tasks.datasets import Dataset  # noqa: E402
+from fedbayes.bayes.params import get_parameters  # noqa: E402
+from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
+from fedbayes.client.training import train_epochs  # noqa: E402
+from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
+from fedbayes.protos.codec import encode, new_header  # noqa: E402
+from fedbayes.strategies import get_algorithm  # noqa: E402
+from fedbayes.strategies.fedpa import IASG, ShrinkageDelta  # noqa: E402
+from fedbayes.tasks.config import RunSettings, pyproject_run_config  # noqa: E402
+from fedbayes.tasks.datasets import Dataset  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fedpa_client_cost.json"
 EXAMPLES, BATCH, EPOCHS, SHRINKAGE, LR = 500, 5, 5, 0.01, 1e-3

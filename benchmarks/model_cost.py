@@ -79,13 +79,13 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
     from flwr.app import Array, ArrayRecord
     from flwr.supercore.task_identity import TaskIdentity
 
-    from bayes.params import get_parameters, parameter_layout
-    from client.runtime import ClientRuntime, NodeSettings
-    from strategies import get_algorithm
-    from tasks.compute import resolve_device
-    from tasks.config import RunSettings, pyproject_run_config
-    from tasks.datasets import load_dataset
-    from tasks.models import build_model
+    from fedbayes.bayes.params import get_parameters, parameter_layout
+    from fedbayes.client.runtime import ClientRuntime, NodeSettings
+    from fedbayes.strategies import get_algorithm
+    from fedbayes.tasks.compute import resolve_device
+    from fedbayes.tasks.config import RunSettings, pyproject_run_config
+    from fedbayes.tasks.datasets import load_dataset
+    from fedbayes.tasks.models import build_model
     from tests.helpers import reply_message
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # messages made outside a Flower run
@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--particles", type=int, default=4)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
-    from tasks.compute import configure_threads
+    from fedbayes.tasks.compute import configure_threads
 
     configure_threads()
     strategies = ["fedavg"] + [s for s in args.strategies.split(",") if s != "fedavg"]

@@ -18,9 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from deploy.launcher import LocalFederation
-from deploy.pki import init_pki, make_supernode_key
-from deploy.processes import ProcessGroup
+from fedbayes.deploy.launcher import LocalFederation
+from fedbayes.deploy.pki import init_pki, make_supernode_key
+from fedbayes.deploy.processes import ProcessGroup
 
 HERE = Path(__file__).resolve().parent
 ROLES = {"ServerApp": "flwr-serverapp", "SuperLink": "flower-superlink", "SuperNode": "flower-supernode",

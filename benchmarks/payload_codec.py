@@ -65,8 +65,8 @@ from flwr.supercore.inflatable.inflatable_utils import (  # noqa: E402
     validate_object_content,
 )
 
-from protos import payloads_pb2 as pb  # noqa: E402
-from protos.codec import decode, encode, new_header  # noqa: E402
+from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
+from fedbayes.protos.codec import decode, encode, new_header  # noqa: E402
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "payload_codec.json"
 BYTES_PER_MB = 1_000_000

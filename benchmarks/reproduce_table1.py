@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals  # noqa: E402
+from fedbayes.deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
 REPORT_ROUNDS = (10, 25, 50)

@@ -70,7 +70,7 @@ sys.path.insert(0, str(REPO))  # `python benchmarks/round_overhead.py` from a so
 for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
     os.environ.setdefault(_name, _value)
 
-from deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
+from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "round_overhead.json"
 BASELINE_POLL = 0.1  # the "d vs" column compares against this poll interval
@@ -108,8 +108,8 @@ import json, sys, tempfile, time
 started = time.perf_counter()
 import flwr.app, client.app
 imported = time.perf_counter()
-from client.runtime import ClientRuntime, NodeSettings
-from tasks.config import RunSettings, pyproject_run_config
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.tasks.config import RunSettings, pyproject_run_config
 config = pyproject_run_config("pyproject.toml")
 config.update(json.loads(sys.argv[1]))
 settings = RunSettings.from_run_config(config)

@@ -14,11 +14,11 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
-from client.runtime import ClientRuntime, NodeSettings
-from protos.codec import TIMINGS_KEY, check_payload_size
-from strategies import get_algorithm
-from tasks.compute import configure_threads
-from tasks.config import RunSettings
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size
+from fedbayes.strategies import get_algorithm
+from fedbayes.tasks.compute import configure_threads
+from fedbayes.tasks.config import RunSettings
 
 app = ClientApp()
 

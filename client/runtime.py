@@ -16,15 +16,15 @@ import torch
 
 from flwr.common import log
 
-from bayes.params import parameter_layout
-from client.state import ClientState, ClientStateStore, StateLostError
-from protos import payloads_pb2 as pb
-from protos.codec import TensorLayout
-from tasks.compute import resolve_device
-from tasks.config import ConfigError, RunSettings, _is_safe_name
-from tasks.datasets import NUM_CLASSES, Dataset, load_dataset
-from tasks.models import build_model, parse_hidden
-from tasks.partitions import partition_dataset, read_split_file
+from fedbayes.bayes.params import parameter_layout
+from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import TensorLayout
+from fedbayes.tasks.compute import resolve_device
+from fedbayes.tasks.config import ConfigError, RunSettings, _is_safe_name
+from fedbayes.tasks.datasets import NUM_CLASSES, Dataset, load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.partitions import partition_dataset, read_split_file
 
 DEFAULT_STATE_DIR = Path(os.environ.get("FEDBAYES_STATE_DIR", Path.home() / ".fedbayes" / "state"))
 

@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors
 
-from tasks.storage import write_atomically
+from fedbayes.tasks.storage import write_atomically
 
 MAX_UNCONFIRMED = 4  # states after the accepted round kept for the server to accept (or roll back past)
 _STATE_FILE = re.compile(r"round-(\d+)\.safetensors")

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from protos import payloads_pb2 as pb
-from tasks.datasets import Dataset
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.tasks.datasets import Dataset
 
 if TYPE_CHECKING:
-    from client.runtime import ClientRuntime
+    from fedbayes.client.runtime import ClientRuntime
 
 ExtraLoss = Callable[[torch.nn.Module], torch.Tensor]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss

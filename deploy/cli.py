@@ -29,18 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))
     _add_client(commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)"))
     if argv[:1] == ["run"]:  # every argument goes to `flwr run` as it is: argparse cannot pass options through
-        from deploy.flwr_run import main as flwr_run
+        from fedbayes.deploy.flwr_run import main as flwr_run
 
         command = functools.partial(flwr_run, argv[1:])
     elif argv[:1] == ["supernode"]:  # likewise to `flower-supernode`
-        from deploy.supernode import main as supernode
+        from fedbayes.deploy.supernode import main as supernode
 
         command = functools.partial(supernode, argv[1:])
     else:
         args = parser.parse_args(argv)
         args.argv = argv  # `fedbayes local` prints the command that resumes it
         command = functools.partial(args.handler, args)
-    from deploy.launcher import RunFailed, stop_processes_on_signals
+    from fedbayes.deploy.launcher import RunFailed, stop_processes_on_signals
 
     stop_processes_on_signals()
     try:
@@ -84,7 +84,7 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    from deploy.launcher import LocalRun, default_workdir, parse_override, run_local
+    from fedbayes.deploy.launcher import LocalRun, default_workdir, parse_override, run_local
 
     overrides = dict(parse_override(item) for item in args.set)
     if args.data_root:
@@ -123,21 +123,21 @@ def _without_workdir(argv: list[str]) -> list[str]:
 
 
 def _add_superexec(parser: argparse.ArgumentParser) -> None:
-    from deploy.warm_executor import add_arguments, run
+    from fedbayes.deploy.warm_executor import add_arguments, run
 
     add_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def _add_client(parser: argparse.ArgumentParser) -> None:
-    from deploy.client import add_arguments, run
+    from fedbayes.deploy.client import add_arguments, run
 
     add_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def _add_pki(parser: argparse.ArgumentParser) -> None:
-    from deploy.pki import add_arguments, run
+    from fedbayes.deploy.pki import add_arguments, run
 
     add_arguments(parser)
     parser.set_defaults(handler=run)
@@ -160,8 +160,8 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
 
 
 def _split(args: argparse.Namespace):
-    from tasks.datasets import load_dataset
-    from tasks.partitions import partition_dataset
+    from fedbayes.tasks.datasets import load_dataset
+    from fedbayes.tasks.partitions import partition_dataset
 
     train = load_dataset(args.dataset, train=True, data_root=args.data_root)
     labels = train.labels.numpy()
@@ -169,8 +169,8 @@ def _split(args: argparse.Namespace):
 
 
 def _print_partitions(args: argparse.Namespace) -> int:
-    from tasks.datasets import load_dataset
-    from tasks.partitions import describe_partitions, read_split_file, write_split_file
+    from fedbayes.tasks.datasets import load_dataset
+    from fedbayes.tasks.partitions import describe_partitions, read_split_file, write_split_file
 
     if args.split_file:
         train = load_dataset(args.dataset, train=True, data_root=args.data_root)

@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.fleet_probe import FleetTarget, ProbeError, check
-from deploy.processes import ManagedProcess, ProcessGroup, free_ports
-from tasks.config import _is_safe_name
+from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check
+from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
+from fedbayes.tasks.config import _is_safe_name
 
 DEFAULT_STATE_DIR = Path("/var/lib/fedbayes")
 # A SuperNode that died without signing off stays online at the SuperLink until two 30 s heartbeats lapse.
@@ -118,7 +118,7 @@ def wait_until_accepted(target: FleetTarget, timeout: float) -> int:
 
 def run_supernode(args: argparse.Namespace) -> int:
     """The SuperNode and its ClientApp executor until interrupted or until either exits; its exit code."""
-    from deploy.launcher import console_script, process_env
+    from fedbayes.deploy.launcher import console_script, process_env
 
     (runtime_port,) = free_ports(1)
     config = node_config(args.client_id, args.state_dir.resolve(), data_path=args.data.resolve())

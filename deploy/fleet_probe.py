@@ -32,7 +32,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
-from deploy.pki import certificate_names
+from fedbayes.deploy.pki import certificate_names
 
 CONNECT_TIMEOUT = 10.0
 RPC_TIMEOUT = 30.0

@@ -27,8 +27,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deploy.processes import free_ports, process_env, stop_processes_with_env
-from tasks.runlog import RUN_FAILED, failure_reason, new_federation
+from fedbayes.deploy.processes import free_ports, process_env, stop_processes_with_env
+from fedbayes.tasks.runlog import RUN_FAILED, failure_reason, new_federation
 
 MARKER_VARIABLE = "FEDBAYES_SUBMISSION"
 LOCAL_SUPERLINK_PORTS = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")  # Flower 1.39's names
@@ -36,7 +36,7 @@ LOCAL_SUPERLINK_PORTS = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTR
 # we rely on neither behaviour.
 RAY_FUTURE_WARNING = "ignore::FutureWarning:ray._private.worker"
 STOP_TIMEOUT = 30.0
-PATIENT_FLWR = [sys.executable, "-m", "deploy.patient_flwr"]  # `flwr`, waiting longer for its simulation SuperLink
+PATIENT_FLWR = [sys.executable, "-m", "fedbayes.deploy.patient_flwr"]  # `flwr`, waiting longer for its simulation SuperLink
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RUN_ID = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # default and --format json output
 

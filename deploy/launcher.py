@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.client import node_config, superexec_command, supernode_command
-from deploy.flwr_run import RunStatus, run_status
-from deploy.pki import TlsFiles, connection_config, register_supernode
-from deploy.processes import (
+from fedbayes.deploy.client import node_config, superexec_command, supernode_command
+from fedbayes.deploy.flwr_run import RunStatus, run_status
+from fedbayes.deploy.pki import TlsFiles, connection_config, register_supernode
+from fedbayes.deploy.processes import (
     ManagedProcess,
     ProcessGroup,
     command_line,
@@ -41,7 +41,7 @@ from deploy.processes import (
     kill_tree,
     process_env,
 )
-from tasks.runlog import RUN_FAILED, failure_reason
+from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "fedbayes-local"
@@ -122,8 +122,8 @@ def check_run_config(run_config: dict[str, Any], clients: int) -> None:
     """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
     federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
     checks against this machine (tasks.config.ConfigError, a ValueError, names the key)."""
-    from tasks.config import ConfigError, RunSettings, pyproject_run_config
-    from tasks.preflight import preflight
+    from fedbayes.tasks.config import ConfigError, RunSettings, pyproject_run_config
+    from fedbayes.tasks.preflight import preflight
 
     defaults = pyproject_run_config(APP_DIR / "pyproject.toml")
     unknown = sorted(set(run_config) - set(defaults))

@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from flwr.common.constant import PUBLIC_KEY_ALREADY_IN_USE_MESSAGE
 
-from tasks.config import _is_safe_name
+from fedbayes.tasks.config import _is_safe_name
 
 DEFAULT_SERVER_NAMES = ("superlink", "localhost")
 DEFAULT_SERVER_IPS = ("127.0.0.1",)
@@ -155,7 +155,7 @@ def _node_id_of_registered_key(
     public_key: Path, connection: str, env: Mapping[str, str], command_prefix: Iterable[str], timeout: float
 ) -> int:
     result = subprocess.run(
-        [*command_prefix, sys.executable, "-m", "deploy.control", "node-id", connection, str(public_key)],
+        [*command_prefix, sys.executable, "-m", "fedbayes.deploy.control", "node-id", connection, str(public_key)],
         env=dict(env), capture_output=True, text=True, timeout=timeout,
     )
     if result.returncode != 0:
@@ -372,7 +372,7 @@ def _connection(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace) -> int:
-    from deploy.launcher import console_script  # deploy.launcher imports this module
+    from fedbayes.deploy.launcher import console_script  # deploy.launcher imports this module
 
     client_ids = _client_ids_for_keys(args)
     flwr = console_script("flwr")

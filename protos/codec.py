@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message as ProtoMessage
 
-from protos import payloads_pb2 as pb
+from fedbayes.protos import payloads_pb2 as pb
 
 ENVELOPE_KEY = "fedbayes"
 TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client's phase seconds (measurement only)

@@ -18,17 +18,17 @@ from flwr.app import Array, ArrayRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from bayes.metrics import classification_metrics, predict_probs
-from bayes.params import get_parameters, parameter_layout, set_parameters
-from server.checkpoint import CheckpointStore
-from server.loop import LoopSettings, run_rounds
-from strategies import get_algorithm
-from tasks.compute import configure_threads, resolve_device
-from tasks.config import RunSettings
-from tasks.datasets import load_dataset
-from tasks.models import build_model, parse_hidden
-from tasks.preflight import preflight
-from tasks.runlog import new_federation_line, run_failed_line
+from fedbayes.bayes.metrics import classification_metrics, predict_probs
+from fedbayes.bayes.params import get_parameters, parameter_layout, set_parameters
+from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.strategies import get_algorithm
+from fedbayes.tasks.compute import configure_threads, resolve_device
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.preflight import preflight
+from fedbayes.tasks.runlog import new_federation_line, run_failed_line
 
 app = ServerApp()
 DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.home() / ".fedbayes" / "server"))

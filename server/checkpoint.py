@@ -20,8 +20,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
-from strategies.base import ServerState
-from tasks.storage import write_atomically
+from fedbayes.strategies.base import ServerState
+from fedbayes.tasks.storage import write_atomically
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
 FORMAT_VERSION = "2"  # 2: the strategy state holds bound client ids and accepted rounds

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from flwr.common import log
 
-from protos.codec import PayloadError
-from tasks.config import ConfigError, _is_safe_name
+from fedbayes.protos.codec import PayloadError
+from fedbayes.tasks.config import ConfigError, _is_safe_name
 
 MAX_CLIENT_ID_LENGTH = 128
 

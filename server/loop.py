@@ -23,9 +23,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from protos.codec import check_payload_size, reply_timings
-from server.checkpoint import Checkpoint, CheckpointStore
-from strategies.base import WIRE_STATE_KEY, RoundReport, ServerState, WireStrategy
+from fedbayes.protos.codec import check_payload_size, reply_timings
+from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.strategies.base import WIRE_STATE_KEY, RoundReport, ServerState, WireStrategy
 
 Evaluate = Callable[[ArrayRecord, int], dict[str, float]]  # (global arrays, round) -> metrics
 

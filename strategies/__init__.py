@@ -14,8 +14,8 @@ from importlib.metadata import entry_points
 
 from flwr.app import RecordDict
 
-from protos.codec import TensorLayout
-from tasks.config import ConfigError, RunSettings
+from fedbayes.protos.codec import TensorLayout
+from fedbayes.tasks.config import ConfigError, RunSettings
 
 ENTRY_POINT_GROUP = "fedbayes.strategies"
 
@@ -30,7 +30,7 @@ class Algorithm:
 
 
 def _builtin() -> dict[str, Algorithm]:
-    from strategies import bayesadmm, dsvgd, fedavg, feddyn, fedlap, fedpa
+    from fedbayes.strategies import bayesadmm, dsvgd, fedavg, feddyn, fedlap, fedpa
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
@@ -63,7 +63,7 @@ def load_algorithm(reference: str) -> Algorithm:
                           "importable on the server and on every client, e.g. on PYTHONPATH)") from None
     if not isinstance(found, Algorithm):
         raise ConfigError(f"run config 'strategy': {reference!r} is {found!r}, not a "
-                          "strategies.Algorithm(server, client_update)")
+                          "fedbayes.strategies.Algorithm(server, client_update)")
     return found
 
 

@@ -18,12 +18,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
 
-from protos import payloads_pb2 as pb
-from protos.codec import (
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import (
     Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, with_envelope,
 )
-from server.identity import ClientIdentities
-from tasks.config import RunSettings
+from fedbayes.server.identity import ClientIdentities
+from fedbayes.tasks.config import RunSettings
 
 M = TypeVar("M", bound=ProtoMessage)
 WIRE_STATE_KEY = "fedbayes/wire"  # the base's part of a checkpoint's strategy metadata

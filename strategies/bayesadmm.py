@@ -42,16 +42,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from bayes.gaussian import Gaussian, scaled_identity, solve
-from bayes.ivon import IVONWithPrior
-from bayes.params import flatten, unflatten
-from client.runtime import ClientRuntime
-from client.state import ClientState
-from client.training import make_optimizer, train_epochs
-from protos import payloads_pb2 as pb
-from protos.codec import Payload, PayloadError, TensorLayout, Tensors, decode, encode, new_header
-from strategies.base import ServerState, WireStrategy, local_training, round_metrics
-from tasks.config import ConfigError, RunSettings
+from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
+from fedbayes.bayes.ivon import IVONWithPrior
+from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.state import ClientState
+from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, Tensors, decode, encode, new_header
+from fedbayes.strategies.base import ServerState, WireStrategy, local_training, round_metrics
+from fedbayes.tasks.config import ConfigError, RunSettings
 
 DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
 FAMILIES = {"bayesadmm": "diagonal", "fedadmm": "isotropic", "bayesadmm-full": "full"}  # strategy -> family

@@ -55,15 +55,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from bayes.kernels import AdaGradMomentum, grad_log_kde, svgd
-from bayes.params import unflatten
-from client.runtime import ClientRuntime
-from client.state import ClientState
-from protos import payloads_pb2 as pb
-from protos.codec import Payload, TensorLayout, decode, encode, new_header
-from strategies.base import ServerState, WireStrategy, round_metrics, sample_nodes
-from tasks.config import RunSettings
-from tasks.datasets import Dataset
+from fedbayes.bayes.kernels import AdaGradMomentum, grad_log_kde, svgd
+from fedbayes.bayes.params import unflatten
+from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.state import ClientState
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import Payload, TensorLayout, decode, encode, new_header
+from fedbayes.strategies.base import ServerState, WireStrategy, round_metrics, sample_nodes
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.datasets import Dataset
 
 Score = Callable[[torch.Tensor], torch.Tensor]  # (N, P) particles -> (N, P) gradients
 

@@ -15,13 +15,13 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from bayes.params import flatten, get_parameters, set_parameters, unflatten, weighted_mean
-from client.runtime import ClientRuntime
-from client.training import make_optimizer, train_epochs
-from protos import payloads_pb2 as pb
-from protos.codec import TensorLayout, decode, encode, new_header
-from strategies.base import WireStrategy, local_training, round_metrics
-from tasks.config import RunSettings
+from fedbayes.bayes.params import flatten, get_parameters, set_parameters, unflatten, weighted_mean
+from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import TensorLayout, decode, encode, new_header
+from fedbayes.strategies.base import WireStrategy, local_training, round_metrics
+from fedbayes.tasks.config import RunSettings
 
 
 class FedAvg(WireStrategy):

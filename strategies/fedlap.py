@@ -40,17 +40,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from bayes.curvature import diag_ggn
-from bayes.params import flatten, unflatten
-from client.runtime import ClientRuntime
-from client.state import ClientState
-from client.training import train_anchored
-from protos import payloads_pb2 as pb
-from protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
-from strategies.base import (
+from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.state import ClientState
+from fedbayes.client.training import train_anchored
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
+from fedbayes.strategies.base import (
     Membership, ServerState, WireStrategy, client_population, local_training, round_metrics,
 )
-from tasks.config import RunSettings
+from fedbayes.tasks.config import RunSettings
 
 COVARIANCE = {"fedlap": False, "fedlap-cov": True}  # strategy name -> learns a diagonal curvature
 

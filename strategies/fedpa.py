@@ -38,15 +38,15 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from torch.nn.utils import parameters_to_vector
 
-from bayes.params import flatten, set_parameters, unflatten
-from client.runtime import ClientRuntime
-from client.training import Loss, make_optimizer, train_epochs
-from protos import payloads_pb2 as pb
-from protos.codec import TensorLayout, decode, encode, new_header
-from strategies.base import ServerState, WireStrategy, local_training, round_metrics
-from strategies.fedavg import train_locally
-from tasks.config import RunSettings
-from tasks.datasets import Dataset
+from fedbayes.bayes.params import flatten, set_parameters, unflatten
+from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.training import Loss, make_optimizer, train_epochs
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import TensorLayout, decode, encode, new_header
+from fedbayes.strategies.base import ServerState, WireStrategy, local_training, round_metrics
+from fedbayes.strategies.fedavg import train_locally
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.datasets import Dataset
 
 SampleSink = Callable[[torch.Tensor], None]  # receives one flat posterior sample x_t
 

@@ -139,10 +139,10 @@ class RunSettings:
         return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
 
     def validate(self) -> None:
-        from tasks.compute import DEVICES
-        from tasks.datasets import DATASETS
-        from tasks.models import ACTIVATIONS, MODELS
-        from tasks.partitions import SPLITS
+        from fedbayes.tasks.compute import DEVICES
+        from fedbayes.tasks.datasets import DATASETS
+        from fedbayes.tasks.models import ACTIVATIONS, MODELS
+        from fedbayes.tasks.partitions import SPLITS
 
         _choice("dataset", self.dataset, DATASETS)
         _choice("split", self.split, SPLITS)

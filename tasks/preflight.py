@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.config import ConfigError, RunSettings
+from fedbayes.tasks.config import ConfigError, RunSettings
 
 # Image shape of each dataset, to build its model without loading it.
 INPUT_SHAPES = {"fmnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
@@ -48,7 +48,7 @@ def check_dataset_files(settings: RunSettings) -> None:
                 "to a torchvision dataset folder (fedbayes local: --data-root DIR), with download=true to fetch "
                 "it there"
             )
-        from tasks.datasets import DEBIAN_FMNIST_DIR
+        from fedbayes.tasks.datasets import DEBIAN_FMNIST_DIR
 
         missing = [name for name in _DEBIAN_FMNIST_FILES if not (DEBIAN_FMNIST_DIR / name).is_file()]
         if missing:
@@ -81,10 +81,10 @@ def check_device(device: str) -> None:
 
 def check_model_and_strategy(settings: RunSettings) -> None:
     """The model the settings describe builds, and the strategy accepts it (e.g. bayesadmm-full's size cap)."""
-    from bayes.params import parameter_layout
-    from strategies import get_algorithm
-    from tasks.datasets import NUM_CLASSES
-    from tasks.models import build_model, parse_hidden
+    from fedbayes.bayes.params import parameter_layout
+    from fedbayes.strategies import get_algorithm
+    from fedbayes.tasks.datasets import NUM_CLASSES
+    from fedbayes.tasks.models import build_model, parse_hidden
 
     try:
         hidden = parse_hidden(settings.hidden)

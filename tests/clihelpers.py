@@ -34,14 +34,14 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def fedbayes(args: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> Finished:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "deploy.cli", *args], cwd=ROOT, env=env or cli_env(),
+    result = subprocess.run([sys.executable, "-m", "fedbayes.deploy.cli", *args], cwd=ROOT, env=env or cli_env(),
                             capture_output=True, text=True, timeout=timeout)
     return Finished(result.returncode, result.stdout, result.stderr, time.monotonic() - started)
 
 
 def start_fedbayes(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     """`fedbayes ARGS` in the background, its stdout (stderr folded in) readable line by line."""
-    return subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], cwd=ROOT, env=env or cli_env(),
+    return subprocess.Popen([sys.executable, "-m", "fedbayes.deploy.cli", *args], cwd=ROOT, env=env or cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -12,9 +12,9 @@ import numpy as np
 from flwr.app import Metadata, RecordDict
 from flwr.app.message.message import make_message
 
-from deploy.launcher import LocalFederation
-from protos import payloads_pb2 as pb
-from protos.codec import encode, new_header
+from fedbayes.deploy.launcher import LocalFederation
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import encode, new_header
 
 LAYOUT = {"fc.weight": (3, 4), "fc.bias": (3,)}
 

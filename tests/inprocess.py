@@ -8,12 +8,12 @@ import torch
 
 from flwr.app import Array, ArrayRecord
 
-from bayes.params import get_parameters, parameter_layout
-from client.runtime import ClientRuntime, NodeSettings
-from strategies import get_algorithm
-from tasks.config import RunSettings
-from tasks.datasets import Dataset
-from tasks.models import build_model
+from fedbayes.bayes.params import get_parameters, parameter_layout
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.strategies import get_algorithm
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.datasets import Dataset
+from fedbayes.tasks.models import build_model
 from tests.helpers import reply_message
 from tests.test_config import DEFAULTS
 

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from deploy.launcher import Host
+from fedbayes.deploy.launcher import Host
 
 
 def require_root_networking() -> None:

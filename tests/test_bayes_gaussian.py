@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bayes.gaussian import Gaussian, scaled_identity, solve
+from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
 
 
 

@@ -4,7 +4,7 @@ import ivon
 import pytest
 import torch
 
-from bayes.ivon import IVONWithPrior
+from fedbayes.bayes.ivon import IVONWithPrior
 
 
 def run_quadratic(optimizer, theta, curvature, target, steps):

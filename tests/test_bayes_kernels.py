@@ -5,7 +5,7 @@ import math
 import numpy as np
 import torch
 
-from bayes.kernels import AdaGradMomentum, grad_log_kde, log_kde, rbf_kernel, svgd, svgd_direction
+from fedbayes.bayes.kernels import AdaGradMomentum, grad_log_kde, log_kde, rbf_kernel, svgd, svgd_direction
 
 
 def test_median_heuristic_matches_numpy_over_all_squared_distances():

@@ -3,12 +3,12 @@
 import numpy as np
 import torch
 
-from bayes.params import flatten, get_parameters, unflatten
-from client.runtime import ClientRuntime, NodeSettings
-from protos import payloads_pb2 as pb
-from protos.codec import decode, encode, new_header
-from strategies import get_algorithm
-from tasks.config import RunSettings
+from fedbayes.bayes.params import flatten, get_parameters, unflatten
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header
+from fedbayes.strategies import get_algorithm
+from fedbayes.tasks.config import RunSettings
 from tests.test_config import DEFAULTS
 
 GROUPS = ("local_mean", "local_precision", "dual_mean", "dual_precision")

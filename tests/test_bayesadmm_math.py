@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from bayes.gaussian import Gaussian
-from strategies.bayesadmm import Duals, dual_step, newton_client_step, server_step
+from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.strategies.bayesadmm import Duals, dual_step, newton_client_step, server_step
 
 DTYPE = torch.float64
 

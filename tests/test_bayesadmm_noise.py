@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-import strategies.bayesadmm as bayesadmm
-from bayes.params import flatten, get_parameters, unflatten
-from client.runtime import ClientRuntime, NodeSettings
-from protos import payloads_pb2 as pb
-from protos.codec import decode, encode, new_header
-from tasks.config import ConfigError, RunSettings
+import fedbayes.strategies.bayesadmm as bayesadmm
+from fedbayes.bayes.params import flatten, get_parameters, unflatten
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header
+from fedbayes.tasks.config import ConfigError, RunSettings
 from tests.test_config import DEFAULTS
 
 GROUPS = ("local_mean", "local_precision", "dual_mean", "dual_precision")

@@ -7,11 +7,11 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 
-from bayes.gaussian import Gaussian
-from protos import payloads_pb2 as pb
-from protos.codec import encode, new_header
-from strategies.bayesadmm import BayesADMM, Duals, dual_step, server_step
-from tasks.config import RunSettings
+from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import encode, new_header
+from fedbayes.strategies.bayesadmm import BayesADMM, Duals, dual_step, server_step
+from fedbayes.tasks.config import RunSettings
 from tests.helpers import reply_message
 from tests.test_config import DEFAULTS
 
@@ -135,10 +135,10 @@ def test_a_restored_server_continues_exactly_like_the_original():
     ({"model": "logreg", "pool": 1}, "pool=4"),  # 7850 parameters: a 7850 x 7850 precision per message
 ])
 def test_full_covariance_refuses_models_it_cannot_carry(overrides, problem):
-    from strategies import get_algorithm
-    from tasks.config import ConfigError
-    from tasks.models import build_model
-    from bayes.params import parameter_layout
+    from fedbayes.strategies import get_algorithm
+    from fedbayes.tasks.config import ConfigError
+    from fedbayes.tasks.models import build_model
+    from fedbayes.bayes.params import parameter_layout
 
     settings = RunSettings.from_run_config({**DEFAULTS, "strategy": "bayesadmm-full", **overrides})
     model = build_model(settings.model, (1, 28, 28), 10, pool=settings.pool)

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from server.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from server.loop import ResultsLog
-from strategies.base import ServerState
+from fedbayes.server.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from fedbayes.server.loop import ResultsLog
+from fedbayes.strategies.base import ServerState
 from tests.test_config import DEFAULTS
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.datasets import DatasetNotFoundError, load_dataset
-from tasks.models import build_model
+from fedbayes.tasks.datasets import DatasetNotFoundError, load_dataset
+from fedbayes.tasks.models import build_model
 
 LAYOUTS = {  # torchvision's folder, files and label key of each dataset
     "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "labels",

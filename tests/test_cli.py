@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deploy.cli import _without_workdir
+from fedbayes.deploy.cli import _without_workdir
 from tests.clihelpers import fedbayes
 
 LOCAL = ["local", "--strategy", "fedavg", "--clients", "2", "--rounds", "1"]

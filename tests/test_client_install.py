@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.cli import main as fedbayes
-from deploy.launcher import LocalFederation
-from deploy.pki import init_pki, make_supernode_key
+from fedbayes.deploy.cli import main as fedbayes
+from fedbayes.deploy.launcher import LocalFederation
+from fedbayes.deploy.pki import init_pki, make_supernode_key
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from protos import payloads_pb2 as pb
-from protos.codec import ENVELOPE_KEY, PayloadError, decode, encode, new_header, tensor_group_fields
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import ENVELOPE_KEY, PayloadError, decode, encode, new_header, tensor_group_fields
 from tests.helpers import LAYOUT, fedavg_reply, weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_generated_code_is_current(tmp_path):
 
 
 def test_payload_size_is_tensor_bytes_plus_envelope():
-    from protos.codec import check_payload_size, payload_bytes
+    from fedbayes.protos.codec import check_payload_size, payload_bytes
 
     content = fedavg_reply()
     envelope = len(content.config_records["fedbayes"]["message"])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from protos import payloads_pb2 as pb
-from protos.codec import ENVELOPE_KEY, PayloadError, decode, encode, new_header
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import ENVELOPE_KEY, PayloadError, decode, encode, new_header
 
 MUTATIONS = 6_000
 LAYOUT = {"fc.weight": (3, 4), "fc.bias": (3,)}

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from client.runtime import NodeSettings
-from deploy.launcher import LocalRun, run_local
-from tasks.config import ConfigError, RunSettings, pyproject_run_config
+from fedbayes.client.runtime import NodeSettings
+from fedbayes.deploy.launcher import LocalRun, run_local
+from fedbayes.tasks.config import ConfigError, RunSettings, pyproject_run_config
 
 # The tests' in-process payloads name the federation "fed"; a real run's ServerApp names it (or the user does).
 DEFAULTS = {**pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml"), "federation": "fed"}
@@ -61,7 +61,7 @@ def test_node_settings():
 
 
 def test_set_overrides_are_typed_and_accept_underscores():
-    from deploy.launcher import parse_override
+    from fedbayes.deploy.launcher import parse_override
 
     assert parse_override("proximal_mu=0.1") == ("proximal-mu", 0.1)
     assert parse_override("local-epochs=5") == ("local-epochs", 5)

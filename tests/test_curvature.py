@@ -3,9 +3,9 @@ the diagonal of Jᵀ(diag p − ppᵀ)J built from full Jacobians."""
 
 import torch
 
-from bayes import curvature
-from bayes.curvature import diag_ggn
-from tasks.models import FilterResponseNorm2d, build_model
+from fedbayes.bayes import curvature
+from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.tasks.models import FilterResponseNorm2d, build_model
 
 
 def test_softmax_regression_diag_ggn_is_p_one_minus_p_times_x_squared():

@@ -9,12 +9,12 @@ import warnings
 import pytest
 import torch
 
-from bayes.ivon import IVONWithPrior
-from client.training import make_optimizer, train_epochs
-from protos import payloads_pb2 as pb
-from tasks.compute import resolve_device
-from tasks.datasets import Dataset
-from tasks.models import build_model
+from fedbayes.bayes.ivon import IVONWithPrior
+from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.tasks.compute import resolve_device
+from fedbayes.tasks.datasets import Dataset
+from fedbayes.tasks.models import build_model
 
 NO_GPU = "no CUDA GPU on this machine (CI has none): the cuda path is checked only where a GPU is present"
 

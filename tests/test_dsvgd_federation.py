@@ -7,12 +7,12 @@ import logging
 import numpy as np
 import torch
 
-from client.runtime import ClientRuntime, NodeSettings
-from protos import payloads_pb2 as pb
-from protos.codec import ENVELOPE_KEY, decode
-from strategies import get_algorithm
-from strategies.dsvgd import initial_particles
-from tasks.config import RunSettings
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import ENVELOPE_KEY, decode
+from fedbayes.strategies import get_algorithm
+from fedbayes.strategies.dsvgd import initial_particles
+from fedbayes.tasks.config import RunSettings
 from tests.helpers import reply_message
 from tests.test_config import DEFAULTS
 

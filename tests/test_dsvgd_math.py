@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from strategies.dsvgd import SVGDSettings, agent_round, gaussian_prior_score, server_distillation
+from fedbayes.strategies.dsvgd import SVGDSettings, agent_round, gaussian_prior_score, server_distillation
 
 SETTINGS = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.55, lr=0.05, distill_lr=0.05)
 

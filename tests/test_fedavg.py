@@ -5,13 +5,13 @@ import pytest
 import torch
 from flwr.app import Error
 
-from bayes.params import get_parameters, parameter_layout
-from client.runtime import ClientRuntime, NodeSettings
-from protos import payloads_pb2 as pb
-from protos.codec import decode, encode, new_header
-from strategies import get_algorithm
-from strategies.fedavg import FedAvg, _proximal_term
-from tasks.config import RunSettings
+from fedbayes.bayes.params import get_parameters, parameter_layout
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header
+from fedbayes.strategies import get_algorithm
+from fedbayes.strategies.fedavg import FedAvg, _proximal_term
+from fedbayes.tasks.config import RunSettings
 from tests.helpers import LAYOUT, fedavg_reply, reply_message
 from tests.test_config import DEFAULTS
 

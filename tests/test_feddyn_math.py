@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.feddyn import client_alpha, lambda_step, server_step
+from fedbayes.strategies.feddyn import client_alpha, lambda_step, server_step
 from tests.convex import make_problem, relative_error
 
 

@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from bayes.params import flatten
-from strategies.feddyn import LAMBDA_KEY, FedDyn, as_sent
+from fedbayes.bayes.params import flatten
+from fedbayes.strategies.feddyn import LAMBDA_KEY, FedDyn, as_sent
 from tests.inprocess import InProcessFederation
 
 
@@ -50,7 +50,7 @@ def test_server_lambda_sum_equals_the_clients_lambdas_through_joins_partial_roun
 def test_each_client_uses_its_own_alpha_k(tmp_path, monkeypatch):
     """α_k = α·N/(K·N_k) from round 2 on (α in round 1, no sizes known); the reference code's bug gave every
     client the last client's α."""
-    import strategies.feddyn as feddyn
+    import fedbayes.strategies.feddyn as feddyn
 
     seen = {}
     original = feddyn.train_anchored

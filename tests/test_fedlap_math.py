@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.fedlap import Site, cavity, client_damping, global_from_sites, site_step
+from fedbayes.strategies.fedlap import Site, cavity, client_damping, global_from_sites, site_step
 from tests.convex import make_problem, relative_error
 
 

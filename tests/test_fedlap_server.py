@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 
-from bayes.params import flatten
-from strategies.fedlap import FedLap, global_from_sites
+from fedbayes.bayes.params import flatten
+from fedbayes.strategies.fedlap import FedLap, global_from_sites
 from tests.helpers import reply_message
 from tests.inprocess import FakeGrid, InProcessFederation
 

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from bayes.params import flatten, get_parameters
-from client.runtime import ClientRuntime, NodeSettings
-from protos import payloads_pb2 as pb
-from protos.codec import decode, encode, new_header
-from server.checkpoint import Checkpoint, CheckpointStore
-from strategies import get_algorithm
-from strategies.fedpa import FedPA
-from tasks.config import ConfigError, RunSettings
+from fedbayes.bayes.params import flatten, get_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header
+from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.strategies import get_algorithm
+from fedbayes.strategies.fedpa import FedPA
+from fedbayes.tasks.config import ConfigError, RunSettings
 from tests.helpers import LAYOUT, reply_message, weights
 from tests.test_bayesadmm_server import FakeGrid
 from tests.test_config import DEFAULTS

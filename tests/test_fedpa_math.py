@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.fedpa import IASG, ExactGaussianSampler, ServerOptimizer, ShrinkageDelta, weighted_mean_delta
-from tasks.config import RunSettings
-from tasks.datasets import Dataset
+from fedbayes.strategies.fedpa import IASG, ExactGaussianSampler, ServerOptimizer, ShrinkageDelta, weighted_mean_delta
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.datasets import Dataset
 from tests.test_config import DEFAULTS
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import flwr.cli.local_superlink
 import pytest
 
-from deploy.flwr_run import (
+from fedbayes.deploy.flwr_run import (
     LOCAL_SUPERLINK_PORTS,
     MARKER_VARIABLE,
     RAY_FUTURE_WARNING,
     flwr_run_arguments,
     submission_env,
 )
-from deploy.patient_flwr import PATIENCE
+from fedbayes.deploy.patient_flwr import PATIENCE
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launcher import LocalFederation
-from deploy.processes import processes_with_env
+from fedbayes.deploy.launcher import LocalFederation
+from fedbayes.deploy.processes import processes_with_env
 from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,7 @@ def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     results_path = tmp_path / "out.jsonl"  # left over from an earlier run: must not be read as this run's
     results_path.write_text("".join(json.dumps({"round": r, "stale": True}) + "\n" for r in range(1, 51)))
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "deploy.cli", "local", "--strategy", "fedavg", "--clients", "2", "--rounds", "50",
+        [sys.executable, "-m", "fedbayes.deploy.cli", "local", "--strategy", "fedavg", "--clients", "2", "--rounds", "50",
          "--fraction", "0.05", "--workdir", str(workdir), "--results", str(results_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

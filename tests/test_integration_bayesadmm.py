@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from client.state import ClientStateStore
-from deploy.launcher import LocalFederation
-from deploy.processes import processes_with_env
-from server.checkpoint import CheckpointStore
+from fedbayes.client.state import ClientStateStore
+from fedbayes.deploy.launcher import LocalFederation
+from fedbayes.deploy.processes import processes_with_env
+from fedbayes.server.checkpoint import CheckpointStore
 from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from client.state import ClientStateStore
-from deploy.processes import processes_with_env
+from fedbayes.client.state import ClientStateStore
+from fedbayes.deploy.processes import processes_with_env
 from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration

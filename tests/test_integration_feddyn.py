@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from client.state import ClientStateStore
-from server.checkpoint import CheckpointStore
-from strategies.feddyn import LAMBDA_KEY
+from fedbayes.client.state import ClientStateStore
+from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.strategies.feddyn import LAMBDA_KEY
 from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launcher import RunFailed
-from deploy.processes import command_line, processes_with_env
+from fedbayes.deploy.launcher import RunFailed
+from fedbayes.deploy.processes import command_line, processes_with_env
 from tests.clihelpers import ROOT, cli_env, fedbayes, is_table_row, read_until, start_fedbayes
 from tests.helpers import run_loopback
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from server.checkpoint import CheckpointStore
-from server.loop import LoopSettings, RunFailed, run_rounds
-from strategies.fedavg import FedAvg
+from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.server.loop import LoopSettings, RunFailed, run_rounds
+from fedbayes.strategies.fedavg import FedAvg
 from tests.helpers import LAYOUT, fedavg_reply, reply_message, weights
 from tests.test_fedavg import settings
 
@@ -87,7 +87,7 @@ def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on
         calls.append(1)
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr("strategies.fedavg.weighted_mean", broken_mean)
+    monkeypatch.setattr("fedbayes.strategies.fedavg.weighted_mean", broken_mean)
     strategy, arrays = run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0), rounds=2)
     assert len(calls) == 2 and strategy.accepted_rounds == {} and strategy.identities.node_of_client == {}
     assert (arrays["fc.bias"].numpy() == 0.0).all()
@@ -99,7 +99,7 @@ def test_each_row_says_where_the_round_went(tmp_path):
     a client's malformed timings are dropped, never an error."""
     from flwr.app import ConfigRecord
 
-    from protos.codec import TIMINGS_KEY
+    from fedbayes.protos.codec import TIMINGS_KEY
 
     def reply(server_round, node):
         content = fedavg_reply(f"client-{node}", server_round, value=1.0)

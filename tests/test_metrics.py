@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from bayes.metrics import classification_metrics, expected_calibration_error
+from fedbayes.bayes.metrics import classification_metrics, expected_calibration_error
 
 
 def test_metrics_match_hand_computation():

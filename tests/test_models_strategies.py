@@ -9,16 +9,16 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 
-from bayes.curvature import diag_ggn
-from bayes.metrics import predict_probs
-from bayes.params import get_parameters, parameter_layout
-from client.runtime import ClientRuntime, NodeSettings
-from client.training import make_optimizer, train_epochs
-from protos import payloads_pb2 as pb
-from strategies import get_algorithm
-from tasks.config import ConfigError, RunSettings
-from tasks.datasets import Dataset
-from tasks.models import CONV_MODELS, build_model
+from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.bayes.metrics import predict_probs
+from fedbayes.bayes.params import get_parameters, parameter_layout
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.strategies import get_algorithm
+from fedbayes.tasks.config import ConfigError, RunSettings
+from fedbayes.tasks.datasets import Dataset
+from fedbayes.tasks.models import CONV_MODELS, build_model
 from tests.helpers import reply_message
 from tests.inprocess import FakeGrid
 from tests.test_config import DEFAULTS
@@ -126,7 +126,7 @@ def test_dropout_is_on_in_local_training_and_off_in_curvature_and_evaluation():
 def test_dsvgd_particles_draw_independent_dropout_masks():
     """Loop 1's gradients run the model in train mode with one dropout mask per particle: two identical particles
     get different gradients (with dropout off, or one shared mask, they would be equal)."""
-    from strategies.dsvgd import MinibatchLossGradient
+    from fedbayes.strategies.dsvgd import MinibatchLossGradient
 
     data = image_data(8, 0)
     torch.manual_seed(0)
@@ -143,7 +143,7 @@ def test_dsvgd_particles_draw_independent_dropout_masks():
 def test_dsvgd_initial_particles_follow_the_layers(model):
     """Conv and Linear weights are drawn U(±1/√fan_in) per particle; normalisation scales start at 1 and shifts
     and thresholds at 0 in every particle."""
-    from strategies.dsvgd import initial_particles
+    from fedbayes.strategies.dsvgd import initial_particles
 
     layout = parameter_layout(build_model(model, SHAPE, CLASSES))
     particles = initial_particles(layout, 3, seed=0)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import strategies
-from strategies import get_algorithm
-from tasks.config import ConfigError, RunSettings
+from fedbayes import strategies
+from fedbayes.strategies import get_algorithm
+from fedbayes.tasks.config import ConfigError, RunSettings
 from tests.helpers import LAYOUT, fedavg_reply, reply_message, run_loopback
 from tests.test_config import DEFAULTS
 from tests.test_integration import with_pythonpath
@@ -43,7 +43,7 @@ def test_an_installed_strategy_is_found_by_its_entry_point_name(plugin_path, mon
 
 @pytest.mark.parametrize("reference, words", [
     ("no_such_module:X", "cannot load 'no_such_module:X'"),
-    ("strategies.fedavg:FedAvg", "FedAvg'>, not a strategies.Algorithm"),
+    ("fedbayes.strategies.fedavg:FedAvg", "FedAvg'>, not a fedbayes.strategies.Algorithm"),
     ("fedmedian", "must be one of fedavg"),
 ])
 def test_a_strategy_that_is_not_there_is_refused_naming_the_key(reference, words):

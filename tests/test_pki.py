@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.cli.supernode.register import try_load_public_key
 
-from deploy.cli import main as fedbayes
-from deploy.launcher import Host, LocalFederation
-from deploy.pki import (
+from fedbayes.deploy.cli import main as fedbayes
+from fedbayes.deploy.launcher import Host, LocalFederation
+from fedbayes.deploy.pki import (
     connection_config, forget_client, init_pki, make_supernode_key, read_client_registry, record_client,
     server_certificate_names,
 )

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torchvision.datasets
 
-from tasks.config import ConfigError, RunSettings, pyproject_run_config
-from tasks.preflight import TORCHVISION_FILES, check_dataset_files
-from tasks.runlog import failure_reason, new_federation, new_federation_line, run_failed_line
+from fedbayes.tasks.config import ConfigError, RunSettings, pyproject_run_config
+from fedbayes.tasks.preflight import TORCHVISION_FILES, check_dataset_files
+from fedbayes.tasks.runlog import failure_reason, new_federation, new_federation_line, run_failed_line
 
 DEFAULTS = pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml")
 

@@ -8,7 +8,7 @@ import sys
 import time
 import uuid
 
-from deploy.processes import descendants, processes_with_env, stop_processes_with_env
+from fedbayes.deploy.processes import descendants, processes_with_env, stop_processes_with_env
 
 VARIABLE = "FEDBAYES_TEST_MARKER"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]

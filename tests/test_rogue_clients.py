@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from protos.codec import ENVELOPE_KEY, with_envelope
+from fedbayes.protos.codec import ENVELOPE_KEY, with_envelope
 from tests.helpers import reply_message
 from tests.inprocess import FakeGrid, InProcessFederation
 
@@ -133,7 +133,7 @@ class RogueRound:
 
 
 def _reply_type(strategy):
-    from protos import payloads_pb2 as pb
+    from fedbayes.protos import payloads_pb2 as pb
 
     return {"fedavg": pb.FedAvgReply, "fedprox": pb.FedAvgReply, "feddyn": pb.FedDynReply, "fedlap": pb.FedLapReply,
             "fedlap-cov": pb.FedLapReply, "fedpa": pb.FedPAReply, "p-dsvgd": pb.PDSVGDReply,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.processes import command_line, processes_with_env
+from fedbayes.deploy.processes import command_line, processes_with_env
 from tests.clihelpers import ROOT, cli_env, fedbayes, read_until
 
 pytestmark = pytest.mark.integration

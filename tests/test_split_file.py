@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from client.runtime import NodeSettings, load_client_data
-from deploy.cli import main as fedbayes
-from tasks.config import ConfigError, RunSettings
-from tasks.datasets import load_dataset
-from tasks.partitions import partition_dataset, read_split_file, write_split_file
+from fedbayes.client.runtime import NodeSettings, load_client_data
+from fedbayes.deploy.cli import main as fedbayes
+from fedbayes.tasks.config import ConfigError, RunSettings
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.partitions import partition_dataset, read_split_file, write_split_file
 from tests.test_config import DEFAULTS
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from client.state import MAX_UNCONFIRMED, ClientState, ClientStateStore, StateCorruptError, StateLostError
+from fedbayes.client.state import MAX_UNCONFIRMED, ClientState, ClientStateStore, StateCorruptError, StateLostError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def test_corrupt_file_is_an_error_not_a_fresh_start(tmp_path):
 
 WRITER = """
 import sys, torch
-from client.state import ClientState, ClientStateStore
+from fedbayes.client.state import ClientState, ClientStateStore
 store = ClientStateStore(sys.argv[1], "fed", "client-0")
 version = 0
 print("ready", flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy import supernode
+from fedbayes.deploy import supernode
 
 
 def test_the_supernode_loop_polls_instead_of_sleeping_3_s(monkeypatch):

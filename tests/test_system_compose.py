@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.cli import main as fedbayes
-from deploy.pki import init_pki, make_supernode_key
-from deploy.processes import free_ports
-from tasks.datasets import DEBIAN_FMNIST_DIR
+from fedbayes.deploy.cli import main as fedbayes
+from fedbayes.deploy.pki import init_pki, make_supernode_key
+from fedbayes.deploy.processes import free_ports
+from fedbayes.tasks.datasets import DEBIAN_FMNIST_DIR
 
 pytestmark = [pytest.mark.integration, pytest.mark.compose]
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from client.state import ClientStateStore
-from deploy.cli import main as fedbayes
-from deploy.launcher import LocalFederation, console_script
-from deploy.pki import init_pki, list_supernodes, make_supernode_key
-from server.checkpoint import CheckpointStore
+from fedbayes.client.state import ClientStateStore
+from fedbayes.deploy.cli import main as fedbayes
+from fedbayes.deploy.launcher import LocalFederation, console_script
+from fedbayes.deploy.pki import init_pki, list_supernodes, make_supernode_key
+from fedbayes.server.checkpoint import CheckpointStore
 from tests.netns import NetnsLab
 
 pytestmark = pytest.mark.integration

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from client.state import ClientStateStore
-from deploy.launcher import LocalFederation
-from deploy.pki import init_pki, make_supernode_key
-from strategies.base import WIRE_STATE_KEY
+from fedbayes.client.state import ClientStateStore
+from fedbayes.deploy.launcher import LocalFederation
+from fedbayes.deploy.pki import init_pki, make_supernode_key
+from fedbayes.strategies.base import WIRE_STATE_KEY
 from tests.test_integration import processes_of, with_pythonpath
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks import datasets
-from tasks.datasets import DatasetNotFoundError, load_dataset
+from fedbayes.tasks import datasets
+from fedbayes.tasks.datasets import DatasetNotFoundError, load_dataset
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_model, parse_hidden
 
 
 def count_parameters(model: nn.Module) -> int:

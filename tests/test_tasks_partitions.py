@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tasks.partitions import (
+from fedbayes.tasks.partitions import (
     describe_partitions,
     partition_dataset,
     split_dirichlet,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.dsvgd import SVGDSettings, Visit, agent_round, gaussian_prior_score, unconstrained_tilted_update
+from fedbayes.strategies.dsvgd import SVGDSettings, Visit, agent_round, gaussian_prior_score, unconstrained_tilted_update
 from tests.test_dsvgd_federation import federation, run_round
 
 SETTINGS = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.55, lr=0.05, distill_lr=0.05)

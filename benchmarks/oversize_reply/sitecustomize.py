@@ -9,8 +9,8 @@ if sys.argv[1:2] == ["superexec"]:
     import numpy as np
     from flwr.app import Array, ArrayRecord
 
-    import protos.codec as codec
-    import strategies.fedavg as fedavg
+    import fedbayes.protos.codec as codec
+    import fedbayes.strategies.fedavg as fedavg
 
     def padded_encode(message, tensors):
         content = codec.encode(message, tensors)

@@ -10,8 +10,8 @@ import sys
 if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["superexec"]):
     import numpy as np
 
-    import strategies.fedavg as fedavg
-    from protos.codec import encode
+    import fedbayes.strategies.fedavg as fedavg
+    from fedbayes.protos.codec import encode
 
     def poisoned_encode(message, tensors):
         tensors = {group: {name: np.full_like(v, np.nan) for name, v in arrays.items()} for group, arrays in tensors.items()}

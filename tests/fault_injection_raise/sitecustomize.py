@@ -7,7 +7,7 @@ Like tests/fault_injection: it acts only in ClientApp processes (fresh `flwr-cli
 import sys
 
 if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["superexec"]):
-    import strategies.fedavg as fedavg
+    import fedbayes.strategies.fedavg as fedavg
 
     def failing_client_update(content, runtime):
         raise RuntimeError("injected fault: this client cannot train")

@@ -19,8 +19,8 @@ if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["su
     import numpy as np
     from flwr.app import Array, ArrayRecord
 
-    import strategies.bayesadmm as bayesadmm
-    from protos.codec import encode
+    import fedbayes.strategies.bayesadmm as bayesadmm
+    from fedbayes.protos.codec import encode
 
     attack = os.environ["FEDBAYES_ROGUE_ATTACK"]
 

@@ -14,7 +14,7 @@ import time
 if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["superexec"]):
     from pathlib import Path
 
-    from client.state import ClientStateStore
+    from fedbayes.client.state import ClientStateStore
 
     stall_rounds = {int(r) for r in os.environ["FEDBAYES_STALL_ROUNDS"].split(",")}
     release = os.environ.get("FEDBAYES_STALL_RELEASE")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from bayes.params import flatten, unflatten
-from protos import payloads_pb2 as pb
-from protos.codec import new_header
-from strategies import Algorithm
-from strategies.base import WireStrategy, local_training, round_metrics
-from strategies.fedavg import client_update
+from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import new_header
+from fedbayes.strategies import Algorithm
+from fedbayes.strategies.base import WireStrategy, local_training, round_metrics
+from fedbayes.strategies.fedavg import client_update
 
 
 class FedMedian(WireStrategy):
