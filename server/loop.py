@@ -143,11 +143,12 @@ class PhaseTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
-def median_client_phases(replies: list[Message]) -> dict[str, float]:
-    """Per phase, the median over this round's replies of the seconds each client reports (client/app.py)."""
+def client_phases(replies: list[Message], summary: Callable[[list[float]], float]) -> dict[str, float]:
+    """Per phase, `summary` (median, max) over this round's replies of the seconds each client reports
+    (client/app.py)."""
     reported = [reply_timings(reply.content) for reply in replies if not reply.has_error()]
     names = sorted({name for timings in reported for name in timings})
-    return {name: statistics.median(t[name] for t in reported if name in t) for name in names}
+    return {name: summary([t[name] for t in reported if name in t]) for name in names}
 
 
 def failure_reasons(report: RoundReport) -> str:
@@ -193,7 +194,7 @@ def run_rounds(
         for message in messages:  # too big for the clients' limit: every one of them would refuse it
             check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
         replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds)
-        client_phases = median_client_phases(replies)
+        client_median, client_max = client_phases(replies, statistics.median), client_phases(replies, max)
         with phases("aggregate"):
             new_arrays, train_metrics = aggregate(strategy, server_round, replies, silent)
         if new_arrays is None:
@@ -218,7 +219,8 @@ def run_rounds(
             # Where the round went (server side; the checkpoint is written after the row, so the row carries the
             # previous round's) and the clients' medians (setup, update = decode..encode, state-load/-save).
             "phase_seconds": {**phases.seconds, "previous_checkpoint": checkpoint_seconds},
-            "client_phase_seconds": client_phases,
+            "client_phase_seconds": client_median,
+            "client_phase_max": client_max,  # the slowest client's, per phase: its `update` bounds the round
         }
         results.write(record)
         checkpoint_started = time.perf_counter()

@@ -113,4 +113,5 @@ def test_each_row_says_where_the_round_went(tmp_path):
         assert {"wait_clients", "configure", "push", "first_reply", "last_reply", "aggregate", "evaluate"} <= set(phases)
         assert 0 <= phases["first_reply"] <= phases["last_reply"] <= row["round_seconds"]
         assert row["client_phase_seconds"] == {"setup": 0.75, "update": 2.0}  # medians; the NaN is dropped
+        assert row["client_phase_max"] == {"setup": 1.0, "update": 2.0}  # the slowest client's
     assert rows[0]["phase_seconds"]["previous_checkpoint"] is None and rows[1]["phase_seconds"]["previous_checkpoint"] > 0

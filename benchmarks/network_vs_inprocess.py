@@ -1,0 +1,264 @@
+"""Where a federated round's wall time goes: the network federation against the same rounds in one process.
+
+Two measurements, one table (issue 16's targets):
+
+  fedavg-3   FedAvg, 3 clients, FMNIST-10% (iid, the app's default MLP), `--fedavg-rounds` rounds through
+             `fedbayes local` (SuperLink + 3 SuperNodes + their warm executors, gRPC on 127.0.0.1).
+             overhead per round = round wall - the slowest client's local work that round.
+  bayesadmm  BayesADMM, 10 clients, FMNIST-10% homogeneous (iid; MLP 784-200-100-10 sigmoid, 10 local epochs,
+             batch 32, the iid preset of benchmarks/reproduce_table1.py), `--bayesadmm-rounds` rounds,
+             (1) through `fedbayes local` and (2) in this process, one thread: the same ServerApp code
+             (server/app.py's run_federation, server/loop.py's rounds, evaluation and checkpoints) driving an
+             in-process grid whose "push" runs every message through the same ClientApp function
+             (client/app.py's train) with each client's node config, one after the other. Same run config,
+             same code, no processes, no serialisation, no polling. ratio = network / in-process.
+             Both runs are deterministic: the table says whether their per-round metrics are identical.
+
+Definitions, per round r >= 2 (round 1 pays one-off start-up costs and is left out of every median):
+  wall_s      wall_seconds[r] - wall_seconds[r-1] from the results rows: everything, the checkpoint included
+  slowest_s   max over the round's clients of their `update` phase (decode, state, train, encode; the pure
+              training time is `client_compute_seconds`, the mean, also shown)
+  overhead_s  wall_s - slowest_s
+
+The phase breakdown lists the medians of the rows' `phase_seconds` (server: configure, push, first/last reply
+after the push, aggregate, evaluate, checkpoint) and `client_phase_seconds` (the clients' medians: setup =
+data + model, update, state-load/-save).
+
+Run:  python benchmarks/network_vs_inprocess.py [--fedavg-rounds 6 --bayesadmm-rounds 3 --label before]
+Writes benchmarks/results/network_vs_inprocess-<label>.json. The machine may be shared: the load average
+at the start and end is printed and saved; compare ratios from one run, not seconds across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `python benchmarks/network_vs_inprocess.py` from a source checkout
+
+for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"),
+                      ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")):
+    os.environ.setdefault(_name, _value)
+
+from flwr.app import Context, Message, RecordDict  # noqa: E402
+
+from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
+from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
+from fedbayes.tasks.config import pyproject_run_config  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+METRICS = ("accuracy", "nll", "ece", "accuracy_ensemble", "nll_ensemble", "ece_ensemble", "train_loss")
+BAYESADMM = {**COMMON, **PRESETS[("bayesadmm", "iid")]}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fedavg-rounds", type=int, default=6)
+    parser.add_argument("--bayesadmm-rounds", type=int, default=3)
+    parser.add_argument("--bayesadmm-clients", type=int, default=10)
+    parser.add_argument("--fraction", type=float, default=0.1)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra run-config key for every run (e.g. ensemble-samples=4)")
+    parser.add_argument("--label", default="run", help="names the output file: network_vs_inprocess-<label>.json")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["fedavg", "network", "inprocess"])
+    return parser.parse_args()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The in-process federation
+
+
+class InProcessGrid:
+    """What server/loop.py needs of Flower's Grid, with every client in this process: `push_messages` runs each
+    message through the ClientApp's train function at once, with that client's node config, and keeps the
+    reply for `pull_messages`."""
+
+    def __init__(self, run_config: dict[str, Any], clients: int, state_dir: Path) -> None:
+        from fedbayes.client.app import train
+
+        self.train = train
+        # Node ids as Flower might number them; partition and client id exactly as the launcher sets them.
+        self.contexts = {
+            1000 + index: Context(run_id=1, node_id=1000 + index, state=RecordDict(), run_config=run_config,
+                                  node_config={"client-id": f"client-{index}", "state-dir": str(state_dir),
+                                               "partition-id": index, "num-partitions": clients})
+            for index in range(clients)
+        }
+        self.replies: dict[str, Message] = {}
+        self.pushed = 0
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        ids = []
+        for message in messages:
+            self.pushed += 1
+            message_id = f"m{self.pushed}"
+            message.metadata.__dict__["_message_id"] = message_id  # what the SuperLink would assign
+            self.replies[message_id] = self.train(message, self.contexts[message.metadata.dst_node_id])
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: list[str]) -> list[Message]:
+        return [self.replies.pop(message_id) for message_id in message_ids if message_id in self.replies]
+
+
+def run_inprocess(run_config: dict[str, Any], clients: int, root: Path) -> list[dict[str, Any]]:
+    """The ServerApp's run_federation on an InProcessGrid; returns the results rows."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedbayes.server.app import run_federation
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told
+    config = {**pyproject_run_config(REPO / "pyproject.toml"), **run_config,
+              "server-state-dir": str(root / "server-state"), "results-path": str(root / "results.jsonl"),
+              "client-identity": "reconnect"}
+    run_federation(InProcessGrid(config, clients, root / "client-state"),
+                   Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    return [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines()]
+
+
+def run_network(strategy: str, clients: int, rounds: int, fraction: float, overrides: dict[str, Any],
+                root: Path) -> list[dict[str, Any]]:
+    spec = LocalRun(strategy=strategy, clients=clients, rounds=rounds, dataset="fmnist", fraction=fraction,
+                    split="iid", workdir=root / f"{strategy}-{clients}", overrides=overrides, quiet=True)
+    return run_local(spec)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-round numbers and the table
+
+
+def per_round(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """wall_s, slowest_s, overhead_s, compute_s of rounds 2..N (see the module docstring)."""
+    out = []
+    for previous, row in zip(rows, rows[1:]):
+        wall = row["wall_seconds"] - previous["wall_seconds"]
+        slowest = (row.get("client_phase_max") or {}).get("update")
+        out.append({"round": row["round"], "wall_s": wall, "slowest_s": slowest,
+                    "overhead_s": wall - slowest if slowest is not None else None,
+                    "compute_s": row.get("client_compute_seconds")})
+    return out
+
+
+def median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def phase_medians(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    steady = rows[1:] or rows
+    names = sorted({name for row in steady for name, value in (row.get(key) or {}).items() if value is not None})
+    return {name: median([(row.get(key) or {}).get(name) for row in steady]) for name in names}
+
+
+def summary(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rounds = per_round(rows)
+    return {
+        "name": name,
+        "rounds": len(rows),
+        **{f"median_{k}": median([r[k] for r in rounds]) for k in ("wall_s", "slowest_s", "overhead_s", "compute_s")},
+        "per_round": rounds,
+        "server_phases": phase_medians(rows, "phase_seconds"),
+        "client_phases": phase_medians(rows, "client_phase_seconds"),
+        "rows": rows,
+    }
+
+
+def same_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return len(a) == len(b) and all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in METRICS)
+
+
+def cell(value: float | None, width: int = 10, spec: str = ".2f") -> str:
+    return (f"{value:{spec}}" if value is not None else "-").rjust(width)
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    header = (f"{'run':<22} {'rounds':>6} {'wall_s':>10} {'slowest_s':>10} {'overhead_s':>10} {'compute_s':>10}"
+              "   (medians over rounds 2..N)")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append(f"{r['name']:<22} {r['rounds']:>6} {cell(r['median_wall_s'])} {cell(r['median_slowest_s'])}"
+                     f" {cell(r['median_overhead_s'])} {cell(r['median_compute_s'])}")
+    return "\n".join(lines)
+
+
+def format_phases(results: list[dict[str, Any]]) -> str:
+    lines = ["phase breakdown (medians over rounds 2..N, seconds):"]
+    for r in results:
+        server = " ".join(f"{k}={v:.3f}" for k, v in r["server_phases"].items())
+        client = " ".join(f"{k}={v:.3f}" for k, v in r["client_phases"].items())
+        lines += [f"  {r['name']}", f"    server: {server}", f"    client: {client}"]
+    return "\n".join(lines)
+
+
+def parse_sets(pairs: list[str]) -> dict[str, Any]:
+    from fedbayes.deploy.launcher import parse_override
+
+    return dict(parse_override(pair) for pair in pairs)
+
+
+def main() -> None:
+    args = parse_args()
+    stop_processes_on_signals()
+    load_start = os.getloadavg()
+    print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} on {os.cpu_count()} cores",
+          flush=True)
+    extra = parse_sets(args.set)
+    bayesadmm = {**BAYESADMM, **extra}
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fedbayes-net-vs-inproc-") as tmp:
+        root = Path(tmp)
+        if "fedavg" not in args.skip:
+            print("fedavg, 3 clients, network ...", flush=True)
+            rows = run_network("fedavg", 3, args.fedavg_rounds, args.fraction, extra, root)
+            results.append(summary("fedavg-3 network", rows))
+        network = inprocess = None
+        if "network" not in args.skip:
+            print(f"bayesadmm, {args.bayesadmm_clients} clients, network ...", flush=True)
+            network = run_network("bayesadmm", args.bayesadmm_clients, args.bayesadmm_rounds, args.fraction,
+                                  bayesadmm, root)
+            results.append(summary(f"bayesadmm-{args.bayesadmm_clients} network", network))
+        if "inprocess" not in args.skip:
+            print(f"bayesadmm, {args.bayesadmm_clients} clients, in process ...", flush=True)
+            config = {"strategy": "bayesadmm", "num-server-rounds": args.bayesadmm_rounds, "dataset": "fmnist",
+                      "fraction": args.fraction, "split": "iid", "seed": 0, "federation": "inprocess",
+                      "wait-for-clients": args.bayesadmm_clients, **bayesadmm}
+            inprocess = run_inprocess(config, args.bayesadmm_clients, root / "inprocess")
+            results.append(summary(f"bayesadmm-{args.bayesadmm_clients} in-process", inprocess))
+    load_end = os.getloadavg()
+    print()
+    print(format_table(results))
+    ratio = identical = None
+    if network and inprocess:
+        ratio = results[-2]["median_wall_s"] / results[-1]["median_wall_s"]
+        identical = same_metrics(network, inprocess)
+        print(f"\nbayesadmm network / in-process wall per round: {ratio:.2f}x; per-round metrics identical: {identical}")
+    print()
+    print(format_phases(results))
+    print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    output = RESULTS / f"network_vs_inprocess-{args.label}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({
+        "benchmark": "network_vs_inprocess", "label": args.label, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_average_at_start": load_start, "load_average_at_end": load_end, "cpu_count": os.cpu_count(),
+        "settings": {"fraction": args.fraction, "fedavg_rounds": args.fedavg_rounds,
+                     "bayesadmm_rounds": args.bayesadmm_rounds, "bayesadmm_clients": args.bayesadmm_clients,
+                     "bayesadmm_run_config": bayesadmm, "extra": extra},
+        "bayesadmm_ratio_network_over_inprocess": ratio, "bayesadmm_metrics_identical": identical,
+        "results": results,
+    }, indent=2) + "\n")
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
