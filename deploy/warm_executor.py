@@ -12,12 +12,16 @@ Use with `flower-supernode --isolation process`:
 
     fedbayes superexec --runtime-api-address 127.0.0.1:9094 --insecure --parent-pid <supernode pid>
 
-Our own app modules are not preloaded: the child imports them from the FAB it is given.
+The app's own modules are preloaded as well: the FAB carries only the run config, the code is the installed
+`fedbayes` package, so the child finds `fedbayes.client.app` (and every built-in strategy) already imported.
+Before the first fork the parent freezes its heap out of the garbage collector (`gc.freeze`), so a child's
+collections do not walk, and thereby copy, the parent's millions of objects.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import signal
@@ -28,7 +32,19 @@ from typing import NoReturn
 # Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
 # torch does not initialise CUDA, so each forked child still sets up its own GPU context.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch", "ivon", "flwr.clientapp",
-           "flwr.supernode.runtime.run_clientapp")
+           "flwr.supernode.runtime.run_clientapp", "fedbayes.client.app")
+
+
+def preload() -> None:
+    """Import what every ClientApp task needs, the built-in strategies included, then freeze the heap so that
+    forked children share it instead of copying it page by page."""
+    for module in PRELOAD:
+        importlib.import_module(module)
+    from fedbayes.strategies import get_algorithm
+
+    get_algorithm("fedavg")  # imports every built-in strategy module
+    gc.collect()
+    gc.freeze()
 
 
 class ForkExecutor:
@@ -116,8 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for module in PRELOAD:
-        importlib.import_module(module)
+    preload()
     # Flower 1.39's SuperExec builds its executor from a fixed factory (subprocess | kubernetes) and
     # has no hook for another; its poll loop, TLS and signal handling are otherwise what we want.
     superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")

@@ -5,6 +5,9 @@ polls and has no per-round bound we control; this loop pushes and pulls itself e
 seconds, bounds every round by `round-timeout`, and maps errors the SuperLink makes on a node's behalf
 (src_node_id 1) back to the node they were addressed to. benchmarks/round_overhead.py measured no gain
 from polling faster than 3 s (the clients' side dominates), so the default is a modest 0.5 s.
+
+Round t's evaluation, row and checkpoint run on a background thread while round t+1's clients train
+(RoundFinisher); they are still written in round order, and finished before round t+1 aggregates.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
@@ -40,6 +44,7 @@ class LoopSettings:
     min_clients: int = 1  # before every round
     max_payload_mb: float = 512.0
     max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
+    pipeline_evaluation: bool = True  # evaluate round t while round t+1 trains (RoundFinisher)
 
 
 class ResultsLog:
@@ -155,6 +160,76 @@ def failure_reasons(report: RoundReport) -> str:
     return "; ".join(f"{who}: {why}" for who, why in report.rejected.items()) or "no client was sent work"
 
 
+@dataclass
+class FinishedRound:
+    """What a round leaves for its evaluation, row and checkpoint, taken right after it aggregated: the global
+    arrays, the row without its metrics, and the strategy's state as the checkpoint must hold it."""
+
+    server_round: int
+    arrays: ArrayRecord
+    started: float  # time.monotonic() when the round began
+    row: dict[str, Any]
+    phases: PhaseTimer
+    client_phases: dict[str, dict[str, float]]  # the row's client_phase_seconds (medians) and client_phase_max
+    state: ServerState
+
+
+class RoundFinisher:
+    """Evaluates a finished round, then writes its row, then its checkpoint, in round order.
+
+    Pipelined (the default), this runs on one background thread while the next round's clients train: the
+    evaluation of round t overlaps round t+1's configure and exchange. `wait()` returns once the previous round
+    is finished (and raises what finishing it raised); the loop calls it before it aggregates the next round,
+    so the evaluation never sees the strategy change under it, before it stops, and before it raises. Row t is
+    always on disk before checkpoint t, and checkpoint t before row t+1, exactly as without pipelining; the
+    numbers are the same (tests/test_loop.py)."""
+
+    def __init__(self, evaluate: Evaluate, results: ResultsLog, checkpoints: CheckpointStore, clock_start: float,
+                 num_rounds: int, pipelined: bool) -> None:
+        self.evaluate, self.results, self.checkpoints = evaluate, results, checkpoints
+        self.clock_start, self.num_rounds = clock_start, num_rounds
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate") if pipelined else None
+        self.pending: Future | None = None
+        self.checkpoint_seconds: float | None = None  # the previous round's, reported in the next row
+
+    def submit(self, finished: FinishedRound) -> None:
+        self.wait()
+        if self.pool is None:
+            self.finish(finished)
+        else:
+            self.pending = self.pool.submit(self.finish, finished)
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+
+    def finish(self, finished: FinishedRound) -> None:
+        with finished.phases("evaluate"):
+            metrics = self.evaluate(finished.arrays, finished.server_round)
+        ended = time.monotonic()
+        record = {"round": finished.server_round, **metrics, **finished.row,
+                  "round_seconds": ended - finished.started, "wall_seconds": ended - self.clock_start}
+        # Where the round went (server side; the checkpoint is written after the row, so the row carries the
+        # previous round's) and the clients' medians (setup, update = decode..encode, state-load/-save).
+        record["phase_seconds"] = {**finished.phases.seconds, "previous_checkpoint": self.checkpoint_seconds}
+        record.update(finished.client_phases)
+        self.results.write(record)
+        checkpoint_started = time.perf_counter()
+        self.checkpoints.save(Checkpoint(finished.server_round,
+                                         {name: finished.arrays[name].numpy() for name in finished.arrays},
+                                         finished.state, record["wall_seconds"]))
+        self.checkpoint_seconds = time.perf_counter() - checkpoint_started
+        log(INFO, progress_line(record, self.num_rounds))
+
+
 def run_rounds(
     grid: Grid,
     strategy: WireStrategy,
@@ -165,8 +240,9 @@ def run_rounds(
     checkpoints: CheckpointStore,
 ) -> ArrayRecord:
     """Rounds 1..num_rounds, or, when the federation has a checkpoint, the rounds after it. Each round:
-    configure, exchange, aggregate, evaluate, log, checkpoint. A crash before the checkpoint means the
-    round runs again on resume; clients then start it from their state before it (client/state.py)."""
+    configure, exchange, aggregate, then (RoundFinisher, overlapping the next round's training) evaluate, log,
+    checkpoint. A crash before the checkpoint means the round runs again on resume; clients then start it from
+    their state before it (client/state.py)."""
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     checkpoint = checkpoints.load()
     if checkpoint is not None:
@@ -182,59 +258,59 @@ def run_rounds(
             return arrays
     results = ResultsLog(results_path, keep_through_round=first_round - 1)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
-    started = time.monotonic() - elapsed
-    failed_rounds, checkpoint_seconds = 0, None
-    for server_round in range(first_round, settings.num_rounds + 1):
-        round_started = time.monotonic()
-        phases = PhaseTimer()
-        with phases("wait_clients"):
-            wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
-        with phases("configure"):
-            messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
-        for message in messages:  # too big for the clients' limit: every one of them would refuse it
-            check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
-        replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds)
-        client_median, client_max = client_phases(replies, statistics.median), client_phases(replies, max)
-        with phases("aggregate"):
-            new_arrays, train_metrics = aggregate(strategy, server_round, replies, silent)
-        if new_arrays is None:
-            log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
-        else:
-            arrays = new_arrays
-        with phases("evaluate"):
-            metrics = evaluate(arrays, server_round)
-        round_seconds = time.monotonic() - round_started
-        report: RoundReport = strategy.round_report
-        record = {
-            "round": server_round,
-            **metrics,
-            "clients": len(report.accepted),
-            "clients_sent": report.sent,
-            "clients_rejected": len(report.rejected),
-            # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
-            "train_loss": None, "client_compute_seconds": None, "known_clients": None,
-            **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (train_metrics or {}).items()},
-            "round_seconds": round_seconds,
-            "wall_seconds": time.monotonic() - started,
-            # Where the round went (server side; the checkpoint is written after the row, so the row carries the
-            # previous round's) and the clients' medians (setup, update = decode..encode, state-load/-save).
-            "phase_seconds": {**phases.seconds, "previous_checkpoint": checkpoint_seconds},
-            "client_phase_seconds": client_median,
-            "client_phase_max": client_max,  # the slowest client's, per phase: its `update` bounds the round
-        }
-        results.write(record)
-        checkpoint_started = time.perf_counter()
-        state = strategy.server_state()
-        state.metadata[WIRE_STATE_KEY] = strategy.wire_state()
-        checkpoints.save(Checkpoint(server_round, {name: arrays[name].numpy() for name in arrays}, state,
-                                    record["wall_seconds"]))
-        checkpoint_seconds = time.perf_counter() - checkpoint_started
-        log(INFO, progress_line(record, settings.num_rounds))
-        failed_rounds = 0 if report.accepted else failed_rounds + 1
-        if failed_rounds >= settings.max_failed_rounds:
-            raise RunFailed(f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; last "
-                            f"round: {failure_reasons(report)}")
+    finisher = RoundFinisher(evaluate, results, checkpoints, time.monotonic() - elapsed, settings.num_rounds,
+                             settings.pipeline_evaluation)
+    failed_rounds = 0
+    try:
+        for server_round in range(first_round, settings.num_rounds + 1):
+            finished = train_round(grid, strategy, arrays, settings, server_round, finisher)
+            arrays = finished.arrays
+            finisher.submit(finished)
+            failed_rounds = 0 if finished.row["clients"] else failed_rounds + 1
+            if failed_rounds >= settings.max_failed_rounds:
+                finisher.wait()  # the failed rounds are on record before the run stops
+                raise RunFailed(f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; "
+                                f"last round: {failure_reasons(strategy.round_report)}")
+    finally:
+        finisher.close()
     return arrays
+
+
+def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, settings: LoopSettings,
+                server_round: int, finisher: RoundFinisher) -> FinishedRound:
+    """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
+    checkpointed) meanwhile, and before this one aggregates."""
+    round_started = time.monotonic()
+    phases = PhaseTimer()
+    with phases("wait_clients"):
+        wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
+    with phases("configure"):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+    for message in messages:  # too big for the clients' limit: every one of them would refuse it
+        check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
+    replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds)
+    with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
+        finisher.wait()
+    with phases("aggregate"):
+        new_arrays, train_metrics = aggregate(strategy, server_round, replies, silent)
+    if new_arrays is None:
+        log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
+    report: RoundReport = strategy.round_report
+    row = {
+        "clients": len(report.accepted),
+        "clients_sent": report.sent,
+        "clients_rejected": len(report.rejected),
+        # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
+        "train_loss": None, "client_compute_seconds": None, "known_clients": None,
+        **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (train_metrics or {}).items()},
+    }
+    # the slowest client's phases too: its `update` bounds the round
+    client = {"client_phase_seconds": client_phases(replies, statistics.median),
+              "client_phase_max": client_phases(replies, max)}
+    state = strategy.server_state()
+    state.metadata[WIRE_STATE_KEY] = strategy.wire_state()
+    return FinishedRound(server_round, new_arrays if new_arrays is not None else arrays, round_started, row,
+                         phases, client, state)
 
 
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:

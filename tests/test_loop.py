@@ -4,6 +4,7 @@ one bad round among good ones does not; a strategy that fails while absorbing a 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from flwr.app import Array, ArrayRecord
@@ -44,15 +45,19 @@ class ScriptedGrid:
         return replies
 
 
-def run(tmp_path, reply, rounds=5, **overrides):
+def no_metrics(arrays, server_round):
+    return {"accuracy": 0.0, "nll": 0.0, "ece": 0.0}
+
+
+def run(tmp_path, reply, rounds=5, evaluate=no_metrics, pipeline=True, grid=None, checkpoints=None, **overrides):
     run_settings = settings(**overrides)
     strategy = FedAvg(run_settings, LAYOUT)
     initial = ArrayRecord({name: Array(value) for name, value in weights(0.0).items()})
     loop = LoopSettings(num_rounds=rounds, round_timeout=0.5, poll_interval=0.01, wait_for_clients=2,
-                        wait_for_clients_timeout=5, max_failed_rounds=run_settings.max_failed_rounds)
-    evaluate = lambda arrays, server_round: {"accuracy": 0.0, "nll": 0.0, "ece": 0.0}  # noqa: E731
-    return strategy, run_rounds(ScriptedGrid(reply), strategy, initial, loop, evaluate, str(tmp_path / "r.jsonl"),
-                                CheckpointStore(tmp_path / "state", "fed", {}))
+                        wait_for_clients_timeout=5, max_failed_rounds=run_settings.max_failed_rounds,
+                        pipeline_evaluation=pipeline)
+    return strategy, run_rounds(grid or ScriptedGrid(reply), strategy, initial, loop, evaluate,
+                                str(tmp_path / "r.jsonl"), checkpoints or CheckpointStore(tmp_path / "state", "fed", {}))
 
 
 def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_path):
@@ -110,8 +115,74 @@ def test_each_row_says_where_the_round_went(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     for row in rows:
         phases = row["phase_seconds"]
-        assert {"wait_clients", "configure", "push", "first_reply", "last_reply", "aggregate", "evaluate"} <= set(phases)
+        assert {"wait_clients", "configure", "push", "first_reply", "last_reply", "previous_round", "aggregate",
+                "evaluate"} <= set(phases)
         assert 0 <= phases["first_reply"] <= phases["last_reply"] <= row["round_seconds"]
         assert row["client_phase_seconds"] == {"setup": 0.75, "update": 2.0}  # medians; the NaN is dropped
         assert row["client_phase_max"] == {"setup": 1.0, "update": 2.0}  # the slowest client's
     assert rows[0]["phase_seconds"]["previous_checkpoint"] is None and rows[1]["phase_seconds"]["previous_checkpoint"] > 0
+
+
+class RecordingStore(CheckpointStore):
+    """Keeps every checkpoint the loop saves, with how many rows the results file held at that moment."""
+
+    def __init__(self, root, results):
+        super().__init__(root, "fed", {})
+        self.results, self.saved = results, []
+
+    def save(self, checkpoint):
+        super().save(checkpoint)
+        rows = len(self.results.read_text().splitlines())
+        arrays = {name: value.tolist() for name, value in checkpoint.arrays.items()}
+        self.saved.append((checkpoint.server_round, rows, arrays, checkpoint.strategy_state.metadata))
+
+
+TIMING_KEYS = {"round_seconds", "wall_seconds", "phase_seconds", "client_phase_seconds", "client_phase_max"}
+
+
+def deterministic_run(tmp_path, pipeline):
+    """Five rounds whose replies differ per round and client; the metrics depend on the evaluated arrays. With
+    pipelining, round 1's evaluation holds on until round 2's instructions were pushed: it overlaps for sure."""
+    grid = ScriptedGrid(lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=node, value=r * node))
+    checkpoints = RecordingStore(tmp_path / "state", tmp_path / "r.jsonl")
+
+    def evaluate(arrays, server_round):
+        if pipeline and server_round == 1:
+            assert wait_until(lambda: grid.round >= 2), "round 2 was not pushed while round 1 was evaluated"
+        total = float(sum(arrays[name].numpy().sum() for name in arrays))
+        return {"accuracy": total, "nll": float(server_round), "ece": total / 7}
+
+    run(tmp_path, None, rounds=5, evaluate=evaluate, pipeline=pipeline, grid=grid, checkpoints=checkpoints)
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows], checkpoints.saved
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_pipelined_evaluation_writes_the_same_rows_and_checkpoints_in_round_order(tmp_path):
+    serial_rows, serial_checkpoints = deterministic_run(tmp_path / "serial", pipeline=False)
+    piped_rows, piped_checkpoints = deterministic_run(tmp_path / "pipelined", pipeline=True)
+    assert [row["round"] for row in piped_rows] == [1, 2, 3, 4, 5]
+    assert piped_rows == serial_rows and len({row["accuracy"] for row in piped_rows}) == 5
+    assert piped_checkpoints == serial_checkpoints
+    # checkpoint t is saved after row t and before row t + 1
+    assert [(saved[0], saved[1]) for saved in piped_checkpoints] == [(r, r) for r in range(1, 6)]
+
+
+def test_an_evaluation_that_fails_stops_the_run_with_its_error_and_no_row_or_checkpoint_for_it(tmp_path):
+    def evaluate(arrays, server_round):
+        if server_round == 2:
+            raise RuntimeError("evaluation broke")
+        return no_metrics(arrays, server_round)
+
+    with pytest.raises(RuntimeError, match="evaluation broke"):
+        run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0), evaluate=evaluate)
+    assert [json.loads(line)["round"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [1]
+    assert CheckpointStore(tmp_path / "state", "fed", {}).load().server_round == 1
