@@ -6,7 +6,8 @@ every 0.5 s. A round's instruction therefore waits up to 3 s before any client s
 0.5 s: most of a round that trains for a second. This entry point runs the same `flower-supernode` (same CLI,
 arguments and behaviour) with those two waits shortened to `FEDBAYES_SUPERNODE_POLL` seconds (default 0.2), by
 handing that one Flower module a `time` whose `sleep` maps them. Asking the SuperLink 5 times a second instead
-of once every 3 s costs one small gRPC call each.
+of once every 3 s costs one small gRPC call each. It also shortens the 1 s back-off of its object pulls
+(deploy/object_pulls.py).
 
 The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
@@ -17,6 +18,8 @@ import os
 import sys
 import time
 from types import SimpleNamespace
+
+from fedbayes.deploy.object_pulls import shorten_pull_backoff
 
 PATCHED_FLOWER = "1.39.0"
 FLOWER_WAITS = (3, 0.5)  # the idle sleep between pulls, and the wait for a reply or an object
@@ -52,6 +55,7 @@ def patch_flower(poll: float) -> None:
         raise SystemExit(f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
                          f"{flwr.__version__} is installed; use `flower-supernode` instead")
     start_client_internal.time = polling_time(poll)
+    shorten_pull_backoff()  # the instruction's objects, pulled while the ServerApp still uploads them
 
 
 def main(argv: list[str]) -> int:

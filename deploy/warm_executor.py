@@ -29,6 +29,8 @@ import sys
 import traceback
 from typing import NoReturn
 
+from fedbayes.deploy.object_pulls import shorten_pull_backoff
+
 # Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
 # torch does not initialise CUDA, so each forked child still sets up its own GPU context.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch", "ivon", "flwr.clientapp",
@@ -43,6 +45,7 @@ def preload() -> None:
     from fedbayes.strategies import get_algorithm
 
     get_algorithm("fedavg")  # imports every built-in strategy module
+    shorten_pull_backoff()  # children pull the instruction from the SuperNode, maybe while it still receives it
     gc.collect()
     gc.freeze()
 

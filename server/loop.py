@@ -27,6 +27,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedbayes.deploy.object_pulls import shorten_pull_backoff
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.strategies.base import WIRE_STATE_KEY, RoundReport, ServerState, WireStrategy
@@ -243,6 +244,7 @@ def run_rounds(
     configure, exchange, aggregate, then (RoundFinisher, overlapping the next round's training) evaluate, log,
     checkpoint. A crash before the checkpoint means the round runs again on resume; clients then start it from
     their state before it (client/state.py)."""
+    shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (deploy/object_pulls.py)
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     checkpoint = checkpoints.load()
     if checkpoint is not None:

@@ -1,4 +1,5 @@
-"""`fedbayes supernode`: Flower's SuperNode loop with its fixed waits shortened, and nothing else changed."""
+"""`fedbayes supernode`: Flower's SuperNode loop with its fixed waits shortened, and nothing else changed; Flower's
+object pulls with a short first back-off (deploy/object_pulls.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def test_it_patches_only_the_flower_it_was_read_in(monkeypatch):
     from flwr.supernode import start_client_internal
 
     monkeypatch.setattr(start_client_internal, "time", start_client_internal.time)  # restored after the test
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "1")  # Flower's own object-pull back-off, unchanged
     supernode.patch_flower(0.1)
     assert start_client_internal.time.sleep is not supernode.time.sleep
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
@@ -34,3 +36,51 @@ def test_a_bad_poll_interval_is_refused(monkeypatch, value):
     monkeypatch.setenv("FEDBAYES_SUPERNODE_POLL", value)
     with pytest.raises(SystemExit, match="FEDBAYES_SUPERNODE_POLL"):
         supernode.poll_interval()
+
+
+@pytest.fixture
+def pull_defaults():
+    """Flower's object-pull keyword defaults, restored after the test."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+    saved = [dict(function.__kwdefaults__) for function in functions]
+    yield functions
+    for function, defaults in zip(functions, saved):
+        function.__kwdefaults__.clear()
+        function.__kwdefaults__.update(defaults)
+
+
+def test_object_pulls_retry_after_the_configured_backoff_not_1_s(monkeypatch, pull_defaults):
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    from fedbayes.deploy import object_pulls
+
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "0.01")
+    assert object_pulls.shorten_pull_backoff()
+    assert [function.__kwdefaults__["initial_backoff"] for function in pull_defaults] == [0.01, 0.01]
+    attempts = []
+
+    def pull(object_id):  # unavailable twice, as while its sender still uploads it
+        attempts.append(object_id)
+        if len(attempts) < 3:
+            raise ObjectUnavailableError(object_id)
+        return b"content"
+
+    pull_objects = pull_defaults[0]
+    assert pull_objects(["a"], pull) == {"a": b"content"} and attempts == ["a"] * 3
+
+
+def test_object_pulls_are_left_alone_on_another_flower_and_a_bad_backoff_is_refused(monkeypatch, pull_defaults):
+    import flwr
+
+    from fedbayes.deploy import object_pulls
+
+    before = [function.__kwdefaults__["initial_backoff"] for function in pull_defaults]
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "0.01")
+    assert not object_pulls.shorten_pull_backoff()
+    assert [function.__kwdefaults__["initial_backoff"] for function in pull_defaults] == before
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "soon")
+    with pytest.raises(ValueError, match="FEDBAYES_PULL_BACKOFF"):
+        object_pulls.pull_backoff()
