@@ -11,11 +11,15 @@ Two measurements, one table (issue 16's targets):
              (server/app.py's run_federation, server/loop.py's rounds, evaluation and checkpoints) driving an
              in-process grid whose "push" runs every message through the same ClientApp function
              (client/app.py's train) with each client's node config, one after the other. Same run config,
-             same code, no processes, no serialisation, no polling. ratio = network / in-process.
+             same code, no processes, no serialisation, no polling. ratio = network / in-process. The
+             in-process run is done twice: as the code runs (the loop evaluates round t on a second thread
+             while round t+1 trains), and on one thread (that pipelining off).
              Both runs are deterministic: the table says whether their per-round metrics are identical.
 
 Definitions, per round r >= 2 (round 1 pays one-off start-up costs and is left out of every median):
-  wall_s      wall_seconds[r] - wall_seconds[r-1] from the results rows: everything, the checkpoint included
+  wall_s      from round r's start to round r+1's start (rows: start = wall_seconds - round_seconds); the last
+              round: to the end of its evaluation. Everything, evaluation and checkpoint included, as far as
+              the next round does not hide them (server/loop.py evaluates round r while round r+1 trains)
   slowest_s   max over the round's clients of their `update` phase (decode, state, train, encode; the pure
               training time is `client_compute_seconds`, the mean, also shown)
   overhead_s  wall_s - slowest_s
@@ -32,6 +36,7 @@ at the start and end is printed and saved; compare ratios from one run, not seco
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -112,18 +117,25 @@ class InProcessGrid:
         return [self.replies.pop(message_id) for message_id in message_ids if message_id in self.replies]
 
 
-def run_inprocess(run_config: dict[str, Any], clients: int, root: Path) -> list[dict[str, Any]]:
-    """The ServerApp's run_federation on an InProcessGrid; returns the results rows."""
+def run_inprocess(run_config: dict[str, Any], clients: int, root: Path, pipelined: bool) -> list[dict[str, Any]]:
+    """The ServerApp's run_federation on an InProcessGrid; returns the results rows. `pipelined=False` turns the
+    loop's evaluation pipelining off: everything then runs on this one thread, one step after the other."""
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedbayes.server.app import run_federation
+    from fedbayes.server import app as server_app
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told
     config = {**pyproject_run_config(REPO / "pyproject.toml"), **run_config,
               "server-state-dir": str(root / "server-state"), "results-path": str(root / "results.jsonl"),
               "client-identity": "reconnect"}
-    run_federation(InProcessGrid(config, clients, root / "client-state"),
-                   Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    loop_settings = server_app.LoopSettings
+    if "pipeline_evaluation" in loop_settings.__dataclass_fields__:  # older loops never pipelined
+        server_app.LoopSettings = functools.partial(loop_settings, pipeline_evaluation=pipelined)
+    try:
+        server_app.run_federation(InProcessGrid(config, clients, root / "client-state"),
+                                  Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    finally:
+        server_app.LoopSettings = loop_settings
     return [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines()]
 
 
@@ -140,12 +152,15 @@ def run_network(strategy: str, clients: int, rounds: int, fraction: float, overr
 
 def per_round(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
     """wall_s, slowest_s, overhead_s, compute_s of rounds 2..N (see the module docstring)."""
+    # A row is written when its round's evaluation ends, which, pipelined, is during the next round: a round's
+    # wall time runs from its start to the next round's start (the last one's: to the end of its evaluation).
+    starts = [row["wall_seconds"] - row["round_seconds"] for row in rows]
+    ends = starts[1:] + [rows[-1]["wall_seconds"]]
     out = []
-    for previous, row in zip(rows, rows[1:]):
-        wall = row["wall_seconds"] - previous["wall_seconds"]
+    for row, start, end in list(zip(rows, starts, ends))[1:]:
         slowest = (row.get("client_phase_max") or {}).get("update")
-        out.append({"round": row["round"], "wall_s": wall, "slowest_s": slowest,
-                    "overhead_s": wall - slowest if slowest is not None else None,
+        out.append({"round": row["round"], "wall_s": end - start, "slowest_s": slowest,
+                    "overhead_s": end - start - slowest if slowest is not None else None,
                     "compute_s": row.get("client_compute_seconds")})
     return out
 
@@ -229,20 +244,24 @@ def main() -> None:
                                   bayesadmm, root)
             results.append(summary(f"bayesadmm-{args.bayesadmm_clients} network", network))
         if "inprocess" not in args.skip:
-            print(f"bayesadmm, {args.bayesadmm_clients} clients, in process ...", flush=True)
             config = {"strategy": "bayesadmm", "num-server-rounds": args.bayesadmm_rounds, "dataset": "fmnist",
                       "fraction": args.fraction, "split": "iid", "seed": 0, "federation": "inprocess",
                       "wait-for-clients": args.bayesadmm_clients, **bayesadmm}
-            inprocess = run_inprocess(config, args.bayesadmm_clients, root / "inprocess")
-            results.append(summary(f"bayesadmm-{args.bayesadmm_clients} in-process", inprocess))
+            for pipelined, label in ((True, "in-process"), (False, "in-process 1 thread")):
+                print(f"bayesadmm, {args.bayesadmm_clients} clients, {label} ...", flush=True)
+                rows = run_inprocess(config, args.bayesadmm_clients, root / label.replace(" ", "-"), pipelined)
+                inprocess = inprocess or rows
+                results.append(summary(f"bayesadmm-{args.bayesadmm_clients} {label}", rows))
     load_end = os.getloadavg()
     print()
     print(format_table(results))
-    ratio = identical = None
+    ratio = ratio_serial = identical = None
     if network and inprocess:
-        ratio = results[-2]["median_wall_s"] / results[-1]["median_wall_s"]
+        network_wall, same_code, serial = (r["median_wall_s"] for r in results[-3:])
+        ratio, ratio_serial = network_wall / same_code, network_wall / serial
         identical = same_metrics(network, inprocess)
-        print(f"\nbayesadmm network / in-process wall per round: {ratio:.2f}x; per-round metrics identical: {identical}")
+        print(f"\nbayesadmm wall per round, network / in-process (same code): {ratio:.2f}x; network / in-process on"
+              f" one thread: {ratio_serial:.2f}x; per-round metrics identical (network vs in-process): {identical}")
     print()
     print(format_phases(results))
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
@@ -254,7 +273,8 @@ def main() -> None:
         "settings": {"fraction": args.fraction, "fedavg_rounds": args.fedavg_rounds,
                      "bayesadmm_rounds": args.bayesadmm_rounds, "bayesadmm_clients": args.bayesadmm_clients,
                      "bayesadmm_run_config": bayesadmm, "extra": extra},
-        "bayesadmm_ratio_network_over_inprocess": ratio, "bayesadmm_metrics_identical": identical,
+        "bayesadmm_ratio_network_over_inprocess": ratio, "bayesadmm_ratio_network_over_inprocess_one_thread": ratio_serial,
+        "bayesadmm_metrics_identical": identical,
         "results": results,
     }, indent=2) + "\n")
     print(f"wrote {output}")

@@ -37,11 +37,27 @@ def poll_interval() -> float:
     return poll
 
 
+IDLE_GROWTH, IDLE_CAP = 1.5, 1.0  # idle polls of the SuperLink back off by this factor, up to this many seconds
+
+
 def polling_time(poll: float) -> SimpleNamespace:
-    """The `time` module as Flower's SuperNode loop sees it: its fixed waits become `poll`, nothing else changes."""
+    """The `time` module as Flower's SuperNode loop sees it: its fixed waits become `poll`, nothing else changes,
+    except that consecutive idle waits (nothing pulled from the SuperLink) grow by IDLE_GROWTH up to IDLE_CAP
+    (or `poll`, if larger). Waiting for a ClientApp's reply (a message was pulled) resets them to `poll`: a node
+    asks quickly right after its reply, when the next round's instruction is due, and about once a second while
+    the federation has no work for it (ten idle nodes polling 5 times a second used a quarter of a 2-core machine)."""
+    idle = {"wait": poll}
+    idle_wait, reply_wait = FLOWER_WAITS
 
     def sleep(seconds: float) -> None:
-        time.sleep(poll if seconds in FLOWER_WAITS else seconds)
+        if seconds == idle_wait:
+            time.sleep(idle["wait"])
+            idle["wait"] = min(idle["wait"] * IDLE_GROWTH, max(IDLE_CAP, poll))
+        elif seconds == reply_wait:
+            idle["wait"] = poll
+            time.sleep(poll)
+        else:
+            time.sleep(seconds)
 
     functions = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
     return SimpleNamespace(**{**functions, "sleep": sleep})

@@ -15,6 +15,15 @@ def test_the_supernode_loop_polls_instead_of_sleeping_3_s(monkeypatch):
     for seconds in (3, 0.5, 1.0, 10):
         patched.sleep(seconds)
     assert slept == [0.2, 0.2, 1.0, 10]
+
+
+def test_idle_polls_back_off_to_a_second_and_a_message_resets_them(monkeypatch):
+    slept = []
+    monkeypatch.setattr(supernode.time, "sleep", slept.append)
+    patched = supernode.polling_time(0.2)
+    for seconds in (3,) * 7 + (0.5, 3, 3):  # idle polls, a message (waiting for its reply), idle again
+        patched.sleep(seconds)
+    assert slept == pytest.approx([0.2, 0.3, 0.45, 0.675, 1.0, 1.0, 1.0, 0.2, 0.2, 0.3])
     assert patched.time is supernode.time.time and patched.monotonic is supernode.time.monotonic
 
 
