@@ -19,15 +19,20 @@ PATCHED_FLOWER = "1.39.0"
 DEFAULT_BACKOFF = 0.05
 
 
-def pull_backoff() -> float:
-    value = os.environ.get("FEDBAYES_PULL_BACKOFF", str(DEFAULT_BACKOFF))
+def seconds_from_env(name: str, default: float, maximum: float) -> float:
+    """The environment variable `name` as seconds in (0, maximum], `default` when unset; ValueError naming it."""
+    value = os.environ.get(name, str(default))
     try:
-        backoff = float(value)
+        seconds = float(value)
     except ValueError:
-        raise ValueError(f"FEDBAYES_PULL_BACKOFF must be a number of seconds, got {value!r}") from None
-    if not 0 < backoff <= 1:
-        raise ValueError(f"FEDBAYES_PULL_BACKOFF must be in (0, 1] seconds, got {backoff}")
-    return backoff
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not 0 < seconds <= maximum:
+        raise ValueError(f"{name} must be in (0, {maximum:g}] seconds, got {seconds}")
+    return seconds
+
+
+def pull_backoff() -> float:
+    return seconds_from_env("FEDBAYES_PULL_BACKOFF", DEFAULT_BACKOFF, 1.0)
 
 
 def shorten_pull_backoff() -> bool:

@@ -14,12 +14,11 @@ The patch is tied to the code it was read in: any Flower but 1.39.0 is refused r
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from types import SimpleNamespace
 
-from fedbayes.deploy.object_pulls import shorten_pull_backoff
+from fedbayes.deploy.object_pulls import seconds_from_env, shorten_pull_backoff
 
 PATCHED_FLOWER = "1.39.0"
 FLOWER_WAITS = (3, 0.5)  # the idle sleep between pulls, and the wait for a reply or an object
@@ -27,14 +26,10 @@ DEFAULT_POLL = 0.2
 
 
 def poll_interval() -> float:
-    value = os.environ.get("FEDBAYES_SUPERNODE_POLL", str(DEFAULT_POLL))
     try:
-        poll = float(value)
-    except ValueError:
-        raise SystemExit(f"FEDBAYES_SUPERNODE_POLL must be a number of seconds, got {value!r}") from None
-    if not 0 < poll <= 3:
-        raise SystemExit(f"FEDBAYES_SUPERNODE_POLL must be in (0, 3] seconds, got {poll}")
-    return poll
+        return seconds_from_env("FEDBAYES_SUPERNODE_POLL", DEFAULT_POLL, 3.0)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 IDLE_GROWTH, IDLE_CAP = 1.5, 1.0  # idle polls of the SuperLink back off by this factor, up to this many seconds
