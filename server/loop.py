@@ -13,7 +13,9 @@ Round t's evaluation, row and checkpoint run on a background thread while round 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -175,21 +177,33 @@ class FinishedRound:
     state: ServerState
 
 
+def yield_cpu() -> None:
+    """Lowest CPU priority for the calling thread (Linux: a thread's nice value is its own): the pipelined
+    evaluation then uses cores the clients leave idle, and never slows down clients training on this machine."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux: the evaluation competes at normal priority
+        pass
+
+
 class RoundFinisher:
     """Evaluates a finished round, then writes its row, then its checkpoint, in round order.
 
     Pipelined (the default), this runs on one background thread while the next round's clients train: the
     evaluation of round t overlaps round t+1's configure and exchange. `wait()` returns once the previous round
     is finished (and raises what finishing it raised); the loop calls it before it aggregates the next round,
-    so the evaluation never sees the strategy change under it, before it stops, and before it raises. Row t is
-    always on disk before checkpoint t, and checkpoint t before row t+1, exactly as without pipelining; the
-    numbers are the same (tests/test_loop.py)."""
+    so the evaluation never sees the strategy change under it, before it stops, and before it raises. What the
+    next round's exchange did not hide is the row's `previous_round` phase. Row t is always on disk before
+    checkpoint t, and checkpoint t before row t+1, exactly as without pipelining; the numbers are the same
+    (tests/test_loop.py). The thread runs at the lowest CPU priority (yield_cpu): on a machine whose cores the
+    clients keep busy it waits for them rather than slowing them down."""
 
     def __init__(self, evaluate: Evaluate, results: ResultsLog, checkpoints: CheckpointStore, clock_start: float,
                  num_rounds: int, pipelined: bool) -> None:
         self.evaluate, self.results, self.checkpoints = evaluate, results, checkpoints
         self.clock_start, self.num_rounds = clock_start, num_rounds
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate") if pipelined else None
+        self.pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate", initializer=yield_cpu)
+                     if pipelined else None)
         self.pending: Future | None = None
         self.checkpoint_seconds: float | None = None  # the previous round's, reported in the next row
 
