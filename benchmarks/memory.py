@@ -34,7 +34,7 @@ from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local, stop_
 from fedbayes.deploy.processes import command_line, processes_with_env  # noqa: E402
 
 OUTPUT = REPO / "benchmarks" / "results" / "memory.json"
-MIB = 1024 * 1024
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -63,7 +63,7 @@ def wait_until_idle(pids: list[int], quiet_seconds: float = 3.0, timeout: float 
     while time.monotonic() < deadline:
         time.sleep(quiet_seconds)
         now = [cpu_ticks(pid) for pid in pids]
-        if sum(now) - sum(last) <= 2:  # ticks of polling, not of importing
+        if sum(now) - sum(last) <= 0.1 * quiet_seconds * CLOCK_TICKS:  # under 10% of a core: polling, not importing
             return
         last = now
     raise TimeoutError(f"processes {pids} kept computing for {timeout:.0f} s")
