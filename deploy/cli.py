@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
     _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
+    _add_strategies(commands.add_parser("strategies", help="list the strategies and the run-config keys each reads"))
+    _add_app(commands.add_parser("app", help="write the Flower app (DIR/pyproject.toml) for `flwr run DIR`"))
     commands.add_parser(
         "supernode", add_help=False,
         help="`flower-supernode ARGS` without Flower's 3 s idle sleep between pulls (deploy/supernode.py)",
@@ -151,6 +153,32 @@ def _add_partitions(parser: argparse.ArgumentParser) -> None:
                         help="describe (and check) the split in F instead of drawing one")
     parser.add_argument("--allow-overlap", action="store_true", help="with --split-file: rows may be in several clients")
     parser.set_defaults(handler=_print_partitions)
+
+
+def _add_strategies(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("names", nargs="*", metavar="STRATEGY", help="only these (default: all, and the core keys)")
+    parser.set_defaults(handler=_print_strategies)
+
+
+def _print_strategies(args: argparse.Namespace) -> int:
+    from fedbayes.deploy.flower_app import describe_strategies
+
+    print(describe_strategies(args.names))
+    return 0
+
+
+def _add_app(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--strategy", default="",
+                        help="also list this out-of-tree strategy's own keys ('<module>:<attribute>' or entry point)")
+    parser.set_defaults(handler=_write_app)
+
+
+def _write_app(args: argparse.Namespace) -> int:
+    from fedbayes.deploy.flower_app import write_app
+
+    print(write_app(args.directory, args.strategy) / "pyproject.toml")
+    return 0
 
 
 def _add_export(parser: argparse.ArgumentParser) -> None:

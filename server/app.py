@@ -8,7 +8,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see t
 
 import secrets
 import time
-from dataclasses import replace
 from logging import ERROR, INFO
 from pathlib import Path
 
@@ -51,7 +50,7 @@ def run_federation(grid: Grid, context: Context) -> None:
     preflight(settings)
     server_state_dir = settings.server_state_dir or DEFAULT_SERVER_STATE_DIR
     if not settings.federation:
-        settings = replace(settings, federation=new_federation_name(server_state_dir))
+        settings = settings.replace(federation=new_federation_name(server_state_dir))
         log(INFO, "%s", new_federation_line(settings.federation))
     algorithm = get_algorithm(settings.strategy)
     test = load_dataset(

@@ -18,7 +18,11 @@ from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, TensorLayout
 from fedbayes.strategies.base import Update, WireStrategy, local_training
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import Key, RunSettings, non_negative
+
+FEDPROX_HYPERPARAMETERS = (
+    Key("proximal-mu", 0.01, "FedProx: μ of the clients' proximal term μ/2·‖w − w_g‖²", non_negative, "must be >= 0"),
+)
 
 
 class FedAvg(WireStrategy):

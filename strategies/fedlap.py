@@ -45,7 +45,13 @@ from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import (
     Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
 )
-from fedbayes.tasks.config import RunSettings
+from fedbayes.strategies.feddyn import MAX_GRAD_NORM
+from fedbayes.tasks.config import Key, RunSettings, positive
+
+HYPERPARAMETERS = (
+    Key("prior-precision", 1.0, "δ: the prior's precision (paper grid 1..1e-4)", positive, "must be > 0"),
+    MAX_GRAD_NORM,
+)
 
 
 # ---- the math (float64 torch, flat vectors) ---------------------------------------------------------------

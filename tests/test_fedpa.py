@@ -122,7 +122,7 @@ def test_a_resumed_server_continues_its_optimizer(tmp_path, optimizer):
 
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("server-optimizer", "rmsprop", "'server-optimizer' must be one of sgd, adam, adagrad"),
-    ("shrinkage", -0.1, "'shrinkage' must be finite and >= 0"),
+    ("shrinkage", -0.1, "'shrinkage' must be >= 0"),
     ("samples", 0, "'samples' must be >= 1"),
     ("burn-in-rounds", -1, "'burn-in-rounds' must be >= 0"),
 ])
