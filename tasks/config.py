@@ -144,9 +144,11 @@ class RunSettings:
         from fedbayes.tasks.models import ACTIVATIONS, MODELS
         from fedbayes.tasks.partitions import SPLITS
 
-        _choice("dataset", self.dataset, DATASETS)
+        own_data = self.dataset.startswith("npz:") and len(self.dataset) > len("npz:")  # tasks/npzdata.py
+        _check("dataset", self.dataset in DATASETS or own_data,
+               f"must be one of {', '.join(DATASETS)}, or npz:DIR (a folder of .npz files), got {self.dataset!r}")
         _choice("split", self.split, SPLITS)
-        _choice("model", self.model, MODELS)
+        _check_model(self.model, MODELS)
         _choice("activation", self.activation, tuple(ACTIVATIONS))
         _choice("optimizer", self.optimizer, _OPTIMIZERS)
         _choice("device", self.device, DEVICES)
@@ -227,6 +229,19 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"run config '{key}' must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_model(model: str, builtin: tuple[str, ...]) -> None:
+    """A built-in model, or "<module>:<callable>" that imports here (tasks/preflight.py also builds it)."""
+    from fedbayes.tasks.models import load_model_builder
+
+    if ":" not in model:
+        _check("model", model in builtin, f"must be one of {', '.join(builtin)}, or '<module>:<callable>', got {model!r}")
+        return
+    try:
+        load_model_builder(model)
+    except ValueError as error:
+        raise ConfigError(f"run config 'model': {error}") from None
 
 
 def _check(key: str, ok: bool, requirement: str) -> None:
