@@ -3,8 +3,6 @@ model, a bad one is refused naming `model` before any process starts, and it tra
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -17,17 +15,10 @@ from fedbayes.tasks.models import MODELS, build_model
 from fedbayes.tasks.preflight import check_model_and_strategy
 from tests.helpers import run_loopback
 from tests.test_config import DEFAULTS
-from tests.test_integration import with_pythonpath
 from tests.test_own_data import write, write_digits
+from tests.test_own_strategy import plugin_path  # noqa: F401  (the fixture: tests/plugins on the path)
 
-PLUGINS = Path(__file__).resolve().parent / "plugins"
 REFERENCE = "user_model:small_cnn"
-
-
-@pytest.fixture
-def plugin_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(PLUGINS))
-    monkeypatch.setenv("PYTHONPATH", with_pythonpath(PLUGINS))  # for every process a federation starts
 
 
 @pytest.mark.parametrize("name", MODELS)
