@@ -4,6 +4,7 @@ identical, and a real data set nobody tuned on (scikit-learn's 8x8 digits) train
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,10 @@ from fedbayes.tasks.config import ConfigError, RunSettings
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.npzdata import NpzDataError, load_data_path
 from fedbayes.tasks.partitions import partition_dataset
+from tests.clihelpers import ROOT
+from tests.clihelpers import fedbayes as fedbayes_command
 from tests.helpers import run_loopback
+from tests.test_cli import LOCAL
 from tests.test_config import DEFAULTS
 
 DIGITS_TEST_FRACTION = 0.3
@@ -107,6 +111,16 @@ def test_a_bad_folder_is_refused_before_any_process_starts_naming_file_and_probl
     with pytest.raises(ConfigError, match="run config 'dataset'") as error:
         check_run_config({"dataset": f"npz:{tmp_path / 'data'}"}, clients)  # what `fedbayes local` runs first
     assert problem in str(error.value)
+
+
+def test_fedbayes_local_refuses_a_bad_folder_before_any_process_starts(tmp_path):
+    """A relative npz:DIR is made absolute (the federation's processes run elsewhere), then checked."""
+    write(tmp_path / "data" / "train.npz", **GOOD)
+    relative = os.path.relpath(tmp_path / "data", ROOT)
+    result = fedbayes_command([*LOCAL, "--workdir", str(tmp_path / "run"), "--dataset", f"npz:{relative}"])
+    assert result.returncode == 1
+    assert result.last_error_line == f"fedbayes: error: run config 'dataset': {tmp_path / 'data' / 'test.npz'}: no such file"
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_folder_and_a_bare_prefix_are_refused(tmp_path):

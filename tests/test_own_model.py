@@ -13,10 +13,14 @@ from fedbayes.deploy.launcher import check_run_config
 from fedbayes.tasks.config import ConfigError, RunSettings
 from fedbayes.tasks.models import MODELS, build_model
 from fedbayes.tasks.preflight import check_model_and_strategy
+from tests.clihelpers import cli_env
+from tests.clihelpers import fedbayes as fedbayes_command
 from tests.helpers import run_loopback
+from tests.test_cli import LOCAL
+from tests.test_integration import with_pythonpath
 from tests.test_config import DEFAULTS
 from tests.test_own_data import write, write_digits
-from tests.test_own_strategy import plugin_path  # noqa: F401  (the fixture: tests/plugins on the path)
+from tests.test_own_strategy import PLUGINS, plugin_path  # noqa: F401  (the fixture: tests/plugins on the path)
 
 REFERENCE = "user_model:small_cnn"
 
@@ -56,6 +60,16 @@ def test_a_model_that_does_not_build_is_refused_before_any_process_starts(plugin
     with pytest.raises(ConfigError, match="run config 'model'") as error:
         check_run_config({"model": reference, "dataset": f"npz:{tmp_path}"}, 2)  # what `fedbayes local` runs first
     assert words in str(error.value)
+
+
+def test_fedbayes_local_refuses_a_model_that_does_not_build(tmp_path):
+    result = fedbayes_command([*LOCAL, "--workdir", str(tmp_path / "run"), "--set", "model=user_model:returns_a_tensor"],
+                              env=cli_env(PYTHONPATH=with_pythonpath(PLUGINS)))
+    assert result.returncode == 1
+    assert result.last_error_line.startswith("fedbayes: error: run config 'model' ('user_model:returns_a_tensor') does "
+                                             "not fit the 28x28 images of 'fmnist': 'user_model:returns_a_tensor' "
+                                             "returned Tensor, not a torch.nn.Module")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.integration
