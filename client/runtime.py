@@ -37,7 +37,7 @@ class NodeSettings:
     client-id      stable identity, survives restarts (Flower's node id does not); default client-<partition-id>
     partition-id   which partition of the run's split this client holds (simulation fills it in)
     num-partitions how many partitions the split has
-    data-path      a real deployment's own data: an .npz with `images` (N,C,H,W or N,H,W) and `labels` (N,)
+    data-path      a real deployment's own data: an .npz with `x` and `y` (tasks/npzdata.py)
     state-dir      root of the durable client state store
     device         auto | cpu | cuda; overrides the run config's `device`
     """

@@ -113,7 +113,10 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def _absolute_npz(dataset: str) -> str:
     """npz:DIR with DIR made absolute: the federation's processes do not run in this directory."""
-    return f"npz:{Path(dataset[4:]).resolve()}" if dataset.startswith("npz:") and dataset[4:] else dataset
+    from fedbayes.tasks.npzdata import NPZ_PREFIX, npz_folder
+
+    folder = npz_folder(dataset)
+    return dataset if folder is None or dataset == NPZ_PREFIX else f"{NPZ_PREFIX}{folder.resolve()}"
 
 
 def _without_workdir(argv: list[str]) -> list[str]:

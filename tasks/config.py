@@ -140,11 +140,11 @@ class RunSettings:
 
     def validate(self) -> None:
         from fedbayes.tasks.compute import DEVICES
-        from fedbayes.tasks.datasets import DATASETS
+        from fedbayes.tasks.datasets import DATASETS, NPZ_PREFIX
         from fedbayes.tasks.models import ACTIVATIONS, MODELS
         from fedbayes.tasks.partitions import SPLITS
 
-        own_data = self.dataset.startswith("npz:") and len(self.dataset) > len("npz:")  # tasks/npzdata.py
+        own_data = self.dataset.startswith(NPZ_PREFIX) and len(self.dataset) > len(NPZ_PREFIX)  # tasks/npzdata.py
         _check("dataset", self.dataset in DATASETS or own_data,
                f"must be one of {', '.join(DATASETS)}, or npz:DIR (a folder of .npz files), got {self.dataset!r}")
         _choice("split", self.split, SPLITS)

@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedbayes.tasks.datasets import NUM_CLASSES, Dataset
+from fedbayes.tasks.datasets import NPZ_PREFIX, NUM_CLASSES, Dataset
 
-NPZ_PREFIX = "npz:"
 TRAIN_FILE, TEST_FILE = "train.npz", "test.npz"
 _KEY_PAIRS = (("x", "y"), ("images", "labels"))
 _CLIENT_FILE = re.compile(r"client-(\d+)\.npz")
@@ -156,9 +155,13 @@ def inspect_folder(folder: Path) -> NpzFolder:
     if clients and has_train:
         raise NpzDataError(f"{folder}: holds both {TRAIN_FILE} and client-<i>.npz files; keep one kind of training "
                            "data (train.npz is split by the run's split, client files are used as they are)")
-    names = [TEST_FILE, *([TRAIN_FILE] if has_train else []), *(f"client-{i}.npz" for i in range(clients))]
-    headers = [read_header(folder / name) for name in names]
+    headers = [read_header(path) for path in _data_files(folder, has_train, clients)]
     return NpzFolder(folder, clients, has_train, _common_shape(headers), _class_count(headers))
+
+
+def _data_files(folder: Path, has_train: bool, clients: int) -> list[Path]:
+    return [folder / TEST_FILE, *([folder / TRAIN_FILE] if has_train else []),
+            *(client_file(folder, index) for index in range(clients))]
 
 
 def _client_file_count(folder: Path) -> int:
@@ -201,10 +204,8 @@ def check_folder(folder: Path, clients: int | None, fraction: float, split_file:
     if clients is not None and not found.client_files and not found.has_train:
         raise NpzDataError(f"{folder}: has no training data: add {TRAIN_FILE} or client-0.npz ... "
                            f"client-{clients - 1}.npz")
-    names = [TEST_FILE, *([TRAIN_FILE] if found.has_train else []),
-             *(f"client-{i}.npz" for i in range(found.client_files))]
-    for name in names:
-        read_x(folder / name)
+    for path in _data_files(folder, found.has_train, found.client_files):
+        read_x(path)
     return found
 
 

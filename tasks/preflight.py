@@ -1,9 +1,10 @@
 """Checks of a run config against this machine that need no federation: run before anything starts.
 
 `fedbayes local` runs them before it starts a single process, and the ServerApp at its start, so a
-missing dataset (or a malformed npz:DIR one), an absent GPU, a model that does not build or more clients awaited than will come is
+missing dataset, an absent GPU, a model that does not build or more clients awaited than will come is
 refused in seconds, by the run-config key, instead of after the federation's start-up. Each check
-looks only as far as it must: dataset files are checked for presence, not read.
+looks only as far as it must: the built-in datasets' files are checked for presence, not read; a user's
+npz:DIR files (tasks/npzdata.py) are read and checked in full, as nothing else vouches for them.
 """
 
 from __future__ import annotations
