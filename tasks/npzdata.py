@@ -26,7 +26,7 @@ from fedbayes.tasks.datasets import NPZ_PREFIX, NUM_CLASSES, Dataset
 
 TRAIN_FILE, TEST_FILE = "train.npz", "test.npz"
 _KEY_PAIRS = (("x", "y"), ("images", "labels"))
-_CLIENT_FILE = re.compile(r"client-(\d+)\.npz")
+_CLIENT_FILE = re.compile(r"client-(0|[1-9][0-9]*)\.npz")  # no leading zeros: one name per index
 
 
 class NpzDataError(ValueError):
