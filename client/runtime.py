@@ -21,7 +21,7 @@ from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TensorLayout
 from fedbayes.tasks.compute import resolve_device
-from fedbayes.tasks.config import ConfigError, RunSettings, _is_safe_name
+from fedbayes.tasks.config import ConfigError, RunSettings, _is_safe_name, round_seed
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.npzdata import load_data_path, load_npz_partition
@@ -124,9 +124,10 @@ class ClientRuntime:
         self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header))
         self.timings["state-save"] = time.perf_counter() - started
 
-    def local_seed(self, server_round: int) -> int:
-        """Per-client, per-round seed; crc32 because str hashes differ between processes."""
-        return (self.settings.seed * 1_000_003 + server_round) ^ zlib.crc32(self.node.client_id.encode())
+    def local_seed(self, seed: int, server_round: int) -> int:
+        """Per-client, per-round seed from the run seed the instruction carries; crc32 because str hashes differ
+        between processes."""
+        return round_seed(seed, server_round) ^ zlib.crc32(self.node.client_id.encode())
 
 
 def load_client_data(settings: RunSettings, node: NodeSettings) -> Dataset:

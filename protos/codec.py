@@ -9,7 +9,7 @@ PayloadError that names the sender and the offending field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -98,11 +98,14 @@ def with_envelope(content: RecordDict, message: ProtoMessage) -> RecordDict:
 def decode(
     content: RecordDict,
     message_type: type[M],
-    layouts: Mapping[str, TensorLayout],
+    layouts: Mapping[str, TensorLayout] | Callable[[M], Mapping[str, TensorLayout]],
     sender: str,
 ) -> Payload[M]:
-    """Parse and validate a payload; `layouts` gives the expected layout of every tensor group."""
+    """Parse and validate a payload; `layouts` gives the expected layout of every tensor group, or computes it
+    from the parsed message (when a scalar in it, e.g. a family or a particle count, decides the shapes)."""
     message = _parse_envelope(content, message_type, sender)
+    if callable(layouts):
+        layouts = layouts(message)
     groups = tensor_group_fields(message_type)
     unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY, TIMINGS_KEY}
     if unexpected:

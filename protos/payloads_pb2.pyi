@@ -12,6 +12,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_VERSION_UNSPECIFIED: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_1: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_2: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_3: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +22,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 SCHEMA_VERSION_UNSPECIFIED: SchemaVersion
 SCHEMA_VERSION_1: SchemaVersion
 SCHEMA_VERSION_2: SchemaVersion
+SCHEMA_VERSION_3: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -105,7 +107,7 @@ class FedAvgReply(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class BayesADMMInstruction(_message.Message):
-    __slots__ = ("header", "global_mean", "global_precision", "training", "rho", "dual_step", "temperature", "hess_init", "beta1", "beta2", "mc_samples", "rescale_lr", "reset_posterior", "shared_noise", "noise_seed")
+    __slots__ = ("header", "global_mean", "global_precision", "training", "rho", "dual_step", "temperature", "hess_init", "beta1", "beta2", "mc_samples", "rescale_lr", "reset_posterior", "shared_noise", "noise_seed", "family")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +123,7 @@ class BayesADMMInstruction(_message.Message):
     RESET_POSTERIOR_FIELD_NUMBER: _ClassVar[int]
     SHARED_NOISE_FIELD_NUMBER: _ClassVar[int]
     NOISE_SEED_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
     header: Header
     global_mean: TensorGroup
     global_precision: TensorGroup
@@ -136,7 +139,8 @@ class BayesADMMInstruction(_message.Message):
     reset_posterior: bool
     shared_noise: bool
     noise_seed: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rho: _Optional[float] = ..., dual_step: _Optional[float] = ..., temperature: _Optional[float] = ..., hess_init: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., mc_samples: _Optional[int] = ..., rescale_lr: _Optional[bool] = ..., reset_posterior: _Optional[bool] = ..., shared_noise: _Optional[bool] = ..., noise_seed: _Optional[int] = ...) -> None: ...
+    family: str
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rho: _Optional[float] = ..., dual_step: _Optional[float] = ..., temperature: _Optional[float] = ..., hess_init: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., mc_samples: _Optional[int] = ..., rescale_lr: _Optional[bool] = ..., reset_posterior: _Optional[bool] = ..., shared_noise: _Optional[bool] = ..., noise_seed: _Optional[int] = ..., family: _Optional[str] = ...) -> None: ...
 
 class BayesADMMReply(_message.Message):
     __slots__ = ("header", "local_mean", "local_precision", "dual_mean", "dual_precision", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
@@ -195,7 +199,7 @@ class FedDynReply(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
 
 class FedLapInstruction(_message.Message):
-    __slots__ = ("header", "global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm")
+    __slots__ = ("header", "global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm", "covariance")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +209,7 @@ class FedLapInstruction(_message.Message):
     KNOWN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     INITIAL_SHARE_FIELD_NUMBER: _ClassVar[int]
     MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    COVARIANCE_FIELD_NUMBER: _ClassVar[int]
     header: Header
     global_mean: TensorGroup
     global_precision: TensorGroup
@@ -214,7 +219,8 @@ class FedLapInstruction(_message.Message):
     known_examples: int
     initial_share: float
     max_grad_norm: float
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
+    covariance: bool
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., covariance: _Optional[bool] = ...) -> None: ...
 
 class FedLapReply(_message.Message):
     __slots__ = ("header", "site_mean", "site_precision", "num_examples", "train_loss", "compute_seconds", "curvature_seconds", "resumed_from_round")
@@ -273,7 +279,7 @@ class FedPAReply(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ...) -> None: ...
 
 class DSVGDInstruction(_message.Message):
-    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "initial_particles")
+    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "initial_particles", "variant", "particle_count", "max_visits")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PARTICLES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +294,9 @@ class DSVGDInstruction(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     INITIAL_SEED_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PARTICLES_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    PARTICLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_VISITS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     particles: TensorGroup
     local_steps: int
@@ -302,7 +311,10 @@ class DSVGDInstruction(_message.Message):
     batch_size: int
     initial_seed: int
     initial_particles: bool
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., initial_particles: _Optional[bool] = ...) -> None: ...
+    variant: str
+    particle_count: int
+    max_visits: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., initial_particles: _Optional[bool] = ..., variant: _Optional[str] = ..., particle_count: _Optional[int] = ..., max_visits: _Optional[int] = ...) -> None: ...
 
 class DSVGDReply(_message.Message):
     __slots__ = ("header", "particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")

@@ -24,7 +24,7 @@ from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.strategies import get_algorithm
 from fedbayes.tasks.compute import configure_threads, resolve_device
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import RunSettings, round_seed
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.preflight import preflight
@@ -78,7 +78,7 @@ def run_federation(grid: Grid, context: Context) -> None:
         """The global model at its mean, and (Bayesian strategies) as an ensemble over posterior samples,
         drawn with a per-round seed so a resumed run evaluates exactly like an uninterrupted one."""
         metrics = classification_metrics(predict({name: arrays[name].numpy() for name in layout}), test.labels)
-        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + server_round)
+        generator = torch.Generator().manual_seed(round_seed(settings.seed, server_round))
         samples = strategy.posterior_samples(settings.ensemble_samples, generator)
         if samples:
             ensemble = torch.stack([predict(sample) for sample in samples]).mean(0)

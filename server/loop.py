@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
-from fedbayes.strategies.base import WIRE_STATE_KEY, RoundReport, ServerState, WireStrategy
+from fedbayes.strategies.base import RoundReport, WireStrategy
 
 Evaluate = Callable[[ArrayRecord, int], dict[str, float]]  # (global arrays, round) -> metrics
 
@@ -170,9 +170,7 @@ def run_rounds(
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
-        metadata = dict(checkpoint.strategy_state.metadata)
-        strategy.restore_wire_state(metadata.pop(WIRE_STATE_KEY))
-        strategy.restore_server_state(ServerState(checkpoint.strategy_state.tensors, metadata))
+        strategy.load_state_dict(checkpoint.strategy_state)
         first_round, elapsed = checkpoint.server_round + 1, checkpoint.wall_seconds
         log(INFO, "resuming after round %d from %s", checkpoint.server_round, checkpoints.path)
         if first_round > settings.num_rounds:
@@ -222,9 +220,7 @@ def run_rounds(
         }
         results.write(record)
         checkpoint_started = time.perf_counter()
-        state = strategy.server_state()
-        state.metadata[WIRE_STATE_KEY] = strategy.wire_state()
-        checkpoints.save(Checkpoint(server_round, {name: arrays[name].numpy() for name in arrays}, state,
+        checkpoints.save(Checkpoint(server_round, {name: arrays[name].numpy() for name in arrays}, strategy.state_dict(),
                                     record["wall_seconds"]))
         checkpoint_seconds = time.perf_counter() - checkpoint_started
         log(INFO, progress_line(record, settings.num_rounds))

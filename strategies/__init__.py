@@ -44,7 +44,7 @@ def _builtin() -> dict[str, Algorithm]:
         "fedpa": Algorithm(fedpa.FedPA, fedpa.client_update),
         "dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update),
         "p-dsvgd": Algorithm(dsvgd.p_dsvgd, dsvgd.client_update),
-        "u-dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update),
+        "u-dsvgd": Algorithm(dsvgd.u_dsvgd, dsvgd.client_update),
     }
 
 

@@ -1,6 +1,7 @@
-"""What every fedbayes server strategy shares: the trust boundary (every reply decoded and checked inside one
-guard, identities bound to nodes, state touched only by accepted replies), node sampling, and the per-node
-instructions that tell each client which of its rounds the server accepted."""
+"""The server's round core, shared by every fedbayes strategy: the trust boundary (every reply decoded and checked
+inside one guard, identities bound to nodes, state touched only by accepted replies), node sampling, the per-node
+instructions that tell each client which of its rounds the server accepted, the round's metrics and arrays, and
+checkpointing. An algorithm is two hooks on it (WireStrategy)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,23 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-from flwr.app import Message, MessageType, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
 
+from fedbayes.bayes.params import unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
-    Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, with_envelope,
+    Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, new_header,
+    with_envelope,
 )
 from fedbayes.server.identity import ClientIdentities
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import RunSettings, round_seed
 
 M = TypeVar("M", bound=ProtoMessage)
 WIRE_STATE_KEY = "fedbayes/wire"  # the base's part of a checkpoint's strategy metadata
@@ -54,7 +57,7 @@ def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int,
     per-round seed so that a server resumed from its checkpoint draws as an uninterrupted one would."""
     nodes = sorted(nodes)
     count = min(len(nodes), max(minimum, round(fraction * len(nodes))))
-    return sorted(random.Random(seed * 1_000_003 + server_round).sample(nodes, count))
+    return sorted(random.Random(round_seed(seed, server_round)).sample(nodes, count))
 
 
 def local_training(
@@ -81,25 +84,96 @@ def round_metrics(payloads: list[Payload], **extra: float) -> MetricRecord:
     })
 
 
-class WireStrategy(Strategy):
-    """Base of every fedbayes server strategy. A subclass builds each round's instruction and absorbs the
-    accepted replies; this class owns who may reply and what a reply must be:
+@dataclass
+class Update:
+    """What `absorb` computes from a round's accepted replies, without touching the strategy: the new global
+    model (flat, in layout order; what the server evaluates and hands to the next round), the strategy's
+    attributes as they become once the round is committed, and the round's own metrics."""
 
-      configure_train: `sample` (or `connected_nodes`), then `instructions(...)` (one message per node).
-      aggregate_train: `decode_replies(...)` -> payloads that passed every check, then compute the new state
-        from them WITHOUT touching the old one, check it, and only then `commit(payloads, round)` and assign.
-        A candidate state that fails its check is dropped with `reject_round(...)`: the clients roll back.
+    weights: np.ndarray
+    state: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RoundRejected(Exception):
+    """`absorb` found that the replies together make an unusable state (non-finite, not positive definite):
+    the round changes nothing and every client in it rolls back."""
+
+
+class WireStrategy(Strategy):
+    """Base of every fedbayes server strategy: one round core, two hooks. The core owns who may reply and
+    what a reply must be (the trust boundary), node sampling, headers, encoding, the round's metrics, the
+    returned arrays and checkpointing (`state_dict` / `load_state_dict`, torch's convention). An algorithm
+    supplies
+
+      instruction(server_round, arrays, nodes) -> (message, tensors)   what this round's clients are told
+      absorb(payloads, server_round) -> Update                         the new state from the accepted replies
+
+    plus `reply_type`, `reply_layouts()`, optionally `check_reply(payload)` (checks against its state) and
+    `round_nodes(grid, server_round)` (default: a seeded `fraction-train` sample). `absorb` must not change the
+    strategy: the core assigns `Update.state` only once the round is committed, and a `RoundRejected` it raises
+    leaves everything as it was (the clients roll back).
     """
 
     settings: RunSettings
+    reply_type: type[ProtoMessage]
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
         self.settings = settings
+        self.layout = layout
         self.round_report = RoundReport()
         self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
         self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
         self.connected: list[int] = []  # the nodes connected when this round was configured
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
+
+    # ---- the algorithm's hooks ------------------------------------------------------------------------------
+    def instruction(self, server_round: int, arrays: ArrayRecord,
+                    nodes: list[int]) -> tuple[ProtoMessage, Mapping[str, Mapping[str, np.ndarray]]]:
+        """This round's instruction (its header is filled in by the core) and its tensor groups."""
+        raise NotImplementedError
+
+    def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        """The layout of every tensor group of `reply_type`."""
+        raise NotImplementedError
+
+    def check_reply(self, payload: Payload) -> None:
+        """The algorithm's checks of one reply against its state; raise to reject that reply alone."""
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
+        raise NotImplementedError
+
+    def round_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        return self.sample(grid, server_round)
+
+    # ---- Flower's Strategy, written once ---------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        nodes = self.round_nodes(grid, server_round)
+        instruction, tensors = self.instruction(server_round, arrays, nodes)
+        instruction.header.CopyFrom(new_header(self.settings.federation, server_round))
+        return self.instructions(instruction, tensors, nodes)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        payloads = self.decode_replies(replies, self.reply_type, self.reply_layouts(), server_round,
+                                       check=self.check_reply)
+        if not payloads:
+            return None, None
+        try:
+            update = self.absorb(payloads, server_round)
+        except RoundRejected as rejected:
+            self.reject_round(payloads, f"{self.settings.strategy}: {rejected}")
+            return None, None
+        self.commit(payloads, server_round)
+        vars(self).update(update.state)
+        weights = unflatten(update.weights, self.layout)
+        return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
+                round_metrics(payloads, **update.metrics))
+
+    def round_seed(self, server_round: int) -> int:
+        """The seed of everything random the server draws for a round, so a resumed run draws the same."""
+        return round_seed(self.settings.seed, server_round)
 
     # ---- configure_train --------------------------------------------------------------------------------
     def connected_nodes(self, grid: Grid) -> list[int]:
@@ -235,23 +309,17 @@ class WireStrategy(Strategy):
         log(WARNING, "%s: %s", label, reason)
 
     # ---- state ----------------------------------------------------------------------------------------------
-    def wire_state(self) -> str:
-        """The base's part of a checkpoint: bound identities and accepted rounds."""
-        return json.dumps({"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds})
+    def state_dict(self) -> ServerState:
+        """Everything a restarted server needs besides the global arrays (which the loop checkpoints itself):
+        the core's bound identities and accepted rounds, plus what a subclass adds (call super() first)."""
+        wire = {"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds}
+        return ServerState(metadata={WIRE_STATE_KEY: json.dumps(wire)})
 
-    def restore_wire_state(self, saved: str) -> None:
-        state = json.loads(saved)
-        self.identities.restore(state["identities"])
-        self.accepted_rounds = {client: int(r) for client, r in state["accepted_rounds"].items()}
-
-    def server_state(self) -> ServerState:
-        """Checkpointed after every round (server/checkpoint.py); stateless strategies keep nothing."""
-        return ServerState()
-
-    def restore_server_state(self, state: ServerState) -> None:
-        """Continue from `server_state()` as saved by an earlier server process."""
-        if state.tensors or state.metadata:
-            raise ValueError(f"{type(self).__name__} keeps no server state, but the checkpoint has some")
+    def load_state_dict(self, state: ServerState) -> None:
+        """Continue from `state_dict()` as saved by an earlier server process (subclasses: call super() first)."""
+        wire = json.loads(state.metadata[WIRE_STATE_KEY])
+        self.identities.restore(wire["identities"])
+        self.accepted_rounds = {client: int(r) for client, r in wire["accepted_rounds"].items()}
 
     def posterior_samples(self, count: int, generator) -> list[dict]:
         """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""

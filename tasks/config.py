@@ -214,6 +214,12 @@ class RunSettings:
         _check("udsvgd-max-visits", self.udsvgd_max_visits >= 1, "must be >= 1")
 
 
+def round_seed(seed: int, server_round: int) -> int:
+    """One seed per (run seed, round), the same in every process: the server's node sampling, scheduling and
+    posterior samples, and (mixed with a client's id) its minibatch order and noise."""
+    return seed * 1_000_003 + server_round
+
+
 def _coerce(key: str, value: Any, annotation: str) -> Any:
     """Flower's TOML parsing gives 1 for `lr=1`; accept ints for floats, nothing else."""
     kind = {"int": int, "float": float, "str": str, "bool": bool}[annotation]

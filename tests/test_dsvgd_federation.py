@@ -124,8 +124,7 @@ def test_server_state_round_trip(tmp_path):
     for server_round in (1, 2):
         run_round(strategy, runtimes, server_round)
     restored = get_algorithm("dsvgd").server(settings, runtimes[11].layout)
-    restored.restore_server_state(strategy.server_state())
-    restored.restore_wire_state(strategy.wire_state())
+    restored.load_state_dict(strategy.state_dict())
     assert np.array_equal(restored.particles, strategy.particles)
     assert restored.accepted_rounds == strategy.accepted_rounds == {"client-2": 1, "client-0": 2}
     assert restored.last_scheduled == "client-0"
@@ -148,5 +147,5 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
         assert np.array_equal(local, stored)  # P-DSVGD uploads exactly what the client keeps
     assert torch.isfinite(torch.from_numpy(strategy.particles)).all()
     assert not np.allclose(strategy.particles, initial)
-    state = strategy.server_state()
+    state = strategy.state_dict()
     assert {f"local/{client}" for client in strategy.local_particles} <= set(state.tensors)
