@@ -84,7 +84,8 @@ CORE_KEYS = (
     Key("results-path", "", "a JSON-lines file the server appends one row per round to"),
     Key("server-state-dir", "", 'server checkpoints; "" = $FEDBAYES_SERVER_STATE_DIR or ~/.fedbayes/server'),
     # data
-    Key("dataset", "fmnist", "fmnist | mnist | cifar10 | cifar100"),
+    Key("dataset", "fmnist", "fmnist | mnist | cifar10 | cifar100 | npz:DIR (your own: DIR/train.npz or "
+        "client-<i>.npz, and test.npz)"),
     Key("data-root", "", "where torchvision datasets live (Fashion-MNIST: Debian's dataset-fashion-mnist by default)"),
     Key("download", False, "let torchvision download a missing dataset"),
     Key("fraction", 1.0, "the share of the training set the clients split", fraction_of_one, "must be in (0, 1]"),
@@ -99,7 +100,8 @@ CORE_KEYS = (
         "`fedbayes partitions --write`); replaces split/fraction"),
     Key("split-file-overlap", False, "with split-file: a row may belong to several clients"),
     # model
-    Key("model", "mlp", "logreg | mlp | cnn-zenke | cnn-acar | resnet20 | resnet20-gn"),
+    Key("model", "mlp", "logreg | mlp | cnn-zenke | cnn-acar | resnet20 | resnet20-gn | <module>:<callable> (your "
+        "own: callable(input_shape, num_classes) -> nn.Module)"),
     Key("hidden", "200,100", "mlp: hidden layer widths"),
     Key("activation", "sigmoid", "mlp: the hidden layers' activation"),
     Key("pool", 1, "average-pool images over pool x pool blocks first (4: 28x28 -> 7x7)", at_least_one,
@@ -218,13 +220,15 @@ class RunSettings:
     def validate(self) -> None:
         """What one key cannot check alone: names other modules define, and keys that depend on each other."""
         from fedbayes.tasks.compute import DEVICES
-        from fedbayes.tasks.datasets import DATASETS
+        from fedbayes.tasks.datasets import DATASETS, NPZ_PREFIX
         from fedbayes.tasks.models import ACTIVATIONS, MODELS
         from fedbayes.tasks.partitions import SPLITS
 
-        _choice("dataset", self.dataset, DATASETS)
+        own_data = self.dataset.startswith(NPZ_PREFIX) and len(self.dataset) > len(NPZ_PREFIX)  # tasks/npzdata.py
+        _check("dataset", self.dataset in DATASETS or own_data,
+               f"must be one of {', '.join(DATASETS)}, or npz:DIR (a folder of .npz files), got {self.dataset!r}")
         _choice("split", self.split, SPLITS)
-        _choice("model", self.model, MODELS)
+        _check_model(self.model, MODELS)
         _choice("activation", self.activation, tuple(ACTIVATIONS))
         _choice("device", self.device, DEVICES)
         _check("fraction", not self.split_file or self.fraction == 1.0,
@@ -251,6 +255,19 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"run config '{key}' must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_model(model: str, builtin: tuple[str, ...]) -> None:
+    """A built-in model, or "<module>:<callable>" that imports here (tasks/preflight.py also builds it)."""
+    from fedbayes.tasks.models import load_model_builder
+
+    if ":" not in model:
+        _check("model", model in builtin, f"must be one of {', '.join(builtin)}, or '<module>:<callable>', got {model!r}")
+        return
+    try:
+        load_model_builder(model)
+    except ValueError as error:
+        raise ConfigError(f"run config 'model': {error}") from None
 
 
 def _check(key: str, ok: bool, requirement: str) -> None:
