@@ -13,6 +13,7 @@ import torch
 from flwr.app import RecordDict
 from google.protobuf.message import Message as ProtoMessage
 
+from fedbayes.bayes.params import get_parameters, set_parameters
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.state import ClientState
 from fedbayes.protos.codec import TensorLayout, decode, encode, new_header
@@ -55,36 +56,32 @@ class ClientHalf:
     local_update      LocalRound -> LocalResult: the algorithm's local step
     layouts           (instruction, model layout) -> the layout of every tensor group of the instruction
     stateful          the half keeps durable state between rounds (client/state.py)
-    parameters_only   the algorithm needs a model whose state is exactly its parameters (no buffers)
+
+    The model's buffers (BatchNorm statistics) are the core's: it loads the global ones before `local_update`
+    and returns the model's after it; `runtime.layout` and the algorithm's math are the parameters alone.
     """
 
     instruction_type: type[ProtoMessage]
     local_update: Callable[[LocalRound], LocalResult]
     layouts: Callable[[ProtoMessage, TensorLayout], Mapping[str, TensorLayout]]
     stateful: bool = False
-    parameters_only: bool = False
 
     def __call__(self, content: RecordDict, runtime: ClientRuntime) -> RecordDict:
-        payload = decode(content, self.instruction_type, lambda message: self.layouts(message, runtime.layout),
-                         sender="server")
+        def layouts(message: ProtoMessage) -> dict[str, TensorLayout]:
+            return {**self.layouts(message, runtime.layout), "buffers": runtime.buffer_layout}
+
+        payload = decode(content, self.instruction_type, layouts, sender="server")
         header = payload.message.header
-        if self.parameters_only:
-            check_parameters_only(runtime)
+        set_parameters(runtime.model, payload.tensors["buffers"])  # the global buffers; training updates them
         stored = runtime.load_state(header) if self.stateful else None
         result = self.local_update(LocalRound(payload.message, payload.tensors, runtime, stored))
+        result.tensors = {**result.tensors, "buffers": get_parameters(runtime.model, runtime.buffer_layout)}
         if self.stateful:
             runtime.save_state(header, ClientState(result.state, {"federation": header.federation}))
             result.reply.resumed_from_round = stored.round if stored is not None else 0
         result.reply.header.CopyFrom(new_header(header.federation, header.server_round, runtime.node.client_id))
         result.reply.num_examples = len(runtime.data.labels)
         return encode(result.reply, result.tensors)
-
-
-def check_parameters_only(runtime: ClientRuntime) -> None:
-    names = [name for name, _ in runtime.model.named_parameters()]
-    if names != list(runtime.layout):
-        raise ValueError(f"this strategy needs a model whose state is exactly its parameters; the model has "
-                         f"{sorted(set(runtime.layout) - set(names))} besides them")
 
 
 def model_layouts(*groups: str) -> Callable[[ProtoMessage, TensorLayout], dict[str, TensorLayout]]:

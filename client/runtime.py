@@ -16,7 +16,7 @@ import torch
 
 from flwr.common import log
 
-from fedbayes.bayes.params import parameter_layout
+from fedbayes.bayes.params import buffer_layout, parameter_layout
 from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TensorLayout
@@ -78,8 +78,9 @@ class ClientRuntime:
     node: NodeSettings
     data: Dataset
     model: torch.nn.Module
-    layout: TensorLayout
+    layout: TensorLayout  # the model's parameters: what the strategy's math works on
     device: torch.device
+    buffer_layout: TensorLayout = field(default_factory=dict)  # the rest of the model's state (client/core.py)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds this message (client/app.py)
 
     @classmethod
@@ -96,6 +97,7 @@ class ClientRuntime:
             model=model,
             layout=parameter_layout(model),
             device=resolve_device(node.device),
+            buffer_layout=buffer_layout(model),
         )
 
     def state_store(self, federation: str) -> ClientStateStore:

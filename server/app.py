@@ -18,7 +18,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedbayes.bayes.metrics import classification_metrics, predict_probs
-from fedbayes.bayes.params import get_parameters, parameter_layout, set_parameters
+from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout, set_parameters
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.strategies import get_algorithm
@@ -61,8 +61,9 @@ def run_federation(grid: Grid, context: Context) -> None:
         settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation,
         settings.pool,
     )
-    layout = parameter_layout(model)
-    strategy = algorithm.server(settings, layout)
+    layout = parameter_layout(model) | buffer_layout(model)  # everything the global model holds
+    strategy = algorithm.server(settings, parameter_layout(model))
+    strategy.buffer_layout = buffer_layout(model)
     device = resolve_device(settings.device)
     log(INFO, "fedbayes: federation %s, strategy %s, %s, %d rounds", settings.federation, settings.strategy,
         settings.dataset, settings.num_server_rounds)
@@ -80,7 +81,8 @@ def run_federation(grid: Grid, context: Context) -> None:
         generator = torch.Generator().manual_seed(round_seed(settings.seed, server_round))
         samples = strategy.posterior_samples(settings.ensemble_samples, generator)
         if samples:
-            ensemble = torch.stack([predict(sample) for sample in samples]).mean(0)
+            buffers = {name: arrays[name].numpy() for name in strategy.buffer_layout}  # samples are parameters
+            ensemble = torch.stack([predict(sample | buffers) for sample in samples]).mean(0)
             metrics |= {f"{key}_ensemble": value for key, value in classification_metrics(ensemble, test.labels).items()}
         return metrics
 

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
 
-from fedbayes.bayes.params import unflatten
+from fedbayes.bayes.params import flatten, unflatten, weighted_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
     Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, new_header,
@@ -120,7 +120,8 @@ class WireStrategy(Strategy):
 
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
         self.settings = settings
-        self.layout = layout
+        self.layout = layout  # the model's parameters, what the algorithm's math works on
+        self.buffer_layout: TensorLayout = {}  # the rest of its state (server/app.py sets it): averaged by the core
         self.round_report = RoundReport()
         self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
         self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
@@ -152,12 +153,13 @@ class WireStrategy(Strategy):
         nodes = self.round_nodes(grid, server_round)
         instruction, tensors = self.instruction(server_round, arrays, nodes)
         instruction.header.CopyFrom(new_header(self.settings.federation, server_round))
-        return self.instructions(instruction, tensors, nodes)
+        buffers = {name: arrays[name].numpy() for name in self.buffer_layout}
+        return self.instructions(instruction, {**tensors, "buffers": buffers}, nodes)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        payloads = self.decode_replies(replies, self.reply_type, self.reply_layouts(), server_round,
-                                       check=self.check_reply)
+        layouts = {**self.reply_layouts(), "buffers": self.buffer_layout}
+        payloads = self.decode_replies(replies, self.reply_type, layouts, server_round, check=self.check_reply)
         if not payloads:
             return None, None
         try:
@@ -167,9 +169,18 @@ class WireStrategy(Strategy):
             return None, None
         self.commit(payloads, server_round)
         vars(self).update(update.state)
-        weights = unflatten(update.weights, self.layout)
+        weights = unflatten(update.weights, self.layout) | self.averaged_buffers(payloads)
         return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
                 round_metrics(payloads, **update.metrics))
+
+    def averaged_buffers(self, payloads: list[Payload]) -> dict[str, np.ndarray]:
+        """The model's buffers (BatchNorm statistics) FedAvg-style, whatever the algorithm: the clients' buffers
+        after their local training, weighted by their example counts (none for a model without buffers)."""
+        if not self.buffer_layout:
+            return {}
+        average = weighted_mean([flatten(p.tensors["buffers"], self.buffer_layout) for p in payloads],
+                                [p.message.num_examples for p in payloads])
+        return unflatten(average, self.buffer_layout)
 
     def round_seed(self, server_round: int) -> int:
         """The seed of everything random the server draws for a round, so a resumed run draws the same."""

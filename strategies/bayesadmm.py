@@ -391,8 +391,7 @@ def local_update(local: LocalRound) -> LocalResult:
     return LocalResult(pb.BayesADMMReply(train_loss=train_loss, compute_seconds=compute_seconds), tensors, state)
 
 
-client_update = ClientHalf(pb.BayesADMMInstruction, local_update, instruction_layouts, stateful=True,
-                           parameters_only=True)
+client_update = ClientHalf(pb.BayesADMMInstruction, local_update, instruction_layouts, stateful=True)
 
 
 def training_seed(instruction: pb.BayesADMMInstruction, runtime: ClientRuntime) -> int:

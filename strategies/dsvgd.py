@@ -61,7 +61,7 @@ from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy
-from fedbayes.tasks.config import Key, RunSettings, at_least_one, non_negative, positive, unit_interval
+from fedbayes.tasks.config import ConfigError, Key, RunSettings, at_least_one, non_negative, positive, unit_interval
 
 # ../shared/specs/dsvgd.md §8: the paper's BNN values (its prior precision is e: set prior-precision=2.718).
 HYPERPARAMETERS = (
@@ -278,6 +278,9 @@ class DSVGD(WireStrategy):
 
     def instruction(self, server_round, arrays, nodes):
         settings = self.settings
+        if self.buffer_layout:  # a particle is one parameter vector: batch statistics have no meaning per particle
+            raise ConfigError(f"{self.variant}: the model has buffers ({', '.join(list(self.buffer_layout)[:3])}); "
+                              "DSVGD's particles are parameters only: use a model without BatchNorm (e.g. GroupNorm)")
         if self.particles is None:
             self.particles = initial_particles(self.layout, settings.particles, settings.seed)
         instruction = pb.DSVGDInstruction(
@@ -436,8 +439,7 @@ def local_update(local: LocalRound) -> LocalResult:
     return LocalResult(pb.DSVGDReply(**fields), {"particles": {"particles": updated.cpu().numpy()}}, state)
 
 
-client_update = ClientHalf(pb.DSVGDInstruction, local_update, instruction_layouts, stateful=True,
-                           parameters_only=True)
+client_update = ClientHalf(pb.DSVGDInstruction, local_update, instruction_layouts, stateful=True)
 
 
 def _stored_local_particles(stored: ClientState | None, shape: tuple[int, ...], layout: TensorLayout,

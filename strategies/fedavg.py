@@ -60,7 +60,7 @@ def local_update(local: LocalRound) -> LocalResult:
     train_loss, compute_seconds = train_locally(local.runtime, instruction.training, local.server_round,
                                                 instruction.proximal_mu)
     return LocalResult(pb.FedAvgReply(train_loss=train_loss, compute_seconds=compute_seconds),
-                       {"weights": get_parameters(local.runtime.model)})
+                       {"weights": get_parameters(local.runtime.model, local.runtime.layout)})
 
 
 client_update = ClientHalf(pb.FedAvgInstruction, local_update, model_layouts("weights"))

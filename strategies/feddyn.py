@@ -179,5 +179,4 @@ def local_update(local: LocalRound) -> LocalResult:
                        {LAMBDA_KEY: lambda_step(lam, weights, global_)})
 
 
-client_update = ClientHalf(pb.FedDynInstruction, local_update, model_layouts("global_weights"), stateful=True,
-                           parameters_only=True)
+client_update = ClientHalf(pb.FedDynInstruction, local_update, model_layouts("global_weights"), stateful=True)

@@ -232,8 +232,7 @@ def local_update(local: LocalRound) -> LocalResult:
                        {"site_mean": site.mean, "site_precision": site.precision})
 
 
-client_update = ClientHalf(pb.FedLapInstruction, local_update, instruction_layouts, stateful=True,
-                           parameters_only=True)
+client_update = ClientHalf(pb.FedLapInstruction, local_update, instruction_layouts, stateful=True)
 
 
 def _stored_site(stored: ClientState | None, global_mean: torch.Tensor, global_precision: torch.Tensor,

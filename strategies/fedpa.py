@@ -332,4 +332,4 @@ def local_update(local: LocalRound) -> LocalResult:
     return LocalResult(reply, {"delta": unflatten(delta.numpy(), runtime.layout)})
 
 
-client_update = ClientHalf(pb.FedPAInstruction, local_update, model_layouts("weights"), parameters_only=True)
+client_update = ClientHalf(pb.FedPAInstruction, local_update, model_layouts("weights"))

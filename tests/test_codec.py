@@ -33,8 +33,8 @@ def test_round_trip_keeps_scalars_and_tensors():
 
 
 def test_tensor_groups_come_from_the_schema():
-    assert tensor_group_fields(pb.FedAvgReply) == ["weights"]
-    assert tensor_group_fields(pb.FedAvgInstruction) == ["weights"]
+    assert tensor_group_fields(pb.FedAvgReply) == ["weights", "buffers"]
+    assert tensor_group_fields(pb.FedAvgInstruction) == ["weights", "buffers"]
 
 
 def replace_array(content, name, value):

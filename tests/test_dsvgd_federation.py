@@ -80,7 +80,7 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
         node = messages[0].metadata.dst_node_id
         scheduled.append(NODE_CLIENTS[node])
         reply = decode(replies[0].content, pb.DSVGDReply, {"particles": layout}, sender="test")
-        assert set(replies[0].content.keys()) == {"particles", ENVELOPE_KEY}
+        assert set(replies[0].content.keys()) == {"particles", "buffers", ENVELOPE_KEY}  # buffers: empty, the MLP has none
         assert np.array_equal(strategy.particles, reply.tensors["particles"]["particles"])  # bit for bit
         assert strategy.particles.shape == (3, size) and strategy.particles.dtype == np.float32
         # a client's second visit starts from the local particles of its first
@@ -137,7 +137,7 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
         messages, replies = run_round(strategy, runtimes, server_round)
         assert len(messages) == 2
         for reply in replies:
-            assert set(reply.content.keys()) == {"local_particles", ENVELOPE_KEY}
+            assert set(reply.content.keys()) == {"local_particles", "buffers", ENVELOPE_KEY}
         if initial is None:
             initial = initial_particles(runtimes[11].layout, 3, 0)
     assert 2 <= len(strategy.local_particles) <= 3
