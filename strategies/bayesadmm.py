@@ -48,21 +48,18 @@ from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, Tensors
 from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy, local_training
-from fedbayes.tasks.config import ConfigError, Key, RunSettings, at_least_one, positive, unit_interval
+from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, POSITIVE, ConfigError, Key, RunSettings
 
 # Paper defaults, FMNIST-10% heterogeneous (../shared/specs/bayesadmm.md §2).
 HYPERPARAMETERS = (
-    Key("rho", 0.2, "ρ: the primal step, the weight of KL(q ‖ q̄) in the client's objective (Eq. 28)", positive,
-        "must be > 0"),
-    Key("dual-damping", 0.001, "γ/ρ: the dual step is γ = damping·ρ (federated ADMM: γ = ρ)", positive,
-        "must be > 0"),
-    Key("temperature", 0.001, "τ: the client minimises loss_sum / τ (App. D)", positive, "must be > 0"),
-    Key("prior-precision", 1.0, "δ: the prior's precision, q̄'s precision at the start (Alg. 1)", positive,
-        "must be > 0"),
-    Key("hess-init", 0.001, "IVON's initial Hessian h0", positive, "must be > 0"),
-    Key("beta1", 0.9, "IVON's gradient momentum", unit_interval, "must be in [0, 1)"),
-    Key("beta2", 0.9998, "IVON's Hessian momentum", unit_interval, "must be in [0, 1)"),
-    Key("mc-samples", 1, "IVON's weight samples per step", at_least_one, "must be >= 1"),
+    Key("rho", 0.2, "ρ: the primal step, the weight of KL(q ‖ q̄) in the client's objective (Eq. 28)", POSITIVE),
+    Key("dual-damping", 0.001, "γ/ρ: the dual step is γ = damping·ρ (federated ADMM: γ = ρ)", POSITIVE),
+    Key("temperature", 0.001, "τ: the client minimises loss_sum / τ (App. D)", POSITIVE),
+    Key("prior-precision", 1.0, "δ: the prior's precision, q̄'s precision at the start (Alg. 1)", POSITIVE),
+    Key("hess-init", 0.001, "IVON's initial Hessian h0", POSITIVE),
+    Key("beta1", 0.9, "IVON's gradient momentum", MOMENTUM),
+    Key("beta2", 0.9998, "IVON's Hessian momentum", MOMENTUM),
+    Key("mc-samples", 1, "IVON's weight samples per step", AT_LEAST_ONE),
     Key("rescale-lr", False, "IVON's rescale_lr"),
     Key("reset-posterior", True, "start IVON's posterior at q̄ every round (the reference code does)"),
     Key("noise", "shared", "shared: every client draws IVON's weight noise and its minibatch order from the run "

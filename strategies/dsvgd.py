@@ -61,28 +61,25 @@ from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy
-from fedbayes.tasks.config import ConfigError, Key, RunSettings, at_least_one, non_negative, positive, unit_interval
+from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, ConfigError, Key, RunSettings
 
 # ../shared/specs/dsvgd.md §8: the paper's BNN values (its prior precision is e: set prior-precision=2.718).
 HYPERPARAMETERS = (
-    Key("particles", 20, "N, global and local particles alike (payload: N x P float32)", at_least_one,
-        "must be >= 1"),
-    Key("kde-bandwidth", 0.55, "λ, the std of the Gaussian KDE kernel", positive, "must be > 0"),
-    Key("local-steps", 200, "L: SVGD steps towards the tilted distribution (eq. 13-14)", non_negative,
-        "must be >= 0"),
-    Key("distill-steps", 200, "L': SVGD steps distilling the client's local particles (eq. 17)", non_negative,
-        "must be >= 0"),
-    Key("server-steps", 200, "L_s: P-DSVGD's server distillation steps (eq. 29)", non_negative, "must be >= 0"),
-    Key("svgd-lr", 0.001, "AdaGrad-with-momentum learning rate of loop 1", positive, "must be > 0"),
-    Key("distill-lr", 0.001, "... of loop 2 and of the P-DSVGD server", positive, "must be > 0"),
-    Key("svgd-beta", 0.9, "momentum of the squared-direction average", unit_interval, "must be in [0, 1)"),
-    Key("svgd-fudge", 1e-6, "smoothing term of the step rule", positive, "must be > 0"),
-    Key("dsvgd-alpha", 1.0, "α, the temperature of the Gibbs posterior (1 = Bayes)", positive, "must be > 0"),
-    Key("prior-precision", 1.0, "the prior p_0 = N(0, I / prior-precision)", positive, "must be > 0"),
+    Key("particles", 20, "N, global and local particles alike (payload: N x P float32)", AT_LEAST_ONE),
+    Key("kde-bandwidth", 0.55, "λ, the std of the Gaussian KDE kernel", POSITIVE),
+    Key("local-steps", 200, "L: SVGD steps towards the tilted distribution (eq. 13-14)", NON_NEGATIVE),
+    Key("distill-steps", 200, "L': SVGD steps distilling the client's local particles (eq. 17)", NON_NEGATIVE),
+    Key("server-steps", 200, "L_s: P-DSVGD's server distillation steps (eq. 29)", NON_NEGATIVE),
+    Key("svgd-lr", 0.001, "AdaGrad-with-momentum learning rate of loop 1", POSITIVE),
+    Key("distill-lr", 0.001, "... of loop 2 and of the P-DSVGD server", POSITIVE),
+    Key("svgd-beta", 0.9, "momentum of the squared-direction average", MOMENTUM),
+    Key("svgd-fudge", 1e-6, "smoothing term of the step rule", POSITIVE),
+    Key("dsvgd-alpha", 1.0, "α, the temperature of the Gibbs posterior (1 = Bayes)", POSITIVE),
+    Key("prior-precision", 1.0, "the prior p_0 = N(0, I / prior-precision)", POSITIVE),
     Key("dsvgd-scheduler", "round-robin", "which client a DSVGD round schedules",
         choices=("round-robin", "random")),
     Key("udsvgd-max-visits", 16, "U-DSVGD: the visits an agent may keep (2·N·P float32 each); more is refused",
-        at_least_one, "must be >= 1"),
+        AT_LEAST_ONE),
 )
 from fedbayes.tasks.datasets import Dataset
 

@@ -18,10 +18,10 @@ from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, TensorLayout
 from fedbayes.strategies.base import Update, WireStrategy, local_training
-from fedbayes.tasks.config import Key, RunSettings, non_negative
+from fedbayes.tasks.config import NON_NEGATIVE, Key, RunSettings
 
 FEDPROX_HYPERPARAMETERS = (
-    Key("proximal-mu", 0.01, "FedProx: μ of the clients' proximal term μ/2·‖w − w_g‖²", non_negative, "must be >= 0"),
+    Key("proximal-mu", 0.01, "FedProx: μ of the clients' proximal term μ/2·‖w − w_g‖²", NON_NEGATIVE),
 )
 
 

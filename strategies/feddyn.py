@@ -36,14 +36,13 @@ from fedbayes.protos.codec import Payload, TensorLayout
 from fedbayes.strategies.base import (
     Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
 )
-from fedbayes.tasks.config import Key, RunSettings, non_negative, positive
+from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, Key, RunSettings
 
 # ../shared/specs/feddyn-fedlap-splits.md §2, §8. The local weight decay is the run's `weight-decay`.
 MAX_GRAD_NORM = Key("max-grad-norm", 0.0, "clip local gradients at this norm; 0 = off (the official FedDyn code: 10)",
-                    non_negative, "must be >= 0")
+                    NON_NEGATIVE)
 HYPERPARAMETERS = (
-    Key("feddyn-alpha", 0.01, "α; client k uses α_k = α·N/(K·N_k) (paper FMNIST grid 1e-2..1e-6)", positive,
-        "must be > 0"),
+    Key("feddyn-alpha", 0.01, "α; client k uses α_k = α·N/(K·N_k) (paper FMNIST grid 1e-2..1e-6)", POSITIVE),
     MAX_GRAD_NORM,
 )
 

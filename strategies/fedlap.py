@@ -46,10 +46,10 @@ from fedbayes.strategies.base import (
     Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
 )
 from fedbayes.strategies.feddyn import MAX_GRAD_NORM
-from fedbayes.tasks.config import Key, RunSettings, positive
+from fedbayes.tasks.config import POSITIVE, Key, RunSettings
 
 HYPERPARAMETERS = (
-    Key("prior-precision", 1.0, "δ: the prior's precision (paper grid 1..1e-4)", positive, "must be > 0"),
+    Key("prior-precision", 1.0, "δ: the prior's precision (paper grid 1..1e-4)", POSITIVE),
     MAX_GRAD_NORM,
 )
 

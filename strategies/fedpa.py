@@ -43,25 +43,25 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, TensorLayout
 from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy, local_training
 from fedbayes.strategies.fedavg import train_locally
-from fedbayes.tasks.config import Key, RunSettings, at_least_one, non_negative, positive, unit_interval
+from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, Key, RunSettings
 
 # ../shared/specs/fedpa.md §7. Rounds 1..burn-in-rounds are FedAvg rounds; each later round runs
 # local-burnin-epochs discarded epochs, then `samples` epochs, each averaged into one IASG sample.
 HYPERPARAMETERS = (
-    Key("burn-in-rounds", 10, "rounds of FedAvg before sampling starts", non_negative, "must be >= 0"),
-    Key("samples", 4, "ℓ: IASG samples per sampling round, one per epoch", at_least_one, "must be >= 1"),
+    Key("burn-in-rounds", 10, "rounds of FedAvg before sampling starts", NON_NEGATIVE),
+    Key("samples", 4, "ℓ: IASG samples per sampling round, one per epoch", AT_LEAST_ONE),
     Key("local-burnin-epochs", 1, "epochs discarded at the start of a sampling round (the released code: 1)",
-        non_negative, "must be >= 0"),
-    Key("shrinkage", 0.01, "ρ of Thm 3; the identity weight is ρ_ℓ = 1/(1 + (ℓ-1)ρ)", non_negative, "must be >= 0"),
+        NON_NEGATIVE),
+    Key("shrinkage", 0.01, "ρ of Thm 3; the identity weight is ρ_ℓ = 1/(1 + (ℓ-1)ρ)", NON_NEGATIVE),
     Key("server-optimizer", "sgd", "the server's optimizer on the averaged delta",
         choices=("sgd", "adam", "adagrad")),
-    Key("server-lr", 1.0, "the server optimizer's learning rate", positive, "must be > 0"),
-    Key("server-momentum", 0.0, "sgd's momentum", unit_interval, "must be in [0, 1)"),
-    Key("server-beta1", 0.9, "adam's β1", unit_interval, "must be in [0, 1)"),
-    Key("server-beta2", 0.99, "adam's β2", unit_interval, "must be in [0, 1)"),
-    Key("server-eps", 0.001, "τ of adam and adagrad", positive, "must be > 0"),
+    Key("server-lr", 1.0, "the server optimizer's learning rate", POSITIVE),
+    Key("server-momentum", 0.0, "sgd's momentum", MOMENTUM),
+    Key("server-beta1", 0.9, "adam's β1", MOMENTUM),
+    Key("server-beta2", 0.99, "adam's β2", MOMENTUM),
+    Key("server-eps", 0.001, "τ of adam and adagrad", POSITIVE),
     Key("server-adagrad-init", 0.1, "adagrad's initial accumulator (Keras' default, as the released code)",
-        non_negative, "must be >= 0"),
+        NON_NEGATIVE),
 )
 from fedbayes.tasks.datasets import Dataset
 

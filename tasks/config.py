@@ -22,15 +22,29 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Check:
+    """What a key's value must satisfy: `test(value)` is true; `requirement` says so in an error."""
+
+    test: Callable[[Any], bool]
+    requirement: str
+
+
+POSITIVE = Check(lambda value: value > 0, "must be > 0")
+NON_NEGATIVE = Check(lambda value: value >= 0, "must be >= 0")
+AT_LEAST_ONE = Check(lambda value: value >= 1, "must be >= 1")
+MOMENTUM = Check(lambda value: 0.0 <= value < 1.0, "must be in [0, 1)")  # a momentum or a moment decay
+SHARE = Check(lambda value: 0.0 < value <= 1.0, "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
 class Key:
     """One run-config key: its name, default (whose type is the key's type), a one-line doc, and what a value
-    must satisfy (`check(value)` true, stated as `requirement`, or one of `choices`)."""
+    must satisfy (`check`, or one of `choices`)."""
 
     name: str
     default: Any
     doc: str
-    check: Callable[[Any], bool] | None = None
-    requirement: str = ""
+    check: Check | None = None
     choices: tuple[str, ...] = ()
 
     @property
@@ -46,30 +60,8 @@ class Key:
         if self.choices:
             _choice(self.name, value, self.choices)
         if self.check is not None:
-            _check(self.name, self.check(value), self.requirement)
+            _check(self.name, self.check.test(value), self.check.requirement)
         return value
-
-
-def positive(value: float) -> bool:
-    return value > 0
-
-
-def non_negative(value: float) -> bool:
-    return value >= 0
-
-
-def at_least_one(value: int) -> bool:
-    return value >= 1
-
-
-def unit_interval(value: float) -> bool:
-    """[0, 1): a momentum or a moment decay."""
-    return 0.0 <= value < 1.0
-
-
-def fraction_of_one(value: float) -> bool:
-    """(0, 1]."""
-    return 0.0 < value <= 1.0
 
 
 # Keys every run has: what to run, the data, the model, local training, the round loop and the trust boundary.
@@ -77,10 +69,10 @@ def fraction_of_one(value: float) -> bool:
 CORE_KEYS = (
     Key("strategy", "fedavg", "the algorithm: a built-in name (`fedbayes strategies`), '<module>:<attribute>' or an "
         "installed entry point"),
-    Key("num-server-rounds", 3, "rounds to run", at_least_one, "must be >= 1"),
+    Key("num-server-rounds", 3, "rounds to run", AT_LEAST_ONE),
     Key("federation", "", 'one training run\'s name: its checkpoint and every client\'s state live under it, and a '
         'ServerApp started for it again resumes; "" = a new federation, named by the ServerApp',
-        lambda name: name == "" or _is_safe_name(name), 'must be "" (a new federation) or match [A-Za-z0-9._-]+'),
+        Check(lambda name: name == "" or _is_safe_name(name), 'must be "" (a new federation) or match [A-Za-z0-9._-]+')),
     Key("results-path", "", "a JSON-lines file the server appends one row per round to"),
     Key("server-state-dir", "", 'server checkpoints; "" = $FEDBAYES_SERVER_STATE_DIR or ~/.fedbayes/server'),
     # data
@@ -88,14 +80,13 @@ CORE_KEYS = (
         "client-<i>.npz, and test.npz)"),
     Key("data-root", "", "where torchvision datasets live (Fashion-MNIST: Debian's dataset-fashion-mnist by default)"),
     Key("download", False, "let torchvision download a missing dataset"),
-    Key("fraction", 1.0, "the share of the training set the clients split", fraction_of_one, "must be in (0, 1]"),
+    Key("fraction", 1.0, "the share of the training set the clients split", SHARE),
     Key("split", "iid", "iid | dirichlet | two-class"),
     Key("seed", 0, "the run's seed: data split, initial model, sampling, every client's noise"),
-    Key("dirichlet-alpha-sizes", 1.0, "dirichlet split: concentration of the client sizes", positive, "must be > 0"),
-    Key("dirichlet-alpha-classes", 0.5, "dirichlet split: concentration of each client's classes", positive,
-        "must be > 0"),
-    Key("min-client-size", 1, "dirichlet split: the fewest examples a client gets", at_least_one, "must be >= 1"),
-    Key("two-class-per-class", 300, "two-class split: examples per class per client", at_least_one, "must be >= 1"),
+    Key("dirichlet-alpha-sizes", 1.0, "dirichlet split: concentration of the client sizes", POSITIVE),
+    Key("dirichlet-alpha-classes", 0.5, "dirichlet split: concentration of each client's classes", POSITIVE),
+    Key("min-client-size", 1, "dirichlet split: the fewest examples a client gets", AT_LEAST_ONE),
+    Key("two-class-per-class", 300, "two-class split: examples per class per client", AT_LEAST_ONE),
     Key("split-file", "", "a published split (JSON: per client its 0-based row indices into the training file, "
         "`fedbayes partitions --write`); replaces split/fraction"),
     Key("split-file-overlap", False, "with split-file: a row may belong to several clients"),
@@ -104,38 +95,35 @@ CORE_KEYS = (
         "own: callable(input_shape, num_classes) -> nn.Module)"),
     Key("hidden", "200,100", "mlp: hidden layer widths"),
     Key("activation", "sigmoid", "mlp: the hidden layers' activation"),
-    Key("pool", 1, "average-pool images over pool x pool blocks first (4: 28x28 -> 7x7)", at_least_one,
-        "must be >= 1"),
+    Key("pool", 1, "average-pool images over pool x pool blocks first (4: 28x28 -> 7x7)", AT_LEAST_ONE),
     # local training
-    Key("local-epochs", 1, "epochs of local training per round", at_least_one, "must be >= 1"),
-    Key("batch-size", 32, "local minibatch size", at_least_one, "must be >= 1"),
-    Key("lr", 0.001, "local learning rate", positive, "must be > 0"),
+    Key("local-epochs", 1, "epochs of local training per round", AT_LEAST_ONE),
+    Key("batch-size", 32, "local minibatch size", AT_LEAST_ONE),
+    Key("lr", 0.001, "local learning rate", POSITIVE),
     Key("lr-schedule", "constant", "the local learning rate over the rounds", choices=("constant", "cosine")),
     Key("optimizer", "adam", "local optimizer of the non-Bayesian strategies", choices=("adam", "sgd")),
-    Key("weight-decay", 0.0, "local weight decay (FedAvg, FedProx, FedDyn, FedPA)", non_negative, "must be >= 0"),
+    Key("weight-decay", 0.0, "local weight decay (FedAvg, FedProx, FedDyn, FedPA)", NON_NEGATIVE),
     Key("device", "auto", "auto | cpu | cuda (a SuperNode's node config `device` overrides it)"),
-    Key("input-scale", 1.0, "divide the inputs by this", positive, "must be > 0"),
+    Key("input-scale", 1.0, "divide the inputs by this", POSITIVE),
     # the round loop
-    Key("fraction-train", 1.0, "the share of the connected clients sampled each round", fraction_of_one,
-        "must be in (0, 1]"),
-    Key("min-clients", 1, "clients that must be connected before a round starts", at_least_one, "must be >= 1"),
-    Key("wait-for-clients", 0, "clients to wait for before round 1", non_negative, "must be >= 0"),
+    Key("fraction-train", 1.0, "the share of the connected clients sampled each round", SHARE),
+    Key("min-clients", 1, "clients that must be connected before a round starts", AT_LEAST_ONE),
+    Key("wait-for-clients", 0, "clients to wait for before round 1", NON_NEGATIVE),
     Key("wait-for-clients-timeout", 120.0, "seconds to wait for them"),
-    Key("round-timeout", 600.0, "seconds a round waits for replies; later ones are not used", positive,
-        "must be > 0"),
-    Key("poll-interval", 0.5, "seconds between the server's pulls for replies", positive, "must be > 0"),
-    Key("eval-batch-size", 2000, "the server's evaluation batch size", at_least_one, "must be >= 1"),
+    Key("round-timeout", 600.0, "seconds a round waits for replies; later ones are not used", POSITIVE),
+    Key("poll-interval", 0.5, "seconds between the server's pulls for replies", POSITIVE),
+    Key("eval-batch-size", 2000, "the server's evaluation batch size", AT_LEAST_ONE),
     Key("ensemble-samples", 32, "posterior samples in the server's predictive ensemble (Bayesian strategies)",
-        non_negative, "must be >= 0"),
+        NON_NEGATIVE),
     # the trust boundary (deploy/README.md "Trust model")
     Key("max-payload-mb", 512.0, "larger instructions or replies are refused, by name, before they are decoded",
-        positive, "must be > 0"),
+        POSITIVE),
     Key("max-failed-rounds", 3, "this many consecutive rounds with no accepted reply stop the run, non-zero",
-        at_least_one, "must be >= 1"),
+        AT_LEAST_ONE),
     Key("max-clients", 10000, "client ids the federation may ever count (K); a new id beyond this is refused",
-        at_least_one, "must be >= 1"),
+        AT_LEAST_ONE),
     Key("max-client-examples", 100000000, "a reply's num_examples must lie in [1, this]",
-        lambda value: 1 <= value <= 2**40, "must be in [1, 2^40]"),
+        Check(lambda value: 1 <= value <= 2**40, "must be in [1, 2^40]")),
     Key("client-identity", "bound", "bound: a client id stays with the node that first presented it; reconnect: it "
         "may move to a new node once its old node has left (insecure loopback)", choices=("bound", "reconnect")),
     Key("client-registry", "", "JSON {client-id: node-id} from `fedbayes pki register --client-id`; only those "
