@@ -24,7 +24,7 @@ from fedbayes.strategies.base import ServerState
 from fedbayes.tasks.storage import write_atomically
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
-FORMAT_VERSION = "2"  # 2: the strategy state holds bound client ids and accepted rounds
+FORMAT_VERSION = "3"  # 2: bound client ids and accepted rounds; 3: per-client records, model buffers
 # Run-config keys a resumed run may change: how long to run and wait, where to log, what hardware.
 RESUMABLE_KEYS = frozenset({
     "num-server-rounds", "results-path", "server-state-dir", "round-timeout", "poll-interval",

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from logging import INFO, WARNING
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -41,6 +42,22 @@ class ServerState:
 
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+
+    def add_per_client(self, name: str, records: Mapping[str, Any]) -> None:
+        """Per-client records (dataclasses of torch tensors and the `round` they were last updated in, e.g.
+        BayesADMM's duals): tensors under '<name>/<client>/<field>', rounds as JSON under '<name>'."""
+        for client, record in records.items():
+            for item in fields(record):
+                if item.name != "round":
+                    self.tensors[f"{name}/{client}/{item.name}"] = getattr(record, item.name).numpy()
+        self.metadata[name] = json.dumps({client: record.round for client, record in records.items()})
+
+    def per_client(self, name: str, record_type: type) -> dict[str, Any]:
+        """The records `add_per_client(name, ...)` saved, as `record_type`s (float64 torch tensors as saved)."""
+        tensor_fields = [item.name for item in fields(record_type) if item.name != "round"]
+        return {client: record_type(**{f: torch.from_numpy(self.tensors[f"{name}/{client}/{f}"].copy())
+                                       for f in tensor_fields}, round=last_round)
+                for client, last_round in json.loads(self.metadata[name]).items()}
 
 
 @dataclass

@@ -29,7 +29,6 @@ and uses what the client reports, so the server's sums always match the clients'
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -299,22 +298,16 @@ class BayesADMM(WireStrategy):
         state = super().state_dict()
         if self.global_ is not None:
             state.tensors |= {"global_mean": self.global_.mean.numpy(), "global_precision": self.global_.precision.numpy()}
-            for client, duals in self.duals.items():
-                state.tensors[f"duals/{client}/mean"] = duals.mean.numpy()
-                state.tensors[f"duals/{client}/precision"] = duals.precision.numpy()
-            state.metadata["dual_rounds"] = json.dumps({c: d.round for c, d in self.duals.items()})
+            state.add_per_client("duals", self.duals)
         return state
 
     def load_state_dict(self, state: ServerState) -> None:
         super().load_state_dict(state)
         if "global_mean" not in state.tensors:
             return
-        tensors = {name: torch.from_numpy(value.copy()) for name, value in state.tensors.items()}
-        self.global_ = Gaussian(tensors["global_mean"], tensors["global_precision"])
-        self.duals = {
-            client: Duals(tensors[f"duals/{client}/mean"], tensors[f"duals/{client}/precision"], dual_round)
-            for client, dual_round in json.loads(state.metadata["dual_rounds"]).items()
-        }
+        self.global_ = Gaussian(torch.from_numpy(state.tensors["global_mean"].copy()),
+                                torch.from_numpy(state.tensors["global_precision"].copy()))
+        self.duals = state.per_client("duals", Duals)
 
     def _global_problem(self, q: Gaussian) -> str | None:
         """Why `q` cannot be the new global posterior, or None."""

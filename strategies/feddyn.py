@@ -23,7 +23,6 @@ on it is in the server's K and N, which moves every α_k a little (the fixed poi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -137,9 +136,8 @@ class FedDyn(WireStrategy):
         state = super().state_dict()
         if self.global_ is not None:
             state.tensors["global"] = self.global_.numpy()
-            state.tensors |= {f"lambda/{client}": entry.value.numpy() for client, entry in self.lambdas.items()}
-            state.metadata |= {"lambda_rounds": json.dumps({c: e.round for c, e in self.lambdas.items()}),
-                               **self.membership.to_metadata()}
+            state.add_per_client("lambda", self.lambdas)
+            state.metadata |= self.membership.to_metadata()
         return state
 
     def load_state_dict(self, state: ServerState) -> None:
@@ -147,10 +145,7 @@ class FedDyn(WireStrategy):
         if "global" not in state.tensors:
             return
         self.global_ = torch.from_numpy(state.tensors["global"].copy())
-        self.lambdas = {
-            client: ClientLambda(torch.from_numpy(state.tensors[f"lambda/{client}"].copy()), last_round)
-            for client, last_round in json.loads(state.metadata["lambda_rounds"]).items()
-        }
+        self.lambdas = state.per_client("lambda", ClientLambda)
         self.membership = Membership.from_metadata(state.metadata)
 
 

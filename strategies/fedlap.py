@@ -29,7 +29,6 @@ joining after round 1 starts with a flat site (v_k = V_k = 0) and counts itself 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
@@ -172,11 +171,8 @@ class FedLap(WireStrategy):
         if self.global_mean is not None:
             state.tensors |= {"global_mean": self.global_mean.numpy(), "global_precision": self.global_precision.numpy(),
                               "unclaimed": self.unclaimed.numpy()}
-            for client, site in self.sites.items():
-                state.tensors[f"site/{client}/mean"] = site.mean.numpy()
-                state.tensors[f"site/{client}/precision"] = site.precision.numpy()
-            state.metadata |= {"site_rounds": json.dumps({c: s.round for c, s in self.sites.items()}),
-                               **self.membership.to_metadata()}
+            state.add_per_client("site", self.sites)
+            state.metadata |= self.membership.to_metadata()
         return state
 
     def load_state_dict(self, state: ServerState) -> None:
@@ -186,8 +182,7 @@ class FedLap(WireStrategy):
         tensors = {name: torch.from_numpy(value.copy()) for name, value in state.tensors.items()}
         self.global_mean, self.global_precision = tensors["global_mean"], tensors["global_precision"]
         self.unclaimed = tensors["unclaimed"]
-        self.sites = {client: Site(tensors[f"site/{client}/mean"], tensors[f"site/{client}/precision"], last_round)
-                      for client, last_round in json.loads(state.metadata["site_rounds"]).items()}
+        self.sites = state.per_client("site", Site)
         self.membership = Membership.from_metadata(state.metadata)
 
 
