@@ -180,13 +180,17 @@ class WireStrategy(Strategy):
         if not payloads:
             return None, None
         try:
+            buffers = self.averaged_buffers(payloads)  # first: absorb may move state it must then keep (FedPA)
             update = self.absorb(payloads, server_round)
         except RoundRejected as rejected:
             self.reject_round(payloads, f"{self.settings.strategy}: {rejected}")
             return None, None
+        unknown = set(update.state) - set(vars(self))
+        if unknown:  # a bug in the algorithm, not in a reply: the loop's guard logs it and the round changes nothing
+            raise AttributeError(f"{type(self).__name__}.absorb returned state for unknown attributes {sorted(unknown)}")
         self.commit(payloads, server_round)
         vars(self).update(update.state)
-        weights = unflatten(update.weights, self.layout) | self.averaged_buffers(payloads)
+        weights = unflatten(update.weights, self.layout) | buffers
         return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
                 round_metrics(payloads, **update.metrics))
 
@@ -196,7 +200,9 @@ class WireStrategy(Strategy):
         if not self.buffer_layout:
             return {}
         average = weighted_mean([flatten(p.tensors["buffers"], self.buffer_layout) for p in payloads],
-                                [p.message.num_examples for p in payloads])
+                                [p.message.num_examples for p in payloads]).astype(np.float32)
+        if not np.isfinite(average).all():  # finite buffers can still overflow float32 together
+            raise RoundRejected("the averaged model buffers are not finite")
         return unflatten(average, self.buffer_layout)
 
     def round_seed(self, server_round: int) -> int:
