@@ -9,20 +9,31 @@ from fedbayes.protos.codec import TensorLayout, Tensors
 
 
 def parameter_layout(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    """The model's parameters, in `model.parameters()` order: what every algorithm's math works on."""
+    return {name: tuple(tensor.shape) for name, tensor in model.named_parameters()}
 
 
-def get_parameters(model: torch.nn.Module) -> Tensors:
+def buffer_layout(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """The rest of the model's state (BatchNorm's running statistics, ...): averaged by the round core."""
+    parameters = dict(model.named_parameters())
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items() if name not in parameters}
+
+
+def get_parameters(model: torch.nn.Module, layout: TensorLayout | None = None) -> Tensors:
+    """The model's state as float32 arrays: all of it, or the entries of `layout`."""
     return {
         name: tensor.detach().cpu().numpy().astype(np.float32, copy=True)
-        for name, tensor in model.state_dict().items()
+        for name, tensor in model.state_dict().items() if layout is None or name in layout
     }
 
 
 def set_parameters(model: torch.nn.Module, arrays: Tensors) -> None:
-    """Load arrays already validated against `parameter_layout(model)` by the codec."""
+    """Load arrays already validated by the codec: all of the model's state, or a part (its parameters, its
+    buffers); an unknown name is an error."""
     state = {name: torch.from_numpy(np.asarray(value)) for name, value in arrays.items()}
-    model.load_state_dict(state, strict=True)
+    unexpected = model.load_state_dict(state, strict=False).unexpected_keys
+    if unexpected:
+        raise ValueError(f"the model has no {unexpected}")
 
 
 def flatten(arrays: Tensors, layout: TensorLayout, dtype=np.float64) -> np.ndarray:

@@ -64,7 +64,8 @@ def bayesadmm_instruction(runtime: ClientRuntime, server_round: int):
         header=new_header(settings.federation, server_round),
         training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
                                   learning_rate=5e-5, optimizer="ivon", seed=0),
-        rho=settings.rho, dual_step=settings.rho * settings.dual_damping, temperature=settings.temperature,
+        family="diagonal", rho=settings.rho, dual_step=settings.rho * settings.dual_damping,
+        temperature=settings.temperature,
         hess_init=settings.hess_init, beta1=settings.beta1, beta2=settings.beta2, mc_samples=1,
         rescale_lr=False, reset_posterior=True,
     )
@@ -92,7 +93,7 @@ def fedlap_instruction(runtime: ClientRuntime, server_round: int):
         header=new_header(settings.federation, server_round),
         training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
                                   learning_rate=settings.lr, optimizer="adam", seed=0),
-        prior_precision=1.0, known_clients=10, known_examples=10 * len(runtime.data.labels),
+        prior_precision=1.0, known_clients=10, known_examples=10 * len(runtime.data.labels), covariance=covariance,
     )
     weights = get_parameters(runtime.model)
     precision = {name: np.ones_like(value) for name, value in weights.items()} if covariance else {}

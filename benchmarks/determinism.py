@@ -66,17 +66,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", type=Path, help="save the numbers as JSON")
     parser.add_argument("--compare", type=Path, help="compare with numbers saved by --write; exit 1 if any differs")
+    parser.add_argument("--strategies", nargs="+", choices=list(RUNS), default=list(RUNS))
     args = parser.parse_args()
-    results = {strategy: run(strategy, overrides) for strategy, overrides in RUNS.items()}
+    results = {strategy: run(strategy, RUNS[strategy]) for strategy in args.strategies}
     saved = json.loads(args.compare.read_text()) if args.compare else None
-    print(f"{'strategy':<10} {'round':>5} {'train-loss':>22} {'arrays sha256':>17}  same")
+    print(f"{'strategy':<14} {'round':>5} {'train-loss':>22} {'arrays sha256':>17}  same")
     differ = 0
     for strategy, rows in results.items():
         for row in rows:
             same = "" if saved is None else ("yes" if saved.get(strategy, [None] * ROUNDS)[row["round"] - 1] == row
                                              else "NO")
             differ += same == "NO"
-            print(f"{strategy:<10} {row['round']:>5} {row['train-loss']!r:>22} {row['arrays']:>17}  {same}")
+            print(f"{strategy:<14} {row['round']:>5} {row['train-loss']!r:>22} {row['arrays']:>17}  {same}")
     if args.write:
         args.write.write_text(json.dumps(results, indent=1))
     if saved is not None:

@@ -57,7 +57,7 @@ from flwr.app import Context, Message, RecordDict  # noqa: E402
 
 from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
 from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.tasks.config import pyproject_run_config  # noqa: E402
+from fedbayes.tasks.config import default_run_config  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 METRICS = ("accuracy", "nll", "ece", "accuracy_ensemble", "nll_ensemble", "ece_ensemble", "train_loss")
@@ -125,7 +125,7 @@ def run_inprocess(run_config: dict[str, Any], clients: int, root: Path, pipeline
     from fedbayes.server import app as server_app
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told
-    config = {**pyproject_run_config(REPO / "pyproject.toml"), **run_config,
+    config = {**default_run_config(str(run_config["strategy"])), **run_config,
               "server-state-dir": str(root / "server-state"), "results-path": str(root / "results.jsonl"),
               "client-identity": "reconnect"}
     loop_settings = server_app.LoopSettings

@@ -16,14 +16,15 @@ import torch
 
 from flwr.common import log
 
-from fedbayes.bayes.params import parameter_layout
+from fedbayes.bayes.params import buffer_layout, parameter_layout
 from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TensorLayout
 from fedbayes.tasks.compute import resolve_device
-from fedbayes.tasks.config import ConfigError, RunSettings, _is_safe_name
-from fedbayes.tasks.datasets import NUM_CLASSES, Dataset, load_dataset
+from fedbayes.tasks.config import ConfigError, RunSettings, _is_safe_name, round_seed
+from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.npzdata import load_data_path, load_npz_partition
 from fedbayes.tasks.partitions import partition_dataset, read_split_file
 
 DEFAULT_STATE_DIR = Path(os.environ.get("FEDBAYES_STATE_DIR", Path.home() / ".fedbayes" / "state"))
@@ -36,7 +37,7 @@ class NodeSettings:
     client-id      stable identity, survives restarts (Flower's node id does not); default client-<partition-id>
     partition-id   which partition of the run's split this client holds (simulation fills it in)
     num-partitions how many partitions the split has
-    data-path      a real deployment's own data: an .npz with `images` (N,C,H,W or N,H,W) and `labels` (N,)
+    data-path      a real deployment's own data: an .npz with `x` and `y` (tasks/npzdata.py)
     state-dir      root of the durable client state store
     device         auto | cpu | cuda; overrides the run config's `device`
     """
@@ -77,8 +78,9 @@ class ClientRuntime:
     node: NodeSettings
     data: Dataset
     model: torch.nn.Module
-    layout: TensorLayout
+    layout: TensorLayout  # the model's parameters: what the strategy's math works on
     device: torch.device
+    buffer_layout: TensorLayout = field(default_factory=dict)  # the rest of the model's state (client/core.py)
     timings: dict[str, float] = field(default_factory=dict)  # phase -> seconds this message (client/app.py)
 
     @classmethod
@@ -95,6 +97,7 @@ class ClientRuntime:
             model=model,
             layout=parameter_layout(model),
             device=resolve_device(node.device),
+            buffer_layout=buffer_layout(model),
         )
 
     def state_store(self, federation: str) -> ClientStateStore:
@@ -123,14 +126,18 @@ class ClientRuntime:
         self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header))
         self.timings["state-save"] = time.perf_counter() - started
 
-    def local_seed(self, server_round: int) -> int:
-        """Per-client, per-round seed; crc32 because str hashes differ between processes."""
-        return (self.settings.seed * 1_000_003 + server_round) ^ zlib.crc32(self.node.client_id.encode())
+    def local_seed(self, seed: int, server_round: int) -> int:
+        """Per-client, per-round seed from the run seed the instruction carries; crc32 because str hashes differ
+        between processes."""
+        return round_seed(seed, server_round) ^ zlib.crc32(self.node.client_id.encode())
 
 
 def load_client_data(settings: RunSettings, node: NodeSettings) -> Dataset:
     if node.data_path:
         return load_npz_dataset(Path(node.data_path), settings.dataset)
+    prepartitioned = load_npz_partition(settings.dataset, node.partition_id, node.num_partitions)
+    if prepartitioned is not None:  # npz:DIR with client-<i>.npz files: the split is the files'
+        return prepartitioned
     full = load_dataset(settings.dataset, train=True, data_root=settings.data_root, download=settings.download)
     if settings.split_file:
         partitions = read_split_file(settings.split_file, len(full), node.num_partitions, settings.split_file_overlap)
@@ -159,21 +166,6 @@ def _split_options(settings: RunSettings) -> dict[str, Any]:
 
 
 def load_npz_dataset(path: Path, dataset_name: str) -> Dataset:
-    """A deployed client's own data; uint8 pixels are scaled to [0, 1] like the built-in loaders."""
-    if not path.is_file():
-        raise FileNotFoundError(f"client data-path {path} does not exist")
-    with np.load(path, allow_pickle=False) as archive:
-        missing = {"images", "labels"} - set(archive.files)
-        if missing:
-            raise ValueError(f"{path}: missing arrays {sorted(missing)} (need 'images' and 'labels')")
-        images, labels = archive["images"], archive["labels"]
-    if images.ndim == 3:
-        images = images[:, None]
-    if images.ndim != 4 or labels.shape != images.shape[:1]:
-        raise ValueError(f"{path}: images must be (N,C,H,W) or (N,H,W) and labels (N,), got {images.shape}, {labels.shape}")
-    pixel_scale = 1.0 / 255.0 if images.dtype == np.uint8 else 1.0  # uint8 files hold 0-255 pixels
-    num_classes = NUM_CLASSES[dataset_name]
-    if labels.size and not 0 <= labels.min() <= labels.max() < num_classes:
-        raise ValueError(f"{path}: labels must lie in [0, {num_classes}) for {dataset_name}")
-    return Dataset(dataset_name, torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64)), num_classes,
-                   pixel_scale)
+    """A deployed client's own data (tasks/npzdata.py: `x`/`y`, or `images`/`labels`); uint8 pixels are scaled
+    to [0, 1] like the built-in loaders."""
+    return load_data_path(path, dataset_name)

@@ -114,8 +114,6 @@ def train_anchored(
     a fresh optimizer on mean CE + ½ Σ weight·(θ − anchor)² (+ the optimizer's weight decay). Returns the
     trained flat weights (float64, CPU), the last epoch's mean loss and the training seconds."""
     model = runtime.model
-    if [name for name, _ in model.named_parameters()] != list(runtime.layout):
-        raise ValueError(f"this strategy needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(start.to(torch.float32), model.parameters())
     model.to(runtime.device)
@@ -123,7 +121,7 @@ def train_anchored(
     device_weight = weight.to(runtime.device, torch.float32) if isinstance(weight, torch.Tensor) else weight
     train_loss, seconds = train_epochs(
         model, runtime.data, make_optimizer(model, training), training.epochs, training.batch_size, runtime.device,
-        seed=runtime.local_seed(server_round), extra_loss=anchored_penalty(device_anchor, device_weight),
+        seed=runtime.local_seed(training.seed, server_round), extra_loss=anchored_penalty(device_anchor, device_weight),
         max_grad_norm=max_grad_norm,
     )
     local = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().double()

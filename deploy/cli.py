@@ -20,7 +20,10 @@ def main(argv: list[str] | None = None) -> int:
              "SuperLink it started",
     )
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
-    _add_export(commands.add_parser("export-partitions", help="write each client's partition to an .npz file"))
+    _add_export(commands.add_parser("export-partitions",
+                                    help="write each client's partition to an .npz file, and the test set"))
+    _add_strategies(commands.add_parser("strategies", help="list the strategies and the run-config keys each reads"))
+    _add_app(commands.add_parser("app", help="write the Flower app (DIR/pyproject.toml) for `flwr run DIR`"))
     commands.add_parser(
         "supernode", add_help=False,
         help="`flower-supernode ARGS` without Flower's 3 s idle sleep between pulls (deploy/supernode.py)",
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _add_split_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, required=True)
-    parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--dataset", default="fmnist", help="fmnist, mnist, cifar10, cifar100, or npz:DIR")
     parser.add_argument("--data-root", default="", help="torchvision layout root ('' = Debian's Fashion-MNIST)")
     parser.add_argument("--fraction", type=float, default=1.0, help="fraction of the training set (0.1 = FMNIST-10%%)")
     parser.add_argument("--split", default="iid", choices=("iid", "dirichlet", "two-class"))
@@ -95,7 +98,7 @@ def _run_local(args: argparse.Namespace) -> int:
             strategy=args.strategy,
             clients=args.clients,
             rounds=args.rounds,
-            dataset=args.dataset,
+            dataset=_absolute_npz(args.dataset),
             fraction=args.fraction,
             split=args.split,
             seed=args.seed,
@@ -108,6 +111,14 @@ def _run_local(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _absolute_npz(dataset: str) -> str:
+    """npz:DIR with DIR made absolute: the federation's processes do not run in this directory."""
+    from fedbayes.tasks.npzdata import NPZ_PREFIX, npz_folder
+
+    folder = npz_folder(dataset)
+    return dataset if folder is None or dataset == NPZ_PREFIX else f"{NPZ_PREFIX}{folder.resolve()}"
 
 
 def _without_workdir(argv: list[str]) -> list[str]:
@@ -153,9 +164,36 @@ def _add_partitions(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_print_partitions)
 
 
+def _add_strategies(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("names", nargs="*", metavar="STRATEGY", help="only these (default: all, and the core keys)")
+    parser.set_defaults(handler=_print_strategies)
+
+
+def _print_strategies(args: argparse.Namespace) -> int:
+    from fedbayes.deploy.flower_app import describe_strategies
+
+    print(describe_strategies(args.names))
+    return 0
+
+
+def _add_app(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--strategy", default="",
+                        help="also list this out-of-tree strategy's own keys ('<module>:<attribute>' or entry point)")
+    parser.set_defaults(handler=_write_app)
+
+
+def _write_app(args: argparse.Namespace) -> int:
+    from fedbayes.deploy.flower_app import write_app
+
+    print(write_app(args.directory, args.strategy) / "pyproject.toml")
+    return 0
+
+
 def _add_export(parser: argparse.ArgumentParser) -> None:
     _add_split_arguments(parser)
-    parser.add_argument("--out", type=Path, required=True, help="directory for client-<i>.npz")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="directory for client-<i>.npz and test.npz (then usable as --dataset npz:DIR)")
     parser.set_defaults(handler=_export_partitions)
 
 
@@ -185,14 +223,16 @@ def _print_partitions(args: argparse.Namespace) -> int:
 
 
 def _export_partitions(args: argparse.Namespace) -> int:
-    import numpy as np
+    """client-<i>.npz per client and test.npz: a folder for dataset npz:DIR, a client's data-path file each."""
+    from fedbayes.tasks.datasets import load_dataset
+    from fedbayes.tasks.npzdata import TEST_FILE, client_file, write_npz
 
     train, partitions = _split(args)
     args.out.mkdir(parents=True, exist_ok=True)
     for index, indices in enumerate(partitions):
-        part = train.subset(indices)
-        np.savez(args.out / f"client-{index}.npz", images=part.pixels.numpy(), labels=part.labels.numpy())
-    print(f"wrote {len(partitions)} partitions to {args.out}")
+        write_npz(client_file(args.out, index), train.subset(indices))
+    write_npz(args.out / TEST_FILE, load_dataset(args.dataset, train=False, data_root=args.data_root))
+    print(f"wrote {len(partitions)} partitions and {TEST_FILE} to {args.out}")
     return 0
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbayes.deploy.client import node_config, superexec_command, supernode_command
+from fedbayes.deploy.flower_app import toml_value, write_app
 from fedbayes.deploy.flwr_run import RunStatus, run_status
 from fedbayes.deploy.pki import TlsFiles, connection_config, register_supernode
 from fedbayes.deploy.processes import (
@@ -43,7 +44,7 @@ from fedbayes.deploy.processes import (
 )
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 
-APP_DIR = Path(__file__).resolve().parents[1]
+APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
 CONNECTION = "fedbayes-local"
 FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
 STARTUP_TIMEOUT = 60.0
@@ -125,13 +126,10 @@ def check_run_config(run_config: dict[str, Any], clients: int) -> None:
     """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
     federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
     checks against this machine (tasks.config.ConfigError, a ValueError, names the key)."""
-    from fedbayes.tasks.config import ConfigError, RunSettings, pyproject_run_config
+    from fedbayes.tasks.config import RunSettings, default_run_config
     from fedbayes.tasks.preflight import preflight
 
-    defaults = pyproject_run_config(APP_DIR / "pyproject.toml")
-    unknown = sorted(set(run_config) - set(defaults))
-    if unknown:
-        raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; they are listed in pyproject.toml")
+    defaults = default_run_config(str(run_config.get("strategy", "")))
     preflight(RunSettings.from_run_config({**defaults, **run_config}), clients)
 
 
@@ -205,8 +203,6 @@ class LocalFederation:
         self.server = server
         self.tls = tls
         self.node_auth = node_auth
-        if not (APP_DIR / "pyproject.toml").is_file():
-            raise FileNotFoundError(f"the Flower app (pyproject.toml) is not at {APP_DIR}; run from a source checkout")
         self.workdir = workdir
         self.log_dir = _unused_log_dir(workdir)
         self.flwr_home = workdir / FLWR_HOME
@@ -334,11 +330,12 @@ class LocalFederation:
                       "poll-interval": LOCAL_POLL_INTERVAL, **run_config}
         overrides = self.workdir / "run-config.toml"
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
+        app = write_app(self.workdir / APP, str(run_config.get("strategy", "")))
         # `fedbayes run` (deploy/flwr_run.py): `flwr run --stream` that exits non-zero, with the reason on its
         # last line, unless the run completed.
         return self.processes.start(
             "flwr-run",
-            self.server.command([console_script("fedbayes"), "run", str(APP_DIR), CONNECTION, "--stream", "-c",
+            self.server.command([console_script("fedbayes"), "run", str(app), CONNECTION, "--stream", "-c",
                                  str(overrides)]),
             cwd=self.workdir,
         )
@@ -405,14 +402,6 @@ class LocalFederation:
             raise RunFailed(f"{reason} (logs in {self.log_dir})")
         if rounds_done < rounds:
             raise RunFailed(f"the run ended after {rounds_done} of {rounds} rounds (logs in {self.log_dir})")
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
 def parse_override(text: str) -> tuple[str, Any]:

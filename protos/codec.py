@@ -9,7 +9,7 @@ PayloadError that names the sender and the offending field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -66,17 +66,18 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
 def encode(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
     """Fill the message's TensorGroup manifests from `tensors` and pack everything."""
     groups = tensor_group_fields(type(message))
-    if set(tensors) != set(groups):
+    if not set(tensors) <= set(groups):
         raise ValueError(
             f"{type(message).__name__} has tensor groups {groups}, got {sorted(tensors)}"
         )
+    tensors = {group: tensors.get(group, {}) for group in groups}  # a group not given is sent empty
     records: dict[str, ArrayRecord | ConfigRecord] = {}
     for group in groups:
         manifest = getattr(message, group)
         del manifest.tensors[:]
         arrays = {}
         for name, value in tensors[group].items():
-            value = np.ascontiguousarray(value)
+            value = np.ascontiguousarray(value).reshape(np.shape(value))  # ascontiguousarray makes 0-d 1-d
             if value.dtype not in _PROTO_DTYPE:
                 raise ValueError(f"{group}/{name}: dtype {value.dtype} is not in the schema")
             manifest.tensors.add(name=name, dtype=_PROTO_DTYPE[value.dtype], shape=value.shape)
@@ -98,17 +99,21 @@ def with_envelope(content: RecordDict, message: ProtoMessage) -> RecordDict:
 def decode(
     content: RecordDict,
     message_type: type[M],
-    layouts: Mapping[str, TensorLayout],
+    layouts: Mapping[str, TensorLayout] | Callable[[M], Mapping[str, TensorLayout]],
     sender: str,
 ) -> Payload[M]:
-    """Parse and validate a payload; `layouts` gives the expected layout of every tensor group."""
+    """Parse and validate a payload; `layouts` gives the expected layout of every tensor group (one it leaves
+    out must be empty), or computes it from the parsed message (when a scalar in it, e.g. a family or a particle
+    count, decides the shapes)."""
     message = _parse_envelope(content, message_type, sender)
+    if callable(layouts):
+        layouts = layouts(message)
     groups = tensor_group_fields(message_type)
     unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY, TIMINGS_KEY}
     if unexpected:
         raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {message_type.__name__}")
     tensors = {
-        group: _decode_group(content, group, getattr(message, group), layouts[group], sender)
+        group: _decode_group(content, group, getattr(message, group), layouts.get(group, {}), sender)
         for group in groups
     }
     _check_finite_scalars(message, sender, prefix="")

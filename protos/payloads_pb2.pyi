@@ -12,6 +12,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_VERSION_UNSPECIFIED: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_1: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_2: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_3: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +22,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 SCHEMA_VERSION_UNSPECIFIED: SchemaVersion
 SCHEMA_VERSION_1: SchemaVersion
 SCHEMA_VERSION_2: SchemaVersion
+SCHEMA_VERSION_3: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -79,33 +81,37 @@ class LocalTraining(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., optimizer: _Optional[str] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class FedAvgInstruction(_message.Message):
-    __slots__ = ("header", "weights", "training", "proximal_mu")
+    __slots__ = ("header", "weights", "training", "proximal_mu", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     TRAINING_FIELD_NUMBER: _ClassVar[int]
     PROXIMAL_MU_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     weights: TensorGroup
     training: LocalTraining
     proximal_mu: float
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., proximal_mu: _Optional[float] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., proximal_mu: _Optional[float] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedAvgReply(_message.Message):
-    __slots__ = ("header", "weights", "num_examples", "train_loss", "compute_seconds")
+    __slots__ = ("header", "weights", "num_examples", "train_loss", "compute_seconds", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     weights: TensorGroup
     num_examples: int
     train_loss: float
     compute_seconds: float
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class BayesADMMInstruction(_message.Message):
-    __slots__ = ("header", "global_mean", "global_precision", "training", "rho", "dual_step", "temperature", "hess_init", "beta1", "beta2", "mc_samples", "rescale_lr", "reset_posterior", "shared_noise", "noise_seed")
+    __slots__ = ("header", "global_mean", "global_precision", "training", "rho", "dual_step", "temperature", "hess_init", "beta1", "beta2", "mc_samples", "rescale_lr", "reset_posterior", "shared_noise", "noise_seed", "family", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +127,8 @@ class BayesADMMInstruction(_message.Message):
     RESET_POSTERIOR_FIELD_NUMBER: _ClassVar[int]
     SHARED_NOISE_FIELD_NUMBER: _ClassVar[int]
     NOISE_SEED_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     global_mean: TensorGroup
     global_precision: TensorGroup
@@ -136,10 +144,12 @@ class BayesADMMInstruction(_message.Message):
     reset_posterior: bool
     shared_noise: bool
     noise_seed: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rho: _Optional[float] = ..., dual_step: _Optional[float] = ..., temperature: _Optional[float] = ..., hess_init: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., mc_samples: _Optional[int] = ..., rescale_lr: _Optional[bool] = ..., reset_posterior: _Optional[bool] = ..., shared_noise: _Optional[bool] = ..., noise_seed: _Optional[int] = ...) -> None: ...
+    family: str
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., rho: _Optional[float] = ..., dual_step: _Optional[float] = ..., temperature: _Optional[float] = ..., hess_init: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., mc_samples: _Optional[int] = ..., rescale_lr: _Optional[bool] = ..., reset_posterior: _Optional[bool] = ..., shared_noise: _Optional[bool] = ..., noise_seed: _Optional[int] = ..., family: _Optional[str] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class BayesADMMReply(_message.Message):
-    __slots__ = ("header", "local_mean", "local_precision", "dual_mean", "dual_precision", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    __slots__ = ("header", "local_mean", "local_precision", "dual_mean", "dual_precision", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     LOCAL_MEAN_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +159,7 @@ class BayesADMMReply(_message.Message):
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     local_mean: TensorGroup
     local_precision: TensorGroup
@@ -158,10 +169,11 @@ class BayesADMMReply(_message.Message):
     train_loss: float
     compute_seconds: float
     resumed_from_round: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., dual_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedDynInstruction(_message.Message):
-    __slots__ = ("header", "global_weights", "training", "alpha", "known_clients", "known_examples", "max_grad_norm")
+    __slots__ = ("header", "global_weights", "training", "alpha", "known_clients", "known_examples", "max_grad_norm", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     TRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +181,7 @@ class FedDynInstruction(_message.Message):
     KNOWN_CLIENTS_FIELD_NUMBER: _ClassVar[int]
     KNOWN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     global_weights: TensorGroup
     training: LocalTraining
@@ -176,26 +189,29 @@ class FedDynInstruction(_message.Message):
     known_clients: int
     known_examples: int
     max_grad_norm: float
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., alpha: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., alpha: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., max_grad_norm: _Optional[float] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedDynReply(_message.Message):
-    __slots__ = ("header", "weights", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    __slots__ = ("header", "weights", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     weights: TensorGroup
     num_examples: int
     train_loss: float
     compute_seconds: float
     resumed_from_round: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedLapInstruction(_message.Message):
-    __slots__ = ("header", "global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm")
+    __slots__ = ("header", "global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm", "covariance", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +221,8 @@ class FedLapInstruction(_message.Message):
     KNOWN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     INITIAL_SHARE_FIELD_NUMBER: _ClassVar[int]
     MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    COVARIANCE_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     global_mean: TensorGroup
     global_precision: TensorGroup
@@ -214,10 +232,12 @@ class FedLapInstruction(_message.Message):
     known_examples: int
     initial_share: float
     max_grad_norm: float
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
+    covariance: bool
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., covariance: _Optional[bool] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedLapReply(_message.Message):
-    __slots__ = ("header", "site_mean", "site_precision", "num_examples", "train_loss", "compute_seconds", "curvature_seconds", "resumed_from_round")
+    __slots__ = ("header", "site_mean", "site_precision", "num_examples", "train_loss", "compute_seconds", "curvature_seconds", "resumed_from_round", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SITE_MEAN_FIELD_NUMBER: _ClassVar[int]
     SITE_PRECISION_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +246,7 @@ class FedLapReply(_message.Message):
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CURVATURE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     site_mean: TensorGroup
     site_precision: TensorGroup
@@ -234,10 +255,11 @@ class FedLapReply(_message.Message):
     compute_seconds: float
     curvature_seconds: float
     resumed_from_round: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., site_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., site_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., curvature_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., site_mean: _Optional[_Union[TensorGroup, _Mapping]] = ..., site_precision: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., curvature_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedPAInstruction(_message.Message):
-    __slots__ = ("header", "weights", "training", "sampling", "shrinkage", "local_burnin_epochs", "samples")
+    __slots__ = ("header", "weights", "training", "sampling", "shrinkage", "local_burnin_epochs", "samples", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     TRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +267,7 @@ class FedPAInstruction(_message.Message):
     SHRINKAGE_FIELD_NUMBER: _ClassVar[int]
     LOCAL_BURNIN_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     weights: TensorGroup
     training: LocalTraining
@@ -252,10 +275,11 @@ class FedPAInstruction(_message.Message):
     shrinkage: float
     local_burnin_epochs: int
     samples: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., sampling: _Optional[bool] = ..., shrinkage: _Optional[float] = ..., local_burnin_epochs: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., sampling: _Optional[bool] = ..., shrinkage: _Optional[float] = ..., local_burnin_epochs: _Optional[int] = ..., samples: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedPAReply(_message.Message):
-    __slots__ = ("header", "delta", "num_examples", "train_loss", "compute_seconds", "samples", "correction_norm")
+    __slots__ = ("header", "delta", "num_examples", "train_loss", "compute_seconds", "samples", "correction_norm", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +287,7 @@ class FedPAReply(_message.Message):
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     CORRECTION_NORM_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     delta: TensorGroup
     num_examples: int
@@ -270,10 +295,11 @@ class FedPAReply(_message.Message):
     compute_seconds: float
     samples: int
     correction_norm: float
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., delta: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., samples: _Optional[int] = ..., correction_norm: _Optional[float] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class DSVGDInstruction(_message.Message):
-    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "initial_particles")
+    __slots__ = ("header", "particles", "local_steps", "distill_steps", "kde_bandwidth", "step_size", "distill_step_size", "beta", "fudge", "alpha", "prior_precision", "batch_size", "initial_seed", "initial_particles", "variant", "particle_count", "max_visits", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PARTICLES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +314,10 @@ class DSVGDInstruction(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     INITIAL_SEED_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PARTICLES_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    PARTICLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_VISITS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     particles: TensorGroup
     local_steps: int
@@ -302,36 +332,44 @@ class DSVGDInstruction(_message.Message):
     batch_size: int
     initial_seed: int
     initial_particles: bool
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., initial_particles: _Optional[bool] = ...) -> None: ...
+    variant: str
+    particle_count: int
+    max_visits: int
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., local_steps: _Optional[int] = ..., distill_steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., distill_step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., alpha: _Optional[float] = ..., prior_precision: _Optional[float] = ..., batch_size: _Optional[int] = ..., initial_seed: _Optional[int] = ..., initial_particles: _Optional[bool] = ..., variant: _Optional[str] = ..., particle_count: _Optional[int] = ..., max_visits: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class DSVGDReply(_message.Message):
-    __slots__ = ("header", "particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    __slots__ = ("header", "particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PARTICLES_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     particles: TensorGroup
     num_examples: int
     train_loss: float
     compute_seconds: float
     resumed_from_round: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class PDSVGDReply(_message.Message):
-    __slots__ = ("header", "local_particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round")
+    __slots__ = ("header", "local_particles", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PARTICLES_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     local_particles: TensorGroup
     num_examples: int
     train_loss: float
     compute_seconds: float
     resumed_from_round: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+    buffers: TensorGroup
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...

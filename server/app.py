@@ -8,7 +8,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see t
 
 import secrets
 import time
-from dataclasses import replace
 from logging import ERROR, INFO
 from pathlib import Path
 
@@ -19,12 +18,12 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedbayes.bayes.metrics import classification_metrics, predict_probs
-from fedbayes.bayes.params import get_parameters, parameter_layout, set_parameters
+from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout, set_parameters
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.strategies import get_algorithm
 from fedbayes.tasks.compute import configure_threads, resolve_device
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import RunSettings, round_seed
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.preflight import preflight
@@ -51,7 +50,7 @@ def run_federation(grid: Grid, context: Context) -> None:
     preflight(settings)
     server_state_dir = settings.server_state_dir or DEFAULT_SERVER_STATE_DIR
     if not settings.federation:
-        settings = replace(settings, federation=new_federation_name(server_state_dir))
+        settings = settings.replace(federation=new_federation_name(server_state_dir))
         log(INFO, "%s", new_federation_line(settings.federation))
     algorithm = get_algorithm(settings.strategy)
     test = load_dataset(
@@ -62,8 +61,9 @@ def run_federation(grid: Grid, context: Context) -> None:
         settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation,
         settings.pool,
     )
-    layout = parameter_layout(model)
-    strategy = algorithm.server(settings, layout)
+    layout = parameter_layout(model) | buffer_layout(model)  # everything the global model holds
+    strategy = algorithm.server(settings, parameter_layout(model))
+    strategy.buffer_layout = buffer_layout(model)
     device = resolve_device(settings.device)
     log(INFO, "fedbayes: federation %s, strategy %s, %s, %d rounds", settings.federation, settings.strategy,
         settings.dataset, settings.num_server_rounds)
@@ -78,10 +78,11 @@ def run_federation(grid: Grid, context: Context) -> None:
         """The global model at its mean, and (Bayesian strategies) as an ensemble over posterior samples,
         drawn with a per-round seed so a resumed run evaluates exactly like an uninterrupted one."""
         metrics = classification_metrics(predict({name: arrays[name].numpy() for name in layout}), test.labels)
-        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + server_round)
+        generator = torch.Generator().manual_seed(round_seed(settings.seed, server_round))
         samples = strategy.posterior_samples(settings.ensemble_samples, generator)
         if samples:
-            ensemble = torch.stack([predict(sample) for sample in samples]).mean(0)
+            buffers = {name: arrays[name].numpy() for name in strategy.buffer_layout}  # samples are parameters
+            ensemble = torch.stack([predict(sample | buffers) for sample in samples]).mean(0)
             metrics |= {f"{key}_ensemble": value for key, value in classification_metrics(ensemble, test.labels).items()}
         return metrics
 

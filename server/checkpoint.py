@@ -1,7 +1,7 @@
 """Server checkpoints: a restarted ServerApp resumes its federation after the last finished round.
 
 After every round the loop writes <server-state-dir>/<federation>/checkpoint.safetensors: the global
-arrays, the strategy's `server_state()` (duals, running sums, particles, ...), the round, the wall time
+arrays, the strategy's `state_dict()` (duals, running sums, particles, ...), the round, the wall time
 so far and the run config the federation was started with. Writes are atomic (temp file + fsync +
 rename); safetensors never unpickles. A ServerApp started for a federation that has a checkpoint
 continues from it; settings that would change the algorithm mid-run (strategy, data, model,
@@ -24,7 +24,7 @@ from fedbayes.strategies.base import ServerState
 from fedbayes.tasks.storage import write_atomically
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
-FORMAT_VERSION = "2"  # 2: the strategy state holds bound client ids and accepted rounds
+FORMAT_VERSION = "3"  # 2: bound client ids and accepted rounds; 3: per-client records, model buffers
 # Run-config keys a resumed run may change: how long to run and wait, where to log, what hardware.
 RESUMABLE_KEYS = frozenset({
     "num-server-rounds", "results-path", "server-state-dir", "round-timeout", "poll-interval",

@@ -32,7 +32,7 @@ from flwr.serverapp import Grid
 from fedbayes.deploy.object_pulls import shorten_pull_backoff
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
-from fedbayes.strategies.base import WIRE_STATE_KEY, RoundReport, ServerState, WireStrategy
+from fedbayes.strategies.base import RoundReport, ServerState, WireStrategy
 
 Evaluate = Callable[[ArrayRecord, int], dict[str, float]]  # (global arrays, round) -> metrics
 
@@ -263,9 +263,7 @@ def run_rounds(
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
-        metadata = dict(checkpoint.strategy_state.metadata)
-        strategy.restore_wire_state(metadata.pop(WIRE_STATE_KEY))
-        strategy.restore_server_state(ServerState(checkpoint.strategy_state.tensors, metadata))
+        strategy.load_state_dict(checkpoint.strategy_state)
         first_round, elapsed = checkpoint.server_round + 1, checkpoint.wall_seconds
         log(INFO, "resuming after round %d from %s", checkpoint.server_round, checkpoints.path)
         if first_round > settings.num_rounds:
@@ -323,10 +321,8 @@ def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, setting
     # the slowest client's phases too: its `update` bounds the round
     client = {"client_phase_seconds": client_phases(replies, statistics.median),
               "client_phase_max": client_phases(replies, max)}
-    state = strategy.server_state()
-    state.metadata[WIRE_STATE_KEY] = strategy.wire_state()
     return FinishedRound(server_round, new_arrays if new_arrays is not None else arrays, round_started, row,
-                         phases, client, state)
+                         phases, client, strategy.state_dict())
 
 
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:

@@ -15,18 +15,21 @@ from importlib.metadata import entry_points
 from flwr.app import RecordDict
 
 from fedbayes.protos.codec import TensorLayout
-from fedbayes.tasks.config import ConfigError, RunSettings
+from fedbayes.tasks.config import ConfigError, Key, RunSettings
 
 ENTRY_POINT_GROUP = "fedbayes.strategies"
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A strategy's two halves. `server(settings, layout)` returns a `strategies.base.WireStrategy`;
-    `client_update(content, runtime)` turns an instruction's content into the reply's content on a client."""
+    """A strategy: its two halves and its hyperparameters. `server(settings, layout)` returns a
+    `fedbayes.strategies.base.WireStrategy`; `client_update(content, runtime)` turns an instruction's content into
+    the reply's content on a client (a `fedbayes.client.core.ClientHalf`); `hyperparameters` are the run-config
+    keys it reads besides the core's (`fedbayes.tasks.config.Key`), listed by `fedbayes strategies`."""
 
     server: Callable[[RunSettings, TensorLayout], object]
     client_update: Callable[..., RecordDict]  # (content, ClientRuntime) -> reply content
+    hyperparameters: tuple[Key, ...] = ()
 
 
 def _builtin() -> dict[str, Algorithm]:
@@ -34,18 +37,30 @@ def _builtin() -> dict[str, Algorithm]:
 
     return {
         "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
-        "fedprox": Algorithm(fedavg.fedprox, fedavg.client_update),
-        "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update),
-        "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update),
-        "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update),
-        "feddyn": Algorithm(feddyn.FedDyn, feddyn.client_update),
-        "fedlap": Algorithm(fedlap.FedLap, fedlap.client_update),
-        "fedlap-cov": Algorithm(fedlap.fedlap_cov, fedlap.client_update),
-        "fedpa": Algorithm(fedpa.FedPA, fedpa.client_update),
-        "dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update),
-        "p-dsvgd": Algorithm(dsvgd.p_dsvgd, dsvgd.client_update),
-        "u-dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update),
+        "fedprox": Algorithm(fedavg.fedprox, fedavg.client_update, fedavg.FEDPROX_HYPERPARAMETERS),
+        "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update, bayesadmm.HYPERPARAMETERS),
+        "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update, bayesadmm.HYPERPARAMETERS),
+        "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update, bayesadmm.HYPERPARAMETERS),
+        "feddyn": Algorithm(feddyn.FedDyn, feddyn.client_update, feddyn.HYPERPARAMETERS),
+        "fedlap": Algorithm(fedlap.FedLap, fedlap.client_update, fedlap.HYPERPARAMETERS),
+        "fedlap-cov": Algorithm(fedlap.fedlap_cov, fedlap.client_update, fedlap.HYPERPARAMETERS),
+        "fedpa": Algorithm(fedpa.FedPA, fedpa.client_update, fedpa.HYPERPARAMETERS),
+        "dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update, dsvgd.HYPERPARAMETERS),
+        "p-dsvgd": Algorithm(dsvgd.p_dsvgd, dsvgd.client_update, dsvgd.HYPERPARAMETERS),
+        "u-dsvgd": Algorithm(dsvgd.u_dsvgd, dsvgd.client_update, dsvgd.HYPERPARAMETERS),
     }
+
+
+def algorithm_keys(strategy: str = "") -> list[Key]:
+    """The hyperparameters of every built-in strategy, and of `strategy` when it is one from elsewhere (only those
+    are loaded: an unrelated broken plugin must not break every run)."""
+    keys = [key for algorithm in _builtin().values() for key in algorithm.hyperparameters]
+    if strategy and strategy not in _builtin():
+        try:
+            keys += get_algorithm(strategy).hyperparameters
+        except ConfigError:
+            pass  # an unknown strategy: RunSettings then names it (preflight, the ServerApp)
+    return keys
 
 
 def _installed() -> dict[str, str]:

@@ -1,29 +1,33 @@
-"""What every fedbayes server strategy shares: the trust boundary (every reply decoded and checked inside one
-guard, identities bound to nodes, state touched only by accepted replies), node sampling, and the per-node
-instructions that tell each client which of its rounds the server accepted."""
+"""The server's round core, shared by every fedbayes strategy: the trust boundary (every reply decoded and checked
+inside one guard, identities bound to nodes, state touched only by accepted replies), node sampling, the per-node
+instructions that tell each client which of its rounds the server accepted, the round's metrics and arrays, and
+checkpointing. An algorithm is two hooks on it (WireStrategy)."""
 
 from __future__ import annotations
 
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from logging import INFO, WARNING
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-from flwr.app import Message, MessageType, MetricRecord
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
 
+from fedbayes.bayes.params import flatten, unflatten, weighted_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
-    Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, with_envelope,
+    Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, new_header,
+    with_envelope,
 )
 from fedbayes.server.identity import ClientIdentities
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import RunSettings, round_seed
 
 M = TypeVar("M", bound=ProtoMessage)
 WIRE_STATE_KEY = "fedbayes/wire"  # the base's part of a checkpoint's strategy metadata
@@ -38,6 +42,22 @@ class ServerState:
 
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+
+    def add_per_client(self, name: str, records: Mapping[str, Any]) -> None:
+        """Per-client records (dataclasses of torch tensors and the `round` they were last updated in, e.g.
+        BayesADMM's duals): tensors under '<name>/<client>/<field>', rounds as JSON under '<name>'."""
+        for client, record in records.items():
+            for item in fields(record):
+                if item.name != "round":
+                    self.tensors[f"{name}/{client}/{item.name}"] = getattr(record, item.name).numpy()
+        self.metadata[name] = json.dumps({client: record.round for client, record in records.items()})
+
+    def per_client(self, name: str, record_type: type) -> dict[str, Any]:
+        """The records `add_per_client(name, ...)` saved, as `record_type`s (float64 torch tensors as saved)."""
+        tensor_fields = [item.name for item in fields(record_type) if item.name != "round"]
+        return {client: record_type(**{f: torch.from_numpy(self.tensors[f"{name}/{client}/{f}"].copy())
+                                       for f in tensor_fields}, round=last_round)
+                for client, last_round in json.loads(self.metadata[name]).items()}
 
 
 @dataclass
@@ -54,7 +74,7 @@ def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int,
     per-round seed so that a server resumed from its checkpoint draws as an uninterrupted one would."""
     nodes = sorted(nodes)
     count = min(len(nodes), max(minimum, round(fraction * len(nodes))))
-    return sorted(random.Random(seed * 1_000_003 + server_round).sample(nodes, count))
+    return sorted(random.Random(round_seed(seed, server_round)).sample(nodes, count))
 
 
 def local_training(
@@ -81,25 +101,113 @@ def round_metrics(payloads: list[Payload], **extra: float) -> MetricRecord:
     })
 
 
-class WireStrategy(Strategy):
-    """Base of every fedbayes server strategy. A subclass builds each round's instruction and absorbs the
-    accepted replies; this class owns who may reply and what a reply must be:
+@dataclass
+class Update:
+    """What `absorb` computes from a round's accepted replies, without touching the strategy: the new global
+    model (flat, in layout order; what the server evaluates and hands to the next round), the strategy's
+    attributes as they become once the round is committed, and the round's own metrics."""
 
-      configure_train: `sample` (or `connected_nodes`), then `instructions(...)` (one message per node).
-      aggregate_train: `decode_replies(...)` -> payloads that passed every check, then compute the new state
-        from them WITHOUT touching the old one, check it, and only then `commit(payloads, round)` and assign.
-        A candidate state that fails its check is dropped with `reject_round(...)`: the clients roll back.
+    weights: np.ndarray
+    state: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RoundRejected(Exception):
+    """`absorb` found that the replies together make an unusable state (non-finite, not positive definite):
+    the round changes nothing and every client in it rolls back."""
+
+
+class WireStrategy(Strategy):
+    """Base of every fedbayes server strategy: one round core, two hooks. The core owns who may reply and
+    what a reply must be (the trust boundary), node sampling, headers, encoding, the round's metrics, the
+    returned arrays and checkpointing (`state_dict` / `load_state_dict`, torch's convention). An algorithm
+    supplies
+
+      instruction(server_round, arrays, nodes) -> (message, tensors)   what this round's clients are told
+      absorb(payloads, server_round) -> Update                         the new state from the accepted replies
+
+    plus `reply_type`, `reply_layouts()`, optionally `check_reply(payload)` (checks against its state) and
+    `round_nodes(grid, server_round)` (default: a seeded `fraction-train` sample). `absorb` must not change the
+    strategy: the core assigns `Update.state` only once the round is committed, and a `RoundRejected` it raises
+    leaves everything as it was (the clients roll back).
     """
 
     settings: RunSettings
+    reply_type: type[ProtoMessage]
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
         self.settings = settings
+        self.layout = layout  # the model's parameters, what the algorithm's math works on
+        self.buffer_layout: TensorLayout = {}  # the rest of its state (server/app.py sets it): averaged by the core
         self.round_report = RoundReport()
         self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
         self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
         self.connected: list[int] = []  # the nodes connected when this round was configured
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
+
+    # ---- the algorithm's hooks ------------------------------------------------------------------------------
+    def instruction(self, server_round: int, arrays: ArrayRecord,
+                    nodes: list[int]) -> tuple[ProtoMessage, Mapping[str, Mapping[str, np.ndarray]]]:
+        """This round's instruction (its header is filled in by the core) and its tensor groups."""
+        raise NotImplementedError
+
+    def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        """The layout of every tensor group of `reply_type`."""
+        raise NotImplementedError
+
+    def check_reply(self, payload: Payload) -> None:
+        """The algorithm's checks of one reply against its state; raise to reject that reply alone."""
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
+        raise NotImplementedError
+
+    def round_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        return self.sample(grid, server_round)
+
+    # ---- Flower's Strategy, written once ---------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        nodes = self.round_nodes(grid, server_round)
+        instruction, tensors = self.instruction(server_round, arrays, nodes)
+        instruction.header.CopyFrom(new_header(self.settings.federation, server_round))
+        buffers = {name: arrays[name].numpy() for name in self.buffer_layout}
+        return self.instructions(instruction, {**tensors, "buffers": buffers}, nodes)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        layouts = {**self.reply_layouts(), "buffers": self.buffer_layout}
+        payloads = self.decode_replies(replies, self.reply_type, layouts, server_round, check=self.check_reply)
+        if not payloads:
+            return None, None
+        try:
+            buffers = self.averaged_buffers(payloads)  # first: absorb may move state it must then keep (FedPA)
+            update = self.absorb(payloads, server_round)
+        except RoundRejected as rejected:
+            self.reject_round(payloads, f"{self.settings.strategy}: {rejected}")
+            return None, None
+        unknown = set(update.state) - set(vars(self))
+        if unknown:  # a bug in the algorithm, not in a reply: the loop's guard logs it and the round changes nothing
+            raise AttributeError(f"{type(self).__name__}.absorb returned state for unknown attributes {sorted(unknown)}")
+        self.commit(payloads, server_round)
+        vars(self).update(update.state)
+        weights = unflatten(update.weights, self.layout) | buffers
+        return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
+                round_metrics(payloads, **update.metrics))
+
+    def averaged_buffers(self, payloads: list[Payload]) -> dict[str, np.ndarray]:
+        """The model's buffers (BatchNorm statistics) FedAvg-style, whatever the algorithm: the clients' buffers
+        after their local training, weighted by their example counts (none for a model without buffers)."""
+        if not self.buffer_layout:
+            return {}
+        average = weighted_mean([flatten(p.tensors["buffers"], self.buffer_layout) for p in payloads],
+                                [p.message.num_examples for p in payloads]).astype(np.float32)
+        if not np.isfinite(average).all():  # finite buffers can still overflow float32 together
+            raise RoundRejected("the averaged model buffers are not finite")
+        return unflatten(average, self.buffer_layout)
+
+    def round_seed(self, server_round: int) -> int:
+        """The seed of everything random the server draws for a round, so a resumed run draws the same."""
+        return round_seed(self.settings.seed, server_round)
 
     # ---- configure_train --------------------------------------------------------------------------------
     def connected_nodes(self, grid: Grid) -> list[int]:
@@ -235,23 +343,17 @@ class WireStrategy(Strategy):
         log(WARNING, "%s: %s", label, reason)
 
     # ---- state ----------------------------------------------------------------------------------------------
-    def wire_state(self) -> str:
-        """The base's part of a checkpoint: bound identities and accepted rounds."""
-        return json.dumps({"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds})
+    def state_dict(self) -> ServerState:
+        """Everything a restarted server needs besides the global arrays (which the loop checkpoints itself):
+        the core's bound identities and accepted rounds, plus what a subclass adds (call super() first)."""
+        wire = {"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds}
+        return ServerState(metadata={WIRE_STATE_KEY: json.dumps(wire)})
 
-    def restore_wire_state(self, saved: str) -> None:
-        state = json.loads(saved)
-        self.identities.restore(state["identities"])
-        self.accepted_rounds = {client: int(r) for client, r in state["accepted_rounds"].items()}
-
-    def server_state(self) -> ServerState:
-        """Checkpointed after every round (server/checkpoint.py); stateless strategies keep nothing."""
-        return ServerState()
-
-    def restore_server_state(self, state: ServerState) -> None:
-        """Continue from `server_state()` as saved by an earlier server process."""
-        if state.tensors or state.metadata:
-            raise ValueError(f"{type(self).__name__} keeps no server state, but the checkpoint has some")
+    def load_state_dict(self, state: ServerState) -> None:
+        """Continue from `state_dict()` as saved by an earlier server process (subclasses: call super() first)."""
+        wire = json.loads(state.metadata[WIRE_STATE_KEY])
+        self.identities.restore(wire["identities"])
+        self.accepted_rounds = {client: int(r) for client, r in wire["accepted_rounds"].items()}
 
     def posterior_samples(self, count: int, generator) -> list[dict]:
         """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""

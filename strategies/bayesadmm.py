@@ -29,32 +29,45 @@ and uses what the client reports, so the server's sums always match the clients'
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import log
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord
 
 from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
 from fedbayes.bayes.ivon import IVONWithPrior
 from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, Tensors, decode, encode, new_header
-from fedbayes.strategies.base import ServerState, WireStrategy, local_training, round_metrics
-from fedbayes.tasks.config import ConfigError, RunSettings
+from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, Tensors
+from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy, local_training
+from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, POSITIVE, ConfigError, Key, RunSettings
+
+# Paper defaults, FMNIST-10% heterogeneous (../shared/specs/bayesadmm.md §2).
+HYPERPARAMETERS = (
+    Key("rho", 0.2, "ρ: the primal step, the weight of KL(q ‖ q̄) in the client's objective (Eq. 28)", POSITIVE),
+    Key("dual-damping", 0.001, "γ/ρ: the dual step is γ = damping·ρ (federated ADMM: γ = ρ)", POSITIVE),
+    Key("temperature", 0.001, "τ: the client minimises loss_sum / τ (App. D)", POSITIVE),
+    Key("prior-precision", 1.0, "δ: the prior's precision, q̄'s precision at the start (Alg. 1)", POSITIVE),
+    Key("hess-init", 0.001, "IVON's initial Hessian h0", POSITIVE),
+    Key("beta1", 0.9, "IVON's gradient momentum", MOMENTUM),
+    Key("beta2", 0.9998, "IVON's Hessian momentum", MOMENTUM),
+    Key("mc-samples", 1, "IVON's weight samples per step", AT_LEAST_ONE),
+    Key("rescale-lr", False, "IVON's rescale_lr"),
+    Key("reset-posterior", True, "start IVON's posterior at q̄ every round (the reference code does)"),
+    Key("noise", "shared", "shared: every client draws IVON's weight noise and its minibatch order from the run "
+        "seed, the same in every round (the reference code); independent: per client and round",
+        choices=("shared", "independent")),
+)
 
 DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
-FAMILIES = {"bayesadmm": "diagonal", "fedadmm": "isotropic", "bayesadmm-full": "full"}  # strategy -> family
+FAMILIES = ("diagonal", "isotropic", "full")  # the shape of a precision (bayes/gaussian.py)
 MIN_NEWTON_STEP = 1e-6
 MAX_FULL_PARAMETERS = 2048  # a full precision is P x P float32 on the wire: 16 MiB per matrix at the cap
 
@@ -133,21 +146,32 @@ def delta_objective(loss_sum, global_: Gaussian, duals: Duals, rho: float):
     return objective
 
 
-# ---- precisions on the wire: one (P, P) matrix for the full family, else shaped like the parameters ----
+# ---- precisions on the wire: shaped like the parameters (diagonal), one (P, P) matrix (full), none (isotropic:
+# fixed unit covariance, U_k = 0) --------------------------------------------------------------------------------
+def unit_precision() -> torch.Tensor:
+    return torch.tensor(1.0, dtype=torch.float64)
+
+
 def precision_layout(family: str, layout: TensorLayout) -> TensorLayout:
-    if family != "full":
-        return layout
-    size = sum(math.prod(shape) for shape in layout.values())
-    return {"matrix": (size, size)}
+    if family == "isotropic":
+        return {}
+    if family == "full":
+        size = sum(math.prod(shape) for shape in layout.values())
+        return {"matrix": (size, size)}
+    return layout
 
 
-def precision_to_wire(precision: torch.Tensor, size: int, family: str, layout: TensorLayout) -> Tensors:
+def precision_to_wire(precision: torch.Tensor, family: str, layout: TensorLayout) -> Tensors:
+    if family == "isotropic":
+        return {}
     if family == "full":
         return {"matrix": precision.numpy().astype(np.float32)}
-    return unflatten(precision.expand(size).numpy(), layout)  # an isotropic scalar goes as a constant vector
+    return unflatten(precision.numpy(), layout)
 
 
 def precision_from_wire(arrays: Tensors, family: str, layout: TensorLayout) -> torch.Tensor:
+    if family == "isotropic":
+        return unit_precision()
     wire_layout = precision_layout(family, layout)
     flat = torch.from_numpy(flatten(arrays, wire_layout))
     return flat.view(wire_layout["matrix"]) if family == "full" else flat
@@ -169,26 +193,19 @@ class BayesADMM(WireStrategy):
     """BayesADMM over the network in one of three families (see the module docstring): `diagonal`
     (Alg. 1, IVON clients), `full` (App. C.4, Newton clients) or `isotropic` (= federated ADMM)."""
 
+    reply_type = pb.BayesADMMReply
+
     def __init__(self, settings: RunSettings, layout: TensorLayout, family: str = "diagonal") -> None:
-        if family not in FAMILIES.values():
+        if family not in FAMILIES:
             raise ValueError(f"unknown BayesADMM family {family!r}")
         if family == "full":
             check_full_family_fits(settings, layout)
-        super().__init__(settings)
-        self.layout = layout
+        super().__init__(settings, layout)
         self.family = family
         self.isotropic = family == "isotropic"
         self.size = sum(math.prod(shape) for shape in layout.values())
         self.global_: Gaussian | None = None  # q̄ as the clients receive it; set from the initial model in round 1
         self.duals: dict[str, Duals] = {}  # client id -> its duals after its last accepted round
-
-    def summary(self) -> None:
-        log(INFO, "%s: rho=%g gamma=%g tau=%g delta=%g", self.name, self.settings.rho, self.dual_step_size,
-            self.settings.temperature, self.settings.prior_precision)
-
-    @property
-    def name(self) -> str:
-        return next(strategy for strategy, family in FAMILIES.items() if family == self.family)
 
     @property
     def dual_step_size(self) -> float:
@@ -200,56 +217,45 @@ class BayesADMM(WireStrategy):
         units identical), precision δ (Alg. 1 init), or 1 for the fixed-covariance family."""
         mean = torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout))
         if self.isotropic:
-            return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
+            return Gaussian(mean, unit_precision())
         if self.family == "full":
             return as_sent(Gaussian(mean, self.settings.prior_precision * torch.eye(self.size, dtype=torch.float64)))
         return as_sent(Gaussian(mean, torch.full_like(mean, self.settings.prior_precision)))
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def instruction(self, server_round, arrays, nodes):
         if self.global_ is None:
             self.global_ = self._initial_global(arrays)
         settings = self.settings
         instruction = pb.BayesADMMInstruction(
-            header=new_header(settings.federation, server_round),
-            training=local_training(settings, server_round),
+            training=local_training(settings, server_round), family=self.family,
             rho=settings.rho, dual_step=self.dual_step_size, temperature=settings.temperature,
             hess_init=settings.hess_init, beta1=settings.beta1, beta2=settings.beta2,
             mc_samples=settings.mc_samples, rescale_lr=settings.rescale_lr, reset_posterior=settings.reset_posterior,
             shared_noise=settings.noise == "shared", noise_seed=settings.seed,
         )
-        tensors = {
-            "global_mean": unflatten(self.global_.mean.numpy(), self.layout),
-            "global_precision": precision_to_wire(self.global_.precision, self.size, self.family, self.layout),
-        }
-        return self.instructions(instruction, tensors, self.sample(grid, server_round))
+        tensors = {"global_mean": unflatten(self.global_.mean.numpy(), self.layout),
+                   "global_precision": precision_to_wire(self.global_.precision, self.family, self.layout)}
+        return instruction, tensors
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def reply_layouts(self):
         precision_wire = precision_layout(self.family, self.layout)
-        layouts = {"local_mean": self.layout, "local_precision": precision_wire,
-                   "dual_mean": self.layout, "dual_precision": precision_wire}
-        payloads = self.decode_replies(replies, pb.BayesADMMReply, layouts, server_round, check=self._check_reply)
-        if not payloads:
-            return None, None
+        return {"local_mean": self.layout, "local_precision": precision_wire,
+                "dual_mean": self.layout, "dual_precision": precision_wire}
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         locals_ = [self._local_posterior(payload) for payload in payloads]
         duals = self.duals | {p.message.header.client_id: self._reported_duals(p, server_round) for p in payloads}
         updated = server_step(locals_, list(duals.values()), self.settings.rho, self.settings.prior_precision)
         if self.isotropic:
-            updated = Gaussian(updated.mean, torch.tensor(1.0, dtype=torch.float64))
+            updated = Gaussian(updated.mean, unit_precision())
         updated = as_sent(updated)
         problem = self._global_problem(updated)
         if problem:
-            self.reject_round(payloads, problem)
-            return None, None
-        self.commit(payloads, server_round)
-        self.duals, self.global_ = duals, updated
-        arrays = ArrayRecord({n: Array(v) for n, v in unflatten(updated.mean.numpy(), self.layout).items()})
-        return arrays, round_metrics(payloads, **{"known-clients": len(duals), **precision_summary(updated)})
+            raise RoundRejected(problem)
+        return Update(updated.mean.numpy(), {"duals": duals, "global_": updated},
+                      {"known-clients": len(duals), **precision_summary(updated)})
 
-    def _check_reply(self, payload: Payload) -> None:
+    def check_reply(self, payload: Payload) -> None:
         """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite
         precision matrix (full); the isotropic family sends none. The reported duals must be the dual step
         (Alg. 1 lines 5-6) from the duals of the client's last accepted round (zero for a new client or one
@@ -277,7 +283,7 @@ class BayesADMM(WireStrategy):
     def _local_posterior(self, payload: Payload) -> Gaussian:
         mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
         if self.isotropic:
-            return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64))
+            return Gaussian(mean, unit_precision())
         return Gaussian(mean, precision_from_wire(payload.tensors["local_precision"], self.family, self.layout))
 
     def _reported_duals(self, payload: Payload, server_round: int) -> Duals:
@@ -287,35 +293,31 @@ class BayesADMM(WireStrategy):
         return Duals(mean, precision_from_wire(payload.tensors["dual_precision"], self.family, self.layout),
                      server_round)
 
-    def server_state(self) -> ServerState:
+    def state_dict(self) -> ServerState:
         """q̄ and every known client's duals (with the round they were last updated in), in float64."""
-        if self.global_ is None:
-            return ServerState()
-        tensors = {"global_mean": self.global_.mean.numpy(), "global_precision": self.global_.precision.numpy()}
-        for client, duals in self.duals.items():
-            tensors[f"duals/{client}/mean"] = duals.mean.numpy()
-            tensors[f"duals/{client}/precision"] = duals.precision.numpy()
-        return ServerState(tensors, {"dual_rounds": json.dumps({c: d.round for c, d in self.duals.items()})})
+        state = super().state_dict()
+        if self.global_ is not None:
+            state.tensors |= {"global_mean": self.global_.mean.numpy(), "global_precision": self.global_.precision.numpy()}
+            state.add_per_client("duals", self.duals)
+        return state
 
-    def restore_server_state(self, state: ServerState) -> None:
-        if not state.tensors:
+    def load_state_dict(self, state: ServerState) -> None:
+        super().load_state_dict(state)
+        if "global_mean" not in state.tensors:
             return
-        tensors = {name: torch.from_numpy(value.copy()) for name, value in state.tensors.items()}
-        self.global_ = Gaussian(tensors["global_mean"], tensors["global_precision"])
-        self.duals = {
-            client: Duals(tensors[f"duals/{client}/mean"], tensors[f"duals/{client}/precision"], dual_round)
-            for client, dual_round in json.loads(state.metadata["dual_rounds"]).items()
-        }
+        self.global_ = Gaussian(torch.from_numpy(state.tensors["global_mean"].copy()),
+                                torch.from_numpy(state.tensors["global_precision"].copy()))
+        self.duals = state.per_client("duals", Duals)
 
     def _global_problem(self, q: Gaussian) -> str | None:
         """Why `q` cannot be the new global posterior, or None."""
         if not (torch.isfinite(q.mean).all() and torch.isfinite(q.precision).all()):
-            return f"{self.name}: the global posterior would be non-finite"
+            return "the global posterior would be non-finite"
         if self.family == "full" and torch.linalg.cholesky_ex(q.precision).info != 0:
-            return (f"{self.name}: the global precision matrix would not be positive definite; lower dual-damping "
+            return ("the global precision matrix would not be positive definite; lower dual-damping "
                     "or raise prior-precision")
         if self.family == "diagonal" and (q.precision <= 0).any():
-            return (f"{self.name}: {(q.precision <= 0).sum().item()} global precisions would be <= 0; lower "
+            return (f"{(q.precision <= 0).sum().item()} global precisions would be <= 0; lower "
                     "dual-damping or raise prior-precision")
         return None
 
@@ -350,52 +352,36 @@ def bayesadmm_full(settings: RunSettings, layout: TensorLayout) -> BayesADMM:
 
 
 # ---- client half ----------------------------------------------------------------------------------
-def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+def instruction_layouts(instruction: pb.BayesADMMInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    if instruction.family not in FAMILIES:
+        raise PayloadError(f"field 'family': {instruction.family[:32]!r} is not one of {', '.join(FAMILIES)}")
+    return {"global_mean": layout, "global_precision": precision_layout(instruction.family, layout)}
+
+
+def local_update(local: LocalRound) -> LocalResult:
     """Alg. 1 lines 4-6 on this client; duals and IVON state persist in the durable store."""
-    family = FAMILIES[runtime.settings.strategy]
-    layouts = {"global_mean": runtime.layout, "global_precision": precision_layout(family, runtime.layout)}
-    payload = decode(content, pb.BayesADMMInstruction, layouts, sender="server")
-    instruction = payload.message
-    global_ = Gaussian(
-        torch.from_numpy(flatten(payload.tensors["global_mean"], runtime.layout)),
-        precision_from_wire(payload.tensors["global_precision"], family, runtime.layout),
-    )
-    size = global_.mean.numel()
-    precision_shape = global_.precision.shape  # (P,) or (P, P): how U_k is stored and sent
-    parameter_names = [name for name, _ in runtime.model.named_parameters()]
-    if parameter_names != list(runtime.layout):
-        raise ValueError(f"BayesADMM needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
-    stored = runtime.load_state(instruction.header)
+    instruction, runtime, stored = local.instruction, local.runtime, local.stored
+    family = instruction.family
+    global_ = Gaussian(torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout)),
+                       precision_from_wire(local.tensors["global_precision"], family, runtime.layout))
     duals = _stored_duals(stored, global_)
     torch.manual_seed(training_seed(instruction, runtime))
-    if family == "isotropic":
-        local, (train_loss, compute_seconds), optimizer_state = _train_isotropic(runtime, instruction, global_, duals)
-        global_ = Gaussian(global_.mean, torch.tensor(1.0, dtype=torch.float64))
-        local = Gaussian(local.mean, torch.tensor(1.0, dtype=torch.float64))
-        duals.precision = torch.tensor(0.0, dtype=torch.float64)
-    elif family == "full":
-        local, (train_loss, compute_seconds), optimizer_state = _train_full(runtime, instruction, global_, duals)
-    else:
-        local, (train_loss, compute_seconds), optimizer_state = _train_ivon(
-            runtime, instruction, global_, duals, stored
-        )
-    resumed_from = duals.round
-    duals = dual_step(duals, local, global_, instruction.dual_step, instruction.header.server_round)
-    runtime.save_state(instruction.header, ClientState(
-        {"dual_mean": duals.mean, "dual_precision": duals.precision.expand(precision_shape), **optimizer_state},
-        {"federation": instruction.header.federation},
-    ))
-    reply = pb.BayesADMMReply(
-        header=new_header(instruction.header.federation, instruction.header.server_round, runtime.node.client_id),
-        num_examples=len(runtime.data.labels), train_loss=train_loss,
-        compute_seconds=compute_seconds, resumed_from_round=resumed_from,
-    )
-    return encode(reply, {
-        "local_mean": unflatten(local.mean.numpy(), runtime.layout),
-        "local_precision": precision_to_wire(local.precision, size, family, runtime.layout),
+    train = {"isotropic": _train_isotropic, "full": _train_full, "diagonal": _train_ivon}[family]
+    posterior, (train_loss, compute_seconds), optimizer_state = train(runtime, instruction, global_, duals, stored)
+    duals = dual_step(duals, posterior, global_, instruction.dual_step, local.server_round)
+    if family == "isotropic":  # U_k stays 0: the covariance is fixed
+        duals.precision = torch.zeros_like(duals.precision)
+    tensors = {
+        "local_mean": unflatten(posterior.mean.numpy(), runtime.layout),
+        "local_precision": precision_to_wire(posterior.precision, family, runtime.layout),
         "dual_mean": unflatten(duals.mean.numpy(), runtime.layout),
-        "dual_precision": precision_to_wire(duals.precision, size, family, runtime.layout),
-    })
+        "dual_precision": precision_to_wire(duals.precision, family, runtime.layout),
+    }
+    state = {"dual_mean": duals.mean, "dual_precision": duals.precision, **optimizer_state}
+    return LocalResult(pb.BayesADMMReply(train_loss=train_loss, compute_seconds=compute_seconds), tensors, state)
+
+
+client_update = ClientHalf(pb.BayesADMMInstruction, local_update, instruction_layouts, stateful=True)
 
 
 def training_seed(instruction: pb.BayesADMMInstruction, runtime: ClientRuntime) -> int:
@@ -405,12 +391,12 @@ def training_seed(instruction: pb.BayesADMMInstruction, runtime: ClientRuntime) 
     a seed of this client's own for this round."""
     if instruction.shared_noise:
         return instruction.noise_seed
-    return runtime.local_seed(instruction.header.server_round)
+    return runtime.local_seed(instruction.training.seed, instruction.header.server_round)
 
 
 def _stored_duals(stored: ClientState | None, global_: Gaussian) -> Duals:
     """This client's duals from its store (zeros in its first round), shaped like q̄ as received: U_k is
-    (P,) for the diagonal and isotropic families (zeros for the latter) and (P, P) for the full one."""
+    (P,) for the diagonal family, (P, P) for the full one and a zero scalar for the isotropic one."""
     shapes = {"dual_mean": global_.mean.shape, "dual_precision": global_.precision.shape}
     if stored is None:
         return Duals(torch.zeros(shapes["dual_mean"], dtype=torch.float64),
@@ -461,7 +447,7 @@ def _train_ivon(runtime: ClientRuntime, instruction, global_: Gaussian, duals: D
     return local, loss_and_seconds, state
 
 
-def _train_full(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals):
+def _train_full(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals, stored: ClientState | None):
     """Line 4 for the full family (App. C.4): `epochs` VON/Newton steps from q̄ on Eq. 34, whose loss is
     the client's summed cross-entropy tempered by τ (the same units as the diagonal family's
     ess = N_k/(ρτ)). Each step starts at size `learning_rate` and halves until Eq. 34 decreases:
@@ -494,7 +480,8 @@ def _train_full(runtime: ClientRuntime, instruction, global_: Gaussian, duals: D
     return local, (train_loss, seconds), {}
 
 
-def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals):
+def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, duals: Duals,
+                     stored: ClientState | None):
     """Federated ADMM's client step (Eq. 21) on the mean loss: loss + (v·θ + ρ/2 ‖θ - m̄‖²)/N_k."""
     num_examples = len(runtime.data.labels)
     model = runtime.model.to(runtime.device)
@@ -517,4 +504,4 @@ def _train_isotropic(runtime: ClientRuntime, instruction, global_: Gaussian, dua
     )
     mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
     model.cpu()
-    return Gaussian(mean, torch.tensor(1.0, dtype=torch.float64)), loss_and_seconds, {}
+    return Gaussian(mean, unit_precision()), loss_and_seconds, {}

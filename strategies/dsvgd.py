@@ -44,25 +44,43 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from fedbayes.bayes.kernels import AdaGradMomentum, grad_log_kde, svgd
 from fedbayes.bayes.params import unflatten
-from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import Payload, TensorLayout, decode, encode, new_header
-from fedbayes.strategies.base import ServerState, WireStrategy, round_metrics, sample_nodes
-from fedbayes.tasks.config import RunSettings
+from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
+from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy
+from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, ConfigError, Key, RunSettings
+
+# ../shared/specs/dsvgd.md §8: the paper's BNN values (its prior precision is e: set prior-precision=2.718).
+HYPERPARAMETERS = (
+    Key("particles", 20, "N, global and local particles alike (payload: N x P float32)", AT_LEAST_ONE),
+    Key("kde-bandwidth", 0.55, "λ, the std of the Gaussian KDE kernel", POSITIVE),
+    Key("local-steps", 200, "L: SVGD steps towards the tilted distribution (eq. 13-14)", NON_NEGATIVE),
+    Key("distill-steps", 200, "L': SVGD steps distilling the client's local particles (eq. 17)", NON_NEGATIVE),
+    Key("server-steps", 200, "L_s: P-DSVGD's server distillation steps (eq. 29)", NON_NEGATIVE),
+    Key("svgd-lr", 0.001, "AdaGrad-with-momentum learning rate of loop 1", POSITIVE),
+    Key("distill-lr", 0.001, "... of loop 2 and of the P-DSVGD server", POSITIVE),
+    Key("svgd-beta", 0.9, "momentum of the squared-direction average", MOMENTUM),
+    Key("svgd-fudge", 1e-6, "smoothing term of the step rule", POSITIVE),
+    Key("dsvgd-alpha", 1.0, "α, the temperature of the Gibbs posterior (1 = Bayes)", POSITIVE),
+    Key("prior-precision", 1.0, "the prior p_0 = N(0, I / prior-precision)", POSITIVE),
+    Key("dsvgd-scheduler", "round-robin", "which client a DSVGD round schedules",
+        choices=("round-robin", "random")),
+    Key("udsvgd-max-visits", 16, "U-DSVGD: the visits an agent may keep (2·N·P float32 each); more is refused",
+        AT_LEAST_ONE),
+)
 from fedbayes.tasks.datasets import Dataset
 
 Score = Callable[[torch.Tensor], torch.Tensor]  # (N, P) particles -> (N, P) gradients
@@ -241,33 +259,29 @@ class MinibatchLossGradient:
 
 # ---- server half ----------------------------------------------------------------------------------
 class DSVGD(WireStrategy):
-    """DSVGD over the network (one client per round), or P-DSVGD (`parallel`: several, server distils)."""
+    """DSVGD over the network (one client per round), P-DSVGD (`variant="p-dsvgd"`: several, the server distils)
+    or U-DSVGD (`variant="u-dsvgd"`: DSVGD whose agents keep every visit, eq. 12's unconstrained update)."""
 
-    def __init__(self, settings: RunSettings, layout: TensorLayout, parallel: bool = False) -> None:
-        super().__init__(settings)
-        self.layout = layout
-        self.parallel = parallel
+    def __init__(self, settings: RunSettings, layout: TensorLayout, variant: str = "dsvgd") -> None:
+        super().__init__(settings, layout)
+        self.variant = variant
+        self.parallel = variant == "p-dsvgd"
+        self.reply_type = pb.PDSVGDReply if self.parallel else pb.DSVGDReply
         self.size = sum(math.prod(shape) for shape in layout.values())
         self.particle_layout = {"particles": (settings.particles, self.size)}
         self.particles: np.ndarray | None = None  # Θ (P-DSVGD: φ), (N, P) float32
         self.last_scheduled = ""  # round-robin position: the client id scheduled last
         self.local_particles: dict[str, np.ndarray] = {}  # P-DSVGD: every client's latest local set
 
-    def summary(self) -> None:
-        s = self.settings
-        log(INFO, "%s: N=%d particles x P=%d, L=%d, L'=%d, kde-bandwidth=%g, lr=%g/%g, alpha=%g, prior precision %g",
-            s.strategy, s.particles, self.size, s.local_steps, s.distill_steps,
-            s.kde_bandwidth, s.svgd_lr, s.distill_lr, s.dsvgd_alpha, s.prior_precision)
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def instruction(self, server_round, arrays, nodes):
         settings = self.settings
+        if self.buffer_layout:  # a particle is one parameter vector: batch statistics have no meaning per particle
+            raise ConfigError(f"{self.variant}: the model has buffers ({', '.join(list(self.buffer_layout)[:3])}); "
+                              "DSVGD's particles are parameters only: use a model without BatchNorm (e.g. GroupNorm)")
         if self.particles is None:
             self.particles = initial_particles(self.layout, settings.particles, settings.seed)
-        nodes = self.schedule(self.connected_nodes(grid), server_round)
         instruction = pb.DSVGDInstruction(
-            header=new_header(settings.federation, server_round),
+            variant=self.variant, particle_count=settings.particles, max_visits=settings.udsvgd_max_visits,
             local_steps=settings.local_steps, distill_steps=settings.distill_steps,
             kde_bandwidth=settings.kde_bandwidth, step_size=settings.svgd_lr, distill_step_size=settings.distill_lr,
             beta=settings.svgd_beta, fudge=settings.svgd_fudge, alpha=settings.dsvgd_alpha,
@@ -275,19 +289,19 @@ class DSVGD(WireStrategy):
             initial_particles=not self.accepted_rounds,
         )
         log(INFO, "round %d: scheduled %s", server_round, ", ".join(self.node_label(node) for node in nodes))
-        return self.instructions(instruction, {"particles": {"particles": self.particles}}, nodes)
+        return instruction, {"particles": {"particles": self.particles}}
 
-    def schedule(self, nodes: list[int], server_round: int) -> list[int]:
+    def round_nodes(self, grid: Grid, server_round: int) -> list[int]:
         """P-DSVGD: a seeded `fraction-train` of the nodes. DSVGD: one node; a node whose client id is not
         known yet first, then the client after the last scheduled one in client-id order (round-robin),
         or a seeded random node (`dsvgd-scheduler = "random"`)."""
-        settings = self.settings
+        if self.parallel:
+            return self.sample(grid, server_round)
+        nodes = self.connected_nodes(grid)
         if not nodes:
             return []
-        if self.parallel:
-            return sample_nodes(nodes, settings.fraction_train, settings.min_clients, settings.seed, server_round)
-        if settings.dsvgd_scheduler == "random":
-            return [random.Random(settings.seed * 1_000_003 + server_round).choice(nodes)]
+        if self.settings.dsvgd_scheduler == "random":
+            return [random.Random(self.round_seed(server_round)).choice(nodes)]
         client_of_node = {node: self.identities.client_of(node) for node in nodes}
         unknown = [node for node, client in client_of_node.items() if client is None]
         if unknown:
@@ -298,40 +312,28 @@ class DSVGD(WireStrategy):
         self.last_scheduled = (following or clients)[0]  # moves on even if its reply never comes
         return [node_of_client[self.last_scheduled]]
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        if self.parallel:
-            payloads = self.decode_replies(replies, pb.PDSVGDReply, {"local_particles": self.particle_layout},
-                                           server_round, check=self._check_reply)
-        else:
-            payloads = self.decode_replies(replies, pb.DSVGDReply, {"particles": self.particle_layout},
-                                           server_round, check=self._check_reply)
-        if not payloads:
-            return None, None
+    def reply_layouts(self):
+        return {"local_particles" if self.parallel else "particles": self.particle_layout}
+
+    def check_reply(self, payload: Payload) -> None:
+        """An update must start from the local particles of the client's last accepted round (or, when they
+        are lost, from Θ^(0)); anything else belongs to a round the server never used."""
+        self.check_resumed(payload, "it started again from the initial particles (its earlier data now counts twice)")
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
+        state = {"last_scheduled": payloads[-1].message.header.client_id}  # a newly discovered client counts too
         if self.parallel:
             local_particles = self.local_particles | {
                 p.message.header.client_id: p.tensors["local_particles"]["particles"] for p in payloads}
             particles = self._server_distillation(local_particles)
             if particles is None:
-                self.reject_round(payloads, "p-dsvgd: the server's particles became non-finite; lower distill-lr")
-                return None, None
-            self.local_particles = local_particles
+                raise RoundRejected("the server's particles became non-finite; lower distill-lr")
+            state["local_particles"] = local_particles
         else:
             (payload,) = payloads  # one node was sent the round's instruction
             particles = payload.tensors["particles"]["particles"]  # Alg. 1 line 6: replace, never average
-        self.commit(payloads, server_round)
-        self.particles = particles
-        self.last_scheduled = payloads[-1].message.header.client_id  # a newly discovered client counts too
-        self._log_spread(server_round)
-        mean = self.particles.astype(np.float64).mean(0)
-        arrays = ArrayRecord({name: Array(value) for name, value in unflatten(mean, self.layout).items()})
-        return arrays, round_metrics(payloads)
-
-    def _check_reply(self, payload: Payload) -> None:
-        """An update must start from the local particles of the client's last accepted round (or, when they
-        are lost, from Θ^(0)); anything else belongs to a round the server never used."""
-        self.check_resumed(payload, "it started again from the initial particles (its earlier data now counts twice)")
+        log_spread(server_round, particles)
+        return Update(particles.astype(np.float64).mean(0), state | {"particles": particles})
 
     def _server_distillation(self, local_particles: dict[str, np.ndarray]) -> np.ndarray | None:
         """P-DSVGD's server step (eq. 28-29) over every client's latest local particles; None if it diverges."""
@@ -348,27 +350,23 @@ class DSVGD(WireStrategy):
             return None
         return particles.numpy().astype(np.float32)
 
-    def _log_spread(self, server_round: int) -> None:
-        """The spec's instability watch (§9.4): particles running off show as growing norms."""
-        particles = torch.from_numpy(self.particles).double()
-        log(INFO, "round %d: particle norms max %.3g, mean distance to the particle mean %.3g", server_round,
-            particles.norm(dim=1).max().item(), (particles - particles.mean(0)).norm(dim=1).mean().item())
-
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
         """Every particle (the posterior IS the particles, eq. 27), whenever the ensemble is asked for."""
         if self.particles is None or count == 0:
             return []
         return [unflatten(particle, self.layout) for particle in self.particles]
 
-    def server_state(self) -> ServerState:
-        if self.particles is None:
-            return ServerState()
-        tensors = {"particles": self.particles}
-        tensors |= {f"local/{client}": value for client, value in self.local_particles.items()}
-        return ServerState(tensors, {"last_scheduled": self.last_scheduled})
+    def state_dict(self) -> ServerState:
+        state = super().state_dict()
+        if self.particles is not None:
+            state.tensors["particles"] = self.particles
+            state.tensors |= {f"local/{client}": value for client, value in self.local_particles.items()}
+            state.metadata["last_scheduled"] = self.last_scheduled
+        return state
 
-    def restore_server_state(self, state: ServerState) -> None:
-        if not state.tensors:
+    def load_state_dict(self, state: ServerState) -> None:
+        super().load_state_dict(state)
+        if "particles" not in state.tensors:
             return
         self.particles = state.tensors["particles"].astype(np.float32)
         self.local_particles = {name.removeprefix("local/"): value.astype(np.float32)
@@ -376,69 +374,82 @@ class DSVGD(WireStrategy):
         self.last_scheduled = state.metadata["last_scheduled"]
 
 
+def log_spread(server_round: int, particles: np.ndarray) -> None:
+    """The spec's instability watch (§9.4): particles running off show as growing norms."""
+    particles = torch.from_numpy(particles).double()
+    log(INFO, "round %d: particle norms max %.3g, mean distance to the particle mean %.3g", server_round,
+        particles.norm(dim=1).max().item(), (particles - particles.mean(0)).norm(dim=1).mean().item())
+
+
 def p_dsvgd(settings: RunSettings, layout: TensorLayout) -> DSVGD:
-    return DSVGD(settings, layout, parallel=True)
+    return DSVGD(settings, layout, variant="p-dsvgd")
+
+
+def u_dsvgd(settings: RunSettings, layout: TensorLayout) -> DSVGD:
+    return DSVGD(settings, layout, variant="u-dsvgd")
 
 
 # ---- client half ----------------------------------------------------------------------------------
-def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+VARIANTS = ("dsvgd", "p-dsvgd", "u-dsvgd")
+
+
+def instruction_layouts(instruction: pb.DSVGDInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    if instruction.variant not in VARIANTS:
+        raise PayloadError(f"field 'variant': {instruction.variant[:32]!r} is not one of {', '.join(VARIANTS)}")
+    return {"particles": {"particles": (instruction.particle_count, sum(math.prod(s) for s in layout.values()))}}
+
+
+def local_update(local: LocalRound) -> LocalResult:
     """Loops 1 and 2 on this client; its local particles persist in the durable store, never on the wire."""
-    size = sum(math.prod(shape) for shape in runtime.layout.values())
-    particle_layout = {"particles": (runtime.settings.particles, size)}
-    payload = decode(content, pb.DSVGDInstruction, {"particles": particle_layout}, sender="server")
-    instruction = payload.message
-    server_round = instruction.header.server_round
-    if [name for name, _ in runtime.model.named_parameters()] != list(runtime.layout):
-        raise ValueError(f"DSVGD needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
+    instruction, runtime, stored = local.instruction, local.runtime, local.stored
     settings = SVGDSettings(
         instruction.local_steps, instruction.distill_steps, instruction.kde_bandwidth, instruction.step_size,
         instruction.distill_step_size, instruction.beta, instruction.fudge, instruction.alpha,
     )
     device = runtime.device
-    downloaded = torch.from_numpy(payload.tensors["particles"]["particles"]).to(device)
+    downloaded = torch.from_numpy(local.tensors["particles"]["particles"]).to(device)
+    shape = tuple(downloaded.shape)
     loss_gradient = MinibatchLossGradient(runtime.model.to(device), runtime.layout, runtime.data,
-                                          instruction.batch_size, runtime.local_seed(server_round), device)
+                                          instruction.batch_size,
+                                          runtime.local_seed(instruction.initial_seed, local.server_round), device)
     prior_score = gaussian_prior_score(instruction.prior_precision)
     started = time.perf_counter()
-    if runtime.settings.strategy == "u-dsvgd":
-        visits, resumed_from = _stored_visits(runtime, instruction, particle_layout["particles"])
-        visits = [Visit(None if v.before is None else v.before.to(device), v.after.to(device)) for v in visits]
+    if instruction.variant == "u-dsvgd":
+        visits = [Visit(None if v.before is None else v.before.to(device), v.after.to(device))
+                  for v in _stored_visits(stored, shape, instruction.max_visits, runtime.node.client_id)]
         updated = unconstrained_tilted_update(downloaded, instruction.initial_particles, visits, prior_score,
                                               loss_gradient, settings)
         visits.append(Visit(None if instruction.initial_particles else downloaded, updated))
         state, kept = visits_state(visits), updated
     else:
-        local, resumed_from = _stored_local_particles(runtime, instruction, particle_layout["particles"])
-        updated, kept = agent_round(downloaded, local.to(device), prior_score, loss_gradient, settings)
+        local_particles = _stored_local_particles(stored, shape, runtime.layout, instruction.initial_seed)
+        updated, kept = agent_round(downloaded, local_particles.to(device), prior_score, loss_gradient, settings)
         state = {"local_particles": kept.cpu()}
     compute_seconds = time.perf_counter() - started
     runtime.model.cpu()
     if not (torch.isfinite(updated).all() and torch.isfinite(kept).all()):
-        raise FloatingPointError(f"{runtime.node.client_id}: particles became non-finite in round {server_round}; "
-                                 "lower svgd-lr / distill-lr or raise kde-bandwidth")
-    runtime.save_state(instruction.header, ClientState(state, {"federation": instruction.header.federation}))
-    fields = dict(
-        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
-        num_examples=len(runtime.data.labels), train_loss=loss_gradient.last_loss, compute_seconds=compute_seconds,
-        resumed_from_round=resumed_from,
-    )
-    if runtime.settings.strategy == "p-dsvgd":
-        return encode(pb.PDSVGDReply(**fields), {"local_particles": {"particles": kept.cpu().numpy()}})
-    return encode(pb.DSVGDReply(**fields), {"particles": {"particles": updated.cpu().numpy()}})
+        raise FloatingPointError(f"{runtime.node.client_id}: particles became non-finite in round "
+                                 f"{local.server_round}; lower svgd-lr / distill-lr or raise kde-bandwidth")
+    fields = dict(train_loss=loss_gradient.last_loss, compute_seconds=compute_seconds)
+    if instruction.variant == "p-dsvgd":
+        return LocalResult(pb.PDSVGDReply(**fields), {"local_particles": {"particles": kept.cpu().numpy()}}, state)
+    return LocalResult(pb.DSVGDReply(**fields), {"particles": {"particles": updated.cpu().numpy()}}, state)
 
 
-def _stored_local_particles(runtime: ClientRuntime, instruction: pb.DSVGDInstruction,
-                            shape: tuple[int, int]) -> tuple[torch.Tensor, int]:
-    """This client's local particles after the round of its last accepted update, and that round; at its
-    first visit (or, logged as an error by the runtime, if they are lost) copies of Θ^(0), round 0. Lost
-    particles cannot be recovered: starting again from Θ^(0) counts this client's earlier data twice (spec §4)."""
-    stored = runtime.load_state(instruction.header)
+client_update = ClientHalf(pb.DSVGDInstruction, local_update, instruction_layouts, stateful=True)
+
+
+def _stored_local_particles(stored: ClientState | None, shape: tuple[int, ...], layout: TensorLayout,
+                            initial_seed: int) -> torch.Tensor:
+    """This client's local particles after the round of its last accepted update; at its first visit (or, logged
+    as an error by the runtime, if they are lost) copies of Θ^(0). Lost particles cannot be recovered: starting
+    again from Θ^(0) counts this client's earlier data twice (spec §4)."""
     if stored is None:
-        return torch.from_numpy(initial_particles(runtime.layout, shape[0], instruction.initial_seed)), 0
+        return torch.from_numpy(initial_particles(layout, shape[0], initial_seed))
     local = stored.tensors["local_particles"]
     if tuple(local.shape) != shape:
         raise ValueError(f"stored local particles have shape {tuple(local.shape)}, this run needs {shape}")
-    return local.float(), stored.round
+    return local.float()
 
 
 def visits_state(visits: list[Visit]) -> dict[str, torch.Tensor]:
@@ -451,20 +462,16 @@ def visits_state(visits: list[Visit]) -> dict[str, torch.Tensor]:
     }
 
 
-def _stored_visits(runtime: ClientRuntime, instruction: pb.DSVGDInstruction,
-                   shape: tuple[int, int]) -> tuple[list[Visit], int]:
-    """This U-DSVGD agent's buffer after the round of its last accepted update, and that round ([] and 0 at its
-    first visit or when lost); refuses to grow it past run config `udsvgd-max-visits`."""
-    stored = runtime.load_state(instruction.header)
+def _stored_visits(stored: ClientState | None, shape: tuple[int, ...], max_visits: int, client: str) -> list[Visit]:
+    """This U-DSVGD agent's buffer after the round of its last accepted update ([] at its first visit or when
+    lost); refuses to grow it past the instruction's `max_visits` (run config `udsvgd-max-visits`)."""
     if stored is None:
-        return [], 0
+        return []
     before, after, initial = (stored.tensors[name] for name in ("visit_before", "visit_after", "visit_initial"))
     if tuple(after.shape[1:]) != shape:
         raise ValueError(f"stored U-DSVGD particles have shape {tuple(after.shape[1:])}, this run needs {shape}")
-    limit = runtime.settings.udsvgd_max_visits
-    if len(after) >= limit:
-        raise ValueError(f"{runtime.node.client_id}: U-DSVGD keeps the particles of {len(after)} visits (2 x "
-                         f"{shape[0]} x {shape[1]} float32 each) and run config 'udsvgd-max-visits' = {limit} allows "
-                         "no more; raise it, or use dsvgd, whose memory stays N x P")
-    visits = [Visit(None if flag else b.float(), a.float()) for b, a, flag in zip(before, after, initial.tolist())]
-    return visits, stored.round
+    if len(after) >= max_visits:
+        raise ValueError(f"{client}: U-DSVGD keeps the particles of {len(after)} visits (2 x {shape[0]} x {shape[1]} "
+                         f"float32 each) and run config 'udsvgd-max-visits' = {max_visits} allows no more; raise it, "
+                         "or use dsvgd, whose memory stays N x P")
+    return [Visit(None if flag else b.float(), a.float()) for b, a, flag in zip(before, after, initial.tolist())]

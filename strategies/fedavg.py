@@ -8,76 +8,62 @@ in the paper; Flower's docstring example uses the unsquared norm).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
 
-from fedbayes.bayes.params import flatten, get_parameters, set_parameters, unflatten, weighted_mean
+from fedbayes.bayes.params import flatten, get_parameters, set_parameters, weighted_mean
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import TensorLayout, decode, encode, new_header
-from fedbayes.strategies.base import WireStrategy, local_training, round_metrics
-from fedbayes.tasks.config import RunSettings
+from fedbayes.protos.codec import Payload, TensorLayout
+from fedbayes.strategies.base import Update, WireStrategy, local_training
+from fedbayes.tasks.config import NON_NEGATIVE, Key, RunSettings
+
+FEDPROX_HYPERPARAMETERS = (
+    Key("proximal-mu", 0.01, "FedProx: μ of the clients' proximal term μ/2·‖w − w_g‖²", NON_NEGATIVE),
+)
 
 
 class FedAvg(WireStrategy):
     """FedAvg; FedProx when `proximal_mu` > 0 (its clients add mu/2 * ||w - w_global||^2)."""
 
+    reply_type = pb.FedAvgReply
+
     def __init__(self, settings: RunSettings, layout: TensorLayout, proximal_mu: float = 0.0) -> None:
-        super().__init__(settings)
-        self.layout = layout
+        super().__init__(settings, layout)
         self.proximal_mu = proximal_mu
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        settings = self.settings
-        instruction = pb.FedAvgInstruction(
-            header=new_header(settings.federation, server_round),
-            training=local_training(settings, server_round, weight_decay=settings.weight_decay),
-            proximal_mu=self.proximal_mu,
-        )
+    def instruction(self, server_round, arrays, nodes):
+        training = local_training(self.settings, server_round, weight_decay=self.settings.weight_decay)
         weights = {name: arrays[name].numpy() for name in self.layout}
-        return self.instructions(instruction, {"weights": weights}, self.sample(grid, server_round))
+        return pb.FedAvgInstruction(training=training, proximal_mu=self.proximal_mu), {"weights": weights}
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        payloads = self.decode_replies(replies, pb.FedAvgReply, {"weights": self.layout}, server_round)
-        if not payloads:
-            return None, None
+    def reply_layouts(self):
+        return {"weights": self.layout}
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         average = weighted_mean([flatten(p.tensors["weights"], self.layout) for p in payloads],
                                 [p.message.num_examples for p in payloads])
-        self.commit(payloads, server_round)
-        weights = unflatten(average.astype(np.float32), self.layout)
-        return ArrayRecord({name: Array(value) for name, value in weights.items()}), round_metrics(payloads)
+        return Update(average.astype(np.float32))
 
 
 def fedprox(settings: RunSettings, layout: TensorLayout) -> FedAvg:
     return FedAvg(settings, layout, proximal_mu=settings.proximal_mu)
 
 
-def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
-    """Client half: load the global model, train locally, send the new weights back."""
-    payload = decode(content, pb.FedAvgInstruction, {"weights": runtime.layout}, sender="server")
-    instruction = payload.message
-    set_parameters(runtime.model, payload.tensors["weights"])
-    train_loss, compute_seconds = train_locally(
-        runtime, instruction.training, instruction.header.server_round, instruction.proximal_mu
-    )
-    reply = pb.FedAvgReply(
-        header=new_header(
-            instruction.header.federation, instruction.header.server_round, runtime.node.client_id
-        ),
-        num_examples=len(runtime.data.labels),
-        train_loss=train_loss,
-        compute_seconds=compute_seconds,
-    )
-    return encode(reply, {"weights": get_parameters(runtime.model)})
+# ---- client half ----------------------------------------------------------------------------------
+def local_update(local: LocalRound) -> LocalResult:
+    """Load the global model, train locally (FedProx: with the proximal term), send the new weights back."""
+    instruction = local.instruction
+    set_parameters(local.runtime.model, local.tensors["weights"])
+    train_loss, compute_seconds = train_locally(local.runtime, instruction.training, local.server_round,
+                                                instruction.proximal_mu)
+    return LocalResult(pb.FedAvgReply(train_loss=train_loss, compute_seconds=compute_seconds),
+                       {"weights": get_parameters(local.runtime.model, local.runtime.layout)})
+
+
+client_update = ClientHalf(pb.FedAvgInstruction, local_update, model_layouts("weights"))
 
 
 def train_locally(
@@ -97,7 +83,7 @@ def train_locally(
         training.epochs,
         training.batch_size,
         runtime.device,
-        seed=runtime.local_seed(server_round),
+        seed=runtime.local_seed(training.seed, server_round),
         extra_loss=extra_loss,
     )
     model.cpu()

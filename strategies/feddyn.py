@@ -23,26 +23,27 @@ on it is in the server's K and N, which moves every α_k a little (the fixed poi
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO
 
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import log
-from flwr.serverapp import Grid
 
 from fedbayes.bayes.params import flatten, unflatten
-from fedbayes.client.runtime import ClientRuntime
-from fedbayes.client.state import ClientState
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import Payload, TensorLayout, decode, encode, new_header
+from fedbayes.protos.codec import Payload, TensorLayout
 from fedbayes.strategies.base import (
-    Membership, ServerState, WireStrategy, client_population, local_training, round_metrics,
+    Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
 )
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, Key, RunSettings
+
+# ../shared/specs/feddyn-fedlap-splits.md §2, §8. The local weight decay is the run's `weight-decay`.
+MAX_GRAD_NORM = Key("max-grad-norm", 0.0, "clip local gradients at this norm; 0 = off (the official FedDyn code: 10)",
+                    NON_NEGATIVE)
+HYPERPARAMETERS = (
+    Key("feddyn-alpha", 0.01, "α; client k uses α_k = α·N/(K·N_k) (paper FMNIST grid 1e-2..1e-6)", POSITIVE),
+    MAX_GRAD_NORM,
+)
 
 
 # ---- the math ---------------------------------------------------------------------------------------
@@ -82,41 +83,36 @@ def total_lambda(lambdas: dict[str, ClientLambda]) -> torch.Tensor:
 
 # ---- server half --------------------------------------------------------------------------------------
 class FedDyn(WireStrategy):
+    reply_type = pb.FedDynReply
+
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
-        super().__init__(settings)
-        self.layout = layout
+        super().__init__(settings, layout)
         self.global_: torch.Tensor | None = None  # w_g, float32-representable float64
         self.lambdas: dict[str, ClientLambda] = {}  # the server's replay of every known client's λ_k
         self.membership = Membership()
 
-    def summary(self) -> None:
-        log(INFO, "feddyn: alpha=%g weight-decay=%g max-grad-norm=%g fraction-train=%g", self.settings.feddyn_alpha,
-            self.settings.weight_decay, self.settings.max_grad_norm, self.settings.fraction_train)
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def instruction(self, server_round, arrays, nodes):
         if self.global_ is None:
             self.global_ = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)))
         settings = self.settings
-        nodes = self.sample(grid, server_round)
         instruction = pb.FedDynInstruction(
-            header=new_header(settings.federation, server_round),
             training=local_training(settings, server_round, weight_decay=settings.weight_decay),
             alpha=settings.feddyn_alpha,
             known_clients=self.membership.clients or len(nodes),
             known_examples=self.membership.total_examples,
             max_grad_norm=settings.max_grad_norm,
         )
-        return self.instructions(instruction, {"global_weights": unflatten(self.global_.numpy(), self.layout)}, nodes)
+        return instruction, {"global_weights": unflatten(self.global_.numpy(), self.layout)}
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        payloads = self.decode_replies(replies, pb.FedDynReply, {"weights": self.layout}, server_round,
-                                       check=self._check_reply)
-        if not payloads:
-            return None, None
+    def reply_layouts(self):
+        return {"weights": self.layout}
+
+    def check_reply(self, payload: Payload) -> None:
+        """The server replays λ_k from the round the client started from: its last accepted round, or 0 when
+        the client is new or lost its state (λ_k = 0 on both sides then)."""
+        self.check_resumed(payload, "its λ_k restarts from zero")
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         locals_, lambdas, membership = [], dict(self.lambdas), self.membership.copy()
         for payload in payloads:
             message = payload.message
@@ -128,39 +124,28 @@ class FedDyn(WireStrategy):
             locals_.append(local)
         global_ = as_sent(server_step(locals_, total_lambda(lambdas), membership.clients))
         if not torch.isfinite(global_).all():
-            self.reject_round(payloads, "feddyn: the global model would be non-finite; lower feddyn-alpha or lr")
-            return None, None
-        self.commit(payloads, server_round)
-        self.global_, self.lambdas, self.membership = global_, lambdas, membership
-        arrays = ArrayRecord({n: Array(v) for n, v in unflatten(self.global_.numpy(), self.layout).items()})
-        return arrays, round_metrics(payloads, **{"known-clients": self.membership.clients})
+            raise RoundRejected("the global model would be non-finite; lower feddyn-alpha or lr")
+        return Update(global_.numpy(), {"global_": global_, "lambdas": lambdas, "membership": membership},
+                      {"known-clients": membership.clients})
 
     @property
     def lambda_sum(self) -> torch.Tensor:
         return total_lambda(self.lambdas)
 
-    def _check_reply(self, payload: Payload) -> None:
-        """The server replays λ_k from the round the client started from: its last accepted round, or 0 when
-        the client is new or lost its state (λ_k = 0 on both sides then)."""
-        self.check_resumed(payload, "its λ_k restarts from zero")
+    def state_dict(self) -> ServerState:
+        state = super().state_dict()
+        if self.global_ is not None:
+            state.tensors["global"] = self.global_.numpy()
+            state.add_per_client("lambda", self.lambdas)
+            state.metadata |= self.membership.to_metadata()
+        return state
 
-    def server_state(self) -> ServerState:
-        if self.global_ is None:
-            return ServerState()
-        tensors = {"global": self.global_.numpy()}
-        tensors |= {f"lambda/{client}": entry.value.numpy() for client, entry in self.lambdas.items()}
-        metadata = {"lambda_rounds": json.dumps({c: e.round for c, e in self.lambdas.items()}),
-                    **self.membership.to_metadata()}
-        return ServerState(tensors, metadata)
-
-    def restore_server_state(self, state: ServerState) -> None:
-        if not state.tensors:
+    def load_state_dict(self, state: ServerState) -> None:
+        super().load_state_dict(state)
+        if "global" not in state.tensors:
             return
         self.global_ = torch.from_numpy(state.tensors["global"].copy())
-        self.lambdas = {
-            client: ClientLambda(torch.from_numpy(state.tensors[f"lambda/{client}"].copy()), last_round)
-            for client, last_round in json.loads(state.metadata["lambda_rounds"]).items()
-        }
+        self.lambdas = state.per_client("lambda", ClientLambda)
         self.membership = Membership.from_metadata(state.metadata)
 
 
@@ -168,30 +153,24 @@ class FedDyn(WireStrategy):
 LAMBDA_KEY = "feddyn_lambda"
 
 
-def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
-    """Train on the FedDyn objective from w_g, update λ_k, persist it, send w_k back."""
-    payload = decode(content, pb.FedDynInstruction, {"global_weights": runtime.layout}, sender="server")
-    instruction = payload.message
-    server_round = instruction.header.server_round
-    global_ = torch.from_numpy(flatten(payload.tensors["global_weights"], runtime.layout))
-    stored = runtime.load_state(instruction.header)
+def local_update(local: LocalRound) -> LocalResult:
+    """Train on the FedDyn objective from w_g, update λ_k (kept in the durable store), send w_k back."""
+    instruction, runtime, stored = local.instruction, local.runtime, local.stored
+    global_ = torch.from_numpy(flatten(local.tensors["global_weights"], runtime.layout))
     lam = stored.tensors[LAMBDA_KEY].double() if stored is not None else torch.zeros_like(global_)
     if lam.shape != global_.shape:
         raise ValueError(f"stored λ_k has {lam.numel()} values, this run's model has {global_.numel()}")
-    num_examples = len(runtime.data.labels)
     known_clients, known_examples = client_population(
-        instruction.known_clients, instruction.known_examples, num_examples, fresh=stored is None
+        instruction.known_clients, instruction.known_examples, local.num_examples, fresh=stored is None
     )
-    alpha_k = client_alpha(instruction.alpha, num_examples, known_clients, known_examples)
-    local, train_loss, seconds = train_anchored(
+    alpha_k = client_alpha(instruction.alpha, local.num_examples, known_clients, known_examples)
+    weights, train_loss, seconds = train_anchored(
         runtime, instruction.training, start=global_, anchor=global_ - lam, weight=alpha_k,
-        server_round=server_round, max_grad_norm=instruction.max_grad_norm,
+        server_round=local.server_round, max_grad_norm=instruction.max_grad_norm,
     )
-    runtime.save_state(instruction.header, ClientState({LAMBDA_KEY: lambda_step(lam, local, global_)},
-                                                       {"federation": instruction.header.federation}))
-    reply = pb.FedDynReply(
-        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
-        num_examples=num_examples, train_loss=train_loss, compute_seconds=seconds,
-        resumed_from_round=stored.round if stored is not None else 0,
-    )
-    return encode(reply, {"weights": unflatten(local.numpy(), runtime.layout)})
+    return LocalResult(pb.FedDynReply(train_loss=train_loss, compute_seconds=seconds),
+                       {"weights": unflatten(weights.numpy(), runtime.layout)},
+                       {LAMBDA_KEY: lambda_step(lam, weights, global_)})
+
+
+client_update = ClientHalf(pb.FedDynInstruction, local_update, model_layouts("global_weights"), stateful=True)

@@ -29,30 +29,28 @@ joining after round 1 starts with a flat site (v_k = V_k = 0) and counts itself 
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO
 
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import log
-from flwr.serverapp import Grid
 
 from fedbayes.bayes.curvature import diag_ggn
 from fedbayes.bayes.params import flatten, unflatten
-from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, decode, encode, new_header
+from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import (
-    Membership, ServerState, WireStrategy, client_population, local_training, round_metrics,
+    Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
 )
-from fedbayes.tasks.config import RunSettings
+from fedbayes.strategies.feddyn import MAX_GRAD_NORM
+from fedbayes.tasks.config import POSITIVE, Key, RunSettings
 
-COVARIANCE = {"fedlap": False, "fedlap-cov": True}  # strategy name -> learns a diagonal curvature
+HYPERPARAMETERS = (
+    Key("prior-precision", 1.0, "δ: the prior's precision (paper grid 1..1e-4)", POSITIVE),
+    MAX_GRAD_NORM,
+)
 
 
 # ---- the math (float64 torch, flat vectors) ---------------------------------------------------------------
@@ -96,9 +94,10 @@ def as_sent(flat: torch.Tensor) -> torch.Tensor:
 
 # ---- server half --------------------------------------------------------------------------------------
 class FedLap(WireStrategy):
+    reply_type = pb.FedLapReply
+
     def __init__(self, settings: RunSettings, layout: TensorLayout, covariance: bool = False) -> None:
-        super().__init__(settings)
-        self.layout = layout
+        super().__init__(settings, layout)
         self.covariance = covariance
         self.delta = settings.prior_precision
         self.global_mean: torch.Tensor | None = None  # w_g and S_g as sent (float32-representable)
@@ -109,22 +108,10 @@ class FedLap(WireStrategy):
         self.membership = Membership()
 
     @property
-    def name(self) -> str:
-        return "fedlap-cov" if self.covariance else "fedlap"
-
-    @property
     def precision_layout(self) -> TensorLayout:
         return self.layout if self.covariance else {}
 
-    def summary(self) -> None:
-        log(INFO, "%s: prior-precision=%g max-grad-norm=%g fraction-train=%g", self.name, self.delta,
-            self.settings.max_grad_norm, self.settings.fraction_train)
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        settings = self.settings
-        nodes = self.sample(grid, server_round)
+    def instruction(self, server_round, arrays, nodes):
         if self.global_mean is None:
             self.global_mean = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout},
                                                                 self.layout)))
@@ -132,25 +119,22 @@ class FedLap(WireStrategy):
             self.unclaimed = self.global_precision * self.global_mean
         self.initial_share = 1.0 / len(nodes) if server_round == 1 and nodes else 0.0
         instruction = pb.FedLapInstruction(
-            header=new_header(settings.federation, server_round),
-            training=local_training(settings, server_round),
+            training=local_training(self.settings, server_round),
             prior_precision=self.delta,
             known_clients=self.membership.clients or len(nodes),
             known_examples=self.membership.total_examples,
             initial_share=self.initial_share,
-            max_grad_norm=settings.max_grad_norm,
+            max_grad_norm=self.settings.max_grad_norm,
+            covariance=self.covariance,
         )
         precision = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
-        tensors = {"global_mean": unflatten(self.global_mean.numpy(), self.layout), "global_precision": precision}
-        return self.instructions(instruction, tensors, nodes)
+        return instruction, {"global_mean": unflatten(self.global_mean.numpy(), self.layout),
+                             "global_precision": precision}
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        layouts = {"site_mean": self.layout, "site_precision": self.precision_layout}
-        payloads = self.decode_replies(replies, pb.FedLapReply, layouts, server_round, check=self._check_reply)
-        if not payloads:
-            return None, None
+    def reply_layouts(self):
+        return {"site_mean": self.layout, "site_precision": self.precision_layout}
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         sites, unclaimed, membership = dict(self.sites), self.unclaimed, self.membership.copy()
         for payload in payloads:
             message = payload.message
@@ -163,13 +147,11 @@ class FedLap(WireStrategy):
         precision_sum = torch.stack([site.precision for site in sites.values()]).sum(0)
         mean, precision = global_from_sites(natural_sum, precision_sum, self.delta)
         if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
-            self.reject_round(payloads, f"{self.name}: the global mean would be non-finite")
-            return None, None
-        self.commit(payloads, server_round)
-        self.sites, self.unclaimed, self.membership = sites, unclaimed, membership
-        self.global_mean, self.global_precision = as_sent(mean), as_sent(precision)
-        arrays = ArrayRecord({n: Array(v) for n, v in unflatten(self.global_mean.numpy(), self.layout).items()})
-        return arrays, round_metrics(payloads, **{"known-clients": self.membership.clients})
+            raise RoundRejected("the global mean would be non-finite")
+        mean, precision = as_sent(mean), as_sent(precision)
+        state = {"sites": sites, "unclaimed": unclaimed, "membership": membership, "global_mean": mean,
+                 "global_precision": precision}
+        return Update(mean.numpy(), state, {"known-clients": membership.clients})
 
     def _site(self, payload: Payload, server_round: int) -> Site:
         mean = torch.from_numpy(flatten(payload.tensors["site_mean"], self.layout))
@@ -177,33 +159,30 @@ class FedLap(WireStrategy):
             return Site(mean, torch.zeros_like(mean), server_round)
         return Site(mean, torch.from_numpy(flatten(payload.tensors["site_precision"], self.layout)), server_round)
 
-    def _check_reply(self, payload: Payload) -> None:
+    def check_reply(self, payload: Payload) -> None:
         """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0. The site must follow
         from the client's last accepted one (or start afresh: a new client, or one that lost its state)."""
         if self.covariance and (self._site(payload, 0).precision < 0).any():
             raise PayloadError("field 'site_precision': has negative values; a site precision V_k must be >= 0")
         self.check_resumed(payload, "its new site replaces the old one")
 
-    def server_state(self) -> ServerState:
-        if self.global_mean is None:
-            return ServerState()
-        tensors = {"global_mean": self.global_mean.numpy(), "global_precision": self.global_precision.numpy(),
-                   "unclaimed": self.unclaimed.numpy()}
-        for client, site in self.sites.items():
-            tensors[f"site/{client}/mean"] = site.mean.numpy()
-            tensors[f"site/{client}/precision"] = site.precision.numpy()
-        metadata = {"site_rounds": json.dumps({c: s.round for c, s in self.sites.items()}),
-                    **self.membership.to_metadata()}
-        return ServerState(tensors, metadata)
+    def state_dict(self) -> ServerState:
+        state = super().state_dict()
+        if self.global_mean is not None:
+            state.tensors |= {"global_mean": self.global_mean.numpy(), "global_precision": self.global_precision.numpy(),
+                              "unclaimed": self.unclaimed.numpy()}
+            state.add_per_client("site", self.sites)
+            state.metadata |= self.membership.to_metadata()
+        return state
 
-    def restore_server_state(self, state: ServerState) -> None:
-        if not state.tensors:
+    def load_state_dict(self, state: ServerState) -> None:
+        super().load_state_dict(state)
+        if "global_mean" not in state.tensors:
             return
         tensors = {name: torch.from_numpy(value.copy()) for name, value in state.tensors.items()}
         self.global_mean, self.global_precision = tensors["global_mean"], tensors["global_precision"]
         self.unclaimed = tensors["unclaimed"]
-        self.sites = {client: Site(tensors[f"site/{client}/mean"], tensors[f"site/{client}/precision"], last_round)
-                      for client, last_round in json.loads(state.metadata["site_rounds"]).items()}
+        self.sites = state.per_client("site", Site)
         self.membership = Membership.from_metadata(state.metadata)
 
 
@@ -212,45 +191,43 @@ def fedlap_cov(settings: RunSettings, layout: TensorLayout) -> FedLap:
 
 
 # ---- client half ----------------------------------------------------------------------------------
-def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
-    """Train on the cavity-regularised loss from w_g, compute H_k (Cov), take the site step, persist, reply."""
-    covariance = COVARIANCE[runtime.settings.strategy]
-    layouts = {"global_mean": runtime.layout, "global_precision": runtime.layout if covariance else {}}
-    payload = decode(content, pb.FedLapInstruction, layouts, sender="server")
-    instruction = payload.message
-    server_round = instruction.header.server_round
-    delta = instruction.prior_precision
-    global_mean = torch.from_numpy(flatten(payload.tensors["global_mean"], runtime.layout))
-    global_precision = (torch.from_numpy(flatten(payload.tensors["global_precision"], runtime.layout)) if covariance
+def instruction_layouts(instruction: pb.FedLapInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    return {"global_mean": layout, "global_precision": layout if instruction.covariance else {}}
+
+
+def local_update(local: LocalRound) -> LocalResult:
+    """Train on the cavity-regularised loss from w_g, compute H_k (Cov), take the site step, reply."""
+    instruction, runtime = local.instruction, local.runtime
+    covariance, delta = instruction.covariance, instruction.prior_precision
+    global_mean = torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout))
+    global_precision = (torch.from_numpy(flatten(local.tensors["global_precision"], runtime.layout)) if covariance
                         else torch.full_like(global_mean, delta))
-    stored = runtime.load_state(instruction.header)
-    site = _stored_site(stored, global_mean, global_precision, instruction.initial_share)
-    num_examples = len(runtime.data.labels)
+    site = _stored_site(local.stored, global_mean, global_precision, instruction.initial_share)
     known_clients, known_examples = client_population(
-        instruction.known_clients, instruction.known_examples, num_examples, fresh=stored is None
+        instruction.known_clients, instruction.known_examples, local.num_examples, fresh=local.stored is None
     )
     anchor, precision = cavity(global_mean, global_precision, site, delta)
-    local, train_loss, seconds = train_anchored(
-        runtime, instruction.training, start=global_mean, anchor=anchor, weight=precision / num_examples,
-        server_round=server_round, max_grad_norm=instruction.max_grad_norm,
+    weights, train_loss, seconds = train_anchored(
+        runtime, instruction.training, start=global_mean, anchor=anchor, weight=precision / local.num_examples,
+        server_round=local.server_round, max_grad_norm=instruction.max_grad_norm,
     )
-    curvature, curvature_seconds = torch.zeros_like(local), 0.0
+    curvature, curvature_seconds = torch.zeros_like(weights), 0.0
     if covariance:  # H_k at the new w_k, which train_anchored left in the model
         started = time.perf_counter()
         curvature = diag_ggn(runtime.model.to(runtime.device), runtime.data.images.to(runtime.device))
         runtime.model.cpu()
         curvature_seconds = time.perf_counter() - started
-    rho = client_damping(covariance, num_examples, known_clients, known_examples)
-    site = site_step(site, local, curvature, global_mean, global_precision, rho, server_round)
-    runtime.save_state(instruction.header, ClientState({"site_mean": site.mean, "site_precision": site.precision},
-                                                       {"federation": instruction.header.federation}))
-    reply = pb.FedLapReply(
-        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
-        num_examples=num_examples, train_loss=train_loss, compute_seconds=seconds + curvature_seconds,
-        curvature_seconds=curvature_seconds, resumed_from_round=stored.round if stored is not None else 0,
-    )
+    rho = client_damping(covariance, local.num_examples, known_clients, known_examples)
+    site = site_step(site, weights, curvature, global_mean, global_precision, rho, local.server_round)
+    reply = pb.FedLapReply(train_loss=train_loss, compute_seconds=seconds + curvature_seconds,
+                           curvature_seconds=curvature_seconds)
     precision_wire = unflatten(site.precision.numpy(), runtime.layout) if covariance else {}
-    return encode(reply, {"site_mean": unflatten(site.mean.numpy(), runtime.layout), "site_precision": precision_wire})
+    return LocalResult(reply, {"site_mean": unflatten(site.mean.numpy(), runtime.layout),
+                               "site_precision": precision_wire},
+                       {"site_mean": site.mean, "site_precision": site.precision})
+
+
+client_update = ClientHalf(pb.FedLapInstruction, local_update, instruction_layouts, stateful=True)
 
 
 def _stored_site(stored: ClientState | None, global_mean: torch.Tensor, global_precision: torch.Tensor,

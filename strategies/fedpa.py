@@ -26,26 +26,43 @@ from __future__ import annotations
 import copy
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
-from flwr.serverapp import Grid
 from torch.nn.utils import parameters_to_vector
 
 from fedbayes.bayes.params import flatten, set_parameters, unflatten
-from fedbayes.client.runtime import ClientRuntime
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import Loss, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import TensorLayout, decode, encode, new_header
-from fedbayes.strategies.base import ServerState, WireStrategy, local_training, round_metrics
+from fedbayes.protos.codec import Payload, TensorLayout
+from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy, local_training
 from fedbayes.strategies.fedavg import train_locally
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, Key, RunSettings
+
+# ../shared/specs/fedpa.md §7. Rounds 1..burn-in-rounds are FedAvg rounds; each later round runs
+# local-burnin-epochs discarded epochs, then `samples` epochs, each averaged into one IASG sample.
+HYPERPARAMETERS = (
+    Key("burn-in-rounds", 10, "rounds of FedAvg before sampling starts", NON_NEGATIVE),
+    Key("samples", 4, "ℓ: IASG samples per sampling round, one per epoch", AT_LEAST_ONE),
+    Key("local-burnin-epochs", 1, "epochs discarded at the start of a sampling round (the released code: 1)",
+        NON_NEGATIVE),
+    Key("shrinkage", 0.01, "ρ of Thm 3; the identity weight is ρ_ℓ = 1/(1 + (ℓ-1)ρ)", NON_NEGATIVE),
+    Key("server-optimizer", "sgd", "the server's optimizer on the averaged delta",
+        choices=("sgd", "adam", "adagrad")),
+    Key("server-lr", 1.0, "the server optimizer's learning rate", POSITIVE),
+    Key("server-momentum", 0.0, "sgd's momentum", MOMENTUM),
+    Key("server-beta1", 0.9, "adam's β1", MOMENTUM),
+    Key("server-beta2", 0.99, "adam's β2", MOMENTUM),
+    Key("server-eps", 0.001, "τ of adam and adagrad", POSITIVE),
+    Key("server-adagrad-init", 0.1, "adagrad's initial accumulator (Keras' default, as the released code)",
+        NON_NEGATIVE),
+)
 from fedbayes.tasks.datasets import Dataset
 
 SampleSink = Callable[[torch.Tensor], None]  # receives one flat posterior sample x_t
@@ -222,30 +239,22 @@ def weighted_mean_delta(deltas: list[torch.Tensor], weights: list[float]) -> tor
 class FedPA(WireStrategy):
     """FedPA's server: generalized federated optimization (Alg. 1) with burn-in and sampling rounds."""
 
+    reply_type = pb.FedPAReply
+
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
-        super().__init__(settings)
-        self.layout = layout
+        super().__init__(settings, layout)
         self.server_optimizer = ServerOptimizer(settings, sum(math.prod(shape) for shape in layout.values()))
         self.theta: torch.Tensor | None = None  # the global model sent this round, flat float64
-
-    def summary(self) -> None:
-        s = self.settings
-        log(INFO, "fedpa: %d burn-in rounds, then %d samples after %d local burn-in epochs, shrinkage %g; "
-            "server %s lr %g", s.burn_in_rounds, s.samples, s.local_burnin_epochs, s.shrinkage, s.server_optimizer,
-            s.server_lr)
 
     def is_sampling_round(self, server_round: int) -> bool:
         return server_round > self.settings.burn_in_rounds
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def instruction(self, server_round, arrays, nodes):
         settings = self.settings
         weights = {name: arrays[name].numpy() for name in self.layout}
         self.theta = torch.from_numpy(flatten(weights, self.layout))
         sampling = self.is_sampling_round(server_round)
         instruction = pb.FedPAInstruction(
-            header=new_header(settings.federation, server_round),
             training=local_training(
                 settings, server_round, weight_decay=settings.weight_decay,
                 epochs=settings.local_burnin_epochs + settings.samples if sampling else None,
@@ -253,65 +262,58 @@ class FedPA(WireStrategy):
             sampling=sampling, shrinkage=settings.shrinkage, local_burnin_epochs=settings.local_burnin_epochs,
             samples=settings.samples,
         )
-        return self.instructions(instruction, {"weights": weights}, self.sample(grid, server_round))
+        return instruction, {"weights": weights}
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        payloads = self.decode_replies(replies, pb.FedPAReply, {"delta": self.layout}, server_round)
-        if not payloads:
-            return None, None
+    def reply_layouts(self):
+        return {"delta": self.layout}
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         examples = [float(p.message.num_examples) for p in payloads]
         deltas = [torch.from_numpy(flatten(p.tensors["delta"], self.layout)) for p in payloads]
         pseudo_gradient = weighted_mean_delta(deltas, examples)
         if not torch.isfinite(pseudo_gradient).all():  # finite deltas can still overflow their sum
-            self.reject_round(payloads, "fedpa: the averaged delta is not finite")
-            return None, None
+            raise RoundRejected("the averaged delta is not finite")
         before = self.server_optimizer.state_dict()
         theta = self.server_optimizer.step(self.theta, pseudo_gradient)
         if not torch.isfinite(theta).all():
             self.server_optimizer.load_state_dict(before)  # the rejected round leaves no trace
-            self.reject_round(payloads, "fedpa: the global model would be non-finite; lower server-lr")
-            return None, None
-        self.commit(payloads, server_round)
-        extra = {
+            raise RoundRejected("the global model would be non-finite; lower server-lr")
+        metrics = {
             "delta-norm": pseudo_gradient.norm().item(),
             "samples": float(np.mean([p.message.samples for p in payloads])),
             "correction-norm": float(np.mean([p.message.correction_norm for p in payloads])),
         }
         log(INFO, "round %d (%s): |Δ| %.4g, mean samples %.1f, mean |Δ - (x0 - x̄)| %.4g", server_round,
-            "sampling" if self.is_sampling_round(server_round) else "burn-in", extra["delta-norm"],
-            extra["samples"], extra["correction-norm"])
-        arrays = unflatten(theta.numpy(), self.layout)
-        return ArrayRecord({name: Array(value) for name, value in arrays.items()}), round_metrics(payloads, **extra)
+            "sampling" if self.is_sampling_round(server_round) else "burn-in", metrics["delta-norm"],
+            metrics["samples"], metrics["correction-norm"])
+        return Update(theta.numpy(), metrics=metrics)
 
-    def server_state(self) -> ServerState:
+    def state_dict(self) -> ServerState:
         """The server optimizer's state (momentum, Adam moments, Adagrad sums, step count)."""
-        return ServerState({f"optimizer/{key}": value for key, value in self.server_optimizer.state().items()})
+        state = super().state_dict()
+        state.tensors |= {f"optimizer/{key}": value for key, value in self.server_optimizer.state().items()}
+        return state
 
-    def restore_server_state(self, state: ServerState) -> None:
+    def load_state_dict(self, state: ServerState) -> None:
+        super().load_state_dict(state)
         prefix = "optimizer/"
         self.server_optimizer.load_state(
             {name[len(prefix):]: value for name, value in state.tensors.items() if name.startswith(prefix)})
 
 
 # ---- client half ----------------------------------------------------------------------------------
-def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
+def local_update(local: LocalRound) -> LocalResult:
     """FedAvg's local training in burn-in rounds; IASG + the App. C delta in sampling rounds."""
-    payload = decode(content, pb.FedPAInstruction, {"weights": runtime.layout}, sender="server")
-    instruction = payload.message
-    server_round = instruction.header.server_round
-    if [name for name, _ in runtime.model.named_parameters()] != list(runtime.layout):
-        raise ValueError(f"FedPA needs a model whose state is exactly its parameters, got {list(runtime.layout)}")
-    set_parameters(runtime.model, payload.tensors["weights"])
+    instruction, runtime, server_round = local.instruction, local.runtime, local.server_round
+    set_parameters(runtime.model, local.tensors["weights"])
     x0 = parameters_to_vector(runtime.model.parameters()).detach().clone()
     samples, correction_norm = 0, 0.0
     if instruction.sampling:
         model = runtime.model.to(runtime.device)
         estimate = ShrinkageDelta(x0.to(runtime.device), instruction.shrinkage, capacity=instruction.samples)
         iasg = IASG(model, runtime.data, make_optimizer(model, instruction.training), instruction.training.batch_size,
-                    runtime.device, runtime.local_seed(server_round), instruction.local_burnin_epochs,
-                    instruction.samples)
+                    runtime.device, runtime.local_seed(instruction.training.seed, server_round),
+                    instruction.local_burnin_epochs, instruction.samples)
         train_loss, compute_seconds = iasg(estimate.add_sample)
         delta = estimate.delta()
         samples, correction_norm = estimate.count, (delta - estimate.iterate_average_delta()).norm().item()
@@ -325,9 +327,9 @@ def client_update(content: RecordDict, runtime: ClientRuntime) -> RecordDict:
             f"{runtime.node.client_id}: the FedPA delta of round {server_round} is not finite "
             f"({'sampling' if instruction.sampling else 'burn-in'} round); lower lr or shrinkage"
         )
-    reply = pb.FedPAReply(
-        header=new_header(instruction.header.federation, server_round, runtime.node.client_id),
-        num_examples=len(runtime.data.labels), train_loss=train_loss, compute_seconds=compute_seconds,
-        samples=samples, correction_norm=correction_norm,
-    )
-    return encode(reply, {"delta": unflatten(delta.numpy(), runtime.layout)})
+    reply = pb.FedPAReply(train_loss=train_loss, compute_seconds=compute_seconds, samples=samples,
+                          correction_norm=correction_norm)
+    return LocalResult(reply, {"delta": unflatten(delta.numpy(), runtime.layout)})
+
+
+client_update = ClientHalf(pb.FedPAInstruction, local_update, model_layouts("weights"))

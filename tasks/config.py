@@ -1,135 +1,202 @@
 """The run configuration shared by the ServerApp and every ClientApp.
 
-Keys and defaults live in pyproject.toml [tool.flwr.app.config]; `flwr run -c` and
-`fedbayes local --set` override them. Both halves parse the same keys with the same checks, so a
-bad value fails loudly on both sides with the key's name in the message.
+Every key is declared once, with its type, default, one-line doc and check: the core's here (CORE_KEYS), each
+strategy's next to its algorithm (strategies/<name>.py HYPERPARAMETERS). `fedbayes strategies` lists them,
+`fedbayes app` writes them as a Flower app's [tool.flwr.app.config] (the checkout's pyproject.toml lists the
+same, checked by tests/test_config.py); `flwr run -c` and `fedbayes local --set` override them.
 """
 
 from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_OPTIMIZERS = ("adam", "sgd")
-_LR_SCHEDULES = ("constant", "cosine")
-SERVER_OPTIMIZERS = ("sgd", "adam", "adagrad")  # FedPA's SERVEROPT
-_DSVGD_SCHEDULERS = ("round-robin", "random")
-CLIENT_IDENTITIES = ("bound", "reconnect")
-NOISE_MODES = ("shared", "independent")  # BayesADMM's training noise across clients and rounds
 
 
 class ConfigError(ValueError):
     """A run or node configuration value is missing or invalid."""
 
 
+@dataclass(frozen=True)
+class Check:
+    """What a key's value must satisfy: `test(value)` is true; `requirement` says so in an error."""
+
+    test: Callable[[Any], bool]
+    requirement: str
+
+
+POSITIVE = Check(lambda value: value > 0, "must be > 0")
+NON_NEGATIVE = Check(lambda value: value >= 0, "must be >= 0")
+AT_LEAST_ONE = Check(lambda value: value >= 1, "must be >= 1")
+MOMENTUM = Check(lambda value: 0.0 <= value < 1.0, "must be in [0, 1)")  # a momentum or a moment decay
+SHARE = Check(lambda value: 0.0 < value <= 1.0, "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: its name, default (whose type is the key's type), a one-line doc, and what a value
+    must satisfy (`check`, or one of `choices`)."""
+
+    name: str
+    default: Any
+    doc: str
+    check: Check | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+    @property
+    def attribute(self) -> str:
+        return self.name.replace("-", "_")
+
+    def parse(self, value: Any) -> Any:
+        value = _coerce(self.name, value, self.type)
+        if self.choices:
+            _choice(self.name, value, self.choices)
+        if self.check is not None:
+            _check(self.name, self.check.test(value), self.check.requirement)
+        return value
+
+
+# Keys every run has: what to run, the data, the model, local training, the round loop and the trust boundary.
+# A strategy's own hyperparameters are declared next to its algorithm (strategies/<name>.py, HYPERPARAMETERS).
+CORE_KEYS = (
+    Key("strategy", "fedavg", "the algorithm: a built-in name (`fedbayes strategies`), '<module>:<attribute>' or an "
+        "installed entry point"),
+    Key("num-server-rounds", 3, "rounds to run", AT_LEAST_ONE),
+    Key("federation", "", 'one training run\'s name: its checkpoint and every client\'s state live under it, and a '
+        'ServerApp started for it again resumes; "" = a new federation, named by the ServerApp',
+        Check(lambda name: name == "" or _is_safe_name(name), 'must be "" (a new federation) or match [A-Za-z0-9._-]+')),
+    Key("results-path", "", "a JSON-lines file the server appends one row per round to"),
+    Key("server-state-dir", "", 'server checkpoints; "" = $FEDBAYES_SERVER_STATE_DIR or ~/.fedbayes/server'),
+    # data
+    Key("dataset", "fmnist", "fmnist | mnist | cifar10 | cifar100 | npz:DIR (your own: DIR/train.npz or "
+        "client-<i>.npz, and test.npz)"),
+    Key("data-root", "", "where torchvision datasets live (Fashion-MNIST: Debian's dataset-fashion-mnist by default)"),
+    Key("download", False, "let torchvision download a missing dataset"),
+    Key("fraction", 1.0, "the share of the training set the clients split", SHARE),
+    Key("split", "iid", "iid | dirichlet | two-class"),
+    Key("seed", 0, "the run's seed: data split, initial model, sampling, every client's noise"),
+    Key("dirichlet-alpha-sizes", 1.0, "dirichlet split: concentration of the client sizes", POSITIVE),
+    Key("dirichlet-alpha-classes", 0.5, "dirichlet split: concentration of each client's classes", POSITIVE),
+    Key("min-client-size", 1, "dirichlet split: the fewest examples a client gets", AT_LEAST_ONE),
+    Key("two-class-per-class", 300, "two-class split: examples per class per client", AT_LEAST_ONE),
+    Key("split-file", "", "a published split (JSON: per client its 0-based row indices into the training file, "
+        "`fedbayes partitions --write`); replaces split/fraction"),
+    Key("split-file-overlap", False, "with split-file: a row may belong to several clients"),
+    # model
+    Key("model", "mlp", "logreg | mlp | cnn-zenke | cnn-acar | resnet20 | resnet20-gn | <module>:<callable> (your "
+        "own: callable(input_shape, num_classes) -> nn.Module)"),
+    Key("hidden", "200,100", "mlp: hidden layer widths"),
+    Key("activation", "sigmoid", "mlp: the hidden layers' activation"),
+    Key("pool", 1, "average-pool images over pool x pool blocks first (4: 28x28 -> 7x7)", AT_LEAST_ONE),
+    # local training
+    Key("local-epochs", 1, "epochs of local training per round", AT_LEAST_ONE),
+    Key("batch-size", 32, "local minibatch size", AT_LEAST_ONE),
+    Key("lr", 0.001, "local learning rate", POSITIVE),
+    Key("lr-schedule", "constant", "the local learning rate over the rounds", choices=("constant", "cosine")),
+    Key("optimizer", "adam", "local optimizer of the non-Bayesian strategies", choices=("adam", "sgd")),
+    Key("weight-decay", 0.0, "local weight decay (FedAvg, FedProx, FedDyn, FedPA)", NON_NEGATIVE),
+    Key("device", "auto", "auto | cpu | cuda (a SuperNode's node config `device` overrides it)"),
+    Key("input-scale", 1.0, "divide the inputs by this", POSITIVE),
+    # the round loop
+    Key("fraction-train", 1.0, "the share of the connected clients sampled each round", SHARE),
+    Key("min-clients", 1, "clients that must be connected before a round starts", AT_LEAST_ONE),
+    Key("wait-for-clients", 0, "clients to wait for before round 1", NON_NEGATIVE),
+    Key("wait-for-clients-timeout", 120.0, "seconds to wait for them"),
+    Key("round-timeout", 600.0, "seconds a round waits for replies; later ones are not used", POSITIVE),
+    Key("poll-interval", 0.5, "seconds between the server's pulls for replies", POSITIVE),
+    Key("eval-batch-size", 2000, "the server's evaluation batch size", AT_LEAST_ONE),
+    Key("ensemble-samples", 32, "posterior samples in the server's predictive ensemble (Bayesian strategies)",
+        NON_NEGATIVE),
+    # the trust boundary (deploy/README.md "Trust model")
+    Key("max-payload-mb", 512.0, "larger instructions or replies are refused, by name, before they are decoded",
+        POSITIVE),
+    Key("max-failed-rounds", 3, "this many consecutive rounds with no accepted reply stop the run, non-zero",
+        AT_LEAST_ONE),
+    Key("max-clients", 10000, "client ids the federation may ever count (K); a new id beyond this is refused",
+        AT_LEAST_ONE),
+    Key("max-client-examples", 100000000, "a reply's num_examples must lie in [1, this]",
+        Check(lambda value: 1 <= value <= 2**40, "must be in [1, 2^40]")),
+    Key("client-identity", "bound", "bound: a client id stays with the node that first presented it; reconnect: it "
+        "may move to a new node once its old node has left (insecure loopback)", choices=("bound", "reconnect")),
+    Key("client-registry", "", "JSON {client-id: node-id} from `fedbayes pki register --client-id`; only those "
+        "pairs are accepted"),
+)
+
+
 def pyproject_run_config(pyproject: Path | str) -> dict[str, Any]:
-    """Every run-config key with its default, as pyproject.toml's [tool.flwr.app.config] declares them."""
+    """The run-config keys and defaults a Flower app's pyproject.toml lists ([tool.flwr.app.config])."""
     with open(pyproject, "rb") as file:
         return tomllib.load(file)["tool"]["flwr"]["app"]["config"]
 
 
-@dataclass(frozen=True)
+def declared_keys(strategy: str = "") -> dict[str, Key]:
+    """Every run-config key by name: the core's, every built-in strategy's, and `strategy`'s when it is one from
+    elsewhere. A key several strategies read (prior-precision, max-grad-norm) is declared by each, with the same
+    default and type; each says what it means to that strategy."""
+    from fedbayes.strategies import algorithm_keys
+
+    keys: dict[str, Key] = {}
+    for key in (*CORE_KEYS, *algorithm_keys(strategy)):
+        known = keys.setdefault(key.name, key)
+        if known.default != key.default or known.type is not key.type:
+            raise ConfigError(f"run-config key '{key.name}' is declared twice, with defaults {known.default!r} and "
+                              f"{key.default!r}")
+    return keys
+
+
+def default_run_config(strategy: str = "") -> dict[str, Any]:
+    """Every key with its default: what a Flower app's [tool.flwr.app.config] lists (`fedbayes app`)."""
+    return {name: key.default for name, key in declared_keys(strategy).items()}
+
+
 class RunSettings:
-    strategy: str
-    num_server_rounds: int
-    federation: str
-    results_path: str
-    server_state_dir: str
-    dataset: str
-    data_root: str
-    download: bool
-    fraction: float
-    split: str
-    seed: int
-    dirichlet_alpha_sizes: float
-    dirichlet_alpha_classes: float
-    min_client_size: int
-    two_class_per_class: int
-    split_file: str
-    split_file_overlap: bool
-    model: str
-    hidden: str
-    activation: str
-    pool: int
-    local_epochs: int
-    batch_size: int
-    lr: float
-    optimizer: str
-    weight_decay: float
-    device: str
-    input_scale: float
-    fraction_train: float
-    proximal_mu: float
-    rho: float
-    dual_damping: float
-    temperature: float
-    prior_precision: float
-    hess_init: float
-    beta1: float
-    beta2: float
-    mc_samples: int
-    rescale_lr: bool
-    reset_posterior: bool
-    lr_schedule: str
-    ensemble_samples: int
-    noise: str
-    # FedDyn / FedLap / FedLap-Cov (../shared/specs/feddyn-fedlap-splits.md): FedDyn's local weight decay is
-    # `weight-decay`, FedLap's prior precision δ is `prior-precision`.
-    feddyn_alpha: float
-    max_grad_norm: float
-    min_clients: int
-    wait_for_clients: int
-    wait_for_clients_timeout: float
-    round_timeout: float
-    poll_interval: float
-    max_payload_mb: float
-    max_failed_rounds: int
-    max_clients: int
-    max_client_examples: int
-    client_identity: str
-    client_registry: str
-    eval_batch_size: int
-    # FedPA (../shared/specs/fedpa.md §7)
-    burn_in_rounds: int
-    samples: int
-    local_burnin_epochs: int
-    shrinkage: float
-    server_optimizer: str
-    server_lr: float
-    server_momentum: float
-    server_beta1: float
-    server_beta2: float
-    server_eps: float
-    server_adagrad_init: float
-    # DSVGD / P-DSVGD (../shared/specs/dsvgd.md §8)
-    particles: int
-    kde_bandwidth: float
-    local_steps: int
-    distill_steps: int
-    server_steps: int
-    svgd_lr: float
-    distill_lr: float
-    svgd_beta: float
-    svgd_fudge: float
-    dsvgd_alpha: float
-    dsvgd_scheduler: str
-    udsvgd_max_visits: int
+    """A run's configuration: every declared key, parsed and checked, read as an attribute with `_` for `-`
+    (`settings.local_epochs`, `settings.rho`). Both halves parse the same keys with the same checks, so a bad
+    value fails loudly on both sides with the key's name in the message. Immutable; `replace` makes a copy."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
-        values = {}
-        for field in fields(cls):
-            key = field.name.replace("_", "-")
-            if key not in run_config:
-                raise ConfigError(f"run config is missing '{key}'")
-            values[field.name] = _coerce(key, run_config[key], field.type)
-        settings = cls(**values)
+        keys = declared_keys(str(run_config.get("strategy", "")))
+        unknown = sorted(set(run_config) - set(keys))
+        if unknown:
+            raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)} (`fedbayes strategies` lists them)")
+        missing = [name for name in keys if name not in run_config]
+        if missing:
+            raise ConfigError(f"run config is missing '{missing[0]}'")
+        settings = cls({key.attribute: key.parse(run_config[name]) for name, key in keys.items()})
         settings.validate()
         return settings
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):  # copy and pickle probe for these before _values exists
+            raise AttributeError(attribute)
+        try:
+            return self._values[attribute]
+        except KeyError:
+            raise AttributeError(f"run settings have no key {attribute.replace('_', '-')!r}") from None
+
+    def __setattr__(self, attribute: str, value: Any) -> None:
+        raise AttributeError("run settings are immutable; use replace()")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunSettings) and self._values == other._values
+
+    def __repr__(self) -> str:
+        return f"RunSettings({self._values!r})"
+
+    def replace(self, **changes: Any) -> RunSettings:
+        return RunSettings({**self._values, **changes})
 
     def round_lr(self, server_round: int) -> float:
         """The local learning rate of a round: constant, or cosine-annealed over the rounds."""
@@ -139,86 +206,35 @@ class RunSettings:
         return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
 
     def validate(self) -> None:
+        """What one key cannot check alone: names other modules define, and keys that depend on each other."""
         from fedbayes.tasks.compute import DEVICES
-        from fedbayes.tasks.datasets import DATASETS
+        from fedbayes.tasks.datasets import DATASETS, NPZ_PREFIX
         from fedbayes.tasks.models import ACTIVATIONS, MODELS
         from fedbayes.tasks.partitions import SPLITS
 
-        _choice("dataset", self.dataset, DATASETS)
+        own_data = self.dataset.startswith(NPZ_PREFIX) and len(self.dataset) > len(NPZ_PREFIX)  # tasks/npzdata.py
+        _check("dataset", self.dataset in DATASETS or own_data,
+               f"must be one of {', '.join(DATASETS)}, or npz:DIR (a folder of .npz files), got {self.dataset!r}")
         _choice("split", self.split, SPLITS)
-        _choice("model", self.model, MODELS)
+        _check_model(self.model, MODELS)
         _choice("activation", self.activation, tuple(ACTIVATIONS))
-        _choice("optimizer", self.optimizer, _OPTIMIZERS)
         _choice("device", self.device, DEVICES)
-        _choice("lr-schedule", self.lr_schedule, _LR_SCHEDULES)
-        _check("num-server-rounds", self.num_server_rounds >= 1, "must be >= 1")
-        _check("fraction", 0.0 < self.fraction <= 1.0, "must be in (0, 1]")
         _check("fraction", not self.split_file or self.fraction == 1.0,
                "must be 1 with a split-file: the file names every client's rows of the whole training set")
-        _check("fraction-train", 0.0 < self.fraction_train <= 1.0, "must be in (0, 1]")
-        _check("local-epochs", self.local_epochs >= 1, "must be >= 1")
-        _check("batch-size", self.batch_size >= 1, "must be >= 1")
-        _check("eval-batch-size", self.eval_batch_size >= 1, "must be >= 1")
-        _check("lr", self.lr > 0.0, "must be > 0")
-        _check("weight-decay", self.weight_decay >= 0.0, "must be >= 0")
-        _check("proximal-mu", self.proximal_mu >= 0.0, "must be >= 0")
-        _check("input-scale", self.input_scale > 0.0, "must be > 0")
-        _check("pool", self.pool >= 1, "must be >= 1")
-        for key, value in (("rho", self.rho), ("dual-damping", self.dual_damping), ("temperature", self.temperature),
-                           ("prior-precision", self.prior_precision), ("hess-init", self.hess_init)):
-            _check(key, value > 0.0, "must be > 0")
-        _check("beta1", 0.0 <= self.beta1 < 1.0, "must be in [0, 1)")
-        _check("beta2", 0.0 <= self.beta2 < 1.0, "must be in [0, 1)")
-        _check("mc-samples", self.mc_samples >= 1, "must be >= 1")
-        _check("ensemble-samples", self.ensemble_samples >= 0, "must be >= 0")
-        _choice("noise", self.noise, NOISE_MODES)
-        _check("feddyn-alpha", self.feddyn_alpha > 0.0, "must be > 0")
-        _check("max-grad-norm", self.max_grad_norm >= 0.0, "must be >= 0 (0 = no clipping)")
-        _check("min-clients", self.min_clients >= 1, "must be >= 1")
-        _check("wait-for-clients", self.wait_for_clients >= 0, "must be >= 0")
-        _check("round-timeout", self.round_timeout > 0.0, "must be > 0")
-        _check("poll-interval", self.poll_interval > 0.0, "must be > 0")
-        _check("max-payload-mb", self.max_payload_mb > 0.0, "must be > 0")
-        _check("max-failed-rounds", self.max_failed_rounds >= 1, "must be >= 1")
-        _check("max-clients", self.max_clients >= 1, "must be >= 1")
-        _check("max-client-examples", 1 <= self.max_client_examples <= 2**40, "must be in [1, 2^40]")
-        _choice("client-identity", self.client_identity, CLIENT_IDENTITIES)
-        # "" = the ServerApp names a new federation at start (server/app.py); resuming one always names it.
-        _check("federation", self.federation == "" or _is_safe_name(self.federation),
-               'must be "" (a new federation) or match [A-Za-z0-9._-]+')
-        # FedPA
-        _check("burn-in-rounds", self.burn_in_rounds >= 0, "must be >= 0")
-        _check("samples", self.samples >= 1, "must be >= 1")
-        _check("local-burnin-epochs", self.local_burnin_epochs >= 0, "must be >= 0")
-        _check("shrinkage", math.isfinite(self.shrinkage) and self.shrinkage >= 0.0, "must be finite and >= 0")
-        _choice("server-optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
-        _check("server-lr", self.server_lr > 0.0, "must be > 0")
-        _check("server-momentum", 0.0 <= self.server_momentum < 1.0, "must be in [0, 1)")
-        _check("server-beta1", 0.0 <= self.server_beta1 < 1.0, "must be in [0, 1)")
-        _check("server-beta2", 0.0 <= self.server_beta2 < 1.0, "must be in [0, 1)")
-        _check("server-eps", self.server_eps > 0.0, "must be > 0")
-        _check("server-adagrad-init", self.server_adagrad_init >= 0.0, "must be >= 0")
-        # DSVGD / P-DSVGD
-        _check("particles", self.particles >= 1, "must be >= 1")
-        for key, value in (("local-steps", self.local_steps), ("distill-steps", self.distill_steps),
-                           ("server-steps", self.server_steps)):
-            _check(key, value >= 0, "must be >= 0")
-        for key, value in (("kde-bandwidth", self.kde_bandwidth), ("svgd-lr", self.svgd_lr),
-                           ("distill-lr", self.distill_lr), ("svgd-fudge", self.svgd_fudge),
-                           ("dsvgd-alpha", self.dsvgd_alpha)):
-            _check(key, value > 0.0, "must be > 0")
-        _check("svgd-beta", 0.0 <= self.svgd_beta < 1.0, "must be in [0, 1)")
-        _choice("dsvgd-scheduler", self.dsvgd_scheduler, _DSVGD_SCHEDULERS)
-        _check("udsvgd-max-visits", self.udsvgd_max_visits >= 1, "must be >= 1")
 
 
-def _coerce(key: str, value: Any, annotation: str) -> Any:
+def round_seed(seed: int, server_round: int) -> int:
+    """One seed per (run seed, round), the same in every process: the server's node sampling, scheduling and
+    posterior samples, and (mixed with a client's id) its minibatch order and noise."""
+    return seed * 1_000_003 + server_round
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
     """Flower's TOML parsing gives 1 for `lr=1`; accept ints for floats, nothing else."""
-    kind = {"int": int, "float": float, "str": str, "bool": bool}[annotation]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"run config '{key}' must be {annotation}, got {value!r}")
+        raise ConfigError(f"run config '{key}' must be {kind.__name__}, got {value!r}")
     if kind is float and not math.isfinite(value):  # TOML has inf and nan; no key of ours means them
         raise ConfigError(f"run config '{key}' must be finite, got {value!r}")
     return value
@@ -227,6 +243,19 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"run config '{key}' must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_model(model: str, builtin: tuple[str, ...]) -> None:
+    """A built-in model, or "<module>:<callable>" that imports here (tasks/preflight.py also builds it)."""
+    from fedbayes.tasks.models import load_model_builder
+
+    if ":" not in model:
+        _check("model", model in builtin, f"must be one of {', '.join(builtin)}, or '<module>:<callable>', got {model!r}")
+        return
+    try:
+        load_model_builder(model)
+    except ValueError as error:
+        raise ConfigError(f"run config 'model': {error}") from None
 
 
 def _check(key: str, ok: bool, requirement: str) -> None:

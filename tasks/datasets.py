@@ -23,6 +23,7 @@ import torch
 DEBIAN_FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
 
 DATASETS = ("fmnist", "mnist", "cifar10", "cifar100")
+NPZ_PREFIX = "npz:"  # dataset "npz:DIR": a user's own .npz files (tasks/npzdata.py)
 
 _TORCHVISION_CLASSES = {"fmnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 NUM_CLASSES = {"fmnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
@@ -75,19 +76,23 @@ class Dataset:
 
 
 def load_dataset(name: str, train: bool, data_root: str = "", download: bool = False) -> Dataset:
-    """Load the train or test split of `name` (one of DATASETS).
+    """Load the train or test split of `name` (one of DATASETS, or "npz:DIR": tasks/npzdata.py).
 
     With `data_root` empty, "fmnist" is read from the Debian package; the other datasets need a
     torchvision root (`download=True` lets torchvision fetch them into it). Results are cached per
     process, so clients and the evaluator sharing a process load each split once.
     """
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if name not in DATASETS and not name.startswith(NPZ_PREFIX):
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, or npz:DIR")
     return _load_cached(name, bool(train), str(data_root), bool(download))
 
 
 @functools.lru_cache(maxsize=None)
 def _load_cached(name: str, train: bool, data_root: str, download: bool) -> Dataset:
+    if name.startswith(NPZ_PREFIX):  # bring your own data: train.npz / test.npz
+        from fedbayes.tasks.npzdata import load_npz_split
+
+        return load_npz_split(name, train)
     if data_root:
         return _load_torchvision(name, train, data_root, download)
     if name == "fmnist":

@@ -11,6 +11,7 @@ convolutional models (App. G; the authors' code, team-approx-bayes/bayes-admm `m
   resnet20    ResNet-20 (He et al. 2016, option-A shortcuts) with filter response normalisation (FRN, Singh &
               Krishnan 2020) in place of batch norm, the authors' option: no running statistics to federate
   resnet20-gn the same with GroupNorm(2 groups), the authors' default normalisation
+  <module>:<callable>  a user's own model (README "Bring your own model"): callable(input_shape, num_classes)
 
 Shape-generic: the convolutional models take the channel count from the input and size their first Linear layer
 by a dry run, so FMNIST (1x28x28, unpadded) works as well as CIFAR (3x32x32): on 28x28 cnn-zenke's first Linear
@@ -29,6 +30,7 @@ Initial weights come from torch's global RNG: seed it (torch.manual_seed) before
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 
@@ -58,8 +60,12 @@ def build_model(
     full-covariance posterior. The convolutional models ignore `hidden` and `activation` (their layers
     are fixed by the papers) and refuse `pool` > 1.
     """
+    if ":" in name:
+        if pool > 1:
+            raise ValueError(f"pool applies to logreg and mlp only; model {name!r} needs pool=1, got {pool}")
+        return build_user_model(name, input_shape, num_classes)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}, or '<module>:<callable>'")
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
     if pool < 1:
@@ -77,6 +83,34 @@ def build_model(
         layers += [nn.Linear(width_in, width_out), ACTIVATIONS[activation]()]
     layers.append(nn.Linear(hidden[-1] if hidden else num_inputs, num_classes))
     return nn.Sequential(*layers)
+
+
+def load_model_builder(reference: str) -> Callable[[tuple[int, ...], int], nn.Module]:
+    """The callable a user model names, "<module>:<callable>"; ValueError saying why it cannot be had."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{reference!r} is not '<module>:<callable>'")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except Exception as error:  # whatever importing the user's module raised (ImportError, SyntaxError, ...)
+        raise ValueError(f"cannot load {reference!r}: {type(error).__name__}: {error} (the module must be "
+                         "importable on the server and on every client, e.g. on PYTHONPATH)") from None
+    if not callable(found):
+        raise ValueError(f"{reference!r} is {found!r}, not a callable(input_shape, num_classes) -> torch.nn.Module")
+    return found
+
+
+def build_user_model(reference: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A user model: `callable(input_shape, num_classes)`, which must return a torch.nn.Module."""
+    builder = load_model_builder(reference)
+    try:
+        model = builder(tuple(input_shape), num_classes)
+    except Exception as error:  # the user's code, whatever it raised
+        raise ValueError(f"{reference!r} raised {type(error).__name__}: {error} when built for input shape "
+                         f"{tuple(input_shape)} and {num_classes} classes") from error
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{reference!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:

@@ -3,7 +3,8 @@
 `fedbayes local` runs them before it starts a single process, and the ServerApp at its start, so a
 missing dataset, an absent GPU, a model that does not build or more clients awaited than will come is
 refused in seconds, by the run-config key, instead of after the federation's start-up. Each check
-looks only as far as it must: dataset files are checked for presence, not read.
+looks only as far as it must: the built-in datasets' files are checked for presence, not read; a user's
+npz:DIR files (tasks/npzdata.py) are read and checked in full, as nothing else vouches for them.
 """
 
 from __future__ import annotations
@@ -35,12 +36,18 @@ def preflight(settings: RunSettings, clients: int | None = None) -> None:
     `clients`: how many clients the federation will have, where the caller knows it."""
     if clients is not None:
         check_client_counts(settings, clients)
-    check_dataset_files(settings)
+    check_dataset_files(settings, clients)
     check_device(settings.device)
     check_model_and_strategy(settings)
 
 
-def check_dataset_files(settings: RunSettings) -> None:
+def check_dataset_files(settings: RunSettings, clients: int | None = None) -> None:
+    from fedbayes.tasks.npzdata import check_folder, npz_folder
+
+    folder = npz_folder(settings.dataset)
+    if folder is not None:  # every file read and checked, in full
+        _dataset_error(check_folder, folder, clients, settings.fraction, settings.split_file)
+        return
     if not settings.data_root:
         if settings.dataset != "fmnist":
             raise ConfigError(
@@ -83,22 +90,43 @@ def check_model_and_strategy(settings: RunSettings) -> None:
     """The model the settings describe builds, and the strategy accepts it (e.g. bayesadmm-full's size cap)."""
     from fedbayes.bayes.params import parameter_layout
     from fedbayes.strategies import get_algorithm
-    from fedbayes.tasks.datasets import NUM_CLASSES
     from fedbayes.tasks.models import build_model, parse_hidden
 
     try:
         hidden = parse_hidden(settings.hidden)
     except ValueError as error:
         raise ConfigError(f"run config 'hidden': {error}") from None
-    shape = INPUT_SHAPES[settings.dataset]
+    shape, num_classes = input_shape_and_classes(settings.dataset)
     try:
-        model = build_model(settings.model, shape, NUM_CLASSES[settings.dataset], hidden, settings.activation,
-                            settings.pool)
+        model = build_model(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
     except (RuntimeError, ValueError) as error:  # e.g. a pooling window larger than the image, pool on a CNN
         key, value = ("pool", settings.pool) if settings.pool > 1 else ("model", repr(settings.model))
-        raise ConfigError(f"run config '{key}' ({value}) does not fit the {shape[1]}x{shape[2]} images of "
-                          f"{settings.dataset!r}: {' '.join(str(error).split())}") from None
+        examples = f"{shape[1]}x{shape[2]} images" if len(shape) == 3 else f"examples of shape {shape}"
+        raise ConfigError(f"run config '{key}' ({value}) does not fit the {examples} of {settings.dataset!r}: "
+                          f"{' '.join(str(error).split())}") from None
     get_algorithm(settings.strategy).server(settings, parameter_layout(model))
+
+
+def input_shape_and_classes(dataset: str) -> tuple[tuple[int, ...], int]:
+    """One example's shape and the class count, without loading the data (npz:DIR: from the files' headers)."""
+    from fedbayes.tasks.datasets import NUM_CLASSES
+    from fedbayes.tasks.npzdata import inspect_folder, npz_folder
+
+    folder = npz_folder(dataset)
+    if folder is None:
+        return INPUT_SHAPES[dataset], NUM_CLASSES[dataset]
+    found = _dataset_error(inspect_folder, folder)
+    return found.input_shape, found.num_classes
+
+
+def _dataset_error(check, *args):
+    """`check(*args)`, an NpzDataError as a ConfigError naming the key."""
+    from fedbayes.tasks.npzdata import NpzDataError
+
+    try:
+        return check(*args)
+    except NpzDataError as error:
+        raise ConfigError(f"run config 'dataset': {error}") from None
 
 
 def check_client_counts(settings: RunSettings, clients: int) -> None:

@@ -25,6 +25,9 @@ def make_runtime(tmp_path, strategy):
     return ClientRuntime.create(settings, node)
 
 
+FAMILY = {"bayesadmm": "diagonal", "fedadmm": "isotropic"}
+
+
 def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0):
     """Round `server_round`'s instruction; the server last accepted this client's round `accepted`."""
     torch.manual_seed(0)
@@ -32,14 +35,15 @@ def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0
     header = new_header(runtime.settings.federation, server_round)
     if accepted:
         header.accepted_rounds[runtime.node.client_id] = accepted
+    family = FAMILY[runtime.settings.strategy]
     message = pb.BayesADMMInstruction(
-        header=header,
+        header=header, family=family,
         training=pb.LocalTraining(epochs=1, batch_size=32, learning_rate=5e-5, optimizer="adam", seed=0),
         rho=0.2, dual_step=dual_step, temperature=1e-3, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
         rescale_lr=False, reset_posterior=True,
     )
-    return encode(message, {"global_mean": unflatten(mean, runtime.layout),
-                            "global_precision": unflatten(np.full_like(mean, precision), runtime.layout)}), mean
+    precision = {} if family == "isotropic" else unflatten(np.full_like(mean, precision), runtime.layout)
+    return encode(message, {"global_mean": unflatten(mean, runtime.layout), "global_precision": precision}), mean
 
 
 def run_round(runtime, server_round, strategy, accepted=0):
@@ -82,10 +86,12 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
 def test_fedadmm_client_is_a_point_estimate_with_linear_dual(tmp_path):
     runtime = make_runtime(tmp_path, "fedadmm")
     content, global_mean = instruction(runtime, 1, dual_step=0.2)
-    payload = decode(get_algorithm("fedadmm").client_update(content, runtime), pb.BayesADMMReply,
-                     {g: runtime.layout for g in GROUPS}, sender="client")
-    m_k, s_k, v_k, u_k = (flatten(payload.tensors[g], runtime.layout) for g in GROUPS)
-    assert (s_k == 1.0).all() and (u_k == 0.0).all()
+    layouts = {"local_mean": runtime.layout, "local_precision": {}, "dual_mean": runtime.layout, "dual_precision": {}}
+    payload = decode(get_algorithm("fedadmm").client_update(content, runtime), pb.BayesADMMReply, layouts,
+                     sender="client")
+    # fixed unit covariance: no precisions travel (S_k = 1, U_k = 0 on both sides)
+    assert payload.tensors["local_precision"] == {} and payload.tensors["dual_precision"] == {}
+    m_k, v_k = (flatten(payload.tensors[g], runtime.layout) for g in ("local_mean", "dual_mean"))
     np.testing.assert_allclose(v_k, 0.2 * (m_k - global_mean), rtol=1e-5, atol=1e-7)  # Eq. 22
     assert np.abs(m_k - global_mean).max() > 0  # it trained
 
@@ -102,7 +108,7 @@ def test_full_covariance_client_solves_eq34_with_newton_steps(tmp_path):
     global_mean = flatten(get_parameters(runtime.model), runtime.layout)
     global_precision = 2.0 * np.eye(size)
     message = pb.BayesADMMInstruction(
-        header=new_header(settings.federation, 1),
+        header=new_header(settings.federation, 1), family="full",
         training=pb.LocalTraining(epochs=10, batch_size=32, learning_rate=1.0, optimizer="adam", seed=0),
         rho=rho, dual_step=gamma, temperature=1.0, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
         rescale_lr=False, reset_posterior=True,

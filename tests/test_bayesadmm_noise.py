@@ -30,7 +30,7 @@ def instruction(client, server_round, shared_noise):
     torch.manual_seed(0)
     mean = flatten(get_parameters(client.model), client.layout)
     message = pb.BayesADMMInstruction(
-        header=new_header(client.settings.federation, server_round),
+        header=new_header(client.settings.federation, server_round), family="diagonal",
         training=pb.LocalTraining(epochs=1, batch_size=32, learning_rate=5e-5, optimizer="adam", seed=0),
         rho=0.2, dual_step=2e-4, temperature=1e-3, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
         rescale_lr=False, reset_posterior=True, shared_noise=shared_noise, noise_seed=7,

@@ -109,7 +109,7 @@ def test_a_non_positive_local_precision_is_rejected_and_the_round_goes_on(caplog
 
 
 def test_a_restored_server_continues_exactly_like_the_original():
-    """server_state() after round 1, restored into a new strategy (a restarted server), then round 2 on
+    """state_dict() after round 1, restored into a new strategy (a restarted server), then round 2 on
     both: the same q̄ and the same duals, bit for bit; the restored one also checks round-2 duals."""
     original, _ = strategy()
     global_1 = original.global_
@@ -117,8 +117,7 @@ def test_a_restored_server_continues_exactly_like_the_original():
     b1, _, _ = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
     original.aggregate_train(1, [reply_message(a1, 1), reply_message(b1, 2)])
     restored = BayesADMM(RunSettings.from_run_config(DEFAULTS), LAYOUT)
-    restored.restore_server_state(original.server_state())
-    restored.restore_wire_state(original.wire_state())
+    restored.load_state_dict(original.state_dict())
     a2, _, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], original.global_, 1, previous=duals_a1)
     for server in (original, restored):
         server.aggregate_train(2, [reply_message(a2, 1)])

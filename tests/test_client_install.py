@@ -1,10 +1,11 @@
-"""The smallest client install (deploy/install-client.sh) from a fresh venv joins a TLS + node-auth
-federation and trains: no development extras, no torchvision, no Ray, nothing imported from this source
-tree. The wheels come from the host-side wheelhouse the compose test uses too (make-wheelhouse.sh, CPU
+"""The smallest client install (deploy/install-client.sh: `pip install .`, not editable) from a fresh venv joins a
+TLS + node-auth federation and trains, and runs a whole `fedbayes local` federation outside the checkout: no
+development extras, no torchvision, no Ray, nothing imported from this source tree. The wheels come from the host-side wheelhouse the compose test uses too (make-wheelhouse.sh, CPU
 torch; cached), so the install is offline and the same on CI as here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -46,14 +47,15 @@ def test_the_small_install_joins_and_trains(tmp_path):
     venv = tmp_path / "client-venv"
     install_seconds = installed_venv(venv)
     probe = subprocess.run(
-        [str(venv / "bin/python"), "-c", "import importlib.util as u, deploy, client.app; print(deploy.__file__); "
+        [str(venv / "bin/python"), "-c", "import importlib.util as u, fedbayes, fedbayes.client.app; "
+         "print(fedbayes.__file__); "
          "print(*(m for m in ('torchvision', 'ray', 'pytest', 'matplotlib', 'grpc_tools') if u.find_spec(m)))"],
         cwd=venv, env=without_source_tree(), capture_output=True, text=True, check=True)
     location, present = probe.stdout.splitlines()
     assert location.startswith(str(venv)), location  # the installed package, not this checkout
     assert present == "", f"the small install carries {present}"
     torchvision_data = subprocess.run(
-        [str(venv / "bin/python"), "-c", "from tasks.datasets import load_dataset; load_dataset('mnist', True, '/data')"],
+        [str(venv / "bin/python"), "-c", "from fedbayes.tasks.datasets import load_dataset; load_dataset('mnist', True, '/data')"],
         cwd=venv, env=without_source_tree(), capture_output=True, text=True)
     assert "needs torchvision, which this install lacks" in torchvision_data.stderr, torchvision_data.stderr
     size_mb = int(subprocess.run(["du", "-sm", str(venv)], capture_output=True, text=True, check=True).stdout.split()[0])
@@ -83,4 +85,16 @@ def test_the_small_install_joins_and_trains(tmp_path):
           f"client start -> first round trained {first_round_seconds[0]:.1f} s")
     assert [(row["round"], row["clients"]) for row in rows] == [(1, 1), (2, 1)], rows
     assert size_mb < 1600, f"{size_mb} MB"  # torch (CPU) is 750 MB of it; the full dev venv is ~6 GB
+
+    # The same non-editable install runs a whole federation from a directory that is not a checkout: the Flower
+    # app is written from the installed package (deploy/flower_app.py).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    local = subprocess.run(
+        [str(venv / "bin/fedbayes"), "local", "--strategy", "fedavg", "--clients", "2", "--rounds", "1",
+         "--fraction", "0.02", "--workdir", str(elsewhere / "run"), "--set", "ensemble-samples=0"],
+        cwd=elsewhere, env=without_source_tree(), capture_output=True, text=True, timeout=600)
+    assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (elsewhere / "run" / "results.jsonl").read_text().splitlines()]
+    assert row["round"] == 1 and row["clients"] == 2 and row["accuracy"] > 0.3, row
 

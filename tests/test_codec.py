@@ -33,8 +33,8 @@ def test_round_trip_keeps_scalars_and_tensors():
 
 
 def test_tensor_groups_come_from_the_schema():
-    assert tensor_group_fields(pb.FedAvgReply) == ["weights"]
-    assert tensor_group_fields(pb.FedAvgInstruction) == ["weights"]
+    assert tensor_group_fields(pb.FedAvgReply) == ["weights", "buffers"]
+    assert tensor_group_fields(pb.FedAvgInstruction) == ["weights", "buffers"]
 
 
 def replace_array(content, name, value):
@@ -77,7 +77,7 @@ def drop(key):
         (drop("weights"), "weights", "missing ArrayRecord"),
         (lambda c: set_envelope(c, type="fedbayes.v1.FedAvgInstruction"), "type", "expected fedbayes.v1.FedAvgReply"),
         (lambda c: set_envelope(c, message=b"\xff\xff\xff"), "message", "malformed"),
-        (wrong_version, "header.schema_version", "expected 2, got 7"),
+        (wrong_version, "header.schema_version", "expected 3, got 7"),
         (nan_loss, "train_loss", "must be finite"),
         (lambda c: replace_array(c, "fc.bias", np.zeros(4, np.float32)), "weights/fc.bias", "shape must be (3,)"),
         (lambda c: replace_array(c, "fc.bias", np.zeros(3, np.float64)), "weights/fc.bias", "dtype must be float32"),

@@ -58,7 +58,7 @@ def mutate(content: RecordDict, rng: random.Random) -> RecordDict:
     """One random change a hostile or broken sender could make to an encoded payload."""
     records = {name: ArrayRecord(dict(record.items())) for name, record in content.array_records.items()}
     envelope = dict(content.config_records[ENVELOPE_KEY].items())
-    group = rng.choice(sorted(records))
+    group = rng.choice(sorted(name for name, record in records.items() if len(record)))  # one with tensors
     arrays = dict(records[group].items())
     name = rng.choice(sorted(arrays))
     array = arrays[name]

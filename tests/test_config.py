@@ -1,12 +1,14 @@
 """Run-config parsing: pyproject's defaults are valid, bad values name their key."""
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from fedbayes.client.runtime import NodeSettings
+from fedbayes.deploy.flower_app import app_pyproject
 from fedbayes.deploy.launcher import LocalRun, run_local
-from fedbayes.tasks.config import ConfigError, RunSettings, pyproject_run_config
+from fedbayes.tasks.config import ConfigError, RunSettings, default_run_config, pyproject_run_config
 
 # The tests' in-process payloads name the federation "fed"; a real run's ServerApp names it (or the user does).
 DEFAULTS = {**pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml"), "federation": "fed"}
@@ -81,3 +83,29 @@ def test_fedbayes_local_refuses_a_bad_run_config_before_starting_anything(tmp_pa
     with pytest.raises(ConfigError, match=message):
         run_local(spec)
     assert not (tmp_path / "run").exists()  # no SuperLink, no SuperNode, no workdir
+
+
+def test_the_checkout_pyproject_lists_exactly_the_declared_keys_and_defaults():
+    """`flwr run .` in a checkout and `fedbayes app` (the installed package) accept the same keys and defaults."""
+    declared = default_run_config()
+    listed = pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml")
+    assert sorted(listed) == sorted(declared)
+    assert {key: (value, type(value)) for key, value in listed.items()} == \
+        {key: (value, type(value)) for key, value in declared.items()}
+
+
+def test_a_written_app_lists_every_key_and_an_out_of_tree_strategys_own(tmp_path, monkeypatch):
+    plugin = tmp_path / "keyed_plugin.py"
+    plugin.write_text(
+        "from fedbayes.strategies import Algorithm\n"
+        "from fedbayes.strategies.fedavg import FedAvg, client_update\n"
+        "from fedbayes.tasks.config import Key\n"
+        "KEYED = Algorithm(FedAvg, client_update, (Key('trim-share', 0.1, 'the share trimmed'),))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = tomllib.loads(app_pyproject("keyed_plugin:KEYED"))["tool"]["flwr"]["app"]
+    assert app["components"] == {"serverapp": "fedbayes.server.app:app", "clientapp": "fedbayes.client.app:app"}
+    assert app["config"] == {**default_run_config(), "trim-share": 0.1}
+    settings = RunSettings.from_run_config({**app["config"], "strategy": "keyed_plugin:KEYED", "trim-share": 0.25})
+    assert settings.trim_share == 0.25
+    with pytest.raises(ConfigError, match="unknown run-config key"):
+        RunSettings.from_run_config({**default_run_config(), "trim-share": 0.25})  # fedavg has no such key

@@ -80,7 +80,7 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
         node = messages[0].metadata.dst_node_id
         scheduled.append(NODE_CLIENTS[node])
         reply = decode(replies[0].content, pb.DSVGDReply, {"particles": layout}, sender="test")
-        assert set(replies[0].content.keys()) == {"particles", ENVELOPE_KEY}
+        assert set(replies[0].content.keys()) == {"particles", "buffers", ENVELOPE_KEY}  # buffers: empty, the MLP has none
         assert np.array_equal(strategy.particles, reply.tensors["particles"]["particles"])  # bit for bit
         assert strategy.particles.shape == (3, size) and strategy.particles.dtype == np.float32
         # a client's second visit starts from the local particles of its first
@@ -124,8 +124,7 @@ def test_server_state_round_trip(tmp_path):
     for server_round in (1, 2):
         run_round(strategy, runtimes, server_round)
     restored = get_algorithm("dsvgd").server(settings, runtimes[11].layout)
-    restored.restore_server_state(strategy.server_state())
-    restored.restore_wire_state(strategy.wire_state())
+    restored.load_state_dict(strategy.state_dict())
     assert np.array_equal(restored.particles, strategy.particles)
     assert restored.accepted_rounds == strategy.accepted_rounds == {"client-2": 1, "client-0": 2}
     assert restored.last_scheduled == "client-0"
@@ -138,7 +137,7 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
         messages, replies = run_round(strategy, runtimes, server_round)
         assert len(messages) == 2
         for reply in replies:
-            assert set(reply.content.keys()) == {"local_particles", ENVELOPE_KEY}
+            assert set(reply.content.keys()) == {"local_particles", "buffers", ENVELOPE_KEY}
         if initial is None:
             initial = initial_particles(runtimes[11].layout, 3, 0)
     assert 2 <= len(strategy.local_particles) <= 3
@@ -148,5 +147,5 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
         assert np.array_equal(local, stored)  # P-DSVGD uploads exactly what the client keeps
     assert torch.isfinite(torch.from_numpy(strategy.particles)).all()
     assert not np.allclose(strategy.particles, initial)
-    state = strategy.server_state()
+    state = strategy.state_dict()
     assert {f"local/{client}" for client in strategy.local_particles} <= set(state.tensors)

@@ -39,7 +39,7 @@ def test_server_lambda_sum_equals_the_clients_lambdas_through_joins_partial_roun
         len(federation.runtimes[node].data.labels) for node in trained)
     # A server restored from its checkpoint state continues exactly; what it sent is what it holds.
     restored = FedDyn(federation.settings, federation.layout)
-    restored.restore_server_state(server.server_state())
+    restored.load_state_dict(server.state_dict())
     torch.testing.assert_close(restored.global_, server.global_, rtol=0, atol=0)
     torch.testing.assert_close(restored.lambda_sum, server.lambda_sum, rtol=0, atol=0)
     assert restored.membership == server.membership

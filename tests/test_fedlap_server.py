@@ -44,7 +44,7 @@ def test_global_is_the_prior_times_the_clients_sites(tmp_path, strategy):
             assert (server.global_precision > delta).all()
     assert server.membership.clients == 4
     restored = FedLap(federation.settings, federation.layout, covariance=server.covariance)
-    restored.restore_server_state(server.server_state())
+    restored.load_state_dict(server.state_dict())
     for name in ("global_mean", "global_precision", "unclaimed"):
         torch.testing.assert_close(getattr(restored, name), getattr(server, name), rtol=0, atol=0)
     assert restored.sites.keys() == server.sites.keys() and restored.membership == server.membership

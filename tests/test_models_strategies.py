@@ -11,7 +11,7 @@ from flwr.app import Array, ArrayRecord
 
 from fedbayes.bayes.curvature import diag_ggn
 from fedbayes.bayes.metrics import predict_probs
-from fedbayes.bayes.params import get_parameters, parameter_layout
+from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
@@ -160,3 +160,57 @@ def test_dsvgd_initial_particles_follow_the_layers(model):
         elif name.endswith((".beta", ".tau")) or len(layout.get(name.replace(".bias", ".weight"), ())) < 2:
             assert (block == 0).all(), name
     assert offset == particles.shape[1]
+
+
+class BatchNormNet(torch.nn.Module):
+    """A model with buffers: BatchNorm's running statistics are state, not parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.head = torch.nn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "bayesadmm", "fedadmm", "feddyn", "fedlap", "fedpa"])
+def test_a_model_with_buffers_trains_and_the_core_averages_its_buffers(tmp_path, strategy, monkeypatch):
+    """Every strategy's math runs on the parameters; the round core sends the global buffers, and averages the
+    clients' buffers after their training, weighted by their example counts."""
+    monkeypatch.setattr("fedbayes.client.runtime.build_model", lambda *args: BatchNormNet())
+    settings = RunSettings.from_run_config({**DEFAULTS, **TINY, "strategy": strategy, "burn-in-rounds": 0})
+    algorithm = get_algorithm(strategy)
+    runtimes = {node: runtime(settings, f"client-{node}", image_data(6 + 2 * node, node), tmp_path) for node in (1, 2)}
+    for client in runtimes.values():
+        torch.manual_seed(0)
+        client.model = BatchNormNet()
+        client.layout, client.buffer_layout = parameter_layout(client.model), buffer_layout(client.model)
+    assert set(runtimes[1].buffer_layout) == {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked"}
+    server = algorithm.server(settings, runtimes[1].layout)
+    server.buffer_layout = runtimes[1].buffer_layout
+    torch.manual_seed(0)
+    arrays = ArrayRecord({name: Array(value) for name, value in get_parameters(BatchNormNet()).items()})
+    for server_round in (1, 2):
+        messages = list(server.configure_train(server_round, arrays, None, FakeGrid(runtimes)))
+        replies = [reply_message(algorithm.client_update(m.content, runtimes[m.metadata.dst_node_id]),
+                                 m.metadata.dst_node_id) for m in messages]
+        arrays, _ = server.aggregate_train(server_round, replies)
+        assert arrays is not None, f"{strategy}: round {server_round} was rejected"
+        # what each client trained its buffers to, this round, weighted by its 8 and 10 examples
+        expected = (8 * runtimes[1].model.norm.running_mean + 10 * runtimes[2].model.norm.running_mean) / 18
+        np.testing.assert_allclose(arrays["norm.running_mean"].numpy(), expected.numpy(), rtol=1e-5, atol=1e-7)
+        assert np.abs(arrays["norm.running_mean"].numpy()).max() > 0  # they moved from their zero start
+    assert set(arrays.keys()) == set(runtimes[1].layout) | set(runtimes[1].buffer_layout)
+    assert all(np.isfinite(arrays[name].numpy()).all() for name in arrays.keys())
+
+
+def test_dsvgd_refuses_a_model_with_buffers_by_name():
+    settings = RunSettings.from_run_config({**DEFAULTS, **TINY, "strategy": "dsvgd"})
+    model = BatchNormNet()
+    server = get_algorithm("dsvgd").server(settings, parameter_layout(model))
+    server.buffer_layout = buffer_layout(model)
+    arrays = ArrayRecord({name: Array(value) for name, value in get_parameters(model).items()})
+    with pytest.raises(ConfigError, match="the model has buffers .*norm.running_mean.*GroupNorm"):
+        server.configure_train(1, arrays, None, FakeGrid([1]))

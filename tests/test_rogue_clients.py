@@ -93,15 +93,14 @@ def _with_accepted(content, message_type):
 
 
 def server_snapshot(server):
-    state = server.server_state()
-    return ({name: np.asarray(value).copy() for name, value in state.tensors.items()}, dict(state.metadata),
-            server.wire_state())
+    state = server.state_dict()
+    return {name: np.asarray(value).copy() for name, value in state.tensors.items()}, dict(state.metadata)
 
 
 def assert_same_state(server, control):
-    tensors, metadata, wire = server_snapshot(server)
-    control_tensors, control_metadata, control_wire = server_snapshot(control)
-    assert tensors.keys() == control_tensors.keys() and metadata == control_metadata and wire == control_wire
+    tensors, metadata = server_snapshot(server)
+    control_tensors, control_metadata = server_snapshot(control)
+    assert tensors.keys() == control_tensors.keys() and metadata == control_metadata
     for name in tensors:
         np.testing.assert_array_equal(tensors[name], control_tensors[name], err_msg=name)
 

@@ -5,35 +5,26 @@ the tests put this folder on PYTHONPATH and run it as `strategy = "fedmedian_plu
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
 
-from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.params import flatten
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import new_header
 from fedbayes.strategies import Algorithm
-from fedbayes.strategies.base import WireStrategy, local_training, round_metrics
+from fedbayes.strategies.base import Update, WireStrategy, local_training
 from fedbayes.strategies.fedavg import client_update
 
 
 class FedMedian(WireStrategy):
-    def __init__(self, settings, layout):
-        super().__init__(settings)
-        self.layout = layout
+    reply_type = pb.FedAvgReply
 
-    def configure_train(self, server_round, arrays, config, grid):
-        instruction = pb.FedAvgInstruction(header=new_header(self.settings.federation, server_round),
-                                           training=local_training(self.settings, server_round))
+    def instruction(self, server_round, arrays, nodes):
         weights = {name: arrays[name].numpy() for name in self.layout}
-        return self.instructions(instruction, {"weights": weights}, self.sample(grid, server_round))
+        return pb.FedAvgInstruction(training=local_training(self.settings, server_round)), {"weights": weights}
 
-    def aggregate_train(self, server_round, replies):
-        payloads = self.decode_replies(replies, pb.FedAvgReply, {"weights": self.layout}, server_round)
-        if not payloads:
-            return None, None
-        median = np.median([flatten(payload.tensors["weights"], self.layout) for payload in payloads], axis=0)
-        self.commit(payloads, server_round)
-        weights = unflatten(median, self.layout)
-        return ArrayRecord({name: Array(value) for name, value in weights.items()}), round_metrics(payloads)
+    def reply_layouts(self):
+        return {"weights": self.layout}
+
+    def absorb(self, payloads, server_round):
+        return Update(np.median([flatten(payload.tensors["weights"], self.layout) for payload in payloads], axis=0))
 
 
 FEDMEDIAN = Algorithm(FedMedian, client_update)

@@ -1,0 +1,69 @@
+"""The Flower app fedbayes runs, written from the installed package: `fedbayes app DIR` writes DIR/pyproject.toml,
+which `flwr run DIR` (or `fedbayes run DIR`) submits; `fedbayes local` writes one into its workdir. The FAB
+carries the run config only; the ServerApp and ClientApps are the `fedbayes` package installed on each machine.
+The run config lists every declared key (fedbayes.tasks.config.declared_keys) with its default, so `-c key=value`
+accepts exactly the keys `fedbayes strategies` lists. A source checkout's pyproject.toml lists the same keys and
+defaults (tests/test_config.py checks it)."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from fedbayes.tasks.config import declared_keys
+
+COMPONENTS = {"serverapp": "fedbayes.server.app:app", "clientapp": "fedbayes.client.app:app"}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def app_pyproject(strategy: str = "") -> str:
+    """pyproject.toml of the Flower app: every run-config key (and `strategy`'s own, for one from elsewhere)."""
+    try:
+        package_version = version("fedbayes")
+    except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        package_version = "0.0.0"
+    lines = [
+        "# Written by `fedbayes app`: the Flower app of the installed fedbayes package.",
+        "[project]", 'name = "fedbayes-app"', f"version = {toml_value(package_version)}",
+        'description = "fedbayes federation (the code is the fedbayes package installed on every machine)"',
+        'license = "GPL-3.0-or-later"', "dependencies = []", "",
+        "[tool.flwr.app]", 'publisher = "fedbayes"', 'fab-include = ["pyproject.toml"]', "",
+        "[tool.flwr.app.components]", *(f"{name} = {toml_value(ref)}" for name, ref in COMPONENTS.items()), "",
+        "[tool.flwr.app.config]",
+    ]
+    for name, key in declared_keys(strategy).items():
+        lines.append(f"{name} = {toml_value(key.default)}  # {key.doc}")
+    return "\n".join(lines) + "\n"
+
+
+def write_app(directory: Path, strategy: str = "") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "pyproject.toml").write_text(app_pyproject(strategy))
+    return directory
+
+
+def describe_strategies(names: list[str]) -> str:
+    """`fedbayes strategies`: each strategy with the hyperparameters it reads besides the core keys."""
+    from fedbayes.strategies import algorithm_names, get_algorithm
+    from fedbayes.tasks.config import CORE_KEYS
+
+    lines = []
+    for name in names or algorithm_names():
+        algorithm = get_algorithm(name)
+        lines.append(f"{name}")
+        lines += [f"  {key.name} = {toml_value(key.default)}: {key.doc}" for key in algorithm.hyperparameters]
+        if not algorithm.hyperparameters:
+            lines.append("  (no keys of its own)")
+    if not names:
+        lines += ["", "every strategy also reads the core keys:"]
+        lines += [f"  {key.name} = {toml_value(key.default)}: {key.doc}" for key in CORE_KEYS]
+    return "\n".join(lines)

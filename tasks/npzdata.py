@@ -1,0 +1,258 @@
+"""Bring your own data: `dataset = "npz:DIR"`, .npz files in a folder.
+
+DIR holds `test.npz` (the server evaluates on it) and the training data, either as `train.npz` (split among the
+clients by the run's split, fraction and seed, like the built-in datasets) or as pre-partitioned `client-0.npz`
+... `client-<K-1>.npz` (partition i goes to the client with partition-id i). Each file holds `x` (uint8 or
+float, shape (N, ...): images (N,C,H,W) or (N,H,W), flat features (N,D)), `y` (integer labels 0..C-1, shape (N,))
+and optionally `num_classes` (an integer scalar; otherwise C = 1 + the largest label over the folder's files).
+`images`/`labels` are read as `x`/`y` (the spelling of client data files before this format). uint8 values are
+scaled to [0, 1] like the built-in image files; floats are used as stored (then `input-scale` as usual).
+
+Every file a process loads is checked in full; `inspect_folder` checks the folder's files against each other
+(shapes, class count) from their headers and labels only, so a client does not read every other client's data.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedbayes.tasks.datasets import NPZ_PREFIX, NUM_CLASSES, Dataset
+
+TRAIN_FILE, TEST_FILE = "train.npz", "test.npz"
+_KEY_PAIRS = (("x", "y"), ("images", "labels"))
+_CLIENT_FILE = re.compile(r"client-(0|[1-9][0-9]*)\.npz")  # no leading zeros: one name per index
+
+
+class NpzDataError(ValueError):
+    """An .npz data file or folder is missing or malformed; the message names the file and the problem."""
+
+
+def npz_folder(dataset: str) -> Path | None:
+    """The folder of an "npz:DIR" dataset name, None for the built-in datasets."""
+    return Path(dataset[len(NPZ_PREFIX):]) if dataset.startswith(NPZ_PREFIX) else None
+
+
+def client_file(folder: Path, index: int) -> Path:
+    return folder / f"client-{index}.npz"
+
+
+@dataclass(frozen=True)
+class NpzHeader:
+    """What one file says about itself without reading `x`'s values."""
+
+    path: Path
+    rows: int
+    input_shape: tuple[int, ...]  # of one example; (H, W) images become (1, H, W)
+    labels: np.ndarray  # int64 (N,)
+    declared_classes: int | None  # the file's `num_classes`, if it has one
+
+
+@dataclass(frozen=True)
+class NpzFolder:
+    path: Path
+    client_files: int  # 0: the training set is train.npz (or absent where only test.npz is needed)
+    has_train: bool
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+def read_header(path: Path) -> NpzHeader:
+    """Keys, dtypes and shapes of `path`, and its labels, checked; `x` stays unread."""
+    with _open(path) as archive:
+        x_key, y_key = _data_keys(path, archive.files)
+        shape, dtype = _array_header(path, archive, x_key)
+        labels = archive[y_key]
+        declared = archive["num_classes"] if "num_classes" in archive.files else None
+    _check_x_dtype(path, x_key, dtype, shape)
+    labels = _checked_labels(path, y_key, labels, shape[0])
+    return NpzHeader(path, shape[0], _example_shape(shape), labels, _checked_declared(path, declared, labels))
+
+
+def read_x(path: Path) -> np.ndarray:
+    """`x` of `path`, checked (dtype, finite values), (N,H,W) as (N,1,H,W)."""
+    with _open(path) as archive:
+        x_key, _ = _data_keys(path, archive.files)
+        x = archive[x_key]
+    _check_x_dtype(path, x_key, x.dtype, x.shape)
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        bad = int((~np.isfinite(x)).reshape(len(x), -1).any(axis=1).argmax())
+        raise NpzDataError(f"{path}: '{x_key}' holds NaN or Inf (first in row {bad})")
+    return x[:, None] if x.ndim == 3 else x
+
+
+def _open(path: Path):
+    if not path.is_file():
+        raise NpzDataError(f"{path}: no such file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise NpzDataError(f"{path}: not a readable .npz file ({error})") from None
+
+
+def _data_keys(path: Path, files: list[str]) -> tuple[str, str]:
+    present = [pair for pair in _KEY_PAIRS if set(pair) <= set(files)]
+    if len(present) != 1:
+        problem = "has both x/y and images/labels" if present else f"has arrays {sorted(files)}"
+        raise NpzDataError(f"{path}: {problem}; it needs 'x' (examples) and 'y' (labels)")
+    return present[0]
+
+
+def _array_header(path: Path, archive, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        with archive.zip.open(f"{key}.npy") as member:
+            version = np.lib.format.read_magic(member)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = reader(member)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise NpzDataError(f"{path}: cannot read the header of '{key}' ({error})") from None
+    return tuple(shape), np.dtype(dtype)
+
+
+def _check_x_dtype(path: Path, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    if not (dtype == np.uint8 or np.issubdtype(dtype, np.floating)):
+        raise NpzDataError(f"{path}: '{key}' has dtype {dtype}; it must be uint8 (0-255) or float")
+    if len(shape) < 2 or shape[0] == 0 or 0 in shape:
+        raise NpzDataError(f"{path}: '{key}' has shape {shape}; it must be (N, ...) with N >= 1: (N,C,H,W), "
+                           "(N,H,W) or (N,D)")
+
+
+def _checked_labels(path: Path, key: str, labels: np.ndarray, rows: int) -> np.ndarray:
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise NpzDataError(f"{path}: '{key}' has dtype {labels.dtype}; labels must be integers 0..C-1")
+    if labels.shape != (rows,):
+        raise NpzDataError(f"{path}: '{key}' has shape {labels.shape}, the examples need ({rows},)")
+    if labels.min() < 0:
+        raise NpzDataError(f"{path}: '{key}' has a negative label ({labels.min()}); labels must be 0..C-1")
+    return labels.astype(np.int64)
+
+
+def _checked_declared(path: Path, declared: np.ndarray | None, labels: np.ndarray) -> int | None:
+    if declared is None:
+        return None
+    if declared.shape != () or not np.issubdtype(declared.dtype, np.integer):
+        raise NpzDataError(f"{path}: 'num_classes' must be an integer scalar, got {declared.dtype} {declared.shape}")
+    if int(declared) <= labels.max():
+        raise NpzDataError(f"{path}: label {labels.max()} is out of range for its num_classes={int(declared)}")
+    return int(declared)
+
+
+def _example_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (1, *shape[1:]) if len(shape) == 3 else tuple(shape[1:])
+
+
+def inspect_folder(folder: Path) -> NpzFolder:
+    """The folder's layout, input shape and class count; its files checked against each other (from headers)."""
+    if not folder.is_dir():
+        raise NpzDataError(f"{folder}: no such directory (dataset npz:DIR needs a folder with test.npz)")
+    clients = _client_file_count(folder)
+    has_train = (folder / TRAIN_FILE).exists()
+    if clients and has_train:
+        raise NpzDataError(f"{folder}: holds both {TRAIN_FILE} and client-<i>.npz files; keep one kind of training "
+                           "data (train.npz is split by the run's split, client files are used as they are)")
+    headers = [read_header(path) for path in _data_files(folder, has_train, clients)]
+    return NpzFolder(folder, clients, has_train, _common_shape(headers), _class_count(headers))
+
+
+def _data_files(folder: Path, has_train: bool, clients: int) -> list[Path]:
+    return [folder / TEST_FILE, *([folder / TRAIN_FILE] if has_train else []),
+            *(client_file(folder, index) for index in range(clients))]
+
+
+def _client_file_count(folder: Path) -> int:
+    """How many client-<i>.npz files; they must be client-0 ... client-<K-1>, with no gap."""
+    indices = sorted(int(match[1]) for path in folder.iterdir() if (match := _CLIENT_FILE.fullmatch(path.name)))
+    missing = sorted(set(range(len(indices))) - set(indices))
+    if missing:
+        raise NpzDataError(f"{folder}: has {len(indices)} client files but lacks "
+                           f"{client_file(folder, missing[0]).name} (they must be client-0.npz ... client-<K-1>.npz)")
+    return len(indices)
+
+
+def _common_shape(headers: list[NpzHeader]) -> tuple[int, ...]:
+    first = headers[0]
+    for header in headers[1:]:
+        if header.input_shape != first.input_shape:
+            raise NpzDataError(f"{header.path}: examples have shape {header.input_shape}, but those of {first.path} "
+                               f"have {first.input_shape}")
+    return first.input_shape
+
+
+def _class_count(headers: list[NpzHeader]) -> int:
+    declared = {header.declared_classes for header in headers} - {None}
+    if len(declared) > 1:
+        raise NpzDataError(f"{headers[0].path.parent}: the files declare different num_classes {sorted(declared)}")
+    largest = max(int(header.labels.max()) for header in headers)
+    return declared.pop() if declared else largest + 1
+
+
+def check_folder(folder: Path, clients: int | None, fraction: float, split_file: str) -> NpzFolder:
+    """Everything a federation of `clients` (None: not known here, e.g. the ServerApp) will read from `folder`,
+    read in full and checked: the refusal `fedbayes local` gives before any process starts."""
+    found = inspect_folder(folder)
+    if found.client_files and (fraction != 1.0 or split_file):
+        raise NpzDataError(f"{folder}: holds pre-partitioned client files, which are used as they are: "
+                           "fraction must be 1 and split-file empty")
+    if clients is not None and found.client_files and found.client_files != clients:
+        raise NpzDataError(f"{folder}: has {found.client_files} client files (client-<i>.npz) for a federation "
+                           f"of {clients} clients; there must be one per client")
+    if clients is not None and not found.client_files and not found.has_train:
+        raise NpzDataError(f"{folder}: has no training data: add {TRAIN_FILE} or client-0.npz ... "
+                           f"client-{clients - 1}.npz")
+    for path in _data_files(folder, found.has_train, found.client_files):
+        read_x(path)
+    return found
+
+
+def load_npz_split(dataset: str, train: bool) -> Dataset:
+    """The training set (train.npz) or the test set (test.npz) of an "npz:DIR" dataset."""
+    folder = inspect_folder(npz_folder(dataset))
+    if train and folder.client_files:
+        raise NpzDataError(f"{folder.path}: holds pre-partitioned client-<i>.npz files, not a {TRAIN_FILE} to split")
+    return _dataset(dataset, folder.path / (TRAIN_FILE if train else TEST_FILE), folder.num_classes)
+
+
+def load_npz_partition(dataset: str, partition_id: int, num_partitions: int) -> Dataset | None:
+    """Partition `partition_id` of a pre-partitioned "npz:DIR" dataset (client-<partition_id>.npz); None for
+    any other dataset, whose training set the run's split divides."""
+    folder = npz_folder(dataset)
+    found = inspect_folder(folder) if folder is not None else None
+    if found is None or not found.client_files:
+        return None
+    if found.client_files != num_partitions:
+        raise NpzDataError(f"{folder}: has {found.client_files} client files (client-<i>.npz) for a federation of "
+                           f"{num_partitions} clients; there must be one per client")
+    return _dataset(dataset, client_file(folder, partition_id), found.num_classes)
+
+
+def load_data_path(path: Path, dataset: str) -> Dataset:
+    """A deployed client's own file (node config `data-path`). With a built-in dataset its classes are that
+    dataset's; with "npz:DIR" (whose folder this client need not have) the file must declare `num_classes`."""
+    header = read_header(path)
+    if npz_folder(dataset) is not None:
+        if header.declared_classes is None:
+            raise NpzDataError(f"{path}: with dataset {dataset!r} a client's data-path file must hold 'num_classes' "
+                               "(the server's class count; `fedbayes export-partitions` writes it)")
+        return _dataset(dataset, path, header.declared_classes)
+    num_classes = NUM_CLASSES[dataset]
+    if header.declared_classes not in (None, num_classes) or header.labels.max() >= num_classes:
+        raise NpzDataError(f"{path}: labels must lie in [0, {num_classes}) for {dataset} "
+                           f"(num_classes {header.declared_classes}, largest label {header.labels.max()})")
+    return _dataset(dataset, path, num_classes)
+
+
+def _dataset(name: str, path: Path, num_classes: int) -> Dataset:
+    header = read_header(path)
+    x = read_x(path)
+    pixel_scale = 1.0 / 255.0 if x.dtype == np.uint8 else 1.0  # uint8 files hold 0-255 pixels
+    return Dataset(name, torch.from_numpy(x), torch.from_numpy(header.labels), num_classes, pixel_scale)
+
+
+def write_npz(path: Path, data: Dataset) -> None:
+    """`data` as stored (its pixels, labels and class count): `_dataset` reads it back identical."""
+    np.savez(path, x=data.pixels.numpy(), y=data.labels.numpy(), num_classes=np.int64(data.num_classes))
