@@ -38,7 +38,7 @@ def test_a_restarted_client_continues_with_its_lambda(tmp_path):
     lambdas = [store.latest() for store in stores]
     assert [state.round for state in lambdas] == [3, 3]
     checkpoint = load_file(CheckpointStore(workdir / "server-state", "restart", {}).path)
-    server_sum = sum(checkpoint[f"strategy/lambda/client-{index}"] for index in range(2))
+    server_sum = sum(checkpoint[f"strategy/lambda/client-{index}/value"] for index in range(2))
     client_sum = sum(state.tensors[LAMBDA_KEY].numpy() for state in lambdas)
     assert np.abs(client_sum).sum() > 0
     np.testing.assert_allclose(server_sum, client_sum, rtol=0, atol=1e-12)

@@ -9,8 +9,8 @@ if sys.argv[1:2] == ["superexec"]:
     import numpy as np
     from flwr.app import Array, ArrayRecord
 
+    import fedbayes.client.core as core
     import fedbayes.protos.codec as codec
-    import fedbayes.strategies.fedavg as fedavg
 
     def padded_encode(message, tensors):
         content = codec.encode(message, tensors)
@@ -20,4 +20,4 @@ if sys.argv[1:2] == ["superexec"]:
         return content
 
     codec.check_payload_size = lambda *args, **kwargs: None  # before client.app imports it
-    fedavg.encode = padded_encode
+    core.encode = padded_encode

@@ -19,7 +19,7 @@ if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["su
     import numpy as np
     from flwr.app import Array, ArrayRecord
 
-    import fedbayes.strategies.bayesadmm as bayesadmm
+    import fedbayes.client.core as core
     from fedbayes.protos.codec import encode
 
     attack = os.environ["FEDBAYES_ROGUE_ATTACK"]
@@ -49,4 +49,4 @@ if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["su
             content[group] = ArrayRecord(arrays)
         return content
 
-    bayesadmm.encode = hostile_encode
+    core.encode = hostile_encode  # the client's round core encodes every strategy's reply
