@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from collections.abc import Mapping
-import time
 from dataclasses import dataclass, field
 from logging import ERROR
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from flwr.common import log
@@ -134,7 +133,7 @@ class ClientRuntime:
 
 def load_client_data(settings: RunSettings, node: NodeSettings) -> Dataset:
     if node.data_path:
-        return load_npz_dataset(Path(node.data_path), settings.dataset)
+        return load_data_path(Path(node.data_path), settings.dataset)  # x/y (or images/labels), uint8 -> [0, 1]
     prepartitioned = load_npz_partition(settings.dataset, node.partition_id, node.num_partitions)
     if prepartitioned is not None:  # npz:DIR with client-<i>.npz files: the split is the files'
         return prepartitioned
@@ -163,9 +162,3 @@ def _split_options(settings: RunSettings) -> dict[str, Any]:
     if settings.split == "two-class":
         return {"per_class": settings.two_class_per_class}
     return {}
-
-
-def load_npz_dataset(path: Path, dataset_name: str) -> Dataset:
-    """A deployed client's own data (tasks/npzdata.py: `x`/`y`, or `images`/`labels`); uint8 pixels are scaled
-    to [0, 1] like the built-in loaders."""
-    return load_data_path(path, dataset_name)

@@ -52,14 +52,12 @@ def _builtin() -> dict[str, Algorithm]:
 
 
 def algorithm_keys(strategy: str = "") -> list[Key]:
-    """The hyperparameters of every built-in strategy, and of `strategy` when it is one from elsewhere (only those
-    are loaded: an unrelated broken plugin must not break every run)."""
+    """The hyperparameters of every built-in strategy, and of `strategy` when it is one from elsewhere (only that
+    one is loaded: an unrelated broken plugin must not break every run). An unknown or unloadable `strategy` is
+    a ConfigError naming it, here, before its keys could be mistaken for unknown ones."""
     keys = [key for algorithm in _builtin().values() for key in algorithm.hyperparameters]
     if strategy and strategy not in _builtin():
-        try:
-            keys += get_algorithm(strategy).hyperparameters
-        except ConfigError:
-            pass  # an unknown strategy: RunSettings then names it (preflight, the ServerApp)
+        keys += get_algorithm(strategy).hyperparameters
     return keys
 
 
