@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -242,14 +243,22 @@ def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: 
         workdir=Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
         overrides={**spec.common, **spec.presets[(strategy, split)], **data, **extra},
     )
-    rows = run_local(local_run) if spec.engine == "deployment" else run_simulated(local_run)
+    if spec.engine == "deployment":
+        if args.stop_after:
+            raise SystemExit("--stop-after is for the simulation setups (fmnist-100)")
+        rows = run_local(local_run)
+    else:
+        rows = run_simulated(local_run, args.stop_after)
     return {"strategy": strategy, "split": split, "seed": args.seed, "tag": args.tag, "overrides": extra, "rows": rows,
-            "wall_seconds": time.monotonic() - started}
+            "wall_seconds": time.monotonic() - started, "rounds_run": len(rows), "rounds_planned": args.rounds}
 
 
-def run_simulated(spec: LocalRun) -> list[dict]:
+def run_simulated(spec: LocalRun, stop_after: int = 0) -> list[dict]:
     """The same run config under Flower's simulation engine: `fedbayes run <app> local` with `spec.clients` virtual
-    clients (Ray), client state and server checkpoints under the run's workdir; the rows the ServerApp wrote."""
+    clients (Ray), client state and server checkpoints under the run's workdir; the rows the ServerApp wrote.
+    `stop_after` > 0 interrupts the run (Ctrl-C: `fedbayes run` stops all it started) once that many rounds are
+    written: rounds 1..stop_after of a `spec.rounds`-round run, whose cosine schedule spans all of them; the
+    federation's checkpoint stays in the workdir."""
     workdir, results = spec.workdir.resolve(), spec.results.resolve()
     check_workdir(workdir, resume=False)
     run_config = {**spec.run_config(workdir, results), "server-state-dir": str(workdir / "server-state")}
@@ -264,12 +273,23 @@ def run_simulated(spec: LocalRun) -> list[dict]:
                "--federation-config", f"num-supernodes={spec.clients} client-resources-num-cpus=1", "-c", str(config_file)]
     print(f"simulation: {spec.clients} virtual clients, log in {workdir / 'simulation.log'}", flush=True)
     with open(workdir / "simulation.log", "w") as log:
-        done = subprocess.run(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    if done.returncode != 0 or len(rows) != spec.rounds:
-        raise SystemExit(f"the simulation ended after {len(rows)} of {spec.rounds} rounds (exit {done.returncode}); "
+        run = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while run.poll() is None:
+            time.sleep(5)
+            if stop_after and len(_rows(results)) >= stop_after:
+                run.send_signal(signal.SIGINT)
+                run.wait()
+                return _rows(results)[:stop_after]
+    rows = _rows(results)
+    if run.returncode != 0 or len(rows) != spec.rounds:
+        raise SystemExit(f"the simulation ended after {len(rows)} of {spec.rounds} rounds (exit {run.returncode}); "
                          f"see {workdir / 'simulation.log'}")
     return rows
+
+
+def _rows(results: Path) -> list[dict]:
+    lines = results.read_text().splitlines() if results.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]  # a row being written is not yet one
 
 
 def last_three(rows: list[dict], round_: int, key: str) -> float | None:
@@ -381,6 +401,8 @@ def main() -> None:
     parser.add_argument("--splits", default="dirichlet,iid")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--stop-after", type=int, default=0, metavar="R",
+                        help="simulation setups: stop after R of the --rounds rounds (the schedule spans --rounds)")
     parser.add_argument("--clients", type=int, default=0, help="default: the setup's (10; fmnist-100: 100)")
     parser.add_argument("--data-root", default="", help="torchvision dataset folder (CIFAR setups)")
     parser.add_argument("--report", action="store_true", help="only tabulate and plot the runs already on disk")
