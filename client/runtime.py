@@ -122,7 +122,8 @@ class ClientRuntime:
 
     def save_state(self, header: pb.Header, state: ClientState) -> None:
         started = time.perf_counter()
-        self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header))
+        self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header),
+                                                 header.checkpointed_rounds.get(self.node.client_id, 0))
         self.timings["state-save"] = time.perf_counter() - started
 
     def local_seed(self, seed: int, server_round: int) -> int:

@@ -9,7 +9,9 @@ round whose reply the server accepted from this client (Header.accepted_rounds),
 from its state after that round. A reply that was lost, late or rejected thus leaves no trace: the server
 never used it, and the client rolls back past it. The same covers a server resumed from an older
 checkpoint, which runs rounds again. So the store keeps the accepted round's state and every later one
-(at most MAX_UNCONFIRMED of them) until the server accepts a newer round.
+(at most MAX_UNCONFIRMED of them) until the server accepts a newer round, and also the state of the round
+the server's newest checkpoint on disk records as accepted (Header.checkpointed_rounds): the server writes
+checkpoint t while round t+1 trains, and one killed then resumes from t-1 and names that round again.
 
 Writes are atomic (temp file + fsync + rename): a crash mid-write leaves the previous state intact.
 safetensors holds tensors and string metadata only, so loading never unpickles anything.
@@ -91,10 +93,11 @@ class ClientStateStore:
             raise StateCorruptError(f"client state {path} is unreadable: {error}") from None
         return ClientState(tensors, metadata, server_round)
 
-    def save(self, state: ClientState, server_round: int, accepted_round: int) -> None:
-        """Store the state after `server_round`. Keep the state after `accepted_round` (what the server may roll
-        this client back to) and the newest MAX_UNCONFIRMED after it; drop older ones and any from later rounds
-        (a future that a server resumed from its checkpoint has abandoned)."""
+    def save(self, state: ClientState, server_round: int, accepted_round: int, checkpointed_round: int = 0) -> None:
+        """Store the state after `server_round`. Keep the states after `accepted_round` and `checkpointed_round`
+        (what the server may roll this client back to) and the newest MAX_UNCONFIRMED after the accepted round;
+        drop older ones and any from later rounds (a future that a server resumed from its checkpoint has
+        abandoned)."""
         payload = save_safetensors(
             {name: tensor.detach().cpu().contiguous() for name, tensor in state.tensors.items()},
             metadata=state.metadata,
@@ -103,6 +106,6 @@ class ClientStateStore:
         state.round = server_round
         rounds = self.saved_rounds()
         unconfirmed = [r for r in rounds if accepted_round < r <= server_round][-MAX_UNCONFIRMED:]
-        kept = set(unconfirmed) | ({accepted_round} & set(rounds))
+        kept = set(unconfirmed) | ({accepted_round, checkpointed_round} & set(rounds))
         for old in set(rounds) - kept:
             self.path(old).unlink(missing_ok=True)

@@ -44,8 +44,15 @@ class TensorGroup(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class Header(_message.Message):
-    __slots__ = ("schema_version", "federation", "server_round", "client_id", "accepted_rounds")
+    __slots__ = ("schema_version", "federation", "server_round", "client_id", "accepted_rounds", "checkpointed_rounds")
     class AcceptedRoundsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class CheckpointedRoundsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -57,12 +64,14 @@ class Header(_message.Message):
     SERVER_ROUND_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     schema_version: SchemaVersion
     federation: str
     server_round: int
     client_id: str
     accepted_rounds: _containers.ScalarMap[str, int]
-    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    checkpointed_rounds: _containers.ScalarMap[str, int]
+    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ..., checkpointed_rounds: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class LocalTraining(_message.Message):
     __slots__ = ("epochs", "batch_size", "learning_rate", "optimizer", "weight_decay", "seed")

@@ -7,7 +7,10 @@ seconds, bounds every round by `round-timeout`, and maps errors the SuperLink ma
 from polling faster than 3 s (the clients' side dominates), so the default is a modest 0.5 s.
 
 Round t's evaluation, row and checkpoint run on a background thread while round t+1's clients train
-(RoundFinisher); they are still written in round order, and finished before round t+1 aggregates.
+(RoundFinisher); they are still written in round order, and finished before round t+1 aggregates. Round t+1's
+instructions thus name round t accepted before checkpoint t may be on disk; they also name the accepted rounds
+of the newest checkpoint that is (Header.checkpointed_rounds), and clients keep those states, so a server killed
+in between resumes from checkpoint t-1 and its clients still hold every state it names.
 """
 
 from __future__ import annotations
@@ -47,10 +50,7 @@ class LoopSettings:
     min_clients: int = 1  # before every round
     max_payload_mb: float = 512.0
     max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
-    # Evaluate round t while round t+1 trains (RoundFinisher). Off: round t+1's instructions tell the clients that
-    # round t was accepted (they may then drop older state) before checkpoint t is durable, so a server killed in
-    # that window resumes from t-1 and its clients have lost that state (tests/test_integration_bayesadmm.py).
-    pipeline_evaluation: bool = False
+    pipeline_evaluation: bool = True  # evaluate and checkpoint round t while round t+1 trains (RoundFinisher)
 
 
 class ResultsLog:
@@ -202,8 +202,9 @@ class RoundFinisher:
     clients keep busy it waits for them rather than slowing them down."""
 
     def __init__(self, evaluate: Evaluate, results: ResultsLog, checkpoints: CheckpointStore, clock_start: float,
-                 num_rounds: int, pipelined: bool) -> None:
+                 num_rounds: int, pipelined: bool, checkpoint_written: Callable[[ServerState], None]) -> None:
         self.evaluate, self.results, self.checkpoints = evaluate, results, checkpoints
+        self.checkpoint_written = checkpoint_written  # the strategy's: clients keep what this checkpoint names
         self.clock_start, self.num_rounds = clock_start, num_rounds
         self.pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate", initializer=yield_cpu)
                      if pipelined else None)
@@ -245,6 +246,7 @@ class RoundFinisher:
                                          {name: finished.arrays[name].numpy() for name in finished.arrays},
                                          finished.state, record["wall_seconds"]))
         self.checkpoint_seconds = time.perf_counter() - checkpoint_started
+        self.checkpoint_written(finished.state)
         log(INFO, progress_line(record, self.num_rounds))
 
 
@@ -276,7 +278,7 @@ def run_rounds(
     results = ResultsLog(results_path, keep_through_round=first_round - 1)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     finisher = RoundFinisher(evaluate, results, checkpoints, time.monotonic() - elapsed, settings.num_rounds,
-                             settings.pipeline_evaluation)
+                             settings.pipeline_evaluation, strategy.checkpoint_written)
     failed_rounds = 0
     try:
         for server_round in range(first_round, settings.num_rounds + 1):

@@ -142,6 +142,7 @@ class WireStrategy(Strategy):
         self.round_report = RoundReport()
         self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
         self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
+        self.checkpointed_rounds: dict[str, int] = {}  # accepted_rounds as the newest checkpoint on disk holds them
         self.connected: list[int] = []  # the nodes connected when this round was configured
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
 
@@ -223,15 +224,18 @@ class WireStrategy(Strategy):
     def instructions(self, instruction: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]],
                      nodes: Iterable[int]) -> list[Message]:
         """One TRAIN message per node: the tensors are packed once and shared; each header carries the rounds
-        that node's client had accepted (Header.accepted_rounds), so it continues from the right state."""
+        that node's client had accepted (Header.accepted_rounds), so it continues from the right state, and
+        those the newest checkpoint holds (Header.checkpointed_rounds), whose states it must keep."""
         content = encode(instruction, tensors)
         nodes = list(nodes)
         self.round_report = RoundReport(sent=len(nodes))
+        checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
         messages = []
         for node in nodes:
-            instruction.header.accepted_rounds.clear()
-            instruction.header.accepted_rounds.update(
-                self.identities.accepted_view(node, self.accepted_rounds, self.connected))
+            for field_, rounds in ((instruction.header.accepted_rounds, self.accepted_rounds),
+                                   (instruction.header.checkpointed_rounds, checkpointed)):
+                field_.clear()
+                field_.update(self.identities.accepted_view(node, rounds, self.connected))
             messages.append(Message(with_envelope(content, instruction), dst_node_id=node,
                                     message_type=MessageType.TRAIN))
         return messages
@@ -282,8 +286,9 @@ class WireStrategy(Strategy):
                                f"not {server_round}")
         if header.federation != self.settings.federation:
             raise PayloadError(f"field 'header.federation': {header.federation[:64]!r} is not this federation")
-        if header.accepted_rounds:
-            raise PayloadError("field 'header.accepted_rounds': only the server sets it")
+        for name in ("accepted_rounds", "checkpointed_rounds"):
+            if getattr(header, name):
+                raise PayloadError(f"field 'header.{name}': only the server sets it")
         self.identities.check(node, header.client_id, self.connected, claimed)
         examples = payload.message.num_examples
         if not 1 <= examples <= self.settings.max_client_examples:
@@ -354,6 +359,14 @@ class WireStrategy(Strategy):
         wire = json.loads(state.metadata[WIRE_STATE_KEY])
         self.identities.restore(wire["identities"])
         self.accepted_rounds = {client: int(r) for client, r in wire["accepted_rounds"].items()}
+        self.checkpoint_written(state)
+
+    def checkpoint_written(self, state: ServerState) -> None:
+        """A checkpoint holding `state` (from `state_dict()`) is on disk: the loop wrote it, or the server resumed
+        from it. A server restarted now would resume from it and name its accepted rounds to the clients again, so
+        from here on every instruction asks the clients to keep those rounds' states (Header.checkpointed_rounds)."""
+        wire = json.loads(state.metadata[WIRE_STATE_KEY])
+        self.checkpointed_rounds = {client: int(r) for client, r in wire["accepted_rounds"].items()}
 
     def posterior_samples(self, count: int, generator) -> list[dict]:
         """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""

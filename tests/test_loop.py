@@ -186,3 +186,45 @@ def test_an_evaluation_that_fails_stops_the_run_with_its_error_and_no_row_or_che
         run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0), evaluate=evaluate)
     assert [json.loads(line)["round"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [1]
     assert CheckpointStore(tmp_path / "state", "fed", {}).load().server_round == 1
+
+
+
+def test_instructions_name_the_accepted_rounds_of_a_checkpoint_on_disk(tmp_path):
+    """Pipelined, round t+1's instructions name round t accepted while checkpoint t may still be unwritten, so
+    they also name the accepted rounds of a checkpoint already on disk (Header.checkpointed_rounds): the rounds a
+    server killed now would resume with, whose states the clients keep. Round 1's evaluation holds on until
+    round 2 was pushed, so round 2's instructions go out with no checkpoint on disk at all."""
+    from fedbayes.protos import payloads_pb2 as pb
+    from fedbayes.protos.codec import ENVELOPE_KEY
+    from fedbayes.strategies.base import WIRE_STATE_KEY
+
+    class Store(CheckpointStore):
+        def save(self, checkpoint):
+            super().save(checkpoint)
+            on_disk.append(json.loads(checkpoint.strategy_state.metadata[WIRE_STATE_KEY])["accepted_rounds"])
+
+    class RecordingGrid(ScriptedGrid):
+        def push_messages(self, messages):
+            for message in messages:
+                header = pb.FedAvgInstruction.FromString(message.content.config_records[ENVELOPE_KEY]["message"]).header
+                sent.append((self.round + 1, dict(header.accepted_rounds), dict(header.checkpointed_rounds),
+                             list(on_disk)))
+            return super().push_messages(messages)
+
+    on_disk, sent = [], []  # accepted rounds of each checkpoint written; per instruction: round, headers, on disk
+    grid = RecordingGrid(lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0))
+
+    def evaluate(arrays, server_round):
+        if server_round == 1:
+            assert wait_until(lambda: grid.round >= 2), "round 2 was not pushed while round 1 was evaluated"
+        return no_metrics(arrays, server_round)
+
+    run(tmp_path, None, rounds=4, evaluate=evaluate, grid=grid, checkpoints=Store(tmp_path / "state", "fed", {}))
+    assert [entry[0] for entry in sent] == [1, 1, 2, 2, 3, 3, 4, 4]
+    for server_round, accepted, checkpointed, written in sent:
+        assert set(checkpointed) <= set(accepted)
+        for client, checkpointed_round in checkpointed.items():  # a round some checkpoint on disk names
+            assert checkpointed_round in {rounds[client] for rounds in written if client in rounds}
+        if server_round == 2:  # round 1 accepted, its checkpoint not yet written: nothing durable to keep
+            assert len(accepted) == 1 and checkpointed == {}
+    assert all(checkpointed for r, _, checkpointed, _ in sent if r == 4)  # checkpoint 2 at least is on disk by then

@@ -81,14 +81,18 @@ ATTACKS = {
                         "'num_examples': 18446744073709551615 is not in"),
     "wrong federation": (lambda content, t: with_header(content, t, federation="other"), "'header.federation'"),
     "server-only header field": (
-        lambda content, t: _with_accepted(content, t), "'header.accepted_rounds': only the server sets it"),
+        lambda content, t: _with_server_field(content, t, "accepted_rounds"),
+        "'header.accepted_rounds': only the server sets it"),
+    "server-only header field (checkpoint)": (
+        lambda content, t: _with_server_field(content, t, "checkpointed_rounds"),
+        "'header.checkpointed_rounds': only the server sets it"),
     "path in client id": (lambda content, t: with_header(content, t, client_id="../../etc"), "is not a client id"),
 }
 
 
-def _with_accepted(content, message_type):
+def _with_server_field(content, message_type, field_name):
     message = envelope_message(content, message_type)
-    message.header.accepted_rounds["client-2"] = 7
+    getattr(message.header, field_name)["client-2"] = 7
     return with_envelope(content, message)
 
 

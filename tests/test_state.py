@@ -102,3 +102,15 @@ def test_state_survives_a_crash_mid_write(tmp_path):
         assert state is not None
         version = float(state.round)
         assert torch.all(state.tensors["dual"] == version), "a torn write became visible"
+
+
+def test_the_round_the_newest_checkpoint_names_is_kept_with_the_accepted_one(tmp_path):
+    """The server accepted round 5 but its checkpoint on disk still names round 3 (written in the background):
+    the client keeps round 3's state as well, since a server killed now resumes naming round 3."""
+    store = ClientStateStore(tmp_path, "fed", "client-0")
+    for server_round, accepted, checkpointed in ((3, 1, 1), (4, 3, 1), (5, 3, 3), (6, 5, 3)):
+        store.save(ClientState({"x": torch.tensor([float(server_round)])}), server_round, accepted, checkpointed)
+    assert store.saved_rounds() == [3, 5, 6]
+    assert store.load(3, for_round=6).tensors["x"].item() == 3.0
+    store.save(ClientState({"x": torch.tensor([7.0])}), 7, accepted_round=6, checkpointed_round=5)
+    assert store.saved_rounds() == [5, 6, 7]
