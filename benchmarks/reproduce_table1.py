@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -385,6 +386,35 @@ def report(args: argparse.Namespace) -> None:
         plot(runs, plot_path(args.setup, args.seed), args.setup)
 
 
+def seed_table(args: argparse.Namespace) -> str:
+    """Mean ± standard deviation over `--seeds` of the paper's metric (mean of rounds t-2..t) at its report rounds,
+    for every split and strategy with a run of each seed on disk (the paper reports 3 seeds so)."""
+    spec, directory = SETUPS[args.setup], results_dir(args.setup, args.tag)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    lines = [f"{'split':<10} {'method':<16} {'metric':<9} " + " ".join(f"{f'round {r}':<15}" for r in spec.report_rounds)
+             + f"  seeds {args.seeds}"]
+    for split in args.splits.split(","):
+        for strategy in args.strategies.split(","):
+            paths = [directory / f"{run_name(split, strategy, seed, args.tag)}.jsonl" for seed in seeds]
+            if not all(path.exists() for path in paths):
+                continue
+            runs = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()] for path in paths]
+            suffixes = [("", "bayesadmm@mean"), ("_ensemble", "bayesadmm")] if strategy == "bayesadmm" else [("", strategy)]
+            for suffix, method in suffixes:
+                for metric, scale, digits in (("accuracy", 100, 1), ("nll", 1, 3)):
+                    cells = []
+                    for round_ in spec.report_rounds:
+                        values = [last_three(rows, round_, metric + suffix) for rows in runs]
+                        if None in values:
+                            cells.append("-")
+                            continue
+                        mean = statistics.fmean(values) * scale
+                        spread = statistics.stdev(values) * scale if len(values) > 1 else 0.0
+                        cells.append(f"{mean:.{digits}f} ± {spread:.{digits}f}")
+                    lines.append(f"{split:<10} {method:<16} {metric:<9} " + " ".join(f"{c:<15}" for c in cells))
+    return "\n".join(lines)
+
+
 def record_summary(result: dict, path: Path) -> None:
     """Add one run (without its rows) to the seed's summary, replacing an earlier run of the same pair."""
     summary = json.loads(path.read_text()) if path.exists() else []
@@ -406,6 +436,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=0, help="default: the setup's (10; fmnist-100: 100)")
     parser.add_argument("--data-root", default="", help="torchvision dataset folder (CIFAR setups)")
     parser.add_argument("--report", action="store_true", help="only tabulate and plot the runs already on disk")
+    parser.add_argument("--seeds", default="", metavar="0,1,2",
+                        help="with --report: mean ± standard deviation over these seeds' runs")
     parser.add_argument("--tag", default="", help="a tuning run's name (results go to <results>/tuning/)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset value")
     args = parser.parse_args()
@@ -413,7 +445,7 @@ def main() -> None:
         parser.error(f"--setup {args.setup} needs --data-root: a torchvision folder holding CIFAR "
                      "(these machines cannot download it)")
     if args.report:
-        report(args)
+        print(seed_table(args)) if args.seeds else report(args)
         return
     stop_processes_on_signals()
     if args.set and not args.tag:
