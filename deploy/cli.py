@@ -80,8 +80,9 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
                         help="continue the federation in --workdir after its last checkpointed round")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1")
     parser.add_argument(
-        "--executor", default="fork", choices=("fork", "subprocess"),
-        help="fork: ClientApps fork from a warm process per SuperNode (fast); subprocess: Flower's fresh process per message",
+        "--executor", default="fork", choices=("fork", "shared", "subprocess"),
+        help="fork: ClientApps fork from a warm process per SuperNode (fast); shared: one warm process for all "
+             "SuperNodes (least memory, for many clients); subprocess: Flower's fresh process per message",
     )
     parser.set_defaults(handler=_run_local)
 

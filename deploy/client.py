@@ -61,11 +61,12 @@ def supernode_command(
             "--node-config", config, "--isolation", isolation]
 
 
-def superexec_command(fedbayes: str, runtime_port: int, supernode_pid: int) -> list[str]:
-    """The warm ClientApp executor for the SuperNode whose Runtime API is on this host's 127.0.0.1 (plain
-    HTTP that never leaves the machine); it exits with that SuperNode."""
-    return [fedbayes, "superexec", "--insecure", "--runtime-api-address", f"127.0.0.1:{runtime_port}",
-            "--parent-pid", str(supernode_pid)]
+def superexec_command(fedbayes: str, *supernodes: tuple[int, int]) -> list[str]:
+    """The warm ClientApp executor for the SuperNodes (runtime port, pid) whose Runtime APIs are on this host's
+    127.0.0.1 (plain HTTP that never leaves the machine); it serves each until that SuperNode exits."""
+    served = [arg for port, pid in supernodes
+              for arg in ("--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(pid))]
+    return [fedbayes, "superexec", "--insecure", *served]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +129,7 @@ def run_supernode(args: argparse.Namespace) -> int:
         ))
         try:
             superexec = processes.start(
-                "superexec", superexec_command(console_script("fedbayes"), runtime_port, supernode.popen.pid)
+                "superexec", superexec_command(console_script("fedbayes"), (runtime_port, supernode.popen.pid))
             )
             say(f"{args.client_id}: SuperNode -> {args.superlink} (TLS, node auth); Ctrl-C stops")
             while supernode.popen.poll() is None and superexec.popen.poll() is None:

@@ -12,7 +12,9 @@ deploy/pki.py), where a host is this machine or a Linux network namespace with i
 for another machine (tests/test_system_netns.py). Without TLS it refuses anything but 127.0.0.1.
 
 ClientApps run, by default, as forks of a warm `fedbayes superexec` per SuperNode (deploy/warm_executor.py);
-`executor="subprocess"` keeps Flower's stock path, a fresh `flwr-clientapp` process per message.
+`executor="shared"` has one warm executor serve every SuperNode (started once they all are: less memory per
+client, for large local federations); `executor="subprocess"` keeps Flower's stock path, a fresh
+`flwr-clientapp` process per message.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/f
 CONNECTION = "fedbayes-local"
 FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
 STARTUP_TIMEOUT = 60.0
-EXECUTORS = ("fork", "subprocess")
+EXECUTORS = ("fork", "shared", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
 
 
@@ -167,6 +169,7 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     with LocalFederation(workdir, spec.executor) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
+        federation.start_shared_superexec()
         submit = federation.submit(spec.run_config(workdir, results))
         say(f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; logs in {federation.log_dir}")
         if spec.resume_hint:
@@ -214,6 +217,8 @@ class LocalFederation:
         self.processes = ProcessGroup(self.log_dir, process_env(self.flwr_home))
         self.supernodes: dict[int, ManagedProcess] = {}
         self.superexecs: dict[int, ManagedProcess] = {}
+        self.runtime_ports: dict[int, int] = {}
+        self.shared_superexec: ManagedProcess | None = None
 
     def __enter__(self) -> LocalFederation:
         try:
@@ -277,12 +282,16 @@ class LocalFederation:
         auth_key: Path | None = None,
     ) -> ManagedProcess:
         """SuperNode `client-<index>` holding partition `index` on `host`, with its own Runtime API port
-        (and, with the fork executor, its own warm `fedbayes superexec` next to it on that host)."""
+        (and, with the fork executor, its own warm `fedbayes superexec` next to it on that host; with the shared
+        one, `start_shared_superexec` serves it once all SuperNodes are started)."""
         if self.node_auth and auth_key is None:
             raise ValueError("this federation authenticates SuperNodes: pass the client's private key")
+        if self.executor == "shared" and (self.shared_superexec is not None or extra_env):
+            raise ValueError("the shared executor serves the SuperNodes started before it, all with one environment: "
+                             "start them all first, and use the fork executor for a client with an environment of its own")
         (port,) = free_ports(1)
         config = node_config(f"client-{index}", self.workdir / "client-state", partition=(index, num_partitions))
-        isolation = "process" if self.executor == "fork" else "subprocess"
+        isolation = "subprocess" if self.executor == "subprocess" else "process"
         tls = None if self.tls is None else self.tls.ca_cert
         node = self.processes.start(
             f"supernode-{index}",
@@ -292,14 +301,24 @@ class LocalFederation:
             extra_env=extra_env,
         )
         self.supernodes[index] = node
+        self.runtime_ports[index] = port
         if self.executor == "fork":
             self.superexecs[index] = self.processes.start(
                 f"superexec-{index}",
-                host.command(superexec_command(console_script("fedbayes"), port, node.popen.pid)),
+                host.command(superexec_command(console_script("fedbayes"), (port, node.popen.pid))),
                 cwd=self.workdir,
                 extra_env=extra_env,
             )
         return node
+
+    def start_shared_superexec(self) -> None:
+        """With the shared executor: one warm `fedbayes superexec` on this machine for every SuperNode started."""
+        if self.executor != "shared" or self.shared_superexec is not None:
+            return
+        served = [(self.runtime_ports[index], node.popen.pid) for index, node in sorted(self.supernodes.items())]
+        self.shared_superexec = self.processes.start(
+            "superexec-shared", superexec_command(console_script("fedbayes"), *served), cwd=self.workdir
+        )
 
     def stop_supernode(self, index: int, timeout: float = 30.0) -> None:
         """Stop SuperNode `index` (and its superexec) and wait until it is gone, e.g. to restart it."""
@@ -381,7 +400,8 @@ class LocalFederation:
                 rows[row["round"]] = row
             # Checked before `finished`: a dying SuperLink also ends `flwr run`, and that is no normal end.
             superlink = [] if self.superlink_killed else [self.superlink]
-            for daemon in (*superlink, *self.supernodes.values(), *self.superexecs.values()):
+            shared = [] if self.shared_superexec is None else [self.shared_superexec]
+            for daemon in (*superlink, *self.supernodes.values(), *self.superexecs.values(), *shared):
                 if daemon.popen.poll() is not None:
                     raise RuntimeError(
                         f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"

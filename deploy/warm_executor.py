@@ -12,6 +12,12 @@ Use with `flower-supernode --isolation process`:
 
     fedbayes superexec --runtime-api-address 127.0.0.1:9094 --insecure --parent-pid <supernode pid>
 
+One process can serve several SuperNodes of the same machine (`fedbayes local --executor shared`): repeat
+`--runtime-api-address` and `--parent-pid` in pairs. It preloads once, then forks one poller per SuperNode,
+which exits with its SuperNode; the pollers share the preloaded heap instead of each importing torch (an
+idle client then costs its SuperNode and a poller's few private pages, see benchmarks/memory.py). Use it
+only where the SuperNodes belong to one operator: their ClientApps are forks of one process.
+
 The app's own modules are preloaded as well: the FAB carries only the run config, the code is the installed
 `fedbayes` package, so the child finds `fedbayes.client.app` (and every built-in strategy) already imported.
 Before the first fork the parent freezes its heap out of the garbage collector (`gc.freeze`), so a child's
@@ -127,24 +133,74 @@ def _run_task(spec) -> NoReturn:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (host:port)")
+    parser.add_argument("--runtime-api-address", required=True, action="append",
+                        help="the SuperNode's Runtime API (host:port); repeat it to serve several SuperNodes")
     tls = parser.add_mutually_exclusive_group(required=True)
     tls.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API (same host only)")
     tls.add_argument("--root-certificates", help="CA bundle that signed the Runtime API's certificate")
-    parser.add_argument("--parent-pid", type=int, help="exit when this process (the SuperNode) exits")
+    parser.add_argument("--parent-pid", type=int, action="append",
+                        help="exit when this process (the SuperNode) exits; one per --runtime-api-address")
 
 
 def run(args: argparse.Namespace) -> int:
+    addresses, parent_pids = args.runtime_api_address, args.parent_pid or [None] * len(args.runtime_api_address)
+    if len(parent_pids) != len(addresses):
+        raise SystemExit(f"give one --parent-pid per --runtime-api-address ({len(parent_pids)} for {len(addresses)})")
     preload()
+    if len(addresses) == 1:
+        serve(addresses[0], parent_pids[0], args)
+    return supervise([_fork_poller(address, parent_pid, args) for address, parent_pid in zip(addresses, parent_pids)])
+
+
+def serve(runtime_api_address: str, parent_pid: int | None, args: argparse.Namespace) -> NoReturn:
+    """Flower's SuperExec poll loop for one SuperNode, launching its tasks as forks of this process."""
     # Flower 1.39's SuperExec builds its executor from a fixed factory (subprocess | kubernetes) and
     # has no hook for another; its poll loop, TLS and signal handling are otherwise what we want.
     superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
     superexec.get_executor = lambda *_args, **_kwargs: ForkExecutor()
     superexec.run_superexec(
-        runtime_api_address=args.runtime_api_address,
+        runtime_api_address=runtime_api_address,
         insecure=args.insecure,
         root_certificates_path=args.root_certificates,
-        parent_pid=args.parent_pid,
+        parent_pid=parent_pid,
         runtime_dependency_install=False,
     )
-    return 0
+    raise SystemExit(0)  # run_superexec only returns by exiting
+
+
+def _fork_poller(runtime_api_address: str, parent_pid: int | None, args: argparse.Namespace) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        exit_code = 1
+        try:
+            serve(runtime_api_address, parent_pid, args)
+        except SystemExit as stop:
+            exit_code = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:  # noqa: BLE001 - report anything, then leave through os._exit below
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exit_code)
+    return pid
+
+
+def supervise(pollers: list[int]) -> int:
+    """Wait for the pollers (each exits with its SuperNode); on SIGTERM or SIGINT pass it on to all of them.
+    Exit 0 once all are gone, or 1 if any failed."""
+    def forward(signum, _frame) -> None:
+        for pid in pollers:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    failed = False
+    for pid in pollers:
+        _, status = os.waitpid(pid, 0)
+        failed |= os.waitstatus_to_exitcode(status) != 0
+    return int(failed)

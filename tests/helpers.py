@@ -65,6 +65,7 @@ def run_loopback(
     with LocalFederation(workdir, executor) as federation:
         for index in range(clients):
             federation.start_supernode(index, clients, extra_env=(node_env or {}).get(index))
+        federation.start_shared_superexec()
         rows = federation.follow(Path(config["results-path"]), federation.submit(config), rounds,
                                  on_row=lambda row: on_row and on_row(federation, row))
         server_log = (federation.log_dir / "flwr-run.log").read_text()

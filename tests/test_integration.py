@@ -46,15 +46,32 @@ def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str
     return run.rows, run.server_log, run.flwr_home
 
 
-@pytest.mark.parametrize("executor", ["fork", "subprocess"])
+@pytest.mark.parametrize("executor", ["fork", "shared", "subprocess"])
 def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
-    """Both ways of running ClientApps: forks of our warm superexec, and Flower's stock subprocess."""
+    """Every way of running ClientApps: forks of a warm superexec per SuperNode, forks of one shared by both,
+    and Flower's stock subprocess."""
     rows, _, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: {}}, executor=executor)
     assert [row["round"] for row in rows] == [1, 2]
     assert all(row["clients"] == 2 and row["clients_rejected"] == 0 for row in rows)
     assert rows[-1]["accuracy"] > 0.5, rows  # 10 classes: chance is 0.1
     assert 0 < rows[-1]["nll"] < 2.0 and 0 <= rows[-1]["ece"] <= 1
     assert processes_of(flwr_home) == []
+    logs = {path.name for path in (tmp_path / "fed" / "logs").iterdir()}
+    expected = {"fork": {"superexec-0.log", "superexec-1.log"}, "shared": {"superexec-shared.log"}, "subprocess": set()}
+    assert {name for name in logs if name.startswith("superexec")} == expected[executor]
+    if executor == "shared":  # both clients' ClientApps ran as forks of the one process
+        shared_log = (tmp_path / "fed" / "logs" / "superexec-shared.log").read_text()
+        assert "client-0: " in shared_log and "client-1: " in shared_log
+
+
+def test_the_shared_executor_refuses_a_supernode_it_cannot_serve(tmp_path):
+    with LocalFederation(tmp_path / "fed", "shared") as federation:
+        with pytest.raises(ValueError, match="one environment"):
+            federation.start_supernode(0, 2, extra_env={"PYTHONPATH": "/elsewhere"})
+        federation.start_supernode(0, 2)
+        federation.start_shared_superexec()
+        with pytest.raises(ValueError, match="started before it"):
+            federation.start_supernode(1, 2)
 
 
 def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
@@ -108,3 +125,11 @@ def test_a_dying_superlink_stops_the_run_and_everything_else(tmp_path):
 
             federation.follow(workdir / "results.jsonl", submit, 50, on_row=kill_superlink)
     assert processes_of(federation.flwr_home) == []
+
+
+def test_the_warm_executor_wants_one_parent_pid_per_supernode():
+    from fedbayes.deploy.cli import main
+
+    with pytest.raises(SystemExit, match="one --parent-pid per --runtime-api-address"):
+        main(["superexec", "--insecure", "--runtime-api-address", "127.0.0.1:1", "--runtime-api-address", "127.0.0.1:2",
+              "--parent-pid", "1"])
