@@ -188,10 +188,13 @@ def _fork_poller(runtime_api_address: str, parent_pid: int | None, args: argpars
 
 
 def supervise(pollers: list[int]) -> int:
-    """Wait for the pollers (each exits with its SuperNode); on SIGTERM or SIGINT pass it on to all of them.
-    Exit 0 once all are gone, or 1 if any failed."""
+    """Wait for the pollers, each of which exits with its SuperNode; pass SIGTERM and SIGINT on to all of them. A
+    poller that fails would leave its SuperNode without an executor, so it stops the others and this process with
+    exit code 1 (the launcher then reports it); 0 once every poller has ended normally."""
+    live = set(pollers)
+
     def forward(signum, _frame) -> None:
-        for pid in pollers:
+        for pid in live:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -200,7 +203,11 @@ def supervise(pollers: list[int]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     failed = False
-    for pid in pollers:
-        _, status = os.waitpid(pid, 0)
-        failed |= os.waitstatus_to_exitcode(status) != 0
+    while live:
+        pid, status = os.wait()
+        live.discard(pid)
+        if os.waitstatus_to_exitcode(status) != 0 and not failed:
+            failed = True
+            print(f"fedbayes superexec: the poller of one SuperNode (pid {pid}) failed; stopping all", file=sys.stderr)
+            forward(signal.SIGTERM, None)
     return int(failed)

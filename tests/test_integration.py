@@ -133,3 +133,14 @@ def test_the_warm_executor_wants_one_parent_pid_per_supernode():
     with pytest.raises(SystemExit, match="one --parent-pid per --runtime-api-address"):
         main(["superexec", "--insecure", "--runtime-api-address", "127.0.0.1:1", "--runtime-api-address", "127.0.0.1:2",
               "--parent-pid", "1"])
+
+
+def test_a_failing_poller_stops_the_shared_executor():
+    """A poller that dies would leave its SuperNode without an executor: the shared process stops the rest and
+    exits 1, which the launcher reports. Here every poller fails at start (a CA file that does not exist)."""
+    served = ["--runtime-api-address", "127.0.0.1:1", "--parent-pid", str(os.getpid()),
+              "--runtime-api-address", "127.0.0.1:2", "--parent-pid", str(os.getpid())]
+    done = subprocess.run([sys.executable, "-m", "fedbayes.deploy.cli", "superexec", "--root-certificates",
+                           "/nonexistent/ca.pem", *served], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "failed; stopping all" in done.stderr
