@@ -10,6 +10,7 @@ even when it is interrupted or one of the processes fails.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -197,17 +198,37 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 def free_ports(count: int) -> list[int]:
-    """Ports the kernel hands out as free right now on 127.0.0.1."""
+    """Ports free right now on 127.0.0.1, drawn below the kernel's ephemeral range: between our check and the
+    server's bind, the kernel may hand an ephemeral port to any outgoing connection (a hundred SuperNodes dialing
+    the SuperLink took a Runtime API port that way), but never one below that range."""
+    ephemeral_start = _ephemeral_port_start()
+    below = range(max(1024, ephemeral_start - 12000), ephemeral_start)
+    candidates = random.sample(below, k=len(below))
     sockets = []
     try:
-        for _ in range(count):
+        for port in candidates:
+            if len(sockets) == count:
+                break
             sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
             sockets.append(sock)
+        if len(sockets) < count:
+            raise RuntimeError(f"found only {len(sockets)} free ports on 127.0.0.1 below {ephemeral_start}")
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _ephemeral_port_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def console_script(name: str) -> str:

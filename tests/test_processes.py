@@ -1,14 +1,16 @@
-"""Stopping what we started reaches every descendant, including one that dropped our marker, and nothing else."""
+"""Stopping what we started reaches every descendant, including one that dropped our marker, and nothing else;
+free ports for our servers come from outside the range outgoing connections draw from."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 import uuid
 
-from fedbayes.deploy.processes import descendants, processes_with_env, stop_processes_with_env
+from fedbayes.deploy.processes import descendants, free_ports, processes_with_env, stop_processes_with_env
 
 VARIABLE = "FEDBAYES_TEST_MARKER"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -54,3 +56,17 @@ def test_a_marked_process_in_our_own_session_does_not_take_the_session_with_it()
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+    """An outgoing connection (a SuperNode dialing the SuperLink) takes its local port from the ephemeral range;
+    a Runtime API port from that range could be taken between our check and the SuperNode's bind."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        ephemeral_start = int(ports.read().split()[0])
+    ports = free_ports(200)
+    assert len(set(ports)) == 200 and all(1024 <= port < ephemeral_start for port in ports)
+    for port in ports[:20]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    with socket.create_server(("127.0.0.1", ports[0])), socket.create_connection(("127.0.0.1", ports[0])) as client:
+        assert client.getsockname()[1] >= ephemeral_start  # the local port the kernel gave an outgoing connection
