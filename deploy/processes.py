@@ -197,10 +197,13 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         pass
 
 
+_HANDED_OUT: set[int] = set()  # a port handed out is not handed out again by this process: its server may not be up yet
+
+
 def free_ports(count: int) -> list[int]:
     """Ports free right now on 127.0.0.1, drawn below the kernel's ephemeral range: between our check and the
     server's bind, the kernel may hand an ephemeral port to any outgoing connection (a hundred SuperNodes dialing
-    the SuperLink took a Runtime API port that way), but never one below that range."""
+    the SuperLink took a Runtime API port that way), but never one below that range. None is returned twice."""
     ephemeral_start = _ephemeral_port_start()
     below = range(max(1024, ephemeral_start - 12000), ephemeral_start)
     candidates = random.sample(below, k=len(below))
@@ -209,6 +212,8 @@ def free_ports(count: int) -> list[int]:
         for port in candidates:
             if len(sockets) == count:
                 break
+            if port in _HANDED_OUT:
+                continue
             sock = socket.socket()
             try:
                 sock.bind(("127.0.0.1", port))
@@ -218,7 +223,9 @@ def free_ports(count: int) -> list[int]:
             sockets.append(sock)
         if len(sockets) < count:
             raise RuntimeError(f"found only {len(sockets)} free ports on 127.0.0.1 below {ephemeral_start}")
-        return [sock.getsockname()[1] for sock in sockets]
+        ports = [sock.getsockname()[1] for sock in sockets]
+        _HANDED_OUT.update(ports)
+        return ports
     finally:
         for sock in sockets:
             sock.close()
