@@ -15,7 +15,7 @@ Use with `flower-supernode --isolation process`:
 One process can serve several SuperNodes of the same machine (`fedbayes local --executor shared`): repeat
 `--runtime-api-address` and `--parent-pid` in pairs. It preloads once, then forks one poller per SuperNode,
 which exits with its SuperNode; the pollers share the preloaded heap instead of each importing torch (an
-idle client then costs its SuperNode and a poller's few private pages, see benchmarks/memory.py). Use it
+idle client then adds its SuperNode and the ~50 MiB its poller does not share, see benchmarks/memory.py). Use it
 only where the SuperNodes belong to one operator: their ClientApps are forks of one process.
 
 The app's own modules are preloaded as well: the FAB carries only the run config, the code is the installed
@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from typing import NoReturn
 
 from fedbayes.deploy.object_pulls import shorten_pull_backoff
@@ -102,8 +103,7 @@ class ForkExecutor:
 def _run_task(spec) -> NoReturn:
     """Child side of the fork: run one ClientApp task with Flower's own runner, then exit without
     ever returning into the parent's poll loop."""
-    exit_code = 1
-    try:
+    def task() -> None:
         from flwr.supercore.exit import exit_handler
         from flwr.supercore.tls import validate_and_resolve_root_certificates
         from flwr.supernode.runtime.run_clientapp import run_clientapp
@@ -121,8 +121,18 @@ def _run_task(spec) -> NoReturn:
             parent_pid=spec.parent_pid,
             runtime_dependency_install=False,
         )
+
+    _exit_after(task)
+
+
+def _exit_after(body: Callable[[], object]) -> NoReturn:
+    """In a forked child: run `body`, then leave through os._exit with its exit status (0, a SystemExit's code,
+    or 1 for any other exception, printed), never returning into the parent's code."""
+    exit_code = 1
+    try:
+        body()
         exit_code = 0
-    except SystemExit as stop:  # run_clientapp ends with flwr_exit -> sys.exit
+    except SystemExit as stop:  # Flower's runners end with flwr_exit -> sys.exit
         exit_code = stop.code if isinstance(stop.code, int) else 1
     except BaseException:  # noqa: BLE001 - report anything, then leave through os._exit below
         traceback.print_exc()
@@ -173,17 +183,7 @@ def _fork_poller(runtime_api_address: str, parent_pid: int | None, args: argpars
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        exit_code = 1
-        try:
-            serve(runtime_api_address, parent_pid, args)
-        except SystemExit as stop:
-            exit_code = stop.code if isinstance(stop.code, int) else 1
-        except BaseException:  # noqa: BLE001 - report anything, then leave through os._exit below
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(exit_code)
+        _exit_after(lambda: serve(runtime_api_address, parent_pid, args))
     return pid
 
 
