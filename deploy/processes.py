@@ -48,7 +48,10 @@ class ProcessGroup:
     def __init__(self, log_dir: Path | None, env: Mapping[str, str], stop_timeout: float = 15.0) -> None:
         self.log_dir = log_dir
         self.marker = uuid.uuid4().hex
-        self.env = {**env, MARKER_VARIABLE: self.marker}
+        # A group started inside another group's process (`fedbayes client` under a test's federation) keeps the
+        # outer marker too, so stopping the outer group reaches its processes even if the middle one is killed.
+        inherited = env.get(MARKER_VARIABLE)
+        self.env = {**env, MARKER_VARIABLE: f"{inherited}:{self.marker}" if inherited else self.marker}
         self.stop_timeout = stop_timeout
         self.processes: list[ManagedProcess] = []
         if log_dir is not None:
@@ -74,7 +77,7 @@ class ProcessGroup:
 
     def members(self) -> list[int]:
         """Pids of live (non-zombie) processes carrying this group's marker."""
-        return processes_with_env(MARKER_VARIABLE, self.marker)
+        return [pid for pid, _ in _live_processes() if _carries(_environ(pid), MARKER_VARIABLE, self.marker)]
 
     def stop(self, process: ManagedProcess, sig: signal.Signals = signal.SIGTERM) -> None:
         """Signal one process we started (e.g. to restart a SuperNode)."""
@@ -126,10 +129,15 @@ def _ours(variable: str, value: str, sessions: set[int]) -> list[int]:
     """Live processes marked variable=value or in one of `sessions`, to which it adds the sessions marked
     processes lead (the set outlives its leaders: their sessions' other members keep its id)."""
     live = _live_processes()
-    needle = f"{variable}={value}".encode()
-    marked = {pid for pid, _ in live if needle in _environ(pid)}
+    marked = {pid for pid, _ in live if _carries(_environ(pid), variable, value)}
     sessions.update(pid for pid, session in live if pid in marked and session == pid)
     return sorted(marked | {pid for pid, session in live if session in sessions})
+
+
+def _carries(environ: list[bytes], variable: str, value: str) -> bool:
+    """Whether `variable` is `value` in this environment, or a ':'-separated chain of markers holding it."""
+    prefix = f"{variable}=".encode()
+    return any(entry.startswith(prefix) and value.encode() in entry[len(prefix):].split(b":") for entry in environ)
 
 
 def processes_with_env(variable: str, value: str) -> list[int]:

@@ -9,8 +9,17 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
-from fedbayes.deploy.processes import descendants, free_ports, processes_with_env, stop_processes_with_env
+from fedbayes.deploy.processes import (
+    ProcessGroup,
+    descendants,
+    free_ports,
+    processes_with_env,
+    stop_processes_with_env,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 VARIABLE = "FEDBAYES_TEST_MARKER"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -70,3 +79,26 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
             sock.bind(("127.0.0.1", port))
     with socket.create_server(("127.0.0.1", ports[0])), socket.create_connection(("127.0.0.1", ports[0])) as client:
         assert client.getsockname()[1] >= ephemeral_start  # the local port the kernel gave an outgoing connection
+
+
+def test_stopping_a_group_reaches_the_processes_of_a_group_started_inside_it_after_the_middle_one_dies(tmp_path):
+    """`fedbayes client` under a test's federation: the outer group's process runs a group of its own, whose
+    processes lead their own sessions. If the middle process is killed before it stops them (SIGKILL after the
+    stop timeout), the outer group must still reach them: they carry both markers."""
+    inner = ("import sys, time; sys.path.insert(0, {root!r}); from fedbayes.deploy.processes import ProcessGroup; "
+             "import os; group = ProcessGroup(None, dict(os.environ)); "
+             "child = group.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(600)']); "
+             "open({pid_file!r}, 'w').write(str(child.popen.pid)); time.sleep(600)")
+    pid_file = tmp_path / "grandchild.pid"
+    with ProcessGroup(None, dict(os.environ)) as outer:
+        middle = outer.start("middle", [sys.executable, "-c", inner.format(root=str(ROOT), pid_file=str(pid_file))])
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline, "the inner group did not start its process"
+            time.sleep(0.1)
+        grandchild = int(pid_file.read_text())
+        assert grandchild in outer.members()
+        middle.popen.kill()  # dies without stopping its own group
+        middle.popen.wait()
+        assert alive(grandchild)
+    assert not alive(grandchild)
