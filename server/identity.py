@@ -79,9 +79,15 @@ class ClientIdentities:
         if not (_is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
             raise PayloadError(f"field 'header.client_id': {client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id "
                                f"([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH} characters)")
+        self._check_owner(node, client, connected)
+        # Only after the ownership checks: a spoofer must be named as one whether its reply came before or after
+        # the real client's; what is left here is a second reply from the client's own node.
         if client in claimed:
             raise PayloadError(f"field 'header.client_id': client id {client!r} already replied this round "
                                f"from node {claimed[client]}")
+
+    def _check_owner(self, node: int, client: str, connected: Iterable[int]) -> None:
+        """Refuse `node` speaking as `client` when the id is another node's (bound, or in the registry)."""
         own = self.client_of(node)
         if own is not None and own != client:
             raise PayloadError(f"field 'header.client_id': node {node} is client {own!r}; it may not "

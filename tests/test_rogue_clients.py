@@ -180,6 +180,14 @@ def test_a_spoofed_client_id_is_refused_and_the_honest_client_keeps_its_state(tm
                                   "client id 'client-1' is bound to node 1; node 99 may not use it")
 
 
+def test_a_spoofer_is_named_as_one_when_its_reply_comes_after_the_real_clients(tmp_path):
+    """The refusal must not depend on arrival order (a real federation's replies come in any order)."""
+    game = RogueRound(tmp_path, "bayesadmm")
+    server, result, expected = game.aggregate({ROGUE_NODE: game.replies[1]})  # after node 1's own reply
+    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 99)",
+                                  "client id 'client-1' is bound to node 1; node 99 may not use it")
+
+
 @pytest.mark.parametrize("strategy", ["fedavg", "bayesadmm", "feddyn", "p-dsvgd"])
 def test_a_node_cannot_rename_itself_nor_count_past_max_clients(tmp_path, strategy):
     """Sybil: node 3 (client-3) claims a new id; a new node with a new id past max-clients=3 is refused too."""
