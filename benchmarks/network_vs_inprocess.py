@@ -28,6 +28,13 @@ The phase breakdown lists the medians of the rows' `phase_seconds` (server: conf
 after the push, aggregate, evaluate, checkpoint) and `client_phase_seconds` (the clients' medians: setup =
 data + model, update, state-load/-save).
 
+CPU by process (the network runs): every process of the federation (those with its FLWR_HOME) is sampled every
+0.5 s (utime + stime from /proc/<pid>/stat; a process's last < 0.5 s is missed) from the moment the first round's
+row is written until the last round's is: CPU seconds per round for each kind of process (SuperLink, its
+ServerApp executor, the ServerApp, SuperNodes, the warm executors polling, the ClientApp tasks they fork, `flwr`
+commands) and the cores they used together, against the machine's cores. It says where a round's wall time goes
+when the cores, not waiting, are the limit.
+
 Run:  python benchmarks/network_vs_inprocess.py [--fedavg-rounds 6 --bayesadmm-rounds 3 --label before]
 Writes benchmarks/results/network_vs_inprocess-<label>.json. The machine may be shared: the load average
 at the start and end is printed and saved; compare ratios from one run, not seconds across runs.
@@ -42,6 +49,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,7 +64,8 @@ for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"),
 from flwr.app import Context, Message, RecordDict  # noqa: E402
 
 from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
+from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
+from fedbayes.deploy.processes import command_line, processes_with_env  # noqa: E402
 from fedbayes.tasks.config import default_run_config  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -140,10 +149,74 @@ def run_inprocess(run_config: dict[str, Any], clients: int, root: Path, pipeline
 
 
 def run_network(strategy: str, clients: int, rounds: int, fraction: float, overrides: dict[str, Any],
-                root: Path) -> list[dict[str, Any]]:
+                root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of a `fedbayes local` run, and the CPU its processes spent per round (CpuByProcess)."""
+    workdir = root / f"{strategy}-{clients}"
     spec = LocalRun(strategy=strategy, clients=clients, rounds=rounds, dataset="fmnist", fraction=fraction,
-                    split="iid", workdir=root / f"{strategy}-{clients}", overrides=overrides, quiet=True)
-    return run_local(spec)
+                    split="iid", workdir=workdir, overrides=overrides, quiet=True)
+    sampler = CpuByProcess(workdir / FLWR_HOME, workdir / "results.jsonl", rounds)
+    sampler.start()
+    try:
+        rows = run_local(spec)
+    finally:
+        sampler.halt.set()
+        sampler.join()
+    return rows, sampler.report()
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROLES = {"flower-superlink": "SuperLink", "flower-supernode": "SuperNode", "flwr-serverapp": "ServerApp",
+         "flower-superexec": "ServerApp executor (SuperLink's)", "flwr": "flwr commands"}
+
+
+class CpuByProcess(threading.Thread):
+    """CPU seconds per kind of process of one federation, from its first results row to its last (module
+    docstring)."""
+
+    def __init__(self, flwr_home: Path, results: Path, rounds: int) -> None:
+        super().__init__(daemon=True)
+        self.flwr_home, self.results, self.rounds, self.halt = flwr_home, results, rounds, threading.Event()
+        self.baseline: dict[int, int] | None = None  # pid -> CPU ticks when the first row appeared
+        self.latest: dict[int, tuple[str, int]] = {}  # pid -> (kind, CPU ticks) at the last sample
+        self.window: list[float] = []  # [start, end] on time.monotonic()
+
+    def run(self) -> None:
+        while not self.halt.wait(0.5) and len(self.window) < 2:
+            rows = len(self.results.read_text().splitlines()) if self.results.exists() else 0
+            self._sample()
+            if rows >= 1 and self.baseline is None:
+                self.baseline = {pid: ticks for pid, (_, ticks) in self.latest.items()}
+                self.window.append(time.monotonic())
+            if rows >= self.rounds and self.baseline is not None:
+                self.window.append(time.monotonic())
+
+    def _sample(self) -> None:
+        for pid in processes_with_env("FLWR_HOME", str(self.flwr_home)):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                kind = self.latest[pid][0] if pid in self.latest else process_kind(pid, int(fields[1]))
+            except (OSError, IndexError):  # the process ended between the listing and the read
+                continue
+            self.latest[pid] = (kind, int(fields[11]) + int(fields[12]))
+
+    def report(self) -> dict[str, Any]:
+        if len(self.window) < 2 or self.rounds < 2:
+            return {}
+        seconds, spent = self.window[1] - self.window[0], {}
+        for pid, (kind, ticks) in self.latest.items():
+            spent[kind] = spent.get(kind, 0.0) + (ticks - self.baseline.get(pid, 0)) / CLOCK_TICKS
+        per_round = {kind: value / (self.rounds - 1) for kind, value in sorted(spent.items(), key=lambda kv: -kv[1])}
+        return {"window_s": seconds, "cpu_s_per_round": per_round,
+                "cores_used": sum(spent.values()) / seconds, "cores": os.cpu_count()}
+
+
+def process_kind(pid: int, parent: int) -> str:
+    """What a federation process is, by its command line (a warm executor's forks have their parent's)."""
+    argv = command_line(pid)
+    names = [Path(arg).name for arg in argv[:2]]
+    if "fedbayes" in names and "superexec" in argv:
+        return "ClientApp tasks (forks)" if command_line(parent) == argv else "warm executors (polling)"
+    return next((ROLES[name] for name in names if name in ROLES), " ".join(names) or "?")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -216,6 +289,16 @@ def format_phases(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_cpu(results: list[dict[str, Any]]) -> str:
+    lines = ["CPU seconds per round by process (rounds 2..N, sampled; see the module docstring):"]
+    for r in results:
+        cpu = r.get("cpu_by_process")
+        if cpu:
+            lines.append(f"  {r['name']}: {cpu['cores_used']:.2f} of {cpu['cores']} cores busy over {cpu['window_s']:.1f} s")
+            lines += [f"    {kind:<36} {seconds:7.2f}" for kind, seconds in cpu["cpu_s_per_round"].items()]
+    return "\n".join(lines)
+
+
 def parse_sets(pairs: list[str]) -> dict[str, Any]:
     from fedbayes.deploy.launcher import parse_override
 
@@ -235,14 +318,14 @@ def main() -> None:
         root = Path(tmp)
         if "fedavg" not in args.skip:
             print("fedavg, 3 clients, network ...", flush=True)
-            rows = run_network("fedavg", 3, args.fedavg_rounds, args.fraction, extra, root)
-            results.append(summary("fedavg-3 network", rows))
+            rows, cpu = run_network("fedavg", 3, args.fedavg_rounds, args.fraction, extra, root)
+            results.append({**summary("fedavg-3 network", rows), "cpu_by_process": cpu})
         network = inprocess = None
         if "network" not in args.skip:
             print(f"bayesadmm, {args.bayesadmm_clients} clients, network ...", flush=True)
-            network = run_network("bayesadmm", args.bayesadmm_clients, args.bayesadmm_rounds, args.fraction,
-                                  bayesadmm, root)
-            results.append(summary(f"bayesadmm-{args.bayesadmm_clients} network", network))
+            network, cpu = run_network("bayesadmm", args.bayesadmm_clients, args.bayesadmm_rounds, args.fraction,
+                                       bayesadmm, root)
+            results.append({**summary(f"bayesadmm-{args.bayesadmm_clients} network", network), "cpu_by_process": cpu})
         if "inprocess" not in args.skip:
             config = {"strategy": "bayesadmm", "num-server-rounds": args.bayesadmm_rounds, "dataset": "fmnist",
                       "fraction": args.fraction, "split": "iid", "seed": 0, "federation": "inprocess",
@@ -264,6 +347,8 @@ def main() -> None:
               f" one thread: {ratio_serial:.2f}x; per-round metrics identical (network vs in-process): {identical}")
     print()
     print(format_phases(results))
+    print()
+    print(format_cpu(results))
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     output = RESULTS / f"network_vs_inprocess-{args.label}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
