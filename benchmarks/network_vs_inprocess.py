@@ -154,69 +154,82 @@ def run_network(strategy: str, clients: int, rounds: int, fraction: float, overr
     workdir = root / f"{strategy}-{clients}"
     spec = LocalRun(strategy=strategy, clients=clients, rounds=rounds, dataset="fmnist", fraction=fraction,
                     split="iid", workdir=workdir, overrides=overrides, quiet=True)
-    sampler = CpuByProcess(workdir / FLWR_HOME, workdir / "results.jsonl", rounds)
+    sampler = CpuByProcess(workdir / FLWR_HOME, workdir / "results.jsonl")
     sampler.start()
     try:
         rows = run_local(spec)
     finally:
         sampler.halt.set()
         sampler.join()
-    return rows, sampler.report()
+    return rows, sampler.report(rows)
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-ROLES = {"flower-superlink": "SuperLink", "flower-supernode": "SuperNode", "flwr-serverapp": "ServerApp",
-         "flower-superexec": "ServerApp executor (SuperLink's)", "flwr": "flwr commands"}
+KINDS = {"flower-superlink": "SuperLink", "flwr-serverapp": "ServerApp",
+         "flower-superexec": "ServerApp executor (SuperLink's)", "flwr": "flwr commands",
+         "supernode": "SuperNodes", "run": "fedbayes run (submits, streams the log)"}
 
 
 class CpuByProcess(threading.Thread):
-    """CPU seconds per kind of process of one federation, from its first results row to its last (module
+    """The CPU ticks of every process of one federation over time, and when each results row appeared (module
     docstring)."""
 
-    def __init__(self, flwr_home: Path, results: Path, rounds: int) -> None:
+    def __init__(self, flwr_home: Path, results: Path) -> None:
         super().__init__(daemon=True)
-        self.flwr_home, self.results, self.rounds, self.halt = flwr_home, results, rounds, threading.Event()
-        self.baseline: dict[int, int] | None = None  # pid -> CPU ticks when the first row appeared
-        self.latest: dict[int, tuple[str, int]] = {}  # pid -> (kind, CPU ticks) at the last sample
-        self.window: list[float] = []  # [start, end] on time.monotonic()
+        self.flwr_home, self.results, self.halt = flwr_home, results, threading.Event()
+        self.kinds: dict[int, str] = {}
+        self.samples: list[tuple[float, dict[int, int]]] = []  # (time.monotonic(), pid -> CPU ticks)
+        self.row_seen: list[float] = []  # time.monotonic() when row i first appeared
 
     def run(self) -> None:
-        while not self.halt.wait(0.5) and len(self.window) < 2:
+        while not self.halt.wait(0.5):
+            ticks = {}
+            for pid in processes_with_env("FLWR_HOME", str(self.flwr_home)):
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    self.kinds.setdefault(pid, process_kind(pid, int(fields[1])))
+                except (OSError, IndexError):  # the process ended between the listing and the read
+                    continue
+                ticks[pid] = int(fields[11]) + int(fields[12])
+            now = time.monotonic()
+            self.samples.append((now, ticks))
             rows = len(self.results.read_text().splitlines()) if self.results.exists() else 0
-            self._sample()
-            if rows >= 1 and self.baseline is None:
-                self.baseline = {pid: ticks for pid, (_, ticks) in self.latest.items()}
-                self.window.append(time.monotonic())
-            if rows >= self.rounds and self.baseline is not None:
-                self.window.append(time.monotonic())
+            self.row_seen += [now] * (rows - len(self.row_seen))
 
-    def _sample(self) -> None:
-        for pid in processes_with_env("FLWR_HOME", str(self.flwr_home)):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                kind = self.latest[pid][0] if pid in self.latest else process_kind(pid, int(fields[1]))
-            except (OSError, IndexError):  # the process ended between the listing and the read
-                continue
-            self.latest[pid] = (kind, int(fields[11]) + int(fields[12]))
+    def ticks_at(self, moment: float) -> dict[int, int]:
+        """Each process's CPU ticks at its last sample up to `moment` (a process that ended keeps its last)."""
+        found: dict[int, int] = {}
+        for sampled, ticks in self.samples:
+            if sampled > moment:
+                break
+            found.update(ticks)
+        return found
 
-    def report(self) -> dict[str, Any]:
-        if len(self.window) < 2 or self.rounds < 2:
+    def report(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """CPU seconds per round and kind of process over rounds 2..N, timed as `per_round` times them: from round
+        2's start (the ServerApp's monotonic clock is this machine's) to the last row."""
+        if len(rows) < 2 or len(self.row_seen) < len(rows):
             return {}
-        seconds, spent = self.window[1] - self.window[0], {}
-        for pid, (kind, ticks) in self.latest.items():
-            spent[kind] = spent.get(kind, 0.0) + (ticks - self.baseline.get(pid, 0)) / CLOCK_TICKS
-        per_round = {kind: value / (self.rounds - 1) for kind, value in sorted(spent.items(), key=lambda kv: -kv[1])}
-        return {"window_s": seconds, "cpu_s_per_round": per_round,
-                "cores_used": sum(spent.values()) / seconds, "cores": os.cpu_count()}
+        clock_start = min(seen - row["wall_seconds"] for seen, row in zip(self.row_seen, rows))
+        start, end = clock_start + rows[1]["wall_seconds"] - rows[1]["round_seconds"], self.row_seen[len(rows) - 1]
+        before, after, spent = self.ticks_at(start), self.ticks_at(end), {}
+        for pid, ticks in after.items():
+            kind = self.kinds[pid]
+            spent[kind] = spent.get(kind, 0.0) + (ticks - before.get(pid, 0)) / CLOCK_TICKS / (len(rows) - 1)
+        return {"window_s": end - start, "cpu_s_per_round": dict(sorted(spent.items(), key=lambda kv: -kv[1])),
+                "cores_used": sum(spent.values()) * (len(rows) - 1) / (end - start), "cores": os.cpu_count()}
 
 
 def process_kind(pid: int, parent: int) -> str:
     """What a federation process is, by its command line (a warm executor's forks have their parent's)."""
     argv = command_line(pid)
-    names = [Path(arg).name for arg in argv[:2]]
-    if "fedbayes" in names and "superexec" in argv:
-        return "ClientApp tasks (forks)" if command_line(parent) == argv else "warm executors (polling)"
-    return next((ROLES[name] for name in names if name in ROLES), " ".join(names) or "?")
+    names = [Path(arg).name for arg in argv[:3]]
+    if "fedbayes" in names[:2]:
+        command = names[names.index("fedbayes") + 1] if names[-1] != "fedbayes" else ""
+        if command == "superexec":
+            return "ClientApp tasks (forks)" if command_line(parent) == argv else "warm executors (polling)"
+        return KINDS.get(command, f"fedbayes {command}")
+    return next((KINDS[name] for name in names[:2] if name in KINDS), " ".join(argv[:3]) or "?")
 
 
 # ---------------------------------------------------------------------------------------------------------

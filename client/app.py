@@ -18,6 +18,7 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size
 from fedbayes.strategies import get_algorithm
 from fedbayes.tasks.compute import configure_threads
+from fedbayes.tasks.slots import compute_slot
 from fedbayes.tasks.config import RunSettings
 
 app = ClientApp()
@@ -25,6 +26,11 @@ app = ClientApp()
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
+    with compute_slot():  # a local federation lets only as many ClientApps compute at once as it has cores
+        return _train(message, context)
+
+
+def _train(message: Message, context: Context) -> Message:
     configure_threads()
     settings = RunSettings.from_run_config(context.run_config)
     node = NodeSettings.from_node_config(context.node_config, default_device=settings.device)

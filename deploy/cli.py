@@ -84,6 +84,8 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
         help="fork: ClientApps fork from a warm process per SuperNode (fast); shared: one warm process for all "
              "SuperNodes (least memory, for many clients); subprocess: Flower's fresh process per message",
     )
+    parser.add_argument("--parallel-tasks", type=int, default=None, metavar="N",
+                        help="at most N ClientApps compute at once (default: this machine's cores; 0: no limit)")
     parser.set_defaults(handler=_run_local)
 
 
@@ -107,6 +109,7 @@ def _run_local(args: argparse.Namespace) -> int:
             workdir=workdir,
             overrides=overrides,
             executor=args.executor,
+            parallel_tasks=args.parallel_tasks,
             resume=args.resume,
             resume_hint=shlex.join(["fedbayes", *_without_workdir(args.argv), "--workdir", str(workdir), "--resume"]),
         )

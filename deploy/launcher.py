@@ -14,13 +14,15 @@ for another machine (tests/test_system_netns.py). Without TLS it refuses anythin
 ClientApps run, by default, as forks of a warm `fedbayes superexec` per SuperNode (deploy/warm_executor.py);
 `executor="shared"` has one warm executor serve every SuperNode (started once they all are: less memory per
 client, for large local federations); `executor="subprocess"` keeps Flower's stock path, a fresh
-`flwr-clientapp` process per message.
+`flwr-clientapp` process per message. Whatever the executor, at most `parallel_tasks` ClientApps compute at
+once (default: this machine's cores; tasks/compute.py's compute slots, in <workdir>/flwr-home/compute-slots).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import signal
 import subprocess
@@ -44,6 +46,7 @@ from fedbayes.deploy.processes import (
     kill_tree,
     process_env,
 )
+from fedbayes.tasks.slots import SLOTS_ENV
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 
 APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
@@ -91,6 +94,7 @@ class LocalRun:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set key=value
     quiet: bool = False
     executor: str = "fork"
+    parallel_tasks: int | None = None  # ClientApps computing at once; None: the machine's cores, 0: no limit
     resume: bool = False  # continue the federation held by `workdir` (it must hold one)
     resume_hint: str = ""  # the command that would resume this run, printed at its start
 
@@ -166,7 +170,7 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     )
     if not spec.resume:
         results.unlink(missing_ok=True)  # an earlier run's rows must not be read as this run's
-    with LocalFederation(workdir, spec.executor) as federation:
+    with LocalFederation(workdir, spec.executor, parallel_tasks=spec.parallel_tasks) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
         federation.start_shared_superexec()
@@ -196,10 +200,12 @@ class LocalFederation:
 
     def __init__(
         self, workdir: Path, executor: str = "fork", server: Host = LOOPBACK, tls: TlsFiles | None = None,
-        node_auth: bool = False,
+        node_auth: bool = False, parallel_tasks: int | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
+        if parallel_tasks is not None and parallel_tasks < 0:
+            raise ValueError(f"--parallel-tasks must be >= 0 (0: no limit), got {parallel_tasks}")
         if tls is None and (server != LOOPBACK or node_auth):
             raise ValueError("a federation beyond 127.0.0.1, or with node authentication, needs TLS (deploy/pki.py)")
         self.executor = executor
@@ -214,7 +220,8 @@ class LocalFederation:
         (self.flwr_home / "config.toml").write_text(
             connection_config(CONNECTION, f"127.0.0.1:{self.control_port}", tls.ca_cert if tls else None)
         )
-        self.processes = ProcessGroup(self.log_dir, process_env(self.flwr_home))
+        self.processes = ProcessGroup(self.log_dir, with_compute_slots(process_env(self.flwr_home),
+                                                                      self.flwr_home / "compute-slots", parallel_tasks))
         self.supernodes: dict[int, ManagedProcess] = {}
         self.superexecs: dict[int, ManagedProcess] = {}
         self.runtime_ports: dict[int, int] = {}
@@ -477,6 +484,17 @@ class _ServerAppWatch:
                             f"without reporting an outcome (killed?); logs in {self.federation.log_dir}")
         self.earlier |= self.seen  # it ended normally; the submission ends with the run's stream
         self.seen = set()
+
+
+def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int | None) -> dict[str, str]:
+    """`env` with this federation's compute slots (tasks/compute.py), `parallel_tasks` of them (None: one per core
+    this process may use; 0: none, and no limit)."""
+    env = {name: value for name, value in env.items() if name != SLOTS_ENV}  # never an enclosing federation's
+    count = len(os.sched_getaffinity(0)) if parallel_tasks is None else parallel_tasks
+    if count:
+        directory.mkdir(parents=True, exist_ok=True)
+        env[SLOTS_ENV] = f"{count}:{directory}"
+    return env
 
 
 def _unused_log_dir(workdir: Path) -> Path:
