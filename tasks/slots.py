@@ -1,7 +1,7 @@
 """Compute slots: at most N ClientApps of one machine compute at once.
 
 More ClientApps computing at once than the machine has cores costs CPU, not just waiting: ten one-thread IVON
-trainings at once on two cores took ~45% more CPU each than two at a time (README "Performance"). So a local
+trainings at once on two cores took 35-45% more CPU each than two at a time (benchmarks/oversubscription.py). So a local
 federation (`fedbayes local --parallel-tasks`, default: the machine's cores) gives its processes
 FEDBAYES_COMPUTE_SLOTS="N:DIR", and each ClientApp computes inside `compute_slot()`.
 """
