@@ -15,7 +15,8 @@ ClientApps run, by default, as forks of a warm `fedbayes superexec` per SuperNod
 `executor="shared"` has one warm executor serve every SuperNode (started once they all are: less memory per
 client, for large local federations); `executor="subprocess"` keeps Flower's stock path, a fresh
 `flwr-clientapp` process per message. Whatever the executor, at most `parallel_tasks` ClientApps compute at
-once (default: this machine's cores; tasks/compute.py's compute slots, in <workdir>/flwr-home/compute-slots).
+once (default: this machine's cores, tasks/slots.py, lock files in <workdir>/flwr-home/compute-slots; none
+when the hosts are network namespaces standing for separate machines).
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ class LocalFederation:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
         if parallel_tasks is not None and parallel_tasks < 0:
             raise ValueError(f"--parallel-tasks must be >= 0 (0: no limit), got {parallel_tasks}")
+        if parallel_tasks is None and server != LOOPBACK:
+            parallel_tasks = 0  # hosts that stand for separate machines share no cores, so no compute slots
         if tls is None and (server != LOOPBACK or node_auth):
             raise ValueError("a federation beyond 127.0.0.1, or with node authentication, needs TLS (deploy/pki.py)")
         self.executor = executor
@@ -487,7 +490,7 @@ class _ServerAppWatch:
 
 
 def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int | None) -> dict[str, str]:
-    """`env` with this federation's compute slots (tasks/compute.py), `parallel_tasks` of them (None: one per core
+    """`env` with this federation's compute slots (tasks/slots.py), `parallel_tasks` of them (None: one per core
     this process may use; 0: none, and no limit)."""
     env = {name: value for name, value in env.items() if name != SLOTS_ENV}  # never an enclosing federation's
     count = len(os.sched_getaffinity(0)) if parallel_tasks is None else parallel_tasks

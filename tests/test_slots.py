@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedbayes.deploy.launcher import LocalFederation, with_compute_slots
+from fedbayes.deploy.launcher import Host, LocalFederation, with_compute_slots
+from fedbayes.deploy.pki import init_pki
 from fedbayes.deploy.warm_executor import ForkExecutor
 from fedbayes.tasks.slots import SLOTS_ENV, compute_slot
 
@@ -86,6 +87,11 @@ def test_a_local_federation_has_one_slot_per_core_by_default_and_never_an_enclos
     assert with_compute_slots(outer, tmp_path / "none", 0) == {"PATH": "/bin"}
     with pytest.raises(ValueError, match="--parallel-tasks must be >= 0"):
         LocalFederation(tmp_path / "fed", parallel_tasks=-1)
+    assert SLOTS_ENV in LocalFederation(tmp_path / "local").processes.env
+    # Network namespaces stand for separate machines: they share no cores, so no slots by default.
+    tls = init_pki(tmp_path / "pki", ips=["10.9.0.1"])
+    hosts = LocalFederation(tmp_path / "hosts", server=Host("10.9.0.1", "lab-server"), tls=tls)
+    assert SLOTS_ENV not in hosts.processes.env
 
 
 def test_the_warm_executor_polls_again_only_once_its_task_has_ended():

@@ -41,7 +41,8 @@ def test_rogue_clients_over_tls_with_node_auth(tmp_path):
     config = {"strategy": "bayesadmm", "num-server-rounds": 4, "federation": "rogues", "fraction": 0.05,
               "local-epochs": 1, "lr": 5e-5, "input-scale": 255.0, "ensemble-samples": 0, "model": "logreg",
               "results-path": str(results), "wait-for-clients": 7, "round-timeout": ROUND_TIMEOUT}
-    with LocalFederation(workdir, tls=tls, node_auth=True) as federation:
+    # Seven organisations' machines, on one: no compute slots shared between them (the late one sleeps in its own).
+    with LocalFederation(workdir, tls=tls, node_auth=True, parallel_tasks=0) as federation:
         registry = {f"client-{index}": federation.register(keys[index].public) for index in clients}
         (tmp_path / "registry.json").write_text(json.dumps(registry))
         for index in clients:
