@@ -7,17 +7,20 @@ every 0.5 s. A round's instruction therefore waits up to 3 s before any client s
 arguments and behaviour) with those two waits shortened to `FEDBAYES_SUPERNODE_POLL` seconds (default 0.2), by
 handing that one Flower module a `time` whose `sleep` maps them. Asking the SuperLink 5 times a second instead
 of once every 3 s costs one small gRPC call each. It also shortens the 1 s back-off of its object pulls
-(deploy/object_pulls.py).
+(deploy/object_pulls.py), and rings its executor's doorbell when it takes a message (deploy/doorbell.py).
 
 The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
+from fedbayes.deploy.doorbell import ring
 from fedbayes.deploy.object_pulls import seconds_from_env, shorten_pull_backoff
 
 PATCHED_FLOWER = "1.39.0"
@@ -54,11 +57,28 @@ def polling_time(poll: float) -> SimpleNamespace:
         else:
             time.sleep(seconds)
 
+    return time_with_sleep(sleep)
+
+
+def time_with_sleep(sleep: Callable[[float], None]) -> SimpleNamespace:
+    """The `time` module, but with this `sleep`: handed to one Flower module as its `time`."""
     functions = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
     return SimpleNamespace(**{**functions, "sleep": sleep})
 
 
-def patch_flower(poll: float) -> None:
+def ringing(pull_and_store: Callable[..., int | None], runtime_port: int) -> Callable[..., int | None]:
+    """Flower's `_pull_and_store_message`, ringing the executor's doorbell (deploy/doorbell.py) once it has taken
+    a message (it returns the message's run id then)."""
+    def pull_store_and_ring(*args, **kwargs) -> int | None:
+        run_id = pull_and_store(*args, **kwargs)
+        if run_id is not None:
+            ring(runtime_port)
+        return run_id
+
+    return pull_store_and_ring
+
+
+def patch_flower(poll: float, runtime_port: int | None = None) -> None:
     import flwr
     from flwr.supernode import start_client_internal
 
@@ -66,12 +86,24 @@ def patch_flower(poll: float) -> None:
         raise SystemExit(f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
                          f"{flwr.__version__} is installed; use `flower-supernode` instead")
     start_client_internal.time = polling_time(poll)
+    if runtime_port is not None:
+        start_client_internal._pull_and_store_message = ringing(start_client_internal._pull_and_store_message,
+                                                                runtime_port)
     shorten_pull_backoff()  # the instruction's objects, pulled while the ServerApp still uploads them
+
+
+def runtime_port(argv: list[str]) -> int:
+    """The Runtime API port `flower-supernode` will serve with these arguments (its `--port`)."""
+    from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--port", type=int, default=SUPERNODE_UVICORN_DEFAULT_PORT)
+    return parser.parse_known_args(argv)[0].port
 
 
 def main(argv: list[str]) -> int:
     """Run `flower-supernode` with `argv` as its arguments."""
-    patch_flower(poll_interval())
+    patch_flower(poll_interval(), runtime_port(argv))
     from flwr.supernode.cli import flower_supernode
 
     sys.argv = ["flower-supernode", *argv]

@@ -22,6 +22,9 @@ The app's own modules are preloaded as well: the FAB carries only the run config
 `fedbayes` package, so the child finds `fedbayes.client.app` (and every built-in strategy) already imported.
 Before the first fork the parent freezes its heap out of the garbage collector (`gc.freeze`), so a child's
 collections do not walk, and thereby copy, the parent's millions of objects.
+
+Between asks for a task it waits for its SuperNode's doorbell (deploy/doorbell.py) rather than Flower's fixed
+poll interval, and it does not ask at all while its task runs (the SuperNode hands out one message at a time).
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ import importlib
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from fedbayes.deploy.doorbell import Doorbell
 from fedbayes.deploy.object_pulls import shorten_pull_backoff
+from fedbayes.deploy.supernode import time_with_sleep
 
 # Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
 # torch does not initialise CUDA, so each forked child still sets up its own GPU context.
@@ -170,6 +176,7 @@ def serve(runtime_api_address: str, parent_pid: int | None, args: argparse.Names
     # has no hook for another; its poll loop, TLS and signal handling are otherwise what we want.
     superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
     superexec.get_executor = lambda *_args, **_kwargs: ForkExecutor()
+    superexec.time = _asking_on_the_bell(runtime_api_address)
     superexec.run_superexec(
         runtime_api_address=runtime_api_address,
         insecure=args.insecure,
@@ -178,6 +185,19 @@ def serve(runtime_api_address: str, parent_pid: int | None, args: argparse.Names
         runtime_dependency_install=False,
     )
     raise SystemExit(0)  # run_superexec only returns by exiting
+
+
+def _asking_on_the_bell(runtime_api_address: str):
+    """run_superexec's `time`, whose wait between two asks for a task ends when the SuperNode rings
+    (deploy/doorbell.py); Flower's `time` if another process already listens for this SuperNode's bell."""
+    port = int(runtime_api_address.rsplit(":", 1)[1])
+    try:
+        bell = Doorbell(port)
+    except OSError as error:
+        print(f"fedbayes superexec: no doorbell for the SuperNode on port {port} ({error}); polling it instead",
+              file=sys.stderr, flush=True)
+        return time
+    return time_with_sleep(bell.wait)
 
 
 def _fork_poller(runtime_api_address: str, parent_pid: int | None, args: argparse.Namespace) -> int:

@@ -3,6 +3,8 @@ object pulls with a short first back-off (deploy/object_pulls.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fedbayes.deploy import supernode
@@ -32,9 +34,12 @@ def test_it_patches_only_the_flower_it_was_read_in(monkeypatch):
     from flwr.supernode import start_client_internal
 
     monkeypatch.setattr(start_client_internal, "time", start_client_internal.time)  # restored after the test
+    pull_and_store = start_client_internal._pull_and_store_message
+    monkeypatch.setattr(start_client_internal, "_pull_and_store_message", pull_and_store)
     monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "1")  # Flower's own object-pull back-off, unchanged
-    supernode.patch_flower(0.1)
+    supernode.patch_flower(0.1, runtime_port=9123)
     assert start_client_internal.time.sleep is not supernode.time.sleep
+    assert start_client_internal._pull_and_store_message is not pull_and_store
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
     with pytest.raises(SystemExit, match="Flower 1.40.0 is installed"):
         supernode.patch_flower(0.1)
@@ -93,3 +98,41 @@ def test_object_pulls_are_left_alone_on_another_flower_and_a_bad_backoff_is_refu
     monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "soon")
     with pytest.raises(ValueError, match="FEDBAYES_PULL_BACKOFF"):
         object_pulls.pull_backoff()
+
+
+def test_the_doorbell_wakes_its_executor_at_once_and_only_a_heard_bell_slows_the_polls(monkeypatch):
+    import threading
+    import time
+
+    from fedbayes.deploy import doorbell
+
+    monkeypatch.setattr(doorbell, "HEARD_POLL", 0.6)
+    port = 40000 + os.getpid() % 20000
+    bell = doorbell.Doorbell(port)
+    started = time.monotonic()
+    bell.wait(0.2)  # never heard: Flower's poll interval
+    assert 0.2 <= time.monotonic() - started < 0.5 and not bell.heard
+    threading.Timer(0.1, doorbell.ring, (port,)).start()
+    started = time.monotonic()
+    bell.wait(5.0)
+    assert time.monotonic() - started < 1.0 and bell.heard
+    doorbell.ring(port)
+    doorbell.ring(port)
+    bell.wait(5.0)  # both rings answered by one ask
+    started = time.monotonic()
+    bell.wait(0.2)  # heard before: waits for the bell, asking every HEARD_POLL in case a ring was lost
+    assert time.monotonic() - started >= 0.6
+    with pytest.raises(OSError):
+        doorbell.Doorbell(port)  # one listener per SuperNode
+    doorbell.ring(port + 1)  # nobody listens: nothing happens
+
+
+def test_the_supernode_rings_when_it_has_taken_a_message_and_reads_its_runtime_port(monkeypatch):
+    rung = []
+    monkeypatch.setattr(supernode, "ring", rung.append)
+    results = iter([None, 7])
+    pull_and_store = supernode.ringing(lambda *args, **kwargs: next(results), 9123)
+    assert pull_and_store("anything") is None and rung == []  # nothing for this node
+    assert pull_and_store("anything") == 7 and rung == [9123]
+    assert supernode.runtime_port(["--insecure", "--port", "23456", "--superlink", "x:1"]) == 23456
+    assert supernode.runtime_port(["--insecure"]) == 9094  # Flower's default
