@@ -18,8 +18,8 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size
 from fedbayes.strategies import get_algorithm
 from fedbayes.tasks.compute import configure_threads
-from fedbayes.tasks.slots import compute_slot
 from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.slots import compute_slot
 
 app = ClientApp()
 

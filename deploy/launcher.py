@@ -160,6 +160,7 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     """Run the federation to completion and return its per-round results; RunFailed if it does not complete."""
     if spec.clients < 1 or spec.rounds < 1:
         raise ValueError("--clients and --rounds must be >= 1")
+    check_parallel_tasks(spec.parallel_tasks)
     workdir = (spec.workdir or default_workdir(spec.strategy)).resolve()
     results = (spec.results or workdir / "results.jsonl").resolve()
     check_workdir(workdir, spec.resume)
@@ -205,8 +206,7 @@ class LocalFederation:
     ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
-        if parallel_tasks is not None and parallel_tasks < 0:
-            raise ValueError(f"--parallel-tasks must be >= 0 (0: no limit), got {parallel_tasks}")
+        check_parallel_tasks(parallel_tasks)
         if parallel_tasks is None and server != LOOPBACK:
             parallel_tasks = 0  # hosts that stand for separate machines share no cores, so no compute slots
         if tls is None and (server != LOOPBACK or node_auth):
@@ -487,6 +487,11 @@ class _ServerAppWatch:
                             f"without reporting an outcome (killed?); logs in {self.federation.log_dir}")
         self.earlier |= self.seen  # it ended normally; the submission ends with the run's stream
         self.seen = set()
+
+
+def check_parallel_tasks(parallel_tasks: int | None) -> None:
+    if parallel_tasks is not None and parallel_tasks < 0:
+        raise ValueError(f"--parallel-tasks must be >= 0 (0: no limit), got {parallel_tasks}")
 
 
 def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int | None) -> dict[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedbayes.deploy.launcher import Host, LocalFederation, with_compute_slots
+from fedbayes.deploy.launcher import Host, LocalFederation, LocalRun, run_local, with_compute_slots
 from fedbayes.deploy.pki import init_pki
 from fedbayes.deploy.warm_executor import ForkExecutor
 from fedbayes.tasks.slots import SLOTS_ENV, compute_slot
@@ -87,6 +87,9 @@ def test_a_local_federation_has_one_slot_per_core_by_default_and_never_an_enclos
     assert with_compute_slots(outer, tmp_path / "none", 0) == {"PATH": "/bin"}
     with pytest.raises(ValueError, match="--parallel-tasks must be >= 0"):
         LocalFederation(tmp_path / "fed", parallel_tasks=-1)
+    with pytest.raises(ValueError, match="--parallel-tasks must be >= 0"):  # before anything is made or started
+        run_local(LocalRun(strategy="fedavg", clients=1, rounds=1, workdir=tmp_path / "run", parallel_tasks=-1))
+    assert not (tmp_path / "run").exists()
     assert SLOTS_ENV in LocalFederation(tmp_path / "local").processes.env
     # Network namespaces stand for separate machines: they share no cores, so no slots by default.
     tls = init_pki(tmp_path / "pki", ips=["10.9.0.1"])
