@@ -24,7 +24,7 @@ Before the first fork the parent freezes its heap out of the garbage collector (
 collections do not walk, and thereby copy, the parent's millions of objects.
 
 Between asks for a task it waits for its SuperNode's doorbell (deploy/doorbell.py) rather than Flower's fixed
-poll interval, and it does not ask at all while its task runs (the SuperNode hands out one message at a time).
+poll interval.
 """
 
 from __future__ import annotations
@@ -93,12 +93,12 @@ class ForkExecutor:
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
-        """Wait for the running task to end before the loop polls again: a Flower 1.39 SuperNode pulls its next
-        message only once the last one's reply is out, so there is no task to ask for meanwhile, and ten
-        executors asking five times a second cost about two CPU-seconds of a 10-client round on two cores."""
+        """Reap the tasks that have ended, without waiting for the others: a task can hang (one whose run was
+        stopped while its SuperNode took the message), and the SuperNode's next message must still start."""
         for pid in list(self.children):
-            os.waitpid(pid, 0)
-            self.children.discard(pid)
+            finished_pid, _ = os.waitpid(pid, os.WNOHANG)
+            if finished_pid:
+                self.children.discard(pid)
 
     def close(self) -> None:
         for pid in self.children:
