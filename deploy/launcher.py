@@ -47,8 +47,8 @@ from fedbayes.deploy.processes import (
     kill_tree,
     process_env,
 )
-from fedbayes.tasks.slots import SLOTS_ENV
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
+from fedbayes.tasks.slots import SLOTS_ENV
 
 APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
 CONNECTION = "fedbayes-local"
