@@ -1,7 +1,8 @@
 """Encode/decode fedbayes payloads (protos/payloads.proto) to and from Flower RecordDicts.
 
-A payload is a protobuf message plus, for each of its TensorGroup fields, one ArrayRecord under
-the field's name. `decode` rejects anything that does not match the schema *and* the receiver's
+A payload is a protobuf message (in the ENVELOPE_KEY ConfigRecord) plus one ArrayRecord, TENSORS_KEY, whose one
+float32 Array holds every tensor of the payload: the message's TensorGroup manifests (names, dtypes, shapes) say
+which slice is which. `decode` rejects anything that does not match the schema *and* the receiver's
 expectation (names, dtypes, shapes, finiteness, schema version, message type) with a
 PayloadError that names the sender and the offending field.
 """
@@ -25,8 +26,12 @@ TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client
 MAX_TIMINGS = 16
 CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
 
-_NUMPY_DTYPE = {pb.FLOAT32: np.dtype(np.float32), pb.FLOAT64: np.dtype(np.float64)}
-_PROTO_DTYPE = {dtype: proto for proto, dtype in _NUMPY_DTYPE.items()}
+# Every tensor of a payload rides in one Array: Flower sends each Array, ArrayRecord and chunk as an object of its
+# own, one request per hop (ServerApp -> SuperLink -> SuperNode -> ClientApp and back), so a BayesADMM reply with
+# one Array per tensor was ~60 objects, and moving them cost a 10-client round more CPU than the clients' training
+# beyond what one process needs (README, "Performance").
+TENSORS_KEY = "fedbayes-tensors"
+PACKED_ARRAY = "float32"
 
 # What a receiver expects in one tensor group: ordered name -> shape (float32 unless stated).
 TensorLayout = Mapping[str, tuple[int, ...]]
@@ -64,26 +69,25 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
 
 
 def encode(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
-    """Fill the message's TensorGroup manifests from `tensors` and pack everything."""
+    """Fill the message's TensorGroup manifests from `tensors` and pack everything: the tensors, raveled and
+    concatenated in field order and each group's order, become the one Array of the TENSORS_KEY record."""
     groups = tensor_group_fields(type(message))
     if not set(tensors) <= set(groups):
         raise ValueError(
             f"{type(message).__name__} has tensor groups {groups}, got {sorted(tensors)}"
         )
-    tensors = {group: tensors.get(group, {}) for group in groups}  # a group not given is sent empty
-    records: dict[str, ArrayRecord | ConfigRecord] = {}
-    for group in groups:
+    parts = []
+    for group in groups:  # a group not given is sent empty
         manifest = getattr(message, group)
         del manifest.tensors[:]
-        arrays = {}
-        for name, value in tensors[group].items():
-            value = np.ascontiguousarray(value).reshape(np.shape(value))  # ascontiguousarray makes 0-d 1-d
-            if value.dtype not in _PROTO_DTYPE:
-                raise ValueError(f"{group}/{name}: dtype {value.dtype} is not in the schema")
-            manifest.tensors.add(name=name, dtype=_PROTO_DTYPE[value.dtype], shape=value.shape)
-            arrays[name] = Array(value)
-        records[group] = ArrayRecord(arrays)
-    return with_envelope(RecordDict(records), message)
+        for name, value in tensors.get(group, {}).items():
+            value = np.asarray(value)
+            if value.dtype != np.float32:
+                raise ValueError(f"{group}/{name}: dtype {value.dtype} is not in the schema (float32 only)")
+            manifest.tensors.add(name=name, dtype=pb.FLOAT32, shape=value.shape)
+            parts.append(value.ravel())
+    packed = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    return with_envelope(RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: Array(packed)})}), message)
 
 
 def with_envelope(content: RecordDict, message: ProtoMessage) -> RecordDict:
@@ -108,14 +112,21 @@ def decode(
     message = _parse_envelope(content, message_type, sender)
     if callable(layouts):
         layouts = layouts(message)
-    groups = tensor_group_fields(message_type)
-    unexpected = set(content.keys()) - set(groups) - {ENVELOPE_KEY, TIMINGS_KEY}
+    unexpected = set(content.keys()) - {TENSORS_KEY, ENVELOPE_KEY, TIMINGS_KEY}
     if unexpected:
         raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {message_type.__name__}")
-    tensors = {
-        group: _decode_group(content, group, getattr(message, group), layouts.get(group, {}), sender)
-        for group in groups
-    }
+    groups = tensor_group_fields(message_type)
+    specs = [(group, name, shape) for group in groups
+             for name, shape in _checked_manifest(getattr(message, group), layouts.get(group, {}), group, sender)]
+    packed = _packed_array(content, sum(math.prod(shape) for _, _, shape in specs), sender)
+    tensors: dict[str, Tensors] = {group: {} for group in groups}
+    offset = 0
+    for group, name, shape in specs:
+        value = packed[offset:offset + math.prod(shape)].reshape(shape)  # a view: no copy
+        if not np.isfinite(value).all():
+            raise PayloadError(f"{sender}: field '{group}/{name}': contains NaN or Inf")
+        tensors[group][name] = value
+        offset += value.size
     _check_finite_scalars(message, sender, prefix="")
     return Payload(message, tensors)
 
@@ -179,32 +190,36 @@ def _parse_envelope(content: RecordDict, message_type: type[M], sender: str) -> 
     return message
 
 
-def _decode_group(
-    content: RecordDict, group: str, manifest: pb.TensorGroup, layout: TensorLayout, sender: str
-) -> Tensors:
-    record = content.array_records.get(group)
-    if record is None:
-        raise PayloadError(f"{sender}: field '{group}': missing ArrayRecord")
+def _checked_manifest(
+    manifest: pb.TensorGroup, layout: TensorLayout, group: str, sender: str
+) -> list[tuple[str, tuple[int, ...]]]:
+    """The group's (name, shape) pairs in order, once its manifest declares exactly the expected tensors."""
     declared = [spec.name for spec in manifest.tensors]
-    if declared != list(layout) or list(record.keys()) != declared:
-        raise PayloadError(
-            f"{sender}: field '{group}': tensor names {list(record.keys())} "
-            f"(declared {declared}) do not match expected {list(layout)}"
-        )
-    tensors = {}
+    if declared != list(layout):
+        raise PayloadError(f"{sender}: field '{group}': tensor names {declared} do not match expected {list(layout)}")
     for spec in manifest.tensors:
         where = f"{sender}: field '{group}/{spec.name}'"
-        expected_shape = tuple(layout[spec.name])
-        array = record[spec.name]
-        if spec.dtype != pb.FLOAT32 or array.dtype != "float32":
-            raise PayloadError(f"{where}: dtype must be float32, got {array.dtype}")
-        if tuple(spec.shape) != expected_shape or tuple(array.shape) != expected_shape:
-            raise PayloadError(
-                f"{where}: shape must be {expected_shape}, got {tuple(array.shape)} "
-                f"(declared {tuple(spec.shape)})"
-            )
-        tensors[spec.name] = _decoded_array(array, expected_shape, where)
-    return tensors
+        if spec.dtype != pb.FLOAT32:
+            got = pb.DType.Name(spec.dtype) if spec.dtype in pb.DType.values() else spec.dtype  # an open enum
+            raise PayloadError(f"{where}: dtype must be float32, got {got}")
+        if tuple(spec.shape) != tuple(layout[spec.name]):
+            raise PayloadError(f"{where}: shape must be {tuple(layout[spec.name])}, got {tuple(spec.shape)}")
+    return [(name, tuple(shape)) for name, shape in layout.items()]
+
+
+def _packed_array(content: RecordDict, size: int, sender: str) -> np.ndarray:
+    """The one float32 array of `size` values that holds every tensor, checked as declared and as decoded."""
+    where = f"{sender}: field '{TENSORS_KEY}'"
+    record = content.array_records.get(TENSORS_KEY)
+    if record is None:
+        raise PayloadError(f"{where}: missing ArrayRecord")
+    if list(record.keys()) != [PACKED_ARRAY]:
+        raise PayloadError(f"{where}: expected one array '{PACKED_ARRAY}', got {list(record.keys())}")
+    array = record[PACKED_ARRAY]
+    if array.dtype != "float32" or tuple(array.shape) != (size,):
+        raise PayloadError(f"{where}: declared {array.dtype} {tuple(array.shape)}, but the manifests describe "
+                           f"float32 ({size},)")
+    return _decoded_array(array, (size,), where)
 
 
 def _decoded_array(array: Array, expected_shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -220,8 +235,6 @@ def _decoded_array(array: Array, expected_shape: tuple[int, ...], where: str) ->
         raise PayloadError(f"{where}: array data has dtype {value.dtype}, not float32 (declared float32)")
     if value.shape != expected_shape:
         raise PayloadError(f"{where}: array data has shape {value.shape}, not {expected_shape}")
-    if not np.isfinite(value).all():
-        raise PayloadError(f"{where}: contains NaN or Inf")
     return value
 
 

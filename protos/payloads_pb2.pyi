@@ -13,6 +13,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_VERSION_1: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_2: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_3: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_4: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -23,6 +24,7 @@ SCHEMA_VERSION_UNSPECIFIED: SchemaVersion
 SCHEMA_VERSION_1: SchemaVersion
 SCHEMA_VERSION_2: SchemaVersion
 SCHEMA_VERSION_3: SchemaVersion
+SCHEMA_VERSION_4: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType

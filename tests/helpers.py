@@ -14,7 +14,7 @@ from flwr.app.message.message import make_message
 
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import encode, new_header
+from fedbayes.protos.codec import ENVELOPE_KEY, Payload, decode, encode, new_header, tensor_group_fields
 
 LAYOUT = {"fc.weight": (3, 4), "fc.bias": (3,)}
 
@@ -28,6 +28,14 @@ def fedavg_reply(client_id: str = "client-0", server_round: int = 1, num_example
         header=new_header("fed", server_round, client_id), num_examples=num_examples, train_loss=0.3
     )
     return encode(message, {"weights": weights(value)})
+
+
+def declared_payload(content: RecordDict, message_type: type) -> Payload:
+    """`content` decoded with the layouts its own manifests declare (a test's view of what crossed the wire)."""
+    message = message_type.FromString(content.config_records[ENVELOPE_KEY]["message"])
+    layouts = {group: {spec.name: tuple(spec.shape) for spec in getattr(message, group).tensors}
+               for group in tensor_group_fields(message_type)}
+    return decode(content, message_type, layouts, sender="test")
 
 
 def reply_message(content: RecordDict | None, node_id: int, error=None):

@@ -26,15 +26,17 @@ class FakeGrid:
         return self.nodes
 
 
-def reply(client, server_round, mean, precision, global_, resumed_from, previous=None, gamma=0.2e-3):
+def reply(client, server_round, mean, precision, global_, resumed_from, previous=None, gamma=0.2e-3, sent_duals=None):
+    """A client's honest reply, or one whose duals are `sent_duals` instead of the dual step's."""
     local = Gaussian(torch.tensor(mean, dtype=torch.float64), torch.tensor(precision, dtype=torch.float64))
     start = previous or Duals(torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64))
     duals = dual_step(start, local, global_, gamma, server_round)
     message = pb.BayesADMMReply(header=new_header("fed", server_round, client), num_examples=10,
                                 resumed_from_round=resumed_from)
     as_arrays = lambda t: {"w": t.numpy().astype(np.float32)}  # noqa: E731
+    sent = sent_duals or duals
     content = encode(message, {"local_mean": as_arrays(local.mean), "local_precision": as_arrays(local.precision),
-                               "dual_mean": as_arrays(duals.mean), "dual_precision": as_arrays(duals.precision)})
+                               "dual_mean": as_arrays(sent.mean), "dual_precision": as_arrays(sent.precision)})
     return content, local, duals
 
 
@@ -86,8 +88,9 @@ def test_lost_client_state_is_reported_and_the_clients_duals_are_used(caplog):
 def test_tampered_duals_are_rejected_and_leave_no_trace():
     server, _ = strategy()
     global_1 = server.global_
-    a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
-    a1["dual_mean"] = ArrayRecord({"w": Array(np.array([123.0, 0.0], np.float32))})
+    _, _, honest = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
+    tampered = Duals(torch.tensor([123.0, 0.0], dtype=torch.float64), honest.precision)
+    a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0, sent_duals=tampered)
     assert server.aggregate_train(1, [reply_message(a1, 1)]) == (None, None)
     reason = server.round_report.rejected["client 'a' (node 1)"]
     assert "field 'dual_mean': differs from the server's replay of the dual step" in reason

@@ -9,7 +9,16 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import ENVELOPE_KEY, PayloadError, decode, encode, new_header, tensor_group_fields
+from fedbayes.protos.codec import (
+    ENVELOPE_KEY,
+    PACKED_ARRAY,
+    TENSORS_KEY,
+    PayloadError,
+    decode,
+    encode,
+    new_header,
+    tensor_group_fields,
+)
 from tests.helpers import LAYOUT, fedavg_reply, weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,16 +41,67 @@ def test_round_trip_keeps_scalars_and_tensors():
     assert manifest == list(LAYOUT.items())
 
 
+def test_every_tensor_rides_in_one_array_in_manifest_order():
+    """Flower moves each Array as an object of its own, one request per hop: a payload is one Array, however many
+    tensors and groups it has."""
+    mean, precision = weights(0.25), weights(2.0)
+    content = encode(pb.BayesADMMReply(header=new_header("fed", 3, "client-7"), num_examples=4),
+                     {"local_mean": mean, "dual_precision": precision})
+    assert list(content.array_records) == [TENSORS_KEY] and list(content[TENSORS_KEY]) == [PACKED_ARRAY]
+    expected = np.concatenate([value.ravel() for value in (*mean.values(), *precision.values())])
+    np.testing.assert_array_equal(content[TENSORS_KEY][PACKED_ARRAY].numpy(), expected)
+    layouts = {"local_mean": LAYOUT, "dual_precision": LAYOUT}
+    payload = decode(content, pb.BayesADMMReply, layouts, sender="client-7")
+    assert payload.tensors["local_precision"] == {} and payload.tensors["buffers"] == {}
+    np.testing.assert_array_equal(payload.tensors["dual_precision"]["fc.bias"], precision["fc.bias"])
+    with pytest.raises(PayloadError, match="field 'local_precision': tensor names"):  # a group the sender left empty
+        decode(content, pb.BayesADMMReply, {**layouts, "local_precision": LAYOUT}, sender="client-7")
+
+
 def test_tensor_groups_come_from_the_schema():
     assert tensor_group_fields(pb.FedAvgReply) == ["weights", "buffers"]
     assert tensor_group_fields(pb.FedAvgInstruction) == ["weights", "buffers"]
 
 
-def replace_array(content, name, value):
-    arrays = {key: content["weights"][key] for key in content["weights"].keys()}
-    arrays[name] = Array(value)
-    content["weights"] = ArrayRecord(arrays)
+def replace_packed(content, value=None, **declared):
+    """`content` with its packed Array replaced by `value`, or by its own bytes declared as `declared` says."""
+    array = content[TENSORS_KEY][PACKED_ARRAY]
+    if value is not None:
+        replacement = {PACKED_ARRAY: Array(value)}
+    else:
+        replacement = {PACKED_ARRAY: Array(dtype=declared.get("dtype", array.dtype), shape=declared.get("shape", array.shape),
+                                           stype=array.stype, data=declared.get("data", array.data))}
+    content[TENSORS_KEY] = ArrayRecord({**replacement, **declared.get("extra", {})})
     return content
+
+
+def with_value(content, name, value):
+    """`content` with tensor `name` of group `weights` holding `value` (same size) in the packed Array."""
+    packed = content[TENSORS_KEY][PACKED_ARRAY].numpy().copy()
+    offset = 0 if name == "fc.weight" else 12  # LAYOUT: fc.weight (3, 4), then fc.bias (3,)
+    packed[offset:offset + value.size] = value.ravel()
+    return replace_packed(content, packed)
+
+
+def with_manifest(content, name, **changes):
+    """`content` whose envelope declares tensor `name` of group `weights` otherwise (shape, dtype), or an extra one."""
+    message = pb.FedAvgReply.FromString(content[ENVELOPE_KEY]["message"])
+    specs = {spec.name: spec for spec in message.weights.tensors}
+    spec = specs.get(name) or message.weights.tensors.add(name=name, dtype=pb.FLOAT32, shape=[1])
+    if "shape" in changes:
+        del spec.shape[:]
+        spec.shape.extend(changes["shape"])
+    if "dtype" in changes:
+        spec.dtype = changes["dtype"]
+    return set_envelope(content, message=message.SerializeToString())
+
+
+def npy(value):
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, value, allow_pickle=False)
+    return buffer.getvalue()
 
 
 def set_envelope(content, **changes):
@@ -74,16 +134,26 @@ def drop(key):
     ("tamper", "field", "problem"),
     [
         (drop(ENVELOPE_KEY), ENVELOPE_KEY, "missing"),
-        (drop("weights"), "weights", "missing ArrayRecord"),
+        (drop(TENSORS_KEY), TENSORS_KEY, "missing ArrayRecord"),
         (lambda c: set_envelope(c, type="fedbayes.v1.FedAvgInstruction"), "type", "expected fedbayes.v1.FedAvgReply"),
         (lambda c: set_envelope(c, message=b"\xff\xff\xff"), "message", "malformed"),
-        (wrong_version, "header.schema_version", "expected 3, got 7"),
+        (wrong_version, "header.schema_version", "expected 4, got 7"),
         (nan_loss, "train_loss", "must be finite"),
-        (lambda c: replace_array(c, "fc.bias", np.zeros(4, np.float32)), "weights/fc.bias", "shape must be (3,)"),
-        (lambda c: replace_array(c, "fc.bias", np.zeros(3, np.float64)), "weights/fc.bias", "dtype must be float32"),
-        (lambda c: replace_array(c, "fc.bias", np.array([0, np.nan, 0], np.float32)), "weights/fc.bias", "NaN or Inf"),
-        (lambda c: replace_array(c, "fc.weight", np.full((3, 4), np.inf, np.float32)), "weights/fc.weight", "NaN or Inf"),
-        (lambda c: replace_array(c, "extra", np.zeros(1, np.float32)), "weights", "do not match expected"),
+        # the manifest: what the sender declares each tensor to be
+        (lambda c: with_manifest(c, "fc.bias", shape=[4]), "weights/fc.bias", "shape must be (3,), got (4,)"),
+        (lambda c: with_manifest(c, "fc.bias", dtype=pb.FLOAT64), "weights/fc.bias", "dtype must be float32, got FLOAT64"),
+        (lambda c: with_manifest(c, "fc.bias", dtype=9), "weights/fc.bias", "dtype must be float32, got 9"),
+        (lambda c: with_manifest(c, "extra"), "weights", "do not match expected"),
+        # the packed Array: as declared, and as its .npy bytes really are
+        (lambda c: replace_packed(c, np.zeros(16, np.float32)), TENSORS_KEY, "declared float32 (16,)"),
+        (lambda c: replace_packed(c, np.zeros(15, np.float64)), TENSORS_KEY, "declared float64 (15,)"),
+        (lambda c: replace_packed(c, data=npy(np.zeros(15, np.float64))), TENSORS_KEY, "array data has dtype float64"),
+        (lambda c: replace_packed(c, data=npy(np.zeros(14, np.float32))), TENSORS_KEY, "array data has shape (14,)"),
+        (lambda c: replace_packed(c, data=b"PK\x03\x04"), TENSORS_KEY, "unreadable array data"),
+        (lambda c: replace_packed(c, extra={"x": Array(np.zeros(1, np.float32))}), TENSORS_KEY, "expected one array"),
+        # finiteness, naming the tensor that holds the NaN or Inf
+        (lambda c: with_value(c, "fc.bias", np.array([0, np.nan, 0], np.float32)), "weights/fc.bias", "NaN or Inf"),
+        (lambda c: with_value(c, "fc.weight", np.full((3, 4), np.inf, np.float32)), "weights/fc.weight", "NaN or Inf"),
     ],
 )
 def test_bad_payloads_are_rejected_naming_sender_and_field(tamper, field, problem):
@@ -103,13 +173,14 @@ def test_unexpected_record_is_rejected():
 
 def test_layout_mismatch_with_receiver_is_rejected():
     other_layout = {"fc.weight": (3, 5), "fc.bias": (3,)}
-    with pytest.raises(PayloadError, match="fc.weight.*shape must be \\(3, 5\\)"):
+    with pytest.raises(PayloadError, match="fc.weight.*shape must be \\(3, 5\\), got \\(3, 4\\)"):
         decode(fedavg_reply(), pb.FedAvgReply, {"weights": other_layout}, sender="server")
 
 
 def test_encode_refuses_unknown_dtypes_and_groups():
-    with pytest.raises(ValueError, match="dtype int32"):
-        encode(pb.FedAvgReply(header=new_header("f", 1)), {"weights": {"x": np.zeros(2, np.int32)}})
+    for dtype in (np.int32, np.float64):
+        with pytest.raises(ValueError, match=f"weights/x: dtype {np.dtype(dtype)} is not in the schema"):
+            encode(pb.FedAvgReply(header=new_header("f", 1)), {"weights": {"x": np.zeros(2, dtype)}})
     with pytest.raises(ValueError, match="tensor groups"):
         encode(pb.FedAvgReply(header=new_header("f", 1)), {"params": weights()})
 
@@ -131,8 +202,8 @@ def test_payload_size_is_tensor_bytes_plus_envelope():
 
     content = fedavg_reply()
     envelope = len(content.config_records["fedbayes"]["message"])
-    # 15 float32 values, each array serialized with a .npy header of at most 128 bytes
-    assert 15 * 4 + envelope < payload_bytes(content) <= 15 * 4 + envelope + 2 * 128
+    # 15 float32 values in one array, serialized with a .npy header of at most 128 bytes
+    assert 15 * 4 + envelope < payload_bytes(content) <= 15 * 4 + envelope + 128
     check_payload_size(content, max_mb=1.0, sender="client x")
     with pytest.raises(PayloadError, match="client x: payload is .* MiB, over the limit max-payload-mb=1e-05"):
         check_payload_size(content, max_mb=1e-5, sender="client x")

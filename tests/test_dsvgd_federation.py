@@ -9,11 +9,11 @@ import torch
 
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import ENVELOPE_KEY, decode
+from fedbayes.protos.codec import decode
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.dsvgd import initial_particles
 from fedbayes.tasks.config import RunSettings
-from tests.helpers import reply_message
+from tests.helpers import declared_payload, reply_message
 from tests.test_config import DEFAULTS
 
 
@@ -64,8 +64,8 @@ def store_files(runtime):
         if runtime.state_store("fed").directory.is_dir() else {}
 
 
-def all_arrays(content):
-    return [array.numpy() for record in content.array_records.values() for array in record.values()]
+def all_tensors(content, message_type):
+    return [value for group in declared_payload(content, message_type).tensors.values() for value in group.values()]
 
 
 def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_particles_stay_home(tmp_path):
@@ -80,7 +80,8 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
         node = messages[0].metadata.dst_node_id
         scheduled.append(NODE_CLIENTS[node])
         reply = decode(replies[0].content, pb.DSVGDReply, {"particles": layout}, sender="test")
-        assert set(replies[0].content.keys()) == {"particles", "buffers", ENVELOPE_KEY}  # buffers: empty, the MLP has none
+        assert [(spec.name, tuple(spec.shape)) for spec in reply.message.particles.tensors] == [("particles", (3, size))]
+        assert not reply.message.buffers.tensors  # the MLP has none
         assert np.array_equal(strategy.particles, reply.tensors["particles"]["particles"])  # bit for bit
         assert strategy.particles.shape == (3, size) and strategy.particles.dtype == np.float32
         # a client's second visit starts from the local particles of its first
@@ -88,13 +89,14 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
         assert reply.message.resumed_from_round == (0 if first_visit == server_round else server_round - 3)
         for other in set(runtimes) - {node}:
             assert store_files(runtimes[other]) == before[other]  # non-scheduled clients untouched
-        wire += [messages[0].content, replies[0].content]
+        wire += [(messages[0].content, pb.DSVGDInstruction), (replies[0].content, pb.DSVGDReply)]
     # discovery in node order, then round-robin continuing in client-id order
     assert scheduled == ["client-2", "client-0", "client-1", "client-2", "client-0", "client-1", "client-2"]
     stored = [runtime.state_store("fed").latest().tensors["local_particles"].numpy() for runtime in runtimes.values()]
-    for content in wire:
-        for array in all_arrays(content):
-            assert not any(array.shape == local.shape and np.allclose(array, local) for local in stored)
+    assert all(local.shape == (3, size) for local in stored)
+    for content, message_type in wire:
+        for value in all_tensors(content, message_type):
+            assert not any(value.shape == local.shape and np.allclose(value, local) for local in stored)
     initial = initial_particles(runtimes[11].layout, 3, settings.seed)
     assert not np.allclose(strategy.particles, initial)
 
@@ -137,7 +139,8 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
         messages, replies = run_round(strategy, runtimes, server_round)
         assert len(messages) == 2
         for reply in replies:
-            assert set(reply.content.keys()) == {"local_particles", "buffers", ENVELOPE_KEY}
+            payload = declared_payload(reply.content, pb.PDSVGDReply)
+            assert list(payload.tensors["local_particles"]) == ["particles"] and payload.tensors["buffers"] == {}
         if initial is None:
             initial = initial_particles(runtimes[11].layout, 3, 0)
     assert 2 <= len(strategy.local_particles) <= 3

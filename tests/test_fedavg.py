@@ -8,7 +8,7 @@ from flwr.app import Error
 from fedbayes.bayes.params import get_parameters, parameter_layout
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import decode, encode, new_header
+from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, decode, encode, new_header
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.fedavg import FedAvg, _proximal_term
 from fedbayes.tasks.config import RunSettings
@@ -23,7 +23,7 @@ def settings(**overrides):
 def test_weighted_average_of_accepted_replies_only():
     strategy = FedAvg(settings(), LAYOUT)
     bad = fedavg_reply("client-2", value=7.0)
-    bad["weights"]["fc.bias"].data = b"\x00"  # corrupt bytes inside an Array
+    bad[TENSORS_KEY][PACKED_ARRAY].data = b"\x00"  # corrupt bytes inside the Array
     replies = [
         reply_message(fedavg_reply("client-0", num_examples=10, value=1.0), node_id=11),
         reply_message(fedavg_reply("client-1", num_examples=30, value=3.0), node_id=12),

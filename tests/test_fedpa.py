@@ -24,10 +24,11 @@ def settings(**overrides) -> RunSettings:
     return RunSettings.from_run_config({**DEFAULTS, "strategy": "fedpa", **overrides})
 
 
-def fedpa_reply(client_id="client-0", server_round=1, num_examples=10, value=0.5):
+def fedpa_reply(client_id="client-0", server_round=1, num_examples=10, value=0.5, bias=None):
     message = pb.FedPAReply(header=new_header("fed", server_round, client_id), num_examples=num_examples,
                             train_loss=0.3, samples=4)
-    return encode(message, {"delta": weights(value)})
+    delta = weights(value) if bias is None else {**weights(value), "fc.bias": bias}
+    return encode(message, {"delta": delta})
 
 
 def arrays_of(value: float) -> ArrayRecord:
@@ -53,8 +54,7 @@ def test_the_server_announces_the_phase_and_each_phase_its_epochs():
 def test_sgd_with_lr_one_is_the_weighted_model_average_and_bad_replies_are_left_out():
     strategy = FedPA(settings(), LAYOUT)
     start_round(strategy, 1, value=1.0)
-    nan_reply = fedpa_reply("client-2", value=0.1)
-    nan_reply["delta"]["fc.bias"] = Array(np.array([0.1, np.nan, 0.1], dtype=np.float32))
+    nan_reply = fedpa_reply("client-2", value=0.1, bias=np.array([0.1, np.nan, 0.1], dtype=np.float32))
     replies = [
         reply_message(fedpa_reply("client-0", num_examples=10, value=0.2), node_id=11),  # model 0.8
         reply_message(fedpa_reply("client-1", num_examples=30, value=0.6), node_id=12),  # model 0.4
@@ -67,7 +67,7 @@ def test_sgd_with_lr_one_is_the_weighted_model_average_and_bad_replies_are_left_
         np.testing.assert_allclose(arrays[name].numpy(), (10 * 0.8 + 30 * 0.4) / 40, rtol=1e-6)
     assert strategy.round_report.accepted == ["client-0", "client-1"]
     reasons = strategy.round_report.rejected
-    assert "contains NaN or Inf" in reasons["client 'client-2' (node 13)"]
+    assert "field 'delta/fc.bias': contains NaN or Inf" in reasons["client 'client-2' (node 13)"]
     assert "field 'num_examples': 0 is not in [1, max-client-examples" in reasons["client 'client-3' (node 14)"]
     assert "round 2" in reasons["client 'client-4' (node 15)"]
     assert metrics["delta-norm"] == pytest.approx(math.sqrt(15) * 0.5) and metrics["samples"] == 4

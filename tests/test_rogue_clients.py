@@ -9,10 +9,10 @@ import io
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, RecordDict
 
-from fedbayes.protos.codec import ENVELOPE_KEY, with_envelope
-from tests.helpers import reply_message
+from fedbayes.protos.codec import ENVELOPE_KEY, PACKED_ARRAY, TENSORS_KEY, encode, with_envelope
+from tests.helpers import declared_payload, reply_message
 from tests.inprocess import FakeGrid, InProcessFederation
 
 STRATEGIES = ["fedavg", "fedprox", "bayesadmm", "fedadmm", "bayesadmm-full", "feddyn", "fedlap", "fedlap-cov",
@@ -49,18 +49,12 @@ def npy_bytes(value: np.ndarray) -> bytes:
 
 
 def with_array_bytes(content, data_of):
-    """`content` with the first tensor of its first group declared float32 of the right shape, but holding the
-    bytes `data_of(shape)` returns: what a hostile sender controls."""
-    group = next(name for name in content.array_records)
-    record = content.array_records[group]
-    first = next(iter(record))
-    arrays = dict(record.items())
-    shape = tuple(arrays[first].shape)
-    arrays[first] = Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=data_of(shape))
-    records = {**content.array_records, group: ArrayRecord(arrays), ENVELOPE_KEY: content.config_records[ENVELOPE_KEY]}
-    from flwr.app import RecordDict
-
-    return RecordDict(records)
+    """`content` with its packed tensors declared float32 of the right shape, but holding the bytes
+    `data_of(shape)` returns: what a hostile sender controls."""
+    shape = tuple(content[TENSORS_KEY][PACKED_ARRAY].shape)
+    packed = Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=data_of(shape))
+    return RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: packed}),
+                       ENVELOPE_KEY: content.config_records[ENVELOPE_KEY]})
 
 
 ATTACKS = {
@@ -224,12 +218,10 @@ def test_a_negative_dual_precision_is_rejected_not_a_server_crash(tmp_path):
     """The red-team's exit-201 crash: a reply whose u_k is very negative drove the global precision below 0."""
     game = RogueRound(tmp_path, "bayesadmm")
     message = envelope_message(game.replies[1], game.reply_type)
-    arrays = {name: Array(np.full(array.shape, -1e9, np.float32)) for name, array in
-              game.replies[1]["dual_precision"].items()}
-    from flwr.app import RecordDict
-
-    rogue = RecordDict({**game.replies[1].array_records, "dual_precision": ArrayRecord(arrays),
-                        ENVELOPE_KEY: game.replies[1].config_records[ENVELOPE_KEY]})
+    tensors = declared_payload(game.replies[1], game.reply_type).tensors
+    tensors["dual_precision"] = {name: np.full(value.shape, -1e9, np.float32)
+                                 for name, value in tensors["dual_precision"].items()}
+    rogue = encode(message, tensors)
     assert message.header.client_id == "client-1"
     server, result, expected = game.aggregate({1: rogue}, honest_nodes=[2, 3])
     assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",

@@ -1,7 +1,7 @@
 """Test-only: the ClientApp of one SuperNode turns hostile, as $FEDBAYES_ROGUE_ATTACK says:
   spoof:<id>  every reply claims to come from client <id>
   sybil       every reply claims a new client id (<own id>-r<round>)
-  dtype       the first tensor of every reply declares float32 but holds unicode .npy bytes
+  dtype       every reply's packed tensors are declared float32 but hold unicode .npy bytes
   examples    every reply claims 2^64 - 1 examples
   late:<r>    the reply of round <r> is honest but sent after $FEDBAYES_ROGUE_DELAY seconds (past round-timeout)
 
