@@ -1,11 +1,11 @@
 """Memory of a local federation's processes: an idle client, the ServerApp, and a 100-client federation.
 
   idle client   a SuperNode and its ClientApp executor started by deploy/launcher.py, no run submitted, measured
-                once they have finished importing (their CPU time stops growing), for each executor: `fork` (the
-                default, a warm `fedbayes superexec` per SuperNode that has preloaded torch), `subprocess` (Flower's
-                own `flower-superexec`, which starts a fresh `flwr-clientapp` per message) and `shared` (one warm
-                `fedbayes superexec` for `--shared-clients` SuperNodes: per client its SuperNode and the poller
-                forked for it, plus once the shared process). RSS (VmRSS: every page the process maps, libraries
+                once they have finished importing (their CPU time stops growing), for each executor: `fork` (a warm
+                `fedbayes superexec` per SuperNode that has preloaded torch), `subprocess` (Flower's own
+                `flower-superexec`, which starts a fresh `flwr-clientapp` per message) and `shared` (the default:
+                one warm `fedbayes superexec` for `--shared-clients` SuperNodes: per client its SuperNode, plus
+                once the shared process). RSS (VmRSS: every page the process maps, libraries
                 and pages shared with other processes counted in full) and PSS (Pss from /proc/<pid>/smaps_rollup:
                 shared pages divided among the processes sharing them).
   ServerApp     peak RSS (VmHWM) of the `flwr-serverapp` process of a 2-client FedAvg run, 2 rounds, FMNIST-10%,
@@ -81,12 +81,12 @@ def wait_until_idle(pids: list[int], quiet_seconds: float = 3.0, timeout: float 
 
 def idle_client(root: Path, executor: str, clients: int) -> dict[str, Any]:
     """Memory of `clients` idle clients with this executor, per client (the mean over them) and, for the shared
-    executor, the one process that serves them all (its pollers count per client)."""
+    executor, the one process that serves them all."""
     with LocalFederation(root / f"idle-{executor}", executor) as federation:
         nodes = [federation.start_supernode(index, clients).popen.pid for index in range(clients)]
         federation.start_shared_superexec()
-        deadline = time.monotonic() + 120  # the shared executor forks its pollers once it has preloaded
-        while len(executors := executor_pids(federation, nodes)) != clients:
+        deadline = time.monotonic() + 120  # the SuperNodes start Flower's flower-superexec a moment after they start
+        while len(executors := executor_pids(federation, nodes)) != (0 if executor == "shared" else clients):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"found {len(executors)} executor processes for {clients} SuperNodes")
             time.sleep(1)
@@ -94,7 +94,7 @@ def idle_client(root: Path, executor: str, clients: int) -> dict[str, Any]:
         wait_until_idle(nodes + executors + shared)
         per_client = {role: {"rss_mib": statistics.mean(status_kib(pid, "VmRSS") for pid in pids) / 1024,
                              "pss_mib": statistics.mean(pss_kib(pid) for pid in pids) / 1024}
-                      for role, pids in (("supernode", nodes), ("superexec", executors))}
+                      for role, pids in (("supernode", nodes), ("superexec", executors)) if pids}
         shared_process = {"rss_mib": status_kib(shared[0], "VmRSS") / 1024,
                           "pss_mib": pss_kib(shared[0]) / 1024} if shared else None
     return {"executor": executor, "clients": clients, "per_client": per_client, "shared_process": shared_process,
@@ -103,11 +103,12 @@ def idle_client(root: Path, executor: str, clients: int) -> dict[str, Any]:
 
 
 def executor_pids(federation: LocalFederation, supernodes: list[int]) -> list[int]:
-    """The processes that poll the SuperNodes for ClientApp tasks, one per SuperNode."""
+    """The processes that poll the SuperNodes for ClientApp tasks, one per SuperNode (none with the shared executor,
+    which asks them all from its one loop)."""
     if federation.executor == "fork":
         return [federation.superexecs[index].popen.pid for index in range(len(supernodes))]
-    if federation.executor == "shared":  # the shared superexec's pollers (no task runs yet: its only descendants)
-        return descendants(federation.shared_superexec.popen.pid)
+    if federation.executor == "shared":
+        return []
     return [pid for node in supernodes for pid in descendants(node)  # the SuperNode starts Flower's flower-superexec
             if any(Path(arg).name == "flower-superexec" for arg in command_line(pid)[:2])]
 

@@ -3,7 +3,8 @@
 Two measurements, one table (issue 16's targets):
 
   fedavg-3   FedAvg, 3 clients, FMNIST-10% (iid, the app's default MLP), `--fedavg-rounds` rounds through
-             `fedbayes local` (SuperLink + 3 SuperNodes + their warm executors, gRPC on 127.0.0.1).
+             `fedbayes local` (SuperLink + 3 SuperNodes + the warm executor, gRPC on 127.0.0.1; `--executor` as
+             `fedbayes local --executor`, default shared).
              overhead per round = round wall - the slowest client's local work that round.
   bayesadmm  BayesADMM, 10 clients, FMNIST-10% homogeneous (iid; MLP 784-200-100-10 sigmoid, 10 local epochs,
              batch 32, the iid preset of benchmarks/reproduce_table1.py), `--bayesadmm-rounds` rounds,
@@ -35,7 +36,7 @@ ServerApp executor, the ServerApp, SuperNodes, the warm executors polling, the C
 commands) and the cores they used together, against the machine's cores. It says where a round's wall time goes
 when the cores, not waiting, are the limit.
 
-Run:  python benchmarks/network_vs_inprocess.py [--fedavg-rounds 6 --bayesadmm-rounds 3 --label before]
+Run:  python benchmarks/network_vs_inprocess.py [--fedavg-rounds 6 --bayesadmm-rounds 3 --executor fork --label before]
 Writes benchmarks/results/network_vs_inprocess-<label>.json. The machine may be shared: the load average
 at the start and end is printed and saved; compare ratios from one run, not seconds across runs.
 """
@@ -83,6 +84,8 @@ def parse_args() -> argparse.Namespace:
                         help="extra run-config key for every run (e.g. ensemble-samples=4)")
     parser.add_argument("--label", default="run", help="names the output file: network_vs_inprocess-<label>.json")
     parser.add_argument("--skip", nargs="*", default=[], choices=["fedavg", "network", "inprocess"])
+    parser.add_argument("--executor", default="shared", choices=["shared", "fork", "subprocess"],
+                        help="how the network runs' SuperNodes run their ClientApps (`fedbayes local --executor`)")
     return parser.parse_args()
 
 
@@ -149,11 +152,11 @@ def run_inprocess(run_config: dict[str, Any], clients: int, root: Path, pipeline
 
 
 def run_network(strategy: str, clients: int, rounds: int, fraction: float, overrides: dict[str, Any],
-                root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                root: Path, executor: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of a `fedbayes local` run, and the CPU its processes spent per round (CpuByProcess)."""
     workdir = root / f"{strategy}-{clients}"
     spec = LocalRun(strategy=strategy, clients=clients, rounds=rounds, dataset="fmnist", fraction=fraction,
-                    split="iid", workdir=workdir, overrides=overrides, quiet=True)
+                    split="iid", workdir=workdir, overrides=overrides, quiet=True, executor=executor)
     sampler = CpuByProcess(workdir / FLWR_HOME, workdir / "results.jsonl")
     sampler.start()
     try:
@@ -331,13 +334,13 @@ def main() -> None:
         root = Path(tmp)
         if "fedavg" not in args.skip:
             print("fedavg, 3 clients, network ...", flush=True)
-            rows, cpu = run_network("fedavg", 3, args.fedavg_rounds, args.fraction, extra, root)
+            rows, cpu = run_network("fedavg", 3, args.fedavg_rounds, args.fraction, extra, root, args.executor)
             results.append({**summary("fedavg-3 network", rows), "cpu_by_process": cpu})
         network = inprocess = None
         if "network" not in args.skip:
             print(f"bayesadmm, {args.bayesadmm_clients} clients, network ...", flush=True)
             network, cpu = run_network("bayesadmm", args.bayesadmm_clients, args.bayesadmm_rounds, args.fraction,
-                                       bayesadmm, root)
+                                       bayesadmm, root, args.executor)
             results.append({**summary(f"bayesadmm-{args.bayesadmm_clients} network", network), "cpu_by_process": cpu})
         if "inprocess" not in args.skip:
             config = {"strategy": "bayesadmm", "num-server-rounds": args.bayesadmm_rounds, "dataset": "fmnist",
@@ -368,7 +371,7 @@ def main() -> None:
     output.write_text(json.dumps({
         "benchmark": "network_vs_inprocess", "label": args.label, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_average_at_start": load_start, "load_average_at_end": load_end, "cpu_count": os.cpu_count(),
-        "settings": {"fraction": args.fraction, "fedavg_rounds": args.fedavg_rounds,
+        "settings": {"fraction": args.fraction, "fedavg_rounds": args.fedavg_rounds, "executor": args.executor,
                      "bayesadmm_rounds": args.bayesadmm_rounds, "bayesadmm_clients": args.bayesadmm_clients,
                      "bayesadmm_run_config": bayesadmm, "extra": extra},
         "bayesadmm_ratio_network_over_inprocess": ratio, "bayesadmm_ratio_network_over_inprocess_one_thread": ratio_serial,

@@ -16,7 +16,6 @@ ring was lost. Any process in the namespace can ring: a ring only makes the exec
 
 from __future__ import annotations
 
-import select
 import socket
 
 HEARD_POLL = 2.0
@@ -36,8 +35,8 @@ def ring(runtime_port: int) -> None:
 
 
 class Doorbell:
-    """The executor's side: `wait(poll)` returns when the bell rings, or after `poll` seconds until it first has
-    (then after HEARD_POLL)."""
+    """The executor's side: its `socket` becomes readable when the bell rings; `answer()` then empties it, and from
+    then on the executor waits for the bell between asks (asking at least every HEARD_POLL seconds)."""
 
     def __init__(self, runtime_port: int) -> None:
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -45,12 +44,14 @@ class Doorbell:
         self.socket.setblocking(False)
         self.heard = False
 
-    def wait(self, poll: float) -> None:
-        ready, _, _ = select.select([self.socket], [], [], HEARD_POLL if self.heard else poll)
-        if ready:
-            self.heard = True
-            while True:  # one ask answers every ring so far
-                try:
-                    self.socket.recv(16)
-                except BlockingIOError:
-                    break
+    def answer(self) -> bool:
+        """Take every ring so far (one ask answers them all); whether there was one."""
+        rang = False
+        while True:
+            try:
+                self.socket.recv(16)
+            except BlockingIOError:
+                break
+            rang = True
+        self.heard |= rang
+        return rang

@@ -11,12 +11,14 @@ The same LocalFederation also runs a secured federation across hosts (TLS + Supe
 deploy/pki.py), where a host is this machine or a Linux network namespace with its own IP standing in
 for another machine (tests/test_system_netns.py). Without TLS it refuses anything but 127.0.0.1.
 
-ClientApps run, by default, as forks of a warm `fedbayes superexec` per SuperNode (deploy/warm_executor.py);
-`executor="shared"` has one warm executor serve every SuperNode (started once they all are: less memory per
-client, for large local federations); `executor="subprocess"` keeps Flower's stock path, a fresh
-`flwr-clientapp` process per message. Whatever the executor, at most `parallel_tasks` ClientApps compute at
-once (default: this machine's cores, tasks/slots.py, lock files in <workdir>/flwr-home/compute-slots; none
-when the hosts are network namespaces standing for separate machines).
+ClientApps run, by default, as forks of one warm `fedbayes superexec` (deploy/warm_executor.py) that serves every
+SuperNode on this machine's loopback (`executor="shared"`, started when the run is submitted: an idle client is
+its SuperNode alone); a SuperNode it cannot serve (started after it, with an environment of its own, or on
+another host) gets a warm executor of its own, as every SuperNode does with `executor="fork"`;
+`executor="subprocess"` keeps Flower's stock path, a fresh `flwr-clientapp` process per message. Whatever the
+executor, at most `parallel_tasks` ClientApps compute at once (default: this machine's cores, tasks/slots.py, lock
+files in <workdir>/flwr-home/compute-slots; none when the hosts are network namespaces standing for separate
+machines).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/f
 CONNECTION = "fedbayes-local"
 FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
 STARTUP_TIMEOUT = 60.0
-EXECUTORS = ("fork", "shared", "subprocess")
+EXECUTORS = ("shared", "fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
 
 
@@ -94,7 +96,7 @@ class LocalRun:
     workdir: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # --set key=value
     quiet: bool = False
-    executor: str = "fork"
+    executor: str = "shared"
     parallel_tasks: int | None = None  # ClientApps computing at once; None: the machine's cores, 0: no limit
     resume: bool = False  # continue the federation held by `workdir` (it must hold one)
     resume_hint: str = ""  # the command that would resume this run, printed at its start
@@ -175,7 +177,6 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     with LocalFederation(workdir, spec.executor, parallel_tasks=spec.parallel_tasks) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
-        federation.start_shared_superexec()
         submit = federation.submit(spec.run_config(workdir, results))
         say(f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; logs in {federation.log_dir}")
         if spec.resume_hint:
@@ -201,7 +202,7 @@ class LocalFederation:
     """
 
     def __init__(
-        self, workdir: Path, executor: str = "fork", server: Host = LOOPBACK, tls: TlsFiles | None = None,
+        self, workdir: Path, executor: str = "shared", server: Host = LOOPBACK, tls: TlsFiles | None = None,
         node_auth: bool = False, parallel_tasks: int | None = None,
     ) -> None:
         if executor not in EXECUTORS:
@@ -291,14 +292,12 @@ class LocalFederation:
         self, index: int, num_partitions: int, extra_env: dict[str, str] | None = None, host: Host = LOOPBACK,
         auth_key: Path | None = None,
     ) -> ManagedProcess:
-        """SuperNode `client-<index>` holding partition `index` on `host`, with its own Runtime API port
-        (and, with the fork executor, its own warm `fedbayes superexec` next to it on that host; with the shared
-        one, `start_shared_superexec` serves it once all SuperNodes are started)."""
+        """SuperNode `client-<index>` holding partition `index` on `host`, with its own Runtime API port. The shared
+        executor (`start_shared_superexec`) serves it if it can: a SuperNode on this machine's loopback, with the
+        federation's environment, started before that executor. Otherwise (and always with the fork executor) a
+        warm `fedbayes superexec` of its own starts next to it on its host."""
         if self.node_auth and auth_key is None:
             raise ValueError("this federation authenticates SuperNodes: pass the client's private key")
-        if self.executor == "shared" and (self.shared_superexec is not None or extra_env):
-            raise ValueError("the shared executor serves the SuperNodes started before it, all with one environment: "
-                             "start them all first, and use the fork executor for a client with an environment of its own")
         (port,) = free_ports(1)
         config = node_config(f"client-{index}", self.workdir / "client-state", partition=(index, num_partitions))
         isolation = "subprocess" if self.executor == "subprocess" else "process"
@@ -312,7 +311,8 @@ class LocalFederation:
         )
         self.supernodes[index] = node
         self.runtime_ports[index] = port
-        if self.executor == "fork":
+        shared = self.executor == "shared" and host == LOOPBACK and not extra_env and self.shared_superexec is None
+        if self.executor == "fork" or (self.executor == "shared" and not shared):
             self.superexecs[index] = self.processes.start(
                 f"superexec-{index}",
                 host.command(superexec_command(console_script("fedbayes"), (port, node.popen.pid))),
@@ -322,10 +322,14 @@ class LocalFederation:
         return node
 
     def start_shared_superexec(self) -> None:
-        """With the shared executor: one warm `fedbayes superexec` on this machine for every SuperNode started."""
+        """With the shared executor: one warm `fedbayes superexec` on this machine for every SuperNode started that
+        has no executor of its own."""
         if self.executor != "shared" or self.shared_superexec is not None:
             return
-        served = [(self.runtime_ports[index], node.popen.pid) for index, node in sorted(self.supernodes.items())]
+        served = [(self.runtime_ports[index], node.popen.pid) for index, node in sorted(self.supernodes.items())
+                  if index not in self.superexecs]
+        if not served:
+            return
         self.shared_superexec = self.processes.start(
             "superexec-shared", superexec_command(console_script("fedbayes"), *served), cwd=self.workdir
         )
@@ -351,7 +355,9 @@ class LocalFederation:
         must never resume from another one's checkpoint in the user-wide default directory. Without node
         authentication a restarted SuperNode gets a new node id, so client ids may move to a new node once
         the old one has left (`client-identity=reconnect`); with it a node id is a key, and ids stay bound.
+        The shared executor, if not started yet, starts now for the SuperNodes started so far.
         """
+        self.start_shared_superexec()
         identity = "bound" if self.node_auth else "reconnect"
         # The ServerApp polls the SuperLink for replies every 0.1 s rather than the run config's default 0.5 s:
         # on loopback a poll is a cheap local call, and the default half-second wait ended every round.

@@ -1,5 +1,5 @@
-"""`fedbayes superexec`: Flower's SuperExec for a SuperNode, but each ClientApp task is a fork of a
-process that has already imported torch.
+"""`fedbayes superexec`: Flower's SuperExec for the SuperNodes of one machine, but each ClientApp task is a fork
+of a process that has already imported torch.
 
 Flower runs every message in a fresh `flwr-clientapp` process. On these 2-core machines that process
 spends ~1.2-3 s importing torch and another ~1.2-2 s importing torch._dynamo (every torch.optim
@@ -12,18 +12,19 @@ Use with `flower-supernode --isolation process`:
 
     fedbayes superexec --runtime-api-address 127.0.0.1:9094 --insecure --parent-pid <supernode pid>
 
-One process can serve several SuperNodes of the same machine (`fedbayes local --executor shared`): repeat
-`--runtime-api-address` and `--parent-pid` in pairs. It preloads once, then forks one poller per SuperNode,
-which exits with its SuperNode; the pollers share the preloaded heap instead of each importing torch (an
-idle client then adds its SuperNode and the ~50 MiB its poller does not share, see benchmarks/memory.py). Use it
-only where the SuperNodes belong to one operator: their ClientApps are forks of one process.
+Repeat `--runtime-api-address` and `--parent-pid` in pairs to serve several SuperNodes of the machine from this
+one process (`fedbayes local` does, for every SuperNode it starts together): one loop asks each SuperNode for
+work, so an idle client is its SuperNode alone, and the preloaded heap (torch: ~600 MiB RSS) is there once per
+machine instead of once per client (benchmarks/memory.py). Serve several SuperNodes only where they belong to
+one operator: their ClientApps are forks of one process. With `--parent-pid`, it stops serving a SuperNode when
+that process exits (and stops the tasks it forked for it), and exits once it serves none.
 
 The app's own modules are preloaded as well: the FAB carries only the run config, the code is the installed
 `fedbayes` package, so the child finds `fedbayes.client.app` (and every built-in strategy) already imported.
 Before the first fork the parent freezes its heap out of the garbage collector (`gc.freeze`), so a child's
 collections do not walk, and thereby copy, the parent's millions of objects.
 
-Between asks for a task it waits for its SuperNode's doorbell (deploy/doorbell.py) rather than Flower's fixed
+Between asks for a task it waits for the SuperNodes' doorbells (deploy/doorbell.py) rather than Flower's fixed
 poll interval.
 """
 
@@ -33,6 +34,7 @@ import argparse
 import gc
 import importlib
 import os
+import select
 import signal
 import sys
 import time
@@ -40,14 +42,14 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from fedbayes.deploy.doorbell import Doorbell
+from fedbayes.deploy.doorbell import HEARD_POLL, Doorbell
 from fedbayes.deploy.object_pulls import shorten_pull_backoff
-from fedbayes.deploy.supernode import time_with_sleep
 
 # Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
 # torch does not initialise CUDA, so each forked child still sets up its own GPU context.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch", "ivon", "flwr.clientapp",
            "flwr.supernode.runtime.run_clientapp", "fedbayes.client.app")
+UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime API did not answer
 
 
 def preload() -> None:
@@ -88,7 +90,7 @@ class ForkExecutor:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _run_task(spec)
+            _exit_after(lambda: _run_task(spec))
         self.children.add(pid)
         return LaunchResult.accepted()
 
@@ -108,29 +110,24 @@ class ForkExecutor:
                 pass
 
 
-def _run_task(spec) -> NoReturn:
-    """Child side of the fork: run one ClientApp task with Flower's own runner, then exit without
-    ever returning into the parent's poll loop."""
-    def task() -> None:
-        from flwr.supercore.exit import exit_handler
-        from flwr.supercore.tls import validate_and_resolve_root_certificates
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
+def _run_task(spec) -> None:
+    """Child side of the fork: run one ClientApp task with Flower's own runner."""
+    from flwr.supercore.exit import exit_handler
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
 
-        # The parent's exit handlers (close its Runtime API client, terminate *its* children) were
-        # copied by fork; they must not run when this task exits.
-        exit_handler.registered_exit_handlers.clear()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        run_clientapp(
-            runtime_api_address=spec.runtime_api_address,
-            token=spec.token,
-            insecure=spec.insecure,
-            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
-            parent_pid=spec.parent_pid,
-            runtime_dependency_install=False,
-        )
-
-    _exit_after(task)
+    # Exit handlers the parent may have registered were copied by fork; they must not run when this task exits.
+    exit_handler.registered_exit_handlers.clear()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    run_clientapp(
+        runtime_api_address=spec.runtime_api_address,
+        token=spec.token,
+        insecure=spec.insecure,
+        certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+        parent_pid=spec.parent_pid,
+        runtime_dependency_install=False,
+    )
 
 
 def _exit_after(body: Callable[[], object]) -> NoReturn:
@@ -150,6 +147,105 @@ def _exit_after(body: Callable[[], object]) -> NoReturn:
         os._exit(exit_code)
 
 
+class ServedSuperNode:
+    """One SuperNode this executor serves: its Runtime API, the tasks forked for it, its doorbell, its process
+    (if given), and when to ask it for work next."""
+
+    def __init__(self, address: str, parent_pid: int | None, insecure: bool, root_certificates: str | None,
+                 poll: float) -> None:
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supercore.runtime import RuntimeHttpClient
+        from flwr.supercore.superexec.plugin import AutoExecPlugin
+        from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+        self.address, self.poll = address, poll
+        self.executor = ForkExecutor()
+        # No retry invoker: Flower's retries a call for as long as it fails, and one SuperNode that is not (yet)
+        # up must not stop this loop from serving the others.
+        self.client = RuntimeHttpClient.from_server_address(
+            server_address=address, insecure=insecure,
+            root_certificates=validate_and_resolve_root_certificates(root_certificates, insecure),
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        )
+        # Flower's own plugin turns an acquired task into the launch spec our executor forks for.
+        self.plugin = AutoExecPlugin(runtime_api_address=address, insecure=insecure,
+                                     root_certificates_path=root_certificates, runtime_dependency_install=False,
+                                     executor=self.executor)
+        self.bell = _doorbell(address)
+        self.process = None if parent_pid is None else os.pidfd_open(parent_pid)  # readable once it has exited
+        self.next_ask = 0.0
+        self.unreachable: str | None = None
+
+    def waitables(self) -> list:
+        return [handle for handle in (self.bell and self.bell.socket, self.process) if handle is not None]
+
+    def ask(self) -> None:
+        """Ask the SuperNode for a ClientApp task and fork it, if there is one."""
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+
+        self.executor.reconcile()
+        supported, fab_hashes = self.executor.get_eligible_capacity(set(self.plugin.supported_task_types))
+        try:
+            reply = self.client.AcquireTask(AcquireTaskRequest(supported_task_types=supported,
+                                                               agentapp_fab_hashes=fab_hashes))
+        except Exception as error:  # noqa: BLE001 - not up yet, restarting, or gone: the others are still served
+            if self.unreachable is None:
+                self.unreachable = f"{type(error).__name__}: {error}"
+                _say(f"the SuperNode at {self.address} does not answer ({self.unreachable}); asking again every "
+                     f"{UNREACHABLE_RETRY:g} s")
+            self.next_ask = time.monotonic() + UNREACHABLE_RETRY
+            return
+        if self.unreachable is not None:
+            _say(f"the SuperNode at {self.address} answers again")
+            self.unreachable = None
+        if reply.HasField("task") and reply.token:
+            result = self.plugin.launch_task(token=reply.token, task=reply.task)
+            if result.message:
+                _say(f"task {reply.task.task_id} of the SuperNode at {self.address}: {result.status} {result.message}")
+        heard = self.bell is not None and self.bell.heard
+        self.next_ask = time.monotonic() + (HEARD_POLL if heard else self.poll)
+
+    def close(self) -> None:
+        """Stop its tasks and let its resources go."""
+        self.executor.close()
+        self.client.close()
+        if self.bell is not None:
+            self.bell.socket.close()
+        if self.process is not None:
+            os.close(self.process)
+
+
+def _doorbell(address: str) -> Doorbell | None:
+    """The doorbell of the SuperNode at `address`, or None (we then poll it) if another process listens for it."""
+    port = int(address.rsplit(":", 1)[1])
+    try:
+        return Doorbell(port)
+    except OSError as error:
+        _say(f"no doorbell for the SuperNode on port {port} ({error}); polling it instead")
+        return None
+
+
+def serve(nodes: list[ServedSuperNode]) -> None:
+    """Ask each SuperNode for work when its doorbell rings or its poll is due, fork every task it hands out, and
+    stop serving a SuperNode whose process has exited; return once none is left."""
+    while nodes:
+        now = time.monotonic()
+        timeout = max(0.0, min(node.next_ask for node in nodes) - now)
+        ready, _, _ = select.select([handle for node in nodes for handle in node.waitables()], [], [], timeout)
+        for node in list(nodes):
+            if node.process is not None and node.process in ready:
+                _say(f"the SuperNode at {node.address} has exited; its tasks are stopped")
+                node.close()
+                nodes.remove(node)
+            elif (node.bell is not None and node.bell.socket in ready and node.bell.answer()) \
+                    or time.monotonic() >= node.next_ask:
+                node.ask()
+
+
+def _say(message: str) -> None:
+    print(f"fedbayes superexec: {message}", file=sys.stderr, flush=True)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime-api-address", required=True, action="append",
                         help="the SuperNode's Runtime API (host:port); repeat it to serve several SuperNodes")
@@ -157,79 +253,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API (same host only)")
     tls.add_argument("--root-certificates", help="CA bundle that signed the Runtime API's certificate")
     parser.add_argument("--parent-pid", type=int, action="append",
-                        help="exit when this process (the SuperNode) exits; one per --runtime-api-address")
+                        help="stop serving a SuperNode when this process (it) exits; one per --runtime-api-address")
 
 
 def run(args: argparse.Namespace) -> int:
+    from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
+
     addresses, parent_pids = args.runtime_api_address, args.parent_pid or [None] * len(args.runtime_api_address)
     if len(parent_pids) != len(addresses):
         raise SystemExit(f"give one --parent-pid per --runtime-api-address ({len(parent_pids)} for {len(addresses)})")
-    preload()
-    if len(addresses) == 1:
-        serve(addresses[0], parent_pids[0], args)
-    return supervise([_fork_poller(address, parent_pid, args) for address, parent_pid in zip(addresses, parent_pids)])
-
-
-def serve(runtime_api_address: str, parent_pid: int | None, args: argparse.Namespace) -> NoReturn:
-    """Flower's SuperExec poll loop for one SuperNode, launching its tasks as forks of this process."""
-    # Flower 1.39's SuperExec builds its executor from a fixed factory (subprocess | kubernetes) and
-    # has no hook for another; its poll loop, TLS and signal handling are otherwise what we want.
-    superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
-    superexec.get_executor = lambda *_args, **_kwargs: ForkExecutor()
-    superexec.time = _asking_on_the_bell(runtime_api_address)
-    superexec.run_superexec(
-        runtime_api_address=runtime_api_address,
-        insecure=args.insecure,
-        root_certificates_path=args.root_certificates,
-        parent_pid=parent_pid,
-        runtime_dependency_install=False,
-    )
-    raise SystemExit(0)  # run_superexec only returns by exiting
-
-
-def _asking_on_the_bell(runtime_api_address: str):
-    """run_superexec's `time`, whose wait between two asks for a task ends when the SuperNode rings
-    (deploy/doorbell.py); Flower's `time` if another process already listens for this SuperNode's bell."""
-    port = int(runtime_api_address.rsplit(":", 1)[1])
     try:
-        bell = Doorbell(port)
-    except OSError as error:
-        print(f"fedbayes superexec: no doorbell for the SuperNode on port {port} ({error}); polling it instead",
-              file=sys.stderr, flush=True)
-        return time
-    return time_with_sleep(bell.wait)
-
-
-def _fork_poller(runtime_api_address: str, parent_pid: int | None, args: argparse.Namespace) -> int:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _exit_after(lambda: serve(runtime_api_address, parent_pid, args))
-    return pid
-
-
-def supervise(pollers: list[int]) -> int:
-    """Wait for the pollers, each of which exits with its SuperNode; pass SIGTERM and SIGINT on to all of them. A
-    poller that fails would leave its SuperNode without an executor, so it stops the others and this process with
-    exit code 1 (the launcher then reports it); 0 once every poller has ended normally."""
-    live = set(pollers)
-
-    def forward(signum, _frame) -> None:
-        for pid in live:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    failed = False
-    while live:
-        pid, status = os.wait()
-        live.discard(pid)
-        if os.waitstatus_to_exitcode(status) != 0 and not failed:
-            failed = True
-            print(f"fedbayes superexec: the poller of one SuperNode (pid {pid}) failed; stopping all", file=sys.stderr)
-            forward(signal.SIGTERM, None)
-    return int(failed)
+        poll = _get_task_poll_interval()  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL, Flower's own check
+        nodes = [ServedSuperNode(address, pid, args.insecure, args.root_certificates, poll)
+                 for address, pid in zip(addresses, parent_pids)]
+    except (ValueError, OSError) as error:  # a bad poll interval, CA file or address; a parent that is gone
+        raise SystemExit(f"fedbayes superexec: {type(error).__name__}: {error}") from None
+    preload()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # through the `finally` below
+    try:
+        serve(nodes)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for node in nodes:
+            node.close()
+    return 0

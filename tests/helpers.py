@@ -64,7 +64,7 @@ class LoopbackRun:
 
 
 def run_loopback(
-    workdir: Path, config: dict[str, Any], rounds: int, clients: int = 2, executor: str = "fork",
+    workdir: Path, config: dict[str, Any], rounds: int, clients: int = 2, executor: str = "shared",
     node_env: dict[int, dict[str, str]] | None = None,
     on_row: Callable[[LocalFederation, dict[str, Any]], None] | None = None,
 ) -> LoopbackRun:
@@ -73,7 +73,6 @@ def run_loopback(
     with LocalFederation(workdir, executor) as federation:
         for index in range(clients):
             federation.start_supernode(index, clients, extra_env=(node_env or {}).get(index))
-        federation.start_shared_superexec()
         rows = federation.follow(Path(config["results-path"]), federation.submit(config), rounds,
                                  on_row=lambda row: on_row and on_row(federation, row))
         server_log = (federation.log_dir / "flwr-run.log").read_text()

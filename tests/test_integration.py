@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedbayes.deploy.launcher import LocalFederation
-from fedbayes.deploy.processes import processes_with_env
+from fedbayes.deploy.processes import command_line, processes_with_env
 from tests.helpers import run_loopback
 
 pytestmark = pytest.mark.integration
@@ -41,15 +41,15 @@ def run_config(workdir: Path, rounds: int, clients: int) -> dict:
     }
 
 
-def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str]], executor: str = "fork"):
+def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str]], executor: str = "shared"):
     run = run_loopback(workdir, run_config(workdir, rounds, len(node_env)), rounds, len(node_env), executor, node_env)
     return run.rows, run.server_log, run.flwr_home
 
 
-@pytest.mark.parametrize("executor", ["fork", "shared", "subprocess"])
+@pytest.mark.parametrize("executor", ["shared", "fork", "subprocess"])
 def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
-    """Every way of running ClientApps: forks of a warm superexec per SuperNode, forks of one shared by both,
-    and Flower's stock subprocess."""
+    """Every way of running ClientApps: forks of one warm superexec serving both SuperNodes, forks of a warm
+    superexec per SuperNode, and Flower's stock subprocess."""
     rows, _, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: {}}, executor=executor)
     assert [row["round"] for row in rows] == [1, 2]
     assert all(row["clients"] == 2 and row["clients_rejected"] == 0 for row in rows)
@@ -64,14 +64,16 @@ def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
         assert "client-0: " in shared_log and "client-1: " in shared_log
 
 
-def test_the_shared_executor_refuses_a_supernode_it_cannot_serve(tmp_path):
-    with LocalFederation(tmp_path / "fed", "shared") as federation:
-        with pytest.raises(ValueError, match="one environment"):
-            federation.start_supernode(0, 2, extra_env={"PYTHONPATH": "/elsewhere"})
-        federation.start_supernode(0, 2)
+def test_a_supernode_the_shared_executor_cannot_serve_gets_a_warm_executor_of_its_own(tmp_path):
+    with LocalFederation(tmp_path / "fed") as federation:
+        federation.start_supernode(0, 3, extra_env={"PYTHONPATH": with_pythonpath(ROOT / "tests" / "plugins")})
+        federation.start_supernode(1, 3)
         federation.start_shared_superexec()
-        with pytest.raises(ValueError, match="started before it"):
-            federation.start_supernode(1, 2)
+        federation.start_supernode(2, 3)  # e.g. a restarted client: the shared one serves the SuperNodes it started with
+        assert sorted(federation.superexecs) == [0, 2]
+        served = command_line(federation.shared_superexec.popen.pid)
+        assert served.count("--runtime-api-address") == 1
+        assert f"127.0.0.1:{federation.runtime_ports[1]}" in served
 
 
 def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
@@ -135,12 +137,14 @@ def test_the_warm_executor_wants_one_parent_pid_per_supernode():
               "--parent-pid", "1"])
 
 
-def test_a_failing_poller_stops_the_shared_executor():
-    """A poller that dies would leave its SuperNode without an executor: the shared process stops the rest and
-    exits 1, which the launcher reports. Here every poller fails at start (a CA file that does not exist)."""
-    served = ["--runtime-api-address", "127.0.0.1:1", "--parent-pid", str(os.getpid()),
-              "--runtime-api-address", "127.0.0.1:2", "--parent-pid", str(os.getpid())]
-    done = subprocess.run([sys.executable, "-m", "fedbayes.deploy.cli", "superexec", "--root-certificates",
-                           "/nonexistent/ca.pem", *served], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1, done.stderr[-2000:]
-    assert "failed; stopping all" in done.stderr
+def test_the_warm_executor_refuses_a_bad_setting_before_it_preloads():
+    """A CA file that does not exist, a poll interval that is no number: named at once, exit code 1."""
+    served = ["--runtime-api-address", "127.0.0.1:1", "--parent-pid", str(os.getpid())]
+    command = [sys.executable, "-m", "fedbayes.deploy.cli", "superexec", *served]
+    missing_ca = subprocess.run([*command, "--root-certificates", "/nonexistent/ca.pem"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=60)
+    assert missing_ca.returncode == 1 and "`--root-certificates` does not point to a file" in missing_ca.stderr, \
+        missing_ca.stderr[-2000:]
+    bad_poll = subprocess.run([*command, "--insecure"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "soon"})
+    assert bad_poll.returncode == 1 and "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" in bad_poll.stderr, bad_poll.stderr[-2000:]

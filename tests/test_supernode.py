@@ -100,31 +100,55 @@ def test_object_pulls_are_left_alone_on_another_flower_and_a_bad_backoff_is_refu
         object_pulls.pull_backoff()
 
 
-def test_the_doorbell_wakes_its_executor_at_once_and_only_a_heard_bell_slows_the_polls(monkeypatch):
-    import threading
-    import time
+def test_the_doorbell_holds_every_ring_until_answered_and_remembers_that_it_was_heard():
+    import select
 
     from fedbayes.deploy import doorbell
 
-    monkeypatch.setattr(doorbell, "HEARD_POLL", 0.6)
     port = 40000 + os.getpid() % 20000
     bell = doorbell.Doorbell(port)
-    started = time.monotonic()
-    bell.wait(0.2)  # never heard: Flower's poll interval
-    assert 0.2 <= time.monotonic() - started < 0.5 and not bell.heard
-    threading.Timer(0.1, doorbell.ring, (port,)).start()
-    started = time.monotonic()
-    bell.wait(5.0)
-    assert time.monotonic() - started < 1.0 and bell.heard
+    assert not bell.answer() and not bell.heard  # nothing rang: the executor polls as Flower does
     doorbell.ring(port)
     doorbell.ring(port)
-    bell.wait(5.0)  # both rings answered by one ask
-    started = time.monotonic()
-    bell.wait(0.2)  # heard before: waits for the bell, asking every HEARD_POLL in case a ring was lost
-    assert time.monotonic() - started >= 0.6
+    ready, _, _ = select.select([bell.socket], [], [], 2.0)
+    assert ready == [bell.socket]
+    assert bell.answer() and bell.heard  # one ask answers both rings
+    assert not bell.answer() and bell.heard
     with pytest.raises(OSError):
         doorbell.Doorbell(port)  # one listener per SuperNode
     doorbell.ring(port + 1)  # nobody listens: nothing happens
+    bell.socket.close()
+
+
+def test_the_executor_asks_when_the_bell_rings_and_stops_serving_a_supernode_that_exited(capsys):
+    """One loop serves every SuperNode of the machine. Here the SuperNode is a process standing in for one (its
+    Runtime API port has nobody listening): asked at once, asked again as soon as it rings (not a second later, as
+    for a SuperNode that does not answer), and no longer served once its process has exited."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from fedbayes.deploy import doorbell, warm_executor
+    from fedbayes.deploy.processes import free_ports
+
+    (port,) = free_ports(1)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.6)"])
+    node = warm_executor.ServedSuperNode(f"127.0.0.1:{port}", stand_in.pid, insecure=True, root_certificates=None,
+                                         poll=0.2)
+    asked, acquire = [], node.client.AcquireTask
+    node.client.AcquireTask = lambda request: (asked.append(time.monotonic()), acquire(request))[1]
+    threading.Timer(0.5, doorbell.ring, (port,)).start()
+    started = time.monotonic()
+    warm_executor.serve([node])
+    stand_in.wait()
+    elapsed = [moment - started for moment in asked]
+    assert time.monotonic() - started < 3.0
+    assert elapsed[0] < 0.3 and 0.45 < elapsed[1] < 0.8, elapsed  # at once; then on the ring
+    assert all(later - earlier > 0.8 for earlier, later in zip(elapsed[1:], elapsed[2:])), elapsed  # 1 s retries
+    log = capsys.readouterr().err
+    assert log.count(f"the SuperNode at 127.0.0.1:{port} does not answer") == 1
+    assert f"the SuperNode at 127.0.0.1:{port} has exited" in log
 
 
 def test_the_supernode_rings_when_it_has_taken_a_message_and_reads_its_runtime_port(monkeypatch):
