@@ -50,6 +50,7 @@ from fedbayes.deploy.object_pulls import shorten_pull_backoff
 PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch", "ivon", "flwr.clientapp",
            "flwr.supernode.runtime.run_clientapp", "fedbayes.client.app")
 UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime API did not answer
+ASK_TIMEOUT = 5.0  # seconds an ask may take (on this machine's loopback it takes milliseconds)
 
 
 def preload() -> None:
@@ -160,12 +161,12 @@ class ServedSuperNode:
 
         self.address, self.poll = address, poll
         self.executor = ForkExecutor()
-        # No retry invoker: Flower's retries a call for as long as it fails, and one SuperNode that is not (yet)
-        # up must not stop this loop from serving the others.
-        self.client = RuntimeHttpClient.from_server_address(
-            server_address=address, insecure=insecure,
-            root_certificates=validate_and_resolve_root_certificates(root_certificates, insecure),
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        validate_and_resolve_root_certificates(root_certificates, insecure)  # Flower's error for a missing CA file
+        # No retry invoker (Flower's retries a call for as long as it fails) and a short timeout: one SuperNode that
+        # is not up, or hangs, must not stop this loop from serving the others.
+        self.client = RuntimeHttpClient(
+            f"{'http' if insecure else 'https'}://{address}", verify=False if insecure else (root_certificates or True),
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")], timeout=ASK_TIMEOUT,
         )
         # Flower's own plugin turns an acquired task into the launch spec our executor forks for.
         self.plugin = AutoExecPlugin(runtime_api_address=address, insecure=insecure,

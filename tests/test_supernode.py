@@ -160,3 +160,25 @@ def test_the_supernode_rings_when_it_has_taken_a_message_and_reads_its_runtime_p
     assert pull_and_store("anything") == 7 and rung == [9123]
     assert supernode.runtime_port(["--insecure", "--port", "23456", "--superlink", "x:1"]) == 23456
     assert supernode.runtime_port(["--insecure"]) == 9094  # Flower's default
+
+
+def test_a_supernode_that_hangs_delays_the_executor_loop_by_one_timeout_only(monkeypatch, capsys):
+    """A Runtime API that accepts the connection and never answers (a stopped SuperNode): the ask gives up after
+    ASK_TIMEOUT, and the loop asks again only after UNREACHABLE_RETRY, so the other SuperNodes are still served."""
+    import socket
+    import time
+
+    from fedbayes.deploy import warm_executor
+
+    monkeypatch.setattr(warm_executor, "ASK_TIMEOUT", 0.5)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        node = warm_executor.ServedSuperNode(address, None, insecure=True, root_certificates=None, poll=0.2)
+        started = time.monotonic()
+        node.ask()
+        assert 0.4 < time.monotonic() - started < 2.0
+        assert node.unreachable and node.next_ask - time.monotonic() > 0.5
+        node.close()
+    assert f"the SuperNode at {address} does not answer" in capsys.readouterr().err
