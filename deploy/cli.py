@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         "supernode", add_help=False,
         help="`flower-supernode ARGS` without Flower's 3 s idle sleep between pulls (deploy/supernode.py)",
     )
-    _add_superexec(commands.add_parser("superexec", help="run a SuperNode's ClientApps as forks of a warm process"))
+    _add_superexec(commands.add_parser(
+        "superexec", help="run the ClientApps of this machine's SuperNodes as forks of one warm process"))
     _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))
     _add_client(commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)"))
     if argv[:1] == ["run"]:  # every argument goes to `flwr run` as it is: argparse cannot pass options through

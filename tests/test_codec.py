@@ -63,15 +63,15 @@ def test_tensor_groups_come_from_the_schema():
     assert tensor_group_fields(pb.FedAvgInstruction) == ["weights", "buffers"]
 
 
-def replace_packed(content, value=None, **declared):
-    """`content` with its packed Array replaced by `value`, or by its own bytes declared as `declared` says."""
+def replace_packed(content, value=None, data=None, extra=None):
+    """`content` with its packed Array replaced by `value`, or declared as before but holding `data` (.npy bytes);
+    `extra` arrays beside it."""
     array = content[TENSORS_KEY][PACKED_ARRAY]
     if value is not None:
-        replacement = {PACKED_ARRAY: Array(value)}
-    else:
-        replacement = {PACKED_ARRAY: Array(dtype=declared.get("dtype", array.dtype), shape=declared.get("shape", array.shape),
-                                           stype=array.stype, data=declared.get("data", array.data))}
-    content[TENSORS_KEY] = ArrayRecord({**replacement, **declared.get("extra", {})})
+        array = Array(value)
+    elif data is not None:
+        array = Array(dtype=array.dtype, shape=array.shape, stype=array.stype, data=data)
+    content[TENSORS_KEY] = ArrayRecord({PACKED_ARRAY: array, **(extra or {})})
     return content
 
 
@@ -141,7 +141,8 @@ def drop(key):
         (nan_loss, "train_loss", "must be finite"),
         # the manifest: what the sender declares each tensor to be
         (lambda c: with_manifest(c, "fc.bias", shape=[4]), "weights/fc.bias", "shape must be (3,), got (4,)"),
-        (lambda c: with_manifest(c, "fc.bias", dtype=pb.FLOAT64), "weights/fc.bias", "dtype must be float32, got FLOAT64"),
+        (lambda c: with_manifest(c, "fc.bias", dtype=pb.FLOAT64), "weights/fc.bias",
+         "dtype must be float32, got FLOAT64"),
         (lambda c: with_manifest(c, "fc.bias", dtype=9), "weights/fc.bias", "dtype must be float32, got 9"),
         (lambda c: with_manifest(c, "extra"), "weights", "do not match expected"),
         # the packed Array: as declared, and as its .npy bytes really are

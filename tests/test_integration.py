@@ -69,7 +69,7 @@ def test_a_supernode_the_shared_executor_cannot_serve_gets_a_warm_executor_of_it
         federation.start_supernode(0, 3, extra_env={"PYTHONPATH": with_pythonpath(ROOT / "tests" / "plugins")})
         federation.start_supernode(1, 3)
         federation.start_shared_superexec()
-        federation.start_supernode(2, 3)  # e.g. a restarted client: the shared one serves the SuperNodes it started with
+        federation.start_supernode(2, 3)  # e.g. a restarted client: the shared one serves those it started with
         assert sorted(federation.superexecs) == [0, 2]
         served = command_line(federation.shared_superexec.popen.pid)
         assert served.count("--runtime-api-address") == 1
