@@ -190,9 +190,10 @@ _CNN = {"batch-size": 64}
 SETUPS = {
     "fmnist-mlp": Setup("fmnist", 0.1, COMMON, PRESETS, paper_accuracy=PAPER_ACCURACY, paper_nll=PAPER_NLL),
     "fmnist-acar": Setup("fmnist", 0.1, {**_CNN, "model": "cnn-acar"}, CNN_PRESETS["fmnist-acar"]),
-    # Paper Table 1's 100-client row (full FMNIST, heterogeneous, MLP, batch 32). 100 SuperNodes with their warm
-    # executors (~0.8 GiB RSS each, benchmarks/memory.py) do not fit in 24 GB, so Flower's simulation engine runs
-    # the 100 virtual clients, one Ray actor per core (client-resources-num-cpus=1; Flower's default, 2, ran one at a time here).
+    # Paper Table 1's 100-client row (full FMNIST, heterogeneous, MLP, batch 32). Chosen when 100 SuperNodes each had
+    # a warm executor of its own (~0.8 GiB RSS each, benchmarks/memory.py), which did not fit in 24 GB: Flower's
+    # simulation engine runs the 100 virtual clients, one Ray actor per core (client-resources-num-cpus=1; Flower's
+    # default, 2, ran one at a time here).
     # Ray trains the virtual clients a core at a time, so a round takes the sum of their training over the cores:
     # round-timeout is raised from 600 s (a first try on a loaded machine accepted 24 of 100 replies in time).
     "fmnist-100": Setup(
