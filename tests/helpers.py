@@ -77,3 +77,16 @@ def run_loopback(
                                  on_row=lambda row: on_row and on_row(federation, row))
         server_log = (federation.log_dir / "flwr-run.log").read_text()
     return LoopbackRun(rows, server_log, federation.flwr_home)
+
+
+def restart_client_1_after_round_1(store) -> Callable[[LocalFederation, dict[str, Any]], None]:
+    """An `on_row` for run_loopback: once round 1's row is out, stop client-1's SuperNode and start it again. The
+    row is written when round 1's evaluation is done, which runs while round 2 trains: by then client-1 (its
+    state in `store`) may have trained and saved round 2 too."""
+    def restart(federation: LocalFederation, row: dict[str, Any]) -> None:
+        if row["round"] == 1:
+            assert store.latest().round in (1, 2)
+            federation.stop_supernode(1)
+            federation.start_supernode(1, 2)
+
+    return restart

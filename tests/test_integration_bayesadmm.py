@@ -14,7 +14,7 @@ from fedbayes.client.state import ClientStateStore
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.processes import processes_with_env
 from fedbayes.server.checkpoint import CheckpointStore
-from tests.helpers import run_loopback
+from tests.helpers import restart_client_1_after_round_1, run_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -27,17 +27,10 @@ def test_client_restart_keeps_its_duals(tmp_path):
         "input-scale": 255.0, "ensemble-samples": 4, "results-path": str(results), "federation": "restart",
         "wait-for-clients": 2, "min-clients": 2, "round-timeout": 120.0,
     }
-    # Rounds take seconds, so round 2 may already be on its way to the old client-1 when it stops; with
+    # Rounds take seconds: round 2 may be on its way to the old client-1, or done, when it stops. With
     # min-clients=2, round 3 waits for the restarted one, which must then go on from its stored duals.
     store = ClientStateStore(workdir / "client-state", "restart", "client-1")
-
-    def restart_after_round_one(federation, row):
-        if row["round"] == 1:
-            assert store.latest().round == 1
-            federation.stop_supernode(1)
-            federation.start_supernode(1, 2)
-
-    run = run_loopback(workdir, config, 3, on_row=restart_after_round_one)
+    run = run_loopback(workdir, config, 3, on_row=restart_client_1_after_round_1(store))
     rows, server_log = run.rows, run.server_log
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows

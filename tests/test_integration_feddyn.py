@@ -8,7 +8,7 @@ from safetensors.numpy import load_file
 from fedbayes.client.state import ClientStateStore
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.strategies.feddyn import LAMBDA_KEY
-from tests.helpers import run_loopback
+from tests.helpers import restart_client_1_after_round_1, run_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -23,13 +23,7 @@ def test_a_restarted_client_continues_with_its_lambda(tmp_path):
     }
     stores = [ClientStateStore(workdir / "client-state", "restart", f"client-{index}") for index in range(2)]
 
-    def restart_after_round_one(federation, row):
-        if row["round"] == 1:
-            assert stores[1].latest().round == 1
-            federation.stop_supernode(1)
-            federation.start_supernode(1, 2)
-
-    run = run_loopback(workdir, config, 3, on_row=restart_after_round_one)
+    run = run_loopback(workdir, config, 3, on_row=restart_client_1_after_round_1(stores[1]))
     rows, server_log = run.rows, run.server_log
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows  # round 2 may miss the stopped one
