@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import ENVELOPE_KEY, Payload, decode, encode, new_header, tensor_group_fields
 
+REPO = Path(__file__).resolve().parents[1]
 LAYOUT = {"fc.weight": (3, 4), "fc.bias": (3,)}
 
 
@@ -90,3 +92,17 @@ def restart_client_1_after_round_1(store) -> Callable[[LocalFederation, dict[str
             federation.start_supernode(1, 2)
 
     return restart
+
+
+def stall_env(rounds: str, marker: Path, release: Path | None = None) -> dict[str, str]:
+    """Environment for a client whose ClientApp stops in `rounds` (tests/fault_injection_stall)."""
+    env = {"PYTHONPATH": f"{REPO / 'tests' / 'fault_injection_stall'}{os.pathsep}{REPO}",
+           "FEDBAYES_STALL_ROUNDS": rounds, "FEDBAYES_STALL_MARKER": str(marker)}
+    return env | ({"FEDBAYES_STALL_RELEASE": str(release)} if release else {})
+
+
+def wait_for_file(path: Path, failure: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.1)

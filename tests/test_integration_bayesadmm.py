@@ -14,7 +14,7 @@ from fedbayes.client.state import ClientStateStore
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.processes import processes_with_env
 from fedbayes.server.checkpoint import CheckpointStore
-from tests.helpers import restart_client_1_after_round_1, run_loopback
+from tests.helpers import restart_client_1_after_round_1, run_loopback, stall_env
 
 pytestmark = pytest.mark.integration
 
@@ -78,11 +78,16 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path)
     }
     straight = {**base, "federation": "straight", "results-path": str(workdir / "straight.jsonl")}
     resumed = {**base, "federation": "resumed", "results-path": str(workdir / "resumed.jsonl")}
+    # client-0 holds round 3 of the run to be killed open until the kill: round 2's row is written while round 3
+    # trains, and a fast round 3 could otherwise finish before the kill.
+    release = tmp_path / "client-0-go"
+    Path(f"{release}-r3").touch()  # the straight run goes through
     with LocalFederation(workdir) as federation:
-        for index in range(2):
-            federation.start_supernode(index, 2)
+        federation.start_supernode(0, 2, extra_env=stall_env("3", tmp_path / "client-0-in", release))
+        federation.start_supernode(1, 2)
         federation.follow(workdir / "straight.jsonl", federation.submit(straight), 3, on_row=lambda row: None)
 
+        Path(f"{release}-r3").unlink()
         first = federation.submit(resumed)
 
         def kill_server_after_round_two(row):
@@ -91,6 +96,7 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path)
                     os.kill(pid, signal.SIGKILL)
                 federation.stop_run(federation.run_id(first))  # else Flower notices after its 60 s heartbeat
                 federation.processes.stop(first)  # the CLI streaming the dead run's logs
+                Path(f"{release}-r3").touch()
 
         rows = federation.follow(workdir / "resumed.jsonl", first, 3, on_row=kill_server_after_round_two)
         assert [row["round"] for row in rows] == [1, 2], "the kill should have stopped the run"

@@ -10,7 +10,6 @@ server machine that dies mid-run and resumes to the same final posterior as an u
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -24,11 +23,11 @@ from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.deploy.launcher import LocalFederation, console_script
 from fedbayes.deploy.pki import init_pki, list_supernodes, make_supernode_key
 from fedbayes.server.checkpoint import CheckpointStore
+from tests.helpers import stall_env, wait_for_file
 from tests.netns import NetnsLab
 
 pytestmark = pytest.mark.integration
 
-APP_ROOT = Path(__file__).resolve().parents[1]
 # How long a round waits for a silent client. Above a normal round (4-6 s on an idle 2-core machine, 35 s
 # seen under a load average of 20) plus the time round 3 is held open while a killed client comes back.
 ROUND_TIMEOUT = 150.0
@@ -149,20 +148,6 @@ def test_joins_and_a_killed_client_over_tls(lab, credentials, tmp_path):
     assert store.saved_rounds() == [2, 4]  # round 3 never finished on client-1
 
 
-def stall_env(rounds: str, marker: Path, release: Path | None = None) -> dict[str, str]:
-    """Environment for a client whose ClientApp stops in `rounds` (tests/fault_injection_stall)."""
-    env = {"PYTHONPATH": f"{APP_ROOT / 'tests' / 'fault_injection_stall'}{os.pathsep}{APP_ROOT}",
-           "FEDBAYES_STALL_ROUNDS": rounds, "FEDBAYES_STALL_MARKER": str(marker)}
-    return env | ({"FEDBAYES_STALL_RELEASE": str(release)} if release else {})
-
-
-def wait_for_file(path: Path, failure: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, failure
-        time.sleep(0.1)
-
-
 def test_a_dead_server_machine_resumes_and_loses_nothing(lab, credentials, tmp_path):
     """BayesADMM for 3 rounds twice on the same two clients: straight through, and with the whole server
     machine (SuperLink, its executor, the ServerApp) SIGKILLed after round 2 and started again. The
@@ -172,11 +157,16 @@ def test_a_dead_server_machine_resumes_and_loses_nothing(lab, credentials, tmp_p
     straight = {**BAYESADMM, "num-server-rounds": 3, "federation": "straight", "round-timeout": 120.0,
                 "results-path": str(workdir / "straight.jsonl")}
     resumed = {**straight, "federation": "resumed", "results-path": str(workdir / "resumed.jsonl")}
+    # client-0 holds round 3 of the run to be killed open until the kill: round 2's row is written while round 3
+    # trains, and a fast round 3 could otherwise finish before the kill.
+    release = tmp_path / "client-0-go"
+    Path(f"{release}-r3").touch()  # the straight run goes through
     federation, _ = secured_federation(workdir, lab, credentials)
     try:
-        for index in range(2):
-            start_client(federation, lab, credentials, index)
+        start_client(federation, lab, credentials, 0, extra_env=stall_env("3", tmp_path / "client-0-in", release))
+        start_client(federation, lab, credentials, 1)
         federation.follow(workdir / "straight.jsonl", federation.submit(straight), 3, on_row=lambda row: None)
+        Path(f"{release}-r3").unlink()
         first = federation.submit(resumed)
         first_run = federation.run_id(first)
 
@@ -185,6 +175,7 @@ def test_a_dead_server_machine_resumes_and_loses_nothing(lab, credentials, tmp_p
                 federation.kill_superlink()
                 federation.processes.stop(first)  # the operator's CLI lost its SuperLink
                 first.popen.wait(timeout=30)
+                Path(f"{release}-r3").touch()
 
         federation.follow(workdir / "resumed.jsonl", first, 3, on_row=kill_server_after_round_two)
         federation.start_superlink()
