@@ -230,6 +230,8 @@ class LocalFederation:
         self.superexecs: dict[int, ManagedProcess] = {}
         self.runtime_ports: dict[int, int] = {}
         self.shared_superexec: ManagedProcess | None = None
+        # SuperNodes the shared executor will serve once it starts; None when it has (or with another executor)
+        self.awaiting_shared: set[int] | None = set() if executor == "shared" else None
 
     def __enter__(self) -> LocalFederation:
         try:
@@ -311,8 +313,9 @@ class LocalFederation:
         )
         self.supernodes[index] = node
         self.runtime_ports[index] = port
-        shared = self.executor == "shared" and host == LOOPBACK and not extra_env and self.shared_superexec is None
-        if self.executor == "fork" or (self.executor == "shared" and not shared):
+        if self.awaiting_shared is not None and host == LOOPBACK and not extra_env:
+            self.awaiting_shared.add(index)
+        elif self.executor != "subprocess":
             self.superexecs[index] = self.processes.start(
                 f"superexec-{index}",
                 host.command(superexec_command(console_script("fedbayes"), (port, node.popen.pid))),
@@ -322,12 +325,11 @@ class LocalFederation:
         return node
 
     def start_shared_superexec(self) -> None:
-        """With the shared executor: one warm `fedbayes superexec` on this machine for every SuperNode started that
-        has no executor of its own."""
-        if self.executor != "shared" or self.shared_superexec is not None:
-            return
-        served = [(self.runtime_ports[index], node.popen.pid) for index, node in sorted(self.supernodes.items())
-                  if index not in self.superexecs]
+        """With the shared executor: one warm `fedbayes superexec` on this machine for the SuperNodes started so far
+        that have no executor of their own. A SuperNode started after this call gets one of its own."""
+        awaiting, self.awaiting_shared = self.awaiting_shared or set(), None
+        served = [(self.runtime_ports[index], self.supernodes[index].popen.pid) for index in sorted(awaiting)
+                  if index in self.supernodes]  # not one stopped meanwhile
         if not served:
             return
         self.shared_superexec = self.processes.start(

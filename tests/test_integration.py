@@ -74,6 +74,10 @@ def test_a_supernode_the_shared_executor_cannot_serve_gets_a_warm_executor_of_it
         served = command_line(federation.shared_superexec.popen.pid)
         assert served.count("--runtime-api-address") == 1
         assert f"127.0.0.1:{federation.runtime_ports[1]}" in served
+    with LocalFederation(tmp_path / "late") as federation:
+        federation.start_shared_superexec()  # as a submit does: no SuperNode to serve yet, so no shared process
+        federation.start_supernode(0, 1)
+        assert federation.shared_superexec is None and list(federation.superexecs) == [0]
 
 
 def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
