@@ -30,7 +30,8 @@ RESUMABLE_KEYS = frozenset({
     "num-server-rounds", "results-path", "server-state-dir", "round-timeout", "poll-interval",
     "wait-for-clients", "wait-for-clients-timeout", "min-clients", "eval-batch-size", "device", "data-root",
     "download", "max-payload-mb", "max-failed-rounds", "max-clients", "max-client-examples", "client-identity",
-    "client-registry",
+    "client-registry", "screen-ratio", "robust-aggregation", "clip-ratio", "trim-fraction", "max-client-rejections",
+    "quarantine-rounds", "straggler-wait", "results-exists", "keep-checkpoints", "resume-from-round",
 })
 _GLOBAL, _STRATEGY = "global/", "strategy/"
 

@@ -128,6 +128,28 @@ CORE_KEYS = (
         "may move to a new node once its old node has left (insecure loopback)", choices=("bound", "reconnect")),
     Key("client-registry", "", "JSON {client-id: node-id} from `fedbayes pki register --client-id`; only those "
         "pairs are accepted"),
+    # per-reply isolation and robust aggregation (deploy/README.md "Trust model")
+    Key("screen-ratio", 100.0, "a reply whose update (its change to the state, in the strategy's own parameters) is "
+        "longer than this many times the median of the round's other replies, and longer than the state itself, "
+        "is refused", Check(lambda value: value >= 1.0, "must be >= 1")),
+    Key("robust-aggregation", "none", "none | clip: every reply's update clipped to clip-ratio x the round's median "
+        "norm | median, trimmed-mean: coordinate-wise (FedAvg, FedProx, FedDyn, FedPA)",
+        choices=("none", "clip", "median", "trimmed-mean")),
+    Key("clip-ratio", 3.0, "robust-aggregation=clip: the largest update norm used, as a multiple of the round's median",
+        Check(lambda value: value >= 1.0, "must be >= 1")),
+    Key("trim-fraction", 0.2, "robust-aggregation=trimmed-mean: the share of replies dropped at each end, per "
+        "coordinate", Check(lambda value: 0.0 <= value < 0.5, "must be in [0, 0.5)")),
+    Key("max-client-rejections", 3, "a node whose replies are refused this many rounds in a row is quarantined",
+        AT_LEAST_ONE),
+    Key("quarantine-rounds", 10, "rounds a quarantined node is left out of sampling and scheduling", AT_LEAST_ONE),
+    Key("straggler-wait", 0.0, "once half the round's replies are in, wait at most this multiple of the time they "
+        "took for the rest (0 = wait up to round-timeout)", NON_NEGATIVE),
+    Key("results-exists", "refuse", "what a new federation does with a results-path that already holds rows: "
+        "refuse, append or replace", choices=("refuse", "append", "replace")),
+    Key("keep-checkpoints", 3, "server checkpoints kept per federation (the newest and earlier rounds')",
+        AT_LEAST_ONE),
+    Key("resume-from-round", 0, "resume from the kept checkpoint of this round instead of the newest (0 = newest)",
+        NON_NEGATIVE),
 )
 
 
