@@ -14,6 +14,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_VERSION_2: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_3: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_4: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_5: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -25,6 +26,7 @@ SCHEMA_VERSION_1: SchemaVersion
 SCHEMA_VERSION_2: SchemaVersion
 SCHEMA_VERSION_3: SchemaVersion
 SCHEMA_VERSION_4: SchemaVersion
+SCHEMA_VERSION_5: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -204,13 +206,14 @@ class FedDynInstruction(_message.Message):
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., global_weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., training: _Optional[_Union[LocalTraining, _Mapping]] = ..., alpha: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., max_grad_norm: _Optional[float] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedDynReply(_message.Message):
-    __slots__ = ("header", "weights", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "buffers")
+    __slots__ = ("header", "weights", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "lambda_sketch", "buffers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    LAMBDA_SKETCH_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     weights: TensorGroup
@@ -218,8 +221,9 @@ class FedDynReply(_message.Message):
     train_loss: float
     compute_seconds: float
     resumed_from_round: int
+    lambda_sketch: _containers.RepeatedScalarFieldContainer[float]
     buffers: TensorGroup
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., weights: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., lambda_sketch: _Optional[_Iterable[float]] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
 
 class FedLapInstruction(_message.Message):
     __slots__ = ("header", "global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm", "covariance", "buffers")

@@ -1,14 +1,15 @@
 """The server's round core, shared by every fedbayes strategy: the trust boundary (every reply decoded and checked
-inside one guard, identities bound to nodes, state touched only by accepted replies), node sampling, the per-node
-instructions that tell each client which of its rounds the server accepted, the round's metrics and arrays, and
-checkpointing. An algorithm is two hooks on it (WireStrategy)."""
+inside one guard, identities bound to nodes, each reply's update screened, a round committed from the replies that
+make a usable state, refused nodes quarantined: strategies/isolation.py), node sampling, the per-node instructions
+that tell each client which of its rounds the server accepted, the round's metrics and arrays, and checkpointing.
+An algorithm is two hooks on it (WireStrategy)."""
 
 from __future__ import annotations
 
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from logging import INFO, WARNING
 from typing import Any, TypeVar
 
@@ -21,13 +22,15 @@ from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
 
 from fedbayes.bayes.params import flatten, unflatten, weighted_mean
+from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
     Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, new_header,
     with_envelope,
 )
 from fedbayes.server.identity import ClientIdentities
-from fedbayes.tasks.config import RunSettings, round_seed
+from fedbayes.strategies.isolation import Quarantine, RoundRejected, usable_subset
+from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
 
 M = TypeVar("M", bound=ProtoMessage)
 WIRE_STATE_KEY = "fedbayes/wire"  # the base's part of a checkpoint's strategy metadata
@@ -62,11 +65,13 @@ class ServerState:
 
 @dataclass
 class RoundReport:
-    """Who took part in the last round: accepted client ids, and why others were left out."""
+    """Who took part in the last round: accepted client ids, why others were left out, and the nodes that sit out
+    rounds (quarantined: label -> the last round it sits out)."""
 
     sent: int = 0
     accepted: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)  # "client-3 (node 42)" -> reason
+    quarantined: dict[str, int] = field(default_factory=dict)
 
 
 def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int, server_round: int) -> list[int]:
@@ -88,6 +93,23 @@ def local_training(
         learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer, weight_decay=weight_decay,
         seed=settings.seed,
     )
+
+
+def non_finite(value: Any, what: str) -> str | None:
+    """Why `value` (arrays, tensors, and the dicts, lists and dataclasses holding them) cannot be stored: the name
+    of a non-finite entry, or None."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        finite = torch.isfinite(value).all() if isinstance(value, torch.Tensor) else np.isfinite(value).all()
+        return None if finite else f"{what} would hold NaN or Inf"
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    elif is_dataclass(value) and not isinstance(value, type):
+        items = ((item.name, getattr(value, item.name)) for item in fields(value))
+    else:
+        return None
+    return next((problem for key, item in items if (problem := non_finite(item, f"{what}/{key}"))), None)
 
 
 def round_metrics(payloads: list[Payload], **extra: float) -> MetricRecord:
@@ -112,11 +134,6 @@ class Update:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class RoundRejected(Exception):
-    """`absorb` found that the replies together make an unusable state (non-finite, not positive definite):
-    the round changes nothing and every client in it rolls back."""
-
-
 class WireStrategy(Strategy):
     """Base of every fedbayes server strategy: one round core, two hooks. The core owns who may reply and
     what a reply must be (the trust boundary), node sampling, headers, encoding, the round's metrics, the
@@ -126,25 +143,33 @@ class WireStrategy(Strategy):
       instruction(server_round, arrays, nodes) -> (message, tensors)   what this round's clients are told
       absorb(payloads, server_round) -> Update                         the new state from the accepted replies
 
-    plus `reply_type`, `reply_layouts()`, optionally `check_reply(payload)` (checks against its state) and
-    `round_nodes(grid, server_round)` (default: a seeded `fraction-train` sample). `absorb` must not change the
-    strategy: the core assigns `Update.state` only once the round is committed, and a `RoundRejected` it raises
-    leaves everything as it was (the clients roll back).
+    plus `reply_type`, `reply_layouts()`, optionally `check_reply(payload)` (checks against its state),
+    `update_of(payload)` and `state_norm()` (what the screen measures) and `round_nodes(grid, server_round)`
+    (default: a seeded `fraction-train` sample). `absorb` must not change the strategy: the core may call it on
+    several subsets of a round's replies (strategies/isolation.py), assigns `Update.state` only once the round is
+    committed, and a `RoundRejected` it raises leaves everything as it was.
+    `robust_rules`: the run-config `robust-aggregation` rules the algorithm implements (others are refused).
     """
 
     settings: RunSettings
     reply_type: type[ProtoMessage]
+    robust_rules: tuple[str, ...] = ("none",)
 
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
+        if settings.robust_aggregation not in self.robust_rules:
+            raise ConfigError(f"run config 'robust-aggregation' = {settings.robust_aggregation!r}: strategy "
+                              f"{settings.strategy!r} implements {', '.join(self.robust_rules)}")
         self.settings = settings
         self.layout = layout  # the model's parameters, what the algorithm's math works on
         self.buffer_layout: TensorLayout = {}  # the rest of its state (server/app.py sets it): averaged by the core
         self.round_report = RoundReport()
         self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
+        self.quarantine = Quarantine(settings.max_client_rejections, settings.quarantine_rounds)
         self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
         self.checkpointed_rounds: dict[str, int] = {}  # accepted_rounds as the newest checkpoint on disk holds them
         self.connected: list[int] = []  # the nodes connected when this round was configured
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
+        self._refused_nodes: set[int] = set()  # nodes whose reply this round was refused
 
     # ---- the algorithm's hooks ------------------------------------------------------------------------------
     def instruction(self, server_round: int, arrays: ArrayRecord,
@@ -162,6 +187,16 @@ class WireStrategy(Strategy):
     def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         raise NotImplementedError
 
+    def update_of(self, payload: Payload) -> np.ndarray | None:
+        """The reply's update: its change to the state, flat float64, in parameters where honest updates are of
+        comparable size (weights, a Gaussian's mean and log precision, particles). What the screen and the search
+        for a culprit measure; None: not screened."""
+        return None
+
+    def state_norm(self) -> float:
+        """The norm of the state in the parameters of `update_of`: the screen never refuses a shorter update."""
+        return 0.0
+
     def round_nodes(self, grid: Grid, server_round: int) -> list[int]:
         return self.sample(grid, server_round)
 
@@ -178,22 +213,65 @@ class WireStrategy(Strategy):
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         layouts = {**self.reply_layouts(), "buffers": self.buffer_layout}
         payloads = self.decode_replies(replies, self.reply_type, layouts, server_round, check=self.check_reply)
-        if not payloads:
+        payloads, update_norms = self.screened(payloads)
+        isolated = usable_subset(payloads, lambda subset: self.candidate(subset, server_round), update_norms)
+        for payload, reason in isolated.left_out:
+            client = payload.message.header.client_id
+            node = self._reply_nodes[client]
+            self._reject(f"client {client!r} (node {node})", f"{self.settings.strategy}: {reason}", node)
+        self.quarantined_after(server_round, isolated.used)
+        if not isolated.used:
             return None, None
-        try:
-            buffers = self.averaged_buffers(payloads)  # first: absorb may move state it must then keep (FedPA)
-            update = self.absorb(payloads, server_round)
-        except RoundRejected as rejected:
-            self.reject_round(payloads, f"{self.settings.strategy}: {rejected}")
-            return None, None
+        weights, update = isolated.result
+        self.commit(isolated.used, server_round)
+        vars(self).update(update.state)
+        return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
+                round_metrics(isolated.used, **update.metrics))
+
+    def candidate(self, payloads: list[Payload], server_round: int) -> tuple[dict[str, np.ndarray], Update]:
+        """The global arrays and the update these replies would make, checked as they would be stored (float32
+        arrays, every tensor of the state finite); RoundRejected when unusable. Changes nothing."""
+        buffers = self.averaged_buffers(payloads)
+        update = self.absorb(payloads, server_round)
         unknown = set(update.state) - set(vars(self))
         if unknown:  # a bug in the algorithm, not in a reply: the loop's guard logs it and the round changes nothing
             raise AttributeError(f"{type(self).__name__}.absorb returned state for unknown attributes {sorted(unknown)}")
-        self.commit(payloads, server_round)
-        vars(self).update(update.state)
         weights = unflatten(update.weights, self.layout) | buffers
-        return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
-                round_metrics(payloads, **update.metrics))
+        problem = non_finite(weights, "the global model") or non_finite(update.state, "the state")
+        if problem:
+            raise RoundRejected(problem)
+        return weights, update
+
+    def screened(self, payloads: list[Payload]) -> tuple[list[Payload], dict[int, float]]:
+        """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
+        larger of the others' median and the state's norm), and every reply's update norm by id()."""
+        updates = [self.update_of(payload) for payload in payloads]
+        if not payloads or any(update is None for update in updates):
+            return payloads, {}
+        update_norms = norms(updates)
+        bounds = screen_bounds(update_norms, self.state_norm(), self.settings.screen_ratio)
+        kept = []
+        for payload, norm, bound in zip(payloads, update_norms, bounds):
+            if norm <= bound:
+                kept.append(payload)
+                continue
+            client = payload.message.header.client_id
+            node = self._reply_nodes[client]
+            self._reject(f"client {client!r} (node {node})", f"refused by the screen: its update's norm {norm:.3g} "
+                         f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the larger of the other "
+                         "updates' median norm and the state's)", node)
+        return kept, {id(payload): float(norm) for payload, norm in zip(payloads, update_norms)}
+
+    def quarantined_after(self, server_round: int, used: list[Payload]) -> None:
+        """Count this round's refusals per node; a node refused `max-client-rejections` rounds in a row sits out
+        `quarantine-rounds` rounds (logged, and in the round report)."""
+        accepted = {self._reply_nodes[p.message.header.client_id] for p in used}
+        for node in self.quarantine.record(server_round, self._refused_nodes, accepted):
+            log(WARNING, "%s: refused %d rounds in a row; quarantined for rounds %d-%d (max-client-rejections, "
+                "quarantine-rounds)", self.node_label(node), self.settings.max_client_rejections, server_round + 1,
+                server_round + self.settings.quarantine_rounds)
+        self.round_report.quarantined = {self.node_label(node): last
+                                         for node, last in self.quarantine.active(server_round + 1).items()}
 
     def averaged_buffers(self, payloads: list[Payload]) -> dict[str, np.ndarray]:
         """The model's buffers (BatchNorm statistics) FedAvg-style, whatever the algorithm: the clients' buffers
@@ -211,15 +289,16 @@ class WireStrategy(Strategy):
         return round_seed(self.settings.seed, server_round)
 
     # ---- configure_train --------------------------------------------------------------------------------
-    def connected_nodes(self, grid: Grid) -> list[int]:
-        """The nodes connected as this round starts; also when the operator's client registry is re-read."""
+    def connected_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        """The nodes connected as this round starts that are not quarantined; also when the operator's client
+        registry is re-read."""
         self.identities.refresh_registry()
         self.connected = sorted(grid.get_node_ids())
-        return self.connected
+        return [node for node in self.connected if not self.quarantine.excludes(node, server_round)]
 
     def sample(self, grid: Grid, server_round: int) -> list[int]:
-        return sample_nodes(self.connected_nodes(grid), self.settings.fraction_train, self.settings.min_clients,
-                            self.settings.seed, server_round)
+        return sample_nodes(self.connected_nodes(grid, server_round), self.settings.fraction_train,
+                            self.settings.min_clients, self.settings.seed, server_round)
 
     def instructions(self, instruction: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]],
                      nodes: Iterable[int]) -> list[Message]:
@@ -229,6 +308,7 @@ class WireStrategy(Strategy):
         content = encode(instruction, tensors)
         nodes = list(nodes)
         self.round_report = RoundReport(sent=len(nodes))
+        self._refused_nodes = set()
         checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
         messages = []
         for node in nodes:
@@ -258,14 +338,14 @@ class WireStrategy(Strategy):
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
-                self._reject(self.node_label(node), f"client error: {reply.error.reason}")
+                self._reject(self.node_label(node), f"client error: {reply.error.reason}", node)
                 continue
             try:
                 payload = self._checked_reply(reply, message_type, layouts, server_round, claimed, check)
             except Exception as error:  # the guard: no reply may stop the server
                 label = self._claimed_label(reply, message_type)
                 reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
-                self._reject(label, f"rejected reply: {reason.removeprefix(f'{label}: ')}")
+                self._reject(label, f"rejected reply: {reason.removeprefix(f'{label}: ')}", node)
                 continue
             claimed[payload.message.header.client_id] = node
             accepted.append(payload)
@@ -320,13 +400,6 @@ class WireStrategy(Strategy):
             self.accepted_rounds[client] = server_round
             self.round_report.accepted.append(client)
 
-    def reject_round(self, payloads: Iterable[Payload], reason: str) -> None:
-        """The state these replies would make together is unusable: none of them is used (their clients roll
-        back); the round leaves the server's state as it was."""
-        log(WARNING, "round aggregate rejected: %s", reason)
-        for payload in payloads:
-            self._reject(f"client {payload.message.header.client_id!r}", f"rejected with this round's aggregate: {reason}")
-
     def node_label(self, node: int) -> str:
         client = self.identities.client_of(node)
         return f"client {client!r} (node {node})" if client else f"node {node}"
@@ -341,17 +414,21 @@ class WireStrategy(Strategy):
             return f"client {claimed[:64]!r} (node {node})"
         return self.node_label(node)
 
-    def _reject(self, label: str, reason: str) -> None:
+    def _reject(self, label: str, reason: str, node: int) -> None:
+        """Leave one reply of `node` out of the round, with the reason (logged and reported; it counts towards the
+        node's quarantine)."""
         if len(reason) > MAX_REASON:  # reasons quote what the sender sent: bound what a reply can make us log
             reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
         self.round_report.rejected[label] = reason
+        self._refused_nodes.add(node)
         log(WARNING, "%s: %s", label, reason)
 
     # ---- state ----------------------------------------------------------------------------------------------
     def state_dict(self) -> ServerState:
         """Everything a restarted server needs besides the global arrays (which the loop checkpoints itself):
         the core's bound identities and accepted rounds, plus what a subclass adds (call super() first)."""
-        wire = {"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds}
+        wire = {"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds,
+                "quarantine": self.quarantine.to_metadata()}
         return ServerState(metadata={WIRE_STATE_KEY: json.dumps(wire)})
 
     def load_state_dict(self, state: ServerState) -> None:
@@ -359,6 +436,7 @@ class WireStrategy(Strategy):
         wire = json.loads(state.metadata[WIRE_STATE_KEY])
         self.identities.restore(wire["identities"])
         self.accepted_rounds = {client: int(r) for client, r in wire["accepted_rounds"].items()}
+        self.quarantine.restore(wire["quarantine"])
         self.checkpoint_written(state)
 
     def checkpoint_written(self, state: ServerState) -> None:

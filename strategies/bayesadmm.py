@@ -23,8 +23,15 @@ this round; Sum(...) over the stored duals of every client that ever replied; K 
 changes when a client joins. A joining client starts with v = U = 0 at the current q̄. Duals live on
 the client, in its durable store, with IVON's state; the client reports them (Alg. 1 line 8) and the
 server keeps them keyed by the stable client id, checking each report against its own replay of the
-dual step. A client that lost its state restarts from zero duals: the server logs the disagreement
-and uses what the client reports, so the server's sums always match the clients' objectives.
+dual step, entry by entry (`replay_tolerance`). A client that lost its state restarts from zero duals: the server
+logs the disagreement and uses what the client reports, so the server's sums always match the clients' objectives.
+
+Bounded influence (run config `robust-aggregation = "clip"`): in the server step, every client's duals (v_k, U_k)
+are tempered to at most `clip-ratio` x the median norm of the known clients' duals, and every local posterior's
+natural parameters are moved towards q̄'s to at most `clip-ratio` x the median distance of the round's
+(bayes/robust.py clip_factors). The server keeps (and the clients hold) the untempered duals. The screen measures
+a reply's update as (m_k − m̄, log S_k − log S̄): honest local precisions span many orders of magnitude (a small
+client's CNN: 1e2 to 1e18), which a norm in natural parameters would mistake for an attack.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from flwr.app import ArrayRecord
 from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
 from fedbayes.bayes.ivon import IVONWithPrior
 from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.robust import clip_factors, norms
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.state import ClientState
@@ -66,7 +74,7 @@ HYPERPARAMETERS = (
         choices=("shared", "independent")),
 )
 
-DUAL_CHECK_RTOL = 1e-4  # float32 transport of values up to ~1e7
+DUAL_CHECK_RTOL = 1e-5  # per entry, of the magnitudes that make it: float32 transport rounds each to ~6e-8
 FAMILIES = ("diagonal", "isotropic", "full")  # the shape of a precision (bayes/gaussian.py)
 MIN_NEWTON_STEP = 1e-6
 MAX_FULL_PARAMETERS = 2048  # a full precision is P x P float32 on the wire: 16 MiB per matrix at the cap
@@ -91,17 +99,62 @@ def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, ser
     )
 
 
-def server_step(locals_: list[Gaussian], all_duals: list[Duals], rho: float, prior_precision: float) -> Gaussian:
-    """Alg. 1 lines 9-11 / Eqs. 37-38 for any family. `locals_`: this round's replies;
-    `all_duals`: every known client's duals (K = len(all_duals))."""
+def server_natural(locals_: list[Gaussian], all_duals: list[Duals], rho: float,
+                   prior_precision: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Alg. 1 lines 9-11 / Eqs. 37-38 for any family, in natural parameters: (S̄ m̄, S̄). `locals_`: this round's
+    replies; `all_duals`: every known client's duals (K = len(all_duals))."""
     alpha = 1.0 / (1.0 + rho * len(all_duals))
     mean_eta = torch.stack([q.natural()[0] for q in locals_]).mean(0)
     mean_precision = torch.stack([q.precision for q in locals_]).mean(0)
     sum_v = torch.stack([d.mean for d in all_duals]).sum(0)
     sum_u = torch.stack([d.precision for d in all_duals]).sum(0)
     precision = (1 - alpha) * mean_precision + alpha * (scaled_identity(mean_precision, prior_precision) + sum_u)
-    eta = (1 - alpha) * mean_eta + alpha * sum_v
+    return (1 - alpha) * mean_eta + alpha * sum_v, precision
+
+
+def server_step(locals_: list[Gaussian], all_duals: list[Duals], rho: float, prior_precision: float) -> Gaussian:
+    """Eqs. 37-38 as a Gaussian: m̄ = S̄⁻¹ (S̄ m̄)."""
+    eta, precision = server_natural(locals_, all_duals, rho, prior_precision)
     return Gaussian(solve(precision, eta), precision)
+
+
+def replay_tolerance(previous: Duals, local: Gaussian, global_: Gaussian, step: float, reported: Duals) -> Duals:
+    """Per entry, how far a reported dual may lie from the server's replay of Eq. 36: DUAL_CHECK_RTOL of the
+    magnitudes that make the entry (old dual, γ·local, γ·global, the result), since each crossed the wire as
+    float32. Per entry: a tolerance scaled by a tensor's largest entry let one huge entry hide errors in the rest."""
+    local_eta, global_eta = local.natural()[0].abs(), global_.natural()[0].abs()
+    mean = previous.mean.abs() + step * (local_eta + global_eta) + reported.mean.abs()
+    precision = previous.precision.abs() + step * (local.precision.abs() + global_.precision.abs()) \
+        + reported.precision.abs()
+    return Duals(DUAL_CHECK_RTOL * mean + 1e-30, DUAL_CHECK_RTOL * precision + 1e-30)
+
+
+def tempered(vectors: list[torch.Tensor], clip_ratio: float) -> list[torch.Tensor]:
+    """Each vector scaled to at most clip-ratio x the median norm (bayes/robust.py clip_factors)."""
+    factors = clip_factors(norms([vector.numpy() for vector in vectors]), clip_ratio)
+    return [float(factor) * vector for factor, vector in zip(factors, vectors)]
+
+
+def bounded_influence(locals_: list[Gaussian], all_duals: list[Duals], global_: Gaussian,
+                      clip_ratio: float) -> tuple[list[Gaussian], list[Duals]]:
+    """What the clip rule feeds the server step: duals tempered to at most clip-ratio x the median dual (in
+    natural parameters), and local posteriors moved towards q̄ to at most clip-ratio x the median distance."""
+    flat = [torch.cat([d.mean, d.precision.flatten()]) for d in all_duals]
+    duals = [Duals(*_split(vector, d), d.round) for vector, d in zip(tempered(flat, clip_ratio), all_duals)]
+    global_eta = global_.natural()[0]
+    offsets = [torch.cat([q.natural()[0] - global_eta, (q.precision - global_.precision).flatten()]) for q in locals_]
+    moved = []
+    for offset, q in zip(tempered(offsets, clip_ratio), locals_):
+        eta, precision = _split(offset, Duals(global_eta, q.precision))
+        precision = global_.precision + precision
+        moved.append(Gaussian(solve(precision, global_eta + eta), precision))
+    return moved, duals
+
+
+def _split(vector: torch.Tensor, like: Duals) -> tuple[torch.Tensor, torch.Tensor]:
+    """`vector` (a mean part, then a flattened precision part) shaped like `like`'s two tensors."""
+    size = like.mean.numel()
+    return vector[:size], vector[size:].view_as(like.precision)
 
 
 def newton_client_step(
@@ -194,6 +247,7 @@ class BayesADMM(WireStrategy):
     (Alg. 1, IVON clients), `full` (App. C.4, Newton clients) or `isotropic` (= federated ADMM)."""
 
     reply_type = pb.BayesADMMReply
+    robust_rules = ("none", "clip")
 
     def __init__(self, settings: RunSettings, layout: TensorLayout, family: str = "diagonal") -> None:
         if family not in FAMILIES:
@@ -245,15 +299,28 @@ class BayesADMM(WireStrategy):
     def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         locals_ = [self._local_posterior(payload) for payload in payloads]
         duals = self.duals | {p.message.header.client_id: self._reported_duals(p, server_round) for p in payloads}
-        updated = server_step(locals_, list(duals.values()), self.settings.rho, self.settings.prior_precision)
-        if self.isotropic:
-            updated = Gaussian(updated.mean, unit_precision())
+        used_locals, used_duals = locals_, list(duals.values())
+        if self.settings.robust_aggregation == "clip":
+            used_locals, used_duals = bounded_influence(locals_, used_duals, self.global_, self.settings.clip_ratio)
+        eta, precision = server_natural(used_locals, used_duals, self.settings.rho, self.settings.prior_precision)
+        problem = self._precision_problem(precision)  # before the solve: a singular S̄ must not raise there
+        if problem:
+            raise RoundRejected(problem)
+        updated = Gaussian(solve(precision, eta), unit_precision() if self.isotropic else precision)
         updated = as_sent(updated)
         problem = self._global_problem(updated)
         if problem:
             raise RoundRejected(problem)
         return Update(updated.mean.numpy(), {"duals": duals, "global_": updated},
                       {"known-clients": len(duals), **precision_summary(updated)})
+
+    def update_of(self, payload: Payload) -> np.ndarray:
+        """(m_k − m̄, log S_k − log S̄): the local posterior against q̄, in mean and log precision (the diagonal's, for
+        the full family; none for the fixed-covariance one). check_reply has made sure S_k is positive."""
+        return (mean_log_precision(self._local_posterior(payload)) - mean_log_precision(self.global_)).numpy()
+
+    def state_norm(self) -> float:
+        return mean_log_precision(self.global_).norm().item()
 
     def check_reply(self, payload: Payload) -> None:
         """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite
@@ -272,13 +339,15 @@ class BayesADMM(WireStrategy):
             torch.zeros_like(local.mean), torch.zeros_like(self.global_.precision))
         expected = dual_step(previous, local, self.global_, self.dual_step_size, message.header.server_round)
         reported = self._reported_duals(payload, message.header.server_round)
-        for name, mine, theirs in (("dual_mean", expected.mean, reported.mean),
-                                   ("dual_precision", expected.precision, reported.precision)):
-            scale = max(mine.abs().max().item(), theirs.abs().max().item(), 1e-30)
-            error = (mine - theirs).abs().max().item() / scale
-            if error > DUAL_CHECK_RTOL:
+        tolerance = replay_tolerance(previous, local, self.global_, self.dual_step_size, reported)
+        for name, mine, theirs, allowed in (("dual_mean", expected.mean, reported.mean, tolerance.mean),
+                                            ("dual_precision", expected.precision, reported.precision,
+                                             tolerance.precision)):
+            excess = ((mine - theirs).abs() / allowed).max().item()
+            if excess > 1.0:
                 raise PayloadError(f"field '{name}': differs from the server's replay of the dual step by "
-                                   f"{error:.2e} (relative; at most {DUAL_CHECK_RTOL:g})")
+                                   f"{excess:.3g} times the tolerance of an entry ({DUAL_CHECK_RTOL:g} of the "
+                                   "magnitudes that make it)")
 
     def _local_posterior(self, payload: Payload) -> Gaussian:
         mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
@@ -310,14 +379,22 @@ class BayesADMM(WireStrategy):
         self.duals = state.per_client("duals", Duals)
 
     def _global_problem(self, q: Gaussian) -> str | None:
-        """Why `q` cannot be the new global posterior, or None."""
+        """Why `q` (as sent: float32 values) cannot be the new global posterior, or None."""
         if not (torch.isfinite(q.mean).all() and torch.isfinite(q.precision).all()):
             return "the global posterior would be non-finite"
-        if self.family == "full" and torch.linalg.cholesky_ex(q.precision).info != 0:
+        return self._precision_problem(q.precision)
+
+    def _precision_problem(self, precision: torch.Tensor) -> str | None:
+        """Why `precision` cannot be the global precision S̄ (not finite, not positive definite), or None."""
+        if self.isotropic:
+            return None
+        if not torch.isfinite(precision).all():
+            return "the global precision would be non-finite"
+        if self.family == "full" and torch.linalg.cholesky_ex(precision).info != 0:
             return ("the global precision matrix would not be positive definite; lower dual-damping "
                     "or raise prior-precision")
-        if self.family == "diagonal" and (q.precision <= 0).any():
-            return (f"{(q.precision <= 0).sum().item()} global precisions would be <= 0; lower "
+        if self.family == "diagonal" and (precision <= 0).any():
+            return (f"{(precision <= 0).sum().item()} global precisions would be <= 0; lower "
                     "dual-damping or raise prior-precision")
         return None
 
@@ -327,6 +404,14 @@ class BayesADMM(WireStrategy):
             return []
         samples = Gaussian(self.global_.mean, self.global_.precision).sample(count, generator)
         return [unflatten(sample.numpy(), self.layout) for sample in samples]
+
+
+def mean_log_precision(q: Gaussian) -> torch.Tensor:
+    """(m, log diag S) as one flat vector; m alone for the fixed-covariance family."""
+    if q.kind == "isotropic":
+        return q.mean
+    diagonal = q.precision.diagonal() if q.precision.ndim == 2 else q.precision
+    return torch.cat([q.mean, diagonal.log()])
 
 
 def precision_summary(q: Gaussian) -> dict[str, float]:

@@ -20,9 +20,11 @@ Rounds whose scheduled client fails leave Θ unchanged. The server tells each cl
 accepted update, and the client starts from the local particles it stored in that round: particles
 distilled for an update the server never received are not used.
 
-Scheduling: the server learns a node's stable client id from its first reply, so a node it has not heard
-from yet (a new client, or one whose SuperNode restarted) is scheduled first; after that clients take turns
-in client-id order (`dsvgd-scheduler = "random"` draws one connected node per round instead).
+Scheduling: the server learns a node's stable client id from its first reply, so a node it has not yet sent work
+to (a new client, or one whose SuperNode restarted) is scheduled first; after that clients take turns in
+client-id order, and a node that was sent work but never got a reply accepted takes its turn after them (it may
+not claim every round: that starved the others). A quarantined node is skipped (strategies/isolation.py);
+`dsvgd-scheduler = "random"` draws one eligible node per round instead.
 
 P-DSVGD (`p-dsvgd`): a `fraction-train` of the clients per round run both loops from the server's φ and upload
 their local particles; the server keeps every client's latest set and distils φ towards
@@ -270,7 +272,8 @@ class DSVGD(WireStrategy):
         self.size = sum(math.prod(shape) for shape in layout.values())
         self.particle_layout = {"particles": (settings.particles, self.size)}
         self.particles: np.ndarray | None = None  # Θ (P-DSVGD: φ), (N, P) float32
-        self.last_scheduled = ""  # round-robin position: the client id scheduled last
+        self.last_scheduled = ""  # round-robin position: the rotation key (turn_key) scheduled last
+        self.tried_nodes: set[int] = set()  # nodes sent work before their client id was known
         self.local_particles: dict[str, np.ndarray] = {}  # P-DSVGD: every client's latest local set
 
     def instruction(self, server_round, arrays, nodes):
@@ -297,23 +300,42 @@ class DSVGD(WireStrategy):
         or a seeded random node (`dsvgd-scheduler = "random"`)."""
         if self.parallel:
             return self.sample(grid, server_round)
-        nodes = self.connected_nodes(grid)
+        nodes = self.connected_nodes(grid, server_round)
         if not nodes:
             return []
         if self.settings.dsvgd_scheduler == "random":
             return [random.Random(self.round_seed(server_round)).choice(nodes)]
-        client_of_node = {node: self.identities.client_of(node) for node in nodes}
-        unknown = [node for node, client in client_of_node.items() if client is None]
-        if unknown:
-            return unknown[:1]
-        node_of_client = {client: node for node, client in client_of_node.items()}
-        clients = sorted(node_of_client)
-        following = [client for client in clients if client > self.last_scheduled]
-        self.last_scheduled = (following or clients)[0]  # moves on even if its reply never comes
-        return [node_of_client[self.last_scheduled]]
+        untried = [node for node in nodes if self.identities.client_of(node) is None and node not in self.tried_nodes]
+        if untried:
+            self.tried_nodes.add(untried[0])
+            return untried[:1]
+        node_of_turn = {self.turn_key(node): node for node in nodes}
+        turns = sorted(node_of_turn)
+        following = [turn for turn in turns if turn > self.last_scheduled]
+        self.last_scheduled = (following or turns)[0]  # moves on even if its reply never comes
+        return [node_of_turn[self.last_scheduled]]
+
+    def turn_key(self, node: int) -> str:
+        """A node's place in the rotation: its client id, or, for a node never accepted, a key after every id
+        ('~' sorts after the characters a client id may hold)."""
+        return self.identities.client_of(node) or f"~node-{node:020d}"
 
     def reply_layouts(self):
         return {"local_particles" if self.parallel else "particles": self.particle_layout}
+
+    def update_of(self, payload: Payload) -> np.ndarray:
+        """DSVGD: Θ^(i) − Θ^(i-1), the particles' move; P-DSVGD: the client's local particles' move since its last
+        accepted set (Θ^(0) for a new client)."""
+        if not self.parallel:
+            return (payload.tensors["particles"]["particles"].astype(np.float64) - self.particles).ravel()
+        client = payload.message.header.client_id
+        previous = self.local_particles.get(client) if payload.message.resumed_from_round else None
+        if previous is None:
+            previous = initial_particles(self.layout, self.settings.particles, self.settings.seed)
+        return (payload.tensors["local_particles"]["particles"].astype(np.float64) - previous).ravel()
+
+    def state_norm(self) -> float:
+        return float(np.linalg.norm(self.particles))
 
     def check_reply(self, payload: Payload) -> None:
         """An update must start from the local particles of the client's last accepted round (or, when they

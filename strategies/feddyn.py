@@ -10,7 +10,13 @@ client's α with the last client's; we do not).
 
 Where the state lives: λ_k in the client's durable store (client/state.py), so it survives a SuperNode restart.
 The server keeps its own replay of every λ_k (λ_k += w_k − w_g from the w_k it receives), so it knows
-Λ = Σ_k λ_k without the clients sending λ_k; the uplink is w_k alone (P floats).
+Λ = Σ_k λ_k without the clients sending λ_k; the uplink is w_k plus a sketch R·λ_k of SKETCH_ROWS numbers (R a
+±1 matrix drawn from the round's seed), which the server compares with R applied to its replay: a client whose
+λ_k has drifted from the server's (an edited or foreign state) is refused, not trusted.
+
+Robust aggregation (run config `robust-aggregation`): w_g ← w_g + R_k(w_k − w_g) + R_k(λ_k), with R the clip,
+median or trimmed-mean of bayes/robust.py over this round's replies and over every known λ_k; `none` is the
+plain means above.
 
 Membership (strategies/base.py Membership): K and N count the clients the server has heard from. Partial
 participation (`fraction-train` < 1): the mean runs over this round's repliers, Λ over every known client's λ_k,
@@ -25,17 +31,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import Payload, TensorLayout
+from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import (
     Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
 )
-from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, Key, RunSettings
+from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, Key, RunSettings, round_seed
 
 # ../shared/specs/feddyn-fedlap-splits.md §2, §8. The local weight decay is the run's `weight-decay`.
 MAX_GRAD_NORM = Key("max-grad-norm", 0.0, "clip local gradients at this norm; 0 = off (the official FedDyn code: 10)",
@@ -64,6 +72,26 @@ def server_step(local_weights: list[torch.Tensor], lambda_sum: torch.Tensor, kno
     return torch.stack(local_weights).mean(0) + lambda_sum / known_clients
 
 
+SKETCH_ROWS = 8
+SKETCH_RTOL = 1e-9  # both sides compute λ_k from the same float32 w_k and w_g in float64: only summation order differs
+
+
+def lambda_sketch(lam: torch.Tensor, seed: int, server_round: int) -> torch.Tensor:
+    """R·λ_k, R a SKETCH_ROWS x P matrix of ±1 drawn from (seed, round): the same on the client and the server.
+    Any change of λ_k moves it except one orthogonal to all rows (probability 0 for a change not made to fool it;
+    a client set on fooling it can just as well send a bad w_k, which the screen and robust aggregation bound)."""
+    generator = torch.Generator().manual_seed(round_seed(seed, server_round))
+    signs = torch.randint(0, 2, (SKETCH_ROWS, lam.numel()), generator=generator, dtype=torch.int8)
+    return (2 * signs.double() - 1) @ lam.double()
+
+
+def sketch_mismatch(reported: torch.Tensor, lam: torch.Tensor, seed: int, server_round: int) -> float:
+    """The largest difference between a reported sketch and the sketch of `lam`, relative to Σ|λ_k| (which bounds
+    every entry of a ±1 sketch)."""
+    expected = lambda_sketch(lam, seed, server_round)
+    return (reported - expected).abs().max().item() / max(lam.abs().sum().item(), 1e-300)
+
+
 def as_sent(flat: torch.Tensor) -> torch.Tensor:
     """`flat` rounded to float32, as the clients receive it: the server replays λ_k += w_k − w_g with the same
     w_g the client subtracted, so the replay matches the client bit for bit."""
@@ -84,6 +112,7 @@ def total_lambda(lambdas: dict[str, ClientLambda]) -> torch.Tensor:
 # ---- server half --------------------------------------------------------------------------------------
 class FedDyn(WireStrategy):
     reply_type = pb.FedDynReply
+    robust_rules = RULES
 
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
         super().__init__(settings, layout)
@@ -109,24 +138,64 @@ class FedDyn(WireStrategy):
 
     def check_reply(self, payload: Payload) -> None:
         """The server replays λ_k from the round the client started from: its last accepted round, or 0 when
-        the client is new or lost its state (λ_k = 0 on both sides then)."""
+        the client is new or lost its state (λ_k = 0 on both sides then); the client's sketch of its λ_k must
+        match the sketch of that replay."""
         self.check_resumed(payload, "its λ_k restarts from zero")
+        message = payload.message
+        if len(message.lambda_sketch) != SKETCH_ROWS:
+            raise PayloadError(f"field 'lambda_sketch': {len(message.lambda_sketch)} values, expected {SKETCH_ROWS}")
+        replayed = self._replayed_lambda(payload)
+        mismatch = sketch_mismatch(torch.tensor(list(message.lambda_sketch), dtype=torch.float64), replayed,
+                                   self.settings.seed, message.header.server_round)
+        if mismatch > SKETCH_RTOL:
+            raise PayloadError(f"field 'lambda_sketch': the client's λ_k differs from the server's replay "
+                               f"(sketch off by {mismatch:.2e} of Σ|λ_k|; at most {SKETCH_RTOL:g})")
+
+    def _replayed_lambda(self, payload: Payload) -> torch.Tensor:
+        """λ_k after this reply, as the server replays it (λ_k += w_k − w_g from the state it started from)."""
+        message = payload.message
+        previous = (self.lambdas[message.header.client_id].value if message.resumed_from_round
+                    else torch.zeros_like(self.global_))
+        return lambda_step(previous, self._local(payload), self.global_)
+
+    def _local(self, payload: Payload) -> torch.Tensor:
+        return torch.from_numpy(flatten(payload.tensors["weights"], self.layout))
+
+    def update_of(self, payload: Payload) -> np.ndarray:
+        return (self._local(payload) - self.global_).numpy()
+
+    def state_norm(self) -> float:
+        return self.global_.norm().item()
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         locals_, lambdas, membership = [], dict(self.lambdas), self.membership.copy()
         for payload in payloads:
             message = payload.message
-            local = torch.from_numpy(flatten(payload.tensors["weights"], self.layout))
             client = message.header.client_id
-            previous = lambdas[client].value if message.resumed_from_round else torch.zeros_like(self.global_)
-            lambdas[client] = ClientLambda(lambda_step(previous, local, self.global_), server_round)
+            lambdas[client] = ClientLambda(self._replayed_lambda(payload), server_round)
             membership.record(client, message.num_examples, server_round)
-            locals_.append(local)
-        global_ = as_sent(server_step(locals_, total_lambda(lambdas), membership.clients))
+            locals_.append(self._local(payload))
+        if self.settings.robust_aggregation == "none":
+            global_ = server_step(locals_, total_lambda(lambdas), membership.clients)
+        else:
+            global_ = self.global_ + self._robust_step(locals_, lambdas)
+        global_ = as_sent(global_)
         if not torch.isfinite(global_).all():
             raise RoundRejected("the global model would be non-finite; lower feddyn-alpha or lr")
         return Update(global_.numpy(), {"global_": global_, "lambdas": lambdas, "membership": membership},
                       {"known-clients": membership.clients})
+
+    def _robust_step(self, locals_: list[torch.Tensor], lambdas: dict[str, ClientLambda]) -> torch.Tensor:
+        """R(w_k − w_g) over this round's replies + R(λ_k) over every known client: server_step with each mean
+        replaced by the run's robust rule (unweighted, as FedDyn's means are)."""
+        settings = self.settings
+
+        def robust(vectors: list[torch.Tensor]) -> torch.Tensor:
+            values = [vector.numpy() for vector in vectors]
+            return torch.from_numpy(robust_mean(values, [1.0] * len(values), settings.robust_aggregation,
+                                                settings.clip_ratio, settings.trim_fraction))
+
+        return robust([local - self.global_ for local in locals_]) + robust([entry.value for entry in lambdas.values()])
 
     @property
     def lambda_sum(self) -> torch.Tensor:
@@ -168,9 +237,10 @@ def local_update(local: LocalRound) -> LocalResult:
         runtime, instruction.training, start=global_, anchor=global_ - lam, weight=alpha_k,
         server_round=local.server_round, max_grad_norm=instruction.max_grad_norm,
     )
-    return LocalResult(pb.FedDynReply(train_loss=train_loss, compute_seconds=seconds),
-                       {"weights": unflatten(weights.numpy(), runtime.layout)},
-                       {LAMBDA_KEY: lambda_step(lam, weights, global_)})
+    lam = lambda_step(lam, weights, global_)
+    sketch = lambda_sketch(lam, instruction.training.seed, local.server_round)
+    return LocalResult(pb.FedDynReply(train_loss=train_loss, compute_seconds=seconds, lambda_sketch=sketch.tolist()),
+                       {"weights": unflatten(weights.numpy(), runtime.layout)}, {LAMBDA_KEY: lam})
 
 
 client_update = ClientHalf(pb.FedDynInstruction, local_update, model_layouts("global_weights"), stateful=True)

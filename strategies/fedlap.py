@@ -21,6 +21,12 @@ State and messages: the client keeps (v_k, V_k) in its durable store and sends t
 v_k, P floats; FedLap-Cov: 2P); the server keeps the last reported site of every client that ever replied, so a
 client that lost its state and starts again from a fresh site simply replaces its old one. Down: w_g (+ S_g).
 
+Bounded influence (run config `robust-aggregation = "clip"`): the server builds q_g from every site tempered to
+at most `clip-ratio` x the median norm of the known sites' natural parameters, t̂_k^f with f = clip_factors
+(bayes/robust.py): a site with larger natural parameters than the others cannot pull q_g further than that.
+The sites it keeps (and the clients hold) are the untempered ones. The screen measures a reply's update as the
+change its new site alone would make to q_g, in mean and log precision (`site_change`).
+
 Membership (strategies/base.py Membership): K and N count the clients the server has heard from. A client
 joining after round 1 starts with a flat site (v_k = V_k = 0) and counts itself into K and N for its ρ_k; its
 ρ_k then makes Σ_k ρ_k exceed 1 for that round, which only affects the transient. Partial participation
@@ -32,10 +38,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedbayes.bayes.curvature import diag_ggn
 from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.robust import clip_factors, norms
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import train_anchored
@@ -81,6 +89,23 @@ def global_from_sites(natural_sum: torch.Tensor, precision_sum: torch.Tensor, pr
     return natural_sum / precision, precision
 
 
+def site_change(old: Site, new: Site, global_mean: torch.Tensor, global_precision: torch.Tensor) -> torch.Tensor:
+    """(w_g' − w_g, log S_g' − log S_g) for q_g' = q_g · t̂_new / t̂_old: what replacing one site alone does to the
+    global posterior. S_g' ≥ δ > 0, since S_g ≥ δ + V_old and V_new ≥ 0."""
+    precision = global_precision + new.precision - old.precision
+    mean = (global_precision * global_mean + new.mean - old.mean) / precision
+    return torch.cat([mean - global_mean, precision.log() - global_precision.log()])
+
+
+def tempered_sums(sites: list[Site], clip_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ f_k v_k, Σ f_k V_k) with f_k = min(1, clip-ratio x median / ‖(v_k, V_k)‖): each site t̂_k^f_k bounded
+    to at most clip-ratio x the median site."""
+    naturals = [torch.cat([site.mean, site.precision]) for site in sites]
+    factors = torch.from_numpy(clip_factors(norms([natural.numpy() for natural in naturals]), clip_ratio))
+    return (sum(f * site.mean for f, site in zip(factors, sites)),
+            sum(f * site.precision for f, site in zip(factors, sites)))
+
+
 def client_damping(covariance: bool, num_examples: int, known_clients: int, known_examples: int) -> float:
     """ρ_k: 1/K for FedLap-Cov, N_k/N for FedLap ([P] App. E); 1/K while no sizes are known (round 1)."""
     if covariance or known_examples == 0:
@@ -95,6 +120,7 @@ def as_sent(flat: torch.Tensor) -> torch.Tensor:
 # ---- server half --------------------------------------------------------------------------------------
 class FedLap(WireStrategy):
     reply_type = pb.FedLapReply
+    robust_rules = ("none", "clip")
 
     def __init__(self, settings: RunSettings, layout: TensorLayout, covariance: bool = False) -> None:
         super().__init__(settings, layout)
@@ -143,12 +169,15 @@ class FedLap(WireStrategy):
                 unclaimed = unclaimed - self.initial_share * self.global_precision * self.global_mean
             sites[client] = self._site(payload, server_round)
             membership.record(client, message.num_examples, server_round)
-        natural_sum = unclaimed + torch.stack([site.mean for site in sites.values()]).sum(0)
-        precision_sum = torch.stack([site.precision for site in sites.values()]).sum(0)
-        mean, precision = global_from_sites(natural_sum, precision_sum, self.delta)
+        if self.settings.robust_aggregation == "clip":
+            site_means, site_precisions = tempered_sums(list(sites.values()), self.settings.clip_ratio)
+        else:
+            site_means = torch.stack([site.mean for site in sites.values()]).sum(0)
+            site_precisions = torch.stack([site.precision for site in sites.values()]).sum(0)
+        mean, precision = global_from_sites(unclaimed + site_means, site_precisions, self.delta)
+        mean, precision = as_sent(mean), as_sent(precision)  # checked as stored: float32 can overflow
         if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
             raise RoundRejected("the global mean would be non-finite")
-        mean, precision = as_sent(mean), as_sent(precision)
         state = {"sites": sites, "unclaimed": unclaimed, "membership": membership, "global_mean": mean,
                  "global_precision": precision}
         return Update(mean.numpy(), state, {"known-clients": membership.clients})
@@ -158,6 +187,18 @@ class FedLap(WireStrategy):
         if not self.covariance:
             return Site(mean, torch.zeros_like(mean), server_round)
         return Site(mean, torch.from_numpy(flatten(payload.tensors["site_precision"], self.layout)), server_round)
+
+    def update_of(self, payload: Payload) -> np.ndarray:
+        """`site_change` from the client's last accepted site (or a fresh one) to the one it reports."""
+        message = payload.message
+        site = self._site(payload, message.header.server_round)
+        previous = self.sites.get(message.header.client_id) if message.resumed_from_round else None
+        if previous is None:
+            previous = Site(self.initial_share * self.global_precision * self.global_mean, torch.zeros_like(site.mean))
+        return site_change(previous, site, self.global_mean, self.global_precision).numpy()
+
+    def state_norm(self) -> float:
+        return torch.cat([self.global_mean, self.global_precision.log()]).norm().item()
 
     def check_reply(self, payload: Payload) -> None:
         """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0. The site must follow

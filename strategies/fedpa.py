@@ -5,7 +5,8 @@ Server half (Alg. 1): Δ = Σ n_i Δ_i / Σ n_i, the example-weighted mean of th
 gradient of a torch optimizer over the flat global model (SERVEROPT: SGD with momentum, Adam or
 Adagrad). Deltas point "old - new", so the server descends: SGD with lr 1 and no momentum on FedAvg
 deltas is FedAvg. The optimizer's state is checkpointed and never reset when the clients switch phase.
-The server tells each client whether the round is a burn-in or a sampling round.
+The server tells each client whether the round is a burn-in or a sampling round. With run config
+`robust-aggregation`, Δ is the clip, median or trimmed-mean of the deltas instead (bayes/robust.py).
 
 Client half. Rounds 1..burn-in-rounds (the released code's 0-based `round >= burn-in` switch):
   burn-in   FedAvg's client exactly (strategies/fedavg.train_locally); Δ = x_0 - θ_final (Alg. 2).
@@ -37,6 +38,7 @@ from flwr.common import log
 from torch.nn.utils import parameters_to_vector
 
 from fedbayes.bayes.params import flatten, set_parameters, unflatten
+from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import Loss, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
@@ -213,13 +215,6 @@ class ServerOptimizer:
         self.optimizer.step()
         return self.theta.detach().clone()
 
-    def state_dict(self) -> dict:
-        """A deep copy of the optimizer's state, to undo a step (`load_state_dict`)."""
-        return copy.deepcopy(self.optimizer.state_dict())
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
-
     def state(self) -> dict[str, np.ndarray]:
         state = self.optimizer.state_dict()["state"].get(0, {})
         return {key: value.detach().numpy().copy() for key, value in state.items() if isinstance(value, torch.Tensor)}
@@ -240,6 +235,7 @@ class FedPA(WireStrategy):
     """FedPA's server: generalized federated optimization (Alg. 1) with burn-in and sampling rounds."""
 
     reply_type = pb.FedPAReply
+    robust_rules = RULES
 
     def __init__(self, settings: RunSettings, layout: TensorLayout) -> None:
         super().__init__(settings, layout)
@@ -267,16 +263,27 @@ class FedPA(WireStrategy):
     def reply_layouts(self):
         return {"delta": self.layout}
 
+    def update_of(self, payload: Payload) -> np.ndarray:
+        return flatten(payload.tensors["delta"], self.layout)
+
+    def state_norm(self) -> float:
+        return self.theta.norm().item()
+
     def absorb(self, payloads: list[Payload], server_round: int) -> Update:
         examples = [float(p.message.num_examples) for p in payloads]
-        deltas = [torch.from_numpy(flatten(p.tensors["delta"], self.layout)) for p in payloads]
-        pseudo_gradient = weighted_mean_delta(deltas, examples)
+        settings = self.settings
+        if settings.robust_aggregation == "none":
+            deltas = [torch.from_numpy(self.update_of(p)) for p in payloads]
+            pseudo_gradient = weighted_mean_delta(deltas, examples)
+        else:
+            pseudo_gradient = torch.from_numpy(robust_mean([self.update_of(p) for p in payloads], examples,
+                                                           settings.robust_aggregation, settings.clip_ratio,
+                                                           settings.trim_fraction))
         if not torch.isfinite(pseudo_gradient).all():  # finite deltas can still overflow their sum
             raise RoundRejected("the averaged delta is not finite")
-        before = self.server_optimizer.state_dict()
-        theta = self.server_optimizer.step(self.theta, pseudo_gradient)
+        server_optimizer = copy.deepcopy(self.server_optimizer)  # stepped here, kept only if the round commits
+        theta = server_optimizer.step(self.theta, pseudo_gradient)
         if not torch.isfinite(theta).all():
-            self.server_optimizer.load_state_dict(before)  # the rejected round leaves no trace
             raise RoundRejected("the global model would be non-finite; lower server-lr")
         metrics = {
             "delta-norm": pseudo_gradient.norm().item(),
@@ -286,7 +293,7 @@ class FedPA(WireStrategy):
         log(INFO, "round %d (%s): |Δ| %.4g, mean samples %.1f, mean |Δ - (x0 - x̄)| %.4g", server_round,
             "sampling" if self.is_sampling_round(server_round) else "burn-in", metrics["delta-norm"],
             metrics["samples"], metrics["correction-norm"])
-        return Update(theta.numpy(), metrics=metrics)
+        return Update(theta.numpy(), {"server_optimizer": server_optimizer}, metrics)
 
     def state_dict(self) -> ServerState:
         """The server optimizer's state (momentum, Adam moments, Adagrad sums, step count)."""

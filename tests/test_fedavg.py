@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from flwr.app import Error
+from flwr.app import Array, ArrayRecord, Error
 
 from fedbayes.bayes.params import get_parameters, parameter_layout
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
@@ -13,6 +13,7 @@ from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.fedavg import FedAvg, _proximal_term
 from fedbayes.tasks.config import RunSettings
 from tests.helpers import LAYOUT, fedavg_reply, reply_message
+from tests.inprocess import FakeGrid
 from tests.test_config import DEFAULTS
 
 
@@ -20,8 +21,15 @@ def settings(**overrides):
     return RunSettings.from_run_config({**DEFAULTS, "federation": "fed", **overrides})
 
 
+def configured(strategy: FedAvg, nodes) -> FedAvg:
+    """`strategy` after round 1's configure_train, which sends w_g = 0 (what the screen measures updates from)."""
+    zeros = ArrayRecord({name: Array(np.zeros(shape, np.float32)) for name, shape in LAYOUT.items()})
+    strategy.configure_train(1, zeros, None, FakeGrid(nodes))
+    return strategy
+
+
 def test_weighted_average_of_accepted_replies_only():
-    strategy = FedAvg(settings(), LAYOUT)
+    strategy = configured(FedAvg(settings(), LAYOUT), [11, 12, 13, 14, 15])
     bad = fedavg_reply("client-2", value=7.0)
     bad[TENSORS_KEY][PACKED_ARRAY].data = b"\x00"  # corrupt bytes inside the Array
     replies = [
@@ -46,7 +54,7 @@ def test_weighted_average_of_accepted_replies_only():
 
 def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
     limit_mb = 60 / 2**20  # LAYOUT is 15 float32 = 60 bytes of tensors, plus the envelope
-    strategy = FedAvg(settings(**{"max-payload-mb": limit_mb}), LAYOUT)
+    strategy = configured(FedAvg(settings(**{"max-payload-mb": limit_mb}), LAYOUT), [11])
     assert strategy.aggregate_train(1, [reply_message(fedavg_reply("client-0"), node_id=11)]) == (None, None)
     reason = strategy.round_report.rejected["client 'client-0' (node 11)"]
     assert "payload is 0.0 MiB, over the limit max-payload-mb=" in reason

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from fedbayes.protos.codec import ENVELOPE_KEY, PACKED_ARRAY, TENSORS_KEY, encode, with_envelope
+from fedbayes.strategies.base import WIRE_STATE_KEY
 from tests.helpers import declared_payload, reply_message
 from tests.inprocess import FakeGrid, InProcessFederation
 
@@ -91,8 +93,13 @@ def _with_server_field(content, message_type, field_name):
 
 
 def server_snapshot(server):
+    """The server's state without its quarantine bookkeeping (which counts the rogue's refusal)."""
     state = server.state_dict()
-    return {name: np.asarray(value).copy() for name, value in state.tensors.items()}, dict(state.metadata)
+    metadata = dict(state.metadata)
+    wire = json.loads(metadata[WIRE_STATE_KEY])
+    del wire["quarantine"]
+    metadata[WIRE_STATE_KEY] = json.dumps(wire)
+    return {name: np.asarray(value).copy() for name, value in state.tensors.items()}, metadata
 
 
 def assert_same_state(server, control):

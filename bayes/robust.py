@@ -1,0 +1,76 @@
+"""Robust statistics of a round's client updates: the screen that refuses an absurd update before it is
+aggregated, and the robust aggregation rules (norm clipping, coordinate-wise median and trimmed mean).
+
+An update is one client's change to the server's state, as a flat float64 vector in the strategy's own
+parameters (weights for FedAvg, natural parameters for the Gaussian strategies, particles for DSVGD).
+
+Guarantees (K updates, at most B of them bad):
+  screen        an update longer than `ratio` x max(median of the others' norms, the state's norm) is refused:
+                no single update can be more than that many times longer than the honest ones or the state
+                (with B < (K-1)/2, the median of the others is an honest norm).
+  clip          every update is scaled down to at most `ratio` x the median norm of the round's updates: a bad
+                client moves the aggregate by at most ratio x median x its weight (with B < K/2).
+  median        the coordinate-wise median: each coordinate of the aggregate lies within the honest updates'
+                range of that coordinate when B < K/2.
+  trimmed-mean  the coordinate-wise mean after dropping the `fraction` x K largest and smallest values of each
+                coordinate: within the honest range when B <= fraction x K.
+The median and the trimmed mean are unweighted: a bad client could otherwise claim many examples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+RULES = ("none", "clip", "median", "trimmed-mean")
+
+
+def norms(updates: Sequence[np.ndarray]) -> np.ndarray:
+    """The Euclidean norm of each update (float64; inf for one too large to square)."""
+    return np.array([float(np.linalg.norm(update)) for update in updates], dtype=np.float64)
+
+
+def screen_bounds(update_norms: np.ndarray, state_norm: float, ratio: float) -> np.ndarray:
+    """Per update, the longest norm the screen lets through: `ratio` x the larger of the median of the OTHER
+    updates' norms (so an update cannot raise its own bound) and the state's norm (so one reply in a round,
+    DSVGD's, is bounded too, and a round of tiny updates does not refuse an ordinary one)."""
+    bounds = np.empty_like(update_norms)
+    for index in range(len(update_norms)):
+        others = np.delete(update_norms, index)
+        reference = float(np.median(others)) if len(others) else 0.0
+        bounds[index] = ratio * max(reference, state_norm)
+    return bounds
+
+
+def clip_factors(update_norms: np.ndarray, ratio: float) -> np.ndarray:
+    """min(1, ratio x median / norm) per update: the factor that scales it to at most ratio x the median norm."""
+    bound = ratio * float(np.median(update_norms))
+    with np.errstate(divide="ignore"):
+        return np.minimum(1.0, np.where(update_norms > 0, bound / update_norms, 1.0))
+
+
+def trimmed_mean(stacked: np.ndarray, fraction: float) -> np.ndarray:
+    """The coordinate-wise mean of `stacked` (K, P) without the floor(fraction x K) smallest and largest values
+    of each coordinate."""
+    cut = math.floor(fraction * len(stacked))
+    ordered = np.sort(stacked, axis=0)
+    return ordered[cut:len(stacked) - cut].mean(axis=0)
+
+
+def robust_mean(updates: Sequence[np.ndarray], weights: Sequence[float], rule: str, clip_ratio: float,
+                trim_fraction: float) -> np.ndarray:
+    """The aggregate of `updates` under `rule` (see the module docstring); `weights` (e.g. example counts) weight
+    the mean for none and clip."""
+    stacked = np.stack(updates).astype(np.float64, copy=False)
+    if rule == "median":
+        return np.median(stacked, axis=0)
+    if rule == "trimmed-mean":
+        return trimmed_mean(stacked, trim_fraction)
+    weights = np.asarray(weights, dtype=np.float64)
+    if rule == "clip":
+        stacked = stacked * clip_factors(norms(updates), clip_ratio)[:, None]
+    elif rule != "none":
+        raise ValueError(f"unknown robust aggregation rule {rule!r}; one of {', '.join(RULES)}")
+    return np.tensordot(weights / weights.sum(), stacked, axes=1)
