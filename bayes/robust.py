@@ -35,12 +35,13 @@ def norms(updates: Sequence[np.ndarray]) -> np.ndarray:
 def screen_bounds(update_norms: np.ndarray, state_norm: float, ratio: float) -> np.ndarray:
     """Per update, the longest norm the screen lets through: `ratio` x the larger of the median of the OTHER
     updates' norms (so an update cannot raise its own bound) and the state's norm (so one reply in a round,
-    DSVGD's, is bounded too, and a round of tiny updates does not refuse an ordinary one)."""
+    DSVGD's, is bounded too, and a round of tiny updates does not refuse an ordinary one). An update with nothing
+    to compare with (the only one, from a state of zeros) is not bounded."""
     bounds = np.empty_like(update_norms)
     for index in range(len(update_norms)):
         others = np.delete(update_norms, index)
-        reference = float(np.median(others)) if len(others) else 0.0
-        bounds[index] = ratio * max(reference, state_norm)
+        reference = max(float(np.median(others)) if len(others) else 0.0, state_norm)
+        bounds[index] = ratio * reference if reference > 0 else np.inf
     return bounds
 
 
@@ -49,6 +50,12 @@ def clip_factors(update_norms: np.ndarray, ratio: float) -> np.ndarray:
     bound = ratio * float(np.median(update_norms))
     with np.errstate(divide="ignore"):
         return np.minimum(1.0, np.where(update_norms > 0, bound / update_norms, 1.0))
+
+
+def part_clip_factors(parts: Sequence[Sequence[np.ndarray]], ratio: float) -> np.ndarray:
+    """Per item, the smallest `clip_factors` any of its parts needs: `parts[j][k]` is part j (e.g. a natural mean,
+    a precision) of item k. Parts are measured apart, so one with large values cannot hide another's outlier."""
+    return np.min([clip_factors(norms(part), ratio) for part in parts], axis=0)
 
 
 def trimmed_mean(stacked: np.ndarray, fraction: float) -> np.ndarray:

@@ -49,7 +49,7 @@ def run(strategy: str, rounds: int, seed: int, extra: dict, tag: str) -> dict:
     rows = run_local(LocalRun(
         strategy=strategy, clients=10, rounds=rounds, dataset="fmnist", fraction=0.1, split="iid", seed=seed,
         results=RESULTS / f"{name}.jsonl", workdir=Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-dsvgd-{name}",
-        overrides={**MODEL, **PRESETS[strategy], **extra},
+        overrides={**MODEL, **PRESETS[strategy], **extra, "results-exists": "replace"},  # a rerun replaces its rows
     ))
     return {"strategy": strategy, "seed": seed, "tag": tag, "overrides": {**MODEL, **PRESETS[strategy], **extra},
             "rows": rows,

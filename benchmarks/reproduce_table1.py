@@ -245,7 +245,8 @@ def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: 
         strategy=strategy, clients=args.clients or spec.clients, rounds=args.rounds, dataset=spec.dataset,
         fraction=spec.fraction, split=split, seed=args.seed, results=results_dir(setup, args.tag) / f"{name}.jsonl",
         workdir=Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
-        overrides={**spec.common, **spec.presets[(strategy, split)], **data, **extra},
+        overrides={**spec.common, **spec.presets[(strategy, split)], **data, **extra,
+                   "results-exists": "replace"},  # a rerun of a run replaces its rows
     )
     if spec.engine == "deployment":
         if args.stop_after:

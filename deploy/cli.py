@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from fedbayes.tasks.config import AT_LEAST_ONE, CORE_KEYS, NON_NEGATIVE, Check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,20 +64,49 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def checked_number(kind: type[int] | type[float], check: Check) -> Callable[[str], int | float]:
+    """An argparse `type=` for a numeric option: a finite `kind` that passes `check`. argparse names the option in
+    the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        if not check.test(value):
+            raise argparse.ArgumentTypeError(f"{check.requirement}, got {text!r}")
+        return value
+
+    return parse
+
+
+def run_config_number(name: str) -> Callable[[str], int | float]:
+    """The type and check of core run-config key `name`, for the option that sets it: both refuse the same values."""
+    key = next(key for key in CORE_KEYS if key.name == name)
+    return checked_number(key.type, key.check)
+
+
 def _add_split_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--clients", type=int, required=True)
+    parser.add_argument("--clients", type=checked_number(int, AT_LEAST_ONE), required=True)
     parser.add_argument("--dataset", default="fmnist", help="fmnist, mnist, cifar10, cifar100, or npz:DIR")
     parser.add_argument("--data-root", default="", help="torchvision layout root ('' = Debian's Fashion-MNIST)")
-    parser.add_argument("--fraction", type=float, default=1.0, help="fraction of the training set (0.1 = FMNIST-10%%)")
+    parser.add_argument("--fraction", type=run_config_number("fraction"), default=1.0,
+                        help="fraction of the training set, in (0, 1] (0.1 = FMNIST-10%%)")
     parser.add_argument("--split", default="iid", choices=("iid", "dirichlet", "two-class"))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=run_config_number("seed"), default=0, help="in [0, 2^32)")
 
 
 def _add_local(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", required=True)
-    parser.add_argument("--rounds", type=int, required=True)
+    parser.add_argument("--rounds", type=run_config_number("num-server-rounds"), required=True)
     _add_split_arguments(parser)
-    parser.add_argument("--results", type=Path, help="JSON-lines results file (default: <workdir>/results.jsonl)")
+    parser.add_argument("--results", type=Path, metavar="FILE",
+                        help="JSON-lines results file (default: <workdir>/results.jsonl); one that is not empty is "
+                             "refused unless --set results-exists=append (this run's rows after its own) or "
+                             "results-exists=replace")
     parser.add_argument("--workdir", type=Path,
                         help="logs, Flower home, server checkpoints and client state; a new or empty directory "
                              "(default: runs/<time>-<strategy>), or with --resume one that holds a federation")
@@ -85,7 +118,7 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
         help="shared (default): ClientApps fork from one warm process that serves every SuperNode; fork: from a "
              "warm process per SuperNode; subprocess: Flower's fresh process per message (2-5 s of imports each)",
     )
-    parser.add_argument("--parallel-tasks", type=int, default=None, metavar="N",
+    parser.add_argument("--parallel-tasks", type=checked_number(int, NON_NEGATIVE), default=None, metavar="N",
                         help="at most N ClientApps compute at once (default: this machine's cores; 0: no limit)")
     parser.set_defaults(handler=_run_local)
 
@@ -96,6 +129,9 @@ def _run_local(args: argparse.Namespace) -> int:
     overrides = dict(parse_override(item) for item in args.set)
     if args.data_root:
         overrides["data-root"] = args.data_root
+    for key in ("data-root", "split-file"):  # made absolute: the federation's processes run in the workdir
+        if isinstance(overrides.get(key), str) and overrides[key]:
+            overrides[key] = str(Path(overrides[key]).resolve())
     workdir = args.workdir or default_workdir(args.strategy)
     run_local(
         LocalRun(

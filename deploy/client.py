@@ -4,6 +4,8 @@
     fedbayes client --superlink fl.example.org:9092 --ca ca.crt --key hospital-d \\
         --client-id hospital-d --data /data/hospital-d.npz --state-dir /var/lib/fedbayes
 
+Every option is checked on this machine first, before the SuperLink is asked anything, and a refusal names
+it (--ca and --key readable and usable, --client-id, --data's header, --state-dir and --log-dir writable).
 `--check` connects, authenticates and reports what the SuperLink says about this key, step by step,
 without joining a run (deploy/fleet_probe.py). Without it the same checks run first, retried with
 backoff for up to --activation-timeout seconds while the SuperLink is unreachable or still holds this
@@ -21,14 +23,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check
+from fedbayes.deploy.cli import checked_number
+from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
-from fedbayes.tasks.config import _is_safe_name
+from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH  # the server refuses every reply from a longer id
+from fedbayes.tasks.config import NON_NEGATIVE, _is_safe_name
+from fedbayes.tasks.preflight import unwritable
 
 DEFAULT_STATE_DIR = Path("/var/lib/fedbayes")
 # A SuperNode that died without signing off stays online at the SuperLink until two 30 s heartbeats lapse.
@@ -79,26 +85,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, help=".npz with `x` and `y` (README \"Bring your own data\"; required unless --check)")
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="durable client state")
     parser.add_argument("--log-dir", type=Path, help="write the two processes' logs here (default: this terminal)")
-    parser.add_argument("--activation-timeout", type=float, default=DEFAULT_ACTIVATION_TIMEOUT, metavar="SECONDS",
+    parser.add_argument("--activation-timeout", type=checked_number(float, NON_NEGATIVE),
+                        default=DEFAULT_ACTIVATION_TIMEOUT, metavar="SECONDS",
                         help="how long to retry while the SuperLink is unreachable or still holds this key's node")
 
 
 def run(args: argparse.Namespace) -> int:
-    target = FleetTarget.from_address(args.superlink, args.ca, args.key)
+    target = fleet_target(args)
     if args.check:
         node_id = check(target, say=print)
         print(f"ok: this machine can join the federation at {target.address} as node {node_id}; "
               "run the same command without --check (and with --client-id, --data) to join")
         return 0
-    if args.client_id is None or args.data is None:
-        raise ValueError("joining needs --client-id and --data (only --check does without them)")
-    if not _is_safe_name(args.client_id):
-        raise ValueError(f"--client-id {args.client_id!r} must match [A-Za-z0-9._-]+")
-    if not args.data.is_file():
-        raise FileNotFoundError(f"--data {args.data} does not exist")
+    check_joining(args)
     node_id = wait_until_accepted(target, args.activation_timeout)
     say(f"the SuperLink at {target.address} accepts this key as node {node_id}")
     return run_supernode(args)
+
+
+def fleet_target(args: argparse.Namespace) -> FleetTarget:
+    """The SuperLink as --superlink, --ca and --key name it, each checked on this machine first, before the
+    SuperLink is asked anything (an unreachable one is retried; a bad file would only be named after that)."""
+    target = FleetTarget.from_address(args.superlink, args.ca, args.key)
+    if not 0 < target.port < 65536:
+        raise ValueError(f"--superlink {args.superlink!r}: port {target.port} is not in 1..65535")
+    try:
+        ssl.create_default_context(cafile=str(args.ca))
+    except OSError as error:  # ssl.SSLError (no certificate in it) is one
+        raise ValueError(f"--ca {args.ca} is not a readable PEM certificate file ({error.strerror or error}); use "
+                         "the federation's ca.crt, from its operator") from None
+    try:
+        load_private_key(args.key)  # a ProbeError naming --key for a key the SuperLink cannot accept
+    except OSError as error:
+        raise ValueError(f"--key {args.key} cannot be read ({error.strerror or error})") from None
+    return target
+
+
+def check_joining(args: argparse.Namespace) -> None:
+    """Refuse, naming the option, what joining needs and this machine can check before it starts anything."""
+    from fedbayes.tasks.npzdata import NpzDataError, read_header
+
+    if args.client_id is None or args.data is None:
+        raise ValueError("joining needs --client-id and --data (only --check does without them)")
+    client_id = args.client_id
+    if not (client_id.isascii() and _is_safe_name(client_id) and len(client_id) <= MAX_CLIENT_ID_LENGTH):
+        raise ValueError(f"--client-id {client_id!r} must be 1 to {MAX_CLIENT_ID_LENGTH} characters of [A-Za-z0-9._-]")
+    try:
+        read_header(args.data)  # keys, dtypes, shapes and labels; the ClientApp checks `x` itself
+    except NpzDataError as error:
+        raise ValueError(f"--data: {error}") from None
+    for option, folder in (("--state-dir", args.state_dir), ("--log-dir", args.log_dir)):
+        if folder is not None and (problem := unwritable(folder, directory=True)):
+            raise ValueError(f"{option}: {problem}")
 
 
 def wait_until_accepted(target: FleetTarget, timeout: float) -> int:

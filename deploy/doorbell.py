@@ -11,14 +11,30 @@ no file, nothing left behind, reachable only within the network namespace (machi
 Ringing with no one listening does nothing (Flower's own `flower-superexec`, an executor elsewhere). An executor
 that has never heard its bell (a SuperNode in another container, or Flower's `flower-supernode`) keeps polling
 as Flower does; once it has, it waits for the bell, and asks at least every `HEARD_POLL` seconds in case a
-ring was lost. Any process in the namespace can ring: a ring only makes the executor ask, which it may always do.
+ring was lost.
+
+Any process in the namespace can send to the bell, so the executor guards it two ways. Every ring carries its
+sender's pid (SO_PASSCRED: the kernel fills it in, the process's pid for any of its threads, and only a
+privileged sender can claim another): a Doorbell that knows its SuperNode's process (the executor's
+`--parent-pid`) answers only that process's rings and drops the others, reporting the first stranger once.
+And once answered, the bell goes unheard for `RING_INTERVAL` (rings meanwhile wait in the socket): a process
+ringing in a loop, a stranger or the SuperNode itself, makes the executor wake, and ask, at most about as often
+as Flower's own polling (FLWR_SUPEREXEC_TASK_POLL_INTERVAL, which we set to 0.2 s), not in a spin.
 """
 
 from __future__ import annotations
 
 import socket
+import struct
+import time
+from collections.abc import Callable
 
 HEARD_POLL = 2.0
+RING_INTERVAL = 0.2  # seconds the bell goes unheard after it was answered
+# Rings one answer takes at most: more than the socket queues (net.unix.max_dgram_qlen, 10 by default), and a bound,
+# so that a process ringing as fast as they are taken cannot keep the answer from ending.
+RINGS_PER_ANSWER = 64
+UCRED = struct.Struct("iII")  # Linux's struct ucred: pid, uid, gid
 
 
 def bell_address(runtime_port: int) -> bytes:
@@ -36,22 +52,47 @@ def ring(runtime_port: int) -> None:
 
 class Doorbell:
     """The executor's side: its `socket` becomes readable when the bell rings; `answer()` then empties it, and from
-    then on the executor waits for the bell between asks (asking at least every HEARD_POLL seconds)."""
+    then on the executor waits for the bell between asks (asking at least every HEARD_POLL seconds). With
+    `ringer_pid`, only that process's rings count (None: anyone's); `on_stranger(pid)` hears of the first other
+    process that rang."""
 
-    def __init__(self, runtime_port: int) -> None:
+    def __init__(self, runtime_port: int, ringer_pid: int | None, on_stranger: Callable[[int | None], None]) -> None:
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # before any ring: each carries its pid
         self.socket.bind(bell_address(runtime_port))  # OSError if another process already listens for this port
         self.socket.setblocking(False)
+        self.ringer_pid, self.on_stranger = ringer_pid, on_stranger
         self.heard = False
+        self.stranger_rang = False
+        self.quiet_until = 0.0  # time.monotonic() until which the bell goes unheard
+
+    def listening(self) -> bool:
+        return time.monotonic() >= self.quiet_until
 
     def answer(self) -> bool:
-        """Take every ring so far (one ask answers them all); whether there was one."""
+        """Take the rings so far (one ask answers them all); whether the SuperNode rang (anyone, without a
+        ringer_pid). The bell then goes unheard for RING_INTERVAL."""
         rang = False
-        while True:
+        for _ in range(RINGS_PER_ANSWER):
             try:
-                self.socket.recv(16)
+                _, ancillary, _, _ = self.socket.recvmsg(16, socket.CMSG_SPACE(UCRED.size))
             except BlockingIOError:
                 break
-            rang = True
+            pid = _sender_pid(ancillary)
+            if self.ringer_pid is None or pid == self.ringer_pid:
+                rang = True
+            elif not self.stranger_rang:
+                self.stranger_rang = True
+                self.on_stranger(pid)
         self.heard |= rang
+        self.quiet_until = time.monotonic() + RING_INTERVAL
         return rang
+
+
+def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The ringing process's pid, from the credentials the kernel attached (None if none were: a ring then counts
+    only for a Doorbell that answers anyone)."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return UCRED.unpack_from(data)[0]
+    return None

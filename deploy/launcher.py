@@ -49,6 +49,8 @@ from fedbayes.deploy.processes import (
     kill_tree,
     process_env,
 )
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
 
@@ -131,31 +133,34 @@ def stop_processes_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def check_run_config(run_config: dict[str, Any], clients: int) -> None:
+def check_run_config(run_config: dict[str, Any], clients: int, new_federation: bool = True) -> RunSettings:
     """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
     federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
-    checks against this machine (tasks.config.ConfigError, a ValueError, names the key)."""
-    from fedbayes.tasks.config import RunSettings, default_run_config
+    checks against this machine (tasks.config.ConfigError, a ValueError, names the key). The run's settings."""
+    from fedbayes.tasks.config import default_run_config
     from fedbayes.tasks.preflight import preflight
 
     defaults = default_run_config(str(run_config.get("strategy", "")))
-    preflight(RunSettings.from_run_config({**defaults, **run_config}), clients)
+    settings = RunSettings.from_run_config({**defaults, **run_config})
+    preflight(settings, clients, new_federation)
+    return settings
 
 
 def check_workdir(workdir: Path, resume: bool) -> None:
     """A new federation needs a new or empty workdir; --resume one that holds a federation. An existing
-    workdir is never emptied: it may hold the server's checkpoints and the clients' state."""
+    workdir is never emptied: it may hold the server's checkpoints and the clients' state. Either way this
+    user must be able to write in it (or make it)."""
     holds_federation = (workdir / FLWR_HOME).is_dir()
     if resume and not holds_federation:
         raise ValueError(f"--resume: {workdir} holds no federation to resume (no {FLWR_HOME}/ in it)")
-    if resume or not workdir.exists():
-        return
-    if holds_federation:
+    if not resume and holds_federation:
         raise ValueError(f"--workdir {workdir} already holds federation {workdir.name!r}; add --resume to continue it, "
                          "or choose another --workdir (nothing was deleted)")
-    if not workdir.is_dir() or any(workdir.iterdir()):
+    if not resume and workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
         raise ValueError(f"--workdir {workdir} exists and is not an empty directory; choose a new or empty one "
                          "(nothing was deleted)")
+    if problem := unwritable(workdir, directory=True):
+        raise ValueError(f"--workdir: {problem}")
 
 
 def run_local(spec: LocalRun) -> list[dict[str, Any]]:
@@ -166,14 +171,17 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     workdir = (spec.workdir or default_workdir(spec.strategy)).resolve()
     results = (spec.results or workdir / "results.jsonl").resolve()
     check_workdir(workdir, spec.resume)
-    check_run_config(spec.run_config(workdir, results), spec.clients)
+    settings = check_run_config(spec.run_config(workdir, results), spec.clients, new_federation=not spec.resume)
     say = (lambda *a: None) if spec.quiet else (lambda *a: print(*a, flush=True))
     say(
         "WARNING: fedbayes local runs INSECURE (no TLS, no node authentication) on 127.0.0.1 only. "
         "Use the deploy/ path for anything that crosses a network."
     )
-    if not spec.resume:
-        results.unlink(missing_ok=True)  # an earlier run's rows must not be read as this run's
+    if not spec.resume and settings.results_exists == "replace":
+        results.unlink(missing_ok=True)  # asked for; before the run, so that no earlier row is read as this run's
+    # A new federation's rows start after the lines the file holds (appended to: results-exists=append; a resume
+    # writes its rows again from its checkpoint's round on, and they are read by round).
+    earlier_lines = 0 if spec.resume else _line_count(results)
     with LocalFederation(workdir, spec.executor, parallel_tasks=spec.parallel_tasks) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
@@ -182,7 +190,8 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
         if spec.resume_hint:
             say(f"federation {workdir.name} in {workdir}; to resume it after an interruption: {spec.resume_hint}")
         say(TABLE_HEADER)
-        return federation.follow(results, submit, spec.rounds, on_row=lambda row: say(format_row(row)))
+        return federation.follow(results, submit, spec.rounds, on_row=lambda row: say(format_row(row)),
+                                 skip_lines=earlier_lines)
 
 
 def default_workdir(strategy: str) -> Path:
@@ -402,17 +411,18 @@ class LocalFederation:
                 if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))}
 
     def follow(
-        self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None]
+        self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None],
+        skip_lines: int = 0,
     ) -> list[dict[str, Any]]:
-        """Hand each round's results to `on_row` as the ServerApp appends them; return them all when the
-        submission ends. Raise RuntimeError when the SuperLink or a SuperNode dies, RunFailed when the run
-        fails, its ServerApp dies or it ends before `rounds` rounds. A submission stopped on purpose
-        (ProcessGroup.stop) just ends the following."""
+        """Hand each round's results to `on_row` as the ServerApp appends them after the file's first
+        `skip_lines` lines (an earlier run's); return them all when the submission ends. Raise RuntimeError
+        when the SuperLink or a SuperNode dies, RunFailed when the run fails, its ServerApp dies or it ends
+        before `rounds` rounds. A submission stopped on purpose (ProcessGroup.stop) just ends the following."""
         rows: dict[int, dict[str, Any]] = {}  # by round: a resumed run writes again the rounds after its checkpoint
         serverapp = _ServerAppWatch(self, submit)
         while True:
             finished = submit.popen.poll() is not None
-            for row in _read_rows(results):
+            for row in _read_rows(results, skip_lines):
                 if row["round"] not in rows:
                     on_row(row)
                 rows[row["round"]] = row
@@ -520,8 +530,17 @@ def _unused_log_dir(workdir: Path) -> Path:
     return next(path for path in candidates if not path.exists() or not any(path.iterdir()))
 
 
-def _read_rows(results: Path) -> list[dict[str, Any]]:
+def _read_rows(results: Path, skip_lines: int = 0) -> list[dict[str, Any]]:
     if not results.exists():
         return []
-    complete_lines = results.read_text().split("\n")[:-1]  # the last piece may be a line being written
-    return [json.loads(line) for line in complete_lines if line.strip()]
+    complete_lines = results.read_text(errors="replace").split("\n")[:-1]  # the last piece may be a line being written
+    return [json.loads(line) for line in complete_lines[skip_lines:] if line.strip()]
+
+
+def _line_count(path: Path) -> int:
+    """Lines in `path` (0 if there is none), a last one without a newline included: ResultsLog ends it before it
+    appends."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(errors="replace").split("\n")
+    return len(lines) - (lines[-1] == "")

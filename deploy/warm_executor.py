@@ -25,7 +25,8 @@ Before the first fork the parent freezes its heap out of the garbage collector (
 collections do not walk, and thereby copy, the parent's millions of objects.
 
 Between asks for a task it waits for the SuperNodes' doorbells (deploy/doorbell.py) rather than Flower's fixed
-poll interval.
+poll interval, heeding only the rings of each SuperNode's own process (with `--parent-pid`), at most one per
+`RING_INTERVAL`.
 """
 
 from __future__ import annotations
@@ -172,13 +173,21 @@ class ServedSuperNode:
         self.plugin = AutoExecPlugin(runtime_api_address=address, insecure=insecure,
                                      root_certificates_path=root_certificates, runtime_dependency_install=False,
                                      executor=self.executor)
-        self.bell = _doorbell(address)
+        self.bell = _doorbell(address, parent_pid)
         self.process = None if parent_pid is None else os.pidfd_open(parent_pid)  # readable once it has exited
         self.next_ask = 0.0
         self.unreachable: str | None = None
 
     def waitables(self) -> list:
-        return [handle for handle in (self.bell and self.bell.socket, self.process) if handle is not None]
+        bell = self.bell.socket if self.bell is not None and self.bell.listening() else None
+        return [handle for handle in (bell, self.process) if handle is not None]
+
+    def wakes_at(self) -> float:
+        """When the loop must look at this SuperNode again without a waitable ready: its next ask, or the end of its
+        bell's quiet spell (the bell is then listened to again)."""
+        if self.bell is None or self.bell.listening():
+            return self.next_ask
+        return min(self.next_ask, self.bell.quiet_until)
 
     def ask(self) -> None:
         """Ask the SuperNode for a ClientApp task and fork it, if there is one."""
@@ -216,11 +225,17 @@ class ServedSuperNode:
             os.close(self.process)
 
 
-def _doorbell(address: str) -> Doorbell | None:
-    """The doorbell of the SuperNode at `address`, or None (we then poll it) if another process listens for it."""
+def _doorbell(address: str, parent_pid: int | None) -> Doorbell | None:
+    """The doorbell of the SuperNode at `address`, answering only its process (`parent_pid`; anyone's rings if not
+    given), or None (we then poll it) if another process listens for it."""
     port = int(address.rsplit(":", 1)[1])
+
+    def report_stranger(pid: int | None) -> None:
+        _say(f"process {pid} rang the doorbell of the SuperNode at {address}, which is process {parent_pid}; its "
+             f"rings, and any other stranger's, are dropped (reported once)")
+
     try:
-        return Doorbell(port)
+        return Doorbell(port, parent_pid, report_stranger)
     except OSError as error:
         _say(f"no doorbell for the SuperNode on port {port} ({error}); polling it instead")
         return None
@@ -231,7 +246,7 @@ def serve(nodes: list[ServedSuperNode]) -> None:
     stop serving a SuperNode whose process has exited; return once none is left."""
     while nodes:
         now = time.monotonic()
-        timeout = max(0.0, min(node.next_ask for node in nodes) - now)
+        timeout = max(0.0, min(node.wakes_at() for node in nodes) - now)
         ready, _, _ = select.select([handle for node in nodes for handle in node.waitables()], [], [], timeout)
         for node in list(nodes):
             if node.process is not None and node.process in ready:

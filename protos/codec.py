@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message as ProtoMessage
 
@@ -24,6 +24,7 @@ from fedbayes.protos import payloads_pb2 as pb
 ENVELOPE_KEY = "fedbayes"
 TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client's phase seconds (measurement only)
 MAX_TIMINGS = 16
+NUMBER_BYTES = 8  # what payload_bytes counts for an int, float or bool of a config or metric record
 CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
 
 # Every tensor of a payload rides in one Array: Flower sends each Array, ArrayRecord and chunk as an object of its
@@ -142,12 +143,41 @@ def reply_timings(content: RecordDict) -> dict[str, float]:
 
 
 def payload_bytes(content: RecordDict) -> int:
-    """Bytes a payload carries: its tensors as serialized in Flower's Arrays (.npy bytes) plus its
-    protobuf envelope: what a receiver holds in memory before it can decode anything."""
-    tensors = sum(len(array.data) for record in content.array_records.values() for array in record.values())
-    envelope = content.config_records.get(ENVELOPE_KEY)
-    message = envelope.get("message") if envelope is not None else None
-    return tensors + (len(message) if isinstance(message, bytes) else 0)
+    """Bytes a payload carries, every record counted (tensors, envelope, timings, and anything else a sender put in):
+    every Array's .npy bytes and declared dtype, stype and shape, every config and metric value, every key. What
+    a receiver holds in memory before it can decode anything, so what `max-payload-mb` bounds."""
+    return sum(_text_bytes(name) + _record_bytes(record) for name, record in content.items())
+
+
+def _record_bytes(record: ArrayRecord | ConfigRecord | MetricRecord) -> int:
+    if isinstance(record, ArrayRecord):
+        return sum(_text_bytes(key) + _array_bytes(array) for key, array in record.items())
+    if isinstance(record, (ConfigRecord, MetricRecord)):
+        return sum(_text_bytes(key) + _value_bytes(value) for key, value in record.items())
+    raise TypeError(f"a RecordDict holds no {type(record).__name__}")
+
+
+def _array_bytes(array: Array) -> int:
+    return len(array.data) + _text_bytes(array.dtype) + _text_bytes(array.stype) + NUMBER_BYTES * len(array.shape)
+
+
+def _value_bytes(value: object) -> int:
+    """A config or metric value's bytes: its own for bytes and str, NUMBER_BYTES per number (int, float, bool, as
+    Flower's wire format stores them, at most), the sum of its items' for a list."""
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, str):
+        return _text_bytes(value)
+    if isinstance(value, (int, float)):  # bool is an int
+        return NUMBER_BYTES
+    if isinstance(value, list):
+        return sum(_value_bytes(item) for item in value)
+    raise TypeError(f"a config or metric record holds no {type(value).__name__}")
+
+
+def _text_bytes(text: str) -> int:
+    """UTF-8 length, without copying an ASCII string (a padded one may be hundreds of MiB)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def check_payload_size(content: RecordDict, max_mb: float, sender: str) -> None:

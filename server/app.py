@@ -100,12 +100,16 @@ def run_federation(grid: Grid, context: Context) -> None:
             min_clients=settings.min_clients,
             max_payload_mb=settings.max_payload_mb,
             max_failed_rounds=settings.max_failed_rounds,
+            straggler_wait=settings.straggler_wait,
+            results_exists=settings.results_exists,
         ),
         evaluate,
         settings.results_path,
         # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
         CheckpointStore(server_state_dir, settings.federation,
-                        {**context.run_config, "federation": settings.federation}),
+                        {**context.run_config, "federation": settings.federation},
+                        initial_arrays={name: array.numpy() for name, array in initial.items()},
+                        keep=settings.keep_checkpoints, resume_from_round=settings.resume_from_round),
     )
 
 

@@ -16,6 +16,7 @@ in between resumes from checkpoint t-1 and its clients still hold every state it
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import threading
@@ -32,7 +33,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from fedbayes.deploy.object_pulls import shorten_pull_backoff
+from fedbayes.deploy.object_pulls import bound_reply_pulls, shorten_pull_backoff
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.strategies.base import RoundReport, ServerState, WireStrategy
@@ -50,25 +51,62 @@ class LoopSettings:
     min_clients: int = 1  # before every round
     max_payload_mb: float = 512.0
     max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
+    straggler_wait: float = 0.0  # once half the replies are in, wait at most this multiple of their time (0: off)
+    results_exists: str = "refuse"  # a new federation's results file that holds rows: refuse, append or replace
     pipeline_evaluation: bool = True  # evaluate and checkpoint round t while round t+1 trains (RoundFinisher)
 
 
 class ResultsLog:
-    """One JSON object per round, appended and flushed as soon as the round ends. A resumed run keeps
-    the rows of the rounds its checkpoint covers and drops any later ones (rounds it runs again)."""
+    """One JSON object per round, appended and flushed as soon as the round ends.
 
-    def __init__(self, path: str, keep_through_round: int = 0) -> None:
+    A resumed run (`keep_through_round`: its checkpoint's round) drops the rows at the file's end of the rounds
+    after its checkpoint, which it runs again, and keeps every line before them (an earlier run's, appended to).
+    A new federation (no checkpoint) whose file is not empty does what run config `results-exists` says
+    (`if_exists`): refuse (ConfigError naming the keys; the file is left as it is), append after what the file
+    holds, or replace it."""
+
+    def __init__(self, path: str, keep_through_round: int = 0, if_exists: str = "refuse") -> None:
         self.path = Path(path) if path else None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            kept = [line for line in self._lines() if json.loads(line)["round"] <= keep_through_round]
-            self.path.write_text("".join(f"{line}\n" for line in kept))
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if keep_through_round > 0:
+            self._drop_rounds_after(keep_through_round)
+        elif self.path.exists() and self.path.stat().st_size > 0:
+            self._start_on_existing(if_exists)
 
-    def _lines(self) -> list[str]:
-        if not self.path.exists():
-            return []
-        # A line cut short by a crash is not a row.
-        return [line for line in self.path.read_text().split("\n")[:-1] if line.strip()]
+    def _drop_rounds_after(self, server_round: int) -> None:
+        text = self.path.read_text() if self.path.exists() else ""
+        lines = text.split("\n")[:-1]  # the piece after the last newline is a line cut short by a crash: no row
+        end = len(lines)
+        while end and (not lines[end - 1].strip() or self._is_row_after(lines[end - 1], server_round)):
+            end -= 1
+        self.path.write_text("".join(f"{line}\n" for line in lines[:end]))
+
+    @staticmethod
+    def _is_row_after(line: str, server_round: int) -> bool:
+        """Whether `line` is the row of a round after `server_round`. A line that is no row (an earlier run's, a
+        user's) is not: the walk back from the file's end stops there."""
+        try:
+            row_round = json.loads(line)["round"]
+        except (ValueError, TypeError, KeyError):
+            return False
+        return isinstance(row_round, int) and row_round > server_round
+
+    def _start_on_existing(self, if_exists: str) -> None:
+        from fedbayes.tasks.preflight import results_exist_error
+
+        if if_exists == "append":
+            with self.path.open("rb+") as results_file:  # end a last line without a newline; delete nothing
+                results_file.seek(-1, os.SEEK_END)
+                if results_file.read(1) != b"\n":
+                    results_file.write(b"\n")
+        elif if_exists == "replace":
+            self.path.write_text("")
+        elif if_exists == "refuse":
+            raise results_exist_error(self.path)
+        else:
+            raise ValueError(f"results-exists must be refuse, append or replace, got {if_exists!r}")
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path is not None:
@@ -92,19 +130,34 @@ class RunFailed(RuntimeError):
     """The federation trained nothing for `max-failed-rounds` rounds in a row."""
 
 
+def straggler_deadline(started: float, now: float, replied: int, sent: int, wait: float) -> float | None:
+    """When the round stops waiting for its stragglers (run config `straggler-wait`): once half the replies are in,
+    `wait` times the time they took from now on; None while fewer have come, or when the policy is off."""
+    if wait <= 0 or replied < max(1, math.ceil(sent / 2)):
+        return None
+    return now + wait * (now - started)
+
+
 def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float,
-             phases: dict[str, float]) -> tuple[list[Message], list[int]]:
-    """Send `messages` and collect replies until all arrived or `timeout` passed; (replies, silent nodes).
-    A reply that comes later is never pulled: the server does not use it, and its client rolls back.
-    Records in `phases` the seconds the push took and, from the push, until the first and the last reply."""
+             phases: dict[str, float], straggler_wait: float = 0.0) -> tuple[list[Message], dict[int, str]]:
+    """Send `messages` and collect replies until all arrived, `timeout` passed, or the straggler deadline
+    (`straggler_deadline`) passed; (replies, silent node -> why). A reply that comes later is never pulled: the
+    server does not use it, and its client rolls back. Records in `phases` the seconds the push took and, from
+    the push, until the first and the last reply."""
     pushed = time.perf_counter()
     message_ids = list(grid.push_messages(messages))
     phases["push"] = time.perf_counter() - pushed
     destination = {mid: msg.metadata.dst_node_id for mid, msg in zip(message_ids, messages) if mid}
     pending = set(destination)
     replies: list[Message] = []
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline, why_late = started + timeout, f"no reply within round-timeout ({timeout:.0f} s)"
     while pending and time.monotonic() < deadline:
+        cutoff = straggler_deadline(started, time.monotonic(), len(replies), len(destination), straggler_wait)
+        if cutoff is not None and cutoff < deadline:
+            deadline = cutoff
+            why_late = (f"no reply within straggler-wait={straggler_wait:g} x the {time.monotonic() - started:.1f} s "
+                        "half the replies took")
         for reply in grid.pull_messages(list(pending)):
             phases.setdefault("first_reply", time.perf_counter() - pushed)
             phases["last_reply"] = time.perf_counter() - pushed
@@ -117,13 +170,13 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
             replies.append(reply)
         if pending:
             time.sleep(poll_interval)
-    silent = [destination[message_id] for message_id in pending]
+    silent = {destination[message_id]: why_late for message_id in pending}
     for node in silent:
-        log(WARNING, "node %d did not reply within %.0f s; round goes on without it", node, timeout)
+        log(WARNING, "node %d: %s; the round goes on without it", node, why_late)
     return replies, silent
 
 
-def aggregate(strategy: WireStrategy, server_round: int, replies: list[Message], silent: list[int]):
+def aggregate(strategy: WireStrategy, server_round: int, replies: list[Message], silent: dict[int, str]):
     """The strategy's aggregate_train, guarded: an error while absorbing the round (a reply it should have
     refused, or a bug) leaves its state as it was (strategies commit last), and the round goes on."""
     try:
@@ -134,8 +187,8 @@ def aggregate(strategy: WireStrategy, server_round: int, replies: list[Message],
         strategy.round_report.accepted.clear()
         strategy.round_report.rejected["round"] = f"the server could not absorb the replies: {type(error).__name__}: {error}"
         new_arrays, metrics = None, None
-    for node in silent:
-        strategy.round_report.rejected[strategy.node_label(node)] = "no reply within round-timeout"
+    for node, why in silent.items():
+        strategy.round_report.rejected[strategy.node_label(node)] = why
     return new_arrays, metrics
 
 
@@ -264,18 +317,21 @@ def run_rounds(
     checkpoint. A crash before the checkpoint means the round runs again on resume; clients then start it from
     their state before it (client/state.py)."""
     shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (deploy/object_pulls.py)
+    bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
         strategy.load_state_dict(checkpoint.strategy_state)
         first_round, elapsed = checkpoint.server_round + 1, checkpoint.wall_seconds
-        log(INFO, "resuming after round %d from %s", checkpoint.server_round, checkpoints.path)
+        log(INFO, "resuming after round %d from %s", checkpoint.server_round,
+            checkpoints.round_path(checkpoint.server_round))
         if first_round > settings.num_rounds:
             log(INFO, "the federation already finished its %d rounds; nothing to do (a new `federation` name "
                 "starts over)", settings.num_rounds)
             return arrays
-    results = ResultsLog(results_path, keep_through_round=first_round - 1)
+        checkpoints.drop_rounds_after(checkpoint.server_round)  # resume-from-round: they run again, like their rows
+    results = ResultsLog(results_path, keep_through_round=first_round - 1, if_exists=settings.results_exists)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     finisher = RoundFinisher(evaluate, results, checkpoints, time.monotonic() - elapsed, settings.num_rounds,
                              settings.pipeline_evaluation, strategy.checkpoint_written)
@@ -290,6 +346,10 @@ def run_rounds(
                 finisher.wait()  # the failed rounds are on record before the run stops
                 raise RunFailed(f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; "
                                 f"last round: {failure_reasons(strategy.round_report)}")
+        if failed_rounds == settings.num_rounds - first_round + 1:  # fewer rounds than max-failed-rounds, none trained
+            finisher.wait()
+            raise RunFailed(f"none of the {failed_rounds} rounds accepted a client reply; last round: "
+                            f"{failure_reasons(strategy.round_report)}")
     finally:
         finisher.close()
     return arrays
@@ -307,7 +367,8 @@ def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, setting
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
     for message in messages:  # too big for the clients' limit: every one of them would refuse it
         check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
-    replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds)
+    replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds,
+                               settings.straggler_wait)
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
@@ -319,6 +380,7 @@ def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, setting
         "clients": len(report.accepted),
         "clients_sent": report.sent,
         "clients_rejected": len(report.rejected),
+        "quarantined": sorted(report.quarantined),  # nodes that sit out the next round (strategies/isolation.py)
         # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
         "train_loss": None, "client_compute_seconds": None, "known_clients": None,
         **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (train_metrics or {}).items()},

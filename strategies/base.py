@@ -236,7 +236,8 @@ class WireStrategy(Strategy):
         unknown = set(update.state) - set(vars(self))
         if unknown:  # a bug in the algorithm, not in a reply: the loop's guard logs it and the round changes nothing
             raise AttributeError(f"{type(self).__name__}.absorb returned state for unknown attributes {sorted(unknown)}")
-        weights = unflatten(update.weights, self.layout) | buffers
+        with np.errstate(over="ignore"):  # a float32 overflow is what the check below is for
+            weights = unflatten(update.weights, self.layout) | buffers
         problem = non_finite(weights, "the global model") or non_finite(update.state, "the state")
         if problem:
             raise RoundRejected(problem)

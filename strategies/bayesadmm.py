@@ -29,7 +29,7 @@ logs the disagreement and uses what the client reports, so the server's sums alw
 Bounded influence (run config `robust-aggregation = "clip"`): in the server step, every client's duals (v_k, U_k)
 are tempered to at most `clip-ratio` x the median norm of the known clients' duals, and every local posterior's
 natural parameters are moved towards q̄'s to at most `clip-ratio` x the median distance of the round's
-(bayes/robust.py clip_factors). The server keeps (and the clients hold) the untempered duals. The screen measures
+(bayes/robust.py part_clip_factors). The server keeps (and the clients hold) the untempered duals. The screen measures
 a reply's update as (m_k − m̄, log S_k − log S̄): honest local precisions span many orders of magnitude (a small
 client's CNN: 1e2 to 1e18), which a norm in natural parameters would mistake for an attack.
 """
@@ -47,7 +47,7 @@ from flwr.app import ArrayRecord
 from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
 from fedbayes.bayes.ivon import IVONWithPrior
 from fedbayes.bayes.params import flatten, unflatten
-from fedbayes.bayes.robust import clip_factors, norms
+from fedbayes.bayes.robust import part_clip_factors
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.state import ClientState
@@ -129,32 +129,29 @@ def replay_tolerance(previous: Duals, local: Gaussian, global_: Gaussian, step: 
     return Duals(DUAL_CHECK_RTOL * mean + 1e-30, DUAL_CHECK_RTOL * precision + 1e-30)
 
 
-def tempered(vectors: list[torch.Tensor], clip_ratio: float) -> list[torch.Tensor]:
-    """Each vector scaled to at most clip-ratio x the median norm (bayes/robust.py clip_factors)."""
-    factors = clip_factors(norms([vector.numpy() for vector in vectors]), clip_ratio)
-    return [float(factor) * vector for factor, vector in zip(factors, vectors)]
+def tempering(means: list[torch.Tensor], precisions: list[torch.Tensor], clip_ratio: float) -> list[float]:
+    """Per item, the factor that brings both its natural mean and its precision part to at most clip-ratio x the
+    median of theirs (bayes/robust.py part_clip_factors)."""
+    parts = [[mean.numpy() for mean in means], [precision.numpy().ravel() for precision in precisions]]
+    return [float(factor) for factor in part_clip_factors(parts, clip_ratio)]
 
 
 def bounded_influence(locals_: list[Gaussian], all_duals: list[Duals], global_: Gaussian,
                       clip_ratio: float) -> tuple[list[Gaussian], list[Duals]]:
     """What the clip rule feeds the server step: duals tempered to at most clip-ratio x the median dual (in
-    natural parameters), and local posteriors moved towards q̄ to at most clip-ratio x the median distance."""
-    flat = [torch.cat([d.mean, d.precision.flatten()]) for d in all_duals]
-    duals = [Duals(*_split(vector, d), d.round) for vector, d in zip(tempered(flat, clip_ratio), all_duals)]
+    natural parameters), and local posteriors moved towards q̄, in natural parameters, to at most clip-ratio x the
+    median distance of the round's."""
+    factors = tempering([d.mean for d in all_duals], [d.precision for d in all_duals], clip_ratio)
+    duals = [Duals(f * d.mean, f * d.precision, d.round) for f, d in zip(factors, all_duals)]
     global_eta = global_.natural()[0]
-    offsets = [torch.cat([q.natural()[0] - global_eta, (q.precision - global_.precision).flatten()]) for q in locals_]
+    eta_offsets = [q.natural()[0] - global_eta for q in locals_]
+    precision_offsets = [q.precision - global_.precision for q in locals_]
     moved = []
-    for offset, q in zip(tempered(offsets, clip_ratio), locals_):
-        eta, precision = _split(offset, Duals(global_eta, q.precision))
-        precision = global_.precision + precision
-        moved.append(Gaussian(solve(precision, global_eta + eta), precision))
+    for f, eta, precision in zip(tempering(eta_offsets, precision_offsets, clip_ratio), eta_offsets,
+                                 precision_offsets):
+        precision = global_.precision + f * precision  # between S̄ and S_k: positive definite like both
+        moved.append(Gaussian(solve(precision, global_eta + f * eta), precision))
     return moved, duals
-
-
-def _split(vector: torch.Tensor, like: Duals) -> tuple[torch.Tensor, torch.Tensor]:
-    """`vector` (a mean part, then a flattened precision part) shaped like `like`'s two tensors."""
-    size = like.mean.numel()
-    return vector[:size], vector[size:].view_as(like.precision)
 
 
 def newton_client_step(

@@ -308,6 +308,7 @@ class DSVGD(WireStrategy):
         untried = [node for node in nodes if self.identities.client_of(node) is None and node not in self.tried_nodes]
         if untried:
             self.tried_nodes.add(untried[0])
+            self.last_scheduled = self.turn_key(untried[0])  # its next turn comes after a full cycle
             return untried[:1]
         node_of_turn = {self.turn_key(node): node for node in nodes}
         turns = sorted(node_of_turn)

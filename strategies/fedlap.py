@@ -43,7 +43,7 @@ import torch
 
 from fedbayes.bayes.curvature import diag_ggn
 from fedbayes.bayes.params import flatten, unflatten
-from fedbayes.bayes.robust import clip_factors, norms
+from fedbayes.bayes.robust import part_clip_factors
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import train_anchored
@@ -98,10 +98,10 @@ def site_change(old: Site, new: Site, global_mean: torch.Tensor, global_precisio
 
 
 def tempered_sums(sites: list[Site], clip_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Σ f_k v_k, Σ f_k V_k) with f_k = min(1, clip-ratio x median / ‖(v_k, V_k)‖): each site t̂_k^f_k bounded
-    to at most clip-ratio x the median site."""
-    naturals = [torch.cat([site.mean, site.precision]) for site in sites]
-    factors = torch.from_numpy(clip_factors(norms([natural.numpy() for natural in naturals]), clip_ratio))
+    """(Σ f_k v_k, Σ f_k V_k) with f_k the smallest min(1, clip-ratio x median / norm) of v_k's and V_k's: each
+    site t̂_k^f_k has natural parameters of at most clip-ratio x the median site's."""
+    parts = [[site.mean.numpy() for site in sites], [site.precision.numpy() for site in sites]]
+    factors = torch.from_numpy(part_clip_factors(parts, clip_ratio))
     return (sum(f * site.mean for f, site in zip(factors, sites)),
             sum(f * site.precision for f, site in zip(factors, sites)))
 

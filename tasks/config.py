@@ -82,7 +82,9 @@ CORE_KEYS = (
     Key("download", False, "let torchvision download a missing dataset"),
     Key("fraction", 1.0, "the share of the training set the clients split", SHARE),
     Key("split", "iid", "iid | dirichlet | two-class"),
-    Key("seed", 0, "the run's seed: data split, initial model, sampling, every client's noise"),
+    Key("seed", 0, "the run's seed: data split, initial model, sampling, every client's noise (it seeds numpy, which "
+        "refuses negative seeds, and torch; below 2^32 every per-round seed, seed x 1000003 + round, stays exact)",
+        Check(lambda value: 0 <= value < 2**32, "must be in [0, 2^32)")),
     Key("dirichlet-alpha-sizes", 1.0, "dirichlet split: concentration of the client sizes", POSITIVE),
     Key("dirichlet-alpha-classes", 0.5, "dirichlet split: concentration of each client's classes", POSITIVE),
     Key("min-client-size", 1, "dirichlet split: the fewest examples a client gets", AT_LEAST_ONE),
@@ -109,7 +111,7 @@ CORE_KEYS = (
     Key("fraction-train", 1.0, "the share of the connected clients sampled each round", SHARE),
     Key("min-clients", 1, "clients that must be connected before a round starts", AT_LEAST_ONE),
     Key("wait-for-clients", 0, "clients to wait for before round 1", NON_NEGATIVE),
-    Key("wait-for-clients-timeout", 120.0, "seconds to wait for them"),
+    Key("wait-for-clients-timeout", 120.0, "seconds to wait for them", NON_NEGATIVE),
     Key("round-timeout", 600.0, "seconds a round waits for replies; later ones are not used", POSITIVE),
     Key("poll-interval", 0.5, "seconds between the server's pulls for replies", POSITIVE),
     Key("eval-batch-size", 2000, "the server's evaluation batch size", AT_LEAST_ONE),
@@ -286,4 +288,4 @@ def _check(key: str, ok: bool, requirement: str) -> None:
 
 
 def _is_safe_name(name: str) -> bool:
-    return bool(name) and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")
+    return bool(name) and name.isascii() and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")

@@ -1,14 +1,20 @@
 """Checks of a run config against this machine that need no federation: run before anything starts.
 
 `fedbayes local` runs them before it starts a single process, and the ServerApp at its start, so a
-missing dataset, an absent GPU, a model that does not build or more clients awaited than will come is
-refused in seconds, by the run-config key, instead of after the federation's start-up. Each check
-looks only as far as it must: the built-in datasets' files are checked for presence, not read; a user's
-npz:DIR files (tasks/npzdata.py) are read and checked in full, as nothing else vouches for them.
+missing dataset, an absent GPU, a model that does not build, more clients awaited than will come, an output
+path this user cannot write, a results file a new federation would overwrite, a payload limit no reply fits or
+a run larger than this machine's memory is refused in seconds, by the run-config key, instead of after the
+federation's start-up. Each check looks only as far as it must: the built-in datasets' files are checked for
+presence, not read; a user's npz:DIR files (tasks/npzdata.py) are read and checked in full, as nothing else
+vouches for them; writable paths are probed with a temporary file, created and removed, and nothing else.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedbayes.tasks.config import ConfigError, RunSettings
@@ -29,16 +35,87 @@ TORCHVISION_FILES = {
 }
 _DEBIAN_FMNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
                         "t10k-labels-idx1-ubyte.gz")
+# Memory a federation takes at the least, as benchmarks/memory.py measured it (README "Memory"): ~96 MiB PSS per
+# idle client (its SuperNode), and once per machine ~680 MiB for the warm ClientApp executor and ~670 MiB for the
+# ServerApp. Rounded down: the memory check is a lower bound, so it never refuses a run that fits.
+CLIENT_MEMORY = 90 * 2**20
+MACHINE_MEMORY = 2**30
+# Copies of one reply's tensors held at once, at the least: by the server its state, the round's instruction and a
+# reply it decodes; by a client that trains the instruction it decoded and the reply it encodes.
+SERVER_PAYLOAD_COPIES = 3
+CLIENT_PAYLOAD_COPIES = 2
+FLOAT32_BYTES = 4
+PAYLOAD_KEYS = ("particles",)  # strategy keys that multiply a payload (the DSVGD family's), named in refusals
 
 
-def preflight(settings: RunSettings, clients: int | None = None) -> None:
+def preflight(settings: RunSettings, clients: int | None = None, new_federation: bool = False) -> None:
     """Refuse (ConfigError naming the key) what the ServerApp or the clients would fail on later.
-    `clients`: how many clients the federation will have, where the caller knows it."""
+    `clients`: how many clients the caller starts on this machine (`fedbayes local`), where it does: their count,
+    their files and their memory are checked too. `new_federation`: the caller knows the run starts a new
+    federation (a run config that names none always does), so a results file holding rows is refused."""
     if clients is not None:
         check_client_counts(settings, clients)
+        check_split_file(settings.split_file)
+    check_output_paths(settings, new_federation)
     check_dataset_files(settings, clients)
     check_device(settings.device)
-    check_model_and_strategy(settings)
+    check_model_and_strategy(settings, clients)
+
+
+def check_split_file(split_file: str) -> None:
+    """Every client reads the split file it names (when it does): it must be a file this user can read."""
+    if not split_file:
+        return
+    try:
+        with open(split_file, "rb"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"run config 'split-file': cannot read {split_file} ({error.strerror or error}); write one "
+                          "with `fedbayes partitions --write F`") from None
+
+
+def check_output_paths(settings: RunSettings, new_federation: bool) -> None:
+    """The server writes its checkpoints under server-state-dir and its rows to results-path (where set); a new
+    federation's (`new_federation`, or a run config that names none) results-path must be empty unless
+    results-exists says to append or replace."""
+    for key, path, directory in (("server-state-dir", settings.server_state_dir, True),
+                                 ("results-path", settings.results_path, False)):
+        if path and (problem := unwritable(Path(path), directory)):
+            raise ConfigError(f"run config '{key}': {problem}")
+    results = Path(settings.results_path)
+    new_federation = new_federation or not settings.federation
+    if (settings.results_path and new_federation and settings.results_exists == "refuse" and results.exists()
+            and results.stat().st_size > 0):
+        raise results_exist_error(results)
+
+
+def results_exist_error(path: Path) -> ConfigError:
+    """The refusal of a new federation's results file that is not empty (here and in server/loop.py ResultsLog)."""
+    return ConfigError(
+        f"run config 'results-path': {path} is not empty and results-exists is 'refuse' (the file was left as it is): "
+        "set results-exists=append to add this run's rows after what it holds, or results-exists=replace to start it "
+        "over, or choose another file (fedbayes local: --results FILE, --set results-exists=append)"
+    )
+
+
+def unwritable(path: Path, directory: bool) -> str | None:
+    """Why this process cannot write the file (or, with `directory`, the directory) `path`; None when it can. Found
+    by trying, which also holds for root and read-only file systems: an existing file is opened for appending
+    (nothing written); otherwise a temporary file is created and removed in `path` when it is an existing
+    directory, else in its nearest existing ancestor, where the missing directories would be made."""
+    if path.exists() and path.is_dir() != directory:
+        return f"{path} is {'not a directory' if directory else 'a directory, not a file'}"
+    target = path if path.exists() else next(parent for parent in path.parents if parent.exists())
+    if not path.exists() and not target.is_dir():
+        return f"{path} cannot be made: {target} is not a directory"
+    try:
+        if target.is_dir():
+            tempfile.TemporaryFile(dir=target).close()
+        else:  # O_NONBLOCK: opening a FIFO without a reader fails instead of waiting
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+    except OSError as error:
+        return f"{path} is not writable by this user: {target}: {error.strerror or error}"
+    return None
 
 
 def check_dataset_files(settings: RunSettings, clients: int | None = None) -> None:
@@ -86,9 +163,11 @@ def check_device(device: str) -> None:
                           "set device=cpu, or device=auto to use a GPU where there is one")
 
 
-def check_model_and_strategy(settings: RunSettings) -> None:
-    """The model the settings describe builds, and the strategy accepts it (e.g. bayesadmm-full's size cap)."""
-    from fedbayes.bayes.params import parameter_layout
+def check_model_and_strategy(settings: RunSettings, clients: int | None = None) -> None:
+    """The model the settings describe builds, the strategy accepts it (e.g. bayesadmm-full's size cap), this
+    machine's memory holds what the run needs (`clients`: those started here too), and a reply fits
+    max-payload-mb."""
+    from fedbayes.bayes.params import buffer_layout, parameter_layout
     from fedbayes.strategies import get_algorithm
     from fedbayes.tasks.models import build_model, parse_hidden
 
@@ -104,7 +183,70 @@ def check_model_and_strategy(settings: RunSettings) -> None:
         examples = f"{shape[1]}x{shape[2]} images" if len(shape) == 3 else f"examples of shape {shape}"
         raise ConfigError(f"run config '{key}' ({value}) does not fit the {examples} of {settings.dataset!r}: "
                           f"{' '.join(str(error).split())}") from None
-    get_algorithm(settings.strategy).server(settings, parameter_layout(model))
+    algorithm = get_algorithm(settings.strategy)
+    strategy = algorithm.server(settings, parameter_layout(model))  # allocates no payload (DSVGD: at round 1)
+    reply = reply_size(settings, algorithm, strategy, buffer_layout(model))
+    check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
+    check_payload_limit(reply, settings.max_payload_mb)
+
+
+@dataclass(frozen=True)
+class ReplySize:
+    """One reply's float32 tensors (the strategy's reply layouts and the model's buffers): an estimate of a payload
+    from the parameter count, and a lower bound (the message around them is extra). It bounds the instructions
+    too: a built-in strategy's instruction carries no more (FedAvg P values, BayesADMM 2P against its reply's 4P,
+    DSVGD particles x P both ways). `keys`: the run-config keys that set it, as a refusal names them."""
+
+    values: int
+    keys: str
+
+    @property
+    def bytes(self) -> int:
+        return FLOAT32_BYTES * self.values
+
+    def __str__(self) -> str:
+        return (f"one reply of {self.values:,} float32 values, {self.bytes / 2**20:,.1f} MiB (an estimate from the "
+                "parameter count, a lower bound)")
+
+
+def reply_size(settings: RunSettings, algorithm, strategy, buffers) -> ReplySize:
+    """The values in every tensor of a reply: its layouts' and the model's buffers (averaged by the round core)."""
+    layouts = (*strategy.reply_layouts().values(), buffers)
+    values = sum(math.prod(shape) for layout in layouts for shape in layout.values())
+    scaling = [key for key in algorithm.hyperparameters if key.name in PAYLOAD_KEYS]
+    keys = [("strategy", settings.strategy), ("model", settings.model),
+            *((key.name, getattr(settings, key.attribute)) for key in scaling)]
+    return ReplySize(values, ", ".join(f"'{name}' ({value})" for name, value in keys))
+
+
+def check_payload_limit(reply: ReplySize, max_payload_mb: float) -> None:
+    """Every reply over max-payload-mb is refused before it is decoded: one that cannot fit makes every round fail."""
+    if reply.bytes > max_payload_mb * 2**20:
+        raise ConfigError(f"run config 'max-payload-mb' ({max_payload_mb:g}) is below {reply} of {reply.keys}: every "
+                          f"reply would be refused; set it to at least {math.ceil(reply.bytes / 2**20)}")
+
+
+def check_memory(reply: ReplySize, clients: int | None) -> None:
+    """What the run needs at the least against this machine's physical memory: the server's copies of a payload,
+    and, with `clients` started here, theirs and each client's own processes. The refusal says what each takes."""
+    server = SERVER_PAYLOAD_COPIES * reply.bytes
+    parts = [f"run config {reply.keys}: the server holds {SERVER_PAYLOAD_COPIES} copies of {reply}, "
+             f"{_gib(server)}"]
+    needed = server
+    if clients is not None:
+        local = MACHINE_MEMORY + clients * CLIENT_MEMORY + CLIENT_PAYLOAD_COPIES * reply.bytes
+        parts.append(f"{clients} clients (fedbayes local: --clients) take {CLIENT_MEMORY // 2**20} MiB each, "
+                     f"{MACHINE_MEMORY // 2**30} GiB once and {CLIENT_PAYLOAD_COPIES} copies of the reply in one "
+                     f"that trains, {_gib(local)}")
+        needed += local
+    available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > available:
+        raise ConfigError(f"this run needs at least {_gib(needed)} of memory, more than this machine's "
+                          f"{_gib(available)}: {'; '.join(parts)}")
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:,.1f} GiB"
 
 
 def input_shape_and_classes(dataset: str) -> tuple[tuple[int, ...], int]:

@@ -1,4 +1,4 @@
-"""Crash-safe file writes, shared by the client state store and the server checkpoints."""
+"""Crash-safe file writes and links, shared by the client state store and the server checkpoints."""
 
 from __future__ import annotations
 
@@ -22,8 +22,26 @@ def write_atomically(path: Path, payload: bytes) -> None:
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    fsync_directory(path.parent)
+
+
+def link_atomically(link: Path, target_name: str) -> None:
+    """Make `link` a symbolic link to `target_name` (a file next to it) so that a crash at any moment leaves
+    either the old or the new link: create it under a temp name, rename it over `link`, fsync the directory."""
+    temp_link = link.with_name(f".{link.name}-{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    os.symlink(target_name, temp_link)
     try:
-        os.fsync(directory)
+        os.replace(temp_link, link)
+    except BaseException:
+        temp_link.unlink(missing_ok=True)
+        raise
+    fsync_directory(link.parent)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the renames and deletions in `directory` durable."""
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
     finally:
-        os.close(directory)
+        os.close(handle)

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
     ENVELOPE_KEY,
     PACKED_ARRAY,
     TENSORS_KEY,
+    TIMINGS_KEY,
     PayloadError,
     decode,
     encode,
@@ -198,13 +199,47 @@ def test_generated_code_is_current(tmp_path):
         )
 
 
-def test_payload_size_is_tensor_bytes_plus_envelope():
-    from fedbayes.protos.codec import check_payload_size, payload_bytes
+def test_payload_size_counts_every_record_value_and_key():
+    from fedbayes.protos.codec import payload_bytes
+
+    array = Array(np.zeros(15, np.float32))
+    content = RecordDict({
+        "t": ArrayRecord({"a": array}),
+        "c": ConfigRecord({"b": b"xyz", "s": "h\u00e9", "n": 3, "f": 0.5, "y": True, "l": [b"ab", b"c"],
+                           "w": ["\u00e9"]}),
+        "m": MetricRecord({"x": 1.5, "v": [1, 2, 3]}),
+    })
+    array_bytes = len(array.data) + len("float32") + len(array.stype) + 8  # data, dtype, stype, one dimension
+    config_bytes = 7 + 3 + 3 + 8 + 8 + 8 + 3 + 2  # keys, then values: 'hé' is 3 UTF-8 bytes, numbers 8 each
+    metric_bytes = 2 + 8 + 3 * 8
+    assert payload_bytes(content) == 3 + (1 + array_bytes) + config_bytes + metric_bytes
+
+
+def test_payload_size_refuses_a_fedavg_reply_only_over_the_limit():
+    from fedbayes.protos.codec import check_payload_size
 
     content = fedavg_reply()
-    envelope = len(content.config_records["fedbayes"]["message"])
-    # 15 float32 values in one array, serialized with a .npy header of at most 128 bytes
-    assert 15 * 4 + envelope < payload_bytes(content) <= 15 * 4 + envelope + 128
     check_payload_size(content, max_mb=1.0, sender="client x")
     with pytest.raises(PayloadError, match="client x: payload is .* MiB, over the limit max-payload-mb=1e-05"):
         check_payload_size(content, max_mb=1e-5, sender="client x")
+
+
+PAD = 2 * 2**20  # bytes: over a 1 MiB limit, wherever it rides
+
+
+@pytest.mark.parametrize("pad", [
+    lambda c: c.__setitem__("extra", ConfigRecord({"pad": b"\0" * PAD})),
+    lambda c: c[ENVELOPE_KEY].__setitem__("pad", "x" * PAD),  # an extra key of the envelope
+    lambda c: c.__setitem__(TIMINGS_KEY, ConfigRecord({"setup": 0.1, "pad": b"\0" * PAD})),
+    lambda c: c.__setitem__("metrics", MetricRecord({"pad": [0.0] * (PAD // 8)})),
+    lambda c: c.__setitem__("extra", ArrayRecord({"pad": Array(np.zeros(PAD // 4, np.float32))})),
+], ids=["config-record", "envelope-key", "timings", "metric-record", "array-record"])
+def test_a_pad_in_any_record_counts_toward_the_limit(pad):
+    from fedbayes.protos.codec import check_payload_size
+
+    content = fedavg_reply()
+    check_payload_size(content, max_mb=1.0, sender="client 'client-7' (node 42)")
+    pad(content)
+    with pytest.raises(PayloadError, match=r"client 'client-7' \(node 42\): payload is 2\.0 MiB, over the limit "
+                                           r"max-payload-mb=1$"):
+        check_payload_size(content, max_mb=1.0, sender="client 'client-7' (node 42)")

@@ -34,6 +34,12 @@ def test_pyproject_defaults_parse():
         ("kde-bandwidth", 0.0, "'kde-bandwidth' must be > 0"),
         ("particles", 0, "'particles' must be >= 1"),
         ("dsvgd-scheduler", "fifo", "'dsvgd-scheduler' must be one of round-robin, random"),
+        ("seed", -1, "'seed' must be in [0, 2^32)"),  # numpy refuses negative seeds
+        ("seed", 2**32, "'seed' must be in [0, 2^32)"),
+        ("wait-for-clients-timeout", -1.0, "'wait-for-clients-timeout' must be >= 0"),
+        ("wait-for-clients-timeout", float("inf"), "'wait-for-clients-timeout' must be finite"),
+        ("max-payload-mb", float("nan"), "'max-payload-mb' must be finite"),
+        ("results-exists", "overwrite", "'results-exists' must be one of refuse, append, replace"),
     ],
 )
 def test_bad_values_name_the_key(key, value, message):
@@ -82,6 +88,20 @@ def test_fedbayes_local_refuses_a_bad_run_config_before_starting_anything(tmp_pa
     spec = LocalRun(strategy=strategy, clients=1, rounds=1, workdir=tmp_path / "run", overrides=overrides, quiet=True)
     with pytest.raises(ConfigError, match=message):
         run_local(spec)
+    assert not (tmp_path / "run").exists()  # no SuperLink, no SuperNode, no workdir
+
+
+def test_fedbayes_local_refuses_a_results_file_it_would_overwrite_before_starting_anything(tmp_path):
+    results = tmp_path / "mine.jsonl"
+    results.write_text('{"round": 1, "mine": true}\n')
+    spec = LocalRun(strategy="fedavg", clients=1, rounds=1, workdir=tmp_path / "run", results=results, quiet=True)
+    with pytest.raises(ConfigError, match="^run config 'results-path': .*mine.jsonl is not empty and results-exists"):
+        run_local(spec)
+    for told in ("append", "replace"):  # told: the refusal that stops the run is a later check's
+        spec.overrides = {"results-exists": told, "hidden": "abc"}
+        with pytest.raises(ConfigError, match="^run config 'hidden'"):
+            run_local(spec)
+    assert results.read_text() == '{"round": 1, "mine": true}\n'
     assert not (tmp_path / "run").exists()  # no SuperLink, no SuperNode, no workdir
 
 

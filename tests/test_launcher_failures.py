@@ -69,6 +69,22 @@ def test_a_config_the_serverapp_refuses_fails_the_run_with_its_reason(tmp_path):
     assert processes_of(workdir) == []
 
 
+def test_a_new_federation_leaves_a_results_file_it_finds_as_it_is(tmp_path):
+    """Submitted past the launcher's checks, with a federation name (so the ServerApp's preflight cannot tell a new
+    federation from a resume), a new federation whose results-path holds rows is refused where it would have
+    rewritten them (server/loop.py ResultsLog), and the file is kept."""
+    workdir = tmp_path / "fed"
+    results = tmp_path / "mine.jsonl"
+    results.write_text('{"round": 1, "mine": true}\n')
+    config = {"strategy": "fedavg", "num-server-rounds": 1, "fraction": 0.05, "results-path": str(results),
+              "federation": "new", "wait-for-clients": 2}
+    with pytest.raises(RunFailed, match=r"^fedbayes run failed: ConfigError: run config 'results-path': .* is not "
+                                        r"empty and results-exists is 'refuse'"):
+        run_loopback(workdir, config, rounds=1)
+    assert results.read_text() == '{"round": 1, "mine": true}\n'
+    assert processes_of(workdir) == []
+
+
 @pytest.mark.timeout(1200)  # two federations in a row
 def test_an_interrupted_federation_is_resumed_only_when_asked(tmp_path):
     workdir = tmp_path / "fed"

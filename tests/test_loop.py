@@ -49,13 +49,14 @@ def no_metrics(arrays, server_round):
     return {"accuracy": 0.0, "nll": 0.0, "ece": 0.0}
 
 
-def run(tmp_path, reply, rounds=5, evaluate=no_metrics, pipeline=True, grid=None, checkpoints=None, **overrides):
+def run(tmp_path, reply, rounds=5, evaluate=no_metrics, pipeline=True, grid=None, checkpoints=None, round_timeout=0.5,
+        **overrides):
     run_settings = settings(**overrides)
     strategy = FedAvg(run_settings, LAYOUT)
     initial = ArrayRecord({name: Array(value) for name, value in weights(0.0).items()})
-    loop = LoopSettings(num_rounds=rounds, round_timeout=0.5, poll_interval=0.01, wait_for_clients=2,
+    loop = LoopSettings(num_rounds=rounds, round_timeout=round_timeout, poll_interval=0.01, wait_for_clients=2,
                         wait_for_clients_timeout=5, max_failed_rounds=run_settings.max_failed_rounds,
-                        pipeline_evaluation=pipeline)
+                        pipeline_evaluation=pipeline, straggler_wait=run_settings.straggler_wait)
     return strategy, run_rounds(grid or ScriptedGrid(reply), strategy, initial, loop, evaluate,
                                 str(tmp_path / "r.jsonl"), checkpoints or CheckpointStore(tmp_path / "state", "fed", {}))
 
@@ -73,6 +74,47 @@ def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_pa
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2  # the failed rounds are on record
 
 
+def rows(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+
+
+def test_a_run_with_fewer_rounds_than_max_failed_rounds_that_trains_nothing_fails(tmp_path):
+    with pytest.raises(RunFailed, match="none of the 2 rounds accepted a client reply; last round: .*num_examples"):
+        run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=0), rounds=2)
+    assert len(rows(tmp_path)) == 2
+
+
+def test_a_node_refused_round_after_round_is_quarantined_and_the_others_go_on(tmp_path):
+    """Node 1's updates are absurd (1e30): refused by the screen in rounds 1-2, it sits out rounds 3-4 (not even
+    sent work), and is asked again in round 5; node 2 trains in every round and the run never fails."""
+    def reply(server_round, node):
+        return fedavg_reply(f"client-{node}", server_round, value=1e30 if node == 1 else 1.0)
+
+    strategy, arrays = run(tmp_path, reply, **{"max-client-rejections": 2, "quarantine-rounds": 2})
+    table = [(row["clients"], row["clients_sent"], row["quarantined"]) for row in rows(tmp_path)]
+    assert table == [(1, 2, []), (1, 2, ["node 1"]), (1, 1, ["node 1"]), (1, 1, []), (1, 2, [])]
+    assert (arrays["fc.bias"].numpy() == 1.0).all() and strategy.accepted_rounds == {"client-2": 5}
+    assert "refused by the screen" in strategy.round_report.rejected["client 'client-1' (node 1)"]
+
+
+def test_a_straggler_cannot_set_the_pace_of_every_round(tmp_path):
+    """Node 1 replies 0.2 s into each round, node 2 never: with straggler-wait=2 a round waits ~0.6 s, not the
+    5 s round-timeout, and says why node 2 was left out."""
+    round_started = {}
+
+    def reply(server_round, node):
+        started = round_started.setdefault(server_round, time.monotonic())
+        if node == 1 and time.monotonic() - started >= 0.2:
+            return fedavg_reply("client-1", server_round, value=1.0)
+        return None
+
+    started = time.monotonic()
+    strategy, _ = run(tmp_path, reply, rounds=2, round_timeout=5.0, **{"straggler-wait": 2.0})
+    assert time.monotonic() - started < 4.0  # two rounds of ~0.6 s (a timeout would take 10 s)
+    assert all(row["clients"] == 1 for row in rows(tmp_path))
+    assert "straggler-wait=2 x the" in strategy.round_report.rejected["node 2"]
+
+
 def test_a_bad_round_between_good_ones_does_not_stop_the_run(tmp_path):
     def reply(server_round, node):
         good = server_round % 2 == 1  # rounds 2 and 4 bring nothing usable
@@ -83,20 +125,26 @@ def test_a_bad_round_between_good_ones_does_not_stop_the_run(tmp_path):
     assert (arrays["fc.bias"].numpy() == 1.0).all()
 
 
-def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on(tmp_path, monkeypatch):
+def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
     """A bug (or a reply a strategy should have refused) that raises inside aggregate_train: that round changes
     nothing and counts as failed; the server keeps running."""
+    from fedbayes.bayes.params import weighted_mean
+
     calls = []
 
-    def broken_mean(vectors, weights_):
+    def broken_mean(vectors, weights_):  # raises in round 1 only
         calls.append(1)
-        raise ZeroDivisionError("boom")
+        if len(calls) == 1:
+            raise ZeroDivisionError("boom")
+        return weighted_mean(vectors, weights_)
 
     monkeypatch.setattr("fedbayes.strategies.fedavg.weighted_mean", broken_mean)
-    strategy, arrays = run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0), rounds=2)
-    assert len(calls) == 2 and strategy.accepted_rounds == {} and strategy.identities.node_of_client == {}
-    assert (arrays["fc.bias"].numpy() == 0.0).all()
-    assert "ZeroDivisionError: boom" in strategy.round_report.rejected["round"]
+    strategy, arrays = run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=float(r)), rounds=2)
+    first, second = rows(tmp_path)
+    assert (first["clients"], second["clients"]) == (0, 2) and len(calls) == 2
+    assert strategy.accepted_rounds == {"client-1": 2, "client-2": 2}
+    assert (arrays["fc.bias"].numpy() == 2.0).all()
+    assert "round 1: absorbing the replies failed (ZeroDivisionError: boom)" in caplog.text
 
 
 def test_each_row_says_where_the_round_went(tmp_path):

@@ -100,48 +100,195 @@ def test_object_pulls_are_left_alone_on_another_flower_and_a_bad_backoff_is_refu
         object_pulls.pull_backoff()
 
 
+class FakeRuntimeApi:
+    """The SuperLink's Runtime API as the ServerApp's HttpGrid sees it, holding one reply and its objects."""
+
+    def __init__(self, message):
+        from flwr.common.serde import message_to_proto
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+        from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+
+        message.metadata.__dict__["_message_id"] = message.object_id  # as the SuperLink stores it
+        self.objects = {object_id: item.deflate() for object_id, item in get_all_nested_objects(message).items()}
+        self.response = PullAppMessagesResponse(messages_list=[message_to_proto(message)],
+                                                message_object_trees=[get_object_tree(message)])
+        self.pulled_bytes, self.confirmed = 0, []
+
+    def PullMessages(self, request):
+        return self.response
+
+    def PullObject(self, request):
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        content = self.objects[request.object_id]
+        self.pulled_bytes += len(content)
+        return PullObjectResponse(object_found=True, object_available=True, object_content=content)
+
+    def ConfirmMessageReceived(self, request):
+        self.confirmed.append(request.message_object_id)
+
+
+INSTRUCTION_ID = "ab" * 32
+
+
+def grid_holding_reply(padding_mb: float):
+    """Flower's HttpGrid, talking to a fake Runtime API that holds one reply padded with `padding_mb` MiB of random
+    float32 (several 5 MiB chunks); (grid, fake API)."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, Message, RecordDict
+    from flwr.superlink.grid.http_grid import HttpGrid
+    from flwr.supercore.run import Run
+
+    instruction = Message(RecordDict(), dst_node_id=5, message_type="train")
+    instruction.metadata.__dict__["_message_id"] = INSTRUCTION_ID
+    padding = np.random.default_rng(0).standard_normal(int(padding_mb * 2**20) // 4, dtype=np.float32)
+    api = FakeRuntimeApi(Message(RecordDict({"pad": ArrayRecord({"x": Array(padding)})}), reply_to=instruction))
+    grid = HttpGrid(token="token")
+    grid._client = api
+    grid.set_run(Run.create_empty(run_id=1))
+    return grid, api
+
+
+@pytest.fixture
+def grid_pulls(monkeypatch):
+    """Flower's HttpGrid module with its own `pull_objects`, restored after the test."""
+    from flwr.superlink.grid import http_grid
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
+    return http_grid
+
+
+def test_the_serverapp_stops_pulling_a_reply_over_the_payload_limit_and_releases_it(grid_pulls):
+    from fedbayes.deploy import object_pulls
+
+    grid, api = grid_holding_reply(padding_mb=40)
+    assert object_pulls.bound_reply_pulls(grid, 1.0)
+    assert object_pulls.bound_reply_pulls(grid, 3.0)  # replaces the bound, does not add one
+    (reply,) = grid.pull_messages(["ignored"])
+    assert reply.has_error() and "the reply is over max-payload-mb=3: " in reply.error.reason, reply.error
+    assert reply.metadata.reply_to_message_id == INSTRUCTION_ID  # how the round loop tells whose reply it was
+    # pulls stop once past 3 MiB + OBJECT_OVERHEAD_BYTES: the chunk that crossed it and one in flight, not 40 MiB
+    assert api.pulled_bytes <= 3 * 2**20 + object_pulls.OBJECT_OVERHEAD_BYTES + 2 * 5 * 2**20 + 4096, api.pulled_bytes
+    assert api.confirmed == [api.response.messages_list[0].metadata.message_id]  # the SuperLink may drop it
+
+    grid, api = grid_holding_reply(padding_mb=2.5)  # under the limit: pulled whole, as without the bound
+    (reply,) = grid.pull_messages(["ignored"])
+    assert not reply.has_error() and len(reply.content["pad"]["x"].data) > 2.5 * 2**20
+    assert api.confirmed == [reply.metadata.message_id]
+
+
+def test_reply_pulls_are_left_alone_on_another_flower_or_grid(monkeypatch, grid_pulls):
+    import flwr
+
+    from fedbayes.deploy import object_pulls
+
+    pull_objects = grid_pulls.pull_objects
+    assert not object_pulls.bound_reply_pulls(object(), 1.0)  # e.g. simulation's in-memory grid
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    assert not object_pulls.bound_reply_pulls(grid_holding_reply(padding_mb=0)[0], 1.0)
+    assert grid_pulls.pull_objects is pull_objects
+
+
 def test_the_doorbell_holds_every_ring_until_answered_and_remembers_that_it_was_heard():
     import select
 
     from fedbayes.deploy import doorbell
 
     port = 40000 + os.getpid() % 20000
-    bell = doorbell.Doorbell(port)
+    bell = doorbell.Doorbell(port, ringer_pid=None, on_stranger=pytest.fail)  # anyone may ring
     assert not bell.answer() and not bell.heard  # nothing rang: the executor polls as Flower does
     doorbell.ring(port)
     doorbell.ring(port)
     ready, _, _ = select.select([bell.socket], [], [], 2.0)
     assert ready == [bell.socket]
     assert bell.answer() and bell.heard  # one ask answers both rings
+    assert not bell.listening()  # and the bell goes unheard for RING_INTERVAL
     assert not bell.answer() and bell.heard
     with pytest.raises(OSError):
-        doorbell.Doorbell(port)  # one listener per SuperNode
+        doorbell.Doorbell(port, None, pytest.fail)  # one listener per SuperNode
     doorbell.ring(port + 1)  # nobody listens: nothing happens
     bell.socket.close()
 
 
-def test_the_executor_asks_when_the_bell_rings_and_stops_serving_a_supernode_that_exited(capsys):
-    """One loop serves every SuperNode of the machine. Here the SuperNode is a process standing in for one (its
-    Runtime API port has nobody listening): asked at once, asked again as soon as it rings (not a second later, as
-    for a SuperNode that does not answer), and no longer served once its process has exited."""
+def test_the_doorbell_answers_only_its_supernodes_process_and_reports_a_stranger_once():
     import subprocess
     import sys
     import threading
+
+    from fedbayes.deploy import doorbell
+
+    port = 40000 + (os.getpid() + 1) % 20000
+    strangers = []
+    bell = doorbell.Doorbell(port, ringer_pid=os.getpid(), on_stranger=strangers.append)
+    ring_twice = [sys.executable, "-c", f"from fedbayes.deploy.doorbell import ring; ring({port}); ring({port})"]
+    stranger = subprocess.Popen(ring_twice)
+    assert stranger.wait() == 0
+    assert not bell.answer() and not bell.heard  # both dropped: no ask, and the executor keeps polling
+    assert strangers == [stranger.pid]
+    assert subprocess.Popen(ring_twice).wait() == 0
+    ringer = threading.Thread(target=doorbell.ring, args=(port,))  # the SuperNode's own process, any thread
+    ringer.start()
+    ringer.join()
+    assert bell.answer() and bell.heard
+    assert len(strangers) == 1  # reported once, not per ring
+    bell.socket.close()
+
+
+STAND_IN = """
+import sys, threading, time
+from fedbayes.deploy.doorbell import ring
+port = int(sys.argv[1])
+print("ready", flush=True)
+for line in sys.stdin:  # 'ring': once, from a thread of this process; 'loop S': for S seconds, as fast as it can
+    if line.startswith("ring"):
+        ringer = threading.Thread(target=ring, args=(port,))
+        ringer.start()
+        ringer.join()
+    else:
+        end = time.monotonic() + float(line.split()[1])
+        while time.monotonic() < end:
+            ring(port)
+"""  # and it exits when its stdin closes, as a SuperNode that stops
+
+
+def stand_in(port: int):
+    """A process standing in for a SuperNode (or a stranger) that rings `port`'s doorbell when told (`tell`)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", STAND_IN, str(port)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def tell(process, line: str) -> None:
+    process.stdin.write(line + "\n")
+    process.stdin.flush()
+
+
+def test_the_executor_asks_when_the_bell_rings_and_stops_serving_a_supernode_that_exited(capsys):
+    """One loop serves every SuperNode of the machine. Here the SuperNode is a process standing in for one (its
+    Runtime API port has nobody listening): asked at once, asked again as soon as it rings from one of its threads
+    (not a second later, as for a SuperNode that does not answer), and no longer served once its process has
+    exited."""
+    import threading
     import time
 
-    from fedbayes.deploy import doorbell, warm_executor
+    from fedbayes.deploy import warm_executor
     from fedbayes.deploy.processes import free_ports
 
     (port,) = free_ports(1)
-    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.6)"])
-    node = warm_executor.ServedSuperNode(f"127.0.0.1:{port}", stand_in.pid, insecure=True, root_certificates=None,
-                                         poll=0.2)
+    supernode_process = stand_in(port)
+    node = warm_executor.ServedSuperNode(f"127.0.0.1:{port}", supernode_process.pid, insecure=True,
+                                         root_certificates=None, poll=0.2)
     asked, acquire = [], node.client.AcquireTask
     node.client.AcquireTask = lambda request: (asked.append(time.monotonic()), acquire(request))[1]
-    threading.Timer(0.5, doorbell.ring, (port,)).start()
+    threading.Timer(0.5, tell, (supernode_process, "ring")).start()
+    threading.Timer(1.6, supernode_process.stdin.close).start()
     started = time.monotonic()
     warm_executor.serve([node])
-    stand_in.wait()
+    supernode_process.wait()
     elapsed = [moment - started for moment in asked]
     assert time.monotonic() - started < 3.0
     assert elapsed[0] < 0.3 and 0.45 < elapsed[1] < 0.8, elapsed  # at once; then on the ring
@@ -149,6 +296,53 @@ def test_the_executor_asks_when_the_bell_rings_and_stops_serving_a_supernode_tha
     log = capsys.readouterr().err
     assert log.count(f"the SuperNode at 127.0.0.1:{port} does not answer") == 1
     assert f"the SuperNode at 127.0.0.1:{port} has exited" in log
+    assert "rang the doorbell" not in log
+
+
+@pytest.mark.parametrize("ringer", ["stranger", "supernode"])
+def test_a_process_ringing_in_a_loop_does_not_make_the_executor_spin(monkeypatch, capsys, ringer):
+    """A process rings the bell as fast as it can for a second. A stranger's rings are dropped (reported once) and
+    make no ask; the SuperNode's own make an ask at most every RING_INTERVAL; either way the loop wakes about
+    twice per RING_INTERVAL (once to listen again, once to take the rings), not per ring."""
+    import select
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from flwr.proto.runtime_pb2 import AcquireTaskResponse
+
+    from fedbayes.deploy import warm_executor
+    from fedbayes.deploy.doorbell import RING_INTERVAL
+    from fedbayes.deploy.processes import free_ports
+
+    (port,) = free_ports(1)
+    supernode_process, stranger = stand_in(port), stand_in(port)
+    # poll=5: no ask is due in this test but the first, so every other ask answers a ring
+    node = warm_executor.ServedSuperNode(f"127.0.0.1:{port}", supernode_process.pid, insecure=True,
+                                         root_certificates=None, poll=5.0)
+    asks, wakes = [], []
+    node.client.AcquireTask = lambda request: (asks.append(time.monotonic()), AcquireTaskResponse())[1]
+    monkeypatch.setattr(warm_executor, "select", SimpleNamespace(
+        select=lambda *args: (wakes.append(time.monotonic()), select.select(*args))[1]))
+    tell(supernode_process if ringer == "supernode" else stranger, "loop 1.0")
+    threading.Timer(1.2, supernode_process.stdin.close).start()
+    started = time.monotonic()
+    warm_executor.serve([node])
+    seconds = time.monotonic() - started
+    stranger.stdin.close()
+    stranger.wait()
+    supernode_process.wait()
+    assert len(wakes) <= 4 + 2 * seconds / RING_INTERVAL, (len(wakes), seconds)
+    log = capsys.readouterr().err
+    if ringer == "stranger":
+        assert len(asks) == 1  # the first ask only
+        assert log.count("rang the doorbell") == 1
+        assert f"process {stranger.pid} rang the doorbell of the SuperNode at 127.0.0.1:{port}, which is process " \
+               f"{supernode_process.pid}" in log
+    else:
+        assert 3 <= len(asks) <= 2 + seconds / RING_INTERVAL, (len(asks), seconds)
+        assert all(later - earlier >= RING_INTERVAL for earlier, later in zip(asks[1:], asks[2:])), asks
+        assert "rang the doorbell" not in log
 
 
 def test_the_supernode_rings_when_it_has_taken_a_message_and_reads_its_runtime_port(monkeypatch):

@@ -1,0 +1,276 @@
+"""Well-formed but hostile updates against every strategy, in one process (issue: one client could end any run or
+poison the checkpoint). A registered client (node 1, client-1) turns rogue in round 2 and sends a reply that passes
+the codec and, where the strategy replays the client's state, is consistent with it. Each time the round must be
+committed from the honest clients, bit-equal to a control server that only saw them, and the rogue refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.protos.codec import encode
+from fedbayes.strategies import feddyn
+from fedbayes.strategies.bayesadmm import Duals, dual_step
+from tests.helpers import declared_payload, reply_message
+from tests.inprocess import FakeGrid, InProcessFederation
+from tests.test_rogue_clients import SIZES, RogueRound, assert_rejected_without_trace, envelope_message, overrides
+
+TENSOR_OF = {  # the reply's tensor group that carries the update, by strategy
+    "fedavg": "weights", "fedprox": "weights", "feddyn": "weights", "fedpa": "delta", "fedlap": "site_mean",
+    "fedlap-cov": "site_mean", "p-dsvgd": "local_particles", "bayesadmm": "local_mean", "fedadmm": "local_mean",
+    "bayesadmm-full": "local_mean",
+}
+STRATEGIES = list(TENSOR_OF)
+
+
+def consistent_reply(game: RogueRound, node: int, change) -> object:
+    """Node `node`'s honest round-2 reply with `change(group, name, array) -> array` applied to its tensors, and
+    whatever the server replays made to agree again (BayesADMM's duals, FedDyn's λ sketch): only the screen, the
+    robust rules or the search for a culprit may stop it."""
+    content = game.replies[node]
+    message = envelope_message(content, game.reply_type)
+    tensors = declared_payload(content, game.reply_type).tensors
+    tensors = {group: {name: change(group, name, np.array(value)) for name, value in arrays.items()}
+               for group, arrays in tensors.items()}
+    server = game.federation.server
+    if hasattr(server, "duals"):  # BayesADMM: the duals are the dual step from the (changed) local posterior
+        payload = type(declared_payload(content, game.reply_type))(message, tensors)
+        local = server._local_posterior(payload)
+        previous = server.duals[message.header.client_id]
+        duals = dual_step(Duals(previous.mean, previous.precision), local, server.global_, server.dual_step_size, 2)
+        reported = {"dual_mean": duals.mean, "dual_precision": duals.precision}
+        for group, value in reported.items():
+            if tensors[group]:
+                tensors[group] = {name: array for name, array in zip(
+                    tensors[group], _split_like(value.numpy(), tensors[group]))}
+    if hasattr(server, "lambdas"):  # FedDyn: the sketch of λ_k after these weights
+        payload = type(declared_payload(content, game.reply_type))(message, tensors)
+        lam = server._replayed_lambda(payload)
+        del message.lambda_sketch[:]
+        message.lambda_sketch.extend(feddyn.lambda_sketch(lam, game.federation.settings.seed, 2).tolist())
+    return encode(message, tensors)
+
+
+def _split_like(flat: np.ndarray, like: dict[str, np.ndarray]) -> list[np.ndarray]:
+    pieces, offset = [], 0
+    for value in like.values():
+        pieces.append(flat[offset:offset + value.size].reshape(value.shape).astype(np.float32))
+        offset += value.size
+    return pieces
+
+
+def scaled_update(game: RogueRound, node: int, factor: float):
+    """The update (the reply's primary tensors minus what the server sent) multiplied by `factor`."""
+    group = TENSOR_OF[game.federation.settings.strategy]
+    sent = declared_payload(game.replies[node], game.reply_type).tensors[group]
+    honest = {name: np.asarray(value, np.float64) for name, value in sent.items()}
+    reference = _reference(game, group)
+    return consistent_reply(game, node, lambda g, name, value: (
+        (reference[name] + factor * (honest[name] - reference[name])).astype(np.float32) if g == group else value))
+
+
+def _reference(game: RogueRound, group: str) -> dict[str, np.ndarray]:
+    """What an update is measured from: the global model sent this round (zeros for FedPA's deltas and FedLap's
+    natural site means; the client's previous particles for P-DSVGD)."""
+    server = game.federation.server
+    layout = game.federation.layout
+    if group in ("delta", "site_mean"):
+        return {name: np.zeros(shape) for name, shape in layout.items()}
+    if group == "local_particles":
+        return {"particles": server.local_particles["client-1"].astype(np.float64)}
+    arrays = game.federation.arrays
+    return {name: arrays[name].numpy().astype(np.float64) for name in layout}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_update_of_1e30_is_refused_by_the_screen_and_the_round_goes_on(tmp_path, strategy):
+    game = RogueRound(tmp_path, strategy)
+    group = TENSOR_OF[strategy]
+    rogue = consistent_reply(game, 1, lambda g, name, value: np.full_like(value, 1e30) if g == group else value)
+    server, result, expected = game.aggregate({1: rogue}, honest_nodes=[2, 3])
+    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
+                                  "refused by the screen")
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "feddyn", "fedpa", "bayesadmm", "fedlap-cov", "p-dsvgd"])
+def test_an_ordinary_update_scaled_a_millionfold_is_refused_by_the_screen(tmp_path, strategy):
+    game = RogueRound(tmp_path, strategy)
+    server, result, expected = game.aggregate({1: scaled_update(game, 1, 1e6)}, honest_nodes=[2, 3])
+    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
+                                  "refused by the screen")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_honest_replies_all_pass_the_screen(tmp_path, strategy):
+    game = RogueRound(tmp_path, strategy)
+    server, result, expected = game.aggregate({})
+    assert server.round_report.rejected == {} and server.round_report.accepted == ["client-1", "client-2", "client-3"]
+
+
+def test_the_dual_replay_is_checked_per_entry_so_one_huge_entry_hides_nothing(tmp_path):
+    """One local precision entry of 3e38 made the old per-tensor tolerance ~6e30 for every other entry."""
+    game = RogueRound(tmp_path, "bayesadmm")
+    honest = consistent_reply(game, 1, lambda g, name, value: value)
+    tensors = declared_payload(honest, game.reply_type).tensors
+    message = envelope_message(honest, game.reply_type)
+    first = next(iter(tensors["local_precision"]))
+    tensors["local_precision"][first].flat[0] = 3e38
+    tensors["dual_precision"][first].flat[0] = 3e38 * 2e-4  # about γ·3e38: any value, the check is per entry
+    tensors["dual_mean"][first].flat[1] += 1e3  # far outside its own entry's tolerance
+    server, result, expected = game.aggregate({1: encode(message, tensors)}, honest_nodes=[2, 3])
+    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
+                                  "field 'dual_mean': differs from the server's replay")
+
+
+def test_a_global_precision_that_is_not_positive_definite_is_a_rejected_round_not_a_linalg_error(tmp_path):
+    """bayesadmm-full solved with S̄ before checking it was positive definite: duals that make S̄ singular raised
+    LinAlgError inside absorb. (Consistent duals cannot make S̄ singular any more, the replay being per entry: the
+    hook is called directly here.)"""
+    from fedbayes.strategies.isolation import RoundRejected
+
+    game = RogueRound(tmp_path, "bayesadmm-full")
+    server = game.federation.server
+    payload = declared_payload(game.replies[1], game.reply_type)
+    payload.tensors["dual_precision"] = {"matrix": -1e9 * np.eye(server.size, dtype=np.float32)}
+    with pytest.raises(RoundRejected, match="not be positive definite"):
+        server.absorb([payload], 2)
+
+
+@pytest.mark.parametrize("strategy, group, value, extra", [
+    ("fedlap", "site_mean", 3.4e38, {"prior-precision": 0.5}),  # float64 finite, inf once stored as float32
+    ("fedpa", "delta", -3.4e38, {"server-lr": 10.0}),
+    ("p-dsvgd", "local_particles", 1e30, {}),
+])
+def test_nothing_non_finite_is_committed_when_the_screen_lets_it_through(tmp_path, strategy, group, value, extra):
+    game = RogueRound(tmp_path, strategy, **{"screen-ratio": 1e300, **extra})
+    rogue = consistent_reply(game, 1, lambda g, name, array: np.full_like(array, value) if g == group else array)
+    server, result, expected = game.aggregate({1: rogue}, honest_nodes=[2, 3])
+    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
+                                  "would be unusable")
+    state = server.state_dict()
+    assert all(np.isfinite(tensor).all() for tensor in state.tensors.values())
+
+
+def test_two_rogues_whose_replies_only_overflow_together_are_isolated(tmp_path):
+    """FedLap: each rogue's site alone is usable, both together are not (Σ_k v_k past float32): the search leaves
+    out one and commits a usable state with client-3 in it."""
+    game = RogueRound(tmp_path, "fedlap", **{"screen-ratio": 1e300})
+    rogues = {node: consistent_reply(game, node, lambda g, name, value: np.full_like(value, 2e38))
+              for node in (1, 2)}
+    server, result, _ = game.aggregate(rogues, honest_nodes=[3])
+    report = server.round_report
+    assert "client-3" in report.accepted and len(report.accepted) == 2
+    assert "with it the round's state would be unusable" in report.rejected["client 'client-1' (node 1)"]
+    arrays, _ = result
+    assert all(np.isfinite(arrays[name].numpy()).all() for name in arrays)
+
+
+@pytest.mark.parametrize("rule", ["clip", "median", "trimmed-mean"])
+@pytest.mark.parametrize("strategy", ["fedavg", "feddyn", "fedpa"])
+def test_robust_rules_bound_an_update_the_screen_lets_through(tmp_path, strategy, rule):
+    """A rogue scaling its update 50x (under the screen's 100x): with a robust rule the new global model stays
+    where the honest updates put it, within the honest updates' range, unlike the plain mean."""
+    def moved(aggregation: str) -> float:
+        game = RogueRound(tmp_path / aggregation, strategy,
+                          **{"robust-aggregation": aggregation, "trim-fraction": 0.34})  # 3 replies: trim 1 a side
+        before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
+        arrays, _ = game.federation.server.aggregate_train(2, [
+            reply_message(scaled_update(game, 1, 50.0), 1),
+            *(reply_message(game.replies[node], node) for node in (2, 3))])
+        assert game.federation.server.round_report.accepted == ["client-1", "client-2", "client-3"]
+        return sum(float(np.abs(arrays[name].numpy() - before[name]).sum()) for name in before)
+
+    assert moved(rule) < 0.5 * moved("none")
+
+
+@pytest.mark.parametrize("strategy", ["bayesadmm", "fedlap-cov"])
+def test_bounded_influence_tempers_a_site_or_dual_the_screen_lets_through(tmp_path, strategy):
+    def moved(aggregation: str) -> float:
+        game = RogueRound(tmp_path / aggregation, strategy, **{"robust-aggregation": aggregation, "clip-ratio": 1.0})
+        before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
+        arrays, _ = game.federation.server.aggregate_train(2, [
+            reply_message(scaled_update(game, 1, 30.0), 1),
+            *(reply_message(game.replies[node], node) for node in (2, 3))])
+        return sum(float(np.abs(arrays[name].numpy() - before[name]).sum()) for name in before)
+
+    assert moved("clip") < 0.5 * moved("none")
+
+
+@pytest.mark.parametrize("strategy, rule", [("bayesadmm", "median"), ("fedlap", "trimmed-mean"),
+                                            ("dsvgd", "clip"), ("p-dsvgd", "median")])
+def test_a_robust_rule_a_strategy_does_not_implement_is_refused_at_construction(tmp_path, strategy, rule):
+    from fedbayes.tasks.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"'robust-aggregation' = '{rule}': strategy '{strategy}' implements"):
+        InProcessFederation(tmp_path, {**overrides(strategy), "robust-aggregation": rule}, sizes=SIZES)
+
+
+def test_feddyn_refuses_a_client_whose_lambda_differs_from_the_servers_replay(tmp_path):
+    """client-1's stored λ_k is edited (x1000) between rounds: its round-2 sketch no longer matches the server's
+    replay, and its reply is refused; the others are committed."""
+    federation = InProcessFederation(tmp_path, overrides("feddyn"), sizes=SIZES)
+    federation.round(1, [1, 2, 3])
+    store = federation.runtimes[1].state_store("fed")
+    state = store.load(1, for_round=2)
+    state.tensors[feddyn.LAMBDA_KEY] = state.tensors[feddyn.LAMBDA_KEY] * 1000
+    store.save(state, 1, accepted_round=1)
+    federation.round(2, [1, 2, 3])
+    report = federation.server.round_report
+    assert report.accepted == ["client-2", "client-3"]
+    assert "field 'lambda_sketch': the client's λ_k differs from the server's replay" in \
+        report.rejected["client 'client-1' (node 1)"]
+
+
+def test_feddyn_sketches_agree_bit_for_bit_over_rounds(tmp_path):
+    federation = InProcessFederation(tmp_path, overrides("feddyn"), sizes=SIZES)
+    for server_round in (1, 2, 3):
+        federation.round(server_round, [1, 2, 3])
+        assert federation.server.round_report.accepted == ["client-1", "client-2", "client-3"]
+
+
+def test_lambda_sketch_is_linear_and_seeded(tmp_path):
+    lam = torch.randn(50, dtype=torch.float64)
+    twice = feddyn.lambda_sketch(2 * lam, seed=3, server_round=4)
+    torch.testing.assert_close(twice, 2 * feddyn.lambda_sketch(lam, seed=3, server_round=4))
+    assert not torch.equal(feddyn.lambda_sketch(lam, 3, 4), feddyn.lambda_sketch(lam, 3, 5))
+    assert feddyn.sketch_mismatch(feddyn.lambda_sketch(lam, 3, 4), lam, 3, 4) == 0.0
+
+
+def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
+    """Node 99 replies every time it is scheduled, always refused: it is scheduled once as new, then takes its turn
+    after the known clients, then sits out its quarantine; clients 1-3 keep their turns."""
+    federation = InProcessFederation(tmp_path, {**overrides("dsvgd"), "max-client-rejections": 2,
+                                                "quarantine-rounds": 3}, sizes=SIZES)
+    server, schedule = federation.server, []
+    for server_round in range(1, 11):
+        messages = list(server.configure_train(server_round, federation.arrays, None, FakeGrid([1, 2, 3, 99])))
+        (message,) = messages
+        node = message.metadata.dst_node_id
+        schedule.append(node)
+        if node == 99:
+            reply = federation.client_update(message.content, federation.runtimes[1])  # client-1's, as client-1
+        else:
+            reply = federation.client_update(message.content, federation.runtimes[node])
+        arrays, _ = server.aggregate_train(server_round, [reply_message(reply, node)])
+        federation.arrays = arrays if arrays is not None else federation.arrays
+    assert schedule[:3] == [1, 2, 3]  # new nodes first, in node order
+    assert schedule.count(99) == 2 and 99 not in schedule[schedule.index(99) + 1:][:1]
+    second = [i for i, node in enumerate(schedule) if node == 99][1]
+    assert 99 not in schedule[second + 1:second + 4]  # quarantined for 3 rounds after its second refusal
+    assert all(schedule.count(node) >= 2 for node in (1, 2, 3))
+
+
+def test_the_quarantine_survives_a_server_restart(tmp_path):
+    game = RogueRound(tmp_path, "fedavg", **{"max-client-rejections": 1})
+    rogue = consistent_reply(game, 1, lambda g, name, value: np.full_like(value, 1e30))
+    server, _, _ = game.aggregate({1: rogue}, honest_nodes=[2, 3])
+    assert server.round_report.quarantined == {"client 'client-1' (node 1)": 12}
+    restarted = type(server)(server.settings, server.layout)
+    restarted.load_state_dict(server.state_dict())
+    assert restarted.quarantine.until == {1: 12}
+    assert json.loads(server.state_dict().metadata["fedbayes/wire"])["quarantine"]["until"] == {"1": 12}
+    assert 1 not in restarted.sample(FakeGrid([1, 2, 3]), 3)
