@@ -1,0 +1,192 @@
+"""Attack -> outcome for every strategy: the red team's well-formed attacks, in one process, through the real
+server halves and client halves (tests/inprocess.py: 3 logistic-regression clients of 12/30/20 synthetic points).
+
+Each cell runs round 1 honestly, then `ROGUE_ROUNDS` rounds in which client-1 (node 1, a registered client) sends
+the attack and clients 2-3 stay honest (DSVGD and U-DSVGD schedule one client a round: every round the rogue is
+scheduled it attacks). It reports whether every round was committed from the honest clients, whether the run is
+still going (the global state finite, no RunFailed: a round with no accepted reply counts towards
+max-failed-rounds in a row stop a run), whether the rogue was quarantined, and the first refusal's reason.
+
+    python benchmarks/attack_matrix.py [--out benchmarks/results/attack_matrix.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from flwr.app import Error  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from fedbayes.protos.codec import PayloadError, encode  # noqa: E402
+from fedbayes.strategies import feddyn  # noqa: E402
+from tests.helpers import declared_payload, reply_message  # noqa: E402
+from tests.inprocess import FakeGrid, InProcessFederation  # noqa: E402
+from tests.test_rogue_clients import SIZES, overrides  # noqa: E402
+
+ROGUE_ROUNDS = 4
+MAX_FAILED_ROUNDS = 3  # the run-config default
+STRATEGIES = ["fedavg", "fedprox", "bayesadmm", "fedadmm", "bayesadmm-full", "feddyn", "fedlap", "fedlap-cov",
+              "fedpa", "dsvgd", "p-dsvgd", "u-dsvgd"]
+PRIMARY = {"fedavg": "weights", "fedprox": "weights", "feddyn": "weights", "fedpa": "delta", "fedlap": "site_mean",
+           "fedlap-cov": "site_mean", "p-dsvgd": "local_particles", "dsvgd": "particles", "u-dsvgd": "particles"}
+
+
+def primary_group(strategy: str) -> str:
+    return PRIMARY.get(strategy, "local_mean")
+
+
+def _fill(value: float):
+    return lambda group, primary, array: np.full_like(array, value) if group == primary else array
+
+
+def _scaled(factor: float):
+    return lambda group, primary, array: (array * factor).astype(np.float32) if group == primary else array
+
+
+def _dual_shift(group, primary, array):  # a dual far from the replay in one entry, one huge precision entry
+    array = array.copy()
+    if group == "local_precision":
+        array.flat[0] = 3e38
+    if group == "dual_mean":
+        array.flat[1] += 1e3
+    return array
+
+
+ATTACKS = {
+    # name: (how client-1's reply tensors change, extra run config, which strategies it applies to)
+    "update of 1e38": (_fill(1e38), {}, STRATEGIES),
+    "update of 1e30": (_fill(1e30), {}, STRATEGIES),
+    "weights x 1e6": (_scaled(1e6), {}, STRATEGIES),
+    # The screen turned off: what the isolation (nothing non-finite is committed) catches on its own.
+    "3.4e38, screen-ratio=1e300": (_fill(3.4e38), {"screen-ratio": 1e300, "prior-precision": 0.5, "server-lr": 10.0},
+                                   STRATEGIES),
+    "dual shifted (1 entry 3e38)": (_dual_shift, {}, ["bayesadmm", "bayesadmm-full"]),
+    "lambda x 1000 in its store": (None, {}, ["feddyn"]),
+}
+
+
+def rogue_content(federation: InProcessFederation, content, change, strategy: str, server_round: int):
+    """client-1's honest `content` with `change` applied, made consistent with what the server replays (BayesADMM's
+    duals, FedDyn's λ sketch) so that the screen, the robust rules and the isolation are what is tested."""
+    from fedbayes.strategies.bayesadmm import Duals, dual_step
+
+    server = federation.server
+    try:
+        payload = declared_payload(content, server.reply_type)
+    except PayloadError:  # client-1's own training diverged (the state it got is poisoned): it sends that
+        return content
+    primary = primary_group(strategy)
+    tensors = {group: {name: change(group, primary, np.array(value)) for name, value in arrays.items()}
+               for group, arrays in payload.tensors.items()}
+    changed = type(payload)(payload.message, tensors)
+    if hasattr(server, "duals") and change is not _dual_shift:
+        previous = server.duals.get("client-1") if payload.message.resumed_from_round else None
+        local = server._local_posterior(changed)
+        zeros = Duals(local.mean * 0, server.global_.precision * 0)
+        duals = dual_step(Duals(previous.mean, previous.precision) if previous else zeros, local, server.global_,
+                          server.dual_step_size, server_round)
+        for group, value in (("dual_mean", duals.mean), ("dual_precision", duals.precision)):
+            offset = 0
+            for name, array in tensors[group].items():
+                tensors[group][name] = value.numpy().ravel()[offset:offset + array.size].reshape(array.shape) \
+                    .astype(np.float32)
+                offset += array.size
+    if hasattr(server, "lambdas"):
+        lam = server._replayed_lambda(changed)
+        del payload.message.lambda_sketch[:]
+        payload.message.lambda_sketch.extend(feddyn.lambda_sketch(lam, federation.settings.seed, server_round).tolist())
+    return encode(payload.message, tensors)
+
+
+def run_cell(strategy: str, attack: str, root: Path) -> dict:
+    change, extra, _ = ATTACKS[attack]
+    federation = InProcessFederation(root, {**overrides(strategy), "fraction-train": 1.0, **extra}, sizes=SIZES)
+    server, nodes = federation.server, [1, 2, 3]
+    federation.round(1, nodes)
+    outcome = {"strategy": strategy, "attack": attack, "rounds": [], "reason": ""}
+    for server_round in range(2, 2 + ROGUE_ROUNDS):
+        if change is None and server_round == 2:  # the client's own durable λ_k is edited between rounds
+            store = federation.runtimes[1].state_store("fed")
+            state = store.load(server.accepted_rounds["client-1"], for_round=server_round)
+            state.tensors[feddyn.LAMBDA_KEY] = state.tensors[feddyn.LAMBDA_KEY] * 1000
+            store.save(state, server.accepted_rounds["client-1"], accepted_round=server.accepted_rounds["client-1"])
+        messages = list(server.configure_train(server_round, federation.arrays, None, FakeGrid(nodes)))
+        replies, rogue_sent = [], False
+        for message in messages:
+            node = message.metadata.dst_node_id
+            rogue_sent = rogue_sent or node == 1
+            try:
+                content = federation.client_update(message.content, federation.runtimes[node])
+            except Exception as error:  # a client whose training fails replies with an error, as a ClientApp does
+                replies.append(reply_message(None, node, Error(code=0, reason=f"{type(error).__name__}: {error}")))
+                continue
+            if node == 1 and change is not None:
+                content = rogue_content(federation, content, change, strategy, server_round)
+            replies.append(reply_message(content, node))
+        arrays, _ = server.aggregate_train(server_round, replies)
+        federation.arrays = arrays if arrays is not None else federation.arrays
+        report = server.round_report
+        honest = sorted(c for c in report.accepted if c != "client-1")
+        rogue_label = "client 'client-1' (node 1)"
+        if rogue_label in report.rejected and not outcome["reason"]:
+            outcome["reason"] = report.rejected[rogue_label]
+        outcome["rounds"].append({
+            "round": server_round, "sent_to_rogue": rogue_sent, "rogue_accepted": "client-1" in report.accepted,
+            "honest_accepted": honest, "quarantined": sorted(report.quarantined),
+            "finite": all(np.isfinite(federation.arrays[name].numpy()).all() for name in federation.arrays),
+        })
+    rounds = outcome["rounds"]
+    attacked = [r for r in rounds if r["sent_to_rogue"]]
+    outcome["honest_committed"] = all(r["honest_accepted"] for r in rounds) if len(messages) > 1 else \
+        all(r["honest_accepted"] or r["sent_to_rogue"] for r in rounds)
+    outcome["rogue_refused"] = all(not r["rogue_accepted"] for r in attacked)
+    outcome["run_going"] = all(r["finite"] for r in rounds) and longest_idle_streak(rounds) < MAX_FAILED_ROUNDS
+    outcome["quarantined"] = any(r["quarantined"] for r in rounds)
+    return outcome
+
+
+def longest_idle_streak(rounds: list[dict]) -> int:
+    """The most rounds in a row that accepted no reply (max-failed-rounds of them stop a run)."""
+    longest = streak = 0
+    for entry in rounds:
+        streak = 0 if entry["honest_accepted"] or entry["rogue_accepted"] else streak + 1
+        longest = max(longest, streak)
+    return longest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/attack_matrix.json"))
+    args = parser.parse_args()
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Messages outside a Flower run
+    import logging
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    outcomes = []
+    with TemporaryDirectory() as scratch:
+        for attack, (_, _, strategies) in ATTACKS.items():
+            for strategy in strategies:
+                outcomes.append(run_cell(strategy, attack, Path(scratch) / f"{strategy}-{len(outcomes)}"))
+                print(f"{attack} / {strategy}: done", file=sys.stderr)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(outcomes, indent=1))
+    yes = {True: "yes", False: "NO"}
+    print("| attack | strategy | rogue refused | honest rounds committed | run going | quarantined | first reason |")
+    print("|---|---|---|---|---|---|---|")
+    for o in outcomes:
+        reason = o["reason"].replace("|", "/")[:90]
+        print(f"| {o['attack']} | {o['strategy']} | {yes[o['rogue_refused']]} | {yes[o['honest_committed']]} | "
+              f"{yes[o['run_going']]} | {'yes' if o['quarantined'] else 'no'} | {reason} |")
+
+
+if __name__ == "__main__":
+    main()
