@@ -26,95 +26,68 @@ import numpy as np  # noqa: E402
 from flwr.app import Error  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from fedbayes.protos.codec import PayloadError, encode  # noqa: E402
+from fedbayes.protos.codec import encode  # noqa: E402
 from fedbayes.strategies import feddyn  # noqa: E402
+from tests import rogue  # noqa: E402
 from tests.helpers import declared_payload, reply_message  # noqa: E402
 from tests.inprocess import FakeGrid, InProcessFederation  # noqa: E402
+from tests.rogue import UPDATE_GROUP  # noqa: E402
 from tests.test_rogue_clients import SIZES, overrides  # noqa: E402
 
 ROGUE_ROUNDS = 4
 MAX_FAILED_ROUNDS = 3  # the run-config default
 STRATEGIES = ["fedavg", "fedprox", "bayesadmm", "fedadmm", "bayesadmm-full", "feddyn", "fedlap", "fedlap-cov",
               "fedpa", "dsvgd", "p-dsvgd", "u-dsvgd"]
-PRIMARY = {"fedavg": "weights", "fedprox": "weights", "feddyn": "weights", "fedpa": "delta", "fedlap": "site_mean",
-           "fedlap-cov": "site_mean", "p-dsvgd": "local_particles", "dsvgd": "particles", "u-dsvgd": "particles"}
 
 
-def primary_group(strategy: str) -> str:
-    return PRIMARY.get(strategy, "local_mean")
-
-
-def _fill(value: float):
-    return lambda group, primary, array: np.full_like(array, value) if group == primary else array
-
-
-def _scaled(factor: float):
-    return lambda group, primary, array: (array * factor).astype(np.float32) if group == primary else array
-
-
-def _dual_shift(group, primary, array):  # a dual far from the replay in one entry, one huge precision entry
+def _dual_shift(group: str, name: str, array: np.ndarray) -> np.ndarray:
+    """One local precision entry of 3e38 (its duals recomputed), then one dual entry far from the replay."""
     array = array.copy()
     if group == "local_precision":
         array.flat[0] = 3e38
-    if group == "dual_mean":
-        array.flat[1] += 1e3
     return array
 
 
 ATTACKS = {
-    # name: (how client-1's reply tensors change, extra run config, which strategies it applies to)
-    "update of 1e38": (_fill(1e38), {}, STRATEGIES),
-    "update of 1e30": (_fill(1e30), {}, STRATEGIES),
-    "weights x 1e6": (_scaled(1e6), {}, STRATEGIES),
-    # The screen turned off: what the isolation (nothing non-finite is committed) catches on its own.
-    "3.4e38, screen-ratio=1e300": (_fill(3.4e38), {"screen-ratio": 1e300, "prior-precision": 0.5, "server-lr": 10.0},
-                                   STRATEGIES),
-    "dual shifted (1 entry 3e38)": (_dual_shift, {}, ["bayesadmm", "bayesadmm-full"]),
+    # name: (client-1's change to its reply's tensors, given the strategy; extra run config; the strategies)
+    "update of 1e38": (lambda strategy: rogue.filled(UPDATE_GROUP[strategy], 1e38), {}, STRATEGIES),
+    "update of 1e30": (lambda strategy: rogue.filled(UPDATE_GROUP[strategy], 1e30), {}, STRATEGIES),
+    "update x 1e6": ("scaled", {}, STRATEGIES),
+    # The screen turned off: what the isolation (nothing unusable is committed) catches on its own.
+    "3.4e38, screen-ratio=1e300": (lambda strategy: rogue.filled(UPDATE_GROUP[strategy], 3.4e38),
+                                   {"screen-ratio": 1e300, "prior-precision": 0.5, "server-lr": 10.0}, STRATEGIES),
+    "dual shifted (1 entry 3e38)": (lambda strategy: _dual_shift, {}, ["bayesadmm", "bayesadmm-full"]),
     "lambda x 1000 in its store": (None, {}, ["feddyn"]),
 }
 
 
-def rogue_content(federation: InProcessFederation, content, change, strategy: str, server_round: int):
-    """client-1's honest `content` with `change` applied, made consistent with what the server replays (BayesADMM's
-    duals, FedDyn's λ sketch) so that the screen, the robust rules and the isolation are what is tested."""
-    from fedbayes.strategies.bayesadmm import Duals, dual_step
-
-    server = federation.server
-    try:
+def rogue_reply(federation: InProcessFederation, content, attack: str, server_round: int):
+    """client-1's reply as the attack makes it (tests/rogue.py: consistent with what the server replays)."""
+    server, strategy = federation.server, federation.settings.strategy
+    make = ATTACKS[attack][0]
+    if make == "scaled":
+        reference = rogue.sent_reference(server, federation.layout, "client-1")
+        change = rogue.scaled_update(reference, UPDATE_GROUP[strategy], 1e6)
+    else:
+        change = make(strategy)
+    content = rogue.consistent_reply(server, content, change, server_round)
+    if change is _dual_shift:  # after the duals were made to agree with it: one is moved
         payload = declared_payload(content, server.reply_type)
-    except PayloadError:  # client-1's own training diverged (the state it got is poisoned): it sends that
-        return content
-    primary = primary_group(strategy)
-    tensors = {group: {name: change(group, primary, np.array(value)) for name, value in arrays.items()}
-               for group, arrays in payload.tensors.items()}
-    changed = type(payload)(payload.message, tensors)
-    if hasattr(server, "duals") and change is not _dual_shift:
-        previous = server.duals.get("client-1") if payload.message.resumed_from_round else None
-        local = server._local_posterior(changed)
-        zeros = Duals(local.mean * 0, server.global_.precision * 0)
-        duals = dual_step(Duals(previous.mean, previous.precision) if previous else zeros, local, server.global_,
-                          server.dual_step_size, server_round)
-        for group, value in (("dual_mean", duals.mean), ("dual_precision", duals.precision)):
-            offset = 0
-            for name, array in tensors[group].items():
-                tensors[group][name] = value.numpy().ravel()[offset:offset + array.size].reshape(array.shape) \
-                    .astype(np.float32)
-                offset += array.size
-    if hasattr(server, "lambdas"):
-        lam = server._replayed_lambda(changed)
-        del payload.message.lambda_sketch[:]
-        payload.message.lambda_sketch.extend(feddyn.lambda_sketch(lam, federation.settings.seed, server_round).tolist())
-    return encode(payload.message, tensors)
+        first = next(iter(payload.tensors["dual_mean"]))
+        payload.tensors["dual_mean"][first] = payload.tensors["dual_mean"][first].copy()
+        payload.tensors["dual_mean"][first].flat[1] += 1e3
+        content = encode(payload.message, payload.tensors)
+    return content
 
 
 def run_cell(strategy: str, attack: str, root: Path) -> dict:
-    change, extra, _ = ATTACKS[attack]
+    make, extra, _ = ATTACKS[attack]
     federation = InProcessFederation(root, {**overrides(strategy), "fraction-train": 1.0, **extra}, sizes=SIZES)
     server, nodes = federation.server, [1, 2, 3]
     federation.round(1, nodes)
     outcome = {"strategy": strategy, "attack": attack, "rounds": [], "reason": ""}
     for server_round in range(2, 2 + ROGUE_ROUNDS):
-        if change is None and server_round == 2:  # the client's own durable λ_k is edited between rounds
+        if make is None and server_round == 2:  # the client's own durable λ_k is edited between rounds
             store = federation.runtimes[1].state_store("fed")
             state = store.load(server.accepted_rounds["client-1"], for_round=server_round)
             state.tensors[feddyn.LAMBDA_KEY] = state.tensors[feddyn.LAMBDA_KEY] * 1000
@@ -129,8 +102,8 @@ def run_cell(strategy: str, attack: str, root: Path) -> dict:
             except Exception as error:  # a client whose training fails replies with an error, as a ClientApp does
                 replies.append(reply_message(None, node, Error(code=0, reason=f"{type(error).__name__}: {error}")))
                 continue
-            if node == 1 and change is not None:
-                content = rogue_content(federation, content, change, strategy, server_round)
+            if node == 1 and make is not None:
+                content = rogue_reply(federation, content, attack, server_round)
             replies.append(reply_message(content, node))
         arrays, _ = server.aggregate_train(server_round, replies)
         federation.arrays = arrays if arrays is not None else federation.arrays

@@ -11,87 +11,35 @@ import numpy as np
 import pytest
 import torch
 
-from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.protos.codec import encode
 from fedbayes.strategies import feddyn
-from fedbayes.strategies.bayesadmm import Duals, dual_step
 from tests.helpers import declared_payload, reply_message
 from tests.inprocess import FakeGrid, InProcessFederation
+from tests import rogue
+from tests.rogue import UPDATE_GROUP
 from tests.test_rogue_clients import SIZES, RogueRound, assert_rejected_without_trace, envelope_message, overrides
 
-TENSOR_OF = {  # the reply's tensor group that carries the update, by strategy
-    "fedavg": "weights", "fedprox": "weights", "feddyn": "weights", "fedpa": "delta", "fedlap": "site_mean",
-    "fedlap-cov": "site_mean", "p-dsvgd": "local_particles", "bayesadmm": "local_mean", "fedadmm": "local_mean",
-    "bayesadmm-full": "local_mean",
-}
-STRATEGIES = list(TENSOR_OF)
+STRATEGIES = [name for name in UPDATE_GROUP if "dsvgd" not in name] + ["p-dsvgd"]
 
 
 def consistent_reply(game: RogueRound, node: int, change) -> object:
-    """Node `node`'s honest round-2 reply with `change(group, name, array) -> array` applied to its tensors, and
-    whatever the server replays made to agree again (BayesADMM's duals, FedDyn's λ sketch): only the screen, the
-    robust rules or the search for a culprit may stop it."""
-    content = game.replies[node]
-    message = envelope_message(content, game.reply_type)
-    tensors = declared_payload(content, game.reply_type).tensors
-    tensors = {group: {name: change(group, name, np.array(value)) for name, value in arrays.items()}
-               for group, arrays in tensors.items()}
-    server = game.federation.server
-    if hasattr(server, "duals"):  # BayesADMM: the duals are the dual step from the (changed) local posterior
-        payload = type(declared_payload(content, game.reply_type))(message, tensors)
-        local = server._local_posterior(payload)
-        previous = server.duals[message.header.client_id]
-        duals = dual_step(Duals(previous.mean, previous.precision), local, server.global_, server.dual_step_size, 2)
-        reported = {"dual_mean": duals.mean, "dual_precision": duals.precision}
-        for group, value in reported.items():
-            if tensors[group]:
-                tensors[group] = {name: array for name, array in zip(
-                    tensors[group], _split_like(value.numpy(), tensors[group]))}
-    if hasattr(server, "lambdas"):  # FedDyn: the sketch of λ_k after these weights
-        payload = type(declared_payload(content, game.reply_type))(message, tensors)
-        lam = server._replayed_lambda(payload)
-        del message.lambda_sketch[:]
-        message.lambda_sketch.extend(feddyn.lambda_sketch(lam, game.federation.settings.seed, 2).tolist())
-    return encode(message, tensors)
-
-
-def _split_like(flat: np.ndarray, like: dict[str, np.ndarray]) -> list[np.ndarray]:
-    pieces, offset = [], 0
-    for value in like.values():
-        pieces.append(flat[offset:offset + value.size].reshape(value.shape).astype(np.float32))
-        offset += value.size
-    return pieces
+    """Node `node`'s honest round-2 reply with `change(group, name, array)` applied, consistently (tests/rogue.py)."""
+    return rogue.consistent_reply(game.federation.server, game.replies[node], change, 2)
 
 
 def scaled_update(game: RogueRound, node: int, factor: float):
-    """The update (the reply's primary tensors minus what the server sent) multiplied by `factor`."""
-    group = TENSOR_OF[game.federation.settings.strategy]
-    sent = declared_payload(game.replies[node], game.reply_type).tensors[group]
-    honest = {name: np.asarray(value, np.float64) for name, value in sent.items()}
-    reference = _reference(game, group)
-    return consistent_reply(game, node, lambda g, name, value: (
-        (reference[name] + factor * (honest[name] - reference[name])).astype(np.float32) if g == group else value))
-
-
-def _reference(game: RogueRound, group: str) -> dict[str, np.ndarray]:
-    """What an update is measured from: the global model sent this round (zeros for FedPA's deltas and FedLap's
-    natural site means; the client's previous particles for P-DSVGD)."""
-    server = game.federation.server
-    layout = game.federation.layout
-    if group in ("delta", "site_mean"):
-        return {name: np.zeros(shape) for name, shape in layout.items()}
-    if group == "local_particles":
-        return {"particles": server.local_particles["client-1"].astype(np.float64)}
-    arrays = game.federation.arrays
-    return {name: arrays[name].numpy().astype(np.float64) for name in layout}
+    """Node `node`'s round-2 reply with its update (from what the server sent) multiplied by `factor`."""
+    server, layout = game.federation.server, game.federation.layout
+    group = UPDATE_GROUP[server.settings.strategy]
+    reference = rogue.sent_reference(server, layout, f"client-{node}")
+    return consistent_reply(game, node, rogue.scaled_update(reference, group, factor))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_an_update_of_1e30_is_refused_by_the_screen_and_the_round_goes_on(tmp_path, strategy):
     game = RogueRound(tmp_path, strategy)
-    group = TENSOR_OF[strategy]
-    rogue = consistent_reply(game, 1, lambda g, name, value: np.full_like(value, 1e30) if g == group else value)
-    server, result, expected = game.aggregate({1: rogue}, honest_nodes=[2, 3])
+    server, result, expected = game.aggregate({1: consistent_reply(game, 1, rogue.filled(UPDATE_GROUP[strategy], 1e30))},
+                                              honest_nodes=[2, 3])
     assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
                                   "refused by the screen")
 
@@ -147,8 +95,8 @@ def test_a_global_precision_that_is_not_positive_definite_is_a_rejected_round_no
 ])
 def test_nothing_non_finite_is_committed_when_the_screen_lets_it_through(tmp_path, strategy, group, value, extra):
     game = RogueRound(tmp_path, strategy, **{"screen-ratio": 1e300, **extra})
-    rogue = consistent_reply(game, 1, lambda g, name, array: np.full_like(array, value) if g == group else array)
-    server, result, expected = game.aggregate({1: rogue}, honest_nodes=[2, 3])
+    server, result, expected = game.aggregate({1: consistent_reply(game, 1, rogue.filled(group, value))},
+                                              honest_nodes=[2, 3])
     assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
                                   "would be unusable")
     state = server.state_dict()
@@ -159,8 +107,7 @@ def test_two_rogues_whose_replies_only_overflow_together_are_isolated(tmp_path):
     """FedLap: each rogue's site alone is usable, both together are not (Σ_k v_k past float32): the search leaves
     out one and commits a usable state with client-3 in it."""
     game = RogueRound(tmp_path, "fedlap", **{"screen-ratio": 1e300})
-    rogues = {node: consistent_reply(game, node, lambda g, name, value: np.full_like(value, 2e38))
-              for node in (1, 2)}
+    rogues = {node: consistent_reply(game, node, rogue.filled("site_mean", 2e38)) for node in (1, 2)}
     server, result, _ = game.aggregate(rogues, honest_nodes=[3])
     report = server.round_report
     assert "client-3" in report.accepted and len(report.accepted) == 2
@@ -169,35 +116,31 @@ def test_two_rogues_whose_replies_only_overflow_together_are_isolated(tmp_path):
     assert all(np.isfinite(arrays[name].numpy()).all() for name in arrays)
 
 
+def model_move(tmp_path, strategy: str, factor: float, **config) -> float:
+    """How far round 2 moves the global model when client-1 scales its update by `factor` (consistently) and
+    clients 2-3 are honest."""
+    game = RogueRound(tmp_path, strategy, **config)
+    before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
+    arrays, _ = game.federation.server.aggregate_train(2, [
+        reply_message(scaled_update(game, 1, factor), 1), *(reply_message(game.replies[node], node) for node in (2, 3))])
+    assert game.federation.server.round_report.accepted == ["client-1", "client-2", "client-3"]
+    return sum(float(np.abs(arrays[name].numpy() - before[name]).sum()) for name in before)
+
+
 @pytest.mark.parametrize("rule", ["clip", "median", "trimmed-mean"])
 @pytest.mark.parametrize("strategy", ["fedavg", "feddyn", "fedpa"])
 def test_robust_rules_bound_an_update_the_screen_lets_through(tmp_path, strategy, rule):
     """A rogue scaling its update 50x (under the screen's 100x): with a robust rule the new global model stays
-    where the honest updates put it, within the honest updates' range, unlike the plain mean."""
-    def moved(aggregation: str) -> float:
-        game = RogueRound(tmp_path / aggregation, strategy,
-                          **{"robust-aggregation": aggregation, "trim-fraction": 0.34})  # 3 replies: trim 1 a side
-        before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
-        arrays, _ = game.federation.server.aggregate_train(2, [
-            reply_message(scaled_update(game, 1, 50.0), 1),
-            *(reply_message(game.replies[node], node) for node in (2, 3))])
-        assert game.federation.server.round_report.accepted == ["client-1", "client-2", "client-3"]
-        return sum(float(np.abs(arrays[name].numpy() - before[name]).sum()) for name in before)
-
-    assert moved(rule) < 0.5 * moved("none")
+    near where the honest updates put it, unlike with the plain mean."""
+    trim = {"trim-fraction": 0.34}  # 3 replies: trim one a side
+    assert model_move(tmp_path / rule, strategy, 50.0, **{"robust-aggregation": rule, **trim}) < \
+        0.5 * model_move(tmp_path / "none", strategy, 50.0, **trim)
 
 
 @pytest.mark.parametrize("strategy", ["bayesadmm", "fedlap-cov"])
 def test_bounded_influence_tempers_a_site_or_dual_the_screen_lets_through(tmp_path, strategy):
-    def moved(aggregation: str) -> float:
-        game = RogueRound(tmp_path / aggregation, strategy, **{"robust-aggregation": aggregation, "clip-ratio": 1.0})
-        before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
-        arrays, _ = game.federation.server.aggregate_train(2, [
-            reply_message(scaled_update(game, 1, 30.0), 1),
-            *(reply_message(game.replies[node], node) for node in (2, 3))])
-        return sum(float(np.abs(arrays[name].numpy() - before[name]).sum()) for name in before)
-
-    assert moved("clip") < 0.5 * moved("none")
+    assert model_move(tmp_path / "clip", strategy, 30.0, **{"robust-aggregation": "clip", "clip-ratio": 1.0}) < \
+        0.5 * model_move(tmp_path / "none", strategy, 30.0)
 
 
 @pytest.mark.parametrize("strategy, rule", [("bayesadmm", "median"), ("fedlap", "trimmed-mean"),
@@ -266,8 +209,7 @@ def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
 
 def test_the_quarantine_survives_a_server_restart(tmp_path):
     game = RogueRound(tmp_path, "fedavg", **{"max-client-rejections": 1})
-    rogue = consistent_reply(game, 1, lambda g, name, value: np.full_like(value, 1e30))
-    server, _, _ = game.aggregate({1: rogue}, honest_nodes=[2, 3])
+    server, _, _ = game.aggregate({1: consistent_reply(game, 1, rogue.filled("weights", 1e30))}, honest_nodes=[2, 3])
     assert server.round_report.quarantined == {"client 'client-1' (node 1)": 12}
     restarted = type(server)(server.settings, server.layout)
     restarted.load_state_dict(server.state_dict())

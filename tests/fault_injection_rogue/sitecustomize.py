@@ -4,6 +4,8 @@
   dtype       every reply's packed tensors are declared float32 but hold unicode .npy bytes
   examples    every reply claims 2^64 - 1 examples
   late:<r>    the reply of round <r> is honest but sent after $FEDBAYES_ROGUE_DELAY seconds (past round-timeout)
+  mean-scale:<f>  BayesADMM: the local posterior's mean is multiplied by <f> before the client's own dual step, so
+              the reply is well-formed and its duals agree with the server's replay (only the screen can stop it)
 
 Put on PYTHONPATH of that SuperNode only (see fault_injection/sitecustomize.py for how the patched module
 reaches its ClientApps). Nothing in the production code knows about this.
@@ -50,3 +52,15 @@ if sys.argv and (sys.argv[0].endswith("flwr-clientapp") or sys.argv[1:2] == ["su
         return content
 
     core.encode = hostile_encode  # the client's round core encodes every strategy's reply
+
+    if attack.startswith("mean-scale:"):
+        import fedbayes.strategies.bayesadmm as bayesadmm
+
+        honest_training = bayesadmm._train_ivon
+
+        def scaled_training(*args, **kwargs):
+            local, loss_and_seconds, state = honest_training(*args, **kwargs)
+            scaled = bayesadmm.Gaussian(local.mean * float(attack.removeprefix("mean-scale:")), local.precision)
+            return scaled, loss_and_seconds, state
+
+        bayesadmm._train_ivon = scaled_training  # local_update looks it up at each call
