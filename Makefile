@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+CHROMIUM := /usr/bin/chromium
 
 # Every process: one compute thread, no Flower telemetry/update checks/runtime installs.
 export OMP_NUM_THREADS ?= 1
@@ -31,12 +32,21 @@ $(FMNIST):
 		exit 1; \
 	fi
 
+# The headless browser tests/test_report.py checks `fedbayes report`'s page with; only the tests need it (without
+# root it is not installed, and that test is skipped).
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "Chromium is missing: tests/test_report.py skips its browser check (as root: apt-get install chromium)"; \
+	fi
+
 # Each demo is a new federation in its own runs/<time>-fedavg (an existing workdir is never reused unasked).
 demo: install
 	$(BIN)/fedbayes local --strategy fedavg --clients 3 --rounds 5 --dataset fmnist --split iid
 
 # Everything, system tests included (as root they install and start what they need: Docker, namespaces).
-test: install
+test: install $(CHROMIUM)
 	$(BIN)/python -m pytest -q tests
 
 protos:

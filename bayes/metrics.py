@@ -1,18 +1,22 @@
-"""Classification metrics of a predictive distribution: accuracy, NLL, expected calibration error."""
+"""Classification metrics of a predictive distribution: accuracy, NLL, expected calibration error, and the per-bin
+data of its reliability diagram."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 ECE_BINS = 15
 
 
-def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> dict[str, float]:
+def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> dict[str, Any]:
     """Metrics of predictive class probabilities `probs` (N, C) against integer `labels` (N,).
 
     NLL is the mean of -log p(y|x) (clamped at 1e-12 so one confident mistake cannot make it
     infinite); ECE is the top-label calibration error over `bins` equal-width confidence bins,
-    weighted by the fraction of examples in each bin (Guo et al., 2017).
+    weighted by the fraction of examples in each bin (Guo et al., 2017). `reliability` holds those bins
+    (reliability_bins), so that a results row can be drawn as a reliability diagram (`fedbayes report`).
     """
     if probs.ndim != 2 or labels.shape != probs.shape[:1]:
         raise ValueError(f"probs must be (N, C) and labels (N,), got {tuple(probs.shape)} and {tuple(labels.shape)}")
@@ -24,15 +28,34 @@ def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, bins: int 
         "accuracy": correct.mean().item(),
         "nll": -true_class_prob.clamp_min(1e-12).log().mean().item(),
         "ece": expected_calibration_error(confidence, correct, bins),
+        "reliability": reliability_bins(confidence, correct, bins),
     }
 
 
-def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
-    # Bin b holds confidences in (b/bins, (b+1)/bins]; confidence 0 goes to the first bin.
+def _bin_sums(confidence: torch.Tensor, correct: torch.Tensor, bins: int) -> tuple[torch.Tensor, ...]:
+    """Per bin: the examples, their confidences summed and their correct predictions summed. Bin b holds confidences
+    in (b/bins, (b+1)/bins]; confidence 0 goes to the first bin."""
     bin_index = (confidence * bins).ceil().long().clamp(1, bins) - 1
+    count = torch.bincount(bin_index, minlength=bins)
     confidence_sum = torch.bincount(bin_index, weights=confidence.double(), minlength=bins)
     correct_sum = torch.bincount(bin_index, weights=correct.double(), minlength=bins)
+    return count, confidence_sum, correct_sum
+
+
+def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
+    _, confidence_sum, correct_sum = _bin_sums(confidence, correct, bins)
     return ((confidence_sum - correct_sum).abs().sum() / confidence.numel()).item()
+
+
+def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> dict[str, list]:
+    """The reliability diagram's data, per equal-width confidence bin (as the ECE bins them): `confidence` (mean),
+    `accuracy` (share correct), both None for an empty bin, and `count` (examples)."""
+    count, confidence_sum, correct_sum = _bin_sums(confidence, correct, bins)
+    return {
+        "confidence": [total / n if n else None for total, n in zip(confidence_sum.tolist(), count.tolist())],
+        "accuracy": [total / n if n else None for total, n in zip(correct_sum.tolist(), count.tolist())],
+        "count": count.tolist(),
+    }
 
 
 @torch.no_grad()

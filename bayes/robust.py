@@ -5,8 +5,9 @@ An update is one client's change to the server's state, as a flat float64 vector
 parameters (weights for FedAvg, natural parameters for the Gaussian strategies, particles for DSVGD).
 
 Guarantees (K updates, at most B of them bad):
-  screen        an update longer than `ratio` x max(median of the others' norms, the state's norm) is refused:
-                no single update can be more than that many times longer than the honest ones or the state
+  screen        an update longer than `ratio` x max(median of the others' norms, the state's norm, √P) is refused
+                (P the update's length, so √P is the norm of a change of 1 in every entry): no single update can
+                be more than that many times longer than the honest ones, the state, or an RMS change of 1
                 (with B < (K-1)/2, the median of the others is an honest norm).
   clip          every update is scaled down to at most `ratio` x the median norm of the round's updates: a bad
                 client moves the aggregate by at most ratio x median x its weight (with B < K/2).
@@ -32,16 +33,16 @@ def norms(updates: Sequence[np.ndarray]) -> np.ndarray:
     return np.array([float(np.linalg.norm(update)) for update in updates], dtype=np.float64)
 
 
-def screen_bounds(update_norms: np.ndarray, state_norm: float, ratio: float) -> np.ndarray:
-    """Per update, the longest norm the screen lets through: `ratio` x the larger of the median of the OTHER
-    updates' norms (so an update cannot raise its own bound) and the state's norm (so one reply in a round,
-    DSVGD's, is bounded too, and a round of tiny updates does not refuse an ordinary one). An update with nothing
-    to compare with (the only one, from a state of zeros) is not bounded."""
+def screen_bounds(update_norms: np.ndarray, state_norm: float, size: int, ratio: float) -> np.ndarray:
+    """Per update (each of `size` entries), the longest norm the screen lets through: `ratio` x the largest of the
+    median of the OTHER updates' norms (so an update cannot raise its own bound), the state's norm, and √size,
+    the norm of an RMS change of 1 per entry (so one reply in a round, DSVGD's, is bounded too, and neither a round
+    of tiny updates nor a state near zero refuses an ordinary update)."""
     bounds = np.empty_like(update_norms)
     for index in range(len(update_norms)):
         others = np.delete(update_norms, index)
-        reference = max(float(np.median(others)) if len(others) else 0.0, state_norm)
-        bounds[index] = ratio * reference if reference > 0 else np.inf
+        reference = max(float(np.median(others)) if len(others) else 0.0, state_norm, math.sqrt(size))
+        bounds[index] = ratio * reference
     return bounds
 
 

@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         "superexec", help="run the ClientApps of this machine's SuperNodes as forks of one warm process"))
     _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))
     _add_client(commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)"))
+    _add_posterior_export(commands.add_parser(
+        "export", help="write a round's global posterior to an open file (safetensors + JSON header)"))
+    _add_predict(commands.add_parser(
+        "predict", help="posterior predictive and uncertainty (entropy, mutual information) of an exported posterior"))
+    _add_report(commands.add_parser("report", help="plot runs' results (PNG) with a one-page index.html"))
     if argv[:1] == ["run"]:  # every argument goes to `flwr run` as it is: argparse cannot pass options through
         from fedbayes.deploy.flwr_run import main as flwr_run
 
@@ -174,6 +179,21 @@ def _without_workdir(argv: list[str]) -> list[str]:
     return kept
 
 
+def _add_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN",
+                        help="a `fedbayes local` workdir or a results .jsonl; several are compared side by side")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the PNG plots and index.html")
+    parser.set_defaults(handler=_write_report)
+
+
+def _write_report(args: argparse.Namespace) -> int:
+    from fedbayes.tasks.report import PLOTS, load_runs, write_report
+
+    index = write_report(load_runs(args.runs), args.out)
+    print(f"wrote {', '.join(plot.file for plot in PLOTS)} and {index}")
+    return 0
+
+
 def _add_superexec(parser: argparse.ArgumentParser) -> None:
     from fedbayes.deploy.warm_executor import add_arguments, run
 
@@ -186,6 +206,18 @@ def _add_client(parser: argparse.ArgumentParser) -> None:
 
     add_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def _add_posterior_export(parser: argparse.ArgumentParser) -> None:
+    from fedbayes.posterior.cli import add_export_arguments
+
+    add_export_arguments(parser)
+
+
+def _add_predict(parser: argparse.ArgumentParser) -> None:
+    from fedbayes.posterior.cli import add_predict_arguments
+
+    add_predict_arguments(parser)
 
 
 def _add_pki(parser: argparse.ArgumentParser) -> None:

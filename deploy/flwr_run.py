@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fedbayes.deploy.processes import free_ports, process_env, stop_processes_with_env
+from fedbayes.deploy.progress import Progress, parse_round_log_line
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason, new_federation
 
 MARKER_VARIABLE = "FEDBAYES_SUBMISSION"
@@ -111,16 +112,18 @@ def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Seque
                                stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C reaches us; we stop it
     keep_colour = sys.stdout.isatty()
     run_id = reported = None
-    for raw in process.stdout:
-        line = raw.decode(errors="replace")
-        plain = _ANSI_ESCAPE.sub("", line)
-        sys.stdout.write(line if keep_colour else plain)
-        sys.stdout.flush()
-        run_id = run_id or _run_id(plain)
-        reported = failure_reason(plain) or reported
-        if name := new_federation(plain):
-            resume = shlex.join([*resume_command, "-c", f'federation="{name}"'])
-            print(f"fedbayes: federation {name}; to resume it after an interruption: {resume}", flush=True)
+    with Progress() as progress:  # a live line on a terminal, fed by the ServerApp's round lines (deploy/progress.py)
+        for raw in process.stdout:
+            line = raw.decode(errors="replace")
+            plain = _ANSI_ESCAPE.sub("", line)
+            progress.print(line if keep_colour else plain)
+            if done := parse_round_log_line(plain):
+                progress.round_done(done)
+            run_id = run_id or _run_id(plain)
+            reported = failure_reason(plain) or reported
+            if name := new_federation(plain):
+                resume = shlex.join([*resume_command, "-c", f'federation="{name}"'])
+                progress.print(f"fedbayes: federation {name}; to resume it after an interruption: {resume}")
     return Streamed(process.wait(), run_id, reported)
 
 

@@ -49,6 +49,7 @@ from fedbayes.deploy.processes import (
     kill_tree,
     process_env,
 )
+from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
@@ -57,6 +58,7 @@ from fedbayes.tasks.slots import SLOTS_ENV
 APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
 CONNECTION = "fedbayes-local"
 FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
+RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was submitted with (`fedbayes report`)
 STARTUP_TIMEOUT = 60.0
 EXECUTORS = ("shared", "fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
@@ -190,8 +192,11 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
         if spec.resume_hint:
             say(f"federation {workdir.name} in {workdir}; to resume it after an interruption: {spec.resume_hint}")
         say(TABLE_HEADER)
-        return federation.follow(results, submit, spec.rounds, on_row=lambda row: say(format_row(row)),
-                                 skip_lines=earlier_lines)
+        if spec.quiet:
+            return federation.follow(results, submit, spec.rounds, on_row=lambda row: None, skip_lines=earlier_lines)
+        with Progress() as progress:  # a live line on a terminal (deploy/progress.py)
+            return federation.follow(results, submit, spec.rounds,
+                                     on_row=lambda row: show_row(progress, row, spec.rounds), skip_lines=earlier_lines)
 
 
 def default_workdir(strategy: str) -> Path:
@@ -374,7 +379,7 @@ class LocalFederation:
         # on loopback a poll is a cheap local call, and the default half-second wait ended every round.
         run_config = {"server-state-dir": str(self.workdir / "server-state"), "client-identity": identity,
                       "poll-interval": LOCAL_POLL_INTERVAL, **run_config}
-        overrides = self.workdir / "run-config.toml"
+        overrides = self.workdir / RUN_CONFIG_FILE
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
         app = write_app(self.workdir / APP, str(run_config.get("strategy", "")))
         # `fedbayes run` (deploy/flwr_run.py): `flwr run --stream` that exits non-zero, with the reason on its
@@ -521,6 +526,12 @@ def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int
         directory.mkdir(parents=True, exist_ok=True)
         env[SLOTS_ENV] = f"{count}:{directory}"
     return env
+
+
+def show_row(progress: Progress, row: dict[str, Any], rounds: int) -> None:
+    """A round's row in the table, and the progress line after it (of a run of `rounds` rounds)."""
+    progress.print(format_row(row))
+    progress.round_done(RoundDone(row["round"], rounds, row["accuracy"], row["clients"], row["clients_sent"]))
 
 
 def _unused_log_dir(workdir: Path) -> Path:

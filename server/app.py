@@ -10,17 +10,20 @@ import secrets
 import time
 from logging import ERROR, INFO
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedbayes.bayes.metrics import classification_metrics, predict_probs
 from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout, set_parameters
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import get_algorithm
 from fedbayes.tasks.compute import configure_threads, resolve_device
 from fedbayes.tasks.config import RunSettings, round_seed
@@ -52,6 +55,11 @@ def run_federation(grid: Grid, context: Context) -> None:
     if not settings.federation:
         settings = settings.replace(federation=new_federation_name(server_state_dir))
         log(INFO, "%s", new_federation_line(settings.federation))
+    if isinstance(grid, InMemoryGrid) and settings.client_identity != "reconnect":
+        # Simulation: virtual clients in this process, with new random node ids in every run, so ids bound to
+        # the nodes of the run a resume continues would refuse every client. Nothing crosses a network here.
+        log(INFO, "simulation: client ids may move to the new run's nodes (client-identity=reconnect)")
+        settings = settings.replace(client_identity="reconnect")
     algorithm = get_algorithm(settings.strategy)
     test = load_dataset(
         settings.dataset, train=False, data_root=settings.data_root, download=settings.download
@@ -74,9 +82,10 @@ def run_federation(grid: Grid, context: Context) -> None:
         model.cpu()
         return probs
 
-    def evaluate(arrays: ArrayRecord, server_round: int) -> dict[str, float]:
+    def evaluate(arrays: ArrayRecord, server_round: int) -> dict[str, Any]:
         """The global model at its mean, and (Bayesian strategies) as an ensemble over posterior samples,
-        drawn with a per-round seed so a resumed run evaluates exactly like an uninterrupted one."""
+        drawn with a per-round seed so a resumed run evaluates exactly like an uninterrupted one. Every metric goes
+        into the round's row, the reliability bins too (`reliability`, `reliability_ensemble`: `fedbayes report`)."""
         metrics = classification_metrics(predict({name: arrays[name].numpy() for name in layout}), test.labels)
         generator = torch.Generator().manual_seed(round_seed(settings.seed, server_round))
         samples = strategy.posterior_samples(settings.ensemble_samples, generator)
@@ -87,30 +96,34 @@ def run_federation(grid: Grid, context: Context) -> None:
         return metrics
 
     initial = ArrayRecord({name: Array(np.asarray(value)) for name, value in get_parameters(model).items()})
-    run_rounds(
-        grid,
-        strategy,
-        initial,
-        LoopSettings(
-            num_rounds=settings.num_server_rounds,
-            round_timeout=settings.round_timeout,
-            poll_interval=settings.poll_interval,
-            wait_for_clients=settings.wait_for_clients,
-            wait_for_clients_timeout=settings.wait_for_clients_timeout,
-            min_clients=settings.min_clients,
-            max_payload_mb=settings.max_payload_mb,
-            max_failed_rounds=settings.max_failed_rounds,
-            straggler_wait=settings.straggler_wait,
-            results_exists=settings.results_exists,
-        ),
-        evaluate,
-        settings.results_path,
-        # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
-        CheckpointStore(server_state_dir, settings.federation,
-                        {**context.run_config, "federation": settings.federation},
-                        initial_arrays={name: array.numpy() for name, array in initial.items()},
-                        keep=settings.keep_checkpoints, resume_from_round=settings.resume_from_round),
-    )
+    run_config = {**context.run_config, "federation": settings.federation}
+    # run config `tracking`: the rows, figures and posterior in MLflow or TensorBoard (server/tracking.py)
+    with tracked_run(settings.tracking, settings.federation, run_config,
+                     posterior_export(server_state_dir, settings.federation, run_config)) as sinks:
+        run_rounds(
+            grid,
+            strategy,
+            initial,
+            LoopSettings(
+                num_rounds=settings.num_server_rounds,
+                round_timeout=settings.round_timeout,
+                poll_interval=settings.poll_interval,
+                wait_for_clients=settings.wait_for_clients,
+                wait_for_clients_timeout=settings.wait_for_clients_timeout,
+                min_clients=settings.min_clients,
+                max_payload_mb=settings.max_payload_mb,
+                max_failed_rounds=settings.max_failed_rounds,
+                straggler_wait=settings.straggler_wait,
+                results_exists=settings.results_exists,
+            ),
+            evaluate,
+            settings.results_path,
+            # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
+            CheckpointStore(server_state_dir, settings.federation, run_config,
+                            initial_arrays={name: array.numpy() for name, array in initial.items()},
+                            keep=settings.keep_checkpoints, resume_from_round=settings.resume_from_round),
+            sinks,
+        )
 
 
 def new_federation_name(server_state_dir: str) -> str:

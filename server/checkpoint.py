@@ -49,7 +49,7 @@ RESUMABLE_KEYS = frozenset({
     "wait-for-clients", "wait-for-clients-timeout", "min-clients", "eval-batch-size", "device", "data-root",
     "download", "max-payload-mb", "max-failed-rounds", "max-clients", "max-client-examples", "client-identity",
     "client-registry", "screen-ratio", "robust-aggregation", "clip-ratio", "trim-fraction", "max-client-rejections",
-    "quarantine-rounds", "straggler-wait", "results-exists", "keep-checkpoints", "resume-from-round",
+    "quarantine-rounds", "straggler-wait", "results-exists", "keep-checkpoints", "resume-from-round", "tracking",
 })
 _GLOBAL, _STRATEGY = "global/", "strategy/"
 _CHECKSUM = "checksum"
@@ -58,6 +58,10 @@ ArrayLayout = dict[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dty
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be read or written, or does not belong to this run's settings."""
+
+
+class OtherSettings(CheckpointError):
+    """The checkpoint is intact but was made with other run settings: resuming from it is refused."""
 
 
 Damaged = Callable[[str, str], CheckpointError]  # (field, problem) -> the error naming the file
@@ -155,11 +159,23 @@ class CheckpointStore:
         if chosen is None:
             return None
         try:
-            checkpoint, saved_run_config = self._read(chosen)
+            checkpoint, _ = self._read(chosen, same_run=True)
+        except OtherSettings as other:  # not damage: no alternatives to offer, and reported as a CheckpointError
+            raise CheckpointError(str(other)) from None
         except CheckpointError as damage:
             raise CheckpointError(f"{damage}; {self._intact_alternatives(chosen)}") from None
-        self._check_same_run(chosen, saved_run_config)
         return checkpoint
+
+    def read(self, server_round: int = 0) -> tuple[Checkpoint, dict[str, Any]]:
+        """For tools (`fedbayes export`): the kept checkpoint of `server_round` (0: the newest) and the run config it
+        was made with, every field checked as `load` checks it, without comparing that config to this store's."""
+        kept = self.kept_rounds()
+        if not kept:
+            raise CheckpointError(f"{self.directory} holds no server checkpoint")
+        if server_round and server_round not in kept:
+            raise CheckpointError(f"{self.directory} holds no checkpoint of round {server_round} (kept rounds: "
+                                  f"{', '.join(map(str, kept))}; run config keep-checkpoints says how many are kept)")
+        return self._read(self.round_path(server_round or kept[-1]))
 
     def _chosen_path(self) -> Path | None:
         kept = self.kept_rounds()
@@ -189,8 +205,9 @@ class CheckpointStore:
         return (f"intact kept checkpoints: rounds {', '.join(map(str, intact))}; to resume from round {intact[0]}: "
                 f"set resume-from-round={intact[0]} (the rounds after it run again)")
 
-    def _read(self, path: Path) -> tuple[Checkpoint, dict[str, Any]]:
-        """The checkpoint at `path` and the run config it was made with, every field checked."""
+    def _read(self, path: Path, same_run: bool = False) -> tuple[Checkpoint, dict[str, Any]]:
+        """The checkpoint at `path` and the run config it was made with, every field checked; with `same_run`, that
+        config must be this store's (checked before the arrays: another model is other settings, not damage)."""
 
         def damaged(field: str, problem: str) -> CheckpointError:
             return CheckpointError(f"server checkpoint {path} is damaged: '{field}' {problem}")
@@ -208,13 +225,16 @@ class CheckpointStore:
             raise damaged("round", f"is {server_round}, but the file is named for round {file_round.group(1)}")
         wall_seconds = _parse_wall_seconds(metadata["wall_seconds"], damaged)
         run_config = _parse_json_object(metadata["run_config"], "run_config", damaged)
+        intact = metadata[_CHECKSUM] == checksum(tensors, metadata)
+        if same_run and intact:  # an intact file of another model is other settings, not damage
+            self._check_same_run(path, run_config)
         strategy_metadata = _parse_json_object(metadata["strategy"], "strategy", damaged)
         if not all(isinstance(value, str) for value in strategy_metadata.values()):
             raise damaged("strategy", "is not an object of strings")
         arrays = {name[len(_GLOBAL):]: value for name, value in tensors.items() if name.startswith(_GLOBAL)}
         self._check_tensors(arrays, tensors, damaged)
         # Last: a field that is itself wrong is named above rather than reported as a bare mismatch.
-        if metadata[_CHECKSUM] != checksum(tensors, metadata):
+        if not intact:
             raise damaged(_CHECKSUM, "does not match the file's contents (changed or corrupted after it was written)")
         strategy_tensors = {name[len(_STRATEGY):]: value for name, value in tensors.items()
                             if name.startswith(_STRATEGY)}
@@ -237,7 +257,7 @@ class CheckpointStore:
                            if saved.get(key) != self.run_config.get(key))
         if differing:
             changes = ", ".join(f"{key}: {saved.get(key)!r} -> {self.run_config.get(key)!r}" for key in differing)
-            raise CheckpointError(
+            raise OtherSettings(
                 f"federation checkpoint {path} was made with other settings ({changes}); resume with the "
                 "same settings, or start a new federation (another `federation` name or `server-state-dir`)"
             )

@@ -21,7 +21,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +38,8 @@ from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.strategies.base import RoundReport, ServerState, WireStrategy
 
-Evaluate = Callable[[ArrayRecord, int], dict[str, float]]  # (global arrays, round) -> metrics
+Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]  # (global arrays, round) -> metrics (numbers, reliability bins)
+RowSink = Callable[[dict[str, Any]], None]  # gets each results row as it is written; must not raise or block
 
 
 @dataclass
@@ -255,8 +256,9 @@ class RoundFinisher:
     clients keep busy it waits for them rather than slowing them down."""
 
     def __init__(self, evaluate: Evaluate, results: ResultsLog, checkpoints: CheckpointStore, clock_start: float,
-                 num_rounds: int, pipelined: bool, checkpoint_written: Callable[[ServerState], None]) -> None:
-        self.evaluate, self.results, self.checkpoints = evaluate, results, checkpoints
+                 num_rounds: int, pipelined: bool, checkpoint_written: Callable[[ServerState], None],
+                 sinks: Sequence[RowSink] = ()) -> None:
+        self.evaluate, self.results, self.checkpoints, self.sinks = evaluate, results, checkpoints, sinks
         self.checkpoint_written = checkpoint_written  # the strategy's: clients keep what this checkpoint names
         self.clock_start, self.num_rounds = clock_start, num_rounds
         self.pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate", initializer=yield_cpu)
@@ -294,6 +296,8 @@ class RoundFinisher:
         record["phase_seconds"] = {**finished.phases.seconds, "previous_checkpoint": self.checkpoint_seconds}
         record.update(finished.client_phases)
         self.results.write(record)
+        for sink in self.sinks:  # e.g. run config `tracking` (server/tracking.py)
+            sink(record)
         checkpoint_started = time.perf_counter()
         self.checkpoints.save(Checkpoint(finished.server_round,
                                          {name: finished.arrays[name].numpy() for name in finished.arrays},
@@ -311,6 +315,7 @@ def run_rounds(
     evaluate: Evaluate,
     results_path: str,
     checkpoints: CheckpointStore,
+    sinks: Sequence[RowSink] = (),
 ) -> ArrayRecord:
     """Rounds 1..num_rounds, or, when the federation has a checkpoint, the rounds after it. Each round:
     configure, exchange, aggregate, then (RoundFinisher, overlapping the next round's training) evaluate, log,
@@ -334,7 +339,7 @@ def run_rounds(
     results = ResultsLog(results_path, keep_through_round=first_round - 1, if_exists=settings.results_exists)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     finisher = RoundFinisher(evaluate, results, checkpoints, time.monotonic() - elapsed, settings.num_rounds,
-                             settings.pipeline_evaluation, strategy.checkpoint_written)
+                             settings.pipeline_evaluation, strategy.checkpoint_written, sinks)
     failed_rounds = 0
     try:
         for server_round in range(first_round, settings.num_rounds + 1):

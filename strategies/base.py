@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
 
+from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.params import flatten, unflatten, weighted_mean
 from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos import payloads_pb2 as pb
@@ -61,6 +62,17 @@ class ServerState:
         return {client: record_type(**{f: torch.from_numpy(self.tensors[f"{name}/{client}/{f}"].copy())
                                        for f in tensor_fields}, round=last_round)
                 for client, last_round in json.loads(self.metadata[name]).items()}
+
+
+@dataclass
+class GlobalPosterior:
+    """The global posterior as the server holds it, for `fedbayes export` (posterior/): a Gaussian over the flat
+    parameters (layout order) whose mean is the global model, N particles (N, P) of the flat parameters, or neither:
+    a point estimate, the global model itself. `note` says in one line what it is (the export's header carries it)."""
+
+    note: str
+    gaussian: Gaussian | None = None
+    particles: np.ndarray | None = None
 
 
 @dataclass
@@ -245,12 +257,13 @@ class WireStrategy(Strategy):
 
     def screened(self, payloads: list[Payload]) -> tuple[list[Payload], dict[int, float]]:
         """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
-        larger of the others' median and the state's norm), and every reply's update norm by id()."""
+        largest of the others' median, the state's norm and an RMS change of 1), and every reply's update norm by
+        id()."""
         updates = [self.update_of(payload) for payload in payloads]
         if not payloads or any(update is None for update in updates):
             return payloads, {}
         update_norms = norms(updates)
-        bounds = screen_bounds(update_norms, self.state_norm(), self.settings.screen_ratio)
+        bounds = screen_bounds(update_norms, self.state_norm(), updates[0].size, self.settings.screen_ratio)
         kept = []
         for payload, norm, bound in zip(payloads, update_norms, bounds):
             if norm <= bound:
@@ -259,8 +272,8 @@ class WireStrategy(Strategy):
             client = payload.message.header.client_id
             node = self._reply_nodes[client]
             self._reject(f"client {client!r} (node {node})", f"refused by the screen: its update's norm {norm:.3g} "
-                         f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the larger of the other "
-                         "updates' median norm and the state's)", node)
+                         f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
+                         "updates' median norm, the state's and an RMS change of 1)", node)
         return kept, {id(payload): float(norm) for payload, norm in zip(payloads, update_norms)}
 
     def quarantined_after(self, server_round: int, used: list[Payload]) -> None:
@@ -450,6 +463,10 @@ class WireStrategy(Strategy):
     def posterior_samples(self, count: int, generator) -> list[dict]:
         """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""
         return []
+
+    def global_posterior(self) -> GlobalPosterior:
+        """What the server holds of the global posterior (`fedbayes export`); here a point estimate."""
+        return GlobalPosterior(f"a point estimate: {self.settings.strategy} holds no posterior beyond its global model")
 
     # The server evaluates the global model centrally; Flower's federated evaluation is not used.
     def configure_evaluate(self, server_round, arrays, config, grid):

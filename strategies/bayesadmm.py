@@ -54,7 +54,7 @@ from fedbayes.client.state import ClientState
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, Tensors
-from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy, local_training
+from fedbayes.strategies.base import GlobalPosterior, RoundRejected, ServerState, Update, WireStrategy, local_training
 from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, POSITIVE, ConfigError, Key, RunSettings
 
 # Paper defaults, FMNIST-10% heterogeneous (../shared/specs/bayesadmm.md §2).
@@ -122,11 +122,17 @@ def replay_tolerance(previous: Duals, local: Gaussian, global_: Gaussian, step: 
     """Per entry, how far a reported dual may lie from the server's replay of Eq. 36: DUAL_CHECK_RTOL of the
     magnitudes that make the entry (old dual, γ·local, γ·global, the result), since each crossed the wire as
     float32. Per entry: a tolerance scaled by a tensor's largest entry let one huge entry hide errors in the rest."""
-    local_eta, global_eta = local.natural()[0].abs(), global_.natural()[0].abs()
-    mean = previous.mean.abs() + step * (local_eta + global_eta) + reported.mean.abs()
+    mean = previous.mean.abs() + step * (natural_mean_magnitude(local) + natural_mean_magnitude(global_)) \
+        + reported.mean.abs()
     precision = previous.precision.abs() + step * (local.precision.abs() + global_.precision.abs()) \
         + reported.precision.abs()
     return Duals(DUAL_CHECK_RTOL * mean + 1e-30, DUAL_CHECK_RTOL * precision + 1e-30)
+
+
+def natural_mean_magnitude(q: Gaussian) -> torch.Tensor:
+    """|S| |m| entry by entry: what bounds the float32 rounding error of each entry of S m (for a full S, each entry
+    sums a whole row, so its error scales with |S| |m|, not with |S m|)."""
+    return Gaussian(q.mean.abs(), q.precision.abs()).precision_times(q.mean.abs())
 
 
 def tempering(means: list[torch.Tensor], precisions: list[torch.Tensor], clip_ratio: float) -> list[float]:
@@ -401,6 +407,14 @@ class BayesADMM(WireStrategy):
             return []
         samples = Gaussian(self.global_.mean, self.global_.precision).sample(count, generator)
         return [unflatten(sample.numpy(), self.layout) for sample in samples]
+
+    def global_posterior(self) -> GlobalPosterior:
+        if self.isotropic:
+            return GlobalPosterior("a point estimate m̄: federated ADMM fixes the covariance at the identity, a device "
+                                   "of the algorithm, not a learnt posterior")
+        if self.global_ is None:
+            return super().global_posterior()
+        return GlobalPosterior(f"q̄ = N(m̄, S̄⁻¹) with a {self.family} precision S̄ (BayesADMM Alg. 1)", self.global_)
 
 
 def mean_log_precision(q: Gaussian) -> torch.Tensor:

@@ -62,7 +62,7 @@ from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
-from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy
+from fedbayes.strategies.base import GlobalPosterior, RoundRejected, ServerState, Update, WireStrategy
 from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, ConfigError, Key, RunSettings
 
 # ../shared/specs/dsvgd.md §8: the paper's BNN values (its prior precision is e: set prior-precision=2.718).
@@ -378,6 +378,14 @@ class DSVGD(WireStrategy):
         if self.particles is None or count == 0:
             return []
         return [unflatten(particle, self.layout) for particle in self.particles]
+
+    def global_posterior(self) -> GlobalPosterior:
+        if self.particles is None:
+            return super().global_posterior()
+        return GlobalPosterior(f"the {len(self.particles)} particles Θ: their KDE (bandwidth "
+                               f"{self.settings.kde_bandwidth:g}) is q, the predictive averages the particles "
+                               "(eq. 27); the global model is the particle mean, no model of a network",
+                               particles=self.particles)
 
     def state_dict(self) -> ServerState:
         state = super().state_dict()

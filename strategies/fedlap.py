@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.params import flatten, unflatten
 from fedbayes.bayes.robust import part_clip_factors
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
@@ -50,7 +51,7 @@ from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import (
-    Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
+    GlobalPosterior, Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
 )
 from fedbayes.strategies.feddyn import MAX_GRAD_NORM
 from fedbayes.tasks.config import POSITIVE, Key, RunSettings
@@ -225,6 +226,13 @@ class FedLap(WireStrategy):
         self.unclaimed = tensors["unclaimed"]
         self.sites = state.per_client("site", Site)
         self.membership = Membership.from_metadata(state.metadata)
+
+    def global_posterior(self) -> GlobalPosterior:
+        if self.global_mean is None:
+            return super().global_posterior()
+        precision = "δ + Σ_k V_k" if self.covariance else "δ (FedLap's sites carry no precision)"
+        return GlobalPosterior(f"q_g = N(w_g, diag(S_g)⁻¹) with S_g = {precision}",
+                               Gaussian(self.global_mean, self.global_precision))
 
 
 def fedlap_cov(settings: RunSettings, layout: TensorLayout) -> FedLap:

@@ -43,7 +43,7 @@ from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layo
 from fedbayes.client.training import Loss, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, TensorLayout
-from fedbayes.strategies.base import RoundRejected, ServerState, Update, WireStrategy, local_training
+from fedbayes.strategies.base import GlobalPosterior, RoundRejected, ServerState, Update, WireStrategy, local_training
 from fedbayes.strategies.fedavg import train_locally
 from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, Key, RunSettings
 
@@ -300,6 +300,11 @@ class FedPA(WireStrategy):
         state = super().state_dict()
         state.tensors |= {f"optimizer/{key}": value for key, value in self.server_optimizer.state().items()}
         return state
+
+    def global_posterior(self) -> GlobalPosterior:
+        return GlobalPosterior("a point estimate θ: FedPA's server holds no posterior estimate beyond it (each "
+                               "client's shrinkage covariance Σ̂ stays on the client, which sends only "
+                               "Δ = Σ̂⁻¹(θ − x̄))")
 
     def load_state_dict(self, state: ServerState) -> None:
         super().load_state_dict(state)

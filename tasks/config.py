@@ -152,6 +152,12 @@ CORE_KEYS = (
         AT_LEAST_ONE),
     Key("resume-from-round", 0, "resume from the kept checkpoint of this round instead of the newest (0 = newest)",
         NON_NEGATIVE),
+    Key("tracking", "", '"" = off | mlflow:URI (an MLflow tracking server) | tensorboard:DIR (event files in '
+        "DIR/<federation>): the run config, every round's row, the report's figures and the posterior "
+        "(server/tracking.py; extras fedbayes[mlflow], fedbayes[tensorboard])",
+        Check(lambda value: value == "" or (value.partition(":")[0] in ("mlflow", "tensorboard")  # tracking.KINDS
+                                            and value.partition(":")[2] != ""),
+              'must be "" (off), mlflow:URI or tensorboard:DIR')),
 )
 
 

@@ -53,7 +53,7 @@ class Dataset:
     @functools.cached_property
     def images(self) -> torch.Tensor:
         """float32, shape (N, C, H, W): pixels * pixel_scale ([0, 1] by default)."""
-        return (self.pixels.to(torch.float32) * self.pixel_scale).contiguous()
+        return scaled_images(self.pixels, self.pixel_scale)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -73,6 +73,11 @@ class Dataset:
         if factor == 1.0:
             return self
         return Dataset(self.name, self.pixels, self.labels, self.num_classes, self.pixel_scale * factor)
+
+
+def scaled_images(pixels: torch.Tensor, pixel_scale: float) -> torch.Tensor:
+    """What a model sees of stored `pixels`: float32 pixels * pixel_scale (a Dataset's images; `fedbayes predict`)."""
+    return (pixels.to(torch.float32) * pixel_scale).contiguous()
 
 
 def load_dataset(name: str, train: bool, data_root: str = "", download: bool = False) -> Dataset:

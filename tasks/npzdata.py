@@ -79,6 +79,25 @@ def read_x(path: Path) -> np.ndarray:
     with _open(path) as archive:
         x_key, _ = _data_keys(path, archive.files)
         x = archive[x_key]
+    return _checked_x(path, x_key, x)
+
+
+def read_examples(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """Examples to predict on (`fedbayes predict`): `x` of `path`, checked as read_x, and its labels `y`, checked as
+    read_header checks them, or None for a file that holds `x` alone."""
+    with _open(path) as archive:
+        files = set(archive.files)
+        if "x" in files and not files & {"y", "images", "labels"}:
+            return _checked_x(path, "x", archive["x"]), None
+    return read_x(path), read_header(path).labels  # _data_keys names what a file with labels lacks
+
+
+def pixel_scale_of(dtype: np.dtype) -> float:
+    """The factor examples of `dtype` are scaled by: uint8 holds 0-255 pixels (to [0, 1]), floats stay as stored."""
+    return 1.0 / 255.0 if dtype == np.uint8 else 1.0
+
+
+def _checked_x(path: Path, x_key: str, x: np.ndarray) -> np.ndarray:
     _check_x_dtype(path, x_key, x.dtype, x.shape)
     if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
         bad = int((~np.isfinite(x)).reshape(len(x), -1).any(axis=1).argmax())
@@ -249,8 +268,7 @@ def load_data_path(path: Path, dataset: str) -> Dataset:
 def _dataset(name: str, path: Path, num_classes: int) -> Dataset:
     header = read_header(path)
     x = read_x(path)
-    pixel_scale = 1.0 / 255.0 if x.dtype == np.uint8 else 1.0  # uint8 files hold 0-255 pixels
-    return Dataset(name, torch.from_numpy(x), torch.from_numpy(header.labels), num_classes, pixel_scale)
+    return Dataset(name, torch.from_numpy(x), torch.from_numpy(header.labels), num_classes, pixel_scale_of(x.dtype))
 
 
 def write_npz(path: Path, data: Dataset) -> None:

@@ -57,6 +57,7 @@ def preflight(settings: RunSettings, clients: int | None = None, new_federation:
         check_client_counts(settings, clients)
         check_split_file(settings.split_file)
     check_output_paths(settings, new_federation)
+    check_tracking(settings.tracking)
     check_dataset_files(settings, clients)
     check_device(settings.device)
     check_model_and_strategy(settings, clients)
@@ -87,6 +88,22 @@ def check_output_paths(settings: RunSettings, new_federation: bool) -> None:
     if (settings.results_path and new_federation and settings.results_exists == "refuse" and results.exists()
             and results.stat().st_size > 0):
         raise results_exist_error(results)
+
+
+def check_tracking(tracking: str) -> None:
+    """Run config `tracking` needs its extra installed where the ServerApp runs, and a TensorBoard directory it can
+    write. The tracking server itself is not asked: one that is down must not stop the run (server/tracking.py)."""
+    from fedbayes.server.tracking import missing_modules, parse_tracking
+
+    kind, target = parse_tracking(tracking)
+    if not kind:
+        return
+    if missing := missing_modules(kind):
+        raise ConfigError(f"run config 'tracking' is {tracking!r}, but {' and '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} not installed for this Python: "
+                          f"pip install 'fedbayes[{kind}]'")
+    if kind == "tensorboard" and (problem := unwritable(Path(target), directory=True)):
+        raise ConfigError(f"run config 'tracking': {problem}")
 
 
 def results_exist_error(path: Path) -> ConfigError:

@@ -93,11 +93,12 @@ def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
 
 def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     workdir = tmp_path / "fed"
-    results_path = tmp_path / "out.jsonl"  # left over from an earlier run: must not be read as this run's
+    results_path = tmp_path / "out.jsonl"  # an earlier run's, appended to: must not be read as this run's
     results_path.write_text("".join(json.dumps({"round": r, "stale": True}) + "\n" for r in range(1, 51)))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "fedbayes.deploy.cli", "local", "--strategy", "fedavg", "--clients", "2", "--rounds", "50",
-         "--fraction", "0.05", "--workdir", str(workdir), "--results", str(results_path)],
+         "--fraction", "0.05", "--workdir", str(workdir), "--results", str(results_path),
+         "--set", "results-exists=append"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     deadline = time.monotonic() + 120
@@ -115,7 +116,9 @@ def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     assert launcher.wait(timeout=60) == 130
     assert processes_of(workdir / "flwr-home") == []
     results = [json.loads(line) for line in results_path.read_text().splitlines()]
-    assert 1 <= len(results) < 50 and not any("stale" in row for row in results)
+    earlier, this_run = results[:50], results[50:]  # results-exists=append: the earlier rows are kept, untouched
+    assert all(row["stale"] for row in earlier) and 1 <= len(this_run) < 50
+    assert not any("stale" in row for row in this_run)
 
 
 def test_a_dying_superlink_stops_the_run_and_everything_else(tmp_path):

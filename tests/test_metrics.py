@@ -29,7 +29,21 @@ def test_ece_pools_examples_within_a_bin():
 def test_perfectly_calibrated_certain_predictions():
     probs = torch.eye(3)
     metrics = classification_metrics(probs, torch.tensor([0, 1, 2]))
+    assert metrics.pop("reliability")["count"][-1] == 3  # all in the top bin
     assert metrics == pytest.approx({"accuracy": 1.0, "nll": 0.0, "ece": 0.0})
+
+
+def test_reliability_bins_are_the_ece_bins():
+    probs = torch.tensor([[0.62, 0.38], [0.68, 0.32], [0.95, 0.05], [0.91, 0.09], [0.35, 0.65]])
+    labels = torch.tensor([0, 1, 0, 0, 1])
+    bins = classification_metrics(probs, labels, bins=10)["reliability"]
+    # (0.6, 0.7]: 0.62 (right), 0.65 (right), 0.68 (wrong); (0.9, 1.0]: 0.95, 0.91 (both right); the rest empty.
+    assert bins["count"] == [0, 0, 0, 0, 0, 0, 3, 0, 0, 2]
+    assert bins["confidence"][6] == pytest.approx((0.62 + 0.65 + 0.68) / 3)
+    assert bins["accuracy"][6] == pytest.approx(2 / 3) and bins["accuracy"][9] == pytest.approx(1.0)
+    assert bins["confidence"][0] is None and bins["accuracy"][0] is None
+    ece = sum(n * abs(c - a) for n, c, a in zip(bins["count"], bins["confidence"], bins["accuracy"]) if n) / 5
+    assert classification_metrics(probs, labels, bins=10)["ece"] == pytest.approx(ece)
 
 
 def test_confident_mistake_has_finite_nll():

@@ -11,12 +11,12 @@ from fedbayes.bayes.robust import clip_factors, norms, part_clip_factors, robust
 from fedbayes.strategies.isolation import Quarantine, RoundRejected, usable_subset
 
 
-def test_screen_bounds_use_the_median_of_the_others_and_the_state():
-    bounds = screen_bounds(np.array([1.0, 2.0, 3.0, 1e30]), state_norm=0.5, ratio=10.0)
+def test_screen_bounds_use_the_median_of_the_others_the_state_and_a_unit_change():
+    bounds = screen_bounds(np.array([1.0, 2.0, 3.0, 1e30]), state_norm=0.5, size=1, ratio=10.0)
     np.testing.assert_array_equal(bounds, [10 * 3.0, 10 * 3.0, 10 * 2.0, 10 * 2.0])  # medians of the other three
-    assert screen_bounds(np.array([5.0]), state_norm=2.0, ratio=10.0).tolist() == [20.0]  # one reply: the state
-    assert screen_bounds(np.array([5.0]), state_norm=0.0, ratio=10.0).tolist() == [np.inf]  # nothing to compare
-    assert screen_bounds(np.array([1.0, 1e30]), state_norm=0.0, ratio=100.0).tolist() == [1e32, 100.0]
+    assert screen_bounds(np.array([5.0]), state_norm=2.0, size=1, ratio=10.0).tolist() == [20.0]  # one: the state
+    assert screen_bounds(np.array([5.0]), state_norm=0.0, size=16, ratio=10.0).tolist() == [40.0]  # 10 x √16
+    assert screen_bounds(np.array([1.0, 1e30]), state_norm=0.0, size=1, ratio=100.0).tolist() == [1e32, 100.0]
 
 
 def test_clip_factors_bring_every_norm_to_at_most_ratio_times_the_median():

@@ -1,0 +1,136 @@
+"""The progress line of `fedbayes local` and `fedbayes run`: round i/N, time elapsed, ETA, accuracy so far and the
+clients accepted in the last round.
+
+On a terminal it is one line at the bottom, redrawn in place (carriage return) every second and when a round ends,
+with the other output scrolling above it. Where the output is no terminal (a pipe, a log file) each round adds one
+plain line, `progress: round 3/10 | 0:12 elapsed | ETA 0:25 | accuracy 0.8123 | clients 3/3`, and nothing is redrawn.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+TICK = 1.0  # seconds between redraws of the live line (its elapsed time)
+CLEAR_LINE = "\r\x1b[K"  # back to the line's start, then erase it
+DEFAULT_COLUMNS = 80
+# The ServerApp's log line of a finished round (server/loop.py progress_line), as `flwr run --stream` shows it.
+ROUND_LOG_LINE = re.compile(r"round\s+(\d+)/(\d+) \| acc ([0-9.]+) .*?\| clients (\d+)/(\d+)")
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    round: int
+    rounds: int  # of the run
+    accuracy: float
+    clients: int  # replies accepted
+    clients_sent: int
+
+
+def parse_round_log_line(line: str) -> RoundDone | None:
+    """The round a ServerApp log line reports finished, or None for any other line."""
+    match = ROUND_LOG_LINE.search(line)
+    if match is None:
+        return None
+    server_round, rounds, accuracy, clients, sent = match.groups()
+    return RoundDone(int(server_round), int(rounds), float(accuracy), int(clients), int(sent))
+
+
+def clock_text(seconds: float) -> str:
+    """h:mm:ss, or m:ss under an hour."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Progress:
+    """`print` other output through it; `round_done` after each round; `close` (or leave the `with`) at the end."""
+
+    def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream or sys.stdout
+        self.clock = clock
+        self.live = self.stream.isatty()
+        self.started = clock()
+        self.first: tuple[float, int] | None = None  # (when, round) of the first round seen end
+        self.last: RoundDone | None = None
+        self.last_at = 0.0
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, name="progress", daemon=True) if self.live else None
+        if self.ticker is not None:
+            self.ticker.start()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def print(self, text: str) -> None:
+        """A line of other output, above the live line."""
+        with self.lock:
+            if self.live:
+                line = text.rstrip("\n")
+                self.stream.write(f"{CLEAR_LINE}{line}\n")
+                self._draw()
+            else:
+                self.stream.write(text if text.endswith("\n") else f"{text}\n")
+            self.stream.flush()
+
+    def round_done(self, done: RoundDone) -> None:
+        with self.lock:
+            now = self.clock()
+            self.first = self.first or (now, done.round)
+            self.last, self.last_at = done, now
+            if self.live:
+                self._draw()
+            else:
+                self.stream.write(f"progress: {self.status()}\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """Stop redrawing; the live line stays, as it was last, with a newline after it."""
+        self.stopped.set()
+        if self.ticker is not None:
+            self.ticker.join()
+            with self.lock:
+                self._draw()
+                self.stream.write("\n")
+                self.stream.flush()
+            self.ticker = None
+
+    def status(self) -> str:
+        elapsed = f"{clock_text(self.clock() - self.started)} elapsed"
+        if self.last is None:
+            return f"{elapsed} | waiting for the first round"
+        done = self.last
+        return (f"round {done.round}/{done.rounds} | {elapsed} | ETA {self._eta()} | accuracy {done.accuracy:.4f} | "
+                f"clients {done.clients}/{done.clients_sent}")
+
+    def _eta(self) -> str:
+        """The rounds left times the time a round took: over the rounds seen since the first one that ended here, or,
+        with one seen so far, since the start (a resumed run's first round here is not round 1)."""
+        left = self.last.rounds - self.last.round
+        if left <= 0:
+            return "0:00"
+        first_at, first_round = self.first
+        per_round = ((self.last_at - first_at) / (self.last.round - first_round) if self.last.round > first_round
+                     else self.last_at - self.started)
+        return clock_text(max(0.0, per_round * left - (self.clock() - self.last_at)))
+
+    def _draw(self) -> None:
+        # cut to the terminal's width: a line that wraps would not be redrawn in place (a new pty says 0 columns)
+        width = (os.get_terminal_size(self.stream.fileno()).columns or DEFAULT_COLUMNS) - 1
+        self.stream.write(f"{CLEAR_LINE}{self.status()[:width]}")
+
+    def _tick(self) -> None:
+        while not self.stopped.wait(TICK):
+            with self.lock:
+                self._draw()
+                self.stream.flush()

@@ -1,0 +1,13 @@
+"""The global posterior of a finished round, for use outside the federation.
+
+`fedbayes export RUN --out FILE` writes it as an open file (posterior/file.py: safetensors tensors + a JSON header);
+`fedbayes.posterior.load(FILE)` reads it back as a `Posterior` whose `predict(x, samples=S)` gives the posterior
+predictive and its uncertainty per example (`Prediction`: entropy, expected entropy, mutual information), computed
+as the server computes its own evaluation (posterior/predictive.py); `fedbayes predict FILE DATA.npz` does it on a file.
+"""
+
+from fedbayes.posterior.file import PosteriorFileError
+from fedbayes.posterior.predictive import Posterior, load
+from fedbayes.posterior.uncertainty import Prediction
+
+__all__ = ["Posterior", "PosteriorFileError", "Prediction", "load"]

@@ -1,0 +1,132 @@
+"""An exported posterior as a predictive: `load(FILE).predict(x, samples=S)`.
+
+The predictions are the server's own evaluation, reused: the model from the header's spec (tasks/models.py), inputs
+scaled as the run scaled its data (tasks/datasets.py scaled_images), softmax probabilities in batches of the run's
+evaluation batch size (bayes/metrics.py predict_probs), weight samples drawn by bayes/gaussian.py and split into
+tensors as BayesADMM's `posterior_samples` splits them, members averaged as the server averages its ensemble. So at
+the mean (`samples=0`) a prediction is bit for bit the server's plain evaluation of that round, and with the run's
+ensemble-samples and the default seed (the server's round seed) its `*_ensemble` evaluation, on the same device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.bayes.metrics import predict_probs
+from fedbayes.bayes.params import buffer_layout, flatten, parameter_layout, set_parameters, unflatten
+from fedbayes.posterior.file import (
+    BUFFER, MEAN, PARTICLES, PRECISION, PRECISION_MATRIX, Header, PosteriorFileError, read_posterior_file,
+)
+from fedbayes.posterior.uncertainty import Prediction, predictive
+from fedbayes.tasks.compute import resolve_device
+from fedbayes.tasks.config import round_seed
+from fedbayes.tasks.datasets import scaled_images
+from fedbayes.tasks.models import build_model
+from fedbayes.tasks.npzdata import pixel_scale_of
+
+Weights = dict[str, np.ndarray]
+
+
+def load(path: str | Path) -> Posterior:
+    """The posterior `fedbayes export` wrote to `path`; PosteriorFileError naming the file and the problem when it is
+    unreadable, damaged or edited (checksum), of a newer format, or its model spec does not build here."""
+    path = Path(path)
+    header, tensors = read_posterior_file(path)
+    return Posterior(path, header, tensors)
+
+
+class Posterior:
+    """The global posterior of one round: `header` says what it is (posterior/file.py), `predict` uses it."""
+
+    def __init__(self, path: Path, header: Header, tensors: dict[str, np.ndarray]) -> None:
+        self.path, self.header = path, header
+        self.model = self._model()
+        layout = header.parameters
+        self.mean: Weights = {name: tensors[f"{MEAN}{name}"] for name in layout}
+        self.buffers: Weights = {name: tensors[f"{BUFFER}{name}"] for name in header.buffers}
+        self.gaussian: Gaussian | None = None
+        self.particles: list[Weights] = []
+        if header.kind == "gaussian-diagonal":
+            precision = flatten({name: tensors[f"{PRECISION}{name}"] for name in layout}, layout)
+            self.gaussian = Gaussian(torch.from_numpy(flatten(self.mean, layout)), torch.from_numpy(precision))
+        elif header.kind == "gaussian-full":
+            self.gaussian = Gaussian(torch.from_numpy(flatten(self.mean, layout)),
+                                     torch.from_numpy(tensors[PRECISION_MATRIX].astype(np.float64)))
+        elif header.kind == "particles":
+            self.particles = [{name: tensors[f"{PARTICLES}{name}"][index] for name in layout}
+                              for index in range(header.particles)]
+
+    def _model(self) -> torch.nn.Module:
+        spec, header = self.header.model, self.header
+        try:
+            model = build_model(spec.model, header.input_shape, header.num_classes, spec.hidden, spec.activation,
+                                spec.pool)
+        except Exception as error:  # a user's model builder may raise anything
+            raise PosteriorFileError(f"{self.path}: its model spec {spec} does not build here: "
+                                     f"{type(error).__name__}: {error}") from None
+        built = {"parameters": parameter_layout(model), "buffers": buffer_layout(model)}
+        for part, layout in built.items():
+            if list(layout.items()) != list(getattr(header, part).items()):  # the order is the flat vectors' order
+                raise PosteriorFileError(f"{self.path}: its model spec {spec} builds a model whose {part} differ from "
+                                         f"the file's ({_first_difference(layout, getattr(header, part))})")
+        return model
+
+    def members(self, samples: int, seed: int | None = None) -> list[Weights]:
+        """The parameter settings a prediction averages: the mean alone for `samples` = 0 (and for a point estimate,
+        whatever `samples`), every particle of a particle posterior, else `samples` draws from the Gaussian with
+        generator seed `seed` (None: the server's seed for this round, round_seed(run seed, round))."""
+        if samples < 0:
+            raise ValueError(f"samples must be >= 0, got {samples}")
+        if samples == 0 or self.header.kind == "point":
+            return [self.mean]
+        if self.header.kind == "particles":
+            return self.particles
+        seed = round_seed(self.header.seed, self.header.round) if seed is None else seed
+        draws = self.gaussian.sample(samples, torch.Generator().manual_seed(seed))
+        return [unflatten(draw.numpy(), self.header.parameters) for draw in draws]
+
+    def inputs(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """What the model sees of examples `x` (N, *input_shape), or (N, H, W) for one-channel images: uint8 as
+        0-255 pixels scaled to [0, 1], floats as they are, then times the run's input-scale."""
+        x = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        shape = self.header.input_shape
+        if x.ndim == len(shape) and shape[0] == 1 and x.shape[1:] == shape[1:]:
+            x = x[:, None]
+        if x.shape[1:] != shape:
+            raise ValueError(f"examples have shape {x.shape[1:]}; the model of {self.path} takes {shape}")
+        if not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating)):
+            raise ValueError(f"examples have dtype {x.dtype}; they must be uint8 (0-255 pixels) or float")
+        if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+            raise ValueError("examples hold NaN or Inf")
+        return scaled_images(torch.from_numpy(x), pixel_scale_of(x.dtype) * self.header.input_scale)
+
+    def predict(self, x: np.ndarray | torch.Tensor, samples: int | None = None, seed: int | None = None,
+                batch_size: int | None = None, device: str = "cpu") -> Prediction:
+        """The posterior predictive on `x` and its uncertainty per example (posterior/uncertainty.py), averaged over
+        `members(samples, seed)`; `samples` None: the run's ensemble-samples. Batches of `batch_size` (None: the
+        run's evaluation batch size) on `device` ("cpu", "cuda", "auto")."""
+        images = self.inputs(x)
+        members = self.members(self.header.ensemble_samples if samples is None else samples, seed)
+        return predictive(self.member_probs(members, images, batch_size or self.header.eval_batch_size,
+                                            resolve_device(device)))
+
+    def member_probs(self, members: list[Weights], images: torch.Tensor, batch_size: int,
+                     device: torch.device) -> torch.Tensor:
+        """(S, N, C): each member's softmax probabilities on `images`, computed as server/app.py computes them."""
+        probs = []
+        for weights in members:
+            set_parameters(self.model, weights | self.buffers)
+            probs.append(predict_probs(self.model.to(device), images, batch_size, device))
+            self.model.cpu()
+        return torch.stack(probs)
+
+
+def _first_difference(built: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]]) -> str:
+    for (built_name, built_shape), (saved_name, saved_shape) in zip(built.items(), saved.items()):
+        if (built_name, built_shape) != (saved_name, saved_shape):
+            return f"built {built_name} {built_shape}, the file has {saved_name} {saved_shape}"
+    return f"the model has {len(built)}, the file {len(saved)}"

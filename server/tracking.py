@@ -1,0 +1,297 @@
+"""Run config `tracking`: the ServerApp's run, live, in MLflow or TensorBoard.
+
+`tracking` is "" (off), `mlflow:URI` (an MLflow tracking server, e.g. mlflow:http://127.0.0.1:5000; extra
+fedbayes[mlflow]) or `tensorboard:DIR` (event files in DIR/<federation>; extra fedbayes[tensorboard]). Logged:
+- the run config, as params (TensorBoard: HParams);
+- every round's row as it is written (server/loop.py RoundFinisher), step = round: the global and ensemble metrics,
+  clients accepted, sent and rejected, nodes quarantined, the strategy's round metrics, and the phase seconds as
+  `phase_seconds/<phase>`, `client_phase_seconds/<phase>`, `client_phase_max/<phase>` (row_metrics);
+- at the end, the `fedbayes report` figures of those rows (tasks/report.py) and, when the run completed, the
+  posterior of its last round as `fedbayes export` writes it (fedbayes.posterior), as artifacts (TensorBoard: the
+  figures as images, and both as files in DIR/<federation>/).
+Each start of the ServerApp is a run of its own, named after the federation (MLflow: tagged `fedbayes.federation`);
+a resumed federation's starts at the round after its checkpoint.
+
+A tracking server that is down or slow never stops or slows the federation: rows go through a bounded queue to one
+background thread, which does all the importing and talking. Its first failure, or a full queue, is logged once as a
+warning; after a failure the tracker drops whatever it gets, and the run goes on (its rows are in results-path). At
+the end the ServerApp waits at most CLOSE_TIMEOUT seconds for the figures and the posterior to be logged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from logging import WARNING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from flwr.common import log
+
+if TYPE_CHECKING:
+    from fedbayes.server.loop import RowSink
+
+# The kinds of run config `tracking`: the modules each needs (matplotlib: the report's figures), installed by the
+# extra fedbayes[<kind>]. tasks/config.py checks the value's form, tasks/preflight.py that these are installed.
+KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
+QUEUE_ROWS = 1000  # rows waiting for the tracking thread; more are dropped (with one warning)
+CLOSE_TIMEOUT = 30.0  # seconds the end of a run waits for the last rows, the figures and the posterior
+EXPERIMENT = "fedbayes"  # the MLflow experiment every run goes to
+FEDERATION_TAG = "fedbayes.federation"
+MLFLOW_BATCH_PARAMS = 100  # MLflow's limit on params per log_batch request
+# MLflow's HTTP client retries a failed request 7 times, backing off for minutes; the tracker gives up at the first
+# failure anyway. Set only where the user has not set them.
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+HPARAM_METRICS = ("accuracy", "nll", "ece")  # the metrics TensorBoard's HParams table shows next to the run config
+POSTERIOR_FILE = "posterior.safetensors"
+
+
+def parse_tracking(tracking: str) -> tuple[str, str]:
+    """(kind, target) of a run config `tracking` value: ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off."""
+    kind, _, target = tracking.partition(":")
+    return (kind, target) if tracking else ("", "")
+
+
+def missing_modules(kind: str) -> list[str]:
+    """The modules tracking of this kind needs that are not installed."""
+    return [module for module in KINDS[kind] if importlib.util.find_spec(module) is None]
+
+
+def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
+    """A results row's numbers by metric name: top-level numbers as they are, those of a nested dict (phase_seconds)
+    as `<key>/<name>`, a list (quarantined) as its length. Not numbers: None (a round without that metric), the
+    reliability bins (drawn in the report's figure) and the round (the step)."""
+    metrics = {}
+    for key, value in row.items():
+        if key == "round":
+            continue
+        if isinstance(value, list):
+            metrics[key] = float(len(value))
+        elif isinstance(value, dict):
+            metrics.update({f"{key}/{name}": float(inner) for name, inner in value.items() if _is_number(inner)})
+        elif _is_number(value):
+            metrics[key] = float(value)
+    return metrics
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+
+
+class Backend(Protocol):
+    """Where a tracker logs: opened, started and used on the tracking thread only."""
+
+    def start(self, params: dict[str, Any]) -> None: ...
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+    def log_report(self, directory: Path) -> None: ...
+    def log_file(self, path: Path) -> None: ...
+    def end(self, completed: bool) -> None: ...
+
+
+class MlflowBackend:
+    """An MLflow run in experiment EXPERIMENT on the tracking server at `uri`."""
+
+    def __init__(self, uri: str, name: str) -> None:
+        for variable, value in MLFLOW_HTTP_DEFAULTS.items():
+            os.environ.setdefault(variable, value)
+        from mlflow.tracking import MlflowClient
+
+        self.client, self.name, self.run_id = MlflowClient(tracking_uri=uri), name, ""
+
+    def start(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        experiment = self.client.get_experiment_by_name(EXPERIMENT)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+        self.run_id = self.client.create_run(experiment_id, run_name=self.name,
+                                             tags={FEDERATION_TAG: self.name}).info.run_id
+        items = [Param(key, str(value)) for key, value in params.items()]
+        for start in range(0, len(items), MLFLOW_BATCH_PARAMS):
+            self.client.log_batch(self.run_id, params=items[start:start + MLFLOW_BATCH_PARAMS])
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in metrics.items()])
+
+    def log_report(self, directory: Path) -> None:
+        self.client.log_artifacts(self.run_id, str(directory), artifact_path="report")
+
+    def log_file(self, path: Path) -> None:
+        self.client.log_artifact(self.run_id, str(path))
+
+    def end(self, completed: bool) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED" if completed else "FAILED")
+
+
+class TensorBoardBackend:
+    """Event files in `directory`/`name` (torch's SummaryWriter, which needs the tensorboard package)."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.directory = Path(directory) / name
+        self.writer = SummaryWriter(log_dir=str(self.directory))
+        self.session_end = None
+
+    def start(self, params: dict[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        experiment, session_start, self.session_end = hparams(params, dict.fromkeys(HPARAM_METRICS, 0.0))
+        self.writer.file_writer.add_summary(experiment)
+        self.writer.file_writer.add_summary(session_start)
+        self.writer.flush()
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()  # a TensorBoard watching the directory shows each round as it ends
+
+    def log_report(self, directory: Path) -> None:
+        from matplotlib.image import imread
+
+        shutil.copytree(directory, self.directory / "report", dirs_exist_ok=True)
+        for figure in sorted(directory.glob("*.png")):
+            self.writer.add_image(f"report/{figure.stem}", imread(figure)[..., :3], dataformats="HWC")
+        self.writer.flush()
+
+    def log_file(self, path: Path) -> None:
+        shutil.copy2(path, self.directory / path.name)
+
+    def end(self, completed: bool) -> None:
+        if completed:  # HParams' session end says "success"; a failed run has none
+            self.writer.file_writer.add_summary(self.session_end)
+        self.writer.close()
+
+
+def open_backend(tracking: str, name: str) -> Backend:
+    kind, target = parse_tracking(tracking)
+    return MlflowBackend(target, name) if kind == "mlflow" else TensorBoardBackend(target, name)
+
+
+@dataclass(frozen=True)
+class _Finish:
+    completed: bool
+
+
+class Tracker:
+    """A RowSink that logs rows on a background thread (see the module's docstring); `close` ends it."""
+
+    def __init__(self, tracking: str, name: str, params: dict[str, Any],
+                 export: Callable[[Path], Path] | None = None) -> None:
+        self.tracking, self.name, self.params, self.export = tracking, name, params, export
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_ROWS)
+        self.rows: list[dict[str, Any]] = []  # those logged, for the figures at the end
+        self.failed = threading.Event()
+        self._warned, self._warn_lock = False, threading.Lock()
+        self.thread = threading.Thread(target=self._work, name="tracking", daemon=True)
+        self.thread.start()
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        if self.failed.is_set():
+            return
+        try:
+            self.queue.put_nowait(row)
+        except queue.Full:
+            self._warn(f"tracking ({self.tracking}) falls behind: {QUEUE_ROWS} rows wait for it; round {row['round']}'s "
+                       "row and any that come while they wait are not tracked")
+
+    def close(self, completed: bool) -> None:
+        """Hand the tracking thread the end of the run and wait for it, at most CLOSE_TIMEOUT seconds."""
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        while not self.failed.is_set() and time.monotonic() < deadline:
+            try:
+                self.queue.put(_Finish(completed), timeout=0.2)
+                break
+            except queue.Full:
+                continue
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.thread.is_alive():
+            self._warn(f"tracking ({self.tracking}) did not take this run's end within {CLOSE_TIMEOUT:.0f} s; the "
+                       "run ends without it")
+
+    def _warn(self, message: str) -> None:
+        with self._warn_lock:
+            if self._warned:
+                return
+            self._warned = True
+        log(WARNING, "%s", message)
+
+    def _work(self) -> None:
+        try:
+            backend = open_backend(self.tracking, self.name)
+            backend.start(self.params)
+            while not isinstance(item := self.queue.get(), _Finish):
+                backend.log_metrics(item["round"], row_metrics(item))
+                self.rows.append(item)
+            self._log_artifacts(backend, item.completed)
+            backend.end(item.completed)
+        except Exception as error:  # whatever the backend raises: the run goes on without it
+            self.failed.set()
+            since = f"after round {self.rows[-1]['round']}" if self.rows else "from its start"
+            self._warn(f"tracking ({self.tracking}) failed ({_one_line(error)}); this run is not tracked {since} "
+                       "(its rows are in results-path)")
+
+    def _log_artifacts(self, backend: Backend, completed: bool) -> None:
+        """The figures of the rows logged and, for a completed run, its posterior (a failed one may have none)."""
+        from fedbayes.tasks.report import Run, write_report
+
+        with tempfile.TemporaryDirectory(prefix="fedbayes-tracking-") as scratch:
+            if self.rows:
+                report = Path(scratch) / "report"
+                write_report([Run(self.name, self.params.get("results-path") or "the ServerApp's rows", self.rows,
+                                  self.params)], report)
+                backend.log_report(report)
+            if completed and self.export is not None:
+                try:
+                    posterior = self.export(Path(scratch))
+                except Exception as error:  # the export's own failure; the figures are logged all the same
+                    log(WARNING, "tracking (%s): the posterior is not logged: exporting it failed (%s)", self.tracking,
+                        _one_line(error))
+                else:
+                    backend.log_file(posterior)
+
+
+def posterior_export(server_state_dir: str, federation: str, run_config: Mapping[str, Any]) -> Callable[[Path], Path]:
+    """Writes the posterior of the federation's newest checkpoint into a directory (`fedbayes export`); its path."""
+
+    def export(directory: Path) -> Path:
+        from fedbayes.posterior.export import RunLocation, export_posterior
+
+        path = directory / POSTERIOR_FILE
+        export_posterior(RunLocation(Path(server_state_dir), federation, dict(run_config)), path)
+        return path
+
+    return export
+
+
+@contextmanager
+def tracked_run(tracking: str, federation: str, run_config: Mapping[str, Any],
+                export: Callable[[Path], Path] | None = None) -> Iterator[list[RowSink]]:
+    """The row sinks run config `tracking` asks for (none when it is ""), for run_rounds; on exit the figures and
+    `export`'s file are logged and the tracked run is marked completed, or failed when the block raised."""
+    if not tracking:
+        yield []
+        return
+    tracker = Tracker(tracking, federation, dict(run_config), export)
+    completed = False
+    try:
+        yield [tracker]
+        completed = True
+    finally:
+        tracker.close(completed)

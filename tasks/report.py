@@ -1,0 +1,428 @@
+"""`fedbayes report RUN [RUN ...] --out DIR`: plots of federations' results rows and a one-page index of them.
+
+A RUN is a `fedbayes local` workdir (its results file and the run config it was submitted with,
+deploy/launcher.py) or a results file (.jsonl, one row per round, server/loop.py), finished or still being
+written. A results file that holds several federations (results-exists=append: the rounds start again at 1) gives
+one run per federation. Every figure shows every run, side by side:
+
+- metrics.png: accuracy, NLL and ECE of the global model per round (the `*_ensemble` metrics dashed);
+- reliability.png: each run's last round as a reliability diagram, from the row's per-bin data (`reliability`,
+  bayes/metrics.py);
+- clients.png: replies accepted and rejected, work sent, and nodes quarantined, per round;
+- phases.png: where each round's time went, the server's phases and the clients' medians (README "How it is
+  built", Round loop);
+- index.html: the figures and each run's summary and settings (its run config; "settings unknown" for a bare
+  results file).
+
+Figures are drawn with matplotlib's Agg renderer into files (no display, no pyplot state: the ServerApp's tracking,
+server/tracking.py, draws them on its own thread). matplotlib is the optional extra fedbayes[report].
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import json
+import math
+import tomllib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all
+METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
+# The server's phases of a round (server/loop.py) in the order they happen. first_reply and last_reply are both
+# counted from the push, so the bar shows last_reply - first_reply as "first to last reply".
+SERVER_PHASES = (
+    ("wait_clients", "wait for clients"), ("configure", "configure"), ("push", "push"),
+    ("first_reply", "push to first reply"), ("last_reply", "first to last reply"),
+    ("previous_round", "previous round (not hidden)"), ("aggregate", "aggregate"), ("evaluate", "evaluate"),
+    ("previous_checkpoint", "previous checkpoint"),
+)
+COLUMN_INCHES = 5.0  # the width of one run's panel
+FEW_EXAMPLES = 0.01  # a reliability bin with fewer than this share of the examples is drawn pale
+DPI = 100
+
+
+class ReportError(ValueError):
+    """A RUN cannot be reported: the message names the path and what is wrong with it."""
+
+
+class MissingExtra(RuntimeError):
+    """An optional dependency is not installed: the message names the extra that brings it."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One federation's results: its rows in round order, and the run config it was submitted with (None: unknown)."""
+
+    name: str
+    source: str  # where its rows came from
+    rows: list[dict[str, Any]]
+    settings: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of the report: its file, its heading in the index, and what draws it."""
+
+    file: str
+    title: str
+    draw: Callable[[Sequence[Run], Path], None]
+    note: str = ""  # how to read it, under its heading in the index
+
+
+def import_extra(module: str, extra: str, needed_by: str):
+    """`module`, or MissingExtra naming the pip extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name != module.partition(".")[0]:
+            raise  # the module is there, but something it imports is broken: not a missing extra
+        raise MissingExtra(f"{needed_by} needs {module.partition('.')[0]}, which is not installed: "
+                           f"pip install 'fedbayes[{extra}]'") from None
+
+
+# ---- reading runs ---------------------------------------------------------------------------------------------
+
+
+def load_runs(paths: Sequence[Path | str]) -> list[Run]:
+    """The runs the RUN arguments name, in order; names made unique (a second `x` is `x #2`)."""
+    runs = [run for path in paths for run in load_run(Path(path))]
+    seen: Counter[str] = Counter()
+    unique = []
+    for run in runs:
+        seen[run.name] += 1
+        unique.append(run if seen[run.name] == 1 else replace(run, name=f"{run.name} #{seen[run.name]}"))
+    return unique
+
+
+def load_run(path: Path) -> list[Run]:
+    """A workdir's or a results file's runs: one per federation its results file holds."""
+    if path.is_dir():
+        settings, results = workdir_run_config(path)
+    elif path.is_file():
+        settings, results = None, path
+    else:
+        raise ReportError(f"{path}: no such `fedbayes local` workdir or results file")
+    if not results.is_file():
+        raise ReportError(f"{path}: its results file {results} is not there (yet)")
+    federations = split_federations(read_rows(results))
+    if not federations:
+        raise ReportError(f"{results} holds no results row yet")
+    name = path.name if path.is_dir() else path.stem
+    if len(federations) == 1:
+        return [Run(name, str(path), federations[0], settings)]
+    return [Run(f"{name} ({number})", str(path), rows, settings) for number, rows in enumerate(federations, 1)]
+
+
+def workdir_run_config(workdir: Path) -> tuple[dict[str, Any], Path]:
+    """The run config a `fedbayes local` workdir's federation was submitted with, and its results file."""
+    from fedbayes.deploy.launcher import RUN_CONFIG_FILE
+
+    config_file = workdir / RUN_CONFIG_FILE
+    if not config_file.is_file():
+        raise ReportError(f"{workdir} is no `fedbayes local` workdir: it has no {RUN_CONFIG_FILE} (a results .jsonl "
+                          "can be reported too)")
+    try:
+        config = tomllib.loads(config_file.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ReportError(f"{config_file}: not TOML ({error})") from None
+    return config, Path(config.get("results-path") or workdir / "results.jsonl")
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a results file in file order. The text after its last newline is a row still being written (or
+    cut short by a crash): not a row yet."""
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ReportError(f"{path}:{number}: not a JSON row ({error.msg})") from None
+        missing = [key for key in REQUIRED_KEYS if not isinstance(row, dict) or key not in row]
+        if missing:
+            raise ReportError(f"{path}:{number}: not a results row (no {', '.join(missing)})")
+        rows.append(row)
+    return rows
+
+
+def split_federations(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows split where the rounds start again: a new federation appended to the file (a resume never repeats a
+    round, server/loop.py ResultsLog drops the rows after its checkpoint)."""
+    federations: list[list[dict[str, Any]]] = []
+    for row in rows:
+        if not federations or row["round"] <= federations[-1][-1]["round"]:
+            federations.append([])
+        federations[-1].append(row)
+    return federations
+
+
+# ---- figures ----------------------------------------------------------------------------------------------------
+
+
+def new_figure(columns: int, rows: int = 1, height: float = 4.0, share_y: bool = True):
+    """A matplotlib Figure (Agg, no pyplot) with `rows` x `columns` axes (a 2-D array)."""
+    figure_module = import_extra("matplotlib.figure", "report", "fedbayes report")
+    figure = figure_module.Figure(figsize=(COLUMN_INCHES * columns, height * rows), layout="constrained")
+    return figure, figure.subplots(rows, columns, sharey="row" if share_y else False, squeeze=False)
+
+
+def colour(index: int) -> str:
+    return f"C{index % 10}"
+
+
+def integer_rounds(axis, integer_y: bool = False) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if integer_y:
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_xlabel("round")
+    axis.grid(alpha=0.3)
+
+
+def no_data(axis, what: str) -> None:
+    axis.text(0.5, 0.5, f"no {what} in this run's rows", ha="center", va="center", transform=axis.transAxes,
+              color="grey")
+
+
+def plot_metrics(runs: Sequence[Run], path: Path) -> None:
+    figure, axes = new_figure(len(METRICS), share_y=False)
+    for axis, (key, label) in zip(axes[0], METRICS):
+        for index, run in enumerate(runs):
+            rounds = [row["round"] for row in run.rows]
+            axis.plot(rounds, [row[key] for row in run.rows], "o-", markersize=3, color=colour(index), label=run.name)
+            ensemble = [row.get(f"{key}_ensemble") for row in run.rows]
+            if any(value is not None for value in ensemble):
+                axis.plot(rounds, [math.nan if value is None else value for value in ensemble], "s--", markersize=3,
+                          color=colour(index), label=f"{run.name} ensemble")
+        axis.set_title(label)
+        integer_rounds(axis)
+    axes[0][0].legend(fontsize="small")
+    figure.savefig(path, dpi=DPI)
+
+
+def plot_reliability(runs: Sequence[Run], path: Path) -> None:
+    figure, axes = new_figure(len(runs))
+    for index, (axis, run) in enumerate(zip(axes[0], runs)):
+        last = run.rows[-1]
+        axis.plot([0, 1], [0, 1], ":", color="grey", label="calibrated")
+        bar_legend = []
+        if last.get("reliability"):
+            bar_legend = reliability_bars(axis, last["reliability"], colour(index))
+        else:
+            no_data(axis, "per-bin data (rows written before fedbayes kept them)")
+        if last.get("reliability_ensemble"):
+            bins = last["reliability_ensemble"]
+            points = [(c, a) for c, a in zip(bins["confidence"], bins["accuracy"]) if c is not None]
+            axis.plot(*zip(*points), "s", color="black", markersize=4, label="ensemble (accuracy at mean confidence)")
+        axis.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy",
+                 title=f"{run.name}: round {last['round']}, ECE {last['ece']:.4f}")
+        axis.legend(handles=[*axis.get_legend_handles_labels()[0], *bar_legend], fontsize="small", loc="upper left")
+    figure.savefig(path, dpi=DPI)
+
+
+def reliability_bars(axis, bins: dict[str, list], bar_colour: str) -> list:
+    """Accuracy per confidence bin as bars, and the gap to the bin's mean confidence hatched (Guo et al., 2017);
+    their legend entries. A bin with few examples says little: bars of bins with under FEW_EXAMPLES of them are
+    pale."""
+    from matplotlib.patches import Patch
+
+    width, total = 1.0 / len(bins["count"]), sum(bins["count"])
+    for number, (confidence, accuracy, count) in enumerate(zip(bins["confidence"], bins["accuracy"], bins["count"])):
+        if not count:
+            continue
+        centre, few = (number + 0.5) * width, count < FEW_EXAMPLES * total
+        axis.bar(centre, accuracy, width, color=bar_colour, alpha=0.3 if few else 1.0, edgecolor="black",
+                 linewidth=0.5)
+        axis.bar(centre, confidence - accuracy, width, bottom=accuracy, color="none", edgecolor="tab:red", hatch="//",
+                 linewidth=0.5)
+    return [Patch(facecolor=bar_colour, edgecolor="black", label=f"accuracy (pale: < {FEW_EXAMPLES:.0%} of the examples)"),
+            Patch(facecolor="none", edgecolor="tab:red", hatch="//", label="gap to mean confidence")]
+
+
+def plot_clients(runs: Sequence[Run], path: Path) -> None:
+    figure, axes = new_figure(len(runs))
+    for axis, run in zip(axes[0], runs):
+        rounds = [row["round"] for row in run.rows]
+        accepted = [row.get("clients", 0) for row in run.rows]
+        axis.bar(rounds, accepted, color="tab:green", label="accepted")
+        axis.bar(rounds, [row.get("clients_rejected", 0) for row in run.rows], bottom=accepted, color="tab:red",
+                 label="rejected or silent")
+        sent = [row.get("clients_sent", 0) for row in run.rows]
+        axis.plot(rounds, sent, "_", color="black", markersize=16, markeredgewidth=2, label="sent work")
+        quarantined = [(number, len(row["quarantined"])) for number, row in zip(rounds, run.rows)
+                       if row.get("quarantined")]
+        if quarantined:
+            axis.plot(*zip(*quarantined), "v", color="tab:purple", markersize=10, markeredgecolor="white", zorder=3,
+                      label="quarantined (sit out the next round)")
+        axis.set(title=run.name, ylabel="clients")
+        axis.set_ylim(0, 1.35 * max(sent + accepted) + 0.5)  # room for the legend above the bars
+        integer_rounds(axis, integer_y=True)
+        axis.legend(fontsize="small", loc="upper left", ncols=2)
+    figure.savefig(path, dpi=DPI)
+
+
+def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
+    """The row's server phases in SERVER_PHASES' order and labels (unknown ones after them, by their key)."""
+    seconds = {key: value or 0.0 for key, value in row.get("phase_seconds", {}).items()}
+    seconds["last_reply"] = seconds.get("last_reply", 0.0) - seconds.get("first_reply", 0.0)
+    labels = dict(SERVER_PHASES)
+    order = [key for key, _ in SERVER_PHASES] + sorted(set(seconds) - set(labels))
+    return {labels.get(key, key): seconds.get(key, 0.0) for key in order}
+
+
+def stacked_bars(axis, rounds: list[int], phases: list[dict[str, float]], colours: dict[str, str]) -> None:
+    """One bar per round, its phases stacked in the order of `colours`, each in its colour there."""
+    bottom = [0.0] * len(rounds)
+    for name, phase_colour in colours.items():
+        heights = [round_phases.get(name, 0.0) for round_phases in phases]
+        axis.bar(rounds, heights, bottom=bottom, color=phase_colour)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+
+
+def phase_colours(per_run: list[list[dict[str, float]]]) -> dict[str, str]:
+    """One colour per phase name, the same in every run's panel, in the order the phases first appear."""
+    names = dict.fromkeys(name for rows in per_run for phases in rows for name in phases)
+    return {name: f"C{number % 10}" for number, name in enumerate(names)}
+
+
+def phase_legend(axis, colours: dict[str, str], extra: Sequence = ()) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [*extra, *(Patch(color=phase_colour, label=name) for name, phase_colour in colours.items())]
+    axis.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+
+
+def plot_phases(runs: Sequence[Run], path: Path) -> None:
+    from matplotlib.lines import Line2D
+
+    figure, axes = new_figure(len(runs), rows=2, height=4.5)
+    server = [[server_phase_seconds(row) for row in run.rows if "phase_seconds" in row] for run in runs]
+    clients = [[row.get("client_phase_seconds") or {} for row in run.rows] for run in runs]
+    server_colours, client_colours = phase_colours(server), phase_colours(clients)
+    for column, run in enumerate(runs):
+        rounds = [row["round"] for row in run.rows]
+        server_axis, clients_axis = axes[0][column], axes[1][column]
+        if server[column]:
+            stacked_bars(server_axis, rounds, server[column], server_colours)
+            server_axis.plot(rounds, [row.get("round_seconds") for row in run.rows], "k*")
+        else:
+            no_data(server_axis, "phase_seconds")
+        if any(clients[column]):
+            stacked_bars(clients_axis, rounds, clients[column], client_colours)
+        else:
+            no_data(clients_axis, "client_phase_seconds")
+        server_axis.set(title=f"{run.name}: server", ylabel="seconds")
+        clients_axis.set(title=f"{run.name}: clients (medians)", ylabel="seconds")
+        integer_rounds(server_axis)
+        integer_rounds(clients_axis)
+    # the same phases in every column: one legend per row, beside its last panel
+    phase_legend(axes[0][-1], server_colours, [Line2D([], [], color="black", marker="*", linestyle="",
+                                                      label="round_seconds")])
+    phase_legend(axes[1][-1], client_colours)
+    figure.savefig(path, dpi=DPI)
+
+
+PLOTS = (
+    Plot("metrics.png", "Accuracy, NLL and ECE per round", plot_metrics),
+    Plot("reliability.png", "Reliability diagram of the last round", plot_reliability),
+    Plot("clients.png", "Clients per round", plot_clients),
+    Plot("phases.png", "Where each round's time went", plot_phases,
+         "A round's evaluation and the previous round's checkpoint run while the next round's clients train "
+         "(server/loop.py RoundFinisher), so the server's phases can add up to more than its round_seconds (★)."),
+)
+
+
+# ---- the index ----------------------------------------------------------------------------------------------------
+
+
+def summary(run: Run) -> dict[str, str]:
+    """What the index says about a run besides its settings."""
+    first, last = run.rows[0], run.rows[-1]
+    lines = {
+        "source": run.source,
+        "rounds": f"{first['round']}–{last['round']}" if len(run.rows) > 1 else str(last["round"]),
+        "last accuracy / NLL / ECE": f"{last['accuracy']:.4f} / {last['nll']:.4f} / {last['ece']:.4f}",
+    }
+    if "accuracy_ensemble" in last:
+        lines["ensemble"] = (f"{last['accuracy_ensemble']:.4f} / {last['nll_ensemble']:.4f} / "
+                             f"{last['ece_ensemble']:.4f}")
+    if "clients" in last:
+        lines["last round's clients"] = f"{last['clients']} of {last.get('clients_sent', '?')} accepted"
+    if "wall_seconds" in last:
+        lines["wall time"] = f"{last['wall_seconds']:.1f} s"
+    lines["settings"] = "its run config" if run.settings is not None else "settings unknown (a bare results file)"
+    return lines
+
+
+def table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[str], bool]]) -> str:
+    """An HTML table; each row is (label, one cell per run, whether the runs differ there)."""
+    head = "".join(f"<th>{html.escape(text)}</th>" for text in header)
+    body = "".join(
+        ('<tr class="differs">' if differs else "<tr>") + f"<th>{html.escape(label)}</th>"
+        + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>"
+        for label, cells, differs in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def settings_rows(runs: Sequence[Run]) -> list[tuple[str, list[str], bool]]:
+    """One row per run-config key any run set; it differs where the runs whose settings are known differ."""
+    keys = list(dict.fromkeys(key for run in runs for key in (run.settings or {})))
+    rows = []
+    for key in keys:
+        known = [json.dumps(run.settings[key]) if key in run.settings else "(default)" for run in runs
+                 if run.settings is not None]
+        cells = iter(known)
+        rows.append((key, ["—" if run.settings is None else next(cells) for run in runs], len(set(known)) > 1))
+    return rows
+
+
+def render_index(runs: Sequence[Run]) -> str:
+    names = [run.name for run in runs]
+    summaries = [summary(run) for run in runs]
+    overview = [(label, [lines.get(label, "") for lines in summaries], False)
+                for label in dict.fromkeys(label for lines in summaries for label in lines)]
+    figures = "".join(f'<h2>{html.escape(plot.title)}</h2>\n'
+                      + (f"<p>{html.escape(plot.note)}</p>\n" if plot.note else "")
+                      + f'<img src="{plot.file}" alt="{html.escape(plot.title)}">\n'
+                      for plot in PLOTS)
+    title = f"fedbayes report: {', '.join(names)}"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 1em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; font-size: 0.9em; }}
+tr.differs td {{ background: #fff3c4; font-weight: bold; }}
+img {{ max-width: 100%; border: 1px solid #ddd; }}
+</style></head>
+<body>
+<h1>{html.escape(title)}</h1>
+<h2>Runs</h2>
+{table(["", *names], overview)}
+<h2>Settings</h2>
+<p>The run config each run was submitted with; highlighted: where the runs differ ("(default)": not set, so the
+key's default).</p>
+{table(["key", *names], settings_rows(runs))}
+{figures}
+</body></html>
+"""
+
+
+def write_report(runs: Sequence[Run], out: Path) -> Path:
+    """Every figure and index.html into `out` (made if missing); the index's path."""
+    if not runs:
+        raise ReportError("no run to report")
+    out.mkdir(parents=True, exist_ok=True)
+    for plot in PLOTS:
+        plot.draw(runs, out / plot.file)
+    index = out / "index.html"
+    index.write_text(render_index(runs))
+    return index
