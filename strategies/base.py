@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from google.protobuf.message import Message as ProtoMessage
@@ -351,8 +352,9 @@ class WireStrategy(Strategy):
         claimed: dict[str, int] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
-            if reply.has_error():
-                self._reject(self.node_label(node), f"client error: {reply.error.reason}", node)
+            if reply.has_error():  # a node the SuperLink saw go offline is absent, not refused (no quarantine)
+                self._reject(self.node_label(node), f"client error: {reply.error.reason}", node,
+                             refused=reply.error.code != ErrorCode.NODE_UNAVAILABLE)
                 continue
             try:
                 payload = self._checked_reply(reply, message_type, layouts, server_round, claimed, check)
@@ -428,13 +430,14 @@ class WireStrategy(Strategy):
             return f"client {claimed[:64]!r} (node {node})"
         return self.node_label(node)
 
-    def _reject(self, label: str, reason: str, node: int) -> None:
-        """Leave one reply of `node` out of the round, with the reason (logged and reported; it counts towards the
-        node's quarantine)."""
+    def _reject(self, label: str, reason: str, node: int, refused: bool = True) -> None:
+        """Leave one reply of `node` out of the round, with the reason (logged and reported; when `refused`, it
+        counts towards the node's quarantine)."""
         if len(reason) > MAX_REASON:  # reasons quote what the sender sent: bound what a reply can make us log
             reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
         self.round_report.rejected[label] = reason
-        self._refused_nodes.add(node)
+        if refused:
+            self._refused_nodes.add(node)
         log(WARNING, "%s: %s", label, reason)
 
     # ---- state ----------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from flwr.app import Error
+from flwr.common.constant import ErrorCode
 
 from fedbayes.protos.codec import encode
 from fedbayes.strategies import feddyn
@@ -216,3 +218,19 @@ def test_the_quarantine_survives_a_server_restart(tmp_path):
     assert restarted.quarantine.until == {1: 12}
     assert json.loads(server.state_dict().metadata["fedbayes/wire"])["quarantine"]["until"] == {"1": 12}
     assert 1 not in restarted.sample(FakeGrid([1, 2, 3]), 3)
+
+
+@pytest.mark.parametrize("code, quarantined", [(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, True),
+                                               (ErrorCode.NODE_UNAVAILABLE, False)])
+def test_a_node_that_is_offline_is_absent_not_refused(tmp_path, code, quarantined):
+    """Three rounds of error replies: a client's own errors quarantine its node; the SuperLink's word that the node
+    is offline (its SuperNode restarting) does not."""
+    federation = InProcessFederation(tmp_path, {**overrides("fedavg"), "max-client-rejections": 3}, sizes=SIZES)
+    server = federation.server
+    for server_round in (1, 2, 3):
+        messages = list(server.configure_train(server_round, federation.arrays, None, FakeGrid([1, 2, 3])))
+        replies = [reply_message(None, 1, Error(code=code, reason="gone"))] + [
+            reply_message(federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]),
+                          m.metadata.dst_node_id) for m in messages if m.metadata.dst_node_id != 1]
+        federation.arrays, _ = server.aggregate_train(server_round, replies)
+    assert bool(server.round_report.quarantined) == quarantined
