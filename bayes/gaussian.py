@@ -83,3 +83,20 @@ def scaled_identity(like: torch.Tensor, value: float) -> torch.Tensor:
     if like.ndim == 2:
         return value * torch.eye(like.shape[0], dtype=like.dtype, device=like.device)
     return torch.full_like(like, value)
+
+
+def kl_divergence(q: Gaussian, p: Gaussian) -> float:
+    """KL(q ‖ p) = ½ [tr(S_p S_q⁻¹) + (m_p − m_q)ᵀ S_p (m_p − m_q) − P + log|S_q| − log|S_p|] for two Gaussians of the
+    same family (precision shape)."""
+    if q.kind != p.kind:
+        raise ValueError(f"KL between a {q.kind} and a {p.kind} Gaussian")
+    size = q.mean.numel()
+    offset = p.mean - q.mean
+    if q.kind == "full":
+        trace = torch.linalg.solve(q.precision, p.precision).diagonal().sum()  # tr(S_q⁻¹ S_p) = tr(S_p S_q⁻¹)
+        log_ratio = torch.linalg.slogdet(q.precision)[1] - torch.linalg.slogdet(p.precision)[1]
+    else:  # diagonal, or isotropic (s·I: each of the P entries alike)
+        entries = 1 if q.kind == "diagonal" else size
+        trace = entries * (p.precision / q.precision).sum()
+        log_ratio = entries * (q.precision.log() - p.precision.log()).sum()
+    return 0.5 * (trace + offset @ p.precision_times(offset) - size + log_ratio).item()

@@ -1,4 +1,6 @@
-"""Robust aggregation against one bad client, FMNIST-10 % heterogeneous (Dirichlet), 10 clients, the MLP.
+"""Robust aggregation against one bad client, FMNIST-10 % heterogeneous (Dirichlet), 10 clients, the MLP, each
+strategy with its Table 1 settings (benchmarks/reproduce_table1.py PRESETS: FedAvg and FedDyn 2 Adam epochs,
+BayesADMM 10 IVON epochs on raw pixels, cosine).
 
 The bad client is the one with the most examples (the most weight in FedAvg's mean). Attacks:
   scaled        it sends its honest update x SCALE (under the screen's 100x: the robust rules' job)
@@ -35,6 +37,7 @@ import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
+from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
 from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa: E402
 from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
 from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
@@ -57,9 +60,9 @@ RULES = {"fedavg": ("none", "clip", "median", "trimmed-mean"), "feddyn": ("none"
 
 def settings_for(strategy: str, rule: str, rounds: int, seed: int) -> RunSettings:
     return RunSettings.from_run_config({
-        **default_run_config(strategy), "strategy": strategy, "federation": "bench", "fraction": 0.1,
-        "split": "dirichlet", "seed": seed, "num-server-rounds": rounds, "robust-aggregation": rule,
-        "ensemble-samples": 0,
+        **default_run_config(strategy), **COMMON, **PRESETS[(strategy, "dirichlet")], "strategy": strategy,
+        "federation": "bench", "fraction": 0.1, "split": "dirichlet", "seed": seed, "num-server-rounds": rounds,
+        "robust-aggregation": rule, "ensemble-samples": 0,
     })
 
 

@@ -10,12 +10,14 @@ import time
 from logging import INFO
 
 import torch
-from flwr.app import ConfigRecord, Context, Message
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
-from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size
+from fedbayes.client.state import ClientStateStore
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size, decode_header, encode, new_header
 from fedbayes.strategies import get_algorithm
 from fedbayes.tasks.compute import configure_threads
 from fedbayes.tasks.config import RunSettings
@@ -34,11 +36,17 @@ def _train(message: Message, context: Context) -> Message:
     configure_threads()
     settings = RunSettings.from_run_config(context.run_config)
     node = NodeSettings.from_node_config(context.node_config, default_device=settings.device)
+    check_payload_size(message.content, settings.max_payload_mb, sender="server")
+    if node.leave_and_forget:
+        return Message(leave_and_forget(message.content, node), reply_to=message)
+    forgotten = decode_header(message.content, sender="server").forgotten_client_id
+    if forgotten == node.client_id:  # every reply would be refused: say why here, where the client's operator looks
+        raise RuntimeError(f"the server has forgotten client {node.client_id!r} (fedbayes forget) and refuses its "
+                           "replies; stop this client, or ask the federation's operator to readmit it")
     started = time.perf_counter()
     runtime = ClientRuntime.create(settings, node)
     setup = time.perf_counter() - started
     log(INFO, "%s: %d examples, training on %s", node.client_id, len(runtime.data.labels), describe(runtime.device))
-    check_payload_size(message.content, settings.max_payload_mb, sender="server")
     started = time.perf_counter()
     reply = get_algorithm(settings.strategy).client_update(message.content, runtime)
     # Where this client's part of the round went: data/model setup, the whole update (decode, state, train,
@@ -46,6 +54,21 @@ def _train(message: Message, context: Context) -> Message:
     reply[TIMINGS_KEY] = ConfigRecord({"setup": setup, "update": time.perf_counter() - started, **runtime.timings})
     check_payload_size(reply, settings.max_payload_mb, sender=f"this client's ({node.client_id}) reply")
     return Message(reply, reply_to=message)
+
+
+def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
+    """The answer of a client leaving for good (`fedbayes client --leave --forget`) to any instruction: LeaveAndForget,
+    no training. Once the instruction says the server has forgotten it (Header.forgotten_client_id; server/forget.py),
+    its durable state in that federation is deleted first, and the leave marker stops `fedbayes client`."""
+    header = decode_header(content, sender="server")
+    if header.forgotten_client_id == node.client_id:
+        store = ClientStateStore(node.state_dir, header.federation, node.client_id)
+        marker = store.delete_for_leaving(header.server_round)
+        log(INFO, "%s: the server has forgotten this client; deleted %s, leaving (%s)", node.client_id,
+            store.directory, marker)
+    else:
+        log(INFO, "%s: asking the server to forget this client (round %d)", node.client_id, header.server_round)
+    return encode(pb.LeaveAndForget(header=new_header(header.federation, header.server_round, node.client_id)), {})
 
 
 def describe(device: torch.device) -> str:

@@ -39,6 +39,8 @@ class NodeSettings:
     data-path      a real deployment's own data: an .npz with `x` and `y` (tasks/npzdata.py)
     state-dir      root of the durable client state store
     device         auto | cpu | cuda; overrides the run config's `device`
+    leave-and-forget  true: ask the server to forget this client instead of training, then leave (client/app.py;
+                   `fedbayes client --leave --forget`); needs no data
     """
 
     client_id: str
@@ -47,13 +49,15 @@ class NodeSettings:
     data_path: str
     state_dir: str
     device: str
+    leave_and_forget: bool = False
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], default_device: str) -> NodeSettings:
         partition_id = int(node_config.get("partition-id", -1))
         num_partitions = int(node_config.get("num-partitions", 0))
         data_path = str(node_config.get("data-path", ""))
-        if not data_path and not 0 <= partition_id < num_partitions:
+        leave_and_forget = node_config.get("leave-and-forget", False) is True
+        if not leave_and_forget and not data_path and not 0 <= partition_id < num_partitions:
             raise ConfigError(
                 f"node config needs 'data-path' or 0 <= 'partition-id' < 'num-partitions', "
                 f"got partition-id={partition_id}, num-partitions={num_partitions}"
@@ -68,6 +72,7 @@ class NodeSettings:
             data_path=data_path,
             state_dir=str(node_config.get("state-dir", DEFAULT_STATE_DIR)),
             device=str(node_config.get("device", default_device)),
+            leave_and_forget=leave_and_forget,
         )
 
 

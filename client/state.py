@@ -19,7 +19,9 @@ safetensors holds tensors and string metadata only, so loading never unpickles a
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,12 @@ from fedbayes.tasks.storage import write_atomically
 
 MAX_UNCONFIRMED = 4  # states after the accepted round kept for the server to accept (or roll back past)
 _STATE_FILE = re.compile(r"round-(\d+)\.safetensors")
+
+
+def left_marker(root: str | Path, client_id: str) -> Path:
+    """<state-dir>/left-<client-id>.json: written once the server has forgotten this client at its request and its
+    state is deleted (client/app.py); `fedbayes client --leave --forget` stops when it appears."""
+    return Path(root) / f"left-{client_id}.json"
 
 
 class StateCorruptError(RuntimeError):
@@ -58,6 +66,17 @@ class ClientStateStore:
 
     def path(self, server_round: int) -> Path:
         return self.directory / f"round-{server_round}.safetensors"
+
+    def delete_for_leaving(self, server_round: int) -> Path:
+        """Delete every state of this client in this federation (the server has forgotten it), then write the leave
+        marker saying so; the marker's path. A crash in between leaves the marker unwritten, and the next
+        confirmation deletes the rest."""
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        marker = left_marker(self.directory.parent.parent, self.directory.name)
+        write_atomically(marker, json.dumps({"federation": self.federation, "round": server_round,
+                                             "deleted": str(self.directory)}).encode())
+        return marker
 
     def saved_rounds(self) -> list[int]:
         """Rounds with a saved state, oldest first."""

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_predict(commands.add_parser(
         "predict", help="posterior predictive and uncertainty (entropy, mutual information) of an exported posterior"))
     _add_report(commands.add_parser("report", help="plot runs' results (PNG) with a one-page index.html"))
+    _add_forget(commands.add_parser(
+        "forget", help="forget a client: take its contribution out of the server's state and revoke its id "
+                       "(or --readmit one); between rounds of a running federation"))
     if argv[:1] == ["run"]:  # every argument goes to `flwr run` as it is: argparse cannot pass options through
         from fedbayes.deploy.flwr_run import main as flwr_run
 
@@ -191,6 +194,36 @@ def _write_report(args: argparse.Namespace) -> int:
 
     index = write_report(load_runs(args.runs), args.out)
     print(f"wrote {', '.join(plot.file for plot in PLOTS)} and {index}")
+    return 0
+
+
+def _add_forget(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, metavar="RUN",
+                        help="a `fedbayes local` workdir, or a server state directory with --federation")
+    parser.add_argument("--federation", help="the federation's name, when RUN is a server state directory")
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--client", metavar="ID", help="the client id to forget")
+    who.add_argument("--readmit", metavar="ID", help="let a forgotten client id take part again, as a new client")
+    parser.add_argument("--refine-rounds", type=checked_number(int, NON_NEGATIVE), default=0, metavar="R",
+                        help="the federation runs at least R ordinary rounds among the remaining clients after the "
+                             "forget (a resume raises num-server-rounds if needed)")
+    parser.add_argument("--wait", type=checked_number(float, NON_NEGATIVE), default=600.0, metavar="SECONDS",
+                        help="how long to wait for a running federation to settle the request (default 600)")
+    parser.add_argument("--data-root", help="where the run's dataset is, if not where its run config says")
+    parser.set_defaults(handler=_forget)
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from fedbayes.posterior.export import locate_run
+    from fedbayes.server.forget import ForgetRequest, audit_path, describe_outcome, forget_command
+
+    if args.readmit and args.refine_rounds:
+        raise ValueError("--refine-rounds goes with --client (a readmission changes no state to refine)")
+    location = locate_run(args.run, args.federation)
+    request = ForgetRequest.by_operator(location.federation, args.client or args.readmit, args.refine_rounds,
+                                        readmit=args.readmit is not None)
+    record = forget_command(location, request, args.wait, args.data_root)
+    print(describe_outcome(record, audit_path(location)))
     return 0
 
 

@@ -17,6 +17,12 @@ Ctrl-C or SIGTERM the SuperNode signs off first, so the same command can start a
 The client id is the client's stable identity: its durable state lives under
 --state-dir/<federation>/<client-id> and survives restarts, so running the same command again after a
 crash continues where the client left off.
+
+`--leave --forget` (no --data needed): the same SuperNode, whose ClientApp answers every instruction with a request
+to forget this client (LeaveAndForget) instead of training. The server honours it only from this client's own node,
+between rounds (server/forget.py), and says so in its next instruction; the ClientApp then deletes the client's
+durable state for that federation and writes the leave marker (client/state.py), and this command signs off and
+exits 0. A refused request (e.g. the last remaining client) is asked again every round until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -44,13 +50,16 @@ SIGN_OFF_TIMEOUT = 10.0
 
 
 def node_config(client_id: str, state_dir: Path, data_path: Path | None = None,
-                partition: tuple[int, int] | None = None) -> str:
-    """`--node-config` for a client: its own data file, or partition i of k of the run's split (tests)."""
+                partition: tuple[int, int] | None = None, leave_and_forget: bool = False) -> str:
+    """`--node-config` for a client: its own data file, or partition i of k of the run's split (tests); or, leaving,
+    neither (client/runtime.py NodeSettings)."""
     settings = [f'client-id="{client_id}"', f"state-dir={json.dumps(str(state_dir))}"]
     if data_path is not None:
         settings.append(f"data-path={json.dumps(str(data_path))}")
     if partition is not None:
         settings.append(f"partition-id={partition[0]} num-partitions={partition[1]}")
+    if leave_and_forget:
+        settings.append("leave-and-forget=true")
     return " ".join(settings)
 
 
@@ -85,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, help=".npz with `x` and `y` (README \"Bring your own data\"; required unless --check)")
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="durable client state")
     parser.add_argument("--log-dir", type=Path, help="write the two processes' logs here (default: this terminal)")
+    parser.add_argument("--leave", action="store_true",
+                        help="with --forget: ask the server to forget this client, delete its state once it has, and "
+                             "leave (instead of training)")
+    parser.add_argument("--forget", action="store_true", help="see --leave")
     parser.add_argument("--activation-timeout", type=checked_number(float, NON_NEGATIVE),
                         default=DEFAULT_ACTIVATION_TIMEOUT, metavar="SECONDS",
                         help="how long to retry while the SuperLink is unreachable or still holds this key's node")
@@ -125,13 +138,18 @@ def check_joining(args: argparse.Namespace) -> None:
     """Refuse, naming the option, what joining needs and this machine can check before it starts anything."""
     from fedbayes.tasks.npzdata import NpzDataError, read_header
 
-    if args.client_id is None or args.data is None:
-        raise ValueError("joining needs --client-id and --data (only --check does without them)")
+    if args.leave != args.forget:
+        raise ValueError("--leave and --forget go together: they ask the server to forget this client, then leave "
+                         "(to stop taking part without that, stop the client: Ctrl-C)")
+    if args.client_id is None or (args.data is None and not args.leave):
+        raise ValueError("joining needs --client-id and --data (only --check does without them, and --leave --forget "
+                         "without --data)")
     client_id = args.client_id
     if not (client_id.isascii() and _is_safe_name(client_id) and len(client_id) <= MAX_CLIENT_ID_LENGTH):
         raise ValueError(f"--client-id {client_id!r} must be 1 to {MAX_CLIENT_ID_LENGTH} characters of [A-Za-z0-9._-]")
     try:
-        read_header(args.data)  # keys, dtypes, shapes and labels; the ClientApp checks `x` itself
+        if args.data is not None:
+            read_header(args.data)  # keys, dtypes, shapes and labels; the ClientApp checks `x` itself
     except NpzDataError as error:
         raise ValueError(f"--data: {error}") from None
     for option, folder in (("--state-dir", args.state_dir), ("--log-dir", args.log_dir)):
@@ -159,8 +177,12 @@ def run_supernode(args: argparse.Namespace) -> int:
     """The SuperNode and its ClientApp executor until interrupted or until either exits; its exit code."""
     from fedbayes.deploy.launcher import console_script, process_env
 
+    from fedbayes.client.state import left_marker
+
     (runtime_port,) = free_ports(1)
-    config = node_config(args.client_id, args.state_dir.resolve(), data_path=args.data.resolve())
+    data_path = args.data.resolve() if args.data else None  # leaving needs none
+    config = node_config(args.client_id, args.state_dir.resolve(), data_path=data_path, leave_and_forget=args.leave)
+    marker = left_marker(args.state_dir.resolve(), args.client_id)
     with ProcessGroup(args.log_dir, process_env(Path.home() / ".flwr")) as processes:
         supernode = processes.start("supernode", supernode_command(
             console_script("fedbayes"), args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()
@@ -170,7 +192,15 @@ def run_supernode(args: argparse.Namespace) -> int:
                 "superexec", superexec_command(console_script("fedbayes"), (runtime_port, supernode.popen.pid))
             )
             say(f"{args.client_id}: SuperNode -> {args.superlink} (TLS, node auth); Ctrl-C stops")
+            if args.leave:
+                say(f"{args.client_id}: asking the server to forget this client at its next instruction; it sends no "
+                    "update, and leaves once the server confirms (its durable state is deleted then)")
             while supernode.popen.poll() is None and superexec.popen.poll() is None:
+                if args.leave and marker.exists():
+                    say(f"{args.client_id}: the server has forgotten this client and its state is deleted "
+                        f"({marker.read_text()}); leaving")
+                    marker.unlink()
+                    return 0
                 time.sleep(0.5)
             stopped = supernode if supernode.popen.poll() is not None else superexec
             say(f"{stopped.name} exited with code {stopped.popen.returncode}")

@@ -475,11 +475,16 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def format_row(row: dict[str, Any]) -> str:
+    """A row of TABLE_HEADER's table: `-` for the metrics of a round the server did not evaluate (`eval-every`), and
+    how many test examples a round evaluated on part of the test set (`eval-fraction`) used."""
     clients = f"{row['clients']}/{row['clients_sent']}"
-    return (
-        f"{row['round']:>6}  {row['accuracy']:>8.4f}  {row['nll']:>7.4f}  {row['ece']:>7.4f}  {clients:>7}"
-        f"  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}"
-    )
+    accuracy, nll, ece = (f"{row[key]:{width}.4f}" if row[key] is not None else f"{'-':>{width}}"
+                          for key, width in (("accuracy", 8), ("nll", 7), ("ece", 7)))
+    line = (f"{row['round']:>6}  {accuracy}  {nll}  {ece}  {clients:>7}"
+            f"  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}")
+    if 0 < row.get("eval_fraction", 1.0) < 1:
+        line += f"  (on {row['eval_examples']} test examples)"
+    return line
 
 
 class _ServerAppWatch:

@@ -4,6 +4,8 @@ clients accepted in the last round.
 On a terminal it is one line at the bottom, redrawn in place (carriage return) every second and when a round ends,
 with the other output scrolling above it. Where the output is no terminal (a pipe, a log file) each round adds one
 plain line, `progress: round 3/10 | 0:12 elapsed | ETA 0:25 | accuracy 0.8123 | clients 3/3`, and nothing is redrawn.
+After a round the server did not evaluate (run config `eval-every`) it shows the last accuracy there is, with its
+round: `accuracy 0.8123 (round 5)`.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ TICK = 1.0  # seconds between redraws of the live line (its elapsed time)
 CLEAR_LINE = "\r\x1b[K"  # back to the line's start, then erase it
 DEFAULT_COLUMNS = 80
 # The ServerApp's log line of a finished round (server/loop.py progress_line), as `flwr run --stream` shows it.
-ROUND_LOG_LINE = re.compile(r"round\s+(\d+)/(\d+) \| acc ([0-9.]+) .*?\| clients (\d+)/(\d+)")
+ROUND_LOG_LINE = re.compile(r"round\s+(\d+)/(\d+) \| acc ([0-9.]+|-) .*?\| clients (\d+)/(\d+)")
 
 
 @dataclass(frozen=True)
 class RoundDone:
     round: int
     rounds: int  # of the run
-    accuracy: float
+    accuracy: float | None  # None: the round was not evaluated
     clients: int  # replies accepted
     clients_sent: int
 
@@ -39,7 +41,8 @@ def parse_round_log_line(line: str) -> RoundDone | None:
     if match is None:
         return None
     server_round, rounds, accuracy, clients, sent = match.groups()
-    return RoundDone(int(server_round), int(rounds), float(accuracy), int(clients), int(sent))
+    return RoundDone(int(server_round), int(rounds), None if accuracy == "-" else float(accuracy), int(clients),
+                     int(sent))
 
 
 def clock_text(seconds: float) -> str:
@@ -59,6 +62,7 @@ class Progress:
         self.started = clock()
         self.first: tuple[float, int] | None = None  # (when, round) of the first round seen end
         self.last: RoundDone | None = None
+        self.last_evaluated: RoundDone | None = None
         self.last_at = 0.0
         self.lock = threading.Lock()
         self.stopped = threading.Event()
@@ -88,6 +92,8 @@ class Progress:
             now = self.clock()
             self.first = self.first or (now, done.round)
             self.last, self.last_at = done, now
+            if done.accuracy is not None:
+                self.last_evaluated = done
             if self.live:
                 self._draw()
             else:
@@ -110,8 +116,14 @@ class Progress:
         if self.last is None:
             return f"{elapsed} | waiting for the first round"
         done = self.last
-        return (f"round {done.round}/{done.rounds} | {elapsed} | ETA {self._eta()} | accuracy {done.accuracy:.4f} | "
+        return (f"round {done.round}/{done.rounds} | {elapsed} | ETA {self._eta()} | {self._accuracy()} | "
                 f"clients {done.clients}/{done.clients_sent}")
+
+    def _accuracy(self) -> str:
+        evaluated = self.last_evaluated
+        if evaluated is None:
+            return "accuracy -"
+        return f"accuracy {evaluated.accuracy:.4f}" + ("" if evaluated is self.last else f" (round {evaluated.round})")
 
     def _eta(self) -> str:
         """The rounds left times the time a round took: over the rounds seen since the first one that ended here, or,

@@ -25,6 +25,7 @@ from fedbayes.posterior.file import (
     BUFFER, MEAN, PARTICLES, PRECISION, PRECISION_MATRIX, Header, Layout, ModelSpec, write_posterior_file,
 )
 from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.server.evaluation import with_evaluation_defaults
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.base import GlobalPosterior
 from fedbayes.tasks.config import RunSettings, default_run_config
@@ -94,6 +95,7 @@ def export_posterior(location: RunLocation, out: Path, server_round: int = 0, da
     except Exception as error:  # a user's model builder may raise anything
         raise ExportError(f"{source}: its model spec {spec} does not build here: {type(error).__name__}: {error}") \
             from None
+    settings = with_evaluation_defaults(settings, model, test.input_shape)  # ensemble-samples -1: what the server used
     layout, buffers = parameter_layout(model), buffer_layout(model)
     held = {name: tuple(value.shape) for name, value in checkpoint.arrays.items()}
     if held != layout | buffers:

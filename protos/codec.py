@@ -197,6 +197,24 @@ def claimed_client_id(content: RecordDict, message_type: type[ProtoMessage]) -> 
     return message.header.client_id or None
 
 
+def envelope_type(content: RecordDict) -> str | None:
+    """The full name of the message type a payload declares, unchecked (None: it declares none)."""
+    envelope = content.config_records.get(ENVELOPE_KEY)
+    declared = None if envelope is None else envelope.get("type")
+    return declared if isinstance(declared, str) else None
+
+
+def decode_header(content: RecordDict, sender: str) -> pb.Header:
+    """The header of a payload of any fedbayes message type, checked as `decode` checks it (schema version, a
+    known type), without its tensors: for a receiver that answers without reading them."""
+    declared = envelope_type(content) or ""
+    name = declared.removeprefix(f"{pb.DESCRIPTOR.package}.")
+    descriptor = pb.DESCRIPTOR.message_types_by_name.get(name) if name != declared else None
+    if descriptor is None or "header" not in descriptor.fields_by_name:
+        raise PayloadError(f"{sender}: field 'type': {declared[:64]!r} is no fedbayes message with a header")
+    return _parse_envelope(content, getattr(pb, descriptor.name), sender).header
+
+
 def _parse_envelope(content: RecordDict, message_type: type[M], sender: str) -> M:
     expected = message_type.DESCRIPTOR.full_name
     envelope = content.config_records.get(ENVELOPE_KEY)

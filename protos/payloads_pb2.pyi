@@ -15,6 +15,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_VERSION_3: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_4: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_5: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_6: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -27,6 +28,7 @@ SCHEMA_VERSION_2: SchemaVersion
 SCHEMA_VERSION_3: SchemaVersion
 SCHEMA_VERSION_4: SchemaVersion
 SCHEMA_VERSION_5: SchemaVersion
+SCHEMA_VERSION_6: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -48,7 +50,7 @@ class TensorGroup(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class Header(_message.Message):
-    __slots__ = ("schema_version", "federation", "server_round", "client_id", "accepted_rounds", "checkpointed_rounds")
+    __slots__ = ("schema_version", "federation", "server_round", "client_id", "accepted_rounds", "checkpointed_rounds", "forgotten_client_id")
     class AcceptedRoundsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,13 +71,15 @@ class Header(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     schema_version: SchemaVersion
     federation: str
     server_round: int
     client_id: str
     accepted_rounds: _containers.ScalarMap[str, int]
     checkpointed_rounds: _containers.ScalarMap[str, int]
-    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ..., checkpointed_rounds: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    forgotten_client_id: str
+    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ..., checkpointed_rounds: _Optional[_Mapping[str, int]] = ..., forgotten_client_id: _Optional[str] = ...) -> None: ...
 
 class LocalTraining(_message.Message):
     __slots__ = ("epochs", "batch_size", "learning_rate", "optimizer", "weight_decay", "seed")
@@ -388,3 +392,9 @@ class PDSVGDReply(_message.Message):
     resumed_from_round: int
     buffers: TensorGroup
     def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., local_particles: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ...) -> None: ...
+
+class LeaveAndForget(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ...) -> None: ...

@@ -1,4 +1,4 @@
-"""ServerApp: run config -> task, model and strategy; drive the rounds; evaluate every round."""
+"""ServerApp: run config -> task, model and strategy; drive the rounds; evaluate them (server/evaluation.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import secrets
 import time
 from logging import ERROR, INFO
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -19,14 +18,14 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from fedbayes.bayes.metrics import classification_metrics, predict_probs
-from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout, set_parameters
+from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout
 from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import get_algorithm
 from fedbayes.tasks.compute import configure_threads, resolve_device
-from fedbayes.tasks.config import RunSettings, round_seed
+from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.preflight import preflight
@@ -69,34 +68,16 @@ def run_federation(grid: Grid, context: Context) -> None:
         settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation,
         settings.pool,
     )
-    layout = parameter_layout(model) | buffer_layout(model)  # everything the global model holds
+    settings = with_evaluation_defaults(settings, model, test.input_shape)  # by the model's cost where left to it
     strategy = algorithm.server(settings, parameter_layout(model))
     strategy.buffer_layout = buffer_layout(model)
     device = resolve_device(settings.device)
     log(INFO, "fedbayes: federation %s, strategy %s, %s, %d rounds", settings.federation, settings.strategy,
         settings.dataset, settings.num_server_rounds)
 
-    def predict(weights: dict[str, np.ndarray]) -> torch.Tensor:
-        set_parameters(model, weights)
-        probs = predict_probs(model.to(device), test.images, settings.eval_batch_size, device)
-        model.cpu()
-        return probs
-
-    def evaluate(arrays: ArrayRecord, server_round: int) -> dict[str, Any]:
-        """The global model at its mean, and (Bayesian strategies) as an ensemble over posterior samples,
-        drawn with a per-round seed so a resumed run evaluates exactly like an uninterrupted one. Every metric goes
-        into the round's row, the reliability bins too (`reliability`, `reliability_ensemble`: `fedbayes report`)."""
-        metrics = classification_metrics(predict({name: arrays[name].numpy() for name in layout}), test.labels)
-        generator = torch.Generator().manual_seed(round_seed(settings.seed, server_round))
-        samples = strategy.posterior_samples(settings.ensemble_samples, generator)
-        if samples:
-            buffers = {name: arrays[name].numpy() for name in strategy.buffer_layout}  # samples are parameters
-            ensemble = torch.stack([predict(sample | buffers) for sample in samples]).mean(0)
-            metrics |= {f"{key}_ensemble": value for key, value in classification_metrics(ensemble, test.labels).items()}
-        return metrics
-
     initial = ArrayRecord({name: Array(np.asarray(value)) for name, value in get_parameters(model).items()})
-    run_config = {**context.run_config, "federation": settings.federation}
+    # the ensemble's size as evaluated: a checkpoint (and the posterior `fedbayes export` makes of it) records it
+    run_config = {**context.run_config, "federation": settings.federation, "ensemble-samples": settings.ensemble_samples}
     # run config `tracking`: the rows, figures and posterior in MLflow or TensorBoard (server/tracking.py)
     with tracked_run(settings.tracking, settings.federation, run_config,
                      posterior_export(server_state_dir, settings.federation, run_config)) as sinks:
@@ -116,7 +97,7 @@ def run_federation(grid: Grid, context: Context) -> None:
                 straggler_wait=settings.straggler_wait,
                 results_exists=settings.results_exists,
             ),
-            evaluate,
+            ServerEvaluation(model, test, strategy, settings, device),
             settings.results_path,
             # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
             CheckpointStore(server_state_dir, settings.federation, run_config,

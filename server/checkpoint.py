@@ -43,13 +43,15 @@ from fedbayes.tasks.storage import fsync_directory, link_atomically, write_atomi
 CHECKPOINT_FILE = "checkpoint.safetensors"  # a link to the newest checkpoint-<round>.safetensors
 _ROUND_FILE = re.compile(r"checkpoint-([0-9]+)\.safetensors")
 FORMAT_VERSION = "4"  # 2: bound client ids and accepted rounds; 3: per-client records, model buffers; 4: checksum
-# Run-config keys a resumed run may change: how long to run and wait, where to log, what hardware.
+# Run-config keys a resumed run may change: how long to run and wait, where to log, what hardware, when and on what
+# share of the test set the server evaluates.
 RESUMABLE_KEYS = frozenset({
     "num-server-rounds", "results-path", "server-state-dir", "round-timeout", "poll-interval",
     "wait-for-clients", "wait-for-clients-timeout", "min-clients", "eval-batch-size", "device", "data-root",
     "download", "max-payload-mb", "max-failed-rounds", "max-clients", "max-client-examples", "client-identity",
     "client-registry", "screen-ratio", "robust-aggregation", "clip-ratio", "trim-fraction", "max-client-rejections",
     "quarantine-rounds", "straggler-wait", "results-exists", "keep-checkpoints", "resume-from-round", "tracking",
+    "eval-every", "eval-fraction", "eval-threads", "eval-batched",
 })
 _GLOBAL, _STRATEGY = "global/", "strategy/"
 _CHECKSUM = "checksum"

@@ -10,16 +10,23 @@ A reply's header names its client id, but the client chose that name. The server
     SuperNode gets a new node id) it may move to a new node once its old node has left the federation.
 Either way a node cannot change its id, two nodes cannot share one, and at most `max-clients` ids are ever
 counted (a node inventing a new id each round is refused once the bound is reached).
+
+A forgotten client's id is revoked (server/forget.py): every later reply claiming it is refused by name, from any
+node, until the operator readmits it (`fedbayes forget RUN --readmit ID`), after which it is a new client. The
+ledger of what forgetting needs (each client's accepted rounds, the revoked ids, the record of every forget) is
+checkpointed with the bindings.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import ERROR
 from pathlib import Path
+from typing import Any
 
 from flwr.common import log
 
@@ -44,11 +51,62 @@ def read_registry(path: str) -> dict[str, int]:
 
 
 @dataclass
+class ForgetLedger:
+    """What forgetting a client needs the server to remember (server/forget.py): the rounds whose reply of each
+    client was accepted, as [first, last] ranges; the revoked ids (forgotten and not readmitted); and the record of
+    every forget and readmission applied, oldest first (their audit lines). A forget or readmission makes a new
+    ledger rather than editing this one, so the state it was computed from stays as it was until the caller commits."""
+
+    contributed: dict[str, list[list[int]]] = field(default_factory=dict)
+    revoked: frozenset[str] = frozenset()
+    records: tuple[dict[str, Any], ...] = ()
+
+    def record_contribution(self, client: str, server_round: int) -> None:
+        """The round's accepted reply of `client` (the one in-place change: rounds only grow between forgets)."""
+        ranges = self.contributed.setdefault(client, [])
+        if ranges and ranges[-1][1] == server_round - 1:
+            ranges[-1][1] = server_round
+        elif not ranges or ranges[-1][1] < server_round:
+            ranges.append([server_round, server_round])
+
+    def forgetting(self, client: str, record: Mapping[str, Any]) -> ForgetLedger:
+        return ForgetLedger(self._contributions_without(client), self.revoked | {client}, (*self.records, dict(record)))
+
+    def readmitting(self, client: str, record: Mapping[str, Any]) -> ForgetLedger:
+        return ForgetLedger(self._contributions_without(client), self.revoked - {client}, (*self.records, dict(record)))
+
+    def _contributions_without(self, client: str) -> dict[str, list[list[int]]]:
+        """A copy of `contributed` (the ranges are edited in place as rounds go by) without `client`."""
+        return {c: [list(span) for span in ranges] for c, ranges in self.contributed.items() if c != client}
+
+    def forget_of(self, client: str) -> dict[str, Any] | None:
+        """The record of the last forget of `client`, if it is revoked."""
+        if client not in self.revoked:
+            return None
+        return next(record for record in reversed(self.records)
+                    if record["event"] == "forgotten" and record["client"] == client)
+
+    def confirmation_for(self, node: int) -> str:
+        """The revoked client id that `node` itself asked to forget (its instructions say so), or ""."""
+        return next((client for client in sorted(self.revoked) if self.forget_of(client).get("node") == node), "")
+
+    def to_metadata(self) -> str:
+        return json.dumps({"contributed": self.contributed, "revoked": sorted(self.revoked),
+                           "records": list(self.records)}, sort_keys=True)
+
+    @classmethod
+    def from_metadata(cls, metadata: str) -> ForgetLedger:
+        ledger = json.loads(metadata)
+        return cls(ledger["contributed"], frozenset(ledger["revoked"]), tuple(ledger["records"]))
+
+
+@dataclass
 class ClientIdentities:
     mode: str  # "bound" | "reconnect"
     max_clients: int
     registry_path: str = ""
     node_of_client: dict[str, int] = field(default_factory=dict)
+    ledger: ForgetLedger = field(default_factory=ForgetLedger)
     _registry: dict[str, int] = field(default_factory=dict)
     _registry_mtime: float | None = None
 
@@ -68,6 +126,12 @@ class ClientIdentities:
         except (OSError, ConfigError) as error:
             log(ERROR, "client registry %s: %s; keeping the registry read before", self.registry_path, error)
 
+    def bound_node(self, client: str) -> int | None:
+        """The node that speaks for `client`: the registry's, else the one it is bound to (None: neither)."""
+        if self.registry_path:
+            return self._registry.get(client)
+        return self.node_of_client.get(client)
+
     def client_of(self, node: int) -> str | None:
         bound = [client for client, bound_node in self.node_of_client.items() if bound_node == node]
         registered = [client for client, registered_node in self._registry.items() if registered_node == node]
@@ -79,6 +143,11 @@ class ClientIdentities:
         if not (_is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
             raise PayloadError(f"field 'header.client_id': {client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id "
                                f"([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH} characters)")
+        forget = self.ledger.forget_of(client)
+        if forget is not None:
+            raise PayloadError(f"field 'header.client_id': client id {client!r} was forgotten after round "
+                               f"{forget['round']} (request {forget['request']}); the operator must readmit it first "
+                               "(fedbayes forget --readmit)")
         self._check_owner(node, client, connected)
         # Only after the ownership checks: a spoofer must be named as one whether its reply came before or after
         # the real client's; what is left here is a second reply from the client's own node.
@@ -112,6 +181,20 @@ class ClientIdentities:
     def bind(self, node: int, client: str) -> None:
         """After an accepted reply: `client` is `node`'s (a reconnecting client moves to its new node)."""
         self.node_of_client[client] = node
+
+    def forgetting(self, client: str, record: Mapping[str, Any]) -> ClientIdentities:
+        """A copy with `client` forgotten: unbound, its contributions dropped, its id revoked, `record` kept."""
+        forgotten = copy.copy(self)  # not dataclasses.replace: that would read the registry file again
+        forgotten.node_of_client = {c: node for c, node in self.node_of_client.items() if c != client}
+        forgotten.ledger = self.ledger.forgetting(client, record)
+        return forgotten
+
+    def readmitting(self, client: str, record: Mapping[str, Any]) -> ClientIdentities:
+        """A copy in which the revoked `client` may reply again (as a new client), `record` kept."""
+        readmitted = copy.copy(self)
+        readmitted.node_of_client = dict(self.node_of_client)
+        readmitted.ledger = self.ledger.readmitting(client, record)
+        return readmitted
 
     def accepted_view(self, node: int, accepted_rounds: Mapping[str, int], connected: Iterable[int]) -> dict[str, int]:
         """The accepted rounds `node` is told: its own client's; for a node not yet known under

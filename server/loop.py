@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,11 @@ from flwr.serverapp import Grid
 from fedbayes.deploy.object_pulls import bound_reply_pulls, shorten_pull_backoff
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.server.forget import Forgetting, server_lock
 from fedbayes.strategies.base import RoundReport, ServerState, WireStrategy
 
-Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]  # (global arrays, round) -> metrics (numbers, reliability bins)
+# (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
+Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
 RowSink = Callable[[dict[str, Any]], None]  # gets each results row as it is written; must not raise or block
 
 
@@ -320,15 +322,27 @@ def run_rounds(
     """Rounds 1..num_rounds, or, when the federation has a checkpoint, the rounds after it. Each round:
     configure, exchange, aggregate, then (RoundFinisher, overlapping the next round's training) evaluate, log,
     checkpoint. A crash before the checkpoint means the round runs again on resume; clients then start it from
-    their state before it (client/state.py)."""
+    their state before it (client/state.py). Forget requests (server/forget.py) are settled between rounds, under the
+    federation's server lock, which the run holds throughout."""
+    with server_lock(checkpoints.directory):
+        return _run_rounds(grid, strategy, initial_arrays, settings, evaluate, results_path, checkpoints, sinks)
+
+
+def _run_rounds(grid: Grid, strategy: WireStrategy, initial_arrays: ArrayRecord, settings: LoopSettings,
+                evaluate: Evaluate, results_path: str, checkpoints: CheckpointStore,
+                sinks: Sequence[RowSink]) -> ArrayRecord:
     shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (deploy/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
+    forgetting = Forgetting(checkpoints)
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
         strategy.load_state_dict(checkpoint.strategy_state)
         first_round, elapsed = checkpoint.server_round + 1, checkpoint.wall_seconds
+        # requests made while it was stopped; a forget's refinement rounds raise num-server-rounds
+        arrays = forgetting.settle_records(strategy, arrays, checkpoint.server_round, elapsed)
+        settings = replace(settings, num_rounds=forgetting.rounds_to_run(strategy, settings.num_rounds))
         log(INFO, "resuming after round %d from %s", checkpoint.server_round,
             checkpoints.round_path(checkpoint.server_round))
         if first_round > settings.num_rounds:
@@ -346,6 +360,10 @@ def run_rounds(
             finished = train_round(grid, strategy, arrays, settings, server_round, finisher)
             arrays = finished.arrays
             finisher.submit(finished)
+            if forgetting.has_work(strategy):  # between rounds: once this one is checkpointed, before the next starts
+                finisher.wait()
+                arrays = forgetting.settle_records(strategy, arrays, server_round,
+                                                   time.monotonic() - finisher.clock_start)
             failed_rounds = 0 if finished.row["clients"] else failed_rounds + 1
             if failed_rounds >= settings.max_failed_rounds:
                 finisher.wait()  # the failed rounds are on record before the run stops
@@ -398,11 +416,14 @@ def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, setting
 
 
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:
-    line = (
-        f"round {record['round']:>3}/{num_rounds} | acc {record['accuracy']:.4f} | nll {record['nll']:.4f} "
-        f"| ece {record['ece']:.4f} | clients {record['clients']}/{record['clients_sent']} "
-        f"| {record['round_seconds']:.1f} s"
-    )
+    """The round's log line (deploy/progress.py parses it). A round the server did not evaluate (run config
+    `eval-every`) shows `-` for its metrics; one evaluated on part of the test set (`eval-fraction`) says on how much."""
+    metrics = "acc - | nll - | ece -" if record["accuracy"] is None else (
+        f"acc {record['accuracy']:.4f} | nll {record['nll']:.4f} | ece {record['ece']:.4f}")
+    line = (f"round {record['round']:>3}/{num_rounds} | {metrics} | clients {record['clients']}/{record['clients_sent']} "
+            f"| {record['round_seconds']:.1f} s")
     if "accuracy_ensemble" in record:
         line += f" | ensemble acc {record['accuracy_ensemble']:.4f} nll {record['nll_ensemble']:.4f}"
+    if 0 < record.get("eval_fraction", 1.0) < 1:
+        line += f" | on {record['eval_examples']} test examples (eval-fraction)"
     return line

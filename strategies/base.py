@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from logging import INFO, WARNING
 from typing import Any, TypeVar
@@ -27,10 +27,10 @@ from fedbayes.bayes.params import flatten, unflatten, weighted_mean
 from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
-    Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, new_header,
-    with_envelope,
+    Payload, PayloadError, TensorLayout, check_payload_size, claimed_client_id, decode, encode, envelope_type,
+    new_header, with_envelope,
 )
-from fedbayes.server.identity import ClientIdentities
+from fedbayes.server.identity import ClientIdentities, ForgetLedger
 from fedbayes.strategies.isolation import Quarantine, RoundRejected, usable_subset
 from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
 
@@ -147,6 +147,26 @@ class Update:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class ForgetRefused(ValueError):
+    """`forget` cannot take this client out of the server's state; the message says why and what to do instead."""
+
+
+@dataclass
+class Forgotten:
+    """What `forget(client)` computes, without touching the strategy (../shared/specs/forget.md): the global model
+    without the client (flat, in layout order; what the server then evaluates and sends), the strategy's attributes
+    as they become once the caller commits it (assigned as `Update.state` is), whether the result is the exact
+    posterior of the remaining clients' data at the algorithm's fixed point for the loss the clients train (False:
+    an estimate that refinement rounds among the remaining clients improve), KL(q_before ‖ q_after) where the global
+    posterior is a Gaussian (else None), and one line on what was done."""
+
+    weights: np.ndarray
+    state: dict[str, Any]
+    exact: bool
+    kl_before_after: float | None
+    note: str
+
+
 class WireStrategy(Strategy):
     """Base of every fedbayes server strategy: one round core, two hooks. The core owns who may reply and
     what a reply must be (the trust boundary), node sampling, headers, encoding, the round's metrics, the
@@ -162,6 +182,7 @@ class WireStrategy(Strategy):
     several subsets of a round's replies (strategies/isolation.py), assigns `Update.state` only once the round is
     committed, and a `RoundRejected` it raises leaves everything as it was.
     `robust_rules`: the run-config `robust-aggregation` rules the algorithm implements (others are refused).
+    `forget(client) -> Forgotten`: the state without one client, from what the server holds alone; refused by default.
     """
 
     settings: RunSettings
@@ -183,6 +204,7 @@ class WireStrategy(Strategy):
         self.connected: list[int] = []  # the nodes connected when this round was configured
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
         self._refused_nodes: set[int] = set()  # nodes whose reply this round was refused
+        self.leave_requests: list[tuple[str, int]] = []  # (client id, node) of this round's LeaveAndForget
 
     # ---- the algorithm's hooks ------------------------------------------------------------------------------
     def instruction(self, server_round: int, arrays: ArrayRecord,
@@ -212,6 +234,30 @@ class WireStrategy(Strategy):
 
     def round_nodes(self, grid: Grid, server_round: int) -> list[int]:
         return self.sample(grid, server_round)
+
+    def forget(self, client: str) -> Forgotten:
+        """The state without `client`'s contribution, computed by the server alone (no client work) and without
+        changing the strategy: the caller commits `Forgotten.state` as it commits `Update.state`. ForgetRefused,
+        naming why, where the server cannot; here: the algorithm keeps no per-client factor (FedAvg, FedProx, FedPA)."""
+        raise ForgetRefused(
+            f"{self.settings.strategy}: the server keeps no per-client factor to remove, only a global model that "
+            f"every accepted round of client {client[:64]!r} went into; retrain from the last checkpoint that predates "
+            "the client's first accepted round, or from scratch")
+
+    def check_forgettable(self, client: str, holders: Collection[str]) -> None:
+        """Refuse (ForgetRefused) a client the state holds nothing of, and the last one it holds (without it only the
+        prior would be left: a new federation, not a forgotten client)."""
+        if client not in holders:
+            raise ForgetRefused(f"client {client[:64]!r} is unknown: the server holds no state of it "
+                                f"({len(holders)} known clients)")
+        if len(holders) == 1:
+            raise ForgetRefused(f"client {client!r} is the last remaining client: forgetting it leaves only the prior; "
+                                "start a new federation instead")
+
+    def core_state_without(self, client: str) -> dict[str, Any]:
+        """The core's attributes once `client` is forgotten: its accepted round goes, so no instruction names a state
+        of it any more (its binding and the revocation of its id are the caller's: ClientIdentities.forgetting)."""
+        return {"accepted_rounds": {c: r for c, r in self.accepted_rounds.items() if c != client}}
 
     # ---- Flower's Strategy, written once ---------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -323,7 +369,7 @@ class WireStrategy(Strategy):
         content = encode(instruction, tensors)
         nodes = list(nodes)
         self.round_report = RoundReport(sent=len(nodes))
-        self._refused_nodes = set()
+        self._refused_nodes, self.leave_requests = set(), []
         checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
         messages = []
         for node in nodes:
@@ -331,6 +377,7 @@ class WireStrategy(Strategy):
                                    (instruction.header.checkpointed_rounds, checkpointed)):
                 field_.clear()
                 field_.update(self.identities.accepted_view(node, rounds, self.connected))
+            instruction.header.forgotten_client_id = self.identities.ledger.confirmation_for(node)
             messages.append(Message(with_envelope(content, instruction), dst_node_id=node,
                                     message_type=MessageType.TRAIN))
         return messages
@@ -356,6 +403,9 @@ class WireStrategy(Strategy):
                 self._reject(self.node_label(node), f"client error: {reply.error.reason}", node,
                              refused=reply.error.code != ErrorCode.NODE_UNAVAILABLE)
                 continue
+            if envelope_type(reply.content) == pb.LeaveAndForget.DESCRIPTOR.full_name:
+                self._leave_request(reply, server_round)
+                continue
             try:
                 payload = self._checked_reply(reply, message_type, layouts, server_round, claimed, check)
             except Exception as error:  # the guard: no reply may stop the server
@@ -377,14 +427,7 @@ class WireStrategy(Strategy):
         check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
         payload = decode(reply.content, message_type, layouts, sender=sender)
         header = payload.message.header
-        if header.server_round != server_round:
-            raise PayloadError(f"field 'header.server_round': the reply is for round {header.server_round}, "
-                               f"not {server_round}")
-        if header.federation != self.settings.federation:
-            raise PayloadError(f"field 'header.federation': {header.federation[:64]!r} is not this federation")
-        for name in ("accepted_rounds", "checkpointed_rounds"):
-            if getattr(header, name):
-                raise PayloadError(f"field 'header.{name}': only the server sets it")
+        self._check_header(header, server_round)
         self.identities.check(node, header.client_id, self.connected, claimed)
         examples = payload.message.num_examples
         if not 1 <= examples <= self.settings.max_client_examples:
@@ -393,6 +436,34 @@ class WireStrategy(Strategy):
         if check is not None:
             check(payload)
         return payload
+
+    def _check_header(self, header: pb.Header, server_round: int) -> None:
+        if header.server_round != server_round:
+            raise PayloadError(f"field 'header.server_round': the reply is for round {header.server_round}, "
+                               f"not {server_round}")
+        if header.federation != self.settings.federation:
+            raise PayloadError(f"field 'header.federation': {header.federation[:64]!r} is not this federation")
+        for name in ("accepted_rounds", "checkpointed_rounds", "forgotten_client_id"):
+            if getattr(header, name):
+                raise PayloadError(f"field 'header.{name}': only the server sets it")
+
+    def _leave_request(self, reply: Message, server_round: int) -> None:
+        """A client's LeaveAndForget, sent instead of its reply: nothing of it enters the round. A well-formed one is
+        kept in `leave_requests` for server/forget.py, which decides it after the round is committed and honours it
+        only from the node the client id is bound to."""
+        node = reply.metadata.src_node_id
+        label = self._claimed_label(reply, pb.LeaveAndForget)
+        try:
+            check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
+            header = decode(reply.content, pb.LeaveAndForget, {}, sender=label).message.header
+            self._check_header(header, server_round)
+        except Exception as error:  # the guard, as for every reply
+            reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
+            self._reject(label, f"rejected leave request: {reason.removeprefix(f'{label}: ')}", node)
+            return
+        self.leave_requests.append((header.client_id, node))
+        self._reject(label, "asked to leave and be forgotten: it sent no update, and the request is decided once this "
+                     "round is committed", node, refused=False)
 
     def check_resumed(self, payload: Payload, consequence: str) -> bool:
         """A stateful strategy's check: the reply must continue from the state of the client's last accepted round,
@@ -413,6 +484,7 @@ class WireStrategy(Strategy):
         for payload in payloads:
             client = payload.message.header.client_id
             self.identities.bind(self._reply_nodes[client], client)
+            self.identities.ledger.record_contribution(client, server_round)
             self.accepted_rounds[client] = server_round
             self.round_report.accepted.append(client)
 
@@ -445,7 +517,7 @@ class WireStrategy(Strategy):
         """Everything a restarted server needs besides the global arrays (which the loop checkpoints itself):
         the core's bound identities and accepted rounds, plus what a subclass adds (call super() first)."""
         wire = {"identities": self.identities.to_metadata(), "accepted_rounds": self.accepted_rounds,
-                "quarantine": self.quarantine.to_metadata()}
+                "quarantine": self.quarantine.to_metadata(), "forget-ledger": self.identities.ledger.to_metadata()}
         return ServerState(metadata={WIRE_STATE_KEY: json.dumps(wire)})
 
     def load_state_dict(self, state: ServerState) -> None:
@@ -454,6 +526,8 @@ class WireStrategy(Strategy):
         self.identities.restore(wire["identities"])
         self.accepted_rounds = {client: int(r) for client, r in wire["accepted_rounds"].items()}
         self.quarantine.restore(wire["quarantine"])
+        if "forget-ledger" in wire:  # a checkpoint written before forgetting existed: no forget, no contributions kept
+            self.identities.ledger = ForgetLedger.from_metadata(wire["forget-ledger"])
         self.checkpoint_written(state)
 
     def checkpoint_written(self, state: ServerState) -> None:
@@ -493,6 +567,11 @@ class Membership:
 
     def copy(self) -> Membership:
         return Membership(dict(self.examples), dict(self.last_round))
+
+    def without(self, client: str) -> Membership:
+        """A copy without `client` (forgotten): K and N no longer count it."""
+        return Membership({c: n for c, n in self.examples.items() if c != client},
+                          {c: r for c, r in self.last_round.items() if c != client})
 
     def record(self, client: str, num_examples: int, server_round: int) -> None:
         self.examples[client] = num_examples

@@ -32,6 +32,20 @@ natural parameters are moved towards q̄'s to at most `clip-ratio` x the median 
 (bayes/robust.py part_clip_factors). The server keeps (and the clients hold) the untempered duals. The screen measures
 a reply's update as (m_k − m̄, log S_k − log S̄): honest local precisions span many orders of magnitude (a small
 client's CNN: 1e2 to 1e18), which a norm in natural parameters would mistake for an attack.
+
+Forgetting a client (`forget`, ../shared/specs/forget.md): Eq. 36 stands still only where every S_k = S̄ and S_k m_k =
+S̄ m̄, and there Eqs. 37-38 read S̄ = δI + Σ_k U_k, S̄ m̄ = Σ_k v_k (`fixed_point_natural`): the duals are the clients'
+sites. The server drops client k's duals and rebuilds q̄ from the others; K - 1 (and α) follow, since they are counted
+from the duals held. What that is, per family, at the fixed point:
+  full       exact for a quadratic loss (U_k = A_k/τ, v_k = b_k/τ). With the clients' cross-entropy the remaining duals
+             are linearisations at m̄ (U_j = H_j(m̄)/τ, v_j = U_j m̄ - ∇ℓ_j(m̄)/τ), and the result is one Newton step
+             from m̄ on the remaining objective Σ_{j≠k} ℓ_j/τ + δ/2 ‖θ‖²: an estimate.
+  diagonal   the duals are the sites of IVON's approximate (mean-field) fixed point: an estimate.
+  isotropic  (federated ADMM) U_j = 0, v_j = -∇ℓ_j(θ̄): θ̄' = Σ_{j≠k} v_j / δ is one gradient step of size 1/δ on
+             Σ_{j≠k} ℓ_j + δ/2 ‖θ‖² from θ̄. Exact is only the removal of k's multiplier; θ̄' is not the optimum
+             without k, and there is no covariance to compare (no KL).
+In every family the remaining duals stay the remaining clients' multipliers, so ordinary rounds among them refine the
+result to the fixed point without k; how far q̄ was from its duals' fixed point is measured (`fixed_point_residual`).
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
+from fedbayes.bayes.gaussian import Gaussian, kl_divergence, scaled_identity, solve
 from fedbayes.bayes.ivon import IVONWithPrior
 from fedbayes.bayes.params import flatten, unflatten
 from fedbayes.bayes.robust import part_clip_factors
@@ -54,7 +68,9 @@ from fedbayes.client.state import ClientState
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout, Tensors
-from fedbayes.strategies.base import GlobalPosterior, RoundRejected, ServerState, Update, WireStrategy, local_training
+from fedbayes.strategies.base import (
+    ForgetRefused, Forgotten, GlobalPosterior, RoundRejected, ServerState, Update, WireStrategy, local_training,
+)
 from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, POSITIVE, ConfigError, Key, RunSettings
 
 # Paper defaults, FMNIST-10% heterogeneous (../shared/specs/bayesadmm.md §2).
@@ -118,6 +134,31 @@ def server_step(locals_: list[Gaussian], all_duals: list[Duals], rho: float, pri
     return Gaussian(solve(precision, eta), precision)
 
 
+def fixed_point_natural(all_duals: list[Duals], prior_precision: float,
+                        like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs. 37-38 at the fixed point (../shared/specs/forget.md): where Eq. 36 stands still, every S_k = S̄ and
+    S_k m_k = S̄ m̄, so S̄ = (1-α) S̄ + α [δI + Σ U_k] whatever α: (S̄ m̄, S̄) = (Σ_k v_k, δI + Σ_k U_k) over
+    `all_duals`. `like`: a precision of the family's shape."""
+    sum_v = torch.stack([d.mean for d in all_duals]).sum(0)
+    sum_u = torch.stack([d.precision for d in all_duals]).sum(0)
+    return sum_v, scaled_identity(like, prior_precision) + sum_u
+
+
+def fixed_point_residual(global_: Gaussian, all_duals: list[Duals], prior_precision: float) -> float:
+    """How far q̄ is from the Gaussian its duals make at the fixed point (forget.md: "measure, do not assume"): the
+    larger relative distance of the means and of the precisions (the means alone for the fixed-covariance family,
+    where θ̄ = Σ v_k/δ at the fixed point). 0 at the fixed point."""
+    eta, precision = fixed_point_natural(all_duals, prior_precision, global_.precision)
+    distances = [relative_distance(solve(precision, eta), global_.mean)]
+    if global_.kind != "isotropic":
+        distances.append(relative_distance(precision, global_.precision))
+    return max(distances)
+
+
+def relative_distance(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value - reference).norm() / reference.norm().clamp_min(1e-300)).item()
+
+
 def replay_tolerance(previous: Duals, local: Gaussian, global_: Gaussian, step: float, reported: Duals) -> Duals:
     """Per entry, how far a reported dual may lie from the server's replay of Eq. 36: DUAL_CHECK_RTOL of the
     magnitudes that make the entry (old dual, γ·local, γ·global, the result), since each crossed the wire as
@@ -142,13 +183,18 @@ def tempering(means: list[torch.Tensor], precisions: list[torch.Tensor], clip_ra
     return [float(factor) for factor in part_clip_factors(parts, clip_ratio)]
 
 
+def tempered_duals(all_duals: list[Duals], clip_ratio: float) -> list[Duals]:
+    """Every client's duals tempered to at most clip-ratio x the median dual, in natural parameters."""
+    factors = tempering([d.mean for d in all_duals], [d.precision for d in all_duals], clip_ratio)
+    return [Duals(f * d.mean, f * d.precision, d.round) for f, d in zip(factors, all_duals)]
+
+
 def bounded_influence(locals_: list[Gaussian], all_duals: list[Duals], global_: Gaussian,
                       clip_ratio: float) -> tuple[list[Gaussian], list[Duals]]:
     """What the clip rule feeds the server step: duals tempered to at most clip-ratio x the median dual (in
     natural parameters), and local posteriors moved towards q̄, in natural parameters, to at most clip-ratio x the
     median distance of the round's."""
-    factors = tempering([d.mean for d in all_duals], [d.precision for d in all_duals], clip_ratio)
-    duals = [Duals(f * d.mean, f * d.precision, d.round) for f, d in zip(factors, all_duals)]
+    duals = tempered_duals(all_duals, clip_ratio)
     global_eta = global_.natural()[0]
     eta_offsets = [q.natural()[0] - global_eta for q in locals_]
     precision_offsets = [q.precision - global_.precision for q in locals_]
@@ -316,6 +362,40 @@ class BayesADMM(WireStrategy):
             raise RoundRejected(problem)
         return Update(updated.mean.numpy(), {"duals": duals, "global_": updated},
                       {"known-clients": len(duals), **precision_summary(updated)})
+
+    def forget(self, client: str) -> Forgotten:
+        """forget.md: drop client k's duals and rebuild q̄ at the fixed point from the remaining ones,
+        S̄' = δI + Σ_{j≠k} U_j, m̄' = S̄'⁻¹ Σ_{j≠k} v_j (tempered as the server step tempers them under `clip`); what
+        that is per family: the module docstring. The remaining duals stay, so the next ordinary round goes on from
+        them; client k's accepted round and identity go."""
+        self.check_forgettable(client, self.duals)
+        duals = {c: d for c, d in self.duals.items() if c != client}
+        delta = self.settings.prior_precision
+        eta, precision = fixed_point_natural(self._summed_duals(duals), delta, self.global_.precision)
+        residual = fixed_point_residual(self.global_, self._summed_duals(self.duals), delta)
+        problem = self._precision_problem(precision)  # before the solve, as in absorb
+        if problem is None:
+            forgotten = as_sent(Gaussian(solve(precision, eta), unit_precision() if self.isotropic else precision))
+            problem = self._global_problem(forgotten)
+        if problem is not None:
+            raise ForgetRefused(f"without client {client!r}, {problem.split(';')[0]}: the remaining duals are not yet "
+                                f"sites (q̄ is {residual:.2g} from its duals' fixed point); run more rounds first, "
+                                "or retrain")
+        kl = None if self.isotropic else kl_divergence(self.global_, forgotten)
+        what = {"full": "exact for a quadratic loss, one Newton step on the remaining data for cross-entropy",
+                "diagonal": "the sites of IVON's approximate fixed point: an estimate",
+                "isotropic": "θ̄' = Σ v_j/δ, one gradient step of size 1/δ on the remaining objective"}[self.family]
+        note = (f"q̄ from the {len(duals)} remaining clients' duals at the fixed point ({what}); q̄ was {residual:.2g} "
+                f"from its duals' fixed point; refinement rounds move it to the fixed point without {client!r}")
+        state = {"duals": duals, "global_": forgotten, **self.core_state_without(client)}
+        # exact only for a quadratic loss, which no client here trains (the full family's is cross-entropy)
+        return Forgotten(forgotten.mean.numpy(), state, exact=False, kl_before_after=kl, note=note)
+
+    def _summed_duals(self, duals: dict[str, Duals]) -> list[Duals]:
+        """The duals as the server step sums them: tempered under the `clip` rule."""
+        if self.settings.robust_aggregation == "clip":
+            return tempered_duals(list(duals.values()), self.settings.clip_ratio)
+        return list(duals.values())
 
     def update_of(self, payload: Payload) -> np.ndarray:
         """(m_k − m̄, log S_k − log S̄): the local posterior against q̄, in mean and log precision (the diagonal's, for

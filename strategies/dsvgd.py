@@ -39,6 +39,18 @@ go past `udsvgd-max-visits` visits (run config), naming the key. With K = 1 it i
 
 Evaluation: the server's predictive averages the N particles (eq. 27) and is reported under the
 `*_ensemble` keys; the plain keys evaluate the particle mean, which for a network is no meaningful model.
+
+Forgetting a client (`forget`, ../shared/specs/forget.md; Forget-SVGD: Gong, Simeone, Kassab & Kang, arXiv 2111.12056,
+built on this paper's tilted update, eqs. 13-14): q ≈ p_0 Π_k t_k, and forgetting agent k is SVGD from the current
+particles towards q/t_k = p_0 Π_{j≠k} t_j. Where t_k lives decides who can run it:
+  p-dsvgd   the server keeps every client's latest local particles (t_k = KDE(Θ_k)/p_0, convention B), so it runs its
+            own distillation (eqs. 28-29) without Θ_k: `server-steps` SVGD steps of φ towards p_0 Π_{j≠k} t_j. A
+            particle estimate (KDE factors of width λ, N particles), not exact; refinement rounds go on from the
+            remaining sets.
+  dsvgd     t_k lives only in client k's durable store (its local particles; U-DSVGD: the particles of its visits) and
+  u-dsvgd   the server holds Θ alone: it cannot divide t_k out. In Forget-SVGD client k takes part: it runs SVGD from Θ
+            towards q/t_k (`tilted_update`, or `unconstrained_tilted_update`, with its loss left out) and uploads the
+            result. There is no instruction for that yet (a new message kind and client half), so `forget` refuses.
 """
 
 from __future__ import annotations
@@ -62,7 +74,9 @@ from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
-from fedbayes.strategies.base import GlobalPosterior, RoundRejected, ServerState, Update, WireStrategy
+from fedbayes.strategies.base import (
+    ForgetRefused, Forgotten, GlobalPosterior, RoundRejected, ServerState, Update, WireStrategy,
+)
 from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE, ConfigError, Key, RunSettings
 
 # ../shared/specs/dsvgd.md §8: the paper's BNN values (its prior precision is e: set prior-precision=2.718).
@@ -357,6 +371,28 @@ class DSVGD(WireStrategy):
             particles = payload.tensors["particles"]["particles"]  # Alg. 1 line 6: replace, never average
         log_spread(server_round, particles)
         return Update(particles.astype(np.float64).mean(0), state | {"particles": particles})
+
+    def forget(self, client: str) -> Forgotten:
+        """Forget-SVGD's target q/t_k = p_0 Π_{j≠k} t_j: P-DSVGD's server distillation (eqs. 28-29) without client k's
+        local particles, from φ. DSVGD and U-DSVGD refuse: t_k is client-held (module docstring)."""
+        if not self.parallel:
+            held = "the particles of its visits" if self.variant == "u-dsvgd" else "its local particles"
+            raise ForgetRefused(
+                f"{self.variant}: client {client[:64]!r}'s factor t_k lives only in its own durable store ({held}); "
+                "the server holds the global particles alone and cannot divide t_k out of q. Forget-SVGD (arXiv "
+                "2111.12056) needs that client to take part, running SVGD from the global particles towards q/t_k, "
+                "and there is no instruction for it yet: retrain from the last checkpoint that predates the client's "
+                "first accepted round, or from scratch (p-dsvgd keeps the factors on the server and can forget)")
+        self.check_forgettable(client, self.local_particles)
+        local_particles = {c: value for c, value in self.local_particles.items() if c != client}
+        particles = self._server_distillation(local_particles)
+        if particles is None:
+            raise ForgetRefused(f"without client {client!r} the server's particles became non-finite; lower distill-lr")
+        note = (f"φ after {self.settings.server_steps} SVGD steps towards p_0 Π t_j over the {len(local_particles)} "
+                f"remaining clients' local particles (Forget-SVGD's q/t_k): a particle estimate; refinement rounds "
+                "go on from the remaining sets")
+        state = {"particles": particles, "local_particles": local_particles, **self.core_state_without(client)}
+        return Forgotten(particles.astype(np.float64).mean(0), state, exact=False, kl_before_after=None, note=note)
 
     def _server_distillation(self, local_particles: dict[str, np.ndarray]) -> np.ndarray | None:
         """P-DSVGD's server step (eq. 28-29) over every client's latest local particles; None if it diverges."""

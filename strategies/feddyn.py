@@ -25,6 +25,15 @@ mid-run starts at λ_k = 0 and the current w_g, and counts itself into K and N f
 on it is in the server's K and N, which moves every α_k a little (the fixed point only depends on the final
 α_k). A client that lost its state (it reports resumed_from_round 0 but the server knows it) starts again from
 λ_k = 0; the server resets its replay of that λ_k too, so Λ stays the sum of the clients' actual λ_k.
+
+Forgetting a client (`forget`, ../shared/specs/forget.md): λ_k is a gradient correction, not a probabilistic factor,
+and the server does not store the clients' last models. At the fixed point every w_j = w_g, Σ_j λ_j = 0 and
+α_j λ_j = −(∇L_j(w*) + wd·w*); a remaining client whose w_g and λ_j did not change replies w_g, so the first server
+step without k needs no client work: w_g' = w_g + Σ_{j≠k} λ_j/(K−1) = w_g − λ_k/(K−1) (`server_step_without`). As
+N_j α_j = αN/K, that is one gradient step of size K/((K−1)αN) from w* on the remaining objective
+Σ_{j≠k} ℓ_j + (N'·wd/2)‖w‖² (N' = N − N_k): an estimate, not the model trained without k. The remaining λ_j stay (the
+clients hold them; the server's replay must match) and K, N stop counting k, which moves every α_j a little; refinement
+rounds among the remaining clients are the honest route to the model without k.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import (
-    Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
+    ForgetRefused, Forgotten, Membership, RoundRejected, ServerState, Update, WireStrategy, client_population,
+    local_training,
 )
 from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, Key, RunSettings, round_seed
 
@@ -70,6 +80,12 @@ def lambda_step(lam: torch.Tensor, local: torch.Tensor, global_: torch.Tensor) -
 def server_step(local_weights: list[torch.Tensor], lambda_sum: torch.Tensor, known_clients: int) -> torch.Tensor:
     """w_g ← mean of this round's w_k + Λ/K."""
     return torch.stack(local_weights).mean(0) + lambda_sum / known_clients
+
+
+def server_step_without(global_: torch.Tensor, remaining_lambdas: list[torch.Tensor]) -> torch.Tensor:
+    """forget.md: the first server step without client k, each remaining client's reply taken to be w_g (its reply at
+    the fixed point): w_g' = w_g + Σ_{j≠k} λ_j/(K−1), which is w_g − λ_k/(K−1) there (module docstring)."""
+    return server_step([global_], torch.stack(remaining_lambdas).sum(0), len(remaining_lambdas))
 
 
 SKETCH_ROWS = 8
@@ -184,6 +200,25 @@ class FedDyn(WireStrategy):
             raise RoundRejected("the global model would be non-finite; lower feddyn-alpha or lr")
         return Update(global_.numpy(), {"global_": global_, "lambdas": lambdas, "membership": membership},
                       {"known-clients": membership.clients})
+
+    def forget(self, client: str) -> Forgotten:
+        """forget.md: drop λ_k and client k from K and N; w_g' = the first server step without k at the fixed point
+        (`server_step_without`; under a robust rule, that rule over the remaining λ_j): an estimate (module doc)."""
+        self.check_forgettable(client, self.lambdas)
+        lambdas = {c: entry for c, entry in self.lambdas.items() if c != client}
+        if self.settings.robust_aggregation == "none":
+            global_ = server_step_without(self.global_, [entry.value for entry in lambdas.values()])
+        else:
+            global_ = self.global_ + self._robust_step([self.global_], lambdas)
+        global_ = as_sent(global_)
+        if not torch.isfinite(global_).all():
+            raise ForgetRefused(f"without client {client!r} the global model would be non-finite")
+        rule = "mean" if self.settings.robust_aggregation == "none" else self.settings.robust_aggregation
+        note = (f"w_g + the {rule} of the {len(lambdas)} remaining λ_j: FedDyn's first server step without {client!r} "
+                "at the fixed point, not the model trained without it; run refinement rounds among the others")
+        state = {"global_": global_, "lambdas": lambdas, "membership": self.membership.without(client),
+                 **self.core_state_without(client)}
+        return Forgotten(global_.numpy(), state, exact=False, kl_before_after=None, note=note)
 
     def _robust_step(self, locals_: list[torch.Tensor], lambdas: dict[str, ClientLambda]) -> torch.Tensor:
         """R(w_k − w_g) over this round's replies + R(λ_k) over every known client: server_step with each mean

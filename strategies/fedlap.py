@@ -31,6 +31,16 @@ Membership (strategies/base.py Membership): K and N count the clients the server
 joining after round 1 starts with a flat site (v_k = V_k = 0) and counts itself into K and N for its ρ_k; its
 ρ_k then makes Σ_k ρ_k exceed 1 for that round, which only affects the transient. Partial participation
 (`fraction-train` < 1): non-sampled clients keep their sites, as in PVI.
+
+Forgetting a client (`forget`, ../shared/specs/forget.md): q_g ∝ p_0 Π_k t̂_k at every step, so the server drops
+client k's site and rebuilds q_g from the others (`global_from_sites`); K and N (hence every ρ_j) stop counting k.
+The unclaimed natural mean stays: it is what no client claimed of the init; the share k claimed is in its site and
+goes with it. At the fixed point every site is its client's loss linearised at w* (v_j = V_j w* − ∇ℓ_j(w*), V_j =
+diag H_j(w*) for FedLap-Cov, 0 for FedLap), so the result is one step w* − (δ + Σ_{j≠k} V_j)⁻¹ ∇F'(w*) on the remaining
+MAP objective F' = Σ_{j≠k} ℓ_j + (δ/2)‖w − unclaimed/δ‖²: FedLap-Cov's is a Newton step with the diagonal curvature,
+exact (the posterior without k) for a quadratic loss whose curvature is diagonal; FedLap's is a gradient step of size
+1/δ, an estimate even for a quadratic loss. The remaining sites stay, so ordinary rounds among the remaining clients
+refine it to the fixed point without k.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ import numpy as np
 import torch
 
 from fedbayes.bayes.curvature import diag_ggn
-from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.bayes.gaussian import Gaussian, kl_divergence
 from fedbayes.bayes.params import flatten, unflatten
 from fedbayes.bayes.robust import part_clip_factors
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
@@ -51,7 +61,8 @@ from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError, TensorLayout
 from fedbayes.strategies.base import (
-    GlobalPosterior, Membership, RoundRejected, ServerState, Update, WireStrategy, client_population, local_training,
+    ForgetRefused, Forgotten, GlobalPosterior, Membership, RoundRejected, ServerState, Update, WireStrategy,
+    client_population, local_training,
 )
 from fedbayes.strategies.feddyn import MAX_GRAD_NORM
 from fedbayes.tasks.config import POSITIVE, Key, RunSettings
@@ -170,18 +181,40 @@ class FedLap(WireStrategy):
                 unclaimed = unclaimed - self.initial_share * self.global_precision * self.global_mean
             sites[client] = self._site(payload, server_round)
             membership.record(client, message.num_examples, server_round)
+        mean, precision = self._global(sites, unclaimed)
+        if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
+            raise RoundRejected("the global mean would be non-finite")
+        state = {"sites": sites, "unclaimed": unclaimed, "membership": membership, "global_mean": mean,
+                 "global_precision": precision}
+        return Update(mean.numpy(), state, {"known-clients": membership.clients})
+
+    def forget(self, client: str) -> Forgotten:
+        """forget.md: drop client k's site and rebuild q_g ∝ p_0 Π_{j≠k} t̂_j (with the unclaimed natural mean);
+        K and N no longer count k. What that is: the module docstring."""
+        self.check_forgettable(client, self.sites)
+        sites = {c: site for c, site in self.sites.items() if c != client}
+        mean, precision = self._global(sites, self.unclaimed)
+        if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
+            raise ForgetRefused(f"without client {client!r} the global mean would be non-finite")
+        kl = kl_divergence(Gaussian(self.global_mean, self.global_precision), Gaussian(mean, precision))
+        what = ("a Newton step with the diagonal GGN, exact for a quadratic loss with diagonal curvature"
+                if self.covariance else "sites without precision: a gradient step of size 1/δ on the remaining MAP")
+        note = (f"q_g from the prior and the {len(sites)} remaining sites ({what}); refinement rounds move it to the "
+                f"fixed point without {client!r}")
+        state = {"sites": sites, "membership": self.membership.without(client), "global_mean": mean,
+                 "global_precision": precision, **self.core_state_without(client)}
+        # exact only for a quadratic loss (FedLap-Cov), which no client here trains
+        return Forgotten(mean.numpy(), state, exact=False, kl_before_after=kl, note=note)
+
+    def _global(self, sites: dict[str, Site], unclaimed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_g, S_g) from the prior, the unclaimed natural mean and `sites` (tempered under `clip`), as sent."""
         if self.settings.robust_aggregation == "clip":
             site_means, site_precisions = tempered_sums(list(sites.values()), self.settings.clip_ratio)
         else:
             site_means = torch.stack([site.mean for site in sites.values()]).sum(0)
             site_precisions = torch.stack([site.precision for site in sites.values()]).sum(0)
         mean, precision = global_from_sites(unclaimed + site_means, site_precisions, self.delta)
-        mean, precision = as_sent(mean), as_sent(precision)  # checked as stored: float32 can overflow
-        if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
-            raise RoundRejected("the global mean would be non-finite")
-        state = {"sites": sites, "unclaimed": unclaimed, "membership": membership, "global_mean": mean,
-                 "global_precision": precision}
-        return Update(mean.numpy(), state, {"known-clients": membership.clients})
+        return as_sent(mean), as_sent(precision)  # checked as stored: float32 can overflow
 
     def _site(self, payload: Payload, server_round: int) -> Site:
         mean = torch.from_numpy(flatten(payload.tensors["site_mean"], self.layout))

@@ -115,8 +115,9 @@ CORE_KEYS = (
     Key("round-timeout", 600.0, "seconds a round waits for replies; later ones are not used", POSITIVE),
     Key("poll-interval", 0.5, "seconds between the server's pulls for replies", POSITIVE),
     Key("eval-batch-size", 2000, "the server's evaluation batch size", AT_LEAST_ONE),
-    Key("ensemble-samples", 32, "posterior samples in the server's predictive ensemble (Bayesian strategies)",
-        NON_NEGATIVE),
+    Key("ensemble-samples", -1, "posterior samples in the server's predictive ensemble (Bayesian strategies); -1 = "
+        "by the model's cost: 32, or 4 for a model of over 2 M multiply-adds per example (server/evaluation.py)",
+        Check(lambda value: value >= -1, "must be >= 0, or -1 (by the model's cost)")),
     # the trust boundary (deploy/README.md "Trust model")
     Key("max-payload-mb", 512.0, "larger instructions or replies are refused, by name, before they are decoded",
         POSITIVE),
@@ -158,6 +159,18 @@ CORE_KEYS = (
         Check(lambda value: value == "" or (value.partition(":")[0] in ("mlflow", "tensorboard")  # tracking.KINDS
                                             and value.partition(":")[2] != ""),
               'must be "" (off), mlflow:URI or tensorboard:DIR')),
+    # the server's evaluation (server/evaluation.py); 0 = by the model's cost: logreg and the MLP every round on the
+    # whole test set on one thread, models of over 2 M multiply-adds per example (the CNNs) every 5th round on a tenth
+    # of it (the last round on all of it) on every core
+    Key("eval-every", 0, "rounds between the server's evaluations (the last round is always evaluated; the rows of "
+        "the others have no test metrics); 0 = by the model's cost: 1, or 5", NON_NEGATIVE),
+    Key("eval-fraction", 0.0, "the share of the test set (a fixed subset drawn from the run's seed) evaluated before "
+        "the last round, which evaluates all of it; 0 = by the model's cost: 1, or 0.1",
+        Check(lambda value: 0.0 <= value <= 1.0, "must be in (0, 1], or 0 (by the model's cost)")),
+    Key("eval-threads", 0, "CPU threads of the server's evaluation (at nice 19: it takes the cores clients leave "
+        "idle); 0 = by the model's cost: 1, or the cores the ServerApp may use", NON_NEGATIVE),
+    Key("eval-batched", False, "evaluate the ensemble's samples as one vmapped model rather than one pass each "
+        "(equal to round-off; slower on the CPU, benchmarks/evaluation_cost.py)"),
 )
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all
+REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all (None: not evaluated)
 METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
 # The server's phases of a round (server/loop.py) in the order they happen. first_reply and last_reply are both
 # counted from the push, so the bar shows last_reply - first_reply as "first to last reply".
@@ -191,13 +191,19 @@ def no_data(axis, what: str) -> None:
               color="grey")
 
 
+def evaluated_rows(run: Run) -> list[dict[str, Any]]:
+    """The rows with test metrics: not those of rounds the server did not evaluate (run config `eval-every`)."""
+    return [row for row in run.rows if row["accuracy"] is not None]
+
+
 def plot_metrics(runs: Sequence[Run], path: Path) -> None:
     figure, axes = new_figure(len(METRICS), share_y=False)
     for axis, (key, label) in zip(axes[0], METRICS):
         for index, run in enumerate(runs):
-            rounds = [row["round"] for row in run.rows]
-            axis.plot(rounds, [row[key] for row in run.rows], "o-", markersize=3, color=colour(index), label=run.name)
-            ensemble = [row.get(f"{key}_ensemble") for row in run.rows]
+            rows = evaluated_rows(run)
+            rounds = [row["round"] for row in rows]
+            axis.plot(rounds, [row[key] for row in rows], "o-", markersize=3, color=colour(index), label=run.name)
+            ensemble = [row.get(f"{key}_ensemble") for row in rows]
             if any(value is not None for value in ensemble):
                 axis.plot(rounds, [math.nan if value is None else value for value in ensemble], "s--", markersize=3,
                           color=colour(index), label=f"{run.name} ensemble")
@@ -210,8 +216,13 @@ def plot_metrics(runs: Sequence[Run], path: Path) -> None:
 def plot_reliability(runs: Sequence[Run], path: Path) -> None:
     figure, axes = new_figure(len(runs))
     for index, (axis, run) in enumerate(zip(axes[0], runs)):
-        last = run.rows[-1]
         axis.plot([0, 1], [0, 1], ":", color="grey", label="calibrated")
+        evaluated = evaluated_rows(run)
+        if not evaluated:
+            no_data(axis, "evaluated round")
+            axis.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=run.name)
+            continue
+        last = evaluated[-1]
         bar_legend = []
         if last.get("reliability"):
             bar_legend = reliability_bars(axis, last["reliability"], colour(index))
@@ -348,16 +359,28 @@ def summary(run: Run) -> dict[str, str]:
     lines = {
         "source": run.source,
         "rounds": f"{first['round']}–{last['round']}" if len(run.rows) > 1 else str(last["round"]),
-        "last accuracy / NLL / ECE": f"{last['accuracy']:.4f} / {last['nll']:.4f} / {last['ece']:.4f}",
     }
-    if "accuracy_ensemble" in last:
-        lines["ensemble"] = (f"{last['accuracy_ensemble']:.4f} / {last['nll_ensemble']:.4f} / "
-                             f"{last['ece_ensemble']:.4f}")
+    evaluated = evaluated_rows(run)
+    if evaluated:
+        lines |= evaluation_summary(evaluated[-1], last)
     if "clients" in last:
         lines["last round's clients"] = f"{last['clients']} of {last.get('clients_sent', '?')} accepted"
     if "wall_seconds" in last:
         lines["wall time"] = f"{last['wall_seconds']:.1f} s"
     lines["settings"] = "its run config" if run.settings is not None else "settings unknown (a bare results file)"
+    return lines
+
+
+def evaluation_summary(evaluated: dict[str, Any], last: dict[str, Any]) -> dict[str, str]:
+    """The index's lines on the run's last evaluated row, saying which round that was when it is not the last, and
+    on how many test examples when it is a subset (eval-fraction)."""
+    lines = {"last accuracy / NLL / ECE": f"{evaluated['accuracy']:.4f} / {evaluated['nll']:.4f} / "
+                                          f"{evaluated['ece']:.4f}"}
+    if "accuracy_ensemble" in evaluated:
+        lines["ensemble"] = (f"{evaluated['accuracy_ensemble']:.4f} / {evaluated['nll_ensemble']:.4f} / "
+                             f"{evaluated['ece_ensemble']:.4f}")
+    if evaluated is not last or evaluated.get("eval_fraction", 1.0) < 1:
+        lines["evaluated"] = f"round {evaluated['round']}, on {evaluated.get('eval_examples', '?')} test examples"
     return lines
 
 

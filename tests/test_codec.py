@@ -138,7 +138,7 @@ def drop(key):
         (drop(TENSORS_KEY), TENSORS_KEY, "missing ArrayRecord"),
         (lambda c: set_envelope(c, type="fedbayes.v1.FedAvgInstruction"), "type", "expected fedbayes.v1.FedAvgReply"),
         (lambda c: set_envelope(c, message=b"\xff\xff\xff"), "message", "malformed"),
-        (wrong_version, "header.schema_version", "expected 5, got 7"),
+        (wrong_version, "header.schema_version", "expected 6, got 7"),
         (nan_loss, "train_loss", "must be finite"),
         # the manifest: what the sender declares each tensor to be
         (lambda c: with_manifest(c, "fc.bias", shape=[4]), "weights/fc.bias", "shape must be (3,), got (4,)"),

@@ -1,0 +1,361 @@
+"""Forgetting a client against retraining without it (issue 28; ../shared/specs/forget.md, "What forgotten is
+measured against"): FMNIST-10 % heterogeneous (Dirichlet), 10 clients.
+
+Per strategy (BayesADMM, FedLap-Cov, FedDyn, FedAvg: the MLP with their Table 1 settings, benchmarks/reproduce_table1.py
+PRESETS; DSVGD: the README's FMNIST setting, MLP 784-100-10 ReLU, 10 particles, one client per round), three phases:
+  full      R rounds with all 10 clients
+  forget    after round R, the client with the most examples forgotten through the operator's path (server/forget.py
+            Forgetting: the strategy's `forget`, committed, checkpointed, audited), then --refine-rounds ordinary rounds
+            among the other 9. A strategy that refuses (ForgetRefused: FedAvg keeps no per-client factor; DSVGD's factor
+            lives on the client) is retrained from scratch instead, as the refusal says: its forget costs a retrain.
+  retrain   a new federation of the other 9, same seeds, R rounds
+and, for the forgotten model right after the forget (refine 0), after refinement, and the retrained one:
+  (a) test accuracy and NLL of the predictive (the posterior's samples where the strategy has them: BayesADMM's and
+      FedLap-Cov's Gaussian, DSVGD's particles; else the global model);
+  (b) accuracy and NLL on the forgotten client's own training data;
+  (c) a loss-threshold membership-inference AUC: P(the loss of one of its training examples < the loss of a test
+      example), ties half (0.5: its data look like unseen data; the full model's is the reference);
+  (d) KL(forgotten ‖ retrained) where both are Gaussians, and ‖w_forgotten − w_retrained‖ / ‖w_retrained‖ of the
+      global models (flat parameters);
+  (e) cost: rounds, seconds and bytes (instructions + replies as encoded, protos/codec.py payload_bytes) of forget +
+      refinement against retraining.
+
+Runs in one process through the real server and client halves (no network; per-round numbers as the network path's),
+one thread. Resumable per phase: a phase whose JSONL ends with its "done" row is not run again (scratch state under
+--workdir). Results: benchmarks/results/forget/<strategy>-<phase>-seed<seed>.jsonl, summary-seed<seed>.json and the
+table on stdout. `--smoke` runs tiny settings (2 % of the data, logistic regression, 2 + 1 rounds) into
+benchmarks/results/forget/smoke/ to show it works.
+
+    python benchmarks/forget.py [--rounds 20] [--refine-rounds 5] [--seed 0] \
+        [--strategies bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from flwr.app import Array, ArrayRecord  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
+from fedbayes.bayes.gaussian import kl_divergence  # noqa: E402
+from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa: E402
+from fedbayes.bayes.params import flatten, get_parameters, set_parameters  # noqa: E402
+from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
+from fedbayes.protos.codec import payload_bytes  # noqa: E402
+from fedbayes.server.checkpoint import Checkpoint, CheckpointStore  # noqa: E402
+from fedbayes.server.forget import AuditLog, ForgetRequest, Forgetting  # noqa: E402
+from fedbayes.strategies import get_algorithm  # noqa: E402
+from fedbayes.tasks.config import RunSettings, default_run_config, round_seed  # noqa: E402
+from fedbayes.tasks.datasets import Dataset, load_dataset  # noqa: E402
+from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
+from tests.helpers import reply_message  # noqa: E402
+from tests.inprocess import FakeGrid  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "forget"
+CLIENTS = 10
+FEDERATION = "bench-forget"
+ENSEMBLE = 10  # posterior samples in the predictive (DSVGD: all its particles)
+DSVGD_SETTING = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100, "particles": 10,
+                 "local-steps": 50, "distill-steps": 50, "prior-precision": 2.718}
+SMOKE = {"model": "logreg", "local-epochs": 1, "particles": 3, "local-steps": 2, "distill-steps": 2}
+log = logging.getLogger("bench")
+
+
+def settings_for(strategy: str, seed: int, smoke: bool) -> RunSettings:
+    preset = DSVGD_SETTING if strategy == "dsvgd" else {**COMMON, **PRESETS[(strategy, "dirichlet")]}
+    return RunSettings.from_run_config({
+        **default_run_config(strategy), **preset, **(SMOKE if smoke else {}), "strategy": strategy,
+        "federation": FEDERATION, "fraction": 0.02 if smoke else 0.1, "split": "dirichlet", "seed": seed,
+        "ensemble-samples": ENSEMBLE,
+    })
+
+
+class Federation:
+    """One phase's federation in this process: the server half and the client halves of `partitions`, with their
+    durable state under `directory`, driven round by round."""
+
+    def __init__(self, settings: RunSettings, partitions: list[int], directory: Path, test: Dataset) -> None:
+        self.settings, self.directory, self.test = settings, directory, test
+        self.algorithm = get_algorithm(settings.strategy)
+        self.runtimes = {partition + 1: client_runtime(settings, partition, directory) for partition in partitions}
+        torch.manual_seed(settings.seed)
+        self.model = build_model(settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden),
+                                 settings.activation, settings.pool)
+        self.layout = next(iter(self.runtimes.values())).layout
+        self.server = self.algorithm.server(settings, self.layout)
+        self.arrays = get_parameters(self.model)
+        self.store = CheckpointStore(directory / "server-state", FEDERATION, {}, keep=1)
+
+    def round(self, server_round: int) -> dict:
+        """One round; its seconds, bytes on the wire and accepted clients."""
+        started = time.perf_counter()
+        record = ArrayRecord({name: Array(value) for name, value in self.arrays.items()})
+        messages = list(self.server.configure_train(server_round, record, None, FakeGrid(self.runtimes)))
+        replies = [reply_message(self.algorithm.client_update(m.content, self.runtimes[m.metadata.dst_node_id]),
+                                 m.metadata.dst_node_id) for m in messages]
+        updated, _ = self.server.aggregate_train(server_round, replies)
+        if updated is not None:
+            self.arrays = {name: updated[name].numpy() for name in updated}
+        wire = sum(payload_bytes(m.content) for m in messages) + sum(payload_bytes(r.content) for r in replies)
+        self.store.save(Checkpoint(server_round, self.arrays, self.server.state_dict(), 0.0))
+        return {"round": server_round, "seconds": time.perf_counter() - started, "bytes": wire,
+                "clients": len(self.server.round_report.accepted)}
+
+    def resume(self) -> int:
+        """Continue from this phase's checkpoint (copied or written before); its round."""
+        checkpoint = self.store.load()
+        self.server.load_state_dict(checkpoint.strategy_state)
+        self.arrays = checkpoint.arrays
+        return checkpoint.server_round
+
+    def predictive(self, images: torch.Tensor, server_round: int) -> torch.Tensor:
+        """Class probabilities: averaged over the posterior's samples where it has them, else the global model's."""
+        generator = torch.Generator().manual_seed(round_seed(self.settings.seed, server_round))
+        samples = self.server.posterior_samples(ENSEMBLE, generator) or [
+            {name: self.arrays[name] for name in self.layout}]
+        buffers = {name: self.arrays[name] for name in self.server.buffer_layout}
+        probabilities = []
+        for sample in samples:
+            set_parameters(self.model, sample | buffers)
+            probabilities.append(predict_probs(self.model, images, 2000, torch.device("cpu")))
+        return torch.stack(probabilities).mean(0)
+
+    def evaluate(self, forgotten: ClientRuntime, server_round: int) -> dict:
+        """(a), (b) and (c) for the current global posterior."""
+        test_probs = self.predictive(self.test.images, server_round)
+        own_probs = self.predictive(forgotten.data.images, server_round)
+        test, own = classification_metrics(test_probs, self.test.labels), classification_metrics(
+            own_probs, forgotten.data.labels)
+        return {"test_accuracy": test["accuracy"], "test_nll": test["nll"], "own_accuracy": own["accuracy"],
+                "own_nll": own["nll"], "mia_auc": membership_auc(example_losses(own_probs, forgotten.data.labels),
+                                                                 example_losses(test_probs, self.test.labels))}
+
+
+def client_runtime(settings: RunSettings, partition: int, directory: Path) -> ClientRuntime:
+    """Partition `partition`'s client (node partition + 1, id client-<partition>), its state under `directory`."""
+    node = NodeSettings.from_node_config({"partition-id": partition, "num-partitions": CLIENTS,
+                                          "state-dir": str(directory / "clients")}, default_device="cpu")
+    return ClientRuntime.create(settings, node)
+
+
+def example_losses(probabilities: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    return -torch.log(probabilities[torch.arange(len(labels)), labels].clamp_min(1e-12)).numpy()
+
+
+def membership_auc(members: np.ndarray, others: np.ndarray) -> float:
+    """The loss-threshold attack's AUC, P(member loss < other loss) + ½ P(tie): the Mann-Whitney U of the others'
+    losses over the pooled sample's average ranks."""
+    ranks = average_ranks(np.concatenate([members, others]))
+    others_rank_sum = ranks[len(members):].sum()
+    return float((others_rank_sum - len(others) * (len(others) + 1) / 2) / (len(members) * len(others)))
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, tied values sharing the mean of their ranks."""
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    starts = np.r_[True, ordered[1:] != ordered[:-1]]
+    bounds = np.r_[np.flatnonzero(starts), len(values)]  # each run of equal values: [start, end)
+    ranks = np.empty(len(values))
+    ranks[order] = ((bounds[:-1] + bounds[1:] + 1) / 2)[np.cumsum(starts) - 1]
+    return ranks
+
+
+def posterior_distance(forgotten: Federation, retrained: Federation) -> dict:
+    """(d): KL(forgotten ‖ retrained) for two Gaussians, and the relative distance of the global models."""
+    mine, theirs = forgotten.server.global_posterior().gaussian, retrained.server.global_posterior().gaussian
+    kl = kl_divergence(mine, theirs) if mine is not None and theirs is not None else None
+    w_forgotten, w_retrained = flatten(forgotten.arrays, forgotten.layout), flatten(retrained.arrays, retrained.layout)
+    return {"kl_to_retrained": kl,
+            "parameter_distance": float(np.linalg.norm(w_forgotten - w_retrained) / np.linalg.norm(w_retrained))}
+
+
+class Phase:
+    """A phase's JSONL (one row per round, then evaluation rows, then {"done": true}) and its scratch directory."""
+
+    def __init__(self, results: Path, workdir: Path, strategy: str, name: str, seed: int) -> None:
+        self.path = results / f"{strategy}-{name}-seed{seed}.jsonl"
+        self.directory = workdir / f"{strategy}-seed{seed}" / name
+
+    def done(self) -> bool:
+        return bool(self.rows()) and self.rows()[-1].get("done", False)
+
+    def rows(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+
+    def start(self) -> None:
+        self.path.unlink(missing_ok=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as results_file:
+            results_file.write(json.dumps(row) + "\n")
+
+
+def train(federation: Federation, phase: Phase, first: int, last: int, kind: str) -> None:
+    for server_round in range(first, last + 1):
+        row = {"phase": kind, **federation.round(server_round)}
+        phase.write(row)
+        log.info("%s %s round %d: %d clients, %.1f s", federation.settings.strategy, kind, server_round,
+                 row["clients"], row["seconds"])
+
+
+def run_full(settings: RunSettings, phase: Phase, rounds: int, test: Dataset, forgotten_partition: int) -> None:
+    phase.start()
+    federation = Federation(settings, list(range(CLIENTS)), phase.directory, test)
+    train(federation, phase, 1, rounds, "train")
+    phase.write({"evaluation": "full", **federation.evaluate(federation.runtimes[forgotten_partition + 1], rounds)})
+    phase.write({"done": True})
+
+
+def run_retrain(settings: RunSettings, phase: Phase, rounds: int, test: Dataset, forgotten_partition: int) -> None:
+    phase.start()
+    federation = Federation(settings, [p for p in range(CLIENTS) if p != forgotten_partition], phase.directory, test)
+    train(federation, phase, 1, rounds, "retrain")
+    own = client_runtime(settings, forgotten_partition, phase.directory / "forgotten-client")
+    phase.write({"evaluation": "retrained", **federation.evaluate(own, rounds)})
+    phase.write({"done": True})
+
+
+def run_forget(settings: RunSettings, phase: Phase, full: Phase, retrain: Phase, rounds: int, refine_rounds: int,
+               test: Dataset, forgotten_partition: int) -> None:
+    """The full federation's end state copied, the client forgotten (the operator's path), refinement; evaluations
+    and distances to the retrained federation after the forget and after refinement."""
+    phase.start()
+    shutil.copytree(full.directory, phase.directory)
+    remaining = [p for p in range(CLIENTS) if p != forgotten_partition]
+    federation = Federation(settings, remaining, phase.directory, test)
+    federation.resume()
+    retrained = Federation(settings, remaining, retrain.directory, test)
+    retrained.resume()
+    client = f"client-{forgotten_partition}"
+    own = client_runtime(settings, forgotten_partition, phase.directory / "forgotten-client")
+    started = time.perf_counter()
+    request = ForgetRequest.by_operator(FEDERATION, client, refine_rounds)
+    forgetting = Forgetting(federation.store)
+    federation.arrays = forgetting.settle(federation.server, federation.arrays, rounds, 0.0, own=(request,))
+    record = AuditLog(forgetting.audit.path).find(request.id)
+    phase.write({"phase": "forget", "seconds": time.perf_counter() - started, "bytes": 0,
+                 **{key: record.get(key) for key in ("event", "exact", "kl_before_after", "note", "reason")}})
+    if record["event"] == "refused":  # what the refusal says: retrain; the retrain phase is that
+        log.info("%s: forget refused (%s): its forget is a retrain", settings.strategy, record["reason"])
+        phase.write({"done": True})
+        return
+    phase.write({"evaluation": "forgotten", **federation.evaluate(own, rounds),
+                 **posterior_distance(federation, retrained)})
+    train(federation, phase, rounds + 1, rounds + refine_rounds, "refine")
+    phase.write({"evaluation": "refined", **federation.evaluate(own, rounds + refine_rounds),
+                 **posterior_distance(federation, retrained)})
+    phase.write({"done": True})
+
+
+def client_with_most_examples(settings: RunSettings, workdir: Path) -> int:
+    return max(range(CLIENTS), key=lambda p: len(client_runtime(settings, p, workdir / "sizes").data.labels))
+
+
+def run_strategy(strategy: str, args: argparse.Namespace, results: Path) -> dict:
+    settings = settings_for(strategy, args.seed, args.smoke)
+    test = load_dataset(settings.dataset, train=False).scaled(settings.input_scale)
+    phases = {name: Phase(results, args.workdir, strategy, name, args.seed) for name in ("full", "retrain", "forget")}
+    forgotten = client_with_most_examples(settings, phases["full"].directory.parent)
+    if not phases["full"].done():
+        run_full(settings, phases["full"], args.rounds, test, forgotten)
+    if not phases["retrain"].done():
+        run_retrain(settings, phases["retrain"], args.rounds, test, forgotten)
+    if not phases["forget"].done():
+        run_forget(settings, phases["forget"], phases["full"], phases["retrain"], args.rounds, args.refine_rounds,
+                   test, forgotten)
+    return summarise(strategy, forgotten, {name: phase.rows() for name, phase in phases.items()})
+
+
+def summarise(strategy: str, forgotten: int, rows: dict[str, list[dict]]) -> dict:
+    def evaluation(phase: str, name: str) -> dict | None:
+        return next((row for row in rows[phase] if row.get("evaluation") == name), None)
+
+    def cost(phase: str, kinds: tuple[str, ...]) -> dict:
+        spent = [row for row in rows[phase] if row.get("phase") in kinds]
+        return {"rounds": sum(row["phase"] != "forget" for row in spent),
+                "seconds": sum(row["seconds"] for row in spent), "bytes": sum(row["bytes"] for row in spent)}
+
+    forget = next(row for row in rows["forget"] if row.get("phase") == "forget")
+    refused = forget["event"] == "refused"
+    return {"strategy": strategy, "forgotten_client": f"client-{forgotten}", "forget": forget,
+            "full": evaluation("full", "full"), "retrained": evaluation("retrain", "retrained"),
+            "forgotten": evaluation("forget", "forgotten"), "refined": evaluation("forget", "refined"),
+            "cost_forget": cost("retrain", ("retrain",)) if refused else cost("forget", ("forget", "refine")),
+            "cost_retrain": cost("retrain", ("retrain",))}
+
+
+def print_table(summary: list[dict]) -> None:
+    print("| strategy | model | exact | test acc | test NLL | own acc | own NLL | MIA AUC | KL to retrained | "
+          "param. distance | rounds | seconds | MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for entry in summary:
+        for label, metrics, cost in table_rows(entry):
+            exact = ("yes" if entry["forget"]["exact"] else "no") if label == "forgotten" else ""
+            print(f"| {entry['strategy']} | {label} | {exact} | {format_metrics(metrics)} | {format_cost(cost)} |")
+    for entry in summary:
+        if entry["forget"]["event"] == "refused":
+            print(f"{entry['strategy']}: forget refused: {entry['forget']['reason']}")
+
+
+def table_rows(entry: dict) -> list[tuple[str, dict, dict | None]]:
+    """(model, its evaluation, what it cost) for one strategy: the full federation, the retrained one, and the
+    forgotten one before and after refinement (or, refused, the retrain that replaces it)."""
+    rows = [("all 10 clients", entry["full"], None), ("retrained without", entry["retrained"], entry["cost_retrain"])]
+    if entry["forget"]["event"] == "refused":
+        return [*rows, ("forget: refused, retrain", entry["retrained"], entry["cost_forget"])]
+    return [*rows, ("forgotten", entry["forgotten"], None),
+            ("forgotten + refined", entry["refined"], entry["cost_forget"])]
+
+
+def format_metrics(metrics: dict) -> str:
+    kl, distance = metrics.get("kl_to_retrained"), metrics.get("parameter_distance")
+    return (f"{metrics['test_accuracy']:.4f} | {metrics['test_nll']:.3f} | {metrics['own_accuracy']:.4f} | "
+            f"{metrics['own_nll']:.3f} | {metrics['mia_auc']:.3f} | {'' if kl is None else f'{kl:.3g}'} | "
+            f"{'' if distance is None else f'{distance:.3f}'}")
+
+
+def format_cost(cost: dict | None) -> str:
+    return " | | " if cost is None else f"{cost['rounds']} | {cost['seconds']:.1f} | {cost['bytes'] / 1e6:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20, help="rounds with all clients, and of the retraining")
+    parser.add_argument("--refine-rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategies", default="bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg")
+    parser.add_argument("--workdir", type=Path, default=Path("runs/bench-forget"),
+                        help="scratch: client and server state")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny settings (2 %% data, logreg, 2 + 1 rounds), own results")
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.refine_rounds, args.workdir = 2, 1, args.workdir / "smoke"
+    results = RESULTS / "smoke" if args.smoke else RESULTS
+    results.mkdir(parents=True, exist_ok=True)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    summary = [run_strategy(strategy, args, results) for strategy in args.strategies.split(",")]
+    (results / f"summary-seed{args.seed}.json").write_text(json.dumps(summary, indent=1))
+    print_table(summary)
+
+
+if __name__ == "__main__":
+    main()
