@@ -11,7 +11,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install demo test protos clean
+.PHONY: install demo test docs docs-serve protos clean
 
 install: $(VENV)/.installed $(FMNIST)
 
@@ -49,8 +49,22 @@ demo: install
 test: install $(CHROMIUM)
 	$(BIN)/python -m pytest -q tests
 
+# The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is): a few minutes.
+test-fast: install
+	$(BIN)/python -m pytest -q tests/unit tests/component
+
+# The documentation site (mkdocs.yml, docs/): the configuration reference regenerated from the declared keys, then a
+# strict build into site/ (a broken link, a missing page or anchor fails it); docs-serve previews it on 127.0.0.1:8000.
+docs: install
+	$(BIN)/python docs/gen_config.py
+	$(BIN)/mkdocs build --strict
+
+docs-serve: install
+	$(BIN)/python docs/gen_config.py
+	$(BIN)/mkdocs serve
+
 protos:
-	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=protos --pyi_out=protos protos/payloads.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. fedbayes/protos/common.proto fedbayes/protos/payloads.proto
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site

@@ -12,6 +12,7 @@ gradient of the *mean* minibatch loss: divide sum-loss quantities by `ess`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import pow
 
 import ivon
@@ -88,6 +89,21 @@ class IVONWithPrior(ivon.IVON):
         for p in group["params"]:
             p.data = mean[offset : offset + p.numel()].view(p.shape).clone()
             offset += p.numel()
+
+    # ---- what carries over from one round's optimizer to the next ------------------------------------------------
+    def carried_state(self) -> dict[str, Tensor]:
+        """The gradient momentum, the Hessian estimate and the step count, on the CPU: what `carry_on` continues
+        from in a later optimizer (a BayesADMM client keeps them in its durable state between rounds)."""
+        group = self._group
+        return {"momentum": group["momentum"].cpu(), "hess": group["hess"].cpu(),
+                "step": torch.tensor([self.current_step])}
+
+    def carry_on(self, state: Mapping[str, Tensor]) -> None:
+        """Continue from an earlier optimizer's `carried_state()`."""
+        group = self._group
+        group["momentum"] = state["momentum"].to(self._device, self._dtype)
+        group["hess"] = state["hess"].to(self._device, self._dtype)
+        self.current_step = int(state["step"].item())
 
     @torch.no_grad()
     def _update(self) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
-from fedbayes.protos.codec import TensorLayout, Tensors
+# What a receiver expects in one tensor group: ordered name -> shape (float32 unless stated).
+TensorLayout = Mapping[str, tuple[int, ...]]
+Tensors = dict[str, np.ndarray]  # ordered name -> array
 
 
 def parameter_layout(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

@@ -27,12 +27,12 @@ from flwr.app import Error  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedbayes.protos.codec import encode  # noqa: E402
-from fedbayes.strategies import feddyn  # noqa: E402
-from tests import rogue  # noqa: E402
-from tests.helpers import declared_payload, reply_message  # noqa: E402
-from tests.inprocess import FakeGrid, InProcessFederation  # noqa: E402
-from tests.rogue import UPDATE_GROUP  # noqa: E402
-from tests.test_rogue_clients import SIZES, overrides  # noqa: E402
+from fedbayes.strategies.feddyn.client import LAMBDA_KEY  # noqa: E402
+from tests.support import rogue  # noqa: E402
+from tests.support import declared_payload, reply_message  # noqa: E402
+from tests.support import FakeGrid, InProcessFederation  # noqa: E402
+from tests.support.rogue import UPDATE_GROUP  # noqa: E402
+from tests.support.rogue import SIZES, overrides  # noqa: E402
 
 ROGUE_ROUNDS = 4
 MAX_FAILED_ROUNDS = 3  # the run-config default
@@ -76,23 +76,23 @@ def rogue_reply(federation: InProcessFederation, content, attack: str, server_ro
         first = next(iter(payload.tensors["dual_mean"]))
         payload.tensors["dual_mean"][first] = payload.tensors["dual_mean"][first].copy()
         payload.tensors["dual_mean"][first].flat[1] += 1e3
-        content = encode(payload.message, payload.tensors)
+        content = encode(payload.envelope, payload.message, payload.tensors)
     return content
 
 
 def run_cell(strategy: str, attack: str, root: Path) -> dict:
     make, extra, _ = ATTACKS[attack]
     federation = InProcessFederation(root, {**overrides(strategy), "fraction-train": 1.0, **extra}, sizes=SIZES)
-    server, nodes = federation.server, [1, 2, 3]
+    core, nodes = federation.core, [1, 2, 3]
     federation.round(1, nodes)
     outcome = {"strategy": strategy, "attack": attack, "rounds": [], "reason": ""}
     for server_round in range(2, 2 + ROGUE_ROUNDS):
         if make is None and server_round == 2:  # the client's own durable λ_k is edited between rounds
             store = federation.runtimes[1].state_store("fed")
-            state = store.load(server.accepted_rounds["client-1"], for_round=server_round)
-            state.tensors[feddyn.LAMBDA_KEY] = state.tensors[feddyn.LAMBDA_KEY] * 1000
-            store.save(state, server.accepted_rounds["client-1"], accepted_round=server.accepted_rounds["client-1"])
-        messages = list(server.configure_train(server_round, federation.arrays, None, FakeGrid(nodes)))
+            state = store.load(core.accepted_rounds["client-1"], for_round=server_round)
+            state.tensors[LAMBDA_KEY] = state.tensors[LAMBDA_KEY] * 1000
+            store.save(state, core.accepted_rounds["client-1"], accepted_round=core.accepted_rounds["client-1"])
+        messages = core.configure(server_round, federation.arrays, FakeGrid(nodes))
         replies, rogue_sent = [], False
         for message in messages:
             node = message.metadata.dst_node_id
@@ -105,9 +105,9 @@ def run_cell(strategy: str, attack: str, root: Path) -> dict:
             if node == 1 and make is not None:
                 content = rogue_reply(federation, content, attack, server_round)
             replies.append(reply_message(content, node))
-        arrays, _ = server.aggregate_train(server_round, replies)
+        arrays, _ = core.aggregate(server_round, replies)
         federation.arrays = arrays if arrays is not None else federation.arrays
-        report = server.round_report
+        report = core.round_report
         honest = sorted(c for c in report.accepted if c != "client-1")
         rogue_label = "client 'client-1' (node 1)"
         if rogue_label in report.rejected and not outcome["reason"]:

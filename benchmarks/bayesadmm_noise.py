@@ -28,37 +28,39 @@ from fedbayes.bayes.metrics import predict_probs  # noqa: E402
 from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
 from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
 from reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.strategies.bayesadmm import BayesADMM, client_update  # noqa: E402
-from fedbayes.tasks.config import RunSettings, pyproject_run_config  # noqa: E402
+from fedbayes.server.round_core import RoundCore  # noqa: E402
+from fedbayes.strategies.bayesadmm.server import BayesADMM# noqa: E402
+from fedbayes.strategies.bayesadmm.client import client_update# noqa: E402
+from fedbayes.strategies import default_run_config, run_settings  # noqa: E402
 from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from tests.helpers import reply_message  # noqa: E402
-from tests.inprocess import FakeGrid  # noqa: E402
+from tests.support import reply_message  # noqa: E402
+from tests.support import FakeGrid  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
 CLIENTS = 10
 
 
 def run(noise: str, rounds: int, seed: int, state_dir: Path) -> list[dict]:
-    config = {**pyproject_run_config(Path(__file__).resolve().parents[1] / "pyproject.toml"), **COMMON,
+    config = {**default_run_config(), **COMMON,
               **PRESETS[("bayesadmm", "iid")], "strategy": "bayesadmm", "fraction": 0.1, "split": "iid", "seed": seed,
               "noise": noise, "federation": f"noise-{noise}", "num-server-rounds": rounds}
-    settings = RunSettings.from_run_config(config)
+    settings = run_settings(config)
     runtimes = {}
     for node in range(1, CLIENTS + 1):
         torch.manual_seed(seed)
         runtimes[node] = ClientRuntime.create(settings, NodeSettings(
             f"client-{node - 1}", node - 1, CLIENTS, "", str(state_dir / noise), "cpu"))
     model = runtimes[1].model
-    server = BayesADMM(settings, runtimes[1].layout)
+    server = RoundCore(settings, BayesADMM(settings, runtimes[1].layout))
     arrays = ArrayRecord({n: Array(v) for n, v in get_parameters(model).items()})
     test = load_dataset("fmnist", train=False).scaled(settings.input_scale)
     rows = []
     for server_round in range(1, rounds + 1):
         started = time.monotonic()
-        messages = list(server.configure_train(server_round, arrays, None, FakeGrid(runtimes)))
+        messages = server.configure(server_round, arrays, FakeGrid(runtimes))
         replies = [reply_message(client_update(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
                    for m in messages]
-        arrays, metrics = server.aggregate_train(server_round, replies)
+        arrays, metrics = server.aggregate(server_round, replies)
         set_parameters(model, {n: arrays[n].numpy() for n in arrays})
         probs = predict_probs(model, test.images, 2000, torch.device("cpu"))
         accuracy = (probs.argmax(1) == test.labels).double().mean().item()

@@ -31,15 +31,15 @@ from fedbayes.bayes.params import flatten, get_parameters, unflatten  # noqa: E4
 from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
 from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
 from fedbayes.protos.codec import encode, new_header  # noqa: E402
-from fedbayes.strategies import get_algorithm  # noqa: E402
-from fedbayes.tasks.config import RunSettings, pyproject_run_config  # noqa: E402
+from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings  # noqa: E402
+from fedbayes.strategies import get_algorithm, default_run_config, run_settings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client_cost.json"
 
 
 def runtime_for(strategy: str, epochs: int, state_dir: str) -> ClientRuntime:
-    defaults = pyproject_run_config(ROOT / "pyproject.toml")
-    settings = RunSettings.from_run_config({**defaults, "strategy": strategy, "fraction": 0.1, "local-epochs": epochs})
+    defaults = default_run_config()
+    settings = run_settings({**defaults, "strategy": strategy, "fraction": 0.1, "local-epochs": epochs})
     node = NodeSettings.from_node_config(
         {"partition-id": 0, "num-partitions": 10, "state-dir": state_dir}, default_device="cpu"
     )
@@ -49,27 +49,25 @@ def runtime_for(strategy: str, epochs: int, state_dir: str) -> ClientRuntime:
 def fedavg_instruction(runtime: ClientRuntime, server_round: int):
     settings = runtime.settings
     message = pb.FedAvgInstruction(
-        header=new_header(settings.federation, server_round),
         training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
                                   learning_rate=settings.lr, optimizer="adam", seed=0),
     )
-    return encode(message, {"weights": get_parameters(runtime.model)})
+    return encode(pb.Instruction(header=new_header(settings.federation, server_round)), message, {"weights": get_parameters(runtime.model)})
 
 
 def bayesadmm_instruction(runtime: ClientRuntime, server_round: int):
     settings = runtime.settings
+    hp = settings.hyperparameters(BayesADMMSettings)
     mean = torch.from_numpy(flatten(get_parameters(runtime.model), runtime.layout))
-    global_ = Gaussian(mean, torch.full_like(mean, settings.prior_precision))
+    global_ = Gaussian(mean, torch.full_like(mean, hp.prior_precision))
     message = pb.BayesADMMInstruction(
-        header=new_header(settings.federation, server_round),
         training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
                                   learning_rate=5e-5, optimizer="ivon", seed=0),
-        family="diagonal", rho=settings.rho, dual_step=settings.rho * settings.dual_damping,
-        temperature=settings.temperature,
-        hess_init=settings.hess_init, beta1=settings.beta1, beta2=settings.beta2, mc_samples=1,
+        family="diagonal", rho=hp.rho, dual_step=hp.rho * hp.dual_damping, temperature=hp.temperature,
+        hess_init=hp.hess_init, beta1=hp.beta1, beta2=hp.beta2, mc_samples=1,
         rescale_lr=False, reset_posterior=True,
     )
-    return encode(message, {
+    return encode(pb.Instruction(header=new_header(settings.federation, server_round)), message, {
         "global_mean": unflatten(global_.mean.numpy(), runtime.layout),
         "global_precision": unflatten(global_.precision.numpy(), runtime.layout),
     })
@@ -78,26 +76,24 @@ def bayesadmm_instruction(runtime: ClientRuntime, server_round: int):
 def feddyn_instruction(runtime: ClientRuntime, server_round: int):
     settings = runtime.settings
     message = pb.FedDynInstruction(
-        header=new_header(settings.federation, server_round),
         training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
                                   learning_rate=settings.lr, optimizer="adam", weight_decay=1e-4, seed=0),
         alpha=0.01, known_clients=10, known_examples=10 * len(runtime.data.labels),
     )
-    return encode(message, {"global_weights": get_parameters(runtime.model)})
+    return encode(pb.Instruction(header=new_header(settings.federation, server_round)), message, {"global_weights": get_parameters(runtime.model)})
 
 
 def fedlap_instruction(runtime: ClientRuntime, server_round: int):
     settings = runtime.settings
     covariance = settings.strategy == "fedlap-cov"
     message = pb.FedLapInstruction(
-        header=new_header(settings.federation, server_round),
         training=pb.LocalTraining(epochs=settings.local_epochs, batch_size=settings.batch_size,
                                   learning_rate=settings.lr, optimizer="adam", seed=0),
         prior_precision=1.0, known_clients=10, known_examples=10 * len(runtime.data.labels), covariance=covariance,
     )
     weights = get_parameters(runtime.model)
     precision = {name: np.ones_like(value) for name, value in weights.items()} if covariance else {}
-    return encode(message, {"global_mean": weights, "global_precision": precision})
+    return encode(pb.Instruction(header=new_header(settings.federation, server_round)), message, {"global_mean": weights, "global_precision": precision})
 
 
 INSTRUCTIONS = {"fedavg": fedavg_instruction, "bayesadmm": bayesadmm_instruction, "feddyn": feddyn_instruction,
@@ -109,7 +105,7 @@ LABELS = {"fedavg": "FedAvg (Adam)", "bayesadmm": "BayesADMM (IVON + duals)", "f
 def time_rounds(strategy: str, build, epochs: int, repeats: int) -> list[float]:
     with tempfile.TemporaryDirectory() as state_dir:
         runtime = runtime_for(strategy, epochs, state_dir)
-        update = get_algorithm(strategy).client_update
+        update = get_algorithm(strategy).client_half()
         seconds = []
         for server_round in range(1, repeats + 2):
             content = build(runtime, server_round)

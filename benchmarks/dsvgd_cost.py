@@ -38,9 +38,8 @@ from fedbayes.bayes.params import parameter_layout  # noqa: E402
 from payload_codec import deflate_message, inflate_message, new_message  # noqa: E402
 from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
 from fedbayes.protos.codec import decode, encode, new_header, payload_bytes  # noqa: E402
-from fedbayes.strategies.dsvgd import (  # noqa: E402
-    MinibatchLossGradient, SVGDSettings, distill, gaussian_prior_score, initial_particles, tilted_update,
-)
+from fedbayes.strategies.dsvgd.client import MinibatchLossGradient  # noqa: E402
+from fedbayes.strategies.dsvgd.math import SVGDSettings, distill, gaussian_prior_score, initial_particles, tilted_update  # noqa: E402
 from fedbayes.tasks.datasets import Dataset  # noqa: E402
 from fedbayes.tasks.models import build_model  # noqa: E402
 
@@ -89,11 +88,13 @@ def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
     layout = {"particles": (count, size)}
     header = new_header("bench", 1)
     header.accepted_rounds["client-0"] = 1  # a node is told its own client's accepted round
-    instruction = pb.DSVGDInstruction(header=header, local_steps=200, distill_steps=200)
+    envelope, instruction = pb.Instruction(header=header), pb.DSVGDInstruction(local_steps=200, distill_steps=200)
 
     def hop() -> None:
-        message_id, contents = deflate_message(new_message(encode(instruction, {"particles": {"particles": particles}})))
-        decode(inflate_message(message_id, contents).content, pb.DSVGDInstruction, {"particles": layout}, "bench")
+        content = encode(envelope, instruction, {"particles": {"particles": particles}})
+        message_id, contents = deflate_message(new_message(content))
+        decode(inflate_message(message_id, contents).content, pb.Instruction, pb.DSVGDInstruction, {"particles": layout},
+               "bench")
 
     hop()
     times = []
@@ -101,7 +102,7 @@ def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
         started = time.perf_counter()
         hop()
         times.append(time.perf_counter() - started)
-    size_bytes = payload_bytes(encode(instruction, {"particles": {"particles": particles}}))
+    size_bytes = payload_bytes(encode(envelope, instruction, {"particles": {"particles": particles}}))
     return {"payload_bytes": size_bytes, "serialise_hop_seconds": statistics.median(times),
             "link_100mbit_seconds": size_bytes * 8 / 100e6, "link_1gbit_seconds": size_bytes * 8 / 1e9}
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fedbayes.strategies.dsvgd import SVGDSettings, agent_round, gaussian_prior_score  # noqa: E402
+from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score# noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd_toy2d.json"
 PRIOR_VARIANCE = 4.0

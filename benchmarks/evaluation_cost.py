@@ -38,7 +38,7 @@ from flwr.app import Array, ArrayRecord
 from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
 from fedbayes.server.loop import yield_cpu
 from fedbayes.tasks.compute import resolve_device
-from fedbayes.tasks.config import RunSettings, default_run_config
+from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model
 
@@ -68,7 +68,7 @@ def evaluation(model_name: str, test: Dataset, samples: int, threads: int, batch
     config = default_run_config() | {"model": model_name, "ensemble-samples": samples, "eval-threads": threads,
                                      "eval-batched": batched, "eval-fraction": 1.0, "num-server-rounds": 1,
                                      "device": device}
-    settings = with_evaluation_defaults(RunSettings.from_run_config(config), model, test.input_shape)
+    settings = with_evaluation_defaults(run_settings(config), model, test.input_shape)
     arrays = ArrayRecord({name: Array(value.detach().numpy().copy()) for name, value in model.state_dict().items()})
     return ServerEvaluation(model, test, GaussianSamples(model), settings, resolve_device(device)), arrays
 

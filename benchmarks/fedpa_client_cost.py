@@ -31,9 +31,9 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
 from fedbayes.client.training import train_epochs  # noqa: E402
 from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
 from fedbayes.protos.codec import encode, new_header  # noqa: E402
-from fedbayes.strategies import get_algorithm  # noqa: E402
-from fedbayes.strategies.fedpa import IASG, ShrinkageDelta  # noqa: E402
-from fedbayes.tasks.config import RunSettings, pyproject_run_config  # noqa: E402
+from fedbayes.strategies import get_algorithm, default_run_config, run_settings  # noqa: E402
+from fedbayes.strategies.fedpa.client import IASG# noqa: E402
+from fedbayes.strategies.fedpa.math import ShrinkageDelta# noqa: E402
 from fedbayes.tasks.datasets import Dataset  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fedpa_client_cost.json"
@@ -108,19 +108,20 @@ def synthetic_row(size: int, repeats: int, dense_limit: int) -> dict:
 
 
 def mlp_row(repeats: int) -> dict:
-    defaults = pyproject_run_config(ROOT / "pyproject.toml")
-    settings = RunSettings.from_run_config({**defaults, "strategy": "fedpa", "fraction": 0.1, "split": "dirichlet"})
+    defaults = default_run_config()
+    settings = run_settings({**defaults, "strategy": "fedpa", "fraction": 0.1, "split": "dirichlet"})
     node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 10, "state-dir": "/tmp"}, "cpu")
     runtime = ClientRuntime.create(settings, node)
     weights = get_parameters(runtime.model)
     training = pb.LocalTraining(epochs=5, batch_size=32, learning_rate=1e-3, optimizer="adam", seed=0)
-    fedavg = encode(pb.FedAvgInstruction(header=new_header("bench", 1), training=training), {"weights": weights})
+    envelope = pb.Instruction(header=new_header("bench", 1))
+    fedavg = encode(envelope, pb.FedAvgInstruction(training=training), {"weights": weights})
     sampling = pb.LocalTraining(epochs=5, batch_size=32, learning_rate=1e-3, optimizer="adam", seed=0)
-    fedpa = encode(pb.FedPAInstruction(header=new_header("bench", 1), training=sampling, sampling=True,
-                                       shrinkage=0.1, local_burnin_epochs=1, samples=4), {"weights": weights})
+    fedpa = encode(envelope, pb.FedPAInstruction(training=sampling, sampling=True, shrinkage=0.1, local_burnin_epochs=1,
+                                                 samples=4), {"weights": weights})
     return {"d": sum(v.size for v in weights.values()), "examples": len(runtime.data.labels),
-            "fedavg_ms": timed(lambda: get_algorithm("fedavg").client_update(fedavg, runtime), repeats),
-            "fedpa_dp_ms": timed(lambda: get_algorithm("fedpa").client_update(fedpa, runtime), repeats),
+            "fedavg_ms": timed(lambda: get_algorithm("fedavg").client_half()(fedavg, runtime), repeats),
+            "fedpa_dp_ms": timed(lambda: get_algorithm("fedpa").client_half()(fedpa, runtime), repeats),
             "fedpa_dense_ms": None}
 
 

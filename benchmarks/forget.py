@@ -55,14 +55,16 @@ from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa
 from fedbayes.bayes.params import flatten, get_parameters, set_parameters  # noqa: E402
 from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
 from fedbayes.protos.codec import payload_bytes  # noqa: E402
+from fedbayes.server.round_core import RoundCore  # noqa: E402
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore  # noqa: E402
 from fedbayes.server.forget import AuditLog, ForgetRequest, Forgetting  # noqa: E402
-from fedbayes.strategies import get_algorithm  # noqa: E402
-from fedbayes.tasks.config import RunSettings, default_run_config, round_seed  # noqa: E402
+from fedbayes.strategies import get_algorithm, run_settings  # noqa: E402
+from fedbayes.tasks.config import RunSettings, round_seed  # noqa: E402
+from fedbayes.strategies import default_run_config  # noqa: E402
 from fedbayes.tasks.datasets import Dataset, load_dataset  # noqa: E402
 from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
-from tests.helpers import reply_message  # noqa: E402
-from tests.inprocess import FakeGrid  # noqa: E402
+from tests.support import reply_message  # noqa: E402
+from tests.support import FakeGrid  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "forget"
 CLIENTS = 10
@@ -76,7 +78,7 @@ log = logging.getLogger("bench")
 
 def settings_for(strategy: str, seed: int, smoke: bool) -> RunSettings:
     preset = DSVGD_SETTING if strategy == "dsvgd" else {**COMMON, **PRESETS[(strategy, "dirichlet")]}
-    return RunSettings.from_run_config({
+    return run_settings({
         **default_run_config(strategy), **preset, **(SMOKE if smoke else {}), "strategy": strategy,
         "federation": FEDERATION, "fraction": 0.02 if smoke else 0.1, "split": "dirichlet", "seed": seed,
         "ensemble-samples": ENSEMBLE,
@@ -95,7 +97,7 @@ class Federation:
         self.model = build_model(settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden),
                                  settings.activation, settings.pool)
         self.layout = next(iter(self.runtimes.values())).layout
-        self.server = self.algorithm.server(settings, self.layout)
+        self.server = RoundCore(settings, self.algorithm.build_server(settings, self.layout))
         self.arrays = get_parameters(self.model)
         self.store = CheckpointStore(directory / "server-state", FEDERATION, {}, keep=1)
 
@@ -103,10 +105,10 @@ class Federation:
         """One round; its seconds, bytes on the wire and accepted clients."""
         started = time.perf_counter()
         record = ArrayRecord({name: Array(value) for name, value in self.arrays.items()})
-        messages = list(self.server.configure_train(server_round, record, None, FakeGrid(self.runtimes)))
-        replies = [reply_message(self.algorithm.client_update(m.content, self.runtimes[m.metadata.dst_node_id]),
+        messages = self.server.configure(server_round, record, FakeGrid(self.runtimes))
+        replies = [reply_message(self.algorithm.client_half()(m.content, self.runtimes[m.metadata.dst_node_id]),
                                  m.metadata.dst_node_id) for m in messages]
-        updated, _ = self.server.aggregate_train(server_round, replies)
+        updated, _ = self.server.aggregate(server_round, replies)
         if updated is not None:
             self.arrays = {name: updated[name].numpy() for name in updated}
         wire = sum(payload_bytes(m.content) for m in messages) + sum(payload_bytes(r.content) for r in replies)

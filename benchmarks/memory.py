@@ -40,7 +40,8 @@ for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"),
     os.environ.setdefault(_name, _value)
 
 from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.deploy.processes import command_line, descendants, processes_with_env  # noqa: E402
+from fedbayes.deploy.processes import command_line  # noqa: E402
+from tests.support.processes import descendants, processes_with_env  # noqa: E402
 
 OUTPUT = REPO / "benchmarks" / "results" / "memory.json"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

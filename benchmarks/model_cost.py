@@ -81,45 +81,46 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
 
     from fedbayes.bayes.params import get_parameters, parameter_layout
     from fedbayes.client.runtime import ClientRuntime, NodeSettings
+    from fedbayes.server.round_core import RoundCore
     from fedbayes.strategies import get_algorithm
     from fedbayes.tasks.compute import resolve_device
-    from fedbayes.tasks.config import RunSettings, pyproject_run_config
+    from fedbayes.strategies import default_run_config, run_settings
     from fedbayes.tasks.datasets import load_dataset
     from fedbayes.tasks.models import build_model
-    from tests.helpers import reply_message
+    from tests.support import reply_message
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # messages made outside a Flower run
     batch = 64
     steps = epochs * math.ceil(examples / batch)
-    config = {**pyproject_run_config(ROOT / "pyproject.toml"), "federation": "cost", "strategy": strategy,
+    config = {**default_run_config(), "federation": "cost", "strategy": strategy,
               "model": model, "local-epochs": epochs, "batch-size": batch, "samples": epochs, "particles": particles,
               "local-steps": steps, "distill-steps": steps, "server-steps": 1,  # P-DSVGD's server half is not timed
               "device": device, **PRESETS.get(strategy, {})}
-    settings = RunSettings.from_run_config(config)
+    settings = run_settings(config)
     data = load_dataset("fmnist", train=True).subset(range(examples))
     torch.manual_seed(0)
     network = build_model(model, data.input_shape, data.num_classes)
     layout = parameter_layout(network)
     algorithm = get_algorithm(strategy)
-    server = algorithm.server(settings, layout)
+    server = RoundCore(settings, algorithm.build_server(settings, layout))
     arrays = ArrayRecord({name: Array(value) for name, value in get_parameters(network).items()})
     target = resolve_device(device)
     with tempfile.TemporaryDirectory() as state_dir:
         node = NodeSettings("client-0", 0, 1, "", state_dir, device)
         runtime = ClientRuntime(settings, node, data, network, layout, target)
         for server_round in (1, 2):
-            (message,) = server.configure_train(server_round, arrays, None, _Grid())
+            (message,) = server.configure(server_round, arrays, _Grid())
             if target.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             clock = time.perf_counter if target.type == "cuda" else time.process_time
             with PeakRSS() as memory:
                 started = clock()
-                reply = algorithm.client_update(message.content, runtime)
+                reply = algorithm.client_half()(message.content, runtime)
                 if target.type == "cuda":
                     torch.cuda.synchronize()
                 seconds = clock() - started
-            arrays, _ = server.aggregate_train(server_round, [reply_message(reply, 1)])
+            arrays, _ = server.aggregate(server_round, [reply_message(reply, 1)])
             if arrays is None:
                 raise RuntimeError(f"{strategy} on {model}: the server rejected round {server_round}")
     result = {"model": model, "strategy": strategy, "parameters": sum(math.prod(s) for s in layout.values()),

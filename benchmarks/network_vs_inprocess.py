@@ -66,8 +66,9 @@ from flwr.app import Context, Message, RecordDict  # noqa: E402
 
 from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
 from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.deploy.processes import command_line, processes_with_env  # noqa: E402
-from fedbayes.tasks.config import default_run_config  # noqa: E402
+from fedbayes.deploy.processes import command_line  # noqa: E402
+from tests.support.processes import processes_with_env  # noqa: E402
+from fedbayes.strategies import default_run_config  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 METRICS = ("accuracy", "nll", "ece", "accuracy_ensemble", "nll_ensemble", "ece_ensemble", "train_loss")

@@ -2,7 +2,7 @@
 
 What is measured (median of `--repeats` runs, reported in MB/s of float32 payload, 1 MB = 1e6 bytes):
 
-  codec encode          protos.codec.encode(FedAvgReply, {"weights": ...}) -> RecordDict
+  codec encode          protos.codec.encode(Reply, FedAvgReply, {"weights": ...}) -> RecordDict
   codec decode          protos.codec.decode(...) -> Payload, incl. schema/shape/finiteness checks
   codec encode+decode   both, timed together
   flower deflate        what Grid.push_messages / the SuperNode do before sending: compute every
@@ -89,8 +89,8 @@ def make_weights(megabytes: float, count: int, seed: int) -> dict[str, np.ndarra
     return {f"layer{i}": rng.standard_normal(floats_each, dtype=np.float32) for i in range(count)}
 
 
-def make_reply() -> pb.FedAvgReply:
-    return pb.FedAvgReply(
+def make_reply() -> pb.Reply:
+    return pb.Reply(
         header=new_header("benchmark", server_round=1, client_id="client-0"),
         num_examples=6000,
         train_loss=0.5,
@@ -99,11 +99,11 @@ def make_reply() -> pb.FedAvgReply:
 
 
 def encode_reply(weights: dict[str, np.ndarray]) -> RecordDict:
-    return encode(make_reply(), {"weights": weights})
+    return encode(make_reply(), pb.FedAvgReply(), {"weights": weights})
 
 
 def decode_reply(content: RecordDict, layout: dict[str, tuple[int, ...]]) -> None:
-    decode(content, pb.FedAvgReply, {"weights": layout}, sender="client-0")
+    decode(content, pb.Reply, pb.FedAvgReply, {"weights": layout}, sender="client-0")
 
 
 def new_message(content: RecordDict) -> Message:
@@ -208,7 +208,7 @@ def check_round_trip(weights: dict[str, np.ndarray]) -> int:
     message_id, contents = deflate_message(new_message(encode_reply(weights)))
     received = inflate_message(message_id, contents)
     layout = {name: value.shape for name, value in weights.items()}
-    payload = decode(received.content, pb.FedAvgReply, {"weights": layout}, sender="client-0")
+    payload = decode(received.content, pb.Reply, pb.FedAvgReply, {"weights": layout}, sender="client-0")
     for name, value in weights.items():
         if not np.array_equal(payload.tensors["weights"][name], value):
             raise AssertionError(f"{name} changed in transit")

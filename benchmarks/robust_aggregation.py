@@ -41,13 +41,15 @@ from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
 from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa: E402
 from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
 from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from fedbayes.strategies import get_algorithm  # noqa: E402
-from fedbayes.tasks.config import RunSettings, default_run_config  # noqa: E402
+from fedbayes.server.round_core import RoundCore  # noqa: E402
+from fedbayes.strategies import get_algorithm, run_settings  # noqa: E402
+from fedbayes.tasks.config import RunSettings  # noqa: E402
+from fedbayes.strategies import default_run_config  # noqa: E402
 from fedbayes.tasks.datasets import load_dataset  # noqa: E402
 from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
-from tests.helpers import reply_message  # noqa: E402
-from tests import rogue  # noqa: E402
-from tests.inprocess import FakeGrid  # noqa: E402
+from tests.support import reply_message  # noqa: E402
+from tests.support import rogue  # noqa: E402
+from tests.support import FakeGrid  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "robust_aggregation"
 CLIENTS = 10
@@ -59,7 +61,7 @@ RULES = {"fedavg": ("none", "clip", "median", "trimmed-mean"), "feddyn": ("none"
 
 
 def settings_for(strategy: str, rule: str, rounds: int, seed: int) -> RunSettings:
-    return RunSettings.from_run_config({
+    return run_settings({
         **default_run_config(strategy), **COMMON, **PRESETS[(strategy, "dirichlet")], "strategy": strategy,
         "federation": "bench", "fraction": 0.1, "split": "dirichlet", "seed": seed, "num-server-rounds": rounds,
         "robust-aggregation": rule, "ensemble-samples": 0,
@@ -96,25 +98,26 @@ def run(strategy: str, rule: str, attack: str, rounds: int, seed: int, reference
         elif attack == "shuffled":
             runtimes[bad] = with_shuffled_labels(runtimes[bad], seed)
         layout = runtimes[next(iter(runtimes))].layout
-        server = algorithm.server(settings, layout)
+        server = algorithm.build_server(settings, layout)
+        core = RoundCore(settings, server)
         for server_round in range(1, rounds + 1):
             started = time.perf_counter()
-            messages = list(server.configure_train(server_round, arrays, None, FakeGrid(runtimes)))
+            messages = core.configure(server_round, arrays, FakeGrid(runtimes))
             replies = []
             for message in messages:
                 node = message.metadata.dst_node_id
-                content = algorithm.client_update(message.content, runtimes[node])
+                content = algorithm.client_half()(message.content, runtimes[node])
                 if node == bad and attack in ("scaled", "sign-flip") and not reference_run:
                     factor = SCALE if attack == "scaled" else SIGN_FLIP
                     reference = rogue.sent_reference(server, layout, runtimes[bad].node.client_id)
                     change = rogue.scaled_update(reference, rogue.UPDATE_GROUP[strategy], factor)
                     content = rogue.consistent_reply(server, content, change, server_round)
                 replies.append(reply_message(content, node))
-            updated, _ = server.aggregate_train(server_round, replies)
+            updated, _ = core.aggregate(server_round, replies)
             arrays = updated if updated is not None else arrays
             set_parameters(model, {name: arrays[name].numpy() for name in arrays})
             metrics = classification_metrics(predict_probs(model, test.images, 2000, torch.device("cpu")), test.labels)
-            report = server.round_report
+            report = core.round_report
             rows.append({"round": server_round, **metrics, "accepted": len(report.accepted),
                          "rejected": sorted(report.rejected), "quarantined": sorted(report.quarantined),
                          "bad_client": runtimes.get(bad, None) and runtimes[bad].node.client_id,

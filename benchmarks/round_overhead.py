@@ -109,10 +109,11 @@ started = time.perf_counter()
 import flwr.app, client.app
 imported = time.perf_counter()
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
-from fedbayes.tasks.config import RunSettings, pyproject_run_config
-config = pyproject_run_config("pyproject.toml")
+from fedbayes.tasks.config import RunSettings
+from fedbayes.strategies import default_run_config, run_settings
+config = default_run_config()
 config.update(json.loads(sys.argv[1]))
-settings = RunSettings.from_run_config(config)
+settings = run_settings(config)
 with tempfile.TemporaryDirectory() as state_dir:
     node = NodeSettings.from_node_config(
         {"partition-id": 0, "num-partitions": int(sys.argv[2]), "state-dir": state_dir}, settings.device

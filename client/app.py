@@ -18,9 +18,8 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.client.state import ClientStateStore
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size, decode_header, encode, new_header
-from fedbayes.strategies import get_algorithm
+from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads
-from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.slots import compute_slot
 
 app = ClientApp()
@@ -34,7 +33,7 @@ def train(message: Message, context: Context) -> Message:
 
 def _train(message: Message, context: Context) -> Message:
     configure_threads()
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = run_settings(context.run_config)
     node = NodeSettings.from_node_config(context.node_config, default_device=settings.device)
     check_payload_size(message.content, settings.max_payload_mb, sender="server")
     if node.leave_and_forget:
@@ -48,7 +47,7 @@ def _train(message: Message, context: Context) -> Message:
     setup = time.perf_counter() - started
     log(INFO, "%s: %d examples, training on %s", node.client_id, len(runtime.data.labels), describe(runtime.device))
     started = time.perf_counter()
-    reply = get_algorithm(settings.strategy).client_update(message.content, runtime)
+    reply = get_algorithm(settings.strategy).client_half()(message.content, runtime)
     # Where this client's part of the round went: data/model setup, the whole update (decode, state, train,
     # encode; the reply's compute_seconds is the training alone), the durable state's load and save.
     reply[TIMINGS_KEY] = ConfigRecord({"setup": setup, "update": time.perf_counter() - started, **runtime.timings})
@@ -68,7 +67,7 @@ def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
             store.directory, marker)
     else:
         log(INFO, "%s: asking the server to forget this client (round %d)", node.client_id, header.server_round)
-    return encode(pb.LeaveAndForget(header=new_header(header.federation, header.server_round, node.client_id)), {})
+    return encode(pb.LeaveAndForget(header=new_header(header.federation, header.server_round, node.client_id)), None, {})
 
 
 def describe(device: torch.device) -> str:

@@ -1,7 +1,8 @@
 """The client's round core, shared by every strategy's client half: decode and check the instruction, check the
 model, load the durable state the server's accepted rounds point to, run the algorithm's `local_update`, commit
-the new state, build the reply's header and encode it. The algorithm supplies only `local_update`, from what the
-instruction says: a client never reads the run config to learn what the server meant."""
+the new state, and wrap its reply in a Reply envelope (header, num_examples, train_loss, compute_seconds,
+resumed_from_round, the model's buffers). The algorithm supplies only `local_update`, from what the instruction
+says: a client never reads the run config to learn what the server meant."""
 
 from __future__ import annotations
 
@@ -13,25 +14,28 @@ import torch
 from flwr.app import RecordDict
 from google.protobuf.message import Message as ProtoMessage
 
-from fedbayes.bayes.params import get_parameters, set_parameters
+from fedbayes.bayes.params import TensorLayout, get_parameters, set_parameters
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.state import ClientState
-from fedbayes.protos.codec import TensorLayout, decode, encode, new_header
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header, register_message_types
 
 
 @dataclass
 class LocalRound:
-    """What `local_update` works from: the decoded instruction, its tensors, this client's runtime (data, model,
-    device) and its durable state after the last round the server accepted (None: first round, or lost)."""
+    """What `local_update` works from: the decoded instruction (the strategy's message), its tensors, its envelope's
+    header, this client's runtime (data, model, device) and its durable state after the last round the server
+    accepted (None: first round, or lost)."""
 
     instruction: ProtoMessage
     tensors: Mapping[str, Mapping[str, np.ndarray]]
+    header: pb.Header
     runtime: ClientRuntime
     stored: ClientState | None
 
     @property
     def server_round(self) -> int:
-        return self.instruction.header.server_round
+        return self.header.server_round
 
     @property
     def num_examples(self) -> int:
@@ -40,11 +44,14 @@ class LocalRound:
 
 @dataclass
 class LocalResult:
-    """`local_update`'s answer: the reply message (the core fills in its header, num_examples and, for a
-    stateful half, resumed_from_round), its tensor groups, and the durable state to commit (stateful halves)."""
+    """`local_update`'s answer: the strategy's reply message and its tensor groups, what every reply reports (the
+    last epoch's mean training loss, the seconds of pure local compute), and the durable state to commit (stateful
+    halves). The core wraps the reply in its envelope."""
 
     reply: ProtoMessage
     tensors: Mapping[str, Mapping[str, np.ndarray]]
+    train_loss: float
+    compute_seconds: float
     state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -52,7 +59,7 @@ class LocalResult:
 class ClientHalf:
     """A strategy's client half: `ClientHalf(...)(content, runtime)` turns an instruction into a reply.
 
-    instruction_type  the protobuf message the server sends
+    instruction_type  the protobuf message the server sends (registered with the codec as an envelope body)
     local_update      LocalRound -> LocalResult: the algorithm's local step
     layouts           (instruction, model layout) -> the layout of every tensor group of the instruction
     stateful          the half keeps durable state between rounds (client/state.py)
@@ -66,22 +73,27 @@ class ClientHalf:
     layouts: Callable[[ProtoMessage, TensorLayout], Mapping[str, TensorLayout]]
     stateful: bool = False
 
+    def __post_init__(self) -> None:
+        register_message_types(self.instruction_type)
+
     def __call__(self, content: RecordDict, runtime: ClientRuntime) -> RecordDict:
         def layouts(message: ProtoMessage) -> dict[str, TensorLayout]:
             return {**self.layouts(message, runtime.layout), "buffers": runtime.buffer_layout}
 
-        payload = decode(content, self.instruction_type, layouts, sender="server")
-        header = payload.message.header
+        payload = decode(content, pb.Instruction, self.instruction_type, layouts, sender="server")
+        header = payload.header
         set_parameters(runtime.model, payload.tensors["buffers"])  # the global buffers; training updates them
         stored = runtime.load_state(header) if self.stateful else None
-        result = self.local_update(LocalRound(payload.message, payload.tensors, runtime, stored))
-        result.tensors = {**result.tensors, "buffers": get_parameters(runtime.model, runtime.buffer_layout)}
+        result = self.local_update(LocalRound(payload.message, payload.tensors, header, runtime, stored))
         if self.stateful:
             runtime.save_state(header, ClientState(result.state, {"federation": header.federation}))
-            result.reply.resumed_from_round = stored.round if stored is not None else 0
-        result.reply.header.CopyFrom(new_header(header.federation, header.server_round, runtime.node.client_id))
-        result.reply.num_examples = len(runtime.data.labels)
-        return encode(result.reply, result.tensors)
+        envelope = pb.Reply(
+            header=new_header(header.federation, header.server_round, runtime.node.client_id),
+            num_examples=len(runtime.data.labels), train_loss=result.train_loss,
+            compute_seconds=result.compute_seconds, resumed_from_round=stored.round if stored is not None else 0,
+        )
+        buffers = get_parameters(runtime.model, runtime.buffer_layout)
+        return encode(envelope, result.reply, {**result.tensors, "buffers": buffers})
 
 
 def model_layouts(*groups: str) -> Callable[[ProtoMessage, TensorLayout], dict[str, TensorLayout]]:

@@ -18,9 +18,10 @@ from flwr.common import log
 from fedbayes.bayes.params import buffer_layout, parameter_layout
 from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import TensorLayout
+from fedbayes.bayes.params import TensorLayout
 from fedbayes.tasks.compute import resolve_device
-from fedbayes.tasks.config import ConfigError, RunSettings, _is_safe_name, round_seed
+from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
+from fedbayes.tasks.storage import is_safe_name
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.npzdata import load_data_path, load_npz_partition
@@ -63,7 +64,7 @@ class NodeSettings:
                 f"got partition-id={partition_id}, num-partitions={num_partitions}"
             )
         client_id = str(node_config.get("client-id", f"client-{partition_id}"))
-        if not _is_safe_name(client_id):
+        if not is_safe_name(client_id):
             raise ConfigError(f"node config 'client-id' must match [A-Za-z0-9._-]+, got {client_id!r}")
         return cls(
             client_id=client_id,

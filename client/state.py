@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors
 
-from fedbayes.tasks.storage import write_atomically
+from fedbayes.tasks.storage import is_safe_name, write_atomically
 
 MAX_UNCONFIRMED = 4  # states after the accepted round kept for the server to accept (or roll back past)
 _STATE_FILE = re.compile(r"round-(\d+)\.safetensors")
@@ -59,7 +59,7 @@ class ClientState:
 class ClientStateStore:
     def __init__(self, root: str | Path, federation: str, client_id: str) -> None:
         for what, name in (("federation", federation), ("client id", client_id)):
-            if not name or name in (".", "..") or not all(c.isalnum() or c in "._-" for c in name):
+            if not is_safe_name(name):
                 raise ValueError(f"{what} {name!r} is not a safe directory name ([A-Za-z0-9._-]+)")
         self.federation = federation
         self.directory = Path(root) / federation / client_id

@@ -39,7 +39,8 @@ from fedbayes.deploy.cli import checked_number
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
 from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH  # the server refuses every reply from a longer id
-from fedbayes.tasks.config import NON_NEGATIVE, _is_safe_name
+from fedbayes.tasks.config import NON_NEGATIVE
+from fedbayes.tasks.storage import is_safe_name
 from fedbayes.tasks.preflight import unwritable
 
 DEFAULT_STATE_DIR = Path("/var/lib/fedbayes")
@@ -145,7 +146,7 @@ def check_joining(args: argparse.Namespace) -> None:
         raise ValueError("joining needs --client-id and --data (only --check does without them, and --leave --forget "
                          "without --data)")
     client_id = args.client_id
-    if not (client_id.isascii() and _is_safe_name(client_id) and len(client_id) <= MAX_CLIENT_ID_LENGTH):
+    if not (client_id.isascii() and is_safe_name(client_id) and len(client_id) <= MAX_CLIENT_ID_LENGTH):
         raise ValueError(f"--client-id {client_id!r} must be 1 to {MAX_CLIENT_ID_LENGTH} characters of [A-Za-z0-9._-]")
     try:
         if args.data is not None:

@@ -1,6 +1,6 @@
 """What the `flwr` CLI knows but does not print: the node id a SuperLink holds for a public key.
 
-    python -m deploy.control node-id <connection> <public key file>     # prints the node id, or exits 1
+    python -m fedbayes.deploy.control node-id <connection> <public key file>     # prints the node id, or exits 1
 
 `flwr supernode list` shows node ids without their keys, and `flwr supernode register` answers a key it
 knows already with an error instead of its node id. deploy/pki.py needs that node id to register keys
@@ -39,7 +39,7 @@ def list_nodes(connection: str) -> list:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "node-id":
-        print("usage: python -m deploy.control node-id <connection> <public key file>", file=sys.stderr)
+        print("usage: python -m fedbayes.deploy.control node-id <connection> <public key file>", file=sys.stderr)
         return 2
     node_id = node_id_of_key(Path(argv[2]), argv[1])
     if node_id is None:

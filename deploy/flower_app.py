@@ -1,7 +1,7 @@
 """The Flower app fedbayes runs, written from the installed package: `fedbayes app DIR` writes DIR/pyproject.toml,
 which `flwr run DIR` (or `fedbayes run DIR`) submits; `fedbayes local` writes one into its workdir. The FAB
 carries the run config only; the ServerApp and ClientApps are the `fedbayes` package installed on each machine.
-The run config lists every declared key (fedbayes.tasks.config.declared_keys) with its default, so `-c key=value`
+The run config lists every declared key (fedbayes.strategies.declared_keys) with its default, so `-c key=value`
 accepts exactly the keys `fedbayes strategies` lists. A source checkout's pyproject.toml lists the same keys and
 defaults (tests/test_config.py checks it)."""
 
@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from fedbayes.tasks.config import declared_keys
+from fedbayes.strategies import declared_keys
 
 COMPONENTS = {"serverapp": "fedbayes.server.app:app", "clientapp": "fedbayes.client.app:app"}
 

@@ -46,11 +46,11 @@ from fedbayes.deploy.processes import (
     command_line,
     console_script,
     free_ports,
-    kill_tree,
     process_env,
 )
 from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.tasks.config import RunSettings
+from fedbayes.strategies import run_settings
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
@@ -139,11 +139,11 @@ def check_run_config(run_config: dict[str, Any], clients: int, new_federation: b
     """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
     federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
     checks against this machine (tasks.config.ConfigError, a ValueError, names the key). The run's settings."""
-    from fedbayes.tasks.config import default_run_config
+    from fedbayes.strategies import default_run_config
     from fedbayes.tasks.preflight import preflight
 
     defaults = default_run_config(str(run_config.get("strategy", "")))
-    settings = RunSettings.from_run_config({**defaults, **run_config})
+    settings = run_settings({**defaults, **run_config})
     preflight(settings, clients, new_federation)
     return settings
 
@@ -269,7 +269,7 @@ class LocalFederation:
             security = ["--ssl-ca-certfile", str(self.tls.ca_cert), "--ssl-certfile", str(self.tls.server_cert),
                         "--ssl-keyfile", str(self.tls.server_key), "--database", str(self.workdir / "superlink.db")]
             security += ["--enable-supernode-auth"] if self.node_auth else []
-        self.superlink_killed = False
+        self.superlink_killed = False  # stopped on purpose (a test's dead server machine): `follow` goes on
         self.superlink = self.processes.start(
             "superlink",
             self.server.command(
@@ -282,12 +282,6 @@ class LocalFederation:
         self._wait_for_port("127.0.0.1", self.control_port)
         self._wait_for_port(self.server.address, self.fleet_port)
         return self.superlink
-
-    def kill_superlink(self) -> None:
-        """SIGKILL the SuperLink with its ServerApp and executor: the server machine dies mid-run."""
-        kill_tree(self.superlink.popen.pid)
-        self.superlink.popen.wait(timeout=30)
-        self.superlink_killed = True  # on purpose: `follow` does not take it for a crash
 
     def _wait_for_port(self, address: str, port: int) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -350,20 +344,6 @@ class LocalFederation:
             "superexec-shared", superexec_command(console_script("fedbayes"), *served), cwd=self.workdir
         )
 
-    def stop_supernode(self, index: int, timeout: float = 30.0) -> None:
-        """Stop SuperNode `index` (and its superexec) and wait until it is gone, e.g. to restart it."""
-        for daemon in (self.supernodes.pop(index), self.superexecs.pop(index, None)):
-            if daemon is not None:
-                self.processes.stop(daemon)
-                daemon.popen.wait(timeout=timeout)
-
-    def kill_supernode(self, index: int) -> None:
-        """SIGKILL SuperNode `index`, its superexec and any ClientApp running: the client machine dies."""
-        for daemon in (self.supernodes.pop(index), self.superexecs.pop(index, None)):
-            if daemon is not None:
-                kill_tree(daemon.popen.pid)
-                daemon.popen.wait(timeout=30)
-
     def submit(self, run_config: dict[str, Any]) -> ManagedProcess:
         """`flwr run` the app with these run-config overrides; returns the streaming CLI process.
 
@@ -400,12 +380,6 @@ class LocalFederation:
                 return int(match.group(1))
             time.sleep(0.1)
         raise TimeoutError(f"no run id in {submit.log_path} after {timeout:.0f} s:\n{submit.log_tail()}")
-
-    def stop_run(self, run_id: int) -> None:
-        """`flwr stop`: the SuperLink marks the run stopped at once (after a ServerApp crash it would
-        take Flower's heartbeat timeout, up to 60 s, during which SuperNodes hold the dead run's messages)."""
-        subprocess.run(self.server.command([console_script("flwr"), "stop", str(run_id), CONNECTION]), cwd=self.workdir,
-                       env=self.processes.env, check=True, capture_output=True, timeout=60)
 
     def run_status(self, run_id: int) -> RunStatus:
         return run_status(self.server.command([console_script("flwr")]), CONNECTION, run_id, self.processes.env)

@@ -1,4 +1,4 @@
-"""Flower's `flwr` command, patient with a busy machine: `python -m deploy.patient_flwr ARGS` is `flwr ARGS`.
+"""Flower's `flwr` command, patient with a busy machine: `python -m fedbayes.deploy.patient_flwr ARGS` is `flwr ARGS`.
 
 For a simulation connection (address ":local:") `flwr` starts a SuperLink of its own, kills it and fails
 if it does not answer within 15 s, and takes it for absent if a later probe gets no answer within 0.4 s.

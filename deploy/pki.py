@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from flwr.common.constant import PUBLIC_KEY_ALREADY_IN_USE_MESSAGE
 
-from fedbayes.tasks.config import _is_safe_name
+from fedbayes.tasks.storage import is_safe_name
 
 DEFAULT_SERVER_NAMES = ("superlink", "localhost")
 DEFAULT_SERVER_IPS = ("127.0.0.1",)
@@ -192,7 +192,7 @@ def record_client(registry: Path, client_id: str, node_id: int) -> bool:
 
     Refuses, naming both, a client id bound to another node and a node bound to another client id: one
     key is one node is one client."""
-    if not _is_safe_name(client_id):
+    if not is_safe_name(client_id):
         raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")
     with _locked(registry) as entries:
         if entries.get(client_id) == node_id:
@@ -407,7 +407,7 @@ def _client_ids_for_keys(args: argparse.Namespace) -> list[str | None]:
         raise ValueError(f"--registry needs one --client-id per public key, in the same order; got "
                          f"{len(args.client_ids)} client id(s) for {len(args.public_keys)} key(s)")
     for client_id in args.client_ids:
-        if not _is_safe_name(client_id):
+        if not is_safe_name(client_id):
             raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")
     read_client_registry(args.registry)  # a broken registry file is reported before any key is registered
     return list(args.client_ids)

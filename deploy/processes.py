@@ -140,11 +140,6 @@ def _carries(environ: list[bytes], variable: str, value: str) -> bool:
     return any(entry.startswith(prefix) and value.encode() in entry[len(prefix):].split(b":") for entry in environ)
 
 
-def processes_with_env(variable: str, value: str) -> list[int]:
-    needle = f"{variable}={value}".encode()
-    return [pid for pid, _ in _live_processes() if needle in _environ(pid)]
-
-
 def _live_processes() -> list[tuple[int, int]]:
     """(pid, session id) of every process that is not a zombie."""
     found = []
@@ -172,30 +167,6 @@ def command_line(pid: int) -> list[str]:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def descendants(pid: int) -> list[int]:
-    """Pids of every live process below `pid` (children, their children, ...)."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(proc.name))
-    found, frontier = [], [pid]
-    while frontier:
-        below = children.get(frontier.pop(), [])
-        found += below
-        frontier += below
-    return found
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and everything below it, as when its machine loses power. The tree is read before
-    anything dies, so children re-parented to init on their parent's death are still hit."""
-    for member in [pid, *descendants(pid)]:
-        _signal(member, signal.SIGKILL)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -59,9 +59,10 @@ def preload() -> None:
     forked children share it instead of copying it page by page."""
     for module in PRELOAD:
         importlib.import_module(module)
-    from fedbayes.strategies import get_algorithm
+    from fedbayes.strategies import BUILTIN
 
-    get_algorithm("fedavg")  # imports every built-in strategy module
+    for algorithm in BUILTIN.values():  # every built-in strategy's client half
+        algorithm.client_half()
     shorten_pull_backoff()  # children pull the instruction from the SuperNode, maybe while it still receives it
     gc.collect()
     gc.freeze()

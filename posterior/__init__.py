@@ -6,6 +6,9 @@ predictive and its uncertainty per example (`Prediction`: entropy, expected entr
 as the server computes its own evaluation (posterior/predictive.py); `fedbayes predict FILE DATA.npz` does it on a file.
 """
 
+if __name__ != "fedbayes.posterior":  # fedbayes/posterior is a link to this folder: one import name, one module
+    raise ImportError(f"import fedbayes.posterior, not {__name__}")
+
 from fedbayes.posterior.file import PosteriorFileError
 from fedbayes.posterior.predictive import Posterior, load
 from fedbayes.posterior.uncertainty import Prediction

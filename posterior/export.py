@@ -26,9 +26,9 @@ from fedbayes.posterior.file import (
 )
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import with_evaluation_defaults
-from fedbayes.strategies import get_algorithm
+from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.strategies.base import GlobalPosterior
-from fedbayes.tasks.config import RunSettings, default_run_config
+from fedbayes.strategies import default_run_config
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 
@@ -82,7 +82,7 @@ def export_posterior(location: RunLocation, out: Path, server_round: int = 0, da
     source = store.round_path(checkpoint.server_round)
     options = {key: value for key, value in (("data-root", data_root), ("eval-batch-size", eval_batch_size))
                if value is not None}
-    settings = RunSettings.from_run_config({**default_run_config(str(saved_run_config.get("strategy", ""))),
+    settings = run_settings({**default_run_config(str(saved_run_config.get("strategy", ""))),
                                             **location.run_config, **saved_run_config, **options})
     try:
         test = load_dataset(settings.dataset, train=False, data_root=settings.data_root)
@@ -101,9 +101,8 @@ def export_posterior(location: RunLocation, out: Path, server_round: int = 0, da
     if held != layout | buffers:
         raise ExportError(f"{source}: its global arrays ({len(held)}) do not fit the model its run config builds "
                           f"({spec}: {len(layout | buffers)} tensors)")
-    strategy = get_algorithm(settings.strategy).server(settings, layout)
-    strategy.buffer_layout = buffers
-    strategy.load_state_dict(checkpoint.strategy_state)
+    strategy = get_algorithm(settings.strategy).build_server(settings, layout, buffers)
+    strategy.commit(strategy.load_state(checkpoint.strategy_state))
     posterior = strategy.global_posterior()
     kind, tensors = posterior_tensors(posterior, checkpoint.arrays, layout, buffers, source)
     header = Header(

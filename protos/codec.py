@@ -1,16 +1,21 @@
-"""Encode/decode fedbayes payloads (protos/payloads.proto) to and from Flower RecordDicts.
+"""Encode/decode fedbayes payloads (protos/common.proto, protos/payloads.proto) to and from Flower RecordDicts.
 
-A payload is a protobuf message (in the ENVELOPE_KEY ConfigRecord) plus one ArrayRecord, TENSORS_KEY, whose one
-float32 Array holds every tensor of the payload: the message's TensorGroup manifests (names, dtypes, shapes) say
-which slice is which. `decode` rejects anything that does not match the schema *and* the receiver's
-expectation (names, dtypes, shapes, finiteness, schema version, message type) with a
-PayloadError that names the sender and the offending field.
+A payload is an envelope (protos/common.proto: an Instruction, a Reply or a LeaveAndForget, in the ENVELOPE_KEY
+ConfigRecord) holding what every strategy shares and, as its `body`, the strategy's own message; plus one ArrayRecord,
+TENSORS_KEY, whose one float32 Array holds every tensor of both: their TensorGroup manifests (names, dtypes, shapes)
+say which slice is which. `decode` rejects anything that does not match the schema *and* the receiver's expectation
+(names, dtypes, shapes, finiteness, schema version, envelope and body type) with a PayloadError that names the sender
+and the offending field.
+
+Body types are looked up by their full name in a registry: the built-in strategies' (protos/payloads.proto) are
+registered here, a strategy's server and client halves register their own message types when they are defined
+(ServerStrategy.reply_type, ClientHalf.instruction_type), and `register_message_types` adds any others.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -19,6 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message as ProtoMessage
 
+from fedbayes.bayes.params import TensorLayout, Tensors
 from fedbayes.protos import payloads_pb2 as pb
 
 ENVELOPE_KEY = "fedbayes"
@@ -26,6 +32,8 @@ TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client
 MAX_TIMINGS = 16
 NUMBER_BYTES = 8  # what payload_bytes counts for an int, float or bool of a config or metric record
 CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
+ENVELOPES: tuple[type[ProtoMessage], ...] = (pb.Instruction, pb.Reply, pb.LeaveAndForget)
+Envelope = pb.Instruction | pb.Reply | pb.LeaveAndForget
 
 # Every tensor of a payload rides in one Array: Flower sends each Array, ArrayRecord and chunk as an object of its
 # own, one request per hop (ServerApp -> SuperLink -> SuperNode -> ClientApp and back), so a BayesADMM reply with
@@ -34,10 +42,9 @@ CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
 TENSORS_KEY = "fedbayes-tensors"
 PACKED_ARRAY = "float32"
 
-# What a receiver expects in one tensor group: ordered name -> shape (float32 unless stated).
-TensorLayout = Mapping[str, tuple[int, ...]]
-Tensors = dict[str, np.ndarray]
 M = TypeVar("M", bound=ProtoMessage)
+E = TypeVar("E", pb.Instruction, pb.Reply, pb.LeaveAndForget)
+Layouts = Mapping[str, TensorLayout]
 
 
 class PayloadError(ValueError):
@@ -46,10 +53,57 @@ class PayloadError(ValueError):
 
 @dataclass
 class Payload(Generic[M]):
+    """A decoded payload: its envelope (the fields every strategy shares), the strategy's message (its envelope's
+    body; the envelope itself for a LeaveAndForget), and every tensor, by group: the message's TensorGroup fields
+    and the envelope's (`buffers`)."""
+
+    envelope: Envelope
     message: M
     tensors: dict[str, Tensors]  # tensor group field name -> ordered name -> array
 
+    @property
+    def header(self) -> pb.Header:
+        return self.envelope.header
 
+    @property
+    def reply(self) -> pb.Reply:
+        """A reply's envelope: num_examples, train_loss, compute_seconds, resumed_from_round."""
+        if not isinstance(self.envelope, pb.Reply):
+            raise TypeError(f"a {type(self.envelope).__name__} is no reply")
+        return self.envelope
+
+
+# ---- the message-type registry -----------------------------------------------------------------------------------
+_MESSAGE_TYPES: dict[str, type[ProtoMessage]] = {}
+
+
+def register_message_types(*message_types: type[ProtoMessage]) -> None:
+    """Make these message types decodable as an envelope's body, by their full name (a name registered with another
+    class is an error: two strategies would mean different things by one message)."""
+    for message_type in message_types:
+        name = message_type.DESCRIPTOR.full_name
+        known = _MESSAGE_TYPES.setdefault(name, message_type)
+        if known is not message_type and known.DESCRIPTOR.file.name != message_type.DESCRIPTOR.file.name:
+            raise ValueError(f"message type {name} is registered already, from {known.DESCRIPTOR.file.name}")
+
+
+def _module_message_types(module: object) -> Iterable[type[ProtoMessage]]:
+    descriptor = getattr(module, "DESCRIPTOR")
+    return [getattr(module, name) for name in descriptor.message_types_by_name]
+
+
+register_message_types(*_module_message_types(pb))
+
+
+def message_type_named(name: str, sender: str) -> type[ProtoMessage]:
+    try:
+        return _MESSAGE_TYPES[name]
+    except KeyError:
+        raise PayloadError(f"{sender}: field 'body': {name[:64]!r} is no message type this process knows (a strategy "
+                           "registers its own; is the strategy installed here?)") from None
+
+
+# ---- encoding --------------------------------------------------------------------------------------------------------
 def tensor_group_fields(message_type: type[ProtoMessage]) -> list[str]:
     """Names of the message's top-level TensorGroup fields, in field order."""
     return [
@@ -69,16 +123,29 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
     )
 
 
-def encode(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
-    """Fill the message's TensorGroup manifests from `tensors` and pack everything: the tensors, raveled and
-    concatenated in field order and each group's order, become the one Array of the TENSORS_KEY record."""
-    groups = tensor_group_fields(type(message))
-    if not set(tensors) <= set(groups):
-        raise ValueError(
-            f"{type(message).__name__} has tensor groups {groups}, got {sorted(tensors)}"
-        )
+def encode(envelope: Envelope, message: ProtoMessage | None,
+           tensors: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
+    """Pack a payload: fill the TensorGroup manifests of `message` (the strategy's; None for a LeaveAndForget) and of
+    the envelope from `tensors` (by group field name), put `message` into the envelope's body, and pack every tensor,
+    raveled and concatenated in field order (the message's groups, then the envelope's) and each group's order, into
+    the one Array of the TENSORS_KEY record."""
+    parts = [message] if message is not None else []
+    groups = {group for part in (*parts, envelope) for group in tensor_group_fields(type(part))}
+    unknown = set(tensors) - groups
+    if unknown:
+        raise ValueError(f"{type(message or envelope).__name__} and its envelope have no tensor groups {sorted(unknown)}")
+    packed = [value for part in (*parts, envelope) for value in _filled_manifests(part, tensors)]
+    if message is not None:
+        envelope.body.Pack(message)
+    array = np.concatenate(packed) if packed else np.zeros(0, np.float32)
+    return with_envelope(RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: Array(array)})}), envelope)
+
+
+def _filled_manifests(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+    """The message's tensors in packing order, their specs written into its TensorGroup manifests (a group not given
+    is sent empty)."""
     parts = []
-    for group in groups:  # a group not given is sent empty
+    for group in tensor_group_fields(type(message)):
         manifest = getattr(message, group)
         del manifest.tensors[:]
         for name, value in tensors.get(group, {}).items():
@@ -87,40 +154,58 @@ def encode(message: ProtoMessage, tensors: Mapping[str, Mapping[str, np.ndarray]
                 raise ValueError(f"{group}/{name}: dtype {value.dtype} is not in the schema (float32 only)")
             manifest.tensors.add(name=name, dtype=pb.FLOAT32, shape=value.shape)
             parts.append(value.ravel())
-    packed = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-    return with_envelope(RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: Array(packed)})}), message)
+    return parts
 
 
-def with_envelope(content: RecordDict, message: ProtoMessage) -> RecordDict:
-    """`content` (as `encode` packed it) with `message` as its envelope, sharing the tensor records: one
+def with_envelope(content: RecordDict, envelope: ProtoMessage) -> RecordDict:
+    """`content` (as `encode` packed it) with `envelope` as its envelope, sharing the tensor records: one
     instruction's tensors go to every node, each with its own header."""
     records: dict[str, ArrayRecord | ConfigRecord] = dict(content.array_records)
     records[ENVELOPE_KEY] = ConfigRecord(
-        {"type": message.DESCRIPTOR.full_name, "message": message.SerializeToString()}
+        {"type": envelope.DESCRIPTOR.full_name, "message": envelope.SerializeToString()}
     )
     return RecordDict(records)
 
 
+# ---- decoding --------------------------------------------------------------------------------------------------------
 def decode(
     content: RecordDict,
-    message_type: type[M],
-    layouts: Mapping[str, TensorLayout] | Callable[[M], Mapping[str, TensorLayout]],
+    envelope_type: type[E],
+    message_type: type[M] | None,
+    layouts: Layouts | Callable[[M], Layouts],
     sender: str,
 ) -> Payload[M]:
-    """Parse and validate a payload; `layouts` gives the expected layout of every tensor group (one it leaves
-    out must be empty), or computes it from the parsed message (when a scalar in it, e.g. a family or a particle
-    count, decides the shapes)."""
-    message = _parse_envelope(content, message_type, sender)
+    """Parse and validate a payload: an `envelope_type` envelope (pb.Instruction, pb.Reply, pb.LeaveAndForget) whose
+    body is a `message_type` (None: a LeaveAndForget, which has none). `layouts` gives the expected layout of every
+    tensor group of the message and the envelope (one it leaves out must be empty), or computes it from the parsed
+    message (when a scalar in it, e.g. a family or a particle count, decides the shapes).
+
+    A FedAvg instruction there and back, then refused where the receiver expects another shape:
+
+    >>> w = {"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}
+    >>> content = encode(pb.Instruction(header=new_header("demo", 1)), pb.FedAvgInstruction(), {"weights": w})
+    >>> layout = {"weights": {"fc.weight": (2, 3), "fc.bias": (2,)}}
+    >>> payload = decode(content, pb.Instruction, pb.FedAvgInstruction, layout, sender="server")
+    >>> payload.header.server_round, payload.tensors["weights"]["fc.weight"].shape
+    (1, (2, 3))
+    >>> decode(content, pb.Instruction, pb.FedAvgInstruction, {"weights": {"fc.weight": (2, 3)}}, sender="server")
+    Traceback (most recent call last):
+    ...
+    fedbayes.protos.codec.PayloadError: server: field 'weights': tensor names ['fc.weight', 'fc.bias'] do not match
+    expected ['fc.weight']
+    """
+    envelope = _parse_envelope(content, envelope_type, sender)
+    message = envelope if message_type is None else _body(envelope, message_type, sender)
     if callable(layouts):
         layouts = layouts(message)
     unexpected = set(content.keys()) - {TENSORS_KEY, ENVELOPE_KEY, TIMINGS_KEY}
     if unexpected:
-        raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {message_type.__name__}")
-    groups = tensor_group_fields(message_type)
-    specs = [(group, name, shape) for group in groups
-             for name, shape in _checked_manifest(getattr(message, group), layouts.get(group, {}), group, sender)]
+        raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {envelope_type.__name__}")
+    parts = [message, envelope] if message is not envelope else [envelope]
+    specs = [(group, name, shape) for part in parts for group in tensor_group_fields(type(part))
+             for name, shape in _checked_manifest(getattr(part, group), layouts.get(group, {}), group, sender)]
     packed = _packed_array(content, sum(math.prod(shape) for _, _, shape in specs), sender)
-    tensors: dict[str, Tensors] = {group: {} for group in groups}
+    tensors: dict[str, Tensors] = {group: {} for part in parts for group in tensor_group_fields(type(part))}
     offset = 0
     for group, name, shape in specs:
         value = packed[offset:offset + math.prod(shape)].reshape(shape)  # a view: no copy
@@ -128,8 +213,25 @@ def decode(
             raise PayloadError(f"{sender}: field '{group}/{name}': contains NaN or Inf")
         tensors[group][name] = value
         offset += value.size
-    _check_finite_scalars(message, sender, prefix="")
-    return Payload(message, tensors)
+    for part in parts:
+        _check_finite_scalars(part, sender, prefix="")
+    return Payload(envelope, message, tensors)
+
+
+def _body(envelope: pb.Instruction | pb.Reply, message_type: type[M], sender: str) -> M:
+    """The envelope's body: a registered message type, the one the receiver expects, well-formed."""
+    expected = message_type.DESCRIPTOR.full_name
+    declared = envelope.body.TypeName()
+    if declared != expected:
+        message_type_named(declared, sender)  # an unknown type is named as such
+        raise PayloadError(f"{sender}: field 'body': expected {expected}, got {declared[:64]!r}")
+    message = message_type_named(declared, sender)()
+    try:
+        if not envelope.body.Unpack(message):
+            raise DecodeError("the body does not unpack")
+    except DecodeError as error:
+        raise PayloadError(f"{sender}: field 'body': malformed {expected}: {error}") from None
+    return message  # type: ignore[return-value]
 
 
 def reply_timings(content: RecordDict) -> dict[str, float]:
@@ -187,55 +289,74 @@ def check_payload_size(content: RecordDict, max_mb: float, sender: str) -> None:
         raise PayloadError(f"{sender}: payload is {size / 2**20:.1f} MiB, over the limit max-payload-mb={max_mb:g}")
 
 
-def claimed_client_id(content: RecordDict, message_type: type[ProtoMessage]) -> str | None:
-    """The client id a payload claims in its header, without validating anything else (for error
-    messages about payloads that fail validation)."""
+def claimed_client_id(content: RecordDict) -> str | None:
+    """The client id a payload claims in its header, without validating anything else (for error messages about
+    payloads that fail validation)."""
     try:
-        message = message_type.FromString(content.config_records[ENVELOPE_KEY]["message"])
+        header = pb.LeaveAndForget.FromString(content.config_records[ENVELOPE_KEY]["message"]).header
     except Exception:  # any malformation: there is simply no claim to report
         return None
-    return message.header.client_id or None
+    return header.client_id or None
 
 
 def envelope_type(content: RecordDict) -> str | None:
-    """The full name of the message type a payload declares, unchecked (None: it declares none)."""
+    """The full name of the envelope type a payload declares, unchecked (None: it declares none)."""
     envelope = content.config_records.get(ENVELOPE_KEY)
     declared = None if envelope is None else envelope.get("type")
     return declared if isinstance(declared, str) else None
 
 
 def decode_header(content: RecordDict, sender: str) -> pb.Header:
-    """The header of a payload of any fedbayes message type, checked as `decode` checks it (schema version, a
-    known type), without its tensors: for a receiver that answers without reading them."""
+    """The header of a payload in any envelope, checked as `decode` checks it (schema version, a known envelope),
+    without its body or tensors: for a receiver that answers without reading them."""
     declared = envelope_type(content) or ""
-    name = declared.removeprefix(f"{pb.DESCRIPTOR.package}.")
-    descriptor = pb.DESCRIPTOR.message_types_by_name.get(name) if name != declared else None
-    if descriptor is None or "header" not in descriptor.fields_by_name:
-        raise PayloadError(f"{sender}: field 'type': {declared[:64]!r} is no fedbayes message with a header")
-    return _parse_envelope(content, getattr(pb, descriptor.name), sender).header
+    kind = next((envelope for envelope in ENVELOPES if envelope.DESCRIPTOR.full_name == declared), None)
+    if kind is None:
+        _refuse_unknown_envelope(content, declared, "an envelope", sender)
+    return _parse_envelope(content, kind, sender).header
 
 
-def _parse_envelope(content: RecordDict, message_type: type[M], sender: str) -> M:
-    expected = message_type.DESCRIPTOR.full_name
-    envelope = content.config_records.get(ENVELOPE_KEY)
-    if envelope is None:
+def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, sender: str) -> None:
+    """Raise the PayloadError for a payload whose envelope is not `expected`: a peer of schema version 6 or older
+    (whose messages were no envelopes, but began with the same Header) is told so, by version."""
+    version = _old_schema_version(content)
+    if version and version < CURRENT_SCHEMA_VERSION:
+        raise PayloadError(f"{sender}: field 'header.schema_version': {version}, but this fedbayes speaks schema "
+                           f"version {CURRENT_SCHEMA_VERSION}, whose payloads are envelopes ({declared[:64]!r} is a "
+                           "message of an older fedbayes): run the same fedbayes on the server and every client")
+    raise PayloadError(f"{sender}: field 'type': expected {expected}, got {declared[:64]!r}")
+
+
+def _old_schema_version(content: RecordDict) -> int:
+    """The schema version in a payload's header, read as every message since version 1 begins (a Header in field 1);
+    0 when there is none."""
+    try:
+        return int(pb.LeaveAndForget.FromString(content.config_records[ENVELOPE_KEY]["message"]).header.schema_version)
+    except Exception:  # anything else: no version to report
+        return 0
+
+
+def _parse_envelope(content: RecordDict, envelope_type: type[E], sender: str) -> E:
+    expected = envelope_type.DESCRIPTOR.full_name
+    record = content.config_records.get(ENVELOPE_KEY)
+    if record is None:
         raise PayloadError(f"{sender}: missing '{ENVELOPE_KEY}' record; not a fedbayes payload")
-    if envelope.get("type") != expected:
-        raise PayloadError(f"{sender}: field 'type': expected {expected}, got {envelope.get('type')!r}")
-    raw = envelope.get("message")
+    if record.get("type") != expected:
+        _refuse_unknown_envelope(content, str(record.get("type")), expected, sender)
+    raw = record.get("message")
     if not isinstance(raw, bytes):
         raise PayloadError(f"{sender}: field 'message': expected protobuf bytes")
-    message = message_type()
+    envelope = envelope_type()
     try:
-        message.ParseFromString(raw)
+        envelope.ParseFromString(raw)
     except DecodeError as error:
         raise PayloadError(f"{sender}: field 'message': malformed {expected}: {error}") from None
-    version = message.header.schema_version
+    version = envelope.header.schema_version
     if version != CURRENT_SCHEMA_VERSION:
         raise PayloadError(
             f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}"
         )
-    return message
+    return envelope
 
 
 def _checked_manifest(

@@ -22,10 +22,10 @@ from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layou
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
 from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.round_core import RoundCore
 from fedbayes.server.tracking import posterior_export, tracked_run
-from fedbayes.strategies import get_algorithm
+from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads, resolve_device
-from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.preflight import preflight
@@ -48,7 +48,7 @@ def main(grid: Grid, context: Context) -> None:
 
 def run_federation(grid: Grid, context: Context) -> None:
     configure_threads()
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = run_settings(context.run_config)
     preflight(settings)
     server_state_dir = settings.server_state_dir or DEFAULT_SERVER_STATE_DIR
     if not settings.federation:
@@ -69,8 +69,7 @@ def run_federation(grid: Grid, context: Context) -> None:
         settings.pool,
     )
     settings = with_evaluation_defaults(settings, model, test.input_shape)  # by the model's cost where left to it
-    strategy = algorithm.server(settings, parameter_layout(model))
-    strategy.buffer_layout = buffer_layout(model)
+    strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
     device = resolve_device(settings.device)
     log(INFO, "fedbayes: federation %s, strategy %s, %s, %d rounds", settings.federation, settings.strategy,
         settings.dataset, settings.num_server_rounds)
@@ -83,7 +82,7 @@ def run_federation(grid: Grid, context: Context) -> None:
                      posterior_export(server_state_dir, settings.federation, run_config)) as sinks:
         run_rounds(
             grid,
-            strategy,
+            RoundCore(settings, strategy),
             initial,
             LoopSettings(
                 num_rounds=settings.num_server_rounds,

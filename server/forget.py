@@ -15,12 +15,12 @@ is in flight waits for its end. When no server holds the lock, `fedbayes forget`
 the newest checkpoint, the strategy's server half rebuilt from the checkpoint's run config (`settle_stopped`).
 
 Applying a forget: the strategy's `forget(client)` (strategies/base.py: the state without the client, computed from
-what the server holds, changing nothing), committed on a copy of the strategy together with the client's id unbound,
-its accepted round dropped, its id revoked and the forget's record in the ledger (server/identity.py ForgetLedger);
+what the server holds, changing nothing), written to the checkpoint together with the client's id unbound, its
+accepted round dropped, its id revoked and the forget's record in the ledger (server/identity.py ForgetLedger);
 the global arrays become `Forgotten.weights` plus the model's buffers. Then, in this order: the checkpoint of the same
 round is rewritten (atomically: temp file, fsync, rename), the older checkpoints, which still hold the client, are
 deleted, the record is appended to the audit log (forget-audit.jsonl next to the checkpoints), the request file is
-deleted, and only then does the live strategy (a running server's) take the committed state.
+deleted, and only then does the round core (a running server's) adopt the committed state (server/round_core.py).
 
 Atomicity. The checkpoint is the truth. A crash leaves the old or the new checkpoint, never a mix; whatever the ledger
 of the newest checkpoint records that the audit log lacks (a crash between the two) is appended, and the checkpoints
@@ -41,7 +41,6 @@ round t + R runs through round t + R whatever its num-server-rounds says (run_ro
 
 from __future__ import annotations
 
-import copy
 import fcntl
 import getpass
 import json
@@ -65,12 +64,12 @@ from fedbayes.bayes.params import buffer_layout, parameter_layout, unflatten
 from fedbayes.posterior.export import RunLocation
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH
-from fedbayes.strategies import get_algorithm
-from fedbayes.strategies.base import ForgetRefused, Forgotten, WireStrategy, non_finite
-from fedbayes.tasks.config import RunSettings, _is_safe_name, default_run_config
+from fedbayes.server.round_core import Change, RoundCore, non_finite
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.strategies.base import ForgetRefused, Forgotten
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
-from fedbayes.tasks.storage import fsync_directory, write_atomically
+from fedbayes.tasks.storage import fsync_directory, is_safe_name, write_atomically
 
 REQUESTS_DIRECTORY = "forget-requests"
 AUDIT_LOG = "forget-audit.jsonl"
@@ -227,7 +226,7 @@ def server_lock(directory: Path, wait: bool = True) -> Iterator[bool]:
 
 
 class Forgetting:
-    """One federation's forget requests, settled against a strategy whose state is that of the newest checkpoint,
+    """One federation's forget requests, settled against a round core whose state is that of the newest checkpoint,
     `store`'s: a running server's (server/loop.py), or one rebuilt from the checkpoint (`settle_stopped`)."""
 
     def __init__(self, store: CheckpointStore) -> None:
@@ -236,113 +235,110 @@ class Forgetting:
         self.queue = RequestQueue(store.directory / REQUESTS_DIRECTORY)
         self.audit = AuditLog(store.directory / AUDIT_LOG)
 
-    def has_work(self, strategy: WireStrategy) -> bool:
-        return bool(strategy.leave_requests) or self.queue.waiting()
+    def has_work(self, core: RoundCore) -> bool:
+        return bool(core.leave_requests) or self.queue.waiting()
 
-    def settle(self, strategy: WireStrategy, arrays: Arrays, server_round: int, wall_seconds: float,
+    def settle(self, core: RoundCore, arrays: Arrays, server_round: int, wall_seconds: float,
                own: tuple[ForgetRequest, ...] = ()) -> Arrays:
         """Finish what a crash interrupted, then decide this round's client requests, the queued ones and `own`
         (an operator's on a stopped federation), in that order; the global arrays after them. `server_round`: the
-        newest checkpoint's round, whose state `strategy` and `arrays` are."""
-        self.finish_interrupted(strategy)
-        clients = [ForgetRequest.by_client(self.federation, client, node) for client, node in strategy.leave_requests]
-        strategy.leave_requests = []
+        newest checkpoint's round, whose state `core` and `arrays` are."""
+        self.finish_interrupted(core)
+        clients = [ForgetRequest.by_client(self.federation, client, node) for client, node in core.take_leave_requests()]
         for request in (*clients, *self.queue.pending(), *own):
             if isinstance(request, tuple):  # a file that is no request
                 unreadable = ForgetRequest(request[0], self.federation, "", "an unreadable request file", "")
                 self._decided(unreadable.refused(server_round, request[1]))
             else:
-                arrays = self._settle_one(strategy, arrays, request, server_round, wall_seconds)
+                arrays = self._settle_one(core, arrays, request, server_round, wall_seconds)
         return arrays
 
-    def settle_records(self, strategy: WireStrategy, arrays: ArrayRecord, server_round: int,
+    def settle_records(self, core: RoundCore, arrays: ArrayRecord, server_round: int,
                        wall_seconds: float) -> ArrayRecord:
         """`settle` for the round loop, whose global arrays are an ArrayRecord."""
-        settled = self.settle(strategy, {name: arrays[name].numpy() for name in arrays}, server_round, wall_seconds)
+        settled = self.settle(core, {name: arrays[name].numpy() for name in arrays}, server_round, wall_seconds)
         return ArrayRecord({name: Array(value) for name, value in settled.items()})
 
-    def finish_interrupted(self, strategy: WireStrategy) -> None:
+    def finish_interrupted(self, core: RoundCore) -> None:
         """After a crash between the checkpoint and the audit line: append the ledger's records the audit log lacks,
         delete the checkpoints older than the last forget, and the request files already decided."""
         audited = {record.get("request") for record in self.audit.records()}
-        for record in strategy.identities.ledger.records:
+        for record in core.identities.ledger.records:
             if record["request"] not in audited:
                 log(WARNING, "forget request %s was applied but not audited (interrupted): auditing it now",
                     record["request"])
                 self.audit.append(record)
             self.queue.remove(record["request"])
-        forgotten = [record["round"] for record in strategy.identities.ledger.records if record["event"] == "forgotten"]
+        forgotten = [record["round"] for record in core.identities.ledger.records if record["event"] == "forgotten"]
         if forgotten:
             self._delete_checkpoints_before(max(forgotten))
 
-    def _settle_one(self, strategy: WireStrategy, arrays: Arrays, request: ForgetRequest, server_round: int,
+    def _settle_one(self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int,
                     wall_seconds: float) -> Arrays:
         if self.audit.find(request.id) is not None:  # refused before a crash kept its file
             self.queue.remove(request.id)
             return arrays
-        if _acknowledges(strategy, request):
+        if _acknowledges(core, request):
             log(INFO, "%s: told it is forgotten, it leaves", request.asked_by)
             return arrays
-        reason = refusal(strategy, request, self.federation)
+        reason = refusal(core, request, self.federation)
         if reason is not None:
             self._decided(request.refused(server_round, reason))
             return arrays
         apply = self._readmit if request.readmit else self._forget
-        return apply(strategy, arrays, request, server_round, wall_seconds)
+        return apply(core, arrays, request, server_round, wall_seconds)
 
-    def _forget(self, strategy: WireStrategy, arrays: Arrays, request: ForgetRequest, server_round: int,
+    def _forget(self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int,
                 wall_seconds: float) -> Arrays:
-        forgotten = self._asked(strategy, request, server_round)
+        forgotten = self._asked(core, request, server_round)
         if forgotten is None:
             return arrays
-        new_arrays = unflatten(np.asarray(forgotten.weights), strategy.layout) | {
-            name: arrays[name] for name in strategy.buffer_layout}
-        problem = unusable(strategy, forgotten, new_arrays)
+        new_arrays = unflatten(np.asarray(forgotten.weights), core.strategy.layout) | {
+            name: arrays[name] for name in core.buffer_layout}
+        problem = non_finite(new_arrays, "the global model") or non_finite(forgotten.state, "the state")
         if problem is not None:
             self._decided(request.refused(server_round, f"without client {request.client!r}, {problem}"))
             return arrays
-        record = forget_record(strategy, request, forgotten, server_round)
-        committed = {**forgotten.state, **strategy.core_state_without(request.client),
-                     "identities": strategy.identities.forgetting(request.client, record)}
-        self._commit(strategy, committed, new_arrays, server_round, wall_seconds, record)
+        record = forget_record(core, request, forgotten, server_round)
+        change = Change(core.identities.forgetting(request.client, record), forgotten.state,
+                        core.accepted_without(request.client))
+        self._commit(core, change, new_arrays, server_round, wall_seconds, record)
         log(INFO, "forgot client %r after round %d (%s; %s)", request.client, server_round, request.asked_by,
             "exact" if forgotten.exact else "an estimate")
         return new_arrays
 
-    def _asked(self, strategy: WireStrategy, request: ForgetRequest, server_round: int) -> Forgotten | None:
+    def _asked(self, core: RoundCore, request: ForgetRequest, server_round: int) -> Forgotten | None:
         """The strategy's `forget`, or None once its refusal (or its failure: a bug must not stop the federation) is
         decided."""
         try:
-            return strategy.forget(request.client)
+            return core.strategy.forget(request.client)
         except ForgetRefused as refused:
             reason = str(refused)
         except Exception as error:
             log(ERROR, "forget of client %r failed", request.client, exc_info=True)
-            reason = f"{strategy.settings.strategy}'s forget failed: {type(error).__name__}: {error}"
+            reason = f"{core.settings.strategy}'s forget failed: {type(error).__name__}: {error}"
         self._decided(request.refused(server_round, reason))
         return None
 
-    def _readmit(self, strategy: WireStrategy, arrays: Arrays, request: ForgetRequest, server_round: int,
+    def _readmit(self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int,
                  wall_seconds: float) -> Arrays:
         record = request.record("readmitted", server_round)
-        committed = {"identities": strategy.identities.readmitting(request.client, record)}
-        self._commit(strategy, committed, arrays, server_round, wall_seconds, record)
+        self._commit(core, Change(core.identities.readmitting(request.client, record)), arrays, server_round,
+                     wall_seconds, record)
         log(INFO, "readmitted client %r (%s): it may reply again, as a new client", request.client, request.asked_by)
         return arrays
 
-    def _commit(self, strategy: WireStrategy, committed: dict[str, Any], arrays: Arrays, server_round: int,
-                wall_seconds: float, record: dict[str, Any]) -> None:
-        """The checkpoint of `server_round` rewritten with `committed` (on a copy of the strategy), the older ones
-        deleted, the audit line, the request file gone; then the strategy takes the state."""
-        candidate = copy.copy(strategy)
-        vars(candidate).update(committed)
-        state = candidate.state_dict()
+    def _commit(self, core: RoundCore, change: Change, arrays: Arrays, server_round: int, wall_seconds: float,
+                record: dict[str, Any]) -> None:
+        """The checkpoint of `server_round` rewritten with `change`, the older ones deleted, the audit line, the
+        request file gone; then the round core adopts the change."""
+        state = core.state_dict(change)
         self.store.save(Checkpoint(server_round, arrays, state, wall_seconds))
         if record["event"] == "forgotten":
             self._delete_checkpoints_before(server_round)
         self._decided(record)
-        vars(strategy).update(committed)
-        strategy.checkpoint_written(state)
+        core.adopt(change)
+        core.checkpoint_written(state)
 
     def _decided(self, record: dict[str, Any]) -> None:
         if record["event"] == "refused":
@@ -358,9 +354,9 @@ class Forgetting:
         if older:
             fsync_directory(self.store.directory)
 
-    def rounds_to_run(self, strategy: WireStrategy, num_rounds: int) -> int:
+    def rounds_to_run(self, core: RoundCore, num_rounds: int) -> int:
         """`num_rounds`, raised to the last round a forget's refinement asked for (logged when raised)."""
-        forgets = [record for record in strategy.identities.ledger.records if record["event"] == "forgotten"]
+        forgets = [record for record in core.identities.ledger.records if record["event"] == "forgotten"]
         through = max((record["refine_through_round"] for record in forgets), default=0)
         if through > num_rounds:
             log(INFO, "the forget of client %r asked for refinement rounds through round %d: num-server-rounds %d -> "
@@ -368,25 +364,17 @@ class Forgetting:
         return max(num_rounds, through)
 
 
-def unusable(strategy: WireStrategy, forgotten: Forgotten, arrays: Arrays) -> str | None:
-    """Why `forgotten` cannot be committed (checked as a round's update is: strategies/base.py `candidate`), or None."""
-    unknown = sorted(set(forgotten.state) - set(vars(strategy)))
-    if unknown:  # a bug in the strategy, not in the request
-        return f"{type(strategy).__name__}.forget returned state for unknown attributes {unknown}"
-    return non_finite(arrays, "the global model") or non_finite(forgotten.state, "the state")
-
-
-def forget_record(strategy: WireStrategy, request: ForgetRequest, forgotten: Forgotten,
+def forget_record(core: RoundCore, request: ForgetRequest, forgotten: Forgotten,
                   server_round: int) -> dict[str, Any]:
     """The audit line and ledger record of an applied forget. `node`: the node the id was bound to, which is told
     from now on that it is forgotten (Header.forgotten_client_id)."""
     client = request.client
     return request.record(
-        "forgotten", server_round, node=strategy.identities.bound_node(client), strategy=strategy.settings.strategy,
+        "forgotten", server_round, node=core.identities.bound_node(client), strategy=core.settings.strategy,
         exact=forgotten.exact, kl_before_after=forgotten.kl_before_after,
-        note=forgotten.note + (BUFFERS_NOTE if strategy.buffer_layout else ""),
-        contributed_rounds=strategy.identities.ledger.contributed.get(client, []),
-        last_accepted_round=strategy.accepted_rounds.get(client, 0),
+        note=forgotten.note + (BUFFERS_NOTE if core.buffer_layout else ""),
+        contributed_rounds=core.identities.ledger.contributed.get(client, []),
+        last_accepted_round=core.accepted_rounds.get(client, 0),
         refine_rounds=request.refine_rounds, refine_through_round=server_round + request.refine_rounds)
 
 
@@ -394,12 +382,12 @@ BUFFERS_NOTE = ("; the model's buffers (e.g. BatchNorm statistics) stay the last
                 "client, until the next round replaces them")
 
 
-def refusal(strategy: WireStrategy, request: ForgetRequest, federation: str) -> str | None:
-    """Why `request` cannot be applied to `strategy`'s state, before the strategy is asked (None: ask it)."""
-    client, ledger = request.client, strategy.identities.ledger
+def refusal(core: RoundCore, request: ForgetRequest, federation: str) -> str | None:
+    """Why `request` cannot be applied to the federation's state, before the strategy is asked (None: ask it)."""
+    client, ledger = request.client, core.identities.ledger
     if request.federation != federation:
         return f"the request is for federation {request.federation[:64]!r}, this is {federation!r}"
-    if not (_is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
+    if not (is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
         return f"{client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id ([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH})"
     forget = ledger.forget_of(client)
     if request.readmit:
@@ -407,27 +395,27 @@ def refusal(strategy: WireStrategy, request: ForgetRequest, federation: str) -> 
     if forget is not None:
         return (f"client {client!r} was already forgotten after round {forget['round']} (request {forget['request']}); "
                 "readmit it first (--readmit) if it is to come back as a new client")
-    if request.node is not None and strategy.identities.bound_node(client) != request.node:
-        bound = strategy.identities.bound_node(client)
+    if request.node is not None and core.identities.bound_node(client) != request.node:
+        bound = core.identities.bound_node(client)
         owner = f"is bound to node {bound}" if bound is not None else "is bound to no node"
         return f"node {request.node} asked to forget client {client!r}, which {owner}: only its own node may ask"
     return None
 
 
-def _acknowledges(strategy: WireStrategy, request: ForgetRequest) -> bool:
+def _acknowledges(core: RoundCore, request: ForgetRequest) -> bool:
     """A client asking from the node it was bound to when it was forgotten: it has been told so (its instruction
     said), and leaves; nothing to decide."""
-    forget = strategy.identities.ledger.forget_of(request.client)
+    forget = core.identities.ledger.forget_of(request.client)
     return request.node is not None and forget is not None and forget.get("node") == request.node
 
 
 # ---- a stopped federation: `fedbayes forget` ---------------------------------------------------------------------
 @dataclass
 class Rebuilt:
-    """A stopped federation's newest checkpoint, with the strategy's server half holding its state."""
+    """A stopped federation's newest checkpoint, with a round core (and its strategy) holding its state."""
 
     store: CheckpointStore  # writes checkpoints with the checkpoint's own run config
-    strategy: WireStrategy
+    core: RoundCore
     arrays: Arrays
     server_round: int
     wall_seconds: float
@@ -451,7 +439,7 @@ def rebuild(location: RunLocation, data_root: str | None = None) -> Rebuilt:
     options = {"data-root": data_root} if data_root is not None else {}
     # Operators' requests only: a client's comes through a running server, so the registry is not needed here.
     defaults = default_run_config(str(saved_run_config.get("strategy", "")))
-    settings = RunSettings.from_run_config({**defaults, **location.run_config, **saved_run_config, **options,
+    settings = run_settings({**defaults, **location.run_config, **saved_run_config, **options,
                                             "client-registry": ""})
     try:
         test = load_dataset(settings.dataset, train=False, data_root=settings.data_root)
@@ -460,18 +448,18 @@ def rebuild(location: RunLocation, data_root: str | None = None) -> Rebuilt:
                           f"classes): {error}; --data-root names where the dataset is") from None
     model = build_model(settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden),
                         settings.activation, settings.pool)
-    strategy = get_algorithm(settings.strategy).server(settings, parameter_layout(model))
-    strategy.buffer_layout = buffer_layout(model)
-    strategy.load_state_dict(checkpoint.strategy_state)
+    strategy = get_algorithm(settings.strategy).build_server(settings, parameter_layout(model), buffer_layout(model))
+    core = RoundCore(settings, strategy)
+    core.load_state_dict(checkpoint.strategy_state)
     store = CheckpointStore(location.state_dir, location.federation, saved_run_config,
                             initial_arrays=checkpoint.arrays, keep=settings.keep_checkpoints)
-    return Rebuilt(store, strategy, checkpoint.arrays, checkpoint.server_round, checkpoint.wall_seconds)
+    return Rebuilt(store, core, checkpoint.arrays, checkpoint.server_round, checkpoint.wall_seconds)
 
 
 def settle_stopped(location: RunLocation, own: tuple[ForgetRequest, ...] = (), data_root: str | None = None) -> None:
     """With the server lock held: settle the queued requests and `own` on the newest checkpoint."""
     rebuilt = rebuild(location, data_root)
-    Forgetting(rebuilt.store).settle(rebuilt.strategy, rebuilt.arrays, rebuilt.server_round, rebuilt.wall_seconds,
+    Forgetting(rebuilt.store).settle(rebuilt.core, rebuilt.arrays, rebuilt.server_round, rebuilt.wall_seconds,
                                      own)
 
 

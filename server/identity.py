@@ -31,7 +31,8 @@ from typing import Any
 from flwr.common import log
 
 from fedbayes.protos.codec import PayloadError
-from fedbayes.tasks.config import ConfigError, _is_safe_name
+from fedbayes.tasks.config import ConfigError
+from fedbayes.tasks.storage import is_safe_name
 
 MAX_CLIENT_ID_LENGTH = 128
 
@@ -43,7 +44,7 @@ def read_registry(path: str) -> dict[str, int]:
     except (OSError, ValueError) as error:
         raise ConfigError(f"run config 'client-registry': cannot read {path}: {error}") from None
     if not isinstance(entries, dict) or not all(
-        isinstance(client, str) and _is_safe_name(client) and isinstance(node, int) and not isinstance(node, bool)
+        isinstance(client, str) and is_safe_name(client) and isinstance(node, int) and not isinstance(node, bool)
         for client, node in entries.items()
     ):
         raise ConfigError(f"run config 'client-registry': {path} must be a JSON object of client id -> node id")
@@ -140,7 +141,7 @@ class ClientIdentities:
     def check(self, node: int, client: str, connected: Iterable[int], claimed: Mapping[str, int]) -> None:
         """Refuse (PayloadError, naming ids and nodes) a reply from `node` claiming `client`. `claimed`: the
         ids already accepted this round, each with its node."""
-        if not (_is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
+        if not (is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
             raise PayloadError(f"field 'header.client_id': {client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id "
                                f"([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH} characters)")
         forget = self.ledger.forget_of(client)

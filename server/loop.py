@@ -29,7 +29,7 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -37,7 +37,8 @@ from fedbayes.deploy.object_pulls import bound_reply_pulls, shorten_pull_backoff
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.forget import Forgetting, server_lock
-from fedbayes.strategies.base import RoundReport, ServerState, WireStrategy
+from fedbayes.server.round_core import RoundCore, RoundReport
+from fedbayes.strategies.base import ServerState
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
 Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
@@ -179,19 +180,18 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
     return replies, silent
 
 
-def aggregate(strategy: WireStrategy, server_round: int, replies: list[Message], silent: dict[int, str]):
-    """The strategy's aggregate_train, guarded: an error while absorbing the round (a reply it should have
-    refused, or a bug) leaves its state as it was (strategies commit last), and the round goes on."""
+def aggregate(core: RoundCore, server_round: int, replies: list[Message], silent: dict[int, str]):
+    """The round core's aggregate, guarded: an error while absorbing the round (a reply the strategy should have
+    refused, or a bug) leaves the state as it was (the core commits last), and the round goes on."""
     try:
-        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        new_arrays, metrics = core.aggregate(server_round, replies)
     except Exception as error:
         log(ERROR, "round %d: absorbing the replies failed (%s: %s); the round changes nothing", server_round,
             type(error).__name__, error, exc_info=True)
-        strategy.round_report.accepted.clear()
-        strategy.round_report.rejected["round"] = f"the server could not absorb the replies: {type(error).__name__}: {error}"
+        core.failed(f"the server could not absorb the replies: {type(error).__name__}: {error}")
         new_arrays, metrics = None, None
     for node, why in silent.items():
-        strategy.round_report.rejected[strategy.node_label(node)] = why
+        core.absent(node, why)
     return new_arrays, metrics
 
 
@@ -225,7 +225,7 @@ def failure_reasons(report: RoundReport) -> str:
 @dataclass
 class FinishedRound:
     """What a round leaves for its evaluation, row and checkpoint, taken right after it aggregated: the global
-    arrays, the row without its metrics, and the strategy's state as the checkpoint must hold it."""
+    arrays, the row without its metrics, and the federation's state as the checkpoint must hold it."""
 
     server_round: int
     arrays: ArrayRecord
@@ -261,7 +261,7 @@ class RoundFinisher:
                  num_rounds: int, pipelined: bool, checkpoint_written: Callable[[ServerState], None],
                  sinks: Sequence[RowSink] = ()) -> None:
         self.evaluate, self.results, self.checkpoints, self.sinks = evaluate, results, checkpoints, sinks
-        self.checkpoint_written = checkpoint_written  # the strategy's: clients keep what this checkpoint names
+        self.checkpoint_written = checkpoint_written  # the round core's: clients keep what this checkpoint names
         self.clock_start, self.num_rounds = clock_start, num_rounds
         self.pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate", initializer=yield_cpu)
                      if pipelined else None)
@@ -311,7 +311,7 @@ class RoundFinisher:
 
 def run_rounds(
     grid: Grid,
-    strategy: WireStrategy,
+    core: RoundCore,
     initial_arrays: ArrayRecord,
     settings: LoopSettings,
     evaluate: Evaluate,
@@ -325,10 +325,10 @@ def run_rounds(
     their state before it (client/state.py). Forget requests (server/forget.py) are settled between rounds, under the
     federation's server lock, which the run holds throughout."""
     with server_lock(checkpoints.directory):
-        return _run_rounds(grid, strategy, initial_arrays, settings, evaluate, results_path, checkpoints, sinks)
+        return _run_rounds(grid, core, initial_arrays, settings, evaluate, results_path, checkpoints, sinks)
 
 
-def _run_rounds(grid: Grid, strategy: WireStrategy, initial_arrays: ArrayRecord, settings: LoopSettings,
+def _run_rounds(grid: Grid, core: RoundCore, initial_arrays: ArrayRecord, settings: LoopSettings,
                 evaluate: Evaluate, results_path: str, checkpoints: CheckpointStore,
                 sinks: Sequence[RowSink]) -> ArrayRecord:
     shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (deploy/object_pulls.py)
@@ -338,11 +338,11 @@ def _run_rounds(grid: Grid, strategy: WireStrategy, initial_arrays: ArrayRecord,
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
-        strategy.load_state_dict(checkpoint.strategy_state)
+        core.load_state_dict(checkpoint.strategy_state)
         first_round, elapsed = checkpoint.server_round + 1, checkpoint.wall_seconds
         # requests made while it was stopped; a forget's refinement rounds raise num-server-rounds
-        arrays = forgetting.settle_records(strategy, arrays, checkpoint.server_round, elapsed)
-        settings = replace(settings, num_rounds=forgetting.rounds_to_run(strategy, settings.num_rounds))
+        arrays = forgetting.settle_records(core, arrays, checkpoint.server_round, elapsed)
+        settings = replace(settings, num_rounds=forgetting.rounds_to_run(core, settings.num_rounds))
         log(INFO, "resuming after round %d from %s", checkpoint.server_round,
             checkpoints.round_path(checkpoint.server_round))
         if first_round > settings.num_rounds:
@@ -353,32 +353,32 @@ def _run_rounds(grid: Grid, strategy: WireStrategy, initial_arrays: ArrayRecord,
     results = ResultsLog(results_path, keep_through_round=first_round - 1, if_exists=settings.results_exists)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     finisher = RoundFinisher(evaluate, results, checkpoints, time.monotonic() - elapsed, settings.num_rounds,
-                             settings.pipeline_evaluation, strategy.checkpoint_written, sinks)
+                             settings.pipeline_evaluation, core.checkpoint_written, sinks)
     failed_rounds = 0
     try:
         for server_round in range(first_round, settings.num_rounds + 1):
-            finished = train_round(grid, strategy, arrays, settings, server_round, finisher)
+            finished = train_round(grid, core, arrays, settings, server_round, finisher)
             arrays = finished.arrays
             finisher.submit(finished)
-            if forgetting.has_work(strategy):  # between rounds: once this one is checkpointed, before the next starts
+            if forgetting.has_work(core):  # between rounds: once this one is checkpointed, before the next starts
                 finisher.wait()
-                arrays = forgetting.settle_records(strategy, arrays, server_round,
+                arrays = forgetting.settle_records(core, arrays, server_round,
                                                    time.monotonic() - finisher.clock_start)
             failed_rounds = 0 if finished.row["clients"] else failed_rounds + 1
             if failed_rounds >= settings.max_failed_rounds:
                 finisher.wait()  # the failed rounds are on record before the run stops
                 raise RunFailed(f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; "
-                                f"last round: {failure_reasons(strategy.round_report)}")
+                                f"last round: {failure_reasons(core.round_report)}")
         if failed_rounds == settings.num_rounds - first_round + 1:  # fewer rounds than max-failed-rounds, none trained
             finisher.wait()
             raise RunFailed(f"none of the {failed_rounds} rounds accepted a client reply; last round: "
-                            f"{failure_reasons(strategy.round_report)}")
+                            f"{failure_reasons(core.round_report)}")
     finally:
         finisher.close()
     return arrays
 
 
-def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, settings: LoopSettings,
+def train_round(grid: Grid, core: RoundCore, arrays: ArrayRecord, settings: LoopSettings,
                 server_round: int, finisher: RoundFinisher) -> FinishedRound:
     """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
     checkpointed) meanwhile, and before this one aggregates."""
@@ -387,7 +387,7 @@ def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, setting
     with phases("wait_clients"):
         wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     with phases("configure"):
-        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        messages = core.configure(server_round, arrays, grid)
     for message in messages:  # too big for the clients' limit: every one of them would refuse it
         check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
     replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds,
@@ -395,15 +395,17 @@ def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, setting
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
-        new_arrays, train_metrics = aggregate(strategy, server_round, replies, silent)
+        new_arrays, train_metrics = aggregate(core, server_round, replies, silent)
     if new_arrays is None:
         log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
-    report: RoundReport = strategy.round_report
+    report: RoundReport = core.round_report
     row = {
         "clients": len(report.accepted),
         "clients_sent": report.sent,
         "clients_rejected": len(report.rejected),
-        "quarantined": sorted(report.quarantined),  # nodes that sit out the next round (strategies/isolation.py)
+        "rejected": dict(report.rejected),  # who was left out, and why
+        "fresh_starts": list(report.fresh_starts),  # accepted clients that had lost their state and started afresh
+        "quarantined": sorted(report.quarantined),  # nodes that sit out the next round (server/isolation.py)
         # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
         "train_loss": None, "client_compute_seconds": None, "known_clients": None,
         **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (train_metrics or {}).items()},
@@ -412,7 +414,7 @@ def train_round(grid: Grid, strategy: WireStrategy, arrays: ArrayRecord, setting
     client = {"client_phase_seconds": client_phases(replies, statistics.median),
               "client_phase_max": client_phases(replies, max)}
     return FinishedRound(server_round, new_arrays if new_arrays is not None else arrays, round_started, row,
-                         phases, client, strategy.state_dict())
+                         phases, client, core.state_dict())
 
 
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:

@@ -1,5 +1,10 @@
-"""One module per algorithm, each holding both halves (server Strategy + client update), and the registry that
-names them. Strategies from elsewhere plug in without editing this package (README "Write your own strategy"):
+"""The registry of strategies: their names, their halves and their run-config keys.
+
+A built-in strategy is a package, fedbayes.strategies.<name>: settings.py (its run-config keys), math.py (what both
+halves compute), server.py (its server half) and client.py (its client half). The registry names each half by
+"<module>:<attribute>" and imports it only when asked for that half, so a client never imports server code.
+
+Strategies from elsewhere plug in without editing this package (README "Write your own strategy"):
   - `strategy = "<module>:<attribute>"`: an `Algorithm` in any module importable by the server and every client
     (e.g. on PYTHONPATH, which `fedbayes local` passes on to every process it starts);
   - an installed package's entry point in the group `fedbayes.strategies` (name -> "<module>:<attribute>").
@@ -7,58 +12,133 @@ names them. Strategies from elsewhere plug in without editing this package (READ
 
 from __future__ import annotations
 
+if __name__ != "fedbayes.strategies":  # fedbayes/strategies is a link to this folder: one import name, one module
+    raise ImportError(f"import fedbayes.strategies, not {__name__}")
+
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
-from flwr.app import RecordDict
-
-from fedbayes.protos.codec import TensorLayout
-from fedbayes.tasks.config import ConfigError, Key, RunSettings
+from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
+from fedbayes.strategies.dsvgd.settings import DSVGDSettings
+from fedbayes.strategies.fedavg.settings import FedProxSettings
+from fedbayes.strategies.feddyn.settings import FedDynSettings
+from fedbayes.strategies.fedlap.settings import FedLapSettings
+from fedbayes.strategies.fedpa.settings import FedPASettings
+from fedbayes.bayes.params import TensorLayout
+from fedbayes.tasks import config
+from fedbayes.tasks.config import ConfigError, Key, NoHyperparameters, RunSettings, keys_of
 
 ENTRY_POINT_GROUP = "fedbayes.strategies"
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A strategy: its two halves and its hyperparameters. `server(settings, layout)` returns a
-    `fedbayes.strategies.base.WireStrategy`; `client_update(content, runtime)` turns an instruction's content into
-    the reply's content on a client (a `fedbayes.client.core.ClientHalf`); `hyperparameters` are the run-config
-    keys it reads besides the core's (`fedbayes.tasks.config.Key`), listed by `fedbayes strategies`."""
+    """A strategy: its two halves and its hyperparameters.
 
-    server: Callable[[RunSettings, TensorLayout], object]
-    client_update: Callable[..., RecordDict]  # (content, ClientRuntime) -> reply content
-    hyperparameters: tuple[Key, ...] = ()
+    server    the server half, a `fedbayes.strategies.base.ServerStrategy` subclass (built with the run's settings and
+              the model's layouts), or "<module>:<attribute>" naming it: the server imports it when it needs it
+    client    the client half (a `fedbayes.client.core.ClientHalf`), or "<module>:<attribute>" naming it
+    settings  the frozen dataclass of the run-config keys it reads besides the core's, each field declared with
+              `fedbayes.tasks.config.key` (`fedbayes strategies` lists them); the server half reads them typed with
+              `RunSettings.hyperparameters(settings)`
+    """
+
+    server: Callable[..., Any] | str
+    client: Callable[..., Any] | str
+    settings: type = NoHyperparameters
+
+    def __post_init__(self) -> None:
+        if isinstance(self.settings, tuple):  # how fedbayes 0.1 declared a strategy's keys
+            raise TypeError("Algorithm(server, client, settings): `settings` is now a frozen dataclass whose fields "
+                            "declare the strategy's keys with fedbayes.tasks.config.key(default, doc, check), not a "
+                            "tuple of Key (README \"Write your own strategy\")")
+
+    @property
+    def hyperparameters(self) -> tuple[Key, ...]:
+        """The run-config keys `settings` declares."""
+        return keys_of(self.settings)
+
+    def server_half(self) -> Callable[..., Any]:
+        return _resolved(self.server)
+
+    def client_half(self) -> Callable[..., Any]:
+        return _resolved(self.client)
+
+    def build_server(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> Any:
+        """The server half for this run: the class `server` names, built for the model's parameters (`layout`) and
+        buffers, reading its own keys typed from `settings` (its `settings_type` must be this algorithm's)."""
+        server_class = self.server_half()
+        declared = getattr(server_class, "settings_type", self.settings)
+        if declared is not self.settings:
+            raise TypeError(f"{server_class.__name__}.settings_type is {declared.__name__}, but the algorithm declares "
+                            f"its keys with {self.settings.__name__}")
+        return server_class(settings, layout, buffer_layout)
 
 
-def _builtin() -> dict[str, Algorithm]:
-    from fedbayes.strategies import bayesadmm, dsvgd, fedavg, feddyn, fedlap, fedpa
+def _resolved(half: Callable[..., Any] | str) -> Callable[..., Any]:
+    if not isinstance(half, str):
+        return half
+    module, _, attribute = half.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
-    return {
-        "fedavg": Algorithm(fedavg.FedAvg, fedavg.client_update),
-        "fedprox": Algorithm(fedavg.fedprox, fedavg.client_update, fedavg.FEDPROX_HYPERPARAMETERS),
-        "bayesadmm": Algorithm(bayesadmm.BayesADMM, bayesadmm.client_update, bayesadmm.HYPERPARAMETERS),
-        "fedadmm": Algorithm(bayesadmm.fedadmm, bayesadmm.client_update, bayesadmm.HYPERPARAMETERS),
-        "bayesadmm-full": Algorithm(bayesadmm.bayesadmm_full, bayesadmm.client_update, bayesadmm.HYPERPARAMETERS),
-        "feddyn": Algorithm(feddyn.FedDyn, feddyn.client_update, feddyn.HYPERPARAMETERS),
-        "fedlap": Algorithm(fedlap.FedLap, fedlap.client_update, fedlap.HYPERPARAMETERS),
-        "fedlap-cov": Algorithm(fedlap.fedlap_cov, fedlap.client_update, fedlap.HYPERPARAMETERS),
-        "fedpa": Algorithm(fedpa.FedPA, fedpa.client_update, fedpa.HYPERPARAMETERS),
-        "dsvgd": Algorithm(dsvgd.DSVGD, dsvgd.client_update, dsvgd.HYPERPARAMETERS),
-        "p-dsvgd": Algorithm(dsvgd.p_dsvgd, dsvgd.client_update, dsvgd.HYPERPARAMETERS),
-        "u-dsvgd": Algorithm(dsvgd.u_dsvgd, dsvgd.client_update, dsvgd.HYPERPARAMETERS),
-    }
+
+def _builtin_halves(package: str, server: str, client: str = "client_update") -> tuple[str, str]:
+    return f"fedbayes.strategies.{package}.server:{server}", f"fedbayes.strategies.{package}.client:{client}"
+
+
+BUILTIN = {
+    "fedavg": Algorithm(*_builtin_halves("fedavg", "FedAvg")),
+    "fedprox": Algorithm(*_builtin_halves("fedavg", "FedProx"), FedProxSettings),
+    "bayesadmm": Algorithm(*_builtin_halves("bayesadmm", "BayesADMM"), BayesADMMSettings),
+    "fedadmm": Algorithm(*_builtin_halves("bayesadmm", "FedADMM"), BayesADMMSettings),
+    "bayesadmm-full": Algorithm(*_builtin_halves("bayesadmm", "BayesADMMFull"), BayesADMMSettings),
+    "feddyn": Algorithm(*_builtin_halves("feddyn", "FedDyn"), FedDynSettings),
+    "fedlap": Algorithm(*_builtin_halves("fedlap", "FedLap"), FedLapSettings),
+    "fedlap-cov": Algorithm(*_builtin_halves("fedlap", "FedLapCov"), FedLapSettings),
+    "fedpa": Algorithm(*_builtin_halves("fedpa", "FedPA"), FedPASettings),
+    "dsvgd": Algorithm(*_builtin_halves("dsvgd", "DSVGD"), DSVGDSettings),
+    "p-dsvgd": Algorithm(*_builtin_halves("dsvgd", "PDSVGD"), DSVGDSettings),
+    "u-dsvgd": Algorithm(*_builtin_halves("dsvgd", "UDSVGD"), DSVGDSettings),
+}
 
 
 def algorithm_keys(strategy: str = "") -> list[Key]:
     """The hyperparameters of every built-in strategy, and of `strategy` when it is one from elsewhere (only that
     one is loaded: an unrelated broken plugin must not break every run). An unknown or unloadable `strategy` is
     a ConfigError naming it, here, before its keys could be mistaken for unknown ones."""
-    keys = [key for algorithm in _builtin().values() for key in algorithm.hyperparameters]
-    if strategy and strategy not in _builtin():
+    keys = [key for algorithm in BUILTIN.values() for key in algorithm.hyperparameters]
+    if strategy and strategy not in BUILTIN:
         keys += get_algorithm(strategy).hyperparameters
     return keys
+
+
+def declared_keys(strategy: str = "") -> dict[str, Key]:
+    """Every run-config key by name: the core's, every built-in strategy's, and `strategy`'s when it is one from
+    elsewhere.
+
+    >>> rho = declared_keys()["rho"]
+    >>> rho.default, rho.parse(2)  # an int where a float is declared is that float
+    (0.2, 2.0)
+    >>> rho.parse(-1)
+    Traceback (most recent call last):
+    ...
+    fedbayes.tasks.config.ConfigError: run config 'rho' must be > 0
+    """
+    return config.merge_keys(algorithm_keys(strategy))
+
+
+def default_run_config(strategy: str = "") -> dict[str, Any]:
+    """Every key with its default: what a Flower app's [tool.flwr.app.config] lists (`fedbayes app`)."""
+    return {name: key.default for name, key in declared_keys(strategy).items()}
+
+
+def run_settings(run_config: Mapping[str, Any]) -> RunSettings:
+    """`run_config` parsed and checked against the core keys and those of every built-in strategy and of the run's
+    own strategy (RunSettings.from_run_config)."""
+    return RunSettings.from_run_config(run_config, algorithm_keys(str(run_config.get("strategy", ""))))
 
 
 def _installed() -> dict[str, str]:
@@ -76,14 +156,23 @@ def load_algorithm(reference: str) -> Algorithm:
                           "importable on the server and on every client, e.g. on PYTHONPATH)") from None
     if not isinstance(found, Algorithm):
         raise ConfigError(f"run config 'strategy': {reference!r} is {found!r}, not a "
-                          "fedbayes.strategies.Algorithm(server, client_update)")
+                          "fedbayes.strategies.Algorithm(server, client)")
     return found
 
 
 def get_algorithm(name: str) -> Algorithm:
-    builtin = _builtin()
-    if name in builtin:
-        return builtin[name]
+    """The strategy called `name`: a built-in one, an installed package's (entry point), or "<module>:<attribute>".
+
+    >>> algorithm = get_algorithm("bayesadmm")
+    >>> [key.name for key in algorithm.hyperparameters][:3]
+    ['rho', 'dual-damping', 'temperature']
+    >>> get_algorithm("fedsgd")
+    Traceback (most recent call last):
+    ...
+    fedbayes.tasks.config.ConfigError: run config 'strategy' must be one of fedavg, ... got 'fedsgd'
+    """
+    if name in BUILTIN:
+        return BUILTIN[name]
     if ":" in name:
         return load_algorithm(name)
     installed = _installed()
@@ -94,4 +183,9 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 def algorithm_names() -> list[str]:
-    return [*_builtin(), *_installed()]
+    """The built-in strategies, then those installed packages declare.
+
+    >>> algorithm_names()[:4]
+    ['fedavg', 'fedprox', 'bayesadmm', 'fedadmm']
+    """
+    return [*BUILTIN, *_installed()]

@@ -201,7 +201,8 @@ def check_model_and_strategy(settings: RunSettings, clients: int | None = None) 
         raise ConfigError(f"run config '{key}' ({value}) does not fit the {examples} of {settings.dataset!r}: "
                           f"{' '.join(str(error).split())}") from None
     algorithm = get_algorithm(settings.strategy)
-    strategy = algorithm.server(settings, parameter_layout(model))  # allocates no payload (DSVGD: at round 1)
+    # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
+    strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
     reply = reply_size(settings, algorithm, strategy, buffer_layout(model))
     check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
     check_payload_limit(reply, settings.max_payload_mb)
@@ -232,7 +233,7 @@ def reply_size(settings: RunSettings, algorithm, strategy, buffers) -> ReplySize
     values = sum(math.prod(shape) for layout in layouts for shape in layout.values())
     scaling = [key for key in algorithm.hyperparameters if key.name in PAYLOAD_KEYS]
     keys = [("strategy", settings.strategy), ("model", settings.model),
-            *((key.name, getattr(settings, key.attribute)) for key in scaling)]
+            *((key.name, settings.value(key.name)) for key in scaling)]
     return ReplySize(values, ", ".join(f"'{name}' ({value})" for name, value in keys))
 
 

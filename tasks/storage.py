@@ -45,3 +45,9 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(handle)
     finally:
         os.close(handle)
+
+
+def is_safe_name(name: str) -> bool:
+    """Whether `name` may name a directory or file of ours (a federation, a client id): [A-Za-z0-9._-]+, not "." or
+    "..", so it can neither climb out of the folder it is put in nor hide in it."""
+    return bool(name) and name.isascii() and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")

@@ -9,11 +9,13 @@ import numpy as np
 from fedbayes.bayes.params import flatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.strategies import Algorithm
-from fedbayes.strategies.base import Update, WireStrategy, local_training
-from fedbayes.strategies.fedavg import client_update
+from fedbayes.strategies.base import StatelessStrategy, Update, local_training
+from fedbayes.strategies.fedavg.client import client_update
 
 
-class FedMedian(WireStrategy):
+class FedMedian(StatelessStrategy):
+    """The server keeps nothing but the global model; each round's is the median of the clients' models."""
+
     reply_type = pb.FedAvgReply
 
     def instruction(self, server_round, arrays, nodes):

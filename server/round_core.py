@@ -1,0 +1,434 @@
+"""The server's round core: what every strategy's rounds share, around the strategy's hooks (strategies/base.py).
+
+  configure   the nodes that may take part (connected, not quarantined, the client registry re-read), the ones the
+              strategy selects, and one message per node: the strategy's instruction with the core's header (the
+              rounds that node's client had accepted, those the newest checkpoint holds, a forget's confirmation) and
+              the model's buffers
+  aggregate   the trust boundary: every reply decoded and checked inside one guard (wire schema, round, federation,
+              the client id bound to its node, num_examples, resumed_from_round, then the strategy's own checks), each
+              update screened against the others (server/isolation.py), the round committed from the replies that
+              make a usable state (the strategy's `absorb`, checked as it will be stored), refused nodes quarantined;
+              then the round's arrays (the strategy's weights and the clients' averaged buffers) and metrics
+  state       the core's part of a checkpoint (identities, accepted rounds, quarantine, the forget ledger) and the
+              strategy's, saved and restored together
+
+The loop (server/loop.py) drives it; forgetting (server/forget.py) commits through it. The strategy's state changes
+only through its `commit`, once a round or a forget is committed."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord
+from flwr.common import log
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+from google.protobuf.message import Message as ProtoMessage
+
+from fedbayes.bayes.params import TensorLayout, flatten, unflatten, weighted_mean
+from fedbayes.bayes.robust import norms, screen_bounds
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import (
+    Payload, PayloadError, check_payload_size, claimed_client_id, decode, encode, envelope_type, new_header,
+    with_envelope,
+)
+from fedbayes.server.identity import ClientIdentities, ForgetLedger
+from fedbayes.server.isolation import Quarantine, usable_subset
+from fedbayes.strategies.base import NodePool, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update
+from fedbayes.tasks.config import RunSettings, round_seed
+
+CORE_STATE_KEY = "fedbayes/wire"  # the core's part of a checkpoint's strategy metadata
+MAX_REASON = 400  # characters of a rejection reason that are logged and reported
+
+
+@dataclass
+class RoundReport:
+    """Who took part in the last round: the nodes sent work, the accepted client ids, why others were left out, the
+    clients whose accepted reply started afresh although the server held an accepted round of theirs (they lost
+    their state), and the nodes that sit out rounds (quarantined: label -> the last round it sits out)."""
+
+    sent: int = 0
+    accepted: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)  # "client 'client-3' (node 42)" -> reason
+    fresh_starts: list[str] = field(default_factory=list)
+    quarantined: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a forget or a readmission changes (server/forget.py): the strategy's state (None: unchanged), the
+    identities, and the accepted rounds (None: unchanged)."""
+
+    identities: ClientIdentities
+    strategy_state: Any = None
+    accepted_rounds: Mapping[str, int] | None = None
+
+
+def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int, server_round: int) -> list[int]:
+    """The nodes to train this round: a `fraction` of the connected ones (at least `minimum`), drawn with a
+    per-round seed so that a server resumed from its checkpoint draws as an uninterrupted one would."""
+    nodes = sorted(nodes)
+    count = min(len(nodes), max(minimum, round(fraction * len(nodes))))
+    return sorted(random.Random(round_seed(seed, server_round)).sample(nodes, count))
+
+
+def non_finite(value: Any, what: str) -> str | None:
+    """Why `value` (arrays, tensors, and the dicts, lists and dataclasses holding them) cannot be stored: the name
+    of a non-finite entry, or None."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        finite = torch.isfinite(value).all() if isinstance(value, torch.Tensor) else np.isfinite(value).all()
+        return None if finite else f"{what} would hold NaN or Inf"
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    elif is_dataclass(value) and not isinstance(value, type):
+        items = ((item.name, getattr(value, item.name)) for item in fields(value))
+    else:
+        return None
+    return next((problem for key, item in items if (problem := non_finite(item, f"{what}/{key}"))), None)
+
+
+def round_metrics(payloads: list[Payload], **extra: float) -> MetricRecord:
+    """What every round reports of its accepted replies: the example-weighted training loss, the mean compute
+    seconds, plus the strategy's own `extra` metrics."""
+    replies = [payload.reply for payload in payloads]
+    examples = np.array([reply.num_examples for reply in replies], dtype=np.float64)
+    return MetricRecord({
+        "train-loss": float(np.average([reply.train_loss for reply in replies], weights=examples)),
+        "compute-seconds": float(np.mean([reply.compute_seconds for reply in replies])),
+        **extra,
+    })
+
+
+class RoundCore:
+    """One federation's round core around one strategy (module docstring)."""
+
+    def __init__(self, settings: RunSettings, strategy: ServerStrategy[Any]) -> None:
+        self.settings = settings
+        self.strategy = strategy
+        self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
+        self.quarantine = Quarantine(settings.max_client_rejections, settings.quarantine_rounds)
+        self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
+        self.checkpointed_rounds: dict[str, int] = {}  # accepted_rounds as the newest checkpoint on disk holds them
+        self.connected: list[int] = []  # the nodes connected when this round was configured
+        self.round_report = RoundReport()
+        self.leave_requests: list[tuple[str, int]] = []  # (client id, node) of this round's LeaveAndForget
+        self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
+        self._refused_nodes: set[int] = set()  # nodes whose reply this round was refused
+
+    @property
+    def buffer_layout(self) -> TensorLayout:
+        return self.strategy.buffer_layout
+
+    # ---- configure -------------------------------------------------------------------------------------------------
+    def configure(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
+        """This round's messages: the strategy's instruction to the nodes it selects, one message per node."""
+        nodes = self.strategy.select_nodes(self.node_pool(grid, server_round), server_round)
+        body, tensors = self.strategy.instruction(server_round, arrays, nodes)
+        instruction = pb.Instruction(header=new_header(self.settings.federation, server_round))
+        buffers = {name: arrays[name].numpy() for name in self.buffer_layout}
+        return self.instructions(instruction, body, {**tensors, "buffers": buffers}, nodes)
+
+    def node_pool(self, grid: Grid, server_round: int) -> NodePool:
+        """The nodes connected as this round starts that are not quarantined (the operator's client registry is
+        re-read first), and what the core knows of them."""
+        self.identities.refresh_registry()
+        self.connected = sorted(grid.get_node_ids())
+        eligible = [node for node in self.connected if not self.quarantine.excludes(node, server_round)]
+        sample = sample_nodes(eligible, self.settings.fraction_train, self.settings.min_clients, self.settings.seed,
+                              server_round)
+        return NodePool(eligible, sample, self.identities.client_of, dict(self.accepted_rounds), self.node_label)
+
+    def instructions(self, instruction: pb.Instruction, body: ProtoMessage, tensors: TensorGroups,
+                     nodes: Iterable[int]) -> list[Message]:
+        """One TRAIN message per node: the strategy's `body` and the tensors are packed once and shared; each header
+        carries the rounds that node's client had accepted (Header.accepted_rounds), so it continues from the right
+        state, and those the newest checkpoint holds (Header.checkpointed_rounds), whose states it must keep."""
+        content = encode(instruction, body, tensors)
+        nodes = list(nodes)
+        self.round_report = RoundReport(sent=len(nodes))
+        self._refused_nodes, self.leave_requests = set(), []
+        checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
+        messages = []
+        header = instruction.header
+        for node in nodes:
+            for field_, rounds in ((header.accepted_rounds, self.accepted_rounds),
+                                   (header.checkpointed_rounds, checkpointed)):
+                field_.clear()
+                field_.update(self.identities.accepted_view(node, rounds, self.connected))
+            header.forgotten_client_id = self.identities.ledger.confirmation_for(node)
+            messages.append(Message(with_envelope(content, instruction), dst_node_id=node,
+                                    message_type=MessageType.TRAIN))
+        return messages
+
+    # ---- aggregate -------------------------------------------------------------------------------------------------
+    def aggregate(self, server_round: int,
+                  replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's new arrays and metrics from the replies that pass every check and make a usable state, the
+        strategy's state committed; (None, None) when no reply was usable (nothing changes)."""
+        layouts = {**self.strategy.reply_layouts(), "buffers": self.buffer_layout}
+        payloads = self.decode_replies(replies, layouts, server_round)
+        payloads, update_norms = self.screened(payloads)
+        isolated = usable_subset(payloads, lambda subset: self.candidate(subset, server_round), update_norms)
+        for payload, reason in isolated.left_out:
+            client = payload.header.client_id
+            node = self._reply_nodes[client]
+            self._reject(f"client {client!r} (node {node})", f"{self.settings.strategy}: {reason}", node)
+        self.quarantined_after(server_round, isolated.used)
+        if not isolated.used:
+            return None, None
+        weights, update = isolated.result
+        self.commit(isolated.used, server_round)
+        self.strategy.commit(update.state)
+        return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
+                round_metrics(isolated.used, **update.metrics))
+
+    def decode_replies(self, replies: Iterable[Message], layouts: Mapping[str, TensorLayout],
+                       server_round: int) -> list[Payload]:
+        """The replies of this round that pass every check, in client-id order (so aggregates do not depend on
+        arrival order). Anything wrong with a reply, whatever it raises, rejects that reply alone, logged with its
+        client id, node id and the field; nothing about it is kept."""
+        accepted: list[Payload] = []
+        claimed: dict[str, int] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():  # a node the SuperLink saw go offline is absent, not refused (no quarantine)
+                self._reject(self.node_label(node), f"client error: {reply.error.reason}", node,
+                             refused=reply.error.code != ErrorCode.NODE_UNAVAILABLE)
+                continue
+            if envelope_type(reply.content) == pb.LeaveAndForget.DESCRIPTOR.full_name:
+                self._leave_request(reply, server_round)
+                continue
+            try:
+                payload = self._checked_reply(reply, layouts, server_round, claimed)
+            except Exception as error:  # the guard: no reply may stop the server
+                self._reject_reply(reply, "rejected reply", error)
+                continue
+            claimed[payload.header.client_id] = node
+            accepted.append(payload)
+        self._reply_nodes = claimed
+        log(INFO, "round %d: %d replies pass the checks, %d left out", server_round, len(accepted),
+            len(self.round_report.rejected))
+        return sorted(accepted, key=lambda payload: payload.header.client_id)
+
+    def _checked_reply(self, reply: Message, layouts: Mapping[str, TensorLayout], server_round: int,
+                       claimed: Mapping[str, int]) -> Payload:
+        node = reply.metadata.src_node_id
+        sender = self._claimed_label(reply)
+        check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
+        payload = decode(reply.content, pb.Reply, self.strategy.reply_type, layouts, sender=sender)
+        header = payload.header
+        self._check_header(header, server_round)
+        self.identities.check(node, header.client_id, self.connected, claimed)
+        examples = payload.reply.num_examples
+        if not 1 <= examples <= self.settings.max_client_examples:
+            raise PayloadError(f"field 'num_examples': {examples} is not in [1, max-client-examples="
+                               f"{self.settings.max_client_examples}]")
+        self._check_resumed(payload)
+        self.strategy.check_reply(payload)
+        return payload
+
+    def _check_header(self, header: pb.Header, server_round: int) -> None:
+        if header.server_round != server_round:
+            raise PayloadError(f"field 'header.server_round': the reply is for round {header.server_round}, "
+                               f"not {server_round}")
+        if header.federation != self.settings.federation:
+            raise PayloadError(f"field 'header.federation': {header.federation[:64]!r} is not this federation")
+        for name in ("accepted_rounds", "checkpointed_rounds", "forgotten_client_id"):
+            if getattr(header, name):
+                raise PayloadError(f"field 'header.{name}': only the server sets it")
+
+    def _check_resumed(self, payload: Payload) -> None:
+        """The reply of a strategy whose clients keep state must continue from the state of the client's last
+        accepted round, or start afresh (a new client, or one that lost its state: reported, with what that means
+        for the algorithm); anything else belongs to a round the server never used."""
+        if self.strategy.fresh_start is None:  # its clients keep no state
+            return
+        client, resumed = payload.header.client_id, payload.reply.resumed_from_round
+        accepted = self.accepted_rounds.get(client, 0)
+        if resumed not in (0, accepted):
+            raise PayloadError(f"field 'resumed_from_round': {resumed}, but the last round the server accepted from "
+                               f"client {client!r} is {accepted}")
+        if accepted and resumed == 0:
+            log(WARNING, "client %r lost its state of round %d; %s", client, accepted, self.strategy.fresh_start)
+
+    def _leave_request(self, reply: Message, server_round: int) -> None:
+        """A client's LeaveAndForget, sent instead of its reply: nothing of it enters the round. A well-formed one is
+        kept in `leave_requests` for server/forget.py, which decides it after the round is committed and honours it
+        only from the node the client id is bound to."""
+        node = reply.metadata.src_node_id
+        label = self._claimed_label(reply)
+        try:
+            check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
+            header = decode(reply.content, pb.LeaveAndForget, None, {}, sender=label).header
+            self._check_header(header, server_round)
+        except Exception as error:  # the guard, as for every reply
+            self._reject_reply(reply, "rejected leave request", error)
+            return
+        self.leave_requests.append((header.client_id, node))
+        self._reject(label, "asked to leave and be forgotten: it sent no update, and the request is decided once this "
+                     "round is committed", node, refused=False)
+
+    def screened(self, payloads: list[Payload]) -> tuple[list[Payload], dict[int, float]]:
+        """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
+        largest of the others' median, the state's norm and an RMS change of 1), and every reply's update norm by
+        id()."""
+        updates = [self.strategy.update_of(payload) for payload in payloads]
+        if not payloads or any(update is None for update in updates):
+            return payloads, {}
+        update_norms = norms(updates)
+        bounds = screen_bounds(update_norms, self.strategy.state_norm(), updates[0].size, self.settings.screen_ratio)
+        kept = []
+        for payload, norm, bound in zip(payloads, update_norms, bounds):
+            if norm <= bound:
+                kept.append(payload)
+                continue
+            client = payload.header.client_id
+            node = self._reply_nodes[client]
+            self._reject(f"client {client!r} (node {node})", f"refused by the screen: its update's norm {norm:.3g} "
+                         f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
+                         "updates' median norm, the state's and an RMS change of 1)", node)
+        return kept, {id(payload): float(norm) for payload, norm in zip(payloads, update_norms)}
+
+    def candidate(self, payloads: list[Payload], server_round: int) -> tuple[dict[str, np.ndarray], Update[Any]]:
+        """The global arrays and the update these replies would make, checked as they would be stored (float32
+        arrays, every tensor of the state finite); RoundRejected when unusable. Changes nothing."""
+        buffers = self.averaged_buffers(payloads)
+        update = self.strategy.absorb(payloads, server_round)
+        with np.errstate(over="ignore"):  # a float32 overflow is what the check below is for
+            weights = unflatten(update.weights, self.strategy.layout) | buffers
+        problem = non_finite(weights, "the global model") or non_finite(update.state, "the state")
+        if problem:
+            raise RoundRejected(problem)
+        return weights, update
+
+    def averaged_buffers(self, payloads: list[Payload]) -> dict[str, np.ndarray]:
+        """The model's buffers (BatchNorm statistics) FedAvg-style, whatever the algorithm: the clients' buffers
+        after their local training, weighted by their example counts (none for a model without buffers)."""
+        if not self.buffer_layout:
+            return {}
+        average = weighted_mean([flatten(p.tensors["buffers"], self.buffer_layout) for p in payloads],
+                                [p.reply.num_examples for p in payloads]).astype(np.float32)
+        if not np.isfinite(average).all():  # finite buffers can still overflow float32 together
+            raise RoundRejected("the averaged model buffers are not finite")
+        return unflatten(average, self.buffer_layout)
+
+    def quarantined_after(self, server_round: int, used: list[Payload]) -> None:
+        """Count this round's refusals per node; a node refused `max-client-rejections` rounds in a row sits out
+        `quarantine-rounds` rounds (logged, and in the round report)."""
+        accepted = {self._reply_nodes[p.header.client_id] for p in used}
+        for node in self.quarantine.record(server_round, self._refused_nodes, accepted):
+            log(WARNING, "%s: refused %d rounds in a row; quarantined for rounds %d-%d (max-client-rejections, "
+                "quarantine-rounds)", self.node_label(node), self.settings.max_client_rejections, server_round + 1,
+                server_round + self.settings.quarantine_rounds)
+        self.round_report.quarantined = {self.node_label(node): last
+                                         for node, last in self.quarantine.active(server_round + 1).items()}
+
+    def commit(self, payloads: Iterable[Payload], server_round: int) -> None:
+        """These replies went into the round's state: bind their ids, record the round."""
+        for payload in payloads:
+            client = payload.header.client_id
+            fresh = self.strategy.fresh_start is not None and payload.reply.resumed_from_round == 0
+            if fresh and self.accepted_rounds.get(client):
+                self.round_report.fresh_starts.append(client)
+            self.identities.bind(self._reply_nodes[client], client)
+            self.identities.ledger.record_contribution(client, server_round)
+            self.accepted_rounds[client] = server_round
+            self.round_report.accepted.append(client)
+
+    def failed(self, reason: str) -> None:
+        """The round could not be absorbed (a bug, or a reply the strategy should have refused): nothing of it is
+        committed, and the report says why."""
+        self.round_report.accepted.clear()
+        self.round_report.rejected["round"] = reason
+
+    def absent(self, node: int, why: str) -> None:
+        """`node` sent nothing usable in time (round-timeout, straggler-wait)."""
+        self.round_report.rejected[self.node_label(node)] = why
+
+    # ---- labels and rejections -----------------------------------------------------------------------------------
+    def node_label(self, node: int) -> str:
+        client = self.identities.client_of(node)
+        return f"client {client!r} (node {node})" if client else f"node {node}"
+
+    def _claimed_label(self, reply: Message) -> str:
+        node = reply.metadata.src_node_id
+        claimed = claimed_client_id(reply.content)
+        known = self.identities.client_of(node)
+        if claimed and known and claimed != known:
+            return f"client {known!r} (node {node}) claiming to be client {claimed[:64]!r}"
+        if claimed and not known:
+            return f"client {claimed[:64]!r} (node {node})"
+        return self.node_label(node)
+
+    def _reject_reply(self, reply: Message, what: str, error: Exception) -> None:
+        label = self._claimed_label(reply)
+        reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
+        self._reject(label, f"{what}: {reason.removeprefix(f'{label}: ')}", reply.metadata.src_node_id)
+
+    def _reject(self, label: str, reason: str, node: int, refused: bool = True) -> None:
+        """Leave one reply of `node` out of the round, with the reason (logged and reported; when `refused`, it
+        counts towards the node's quarantine)."""
+        if len(reason) > MAX_REASON:  # reasons quote what the sender sent: bound what a reply can make us log
+            reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
+        self.round_report.rejected[label] = reason
+        if refused:
+            self._refused_nodes.add(node)
+        log(WARNING, "%s: %s", label, reason)
+
+    # ---- state -----------------------------------------------------------------------------------------------------
+    def state_dict(self, change: Change | None = None) -> ServerState:
+        """Everything a restarted server needs besides the global arrays (which the loop checkpoints itself): the
+        strategy's state and the core's bound identities, accepted rounds, quarantine and forget ledger; as they
+        are, or as `change` would make them (nothing is changed)."""
+        identities = self.identities if change is None else change.identities
+        accepted = self.accepted_rounds if change is None or change.accepted_rounds is None else change.accepted_rounds
+        strategy_state = self.strategy.state if change is None or change.strategy_state is None else change.strategy_state
+        state = self.strategy.save_state(strategy_state)
+        core = {"identities": identities.to_metadata(), "accepted_rounds": dict(accepted),
+                "quarantine": self.quarantine.to_metadata(), "forget-ledger": identities.ledger.to_metadata()}
+        state.metadata[CORE_STATE_KEY] = json.dumps(core)
+        return state
+
+    def load_state_dict(self, state: ServerState) -> None:
+        """Continue from `state_dict()` as saved by an earlier server process."""
+        core = json.loads(state.metadata[CORE_STATE_KEY])
+        self.identities.restore(core["identities"])
+        self.accepted_rounds = {client: int(r) for client, r in core["accepted_rounds"].items()}
+        self.quarantine.restore(core["quarantine"])
+        if "forget-ledger" in core:  # a checkpoint written before forgetting existed: no forget, no contributions kept
+            self.identities.ledger = ForgetLedger.from_metadata(core["forget-ledger"])
+        self.strategy.commit(self.strategy.load_state(state))
+        self.checkpoint_written(state)
+
+    def checkpoint_written(self, state: ServerState) -> None:
+        """A checkpoint holding `state` (from `state_dict()`) is on disk: the loop wrote it, or the server resumed
+        from it. A server restarted now would resume from it and name its accepted rounds to the clients again, so
+        from here on every instruction asks the clients to keep those rounds' states (Header.checkpointed_rounds)."""
+        core = json.loads(state.metadata[CORE_STATE_KEY])
+        self.checkpointed_rounds = {client: int(r) for client, r in core["accepted_rounds"].items()}
+
+    def accepted_without(self, client: str) -> dict[str, int]:
+        """The accepted rounds once `client` is forgotten: no instruction names a state of it any more."""
+        return {c: r for c, r in self.accepted_rounds.items() if c != client}
+
+    def adopt(self, change: Change) -> None:
+        """Take a committed forget or readmission (server/forget.py) as the federation's state."""
+        self.identities = change.identities
+        if change.accepted_rounds is not None:
+            self.accepted_rounds = dict(change.accepted_rounds)
+        if change.strategy_state is not None:
+            self.strategy.commit(change.strategy_state)
+
+    def take_leave_requests(self) -> list[tuple[str, int]]:
+        """This round's leave requests, handed over once: server/forget.py decides them."""
+        requests, self.leave_requests = self.leave_requests, []
+        return requests

@@ -1,0 +1,49 @@
+"""BayesADMM (Möllenhoff et al., "Federated ADMM from Bayesian Duality"), and federated ADMM as its
+isotropic special case.
+
+The server holds q̄ = N(m̄, S̄^-1); client k holds q_k = N(m_k, S_k^-1) and duals (v_k, U_k) on the
+natural parameters. One round:
+  client (line 4):    q_k <- argmin E_q[loss_k/τ + v_k·θ - ½ θ·U_k θ] + ρ KL(q ‖ q̄)      (Eq. 28, 40)
+  client (lines 5-6): v_k <- v_k + γ (S_k m_k - S̄ m̄),  U_k <- U_k + γ (S_k - S̄)            (Eq. 36)
+  server (lines 9-11): S̄ <- (1-α) Mean(S_k) + α [δ I + Sum(U_k)]                            (Eq. 37)
+                       m̄ <- S̄^-1 [(1-α) Mean(S_k m_k) + α Sum(v_k)],  α = 1/(1 + ρK)        (Eq. 38)
+Sign convention: the paper's (duals add client - server; the server adds the dual sums).
+
+Families (the precision's shape, see bayes/gaussian.py):
+  diagonal  Alg. 1; the client solves line 4 with IVON (bayes/ivon.py), ess = N_k/(ρτ) (App. D).
+  isotropic fixed unit covariance + the delta approximation = federated ADMM (Fig. 2a, Eqs. 21-25):
+            the client minimises loss_k + v_k·θ + ρ/2 ‖θ - m̄‖² with Adam/SGD, U_k stays 0, S̄ stays 1.
+  full      App. C.4, for small logistic regressions (strategy `bayesadmm-full`): the client takes
+            `local-epochs` VON/Newton steps of size `lr` on Eq. 34 (`newton_client_step`, delta
+            approximation; exact in one unit step for a quadratic loss, Prop. 3.2). Precisions and U_k
+            travel as one P x P matrix, so P is capped at MAX_FULL_PARAMETERS.
+
+Membership (a real federation, not the paper's fixed K): Mean(...) runs over the clients that replied
+this round; Sum(...) over the stored duals of every client that ever replied; K = that number, so α
+changes when a client joins. A joining client starts with v = U = 0 at the current q̄. Duals live on
+the client, in its durable store, with IVON's state; the client reports them (Alg. 1 line 8) and the
+server keeps them keyed by the stable client id, checking each report against its own replay of the
+dual step, entry by entry (`replay_tolerance`). A client that lost its state restarts from zero duals: the server
+logs the disagreement and uses what the client reports, so the server's sums always match the clients' objectives.
+
+Bounded influence (run config `robust-aggregation = "clip"`): in the server step, every client's duals (v_k, U_k)
+are tempered to at most `clip-ratio` x the median norm of the known clients' duals, and every local posterior's
+natural parameters are moved towards q̄'s to at most `clip-ratio` x the median distance of the round's
+(bayes/robust.py part_clip_factors). The server keeps (and the clients hold) the untempered duals. The screen measures
+a reply's update as (m_k − m̄, log S_k − log S̄): honest local precisions span many orders of magnitude (a small
+client's CNN: 1e2 to 1e18), which a norm in natural parameters would mistake for an attack.
+
+Forgetting a client (`forget`, ../shared/specs/forget.md): Eq. 36 stands still only where every S_k = S̄ and S_k m_k =
+S̄ m̄, and there Eqs. 37-38 read S̄ = δI + Σ_k U_k, S̄ m̄ = Σ_k v_k (`fixed_point_natural`): the duals are the clients'
+sites. The server drops client k's duals and rebuilds q̄ from the others; K - 1 (and α) follow, since they are counted
+from the duals held. What that is, per family, at the fixed point:
+  full       exact for a quadratic loss (U_k = A_k/τ, v_k = b_k/τ). With the clients' cross-entropy the remaining duals
+             are linearisations at m̄ (U_j = H_j(m̄)/τ, v_j = U_j m̄ - ∇ℓ_j(m̄)/τ), and the result is one Newton step
+             from m̄ on the remaining objective Σ_{j≠k} ℓ_j/τ + δ/2 ‖θ‖²: an estimate.
+  diagonal   the duals are the sites of IVON's approximate (mean-field) fixed point: an estimate.
+  isotropic  (federated ADMM) U_j = 0, v_j = -∇ℓ_j(θ̄): θ̄' = Σ_{j≠k} v_j / δ is one gradient step of size 1/δ on
+             Σ_{j≠k} ℓ_j + δ/2 ‖θ‖² from θ̄. Exact is only the removal of k's multiplier; θ̄' is not the optimum
+             without k, and there is no covariance to compare (no KL).
+In every family the remaining duals stay the remaining clients' multipliers, so ordinary rounds among them refine the
+result to the fixed point without k; how far q̄ was from its duals' fixed point is measured (`fixed_point_residual`).
+"""

@@ -1,0 +1,174 @@
+"""BayesADMM's client half: Alg. 1 lines 4-6 (IVON, Newton or Adam/SGD by family), duals and IVON's state kept in
+the durable store."""
+
+from __future__ import annotations
+
+
+import math
+import time
+import torch
+from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.bayes.ivon import IVONWithPrior
+from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
+from fedbayes.client.state import ClientState
+from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import PayloadError
+from fedbayes.bayes.params import TensorLayout
+from fedbayes.strategies.bayesadmm.math import Duals, FAMILIES, delta_objective, dual_step, newton_client_step, precision_from_wire, precision_layout, precision_to_wire, unit_precision
+
+
+MIN_NEWTON_STEP = 1e-6
+IVON_PREFIX = "ivon_"  # IVON's carried state in the durable store: ivon_momentum, ivon_hess, ivon_step
+
+
+def instruction_layouts(instruction: pb.BayesADMMInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    if instruction.family not in FAMILIES:
+        raise PayloadError(f"field 'family': {instruction.family[:32]!r} is not one of {', '.join(FAMILIES)}")
+    return {"global_mean": layout, "global_precision": precision_layout(instruction.family, layout)}
+
+
+def local_update(local: LocalRound) -> LocalResult:
+    """Alg. 1 lines 4-6 on this client; duals and IVON state persist in the durable store."""
+    instruction, runtime, stored = local.instruction, local.runtime, local.stored
+    family = instruction.family
+    global_ = Gaussian(torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout)),
+                       precision_from_wire(local.tensors["global_precision"], family, runtime.layout))
+    duals = _stored_duals(stored, global_)
+    torch.manual_seed(training_seed(local))
+    train = {"isotropic": _train_isotropic, "full": _train_full, "diagonal": _train_ivon}[family]
+    posterior, (train_loss, compute_seconds), optimizer_state = train(local, global_, duals)
+    duals = dual_step(duals, posterior, global_, instruction.dual_step, local.server_round)
+    if family == "isotropic":  # U_k stays 0: the covariance is fixed
+        duals.precision = torch.zeros_like(duals.precision)
+    tensors = {
+        "local_mean": unflatten(posterior.mean.numpy(), runtime.layout),
+        "local_precision": precision_to_wire(posterior.precision, family, runtime.layout),
+        "dual_mean": unflatten(duals.mean.numpy(), runtime.layout),
+        "dual_precision": precision_to_wire(duals.precision, family, runtime.layout),
+    }
+    state = {"dual_mean": duals.mean, "dual_precision": duals.precision, **optimizer_state}
+    return LocalResult(pb.BayesADMMReply(), tensors, train_loss, compute_seconds, state)
+
+
+client_update = ClientHalf(pb.BayesADMMInstruction, local_update, instruction_layouts, stateful=True)
+
+
+def training_seed(local: LocalRound) -> int:
+    """The seed of this round's random numbers: IVON's weight noise (torch's global generator) and the
+    minibatch order. Run config `noise`: shared = the server's noise seed, the same for every client in every
+    round (the reference code calls torch.manual_seed(seed) at the start of each local training); independent =
+    a seed of this client's own for this round."""
+    instruction = local.instruction
+    if instruction.shared_noise:
+        return instruction.noise_seed
+    return local.runtime.local_seed(instruction.training.seed, local.server_round)
+
+
+def _stored_duals(stored: ClientState | None, global_: Gaussian) -> Duals:
+    """This client's duals from its store (zeros in its first round), shaped like q̄ as received: U_k is
+    (P,) for the diagonal family, (P, P) for the full one and a zero scalar for the isotropic one."""
+    shapes = {"dual_mean": global_.mean.shape, "dual_precision": global_.precision.shape}
+    if stored is None:
+        return Duals(torch.zeros(shapes["dual_mean"], dtype=torch.float64),
+                     torch.zeros(shapes["dual_precision"], dtype=torch.float64), 0)
+    for name, shape in shapes.items():
+        if stored.tensors[name].shape != shape:
+            raise ValueError(f"stored {name} has shape {tuple(stored.tensors[name].shape)}, this run needs {tuple(shape)}")
+    return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(), stored.round)
+
+
+def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
+    """Line 4 with IVON: ess = N_k/(ρτ), prior q̄, Lagrange terms τ v_k / N_k and τ u_k / N_k (Eq. 41)."""
+    runtime, instruction, stored = local.runtime, local.instruction, local.stored
+    num_examples = len(runtime.data.labels)
+    ess = num_examples / (instruction.rho * instruction.temperature)
+    model = runtime.model.to(runtime.device)
+    optimizer = IVONWithPrior(
+        model.parameters(), lr=instruction.training.learning_rate, ess=ess, hess_init=instruction.hess_init,
+        beta1=instruction.beta1, beta2=instruction.beta2, mc_samples=instruction.mc_samples,
+        rescale_lr=instruction.rescale_lr,
+    )
+    device_dtype = dict(device=runtime.device, dtype=torch.float32)
+    optimizer.set_prior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
+    scale = instruction.temperature / num_examples
+    optimizer.set_lagrange((scale * duals.mean).to(**device_dtype), (scale * duals.precision).to(**device_dtype))
+    if stored is not None and f"{IVON_PREFIX}hess" in stored.tensors:  # IVON's state carries over between rounds
+        optimizer.carry_on({name.removeprefix(IVON_PREFIX): value for name, value in stored.tensors.items()
+                            if name.startswith(IVON_PREFIX)})
+    if instruction.reset_posterior and stored is not None:  # start at q̄, as the reference code does
+        optimizer.set_posterior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
+    else:  # start at m̄ with IVON's own Hessian estimate (h0 in a client's first round)
+        optimizer.set_posterior(global_.mean.to(**device_dtype), optimizer.posterior()[1])
+    loss_and_seconds = train_epochs(
+        model, runtime.data, optimizer, instruction.training.epochs, instruction.training.batch_size,
+        runtime.device, seed=training_seed(local),
+        sampled_weights=lambda: optimizer.sampled_params(train=True), mc_samples=instruction.mc_samples,
+    )
+    mean, precision = optimizer.posterior()
+    state = {f"{IVON_PREFIX}{name}": value for name, value in optimizer.carried_state().items()}
+    model.cpu()
+    local = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
+    return local, loss_and_seconds, state
+
+
+def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):
+    """Line 4 for the full family (App. C.4): `epochs` VON/Newton steps from q̄ on Eq. 34, whose loss is
+    the client's summed cross-entropy tempered by τ (the same units as the diagonal family's
+    ess = N_k/(ρτ)). Each step starts at size `learning_rate` and halves until Eq. 34 decreases:
+    undamped Newton can diverge on a logistic loss far from its minimum. Full-batch, CPU, float64."""
+    runtime, instruction = local.runtime, local.instruction
+    images, labels = runtime.data.images.double(), runtime.data.labels
+
+    def tempered_loss_sum(theta: torch.Tensor) -> torch.Tensor:
+        weights, offset = {}, 0
+        for name, shape in runtime.layout.items():
+            weights[name] = theta[offset : offset + math.prod(shape)].view(shape)
+            offset += math.prod(shape)
+        logits = torch.func.functional_call(runtime.model, weights, (images,))
+        return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / instruction.temperature
+
+    objective = delta_objective(tempered_loss_sum, global_, duals, instruction.rho)
+    started = time.perf_counter()
+    local, value = global_, objective(global_.mean)
+    for _ in range(instruction.training.epochs):
+        step_size = instruction.training.learning_rate
+        while True:
+            candidate = newton_client_step(tempered_loss_sum, global_, duals, instruction.rho, local, step_size)
+            candidate_value = objective(candidate.mean)
+            if candidate_value <= value or step_size < MIN_NEWTON_STEP:  # the latter: converged to round-off
+                break
+            step_size /= 2
+        local, value = candidate, candidate_value
+    local = Gaussian(local.mean, 0.5 * (local.precision + local.precision.T))  # exact symmetry for the wire
+    seconds = time.perf_counter() - started
+    train_loss = tempered_loss_sum(local.mean).item() * instruction.temperature / max(len(labels), 1)
+    return local, (train_loss, seconds), {}
+
+
+def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):
+    """Federated ADMM's client step (Eq. 21) on the mean loss: loss + (v·θ + ρ/2 ‖θ - m̄‖²)/N_k."""
+    runtime, instruction = local.runtime, local.instruction
+    num_examples = len(runtime.data.labels)
+    model = runtime.model.to(runtime.device)
+    with torch.no_grad():
+        offset = 0
+        for p in model.parameters():
+            p.copy_(global_.mean[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+    anchor = global_.mean.to(runtime.device, torch.float32)
+    dual = duals.mean.to(runtime.device, torch.float32)
+
+    def admm_terms(module: torch.nn.Module) -> torch.Tensor:
+        theta = torch.cat([p.flatten() for p in module.parameters()])
+        return (dual @ theta + 0.5 * instruction.rho * (theta - anchor).square().sum()) / num_examples
+
+    loss_and_seconds = train_epochs(
+        model, runtime.data, make_optimizer(model, instruction.training), instruction.training.epochs,
+        instruction.training.batch_size, runtime.device,
+        seed=training_seed(local), extra_loss=admm_terms,
+    )
+    mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
+    model.cpu()
+    return Gaussian(mean, unit_precision()), loss_and_seconds, {}

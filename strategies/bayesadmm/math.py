@@ -1,0 +1,223 @@
+"""BayesADMM's math, shared by both halves: the dual step, the server step, the client's Newton step, bounded
+influence, forgetting at the fixed point, and how a family's precision is shaped on the wire."""
+
+from __future__ import annotations
+
+
+import math
+from dataclasses import dataclass
+import numpy as np
+import torch
+from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
+from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.robust import part_clip_factors
+from fedbayes.bayes.params import TensorLayout, Tensors
+
+
+DUAL_CHECK_RTOL = 1e-5  # per entry, of the magnitudes that make it: float32 transport rounds each to ~6e-8
+
+
+FAMILIES = ("diagonal", "isotropic", "full")  # the shape of a precision (bayes/gaussian.py)
+
+
+@dataclass
+class Duals:
+    mean: torch.Tensor  # v_k, shaped like a mean
+    precision: torch.Tensor  # U_k, shaped like the family's precision
+    round: int = 0  # last round these duals were updated in
+
+
+def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, server_round: int) -> Duals:
+    """Alg. 1 lines 5-6 / Eq. 36: v += γ (S_k m_k - S̄ m̄), U += γ (S_k - S̄)."""
+    local_eta, _ = local.natural()
+    global_eta, _ = global_.natural()
+    return Duals(
+        duals.mean + step * (local_eta - global_eta),
+        duals.precision + step * (local.precision - global_.precision),
+        server_round,
+    )
+
+
+def server_natural(locals_: list[Gaussian], all_duals: list[Duals], rho: float,
+                   prior_precision: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Alg. 1 lines 9-11 / Eqs. 37-38 for any family, in natural parameters: (S̄ m̄, S̄). `locals_`: this round's
+    replies; `all_duals`: every known client's duals (K = len(all_duals))."""
+    alpha = 1.0 / (1.0 + rho * len(all_duals))
+    mean_eta = torch.stack([q.natural()[0] for q in locals_]).mean(0)
+    mean_precision = torch.stack([q.precision for q in locals_]).mean(0)
+    sum_v = torch.stack([d.mean for d in all_duals]).sum(0)
+    sum_u = torch.stack([d.precision for d in all_duals]).sum(0)
+    precision = (1 - alpha) * mean_precision + alpha * (scaled_identity(mean_precision, prior_precision) + sum_u)
+    return (1 - alpha) * mean_eta + alpha * sum_v, precision
+
+
+def server_step(locals_: list[Gaussian], all_duals: list[Duals], rho: float, prior_precision: float) -> Gaussian:
+    """Eqs. 37-38 as a Gaussian: m̄ = S̄⁻¹ (S̄ m̄)."""
+    eta, precision = server_natural(locals_, all_duals, rho, prior_precision)
+    return Gaussian(solve(precision, eta), precision)
+
+
+def fixed_point_natural(all_duals: list[Duals], prior_precision: float,
+                        like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs. 37-38 at the fixed point (../shared/specs/forget.md): where Eq. 36 stands still, every S_k = S̄ and
+    S_k m_k = S̄ m̄, so S̄ = (1-α) S̄ + α [δI + Σ U_k] whatever α: (S̄ m̄, S̄) = (Σ_k v_k, δI + Σ_k U_k) over
+    `all_duals`. `like`: a precision of the family's shape."""
+    sum_v = torch.stack([d.mean for d in all_duals]).sum(0)
+    sum_u = torch.stack([d.precision for d in all_duals]).sum(0)
+    return sum_v, scaled_identity(like, prior_precision) + sum_u
+
+
+def fixed_point_residual(global_: Gaussian, all_duals: list[Duals], prior_precision: float) -> float:
+    """How far q̄ is from the Gaussian its duals make at the fixed point (forget.md: "measure, do not assume"): the
+    larger relative distance of the means and of the precisions (the means alone for the fixed-covariance family,
+    where θ̄ = Σ v_k/δ at the fixed point). 0 at the fixed point."""
+    eta, precision = fixed_point_natural(all_duals, prior_precision, global_.precision)
+    distances = [relative_distance(solve(precision, eta), global_.mean)]
+    if global_.kind != "isotropic":
+        distances.append(relative_distance(precision, global_.precision))
+    return max(distances)
+
+
+def relative_distance(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((value - reference).norm() / reference.norm().clamp_min(1e-300)).item()
+
+
+def replay_tolerance(previous: Duals, local: Gaussian, global_: Gaussian, step: float, reported: Duals) -> Duals:
+    """Per entry, how far a reported dual may lie from the server's replay of Eq. 36: DUAL_CHECK_RTOL of the
+    magnitudes that make the entry (old dual, γ·local, γ·global, the result), since each crossed the wire as
+    float32. Per entry: a tolerance scaled by a tensor's largest entry let one huge entry hide errors in the rest."""
+    mean = previous.mean.abs() + step * (natural_mean_magnitude(local) + natural_mean_magnitude(global_)) \
+        + reported.mean.abs()
+    precision = previous.precision.abs() + step * (local.precision.abs() + global_.precision.abs()) \
+        + reported.precision.abs()
+    return Duals(DUAL_CHECK_RTOL * mean + 1e-30, DUAL_CHECK_RTOL * precision + 1e-30)
+
+
+def natural_mean_magnitude(q: Gaussian) -> torch.Tensor:
+    """|S| |m| entry by entry: what bounds the float32 rounding error of each entry of S m (for a full S, each entry
+    sums a whole row, so its error scales with |S| |m|, not with |S m|)."""
+    return Gaussian(q.mean.abs(), q.precision.abs()).precision_times(q.mean.abs())
+
+
+def tempering(means: list[torch.Tensor], precisions: list[torch.Tensor], clip_ratio: float) -> list[float]:
+    """Per item, the factor that brings both its natural mean and its precision part to at most clip-ratio x the
+    median of theirs (bayes/robust.py part_clip_factors)."""
+    parts = [[mean.numpy() for mean in means], [precision.numpy().ravel() for precision in precisions]]
+    return [float(factor) for factor in part_clip_factors(parts, clip_ratio)]
+
+
+def tempered_duals(all_duals: list[Duals], clip_ratio: float) -> list[Duals]:
+    """Every client's duals tempered to at most clip-ratio x the median dual, in natural parameters."""
+    factors = tempering([d.mean for d in all_duals], [d.precision for d in all_duals], clip_ratio)
+    return [Duals(f * d.mean, f * d.precision, d.round) for f, d in zip(factors, all_duals)]
+
+
+def bounded_influence(locals_: list[Gaussian], all_duals: list[Duals], global_: Gaussian,
+                      clip_ratio: float) -> tuple[list[Gaussian], list[Duals]]:
+    """What the clip rule feeds the server step: duals tempered to at most clip-ratio x the median dual (in
+    natural parameters), and local posteriors moved towards q̄, in natural parameters, to at most clip-ratio x the
+    median distance of the round's."""
+    duals = tempered_duals(all_duals, clip_ratio)
+    global_eta = global_.natural()[0]
+    eta_offsets = [q.natural()[0] - global_eta for q in locals_]
+    precision_offsets = [q.precision - global_.precision for q in locals_]
+    moved = []
+    for f, eta, precision in zip(tempering(eta_offsets, precision_offsets, clip_ratio), eta_offsets,
+                                 precision_offsets):
+        precision = global_.precision + f * precision  # between S̄ and S_k: positive definite like both
+        moved.append(Gaussian(solve(precision, global_eta + f * eta), precision))
+    return moved, duals
+
+
+def newton_client_step(
+    loss_sum,
+    global_: Gaussian,
+    duals: Duals,
+    rho: float,
+    start: Gaussian,
+    step_size: float = 1.0,
+) -> Gaussian:
+    """One VON step (delta approximation) on Eq. 34 for a full or isotropic-fixed family:
+    minimise (1/ρ)·[loss(θ) + v·θ - ½θ·Uθ] + KL(q ‖ q̄). `loss_sum(theta)` is the client's summed
+    loss. With a quadratic loss and step 1 this is the exact minimiser."""
+    if global_.kind not in ("full", "isotropic"):
+        raise ValueError("newton_client_step is for the full and fixed-isotropic families; diagonal uses IVON")
+    theta = start.mean.detach()
+    gradient = torch.func.grad(loss_sum)(theta)
+    # jacrev∘jacrev: torch.func.hessian's forward mode costs ~8 s on its first call in a process (~2 s here).
+    hessian = torch.func.jacrev(torch.func.jacrev(loss_sum))(theta)
+    identity = torch.eye(theta.numel(), dtype=theta.dtype)
+    if global_.kind == "isotropic":  # fixed unit covariance: KL = ½‖m - m̄‖², U = 0, only m moves
+        precision = identity + hessian / rho
+        direction = solve(precision, (gradient + duals.mean) / rho + (theta - global_.mean))
+        return Gaussian(theta - step_size * direction, start.precision)
+    target_precision = global_.precision + (hessian - duals.precision) / rho
+    precision = (1 - step_size) * start.precision + step_size * target_precision
+    direction = solve(
+        precision, (gradient + duals.mean - duals.precision @ theta) / rho + global_.precision @ (theta - global_.mean)
+    )
+    return Gaussian(theta - step_size * direction, precision)
+
+
+def delta_objective(loss_sum, global_: Gaussian, duals: Duals, rho: float):
+    """Eq. 34 under the delta approximation as a function of the mean θ (what `newton_client_step`
+    descends): (1/ρ)·[loss(θ) + v·θ - ½θ·Uθ] + ½(θ - m̄)·S̄(θ - m̄)."""
+
+    def objective(theta: torch.Tensor) -> torch.Tensor:
+        offset = theta - global_.mean
+        lagrange = duals.mean @ theta - 0.5 * theta @ (duals.precision @ theta)
+        return (loss_sum(theta) + lagrange) / rho + 0.5 * offset @ (global_.precision @ offset)
+
+    return objective
+
+
+# fixed unit covariance, U_k = 0) --------------------------------------------------------------------------------
+def unit_precision() -> torch.Tensor:
+    return torch.tensor(1.0, dtype=torch.float64)
+
+
+def precision_layout(family: str, layout: TensorLayout) -> TensorLayout:
+    if family == "isotropic":
+        return {}
+    if family == "full":
+        size = sum(math.prod(shape) for shape in layout.values())
+        return {"matrix": (size, size)}
+    return layout
+
+
+def precision_to_wire(precision: torch.Tensor, family: str, layout: TensorLayout) -> Tensors:
+    if family == "isotropic":
+        return {}
+    if family == "full":
+        return {"matrix": precision.numpy().astype(np.float32)}
+    return unflatten(precision.numpy(), layout)
+
+
+def precision_from_wire(arrays: Tensors, family: str, layout: TensorLayout) -> torch.Tensor:
+    if family == "isotropic":
+        return unit_precision()
+    wire_layout = precision_layout(family, layout)
+    flat = torch.from_numpy(flatten(arrays, wire_layout))
+    return flat.view(wire_layout["matrix"]) if family == "full" else flat
+
+
+def mean_log_precision(q: Gaussian) -> torch.Tensor:
+    """(m, log diag S) as one flat vector; m alone for the fixed-covariance family."""
+    if q.kind == "isotropic":
+        return q.mean
+    diagonal = q.precision.diagonal() if q.precision.ndim == 2 else q.precision
+    return torch.cat([q.mean, diagonal.log()])
+
+
+def precision_summary(q: Gaussian) -> dict[str, float]:
+    """The median of the global precision S̄ (its diagonal for the full family): how fast q̄ concentrates,
+    which is what shared training noise speeds up (README, Results)."""
+    if q.kind == "isotropic":
+        return {}
+    diagonal = q.precision.diagonal() if q.precision.ndim == 2 else q.precision
+    return {"global-precision-median": float(diagonal.median())}
+
+
+def as_sent(q: Gaussian) -> Gaussian:
+    """`q` rounded to float32, as the clients receive it: the server replays their dual steps from the same q̄."""
+    return Gaussian(q.mean.to(torch.float32).double(), q.precision.to(torch.float32).double())

@@ -1,0 +1,274 @@
+"""BayesADMM's server half: q̄ and every known client's duals, the replay check of each reply's duals, Eqs. 37-38; the
+federated ADMM (isotropic) and full-covariance families as subclasses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+
+from fedbayes.bayes.gaussian import Gaussian, kl_divergence, solve
+from fedbayes.bayes.params import TensorLayout, flatten, unflatten
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import Payload, PayloadError
+from fedbayes.strategies.base import (
+    ForgetRefused, Forgotten, GlobalPosterior, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update,
+    local_training,
+)
+from fedbayes.strategies.bayesadmm.math import (
+    DUAL_CHECK_RTOL, Duals, as_sent, bounded_influence, dual_step, fixed_point_natural, fixed_point_residual,
+    mean_log_precision, precision_from_wire, precision_layout, precision_summary, precision_to_wire, replay_tolerance,
+    server_natural, tempered_duals, unit_precision,
+)
+from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
+from fedbayes.tasks.config import ConfigError, RunSettings
+
+MAX_FULL_PARAMETERS = 2048  # a full precision is P x P float32 on the wire: 16 MiB per matrix at the cap
+
+
+@dataclass(frozen=True)
+class BayesADMMState:
+    """q̄ as the clients receive it (None until round 1 sets it from the initial model), and every known client's
+    duals after its last accepted round."""
+
+    global_: Gaussian | None = None
+    duals: dict[str, Duals] = field(default_factory=dict)
+
+
+class BayesADMM(ServerStrategy[BayesADMMState]):
+    """BayesADMM over the network with diagonal Gaussians (Alg. 1, IVON clients); FedADMM and BayesADMMFull are
+    its other families (the package docstring)."""
+
+    reply_type = pb.BayesADMMReply
+    settings_type = BayesADMMSettings
+    robust_rules = ("none", "clip")
+    fresh_start = "it starts again from zero duals"
+    family: ClassVar[str] = "diagonal"
+    hyperparameters: BayesADMMSettings
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> None:
+        super().__init__(settings, layout, buffer_layout)
+        self.isotropic = self.family == "isotropic"
+        self.size = sum(math.prod(shape) for shape in layout.values())
+
+    def initial_state(self) -> BayesADMMState:
+        return BayesADMMState()
+
+    @property
+    def dual_step_size(self) -> float:
+        # γ = damping·ρ as in the reference code; federated ADMM's dual step is ρ itself (Eq. 22).
+        rho = self.hyperparameters.rho
+        return rho if self.isotropic else self.hyperparameters.dual_damping * rho
+
+    @property
+    def global_(self) -> Gaussian:
+        """q̄ (once round 1 has set it)."""
+        assert self.state.global_ is not None, "q̄ is set in round 1's instruction"
+        return self.state.global_
+
+    def _initial_global(self, arrays: ArrayRecord) -> Gaussian:
+        """q̄ at the start: the model's initial weights as mean (m̄ = 0 would make the MLP's hidden units identical),
+        precision δ (Alg. 1 init), or 1 for the fixed-covariance family."""
+        mean = torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout))
+        delta = self.hyperparameters.prior_precision
+        if self.isotropic:
+            return Gaussian(mean, unit_precision())
+        if self.family == "full":
+            return as_sent(Gaussian(mean, delta * torch.eye(self.size, dtype=torch.float64)))
+        return as_sent(Gaussian(mean, torch.full_like(mean, delta)))
+
+    def instruction(self, server_round: int, arrays: ArrayRecord,
+                    nodes: Sequence[int]) -> tuple[pb.BayesADMMInstruction, TensorGroups]:
+        if self.state.global_ is None:
+            self.state = replace(self.state, global_=self._initial_global(arrays))
+        hp = self.hyperparameters
+        instruction = pb.BayesADMMInstruction(
+            training=local_training(self.settings, server_round), family=self.family,
+            rho=hp.rho, dual_step=self.dual_step_size, temperature=hp.temperature, hess_init=hp.hess_init,
+            beta1=hp.beta1, beta2=hp.beta2, mc_samples=hp.mc_samples, rescale_lr=hp.rescale_lr,
+            reset_posterior=hp.reset_posterior, shared_noise=hp.noise == "shared", noise_seed=self.settings.seed,
+        )
+        tensors = {"global_mean": unflatten(self.global_.mean.numpy(), self.layout),
+                   "global_precision": precision_to_wire(self.global_.precision, self.family, self.layout)}
+        return instruction, tensors
+
+    def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        precision_wire = precision_layout(self.family, self.layout)
+        return {"local_mean": self.layout, "local_precision": precision_wire,
+                "dual_mean": self.layout, "dual_precision": precision_wire}
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update[BayesADMMState]:
+        locals_ = [self._local_posterior(payload) for payload in payloads]
+        duals = self.state.duals | {p.header.client_id: self._reported_duals(p, server_round) for p in payloads}
+        used_locals, used_duals = locals_, list(duals.values())
+        if self.settings.robust_aggregation == "clip":
+            used_locals, used_duals = bounded_influence(locals_, used_duals, self.global_, self.settings.clip_ratio)
+        eta, precision = server_natural(used_locals, used_duals, self.hyperparameters.rho,
+                                        self.hyperparameters.prior_precision)
+        problem = self._precision_problem(precision)  # before the solve: a singular S̄ must not raise there
+        if problem:
+            raise RoundRejected(problem)
+        updated = as_sent(Gaussian(solve(precision, eta), unit_precision() if self.isotropic else precision))
+        problem = self._global_problem(updated)
+        if problem:
+            raise RoundRejected(problem)
+        return Update(updated.mean.numpy(), BayesADMMState(updated, duals),
+                      {"known-clients": len(duals), **precision_summary(updated)})
+
+    def forget(self, client: str) -> Forgotten[BayesADMMState]:
+        """Drop client k's duals and rebuild q̄ at the fixed point from the remaining ones, S̄' = δI + Σ_{j≠k} U_j,
+        m̄' = S̄'⁻¹ Σ_{j≠k} v_j (tempered as the server step tempers them under `clip`); what that is per family: the
+        package docstring. The remaining duals stay, so the next ordinary round goes on from them."""
+        self.check_forgettable(client, self.state.duals)
+        duals = {c: d for c, d in self.state.duals.items() if c != client}
+        delta = self.hyperparameters.prior_precision
+        eta, precision = fixed_point_natural(self._summed_duals(duals), delta, self.global_.precision)
+        residual = fixed_point_residual(self.global_, self._summed_duals(self.state.duals), delta)
+        problem = self._precision_problem(precision)  # before the solve, as in absorb
+        if problem is None:
+            forgotten = as_sent(Gaussian(solve(precision, eta), unit_precision() if self.isotropic else precision))
+            problem = self._global_problem(forgotten)
+        if problem is not None:
+            raise ForgetRefused(f"without client {client!r}, {problem.split(';')[0]}: the remaining duals are not yet "
+                                f"sites (q̄ is {residual:.2g} from its duals' fixed point); run more rounds first, "
+                                "or retrain")
+        kl = None if self.isotropic else kl_divergence(self.global_, forgotten)
+        what = {"full": "exact for a quadratic loss, one Newton step on the remaining data for cross-entropy",
+                "diagonal": "the sites of IVON's approximate fixed point: an estimate",
+                "isotropic": "θ̄' = Σ v_j/δ, one gradient step of size 1/δ on the remaining objective"}[self.family]
+        note = (f"q̄ from the {len(duals)} remaining clients' duals at the fixed point ({what}); q̄ was {residual:.2g} "
+                f"from its duals' fixed point; refinement rounds move it to the fixed point without {client!r}")
+        # exact only for a quadratic loss, which no client here trains (the full family's is cross-entropy)
+        return Forgotten(forgotten.mean.numpy(), BayesADMMState(forgotten, duals), exact=False, kl_before_after=kl,
+                         note=note)
+
+    def _summed_duals(self, duals: dict[str, Duals]) -> list[Duals]:
+        """The duals as the server step sums them: tempered under the `clip` rule."""
+        if self.settings.robust_aggregation == "clip":
+            return tempered_duals(list(duals.values()), self.settings.clip_ratio)
+        return list(duals.values())
+
+    def update_of(self, payload: Payload) -> np.ndarray:
+        """(m_k − m̄, log S_k − log S̄): the local posterior against q̄, in mean and log precision (the diagonal's, for
+        the full family; none for the fixed-covariance one). check_reply has made sure S_k is positive."""
+        return (mean_log_precision(self._local_posterior(payload)) - mean_log_precision(self.global_)).numpy()
+
+    def state_norm(self) -> float:
+        return mean_log_precision(self.global_).norm().item()
+
+    def check_reply(self, payload: Payload) -> None:
+        """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite precision matrix
+        (full); the isotropic family sends none. The reported duals must be the dual step (Alg. 1 lines 5-6) from the
+        duals of the client's last accepted round (zero for a new client or one that lost its state), as the server
+        replays it: the duals feed the server's sums."""
+        local = self._local_posterior(payload)
+        if self.family == "full":
+            if torch.linalg.cholesky_ex(local.precision).info != 0:
+                raise PayloadError("field 'local_precision': the precision matrix is not positive definite")
+        elif not self.isotropic and (local.precision <= 0).any():
+            raise PayloadError(f"field 'local_precision': {(local.precision <= 0).sum().item()} precisions are <= 0")
+        previous = self.state.duals[payload.header.client_id] if payload.reply.resumed_from_round else Duals(
+            torch.zeros_like(local.mean), torch.zeros_like(self.global_.precision))
+        expected = dual_step(previous, local, self.global_, self.dual_step_size, payload.header.server_round)
+        reported = self._reported_duals(payload, payload.header.server_round)
+        tolerance = replay_tolerance(previous, local, self.global_, self.dual_step_size, reported)
+        for name, mine, theirs, allowed in (("dual_mean", expected.mean, reported.mean, tolerance.mean),
+                                            ("dual_precision", expected.precision, reported.precision,
+                                             tolerance.precision)):
+            excess = ((mine - theirs).abs() / allowed).max().item()
+            if excess > 1.0:
+                raise PayloadError(f"field '{name}': differs from the server's replay of the dual step by "
+                                   f"{excess:.3g} times the tolerance of an entry ({DUAL_CHECK_RTOL:g} of the "
+                                   "magnitudes that make it)")
+
+    def _local_posterior(self, payload: Payload) -> Gaussian:
+        mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
+        if self.isotropic:
+            return Gaussian(mean, unit_precision())
+        return Gaussian(mean, precision_from_wire(payload.tensors["local_precision"], self.family, self.layout))
+
+    def _reported_duals(self, payload: Payload, server_round: int) -> Duals:
+        mean = torch.from_numpy(flatten(payload.tensors["dual_mean"], self.layout))
+        if self.isotropic:
+            return Duals(mean, torch.tensor(0.0, dtype=torch.float64), server_round)
+        return Duals(mean, precision_from_wire(payload.tensors["dual_precision"], self.family, self.layout),
+                     server_round)
+
+    def save_state(self, state: BayesADMMState) -> ServerState:
+        """q̄ and every known client's duals (with the round they were last updated in), in float64."""
+        saved = ServerState()
+        if state.global_ is not None:
+            saved.tensors |= {"global_mean": state.global_.mean.numpy(), "global_precision": state.global_.precision.numpy()}
+            saved.add_per_client("duals", state.duals)
+        return saved
+
+    def load_state(self, saved: ServerState) -> BayesADMMState:
+        if "global_mean" not in saved.tensors:
+            return BayesADMMState()
+        global_ = Gaussian(torch.from_numpy(saved.tensors["global_mean"].copy()),
+                           torch.from_numpy(saved.tensors["global_precision"].copy()))
+        return BayesADMMState(global_, saved.per_client("duals", Duals))
+
+    def _global_problem(self, q: Gaussian) -> str | None:
+        """Why `q` (as sent: float32 values) cannot be the new global posterior, or None."""
+        if not (torch.isfinite(q.mean).all() and torch.isfinite(q.precision).all()):
+            return "the global posterior would be non-finite"
+        return self._precision_problem(q.precision)
+
+    def _precision_problem(self, precision: torch.Tensor) -> str | None:
+        """Why `precision` cannot be the global precision S̄ (not finite, not positive definite), or None."""
+        if self.isotropic:
+            return None
+        if not torch.isfinite(precision).all():
+            return "the global precision would be non-finite"
+        if self.family == "full" and torch.linalg.cholesky_ex(precision).info != 0:
+            return ("the global precision matrix would not be positive definite; lower dual-damping "
+                    "or raise prior-precision")
+        if self.family == "diagonal" and (precision <= 0).any():
+            return (f"{(precision <= 0).sum().item()} global precisions would be <= 0; lower "
+                    "dual-damping or raise prior-precision")
+        return None
+
+    def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
+        """Weights sampled from q̄ for the predictive ensemble (none for the fixed-covariance family)."""
+        if self.isotropic or self.state.global_ is None or count == 0:
+            return []
+        samples = Gaussian(self.global_.mean, self.global_.precision).sample(count, generator)
+        return [unflatten(sample.numpy(), self.layout) for sample in samples]
+
+    def global_posterior(self) -> GlobalPosterior:
+        if self.isotropic:
+            return GlobalPosterior("a point estimate m̄: federated ADMM fixes the covariance at the identity, a device "
+                                   "of the algorithm, not a learnt posterior")
+        if self.state.global_ is None:
+            return super().global_posterior()
+        return GlobalPosterior(f"q̄ = N(m̄, S̄⁻¹) with a {self.family} precision S̄ (BayesADMM Alg. 1)", self.global_)
+
+
+class FedADMM(BayesADMM):
+    """Federated ADMM: BayesADMM's isotropic family, a fixed unit covariance with the delta approximation."""
+
+    family = "isotropic"
+
+
+class BayesADMMFull(BayesADMM):
+    """BayesADMM with full-covariance Gaussians and Newton clients (App. C.4), for small logistic regressions: the
+    precisions travel as P x P matrices."""
+
+    family = "full"
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> None:
+        size = sum(math.prod(shape) for shape in layout.values())
+        if settings.model != "logreg":
+            raise ConfigError("strategy 'bayesadmm-full' needs model=logreg: its Newton steps need a convex loss")
+        if size > MAX_FULL_PARAMETERS:
+            raise ConfigError(
+                f"strategy 'bayesadmm-full' sends {size}x{size} precisions; the model has {size} parameters and "
+                f"at most {MAX_FULL_PARAMETERS} are allowed: shrink the input, e.g. pool=4 (FMNIST 7x7, 500 parameters)"
+            )
+        super().__init__(settings, layout, buffer_layout)

@@ -1,0 +1,25 @@
+"""BayesADMM's run-config keys (also federated ADMM's and bayesadmm-full's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, POSITIVE, key
+
+
+@dataclass(frozen=True)
+class BayesADMMSettings:
+    """The defaults are the paper's for FMNIST-10% heterogeneous (Möllenhoff et al., the reference code)."""
+
+    rho: float = key(0.2, "ρ: the primal step, the weight of KL(q ‖ q̄) in the client's objective (Eq. 28)", POSITIVE)
+    dual_damping: float = key(0.001, "γ/ρ: the dual step is γ = damping·ρ (federated ADMM: γ = ρ)", POSITIVE)
+    temperature: float = key(0.001, "τ: the client minimises loss_sum / τ (App. D)", POSITIVE)
+    prior_precision: float = key(1.0, "δ: the prior's precision, q̄'s precision at the start (Alg. 1)", POSITIVE)
+    hess_init: float = key(0.001, "IVON's initial Hessian h0", POSITIVE)
+    beta1: float = key(0.9, "IVON's gradient momentum", MOMENTUM)
+    beta2: float = key(0.9998, "IVON's Hessian momentum", MOMENTUM)
+    mc_samples: int = key(1, "IVON's weight samples per step", AT_LEAST_ONE)
+    rescale_lr: bool = key(False, "IVON's rescale_lr")
+    reset_posterior: bool = key(True, "start IVON's posterior at q̄ every round (the reference code does)")
+    noise: str = key("shared", "shared: every client draws IVON's weight noise and its minibatch order from the run "
+        "seed, the same in every round (the reference code); independent: per client and round", choices=("shared", "independent"))

@@ -1,0 +1,237 @@
+"""DSVGD's server half: the global particles, which client each round schedules, P-DSVGD's distillation."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from logging import INFO
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from flwr.common import log
+
+from fedbayes.bayes.params import TensorLayout, unflatten
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import Payload
+from fedbayes.strategies.base import (
+    ForgetRefused, Forgotten, GlobalPosterior, NodePool, RoundRejected, ServerState, ServerStrategy, TensorGroups,
+    Update,
+)
+from fedbayes.strategies.dsvgd.math import SVGDSettings, gaussian_prior_score, initial_particles, server_distillation
+from fedbayes.strategies.dsvgd.settings import DSVGDSettings
+from fedbayes.tasks.config import ConfigError, RunSettings
+
+
+@dataclass(frozen=True)
+class DSVGDState:
+    """The global particles Θ (P-DSVGD: φ), (N, P) float32 (None until round 1 draws Θ^(0)); P-DSVGD: every client's
+    latest local particles; the round-robin position, the rotation key (`turn_key`) scheduled last."""
+
+    particles: np.ndarray | None = None
+    local_particles: dict[str, np.ndarray] = field(default_factory=dict)
+    last_scheduled: str = ""
+
+
+class DSVGD(ServerStrategy[DSVGDState]):
+    """DSVGD over the network, one client per round; PDSVGD and UDSVGD are its variants (the package docstring)."""
+
+    reply_type = pb.DSVGDReply
+    settings_type = DSVGDSettings
+    fresh_start = "it started again from the initial particles (its earlier data now counts twice)"
+    variant: ClassVar[str] = "dsvgd"
+    parallel: ClassVar[bool] = False  # P-DSVGD: several clients a round, whose local particles the server distils
+    hyperparameters: DSVGDSettings
+
+    def __init__(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> None:
+        if buffer_layout:  # a particle is one parameter vector: batch statistics have no meaning per particle
+            raise ConfigError(f"{self.variant}: the model has buffers ({', '.join(list(buffer_layout)[:3])}); "
+                              "DSVGD's particles are parameters only: use a model without BatchNorm (e.g. GroupNorm)")
+        super().__init__(settings, layout, buffer_layout)
+        self.size = sum(math.prod(shape) for shape in layout.values())
+        self.particle_layout = {"particles": (self.hyperparameters.particles, self.size)}
+        self.tried_nodes: set[int] = set()  # nodes sent work before their client id was known
+        self.sending_initial = True  # this round sends Θ^(0): the server has accepted no update yet
+
+    def initial_state(self) -> DSVGDState:
+        return DSVGDState()
+
+    @property
+    def particles(self) -> np.ndarray:
+        assert self.state.particles is not None, "Θ^(0) is drawn in round 1's instruction"
+        return self.state.particles
+
+    def instruction(self, server_round: int, arrays: ArrayRecord,
+                    nodes: Sequence[int]) -> tuple[pb.DSVGDInstruction, TensorGroups]:
+        hp = self.hyperparameters
+        if self.state.particles is None:
+            self.state = replace(self.state, particles=initial_particles(self.layout, hp.particles, self.settings.seed))
+        instruction = pb.DSVGDInstruction(
+            variant=self.variant, particle_count=hp.particles, max_visits=hp.udsvgd_max_visits,
+            local_steps=hp.local_steps, distill_steps=hp.distill_steps, kde_bandwidth=hp.kde_bandwidth,
+            step_size=hp.svgd_lr, distill_step_size=hp.distill_lr, beta=hp.svgd_beta, fudge=hp.svgd_fudge,
+            alpha=hp.dsvgd_alpha, prior_precision=hp.prior_precision, batch_size=self.settings.batch_size,
+            initial_seed=self.settings.seed, initial_particles=self.sending_initial,
+        )
+        return instruction, {"particles": {"particles": self.particles}}
+
+    def select_nodes(self, pool: NodePool, server_round: int) -> list[int]:
+        """P-DSVGD: the seeded `fraction-train` sample. DSVGD: one node; a node whose client id is not known yet
+        first, then the client after the last scheduled one in client-id order (round-robin), or a seeded random
+        node (`dsvgd-scheduler = "random"`)."""
+        self.sending_initial = not pool.accepted_rounds
+        nodes = list(pool.sample) if self.parallel else self._scheduled(pool, server_round)
+        log(INFO, "round %d: scheduled %s", server_round, ", ".join(pool.label(node) for node in nodes))
+        return nodes
+
+    def _scheduled(self, pool: NodePool, server_round: int) -> list[int]:
+        nodes = list(pool.eligible)
+        if not nodes:
+            return []
+        if self.hyperparameters.dsvgd_scheduler == "random":
+            return [random.Random(self.round_seed(server_round)).choice(nodes)]
+        untried = [node for node in nodes if pool.client_of(node) is None and node not in self.tried_nodes]
+        if untried:
+            self.tried_nodes.add(untried[0])
+            self._scheduled_turn(turn_key(pool, untried[0]))  # its next turn comes after a full cycle
+            return untried[:1]
+        node_of_turn = {turn_key(pool, node): node for node in nodes}
+        turns = sorted(node_of_turn)
+        following = [turn for turn in turns if turn > self.state.last_scheduled]
+        self._scheduled_turn((following or turns)[0])  # moves on even if its reply never comes
+        return [node_of_turn[self.state.last_scheduled]]
+
+    def _scheduled_turn(self, turn: str) -> None:
+        self.state = replace(self.state, last_scheduled=turn)
+
+    def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        return {"local_particles" if self.parallel else "particles": self.particle_layout}
+
+    def update_of(self, payload: Payload) -> np.ndarray:
+        """DSVGD: Θ^(i) − Θ^(i-1), the particles' move; P-DSVGD: the client's local particles' move since its last
+        accepted set (Θ^(0) for a new client)."""
+        if not self.parallel:
+            return (payload.tensors["particles"]["particles"].astype(np.float64) - self.particles).ravel()
+        client = payload.header.client_id
+        previous = self.state.local_particles.get(client) if payload.reply.resumed_from_round else None
+        if previous is None:
+            previous = initial_particles(self.layout, self.hyperparameters.particles, self.settings.seed)
+        return (payload.tensors["local_particles"]["particles"].astype(np.float64) - previous).ravel()
+
+    def state_norm(self) -> float:
+        return float(np.linalg.norm(self.particles))
+
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update[DSVGDState]:
+        last_scheduled = payloads[-1].header.client_id  # a newly discovered client counts too
+        local_particles = self.state.local_particles
+        if self.parallel:
+            local_particles = local_particles | {
+                p.header.client_id: p.tensors["local_particles"]["particles"] for p in payloads}
+            particles = self._server_distillation(local_particles)
+            if particles is None:
+                raise RoundRejected("the server's particles became non-finite; lower distill-lr")
+        else:
+            (payload,) = payloads  # one node was sent the round's instruction
+            particles = payload.tensors["particles"]["particles"]  # Alg. 1 line 6: replace, never average
+        log_spread(server_round, particles)
+        return Update(particles.astype(np.float64).mean(0), DSVGDState(particles, local_particles, last_scheduled))
+
+    def forget(self, client: str) -> Forgotten[DSVGDState]:
+        """Forget-SVGD's target q/t_k = p_0 Π_{j≠k} t_j: P-DSVGD's server distillation (eqs. 28-29) without client k's
+        local particles, from φ. DSVGD and U-DSVGD refuse: t_k is client-held (package docstring)."""
+        if not self.parallel:
+            held = "the particles of its visits" if self.variant == "u-dsvgd" else "its local particles"
+            raise ForgetRefused(
+                f"{self.variant}: client {client[:64]!r}'s factor t_k lives only in its own durable store ({held}); "
+                "the server holds the global particles alone and cannot divide t_k out of q. Forget-SVGD (arXiv "
+                "2111.12056) needs that client to take part, running SVGD from the global particles towards q/t_k, "
+                "and there is no instruction for it yet: retrain from the last checkpoint that predates the client's "
+                "first accepted round, or from scratch (p-dsvgd keeps the factors on the server and can forget)")
+        self.check_forgettable(client, self.state.local_particles)
+        local_particles = {c: value for c, value in self.state.local_particles.items() if c != client}
+        particles = self._server_distillation(local_particles)
+        if particles is None:
+            raise ForgetRefused(f"without client {client!r} the server's particles became non-finite; lower distill-lr")
+        note = (f"φ after {self.hyperparameters.server_steps} SVGD steps towards p_0 Π t_j over the {len(local_particles)} "
+                f"remaining clients' local particles (Forget-SVGD's q/t_k): a particle estimate; refinement rounds "
+                "go on from the remaining sets")
+        state = replace(self.state, particles=particles, local_particles=local_particles)
+        return Forgotten(particles.astype(np.float64).mean(0), state, exact=False, kl_before_after=None, note=note)
+
+    def _server_distillation(self, local_particles: dict[str, np.ndarray]) -> np.ndarray | None:
+        """P-DSVGD's server step (eq. 28-29) over every client's latest local particles; None if it diverges."""
+        hp = self.hyperparameters
+        steps = SVGDSettings(0, 0, hp.kde_bandwidth, hp.svgd_lr, hp.distill_lr, hp.svgd_beta, hp.svgd_fudge,
+                             hp.dsvgd_alpha)
+        local_sets = [torch.from_numpy(local_particles[c]) for c in sorted(local_particles)]
+        started = time.perf_counter()
+        particles = server_distillation(torch.from_numpy(self.particles), local_sets,
+                                        gaussian_prior_score(hp.prior_precision), hp.server_steps, steps)
+        log(INFO, "P-DSVGD server distillation over %d clients' particles: %.1f s", len(local_sets),
+            time.perf_counter() - started)
+        if not torch.isfinite(particles).all():
+            return None
+        return particles.numpy().astype(np.float32)
+
+    def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
+        """Every particle (the posterior IS the particles, eq. 27), whenever the ensemble is asked for."""
+        if self.state.particles is None or count == 0:
+            return []
+        return [unflatten(particle, self.layout) for particle in self.particles]
+
+    def global_posterior(self) -> GlobalPosterior:
+        if self.state.particles is None:
+            return super().global_posterior()
+        return GlobalPosterior(f"the {len(self.particles)} particles Θ: their KDE (bandwidth "
+                               f"{self.hyperparameters.kde_bandwidth:g}) is q, the predictive averages the particles "
+                               "(eq. 27); the global model is the particle mean, no model of a network",
+                               particles=self.particles)
+
+    def save_state(self, state: DSVGDState) -> ServerState:
+        saved = ServerState()
+        if state.particles is not None:
+            saved.tensors["particles"] = state.particles
+            saved.tensors |= {f"local/{client}": value for client, value in state.local_particles.items()}
+            saved.metadata["last_scheduled"] = state.last_scheduled
+        return saved
+
+    def load_state(self, saved: ServerState) -> DSVGDState:
+        if "particles" not in saved.tensors:
+            return DSVGDState()
+        local_particles = {name.removeprefix("local/"): value.astype(np.float32)
+                           for name, value in saved.tensors.items() if name.startswith("local/")}
+        return DSVGDState(saved.tensors["particles"].astype(np.float32), local_particles,
+                          saved.metadata["last_scheduled"])
+
+
+class PDSVGD(DSVGD):
+    """P-DSVGD (App. A.5, Alg. 5): a `fraction-train` of the clients each round run both loops and upload their local
+    particles; the server distils φ towards q = p_0 Π_k t_k."""
+
+    reply_type = pb.PDSVGDReply
+    variant = "p-dsvgd"
+    parallel = True
+
+
+class UDSVGD(DSVGD):
+    """U-DSVGD (Sec. 5.1, Alg. 4): DSVGD without distillation; each agent keeps every visit (eq. 12's unconstrained
+    update)."""
+
+    variant = "u-dsvgd"
+
+
+def turn_key(pool: NodePool, node: int) -> str:
+    """A node's place in the rotation: its client id, or, for a node never accepted, a key after every id ('~' sorts
+    after the characters a client id may hold)."""
+    return pool.client_of(node) or f"~node-{node:020d}"
+
+
+def log_spread(server_round: int, particles: np.ndarray) -> None:
+    """An instability watch: particles running off show as growing norms."""
+    particles = torch.from_numpy(particles).double()
+    log(INFO, "round %d: particle norms max %.3g, mean distance to the particle mean %.3g", server_round,
+        particles.norm(dim=1).max().item(), (particles - particles.mean(0)).norm(dim=1).mean().item())

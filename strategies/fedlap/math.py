@@ -1,0 +1,63 @@
+"""FedLap's math, shared by both halves: the cavity, the site step, the global from the sites, clipping."""
+
+from __future__ import annotations
+
+
+from dataclasses import dataclass
+import torch
+from fedbayes.bayes.robust import part_clip_factors
+
+
+@dataclass
+class Site:
+    mean: torch.Tensor  # v_k, natural (precision times mean)
+    precision: torch.Tensor  # V_k (zeros for FedLap)
+    round: int = 0  # the round it was last updated in (0: never)
+
+
+def cavity(global_mean: torch.Tensor, global_precision: torch.Tensor, site: Site, prior_precision: float):
+    """(m_k, P_k): q_g / t̂_k. P_k = δ + Σ_{j≠k} V_j ≥ δ exactly; the clamp only absorbs float32 rounding of S_g."""
+    precision = (global_precision - site.precision).clamp(min=prior_precision)
+    return (global_precision * global_mean - site.mean) / precision, precision
+
+
+def site_step(site: Site, local_mean: torch.Tensor, curvature: torch.Tensor, global_mean: torch.Tensor,
+              global_precision: torch.Tensor, rho: float, server_round: int) -> Site:
+    """[P] Eq. 21: S_k = H_k − V_k + S_g (old V_k); v_k += ρ(S_k w_k − S_g w_g); V_k += ρ(H_k − V_k)."""
+    local_precision = curvature - site.precision + global_precision
+    return Site(site.mean + rho * (local_precision * local_mean - global_precision * global_mean),
+                site.precision + rho * (curvature - site.precision), server_round)
+
+
+def global_from_sites(natural_sum: torch.Tensor, precision_sum: torch.Tensor, prior_precision: float):
+    """q_g ∝ p_0 Π_k t̂_k: S_g = δ + Σ V_k, w_g = Σ v_k / S_g."""
+    precision = prior_precision + precision_sum
+    return natural_sum / precision, precision
+
+
+def site_change(old: Site, new: Site, global_mean: torch.Tensor, global_precision: torch.Tensor) -> torch.Tensor:
+    """(w_g' − w_g, log S_g' − log S_g) for q_g' = q_g · t̂_new / t̂_old: what replacing one site alone does to the
+    global posterior. S_g' ≥ δ > 0, since S_g ≥ δ + V_old and V_new ≥ 0."""
+    precision = global_precision + new.precision - old.precision
+    mean = (global_precision * global_mean + new.mean - old.mean) / precision
+    return torch.cat([mean - global_mean, precision.log() - global_precision.log()])
+
+
+def tempered_sums(sites: list[Site], clip_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ f_k v_k, Σ f_k V_k) with f_k the smallest min(1, clip-ratio x median / norm) of v_k's and V_k's: each
+    site t̂_k^f_k has natural parameters of at most clip-ratio x the median site's."""
+    parts = [[site.mean.numpy() for site in sites], [site.precision.numpy() for site in sites]]
+    factors = torch.from_numpy(part_clip_factors(parts, clip_ratio))
+    return (sum(f * site.mean for f, site in zip(factors, sites)),
+            sum(f * site.precision for f, site in zip(factors, sites)))
+
+
+def client_damping(covariance: bool, num_examples: int, known_clients: int, known_examples: int) -> float:
+    """ρ_k: 1/K for FedLap-Cov, N_k/N for FedLap ([P] App. E); 1/K while no sizes are known (round 1)."""
+    if covariance or known_examples == 0:
+        return 1.0 / known_clients
+    return num_examples / known_examples
+
+
+def as_sent(flat: torch.Tensor) -> torch.Tensor:
+    return flat.to(torch.float32).double()

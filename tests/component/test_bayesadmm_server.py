@@ -1,0 +1,143 @@
+"""The networked BayesADMM server half: membership semantics and the dual consistency check."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord
+
+from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import encode
+from fedbayes.strategies.bayesadmm.server import BayesADMM
+from fedbayes.strategies.bayesadmm.math import Duals, dual_step, server_step
+from fedbayes.strategies import run_settings
+from tests.support import reply_message
+from tests.support import DEFAULTS
+from tests.support import FakeGrid
+from tests.support import round_core
+from tests.support import reply_envelope
+
+LAYOUT = {"w": (2,)}
+
+
+def reply(client, server_round, mean, precision, global_, resumed_from, previous=None, gamma=0.2e-3, sent_duals=None):
+    """A client's honest reply, or one whose duals are `sent_duals` instead of the dual step's."""
+    local = Gaussian(torch.tensor(mean, dtype=torch.float64), torch.tensor(precision, dtype=torch.float64))
+    start = previous or Duals(torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64))
+    duals = dual_step(start, local, global_, gamma, server_round)
+    envelope = reply_envelope(client, server_round, 10, resumed_from_round=resumed_from)
+    as_arrays = lambda t: {"w": t.numpy().astype(np.float32)}  # noqa: E731
+    sent = sent_duals or duals
+    content = encode(envelope, pb.BayesADMMReply(), {"local_mean": as_arrays(local.mean), "local_precision": as_arrays(local.precision),
+                               "dual_mean": as_arrays(sent.mean), "dual_precision": as_arrays(sent.precision)})
+    return content, local, duals
+
+
+def strategy():
+    """A BayesADMM server in its round core after round 1 was configured, and its hyperparameters (the defaults:
+    rho 0.2, damping 1e-3 -> gamma 2e-4)."""
+    core = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
+    core.configure(1, ArrayRecord({"w": Array(np.array([0.5, -0.5], np.float32))}), FakeGrid([1, 2]))
+    return core, core.strategy.hyperparameters
+
+
+def test_mean_over_repliers_sum_over_all_known_clients_and_join():
+    server, settings = strategy()
+    global_1 = server.strategy.global_
+    a1, local_a1, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
+    b1, local_b1, duals_b1 = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
+    server.aggregate(1, [reply_message(a1, 1), reply_message(b1, 2)])
+    expected = server_step([local_a1, local_b1], [duals_a1, duals_b1], settings.rho, settings.prior_precision)
+    torch.testing.assert_close(server.strategy.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(server.strategy.global_.precision, expected.precision, rtol=1e-5, atol=1e-6)
+    # Round 2: only "a" replies, "c" joins. Mean over {a, c}; sums over {a, b, c}; K = 3.
+    global_2 = server.strategy.global_
+    a2, local_a2, duals_a2 = reply("a", 2, [1.5, 1.0], [6.0, 6.0], global_2, 1, previous=duals_a1)
+    c2, local_c2, duals_c2 = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
+    server.aggregate(2, [reply_message(a2, 1), reply_message(c2, 3)])
+    assert server.round_report.rejected == {} and server.round_report.fresh_starts == []
+    expected = server_step([local_a2, local_c2], [duals_a2, duals_b1, duals_c2], settings.rho, settings.prior_precision)
+    assert sorted(server.strategy.state.duals) == ["a", "b", "c"]
+    torch.testing.assert_close(server.strategy.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
+    alpha = 1 / (1 + settings.rho * 3)
+    sum_u = duals_a2.precision + duals_b1.precision + duals_c2.precision
+    mean_s = (local_a2.precision + local_c2.precision) / 2
+    torch.testing.assert_close(server.strategy.global_.precision, (1 - alpha) * mean_s + alpha * (settings.prior_precision + sum_u),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_lost_client_state_is_reported_and_the_clients_duals_are_used(caplog):
+    server, _ = strategy()
+    a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], server.strategy.global_, 0)
+    server.aggregate(1, [reply_message(a1, 1)])
+    # "a" comes back with fresh duals (resumed from round 0) although the server knows round 1.
+    a2, _, fresh = reply("a", 2, [1.0, 1.0], [5.0, 5.0], server.strategy.global_, 0)
+    with caplog.at_level(logging.WARNING):
+        server.aggregate(2, [reply_message(a2, 1)])
+    assert server.round_report.fresh_starts == ["a"]
+    assert "client 'a' lost its state of round 1; it starts again from zero duals" in caplog.text
+    torch.testing.assert_close(server.strategy.state.duals["a"].mean, fresh.mean, rtol=1e-6, atol=1e-9)
+
+
+def test_tampered_duals_are_rejected_and_leave_no_trace():
+    server, _ = strategy()
+    global_1 = server.strategy.global_
+    _, _, honest = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
+    tampered = Duals(torch.tensor([123.0, 0.0], dtype=torch.float64), honest.precision)
+    a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0, sent_duals=tampered)
+    assert server.aggregate(1, [reply_message(a1, 1)]) == (None, None)
+    reason = server.round_report.rejected["client 'a' (node 1)"]
+    assert "field 'dual_mean': differs from the server's replay of the dual step" in reason
+    assert server.strategy.state.duals == {} and server.accepted_rounds == {} and server.identities.node_of_client == {}
+    assert server.strategy.global_ is global_1
+
+
+def test_a_non_positive_local_precision_is_rejected_and_the_round_goes_on():
+    server, settings = strategy()
+    global_1 = server.strategy.global_
+    bad, _, _ = reply("a", 1, [1.0, 2.0], [-50.0, 6.0], global_1, 0)
+    good, local_b, duals_b = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
+    server.aggregate(1, [reply_message(bad, 1), reply_message(good, 2)])
+    assert "1 precisions are <= 0" in server.round_report.rejected["client 'a' (node 1)"]
+    assert server.round_report.accepted == ["b"] and sorted(server.strategy.state.duals) == ["b"]
+    expected = server_step([local_b], [duals_b], settings.rho, settings.prior_precision)
+    torch.testing.assert_close(server.strategy.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
+
+
+def test_a_restored_server_continues_exactly_like_the_original():
+    """state_dict() after round 1, restored into a new round core (a restarted server), then round 2 on
+    both: the same q̄ and the same duals, bit for bit; the restored one also checks round-2 duals."""
+    original, _ = strategy()
+    global_1 = original.strategy.global_
+    a1, _, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
+    b1, _, _ = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
+    original.aggregate(1, [reply_message(a1, 1), reply_message(b1, 2)])
+    restored = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
+    restored.load_state_dict(original.state_dict())
+    a2, _, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], original.strategy.global_, 1, previous=duals_a1)
+    for server in (original, restored):
+        server.aggregate(2, [reply_message(a2, 1)])
+    assert torch.equal(original.strategy.global_.mean, restored.strategy.global_.mean)
+    assert torch.equal(original.strategy.global_.precision, restored.strategy.global_.precision)
+    assert original.strategy.state.duals.keys() == restored.strategy.state.duals.keys() == {"a", "b"}
+    for client in ("a", "b"):
+        assert torch.equal(original.strategy.state.duals[client].mean, restored.strategy.state.duals[client].mean)
+        assert original.strategy.state.duals[client].round == restored.strategy.state.duals[client].round
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    ({"model": "mlp"}, "needs model=logreg"),
+    ({"model": "logreg", "pool": 1}, "pool=4"),  # 7850 parameters: a 7850 x 7850 precision per message
+])
+def test_full_covariance_refuses_models_it_cannot_carry(overrides, problem):
+    from fedbayes.strategies import get_algorithm
+    from fedbayes.tasks.config import ConfigError
+    from fedbayes.tasks.models import build_model
+    from fedbayes.bayes.params import parameter_layout
+
+    settings = run_settings({**DEFAULTS, "strategy": "bayesadmm-full", **overrides})
+    model = build_model(settings.model, (1, 28, 28), 10, pool=settings.pool)
+    with pytest.raises(ConfigError, match=problem):
+        get_algorithm("bayesadmm-full").build_server(settings, parameter_layout(model))

@@ -1,0 +1,136 @@
+"""DSVGD's bookkeeping with the real server and client halves in one process (messages routed by hand):
+scheduling, the server adopting uploads bit for bit, local particles staying on their client, dropped
+replies, checkpoints, P-DSVGD."""
+
+
+import numpy as np
+import torch
+
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode
+from fedbayes.strategies import get_algorithm
+from fedbayes.strategies.dsvgd.math import initial_particles
+from tests.support import declared_payload, reply_message
+from tests.support import FakeGrid
+from tests.support import newest_state
+from tests.support import partition_runtime, settings
+from tests.support import round_core
+
+
+NODE_CLIENTS = {11: "client-2", 12: "client-0", 13: "client-1"}  # node order is not client-id order
+
+
+def federation(tmp_path, strategy="dsvgd", **overrides):
+    run = settings(**{"strategy": strategy, "fraction": 0.05, "model": "logreg", "pool": 4, "particles": 3,
+                      "local-steps": 3, "distill-steps": 3, "svgd-lr": 0.01, "distill-lr": 0.01, **overrides})
+    runtimes = {node: partition_runtime(run, tmp_path, int(client.split("-")[1]), 3, client)
+                for node, client in NODE_CLIENTS.items()}
+    layout = runtimes[11].layout
+    return round_core(get_algorithm(strategy).build_server(run, layout)), runtimes, run
+
+
+def run_round(core, runtimes, server_round, lose_reply=False):
+    """One round: the server's messages go to their nodes' client halves; returns (messages, replies)."""
+    messages = core.configure(server_round, None, FakeGrid(runtimes))
+    replies = []
+    for message in messages:
+        node = message.metadata.dst_node_id
+        content = get_algorithm(runtimes[node].settings.strategy).client_half()(message.content, runtimes[node])
+        replies.append(reply_message(content, node))
+    delivered = [] if lose_reply else replies
+    core.aggregate(server_round, delivered)
+    return messages, replies
+
+
+def store_files(runtime):
+    return {path.name: path.read_bytes() for path in runtime.state_store("fed").directory.glob("*")} \
+        if runtime.state_store("fed").directory.is_dir() else {}
+
+
+def all_tensors(content, message_type):
+    return [value for group in declared_payload(content, message_type).tensors.values() for value in group.values()]
+
+
+def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_particles_stay_home(tmp_path):
+    core, runtimes, settings = federation(tmp_path)
+    size = sum(int(np.prod(shape)) for shape in runtimes[11].layout.values())
+    layout = {"particles": (3, size)}
+    scheduled, wire = [], []
+    for server_round in range(1, 8):
+        before = {node: store_files(runtime) for node, runtime in runtimes.items()}
+        messages, replies = run_round(core, runtimes, server_round)
+        assert len(messages) == 1 and len(replies) == 1
+        node = messages[0].metadata.dst_node_id
+        scheduled.append(NODE_CLIENTS[node])
+        reply = decode(replies[0].content, pb.Reply, pb.DSVGDReply, {"particles": layout}, sender="test")
+        assert [(spec.name, tuple(spec.shape)) for spec in reply.message.particles.tensors] == [("particles", (3, size))]
+        assert not reply.envelope.buffers.tensors  # the MLP has none
+        assert np.array_equal(core.strategy.particles, reply.tensors["particles"]["particles"])  # bit for bit
+        assert core.strategy.particles.shape == (3, size) and core.strategy.particles.dtype == np.float32
+        # a client's second visit starts from the local particles of its first
+        first_visit = 1 + scheduled.index(scheduled[-1])
+        assert reply.reply.resumed_from_round == (0 if first_visit == server_round else server_round - 3)
+        for other in set(runtimes) - {node}:
+            assert store_files(runtimes[other]) == before[other]  # non-scheduled clients untouched
+        wire += [(messages[0].content, pb.DSVGDInstruction), (replies[0].content, pb.DSVGDReply)]
+    # discovery in node order, then round-robin continuing in client-id order
+    assert scheduled == ["client-2", "client-0", "client-1", "client-2", "client-0", "client-1", "client-2"]
+    stored = [newest_state(runtime.state_store("fed")).tensors["local_particles"].numpy() for runtime in runtimes.values()]
+    assert all(local.shape == (3, size) for local in stored)
+    for content, message_type in wire:
+        for value in all_tensors(content, message_type):
+            assert not any(value.shape == local.shape and np.allclose(value, local) for local in stored)
+    initial = initial_particles(runtimes[11].layout, 3, settings.seed)
+    assert not np.allclose(core.strategy.particles, initial)
+
+
+def test_a_lost_reply_leaves_the_particles_and_the_clients_next_start_alone(tmp_path):
+    core, runtimes, _ = federation(tmp_path)
+    for server_round in (1, 2, 3):
+        run_round(core, runtimes, server_round)
+    particles = core.strategy.particles.copy()
+    messages, _ = run_round(core, runtimes, 4, lose_reply=True)  # client-2 ran and saved, the reply got lost
+    lost_node = messages[0].metadata.dst_node_id
+    assert np.array_equal(core.strategy.particles, particles) and core.accepted_rounds["client-2"] == 1
+    assert runtimes[lost_node].state_store("fed").saved_rounds() == [1, 4]
+    for server_round in (5, 6, 7):
+        messages, replies = run_round(core, runtimes, server_round)
+        assert core.round_report.fresh_starts == []  # it restarted from round 1's particles, not afresh
+    assert messages[0].metadata.dst_node_id == lost_node
+    reply = decode(replies[0].content, pb.Reply, pb.DSVGDReply, {"particles": {"particles": core.strategy.particles.shape}},
+                   sender="test")
+    assert reply.reply.resumed_from_round == 1
+    assert core.accepted_rounds["client-2"] == 7
+
+
+def test_server_state_round_trip(tmp_path):
+    core, runtimes, settings = federation(tmp_path)
+    for server_round in (1, 2):
+        run_round(core, runtimes, server_round)
+    restored = round_core(get_algorithm("dsvgd").build_server(settings, runtimes[11].layout))
+    restored.load_state_dict(core.state_dict())
+    assert np.array_equal(restored.strategy.particles, core.strategy.particles)
+    assert restored.accepted_rounds == core.accepted_rounds == {"client-2": 1, "client-0": 2}
+    assert restored.strategy.state.last_scheduled == "client-0"
+
+
+def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp_path):
+    core, runtimes, _ = federation(tmp_path, "p-dsvgd", **{"fraction-train": 0.67, "server-steps": 5})
+    initial = None
+    for server_round in (1, 2):
+        messages, replies = run_round(core, runtimes, server_round)
+        assert len(messages) == 2
+        for reply in replies:
+            payload = declared_payload(reply.content, pb.PDSVGDReply)
+            assert list(payload.tensors["local_particles"]) == ["particles"] and payload.tensors["buffers"] == {}
+        if initial is None:
+            initial = initial_particles(runtimes[11].layout, 3, 0)
+    assert 2 <= len(core.strategy.state.local_particles) <= 3
+    for client, local in core.strategy.state.local_particles.items():
+        node = next(n for n, c in NODE_CLIENTS.items() if c == client)
+        stored = newest_state(runtimes[node].state_store("fed")).tensors["local_particles"].numpy()
+        assert np.array_equal(local, stored)  # P-DSVGD uploads exactly what the client keeps
+    assert torch.isfinite(torch.from_numpy(core.strategy.particles)).all()
+    assert not np.allclose(core.strategy.particles, initial)
+    state = core.state_dict()
+    assert {f"local/{client}" for client in core.strategy.state.local_particles} <= set(state.tensors)

@@ -1,0 +1,101 @@
+"""FedAvg/FedProx halves in one process: weighted averaging, rejection, the proximal term."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Error
+
+from fedbayes.bayes.params import get_parameters, parameter_layout
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, decode, encode, new_header
+from fedbayes.strategies import get_algorithm
+from fedbayes.strategies.fedavg.server import FedAvg
+from fedbayes.strategies.fedavg.client import _proximal_term
+from tests.support import LAYOUT, fedavg_reply, reply_message
+from tests.support import FakeGrid, round_core
+from fedbayes.server.round_core import RoundCore
+from tests.support import settings
+
+
+def configured(strategy: FedAvg, nodes) -> RoundCore:
+    """`strategy` in its round core after round 1 was configured, sending w_g = 0 (what the screen measures updates
+    from)."""
+    zeros = ArrayRecord({name: Array(np.zeros(shape, np.float32)) for name, shape in LAYOUT.items()})
+    core = round_core(strategy)
+    core.configure(1, zeros, FakeGrid(nodes))
+    return core
+
+
+def test_weighted_average_of_accepted_replies_only():
+    core = configured(FedAvg(settings(), LAYOUT), [11, 12, 13, 14, 15])
+    bad = fedavg_reply("client-2", value=7.0)
+    bad[TENSORS_KEY][PACKED_ARRAY].data = b"\x00"  # corrupt bytes inside the Array
+    replies = [
+        reply_message(fedavg_reply("client-0", num_examples=10, value=1.0), node_id=11),
+        reply_message(fedavg_reply("client-1", num_examples=30, value=3.0), node_id=12),
+        reply_message(bad, node_id=13),
+        reply_message(None, node_id=14, error=Error(code=2, reason="boom")),
+        reply_message(fedavg_reply("client-4", server_round=2, value=9.0), node_id=15),
+    ]
+    arrays, metrics = core.aggregate(1, replies)
+    expected = (10 * 1.0 + 30 * 3.0) / 40
+    for name in LAYOUT:
+        np.testing.assert_allclose(arrays[name].numpy(), expected)
+        assert arrays[name].numpy().dtype == np.float32
+    assert metrics["train-loss"] == pytest.approx(0.3)  # Flower's example-weighted metric average
+    report = core.round_report
+    assert report.accepted == ["client-0", "client-1"]
+    assert set(report.rejected) == {"client 'client-2' (node 13)", "node 14", "client 'client-4' (node 15)"}
+    assert "boom" in report.rejected["node 14"] and "round 2" in report.rejected["client 'client-4' (node 15)"]
+    assert core.identities.node_of_client == {"client-0": 11, "client-1": 12}
+
+
+def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
+    limit_mb = 60 / 2**20  # LAYOUT is 15 float32 = 60 bytes of tensors, plus the envelope
+    core = configured(FedAvg(settings(**{"max-payload-mb": limit_mb}), LAYOUT), [11])
+    assert core.aggregate(1, [reply_message(fedavg_reply("client-0"), node_id=11)]) == (None, None)
+    reason = core.round_report.rejected["client 'client-0' (node 11)"]
+    assert "payload is 0.0 MiB, over the limit max-payload-mb=" in reason
+
+
+def test_no_usable_reply_leaves_the_model_unchanged():
+    core = round_core(FedAvg(settings(), LAYOUT))
+    assert core.aggregate(1, [reply_message(None, 1, Error(code=5, reason="gone"))]) == (None, None)
+
+
+def test_proximal_term_is_half_mu_squared_distance():
+    model = torch.nn.Linear(2, 1)
+    anchor = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        model.weight.add_(torch.tensor([[1.0, 2.0]]))
+    term = _proximal_term(0.5, anchor)(model)
+    assert term.item() == pytest.approx(0.5 * 0.5 * (1.0 + 4.0))
+    term.backward()  # gradient mu * (w - w_global)
+    torch.testing.assert_close(model.weight.grad, 0.5 * torch.tensor([[1.0, 2.0]]))
+
+
+def client_round(run_settings, mu):
+    node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 20}, default_device="cpu")
+    runtime = ClientRuntime.create(run_settings, node)
+    torch.manual_seed(0)
+    global_weights = get_parameters(runtime.model)
+    instruction = pb.FedAvgInstruction(
+        training=pb.LocalTraining(epochs=2, batch_size=32, learning_rate=0.01, optimizer="adam", seed=1),
+        proximal_mu=mu,
+    )
+    content = encode(pb.Instruction(header=new_header("fed", 1)), instruction, {"weights": global_weights})
+    reply = get_algorithm("fedprox").client_half()(content, runtime)
+    payload = decode(reply, pb.Reply, pb.FedAvgReply, {"weights": runtime.layout}, sender="client")
+    distance = sum(np.sum((payload.tensors["weights"][n] - global_weights[n]) ** 2) for n in global_weights)
+    return payload, distance, runtime
+
+
+def test_client_half_trains_and_fedprox_stays_closer():
+    run_settings = settings(fraction=0.1, model="logreg")
+    payload, fedavg_distance, runtime = client_round(run_settings, mu=0.0)
+    assert payload.reply.num_examples == len(runtime.data.labels) == 300
+    assert payload.header.client_id == "client-0" and payload.reply.train_loss < 2.0
+    assert list(payload.tensors["weights"]) == list(parameter_layout(runtime.model))
+    _, fedprox_distance, _ = client_round(run_settings, mu=1.0)
+    assert 0 < fedprox_distance < 0.5 * fedavg_distance

@@ -1,0 +1,531 @@
+"""Forgetting a client (issue 28, ../shared/specs/forget.md) against closed forms: each strategy's `forget` on a state
+that its own update rules brought to the fixed point (driven through the math functions, exact local solves), with no
+client work, compared with the posterior or optimum of the data without the client; then the refusals, and that
+`forget` changes nothing until the caller commits its state."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord
+
+from fedbayes.bayes.gaussian import Gaussian, kl_divergence
+from fedbayes.bayes.params import unflatten
+from fedbayes.strategies import get_algorithm, run_settings
+from fedbayes.strategies.base import ForgetRefused
+from fedbayes.strategies.membership import Membership
+from fedbayes.strategies.bayesadmm.math import Duals, as_sent, dual_step, fixed_point_residual, newton_client_step, server_step
+from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score, server_distillation, tilted_update
+from fedbayes.strategies.feddyn.math import ClientLambda, client_alpha, lambda_step
+from fedbayes.strategies.feddyn.math import server_step as feddyn_server_step
+from fedbayes.strategies.fedlap.math import Site
+from tests.support.problems import Problem, make_problem, relative_error
+from tests.support import InProcessFederation
+from tests.support.problems import ridge_problem
+from tests.support import DEFAULTS
+from tests.support.problems import gaussian_loss_gradient
+from tests.support.problems import fedlap_round
+from tests.support.problems import run_fedlap
+from tests.support.rogue import overrides
+from dataclasses import replace
+from fedbayes.server.round_core import Change
+
+DTYPE = torch.float64
+ACCEPTED_ROUND = 7
+
+
+# ---- strategies in a given state ----------------------------------------------------------------------------------
+def server(strategy: str, layout: dict, **overrides):
+    settings = run_settings({**DEFAULTS, "model": "logreg", "strategy": strategy, **overrides})
+    return get_algorithm(strategy).build_server(settings, layout)
+
+
+def holding(strategy, **state) -> None:
+    """`strategy` committed to its state with `state`'s fields."""
+    strategy.commit(replace(strategy.state, **state))
+
+
+def snapshot(strategy) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    state = strategy.save_state(strategy.state)
+    return {name: value.copy() for name, value in state.tensors.items()}, dict(state.metadata)
+
+
+def assert_unchanged(strategy, before) -> None:
+    tensors, metadata = snapshot(strategy)
+    assert metadata == before[1] and tensors.keys() == before[0].keys()
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(value, before[0][name], err_msg=name)
+
+
+def assert_forgotten_bookkeeping(strategy, forgotten, client: str, remaining: list[str]) -> None:
+    """What the caller will commit is a state of the strategy's own type, which holds the remaining clients alone (the
+    core's accepted rounds and identities are the caller's)."""
+    assert type(forgotten.state) is type(strategy.state)
+    per_client = next(value for value in vars(forgotten.state).values() if isinstance(value, dict) and value)
+    assert sorted(per_client) == sorted(remaining)
+
+
+def without(items: list, k: int) -> list:
+    return [item for j, item in enumerate(items) if j != k]
+
+
+def membership(clients: list[str], sizes: list[int]) -> Membership:
+    return Membership(dict(zip(clients, sizes)), {client: ACCEPTED_ROUND for client in clients})
+
+
+# ---- BayesADMM ----------------------------------------------------------------------------------------------------
+def tempered_squared_loss(x, y, tau):
+    return lambda theta: 0.5 * (x @ theta - y).square().sum() / tau
+
+
+def admm_round(data, global_, duals, rho, delta, tau, server_round):
+    """Alg. 1 with every client: one VON step solves the client's subproblem exactly on a quadratic loss (Prop. 3.2),
+    the dual step with γ = ρ (Eq. 36), the server step (Eqs. 37-38). Updates `duals` in place."""
+    locals_ = []
+    for j, (x, y) in enumerate(data):
+        local = newton_client_step(tempered_squared_loss(x, y, tau), global_, duals[j], rho, start=global_)
+        duals[j] = dual_step(duals[j], local, global_, rho, server_round)
+        locals_.append(local)
+    updated = server_step(locals_, duals, rho, delta)
+    if global_.kind == "isotropic":  # federated ADMM: the covariance stays the identity
+        return Gaussian(updated.mean, global_.precision)
+    return updated
+
+
+def zero_duals(data, family: str) -> list[Duals]:
+    features = data[0][0].shape[1]
+    precision = torch.zeros(features, features, dtype=DTYPE) if family == "full" else torch.tensor(0.0, dtype=DTYPE)
+    return [Duals(torch.zeros(features, dtype=DTYPE), precision.clone()) for _ in data]
+
+
+def linear_gaussian_posterior(data, delta, tau) -> Gaussian:
+    """N(0, I/δ) × Π_k exp(−½‖X_k θ − y_k‖²/τ): Bayesian linear regression with known noise variance τ."""
+    x = torch.cat([d[0] for d in data])
+    y = torch.cat([d[1] for d in data])
+    precision = delta * torch.eye(x.shape[1], dtype=DTYPE) + x.T @ x / tau
+    return Gaussian(torch.linalg.solve(precision, x.T @ y / tau), precision)
+
+
+def test_bayesadmm_full_forgets_to_the_exact_posterior_of_the_remaining_data():
+    """Linear-Gaussian: loss_k = ½‖X_k θ − y_k‖², temperature τ = 0.5, prior N(0, I/δ) (δ = prior-precision). Then
+    forget.md's tempered posterior p_0 Π_k exp(−loss_k/τ) is the Bayesian linear-regression posterior with known
+    noise variance τ, and Alg. 1's fixed point is that posterior, its duals the sites (X_kᵀX_k/τ, X_kᵀy_k/τ).
+    Forgetting client k from the server's state alone must give the posterior of the data without k, to 1e-6."""
+    data = ridge_problem(clients=4, features=4, per_client=15)
+    delta, tau, rho, k = 0.7, 0.5, 0.4, 1
+    global_ = Gaussian(torch.zeros(4, dtype=DTYPE), delta * torch.eye(4, dtype=DTYPE))
+    duals = zero_duals(data, "full")
+    for server_round in range(1, 71):
+        global_ = admm_round(data, global_, duals, rho, delta, tau, server_round)
+    assert fixed_point_residual(global_, duals, delta) < 1e-12
+    full = linear_gaussian_posterior(data, delta, tau)
+    torch.testing.assert_close(global_.mean, full.mean, rtol=1e-9, atol=0)
+
+    strategy = server("bayesadmm-full", {"weight": (1, 4)}, **{"prior-precision": delta, "rho": rho})
+    clients = [f"client-{j}" for j in range(len(data))]
+    holding(strategy, global_=as_sent(global_), duals=dict(zip(clients, duals)))
+    before = snapshot(strategy)
+    forgotten = strategy.forget(clients[k])
+    assert_unchanged(strategy, before)
+
+    expected = linear_gaussian_posterior(without(data, k), delta, tau)
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), expected.mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(forgotten.state.global_.precision, expected.precision, rtol=1e-6, atol=0)
+    closed_form = torch.distributions.kl_divergence(
+        torch.distributions.MultivariateNormal(full.mean, precision_matrix=full.precision),
+        torch.distributions.MultivariateNormal(expected.mean, precision_matrix=expected.precision)).item()
+    assert closed_form > 0.1  # client k mattered, so the checks above can fail
+    assert forgotten.kl_before_after == pytest.approx(closed_form, rel=1e-4)
+    assert sorted(forgotten.state.duals) == without(clients, k)
+    assert_forgotten_bookkeeping(strategy, forgotten, clients[k], without(clients, k))
+    assert forgotten.exact is False  # guaranteed for a quadratic loss only; the full family's clients train CE
+
+    # Committed, the next ordinary round of the remaining clients leaves q̄ where it is: the fixed point without k.
+    strategy.commit(forgotten.state)
+    again = admm_round(without(data, k), strategy.global_, list(strategy.state.duals.values()), rho, delta, tau, 71)
+    torch.testing.assert_close(again.mean, expected.mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(again.precision, expected.precision, rtol=1e-6, atol=0)
+
+
+def ridge_optimum(data, delta) -> torch.Tensor:
+    return linear_gaussian_posterior(data, delta, 1.0).mean
+
+
+def test_federated_admm_forgets_by_one_gradient_step_and_its_rounds_go_on_to_the_optimum_without_k():
+    """The isotropic family (fedadmm) on ridge regression, ℓ_j = ½‖X_j θ − y_j‖², ℓ_0 = δ/2‖θ‖²: at the fixed point
+    v_j = −∇ℓ_j(θ*), so θ̄' = Σ_{j≠k} v_j/δ = θ* − ∇F'(θ*)/δ for F' = Σ_{j≠k} ℓ_j + δ/2‖θ‖². Not the optimum of F'
+    (no curvature is kept), but the remaining duals are valid multipliers: ordinary rounds reach it."""
+    data = ridge_problem(clients=4, features=4, per_client=15, seed=3)
+    delta, rho, k = 2.0, 50.0, 2
+    global_ = Gaussian(torch.zeros(4, dtype=DTYPE), torch.tensor(1.0, dtype=DTYPE))
+    duals = zero_duals(data, "isotropic")
+    for server_round in range(1, 151):
+        global_ = admm_round(data, global_, duals, rho, delta, 1.0, server_round)
+    optimum = ridge_optimum(data, delta)
+    torch.testing.assert_close(global_.mean, optimum, rtol=1e-10, atol=0)
+
+    strategy = server("fedadmm", {"weight": (1, 4)}, **{"prior-precision": delta, "rho": rho})
+    clients = [f"client-{j}" for j in range(len(data))]
+    holding(strategy, global_=as_sent(global_), duals=dict(zip(clients, duals)))
+    before = snapshot(strategy)
+    forgotten = strategy.forget(clients[k])
+    assert_unchanged(strategy, before)
+
+    remaining = without(data, k)
+    gradient = sum(x.T @ (x @ optimum - y) for x, y in remaining) + delta * optimum
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), optimum - gradient / delta, rtol=1e-6, atol=1e-7)
+    target = ridge_optimum(remaining, delta)
+    assert relative_error(forgotten.weights, target.numpy()) > 1e-2  # an estimate: the flag says so
+    assert forgotten.exact is False and forgotten.kl_before_after is None
+    assert_forgotten_bookkeeping(strategy, forgotten, clients[k], without(clients, k))
+
+    strategy.commit(forgotten.state)
+    global_, duals = strategy.global_, list(strategy.state.duals.values())
+    for server_round in range(1, 151):
+        global_ = admm_round(remaining, global_, duals, rho, delta, 1.0, server_round)
+    assert relative_error(global_.mean.numpy(), target.numpy()) < 1e-6
+
+
+# ---- FedLap / FedLap-Cov ------------------------------------------------------------------------------------------
+def axis_aligned_problem(sizes=(12, 20, 8), dim=4, seed=0) -> Problem:
+    """Linear regression whose every observation measures one coordinate (rows c·e_d): the curvature X_kᵀX_k is
+    diagonal, so FedLap-Cov's diagonal sites can be exact."""
+    rng = np.random.default_rng(seed)
+    truth = rng.normal(size=dim)
+    xs, ys = [], []
+    for size in sizes:
+        x = np.zeros((size, dim))
+        x[np.arange(size), rng.integers(0, dim, size)] = rng.uniform(0.5, 2.0, size)
+        xs.append(x)
+        ys.append(x @ (truth + 0.5 * rng.normal(size=dim)) + 0.3 * rng.normal(size=size))
+    return Problem("ridge", xs, ys)
+
+
+def sub_problem(problem: Problem, k: int) -> Problem:
+    return Problem(problem.kind, without(problem.xs, k), without(problem.ys, k))
+
+
+def exact_posterior(problem: Problem, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """N(0, I/δ) × Π_k exp(−½‖X_k w − y_k‖²): mean and (diagonal, for an axis-aligned design) precision."""
+    x, y = np.concatenate(problem.xs), np.concatenate(problem.ys)
+    precision = delta * np.eye(problem.dim) + x.T @ x
+    assert np.count_nonzero(precision - np.diag(np.diag(precision))) == 0
+    return torch.from_numpy(np.linalg.solve(precision, x.T @ y)), torch.from_numpy(np.diag(precision).copy())
+
+
+def fedlap_strategy(name, problem, delta, sites, mean, precision):
+    strategy = server(name, {"weight": (1, problem.dim)}, **{"prior-precision": delta})
+    clients = [f"client-{j}" for j in range(len(sites))]
+    holding(strategy, global_mean=mean.float().double(), global_precision=precision.float().double(),
+            unclaimed=torch.zeros_like(mean),  # every round-1 client replied: the init is all claimed
+            sites={client: Site(site.mean, site.precision, ACCEPTED_ROUND) for client, site in zip(clients, sites)},
+            membership=membership(clients, problem.sizes))
+    return strategy, clients
+
+
+def test_fedlap_cov_forgets_to_the_exact_posterior_when_the_curvature_is_diagonal():
+    """A linear-Gaussian problem with unit noise (FedLap has no temperature) and an axis-aligned design, prior
+    N(0, I/δ): FedLap-Cov's fixed point is the exact posterior, its sites (X_kᵀy_k, diag X_kᵀX_k); dropping client
+    k's site gives the posterior of the data without k, to 1e-6; K and N stop counting k."""
+    problem, delta, k = axis_aligned_problem(), 0.5, 1
+    mean, precision, sites, _ = run_fedlap(problem, delta, covariance=True, rounds=120)
+    full_mean, full_precision = exact_posterior(problem, delta)
+    torch.testing.assert_close(mean, full_mean, rtol=1e-9, atol=0)
+    torch.testing.assert_close(precision, full_precision, rtol=1e-9, atol=0)
+
+    strategy, clients = fedlap_strategy("fedlap-cov", problem, delta, sites, mean, precision)
+    before = snapshot(strategy)
+    forgotten = strategy.forget(clients[k])
+    assert_unchanged(strategy, before)
+
+    expected_mean, expected_precision = exact_posterior(sub_problem(problem, k), delta)
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), expected_mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(forgotten.state.global_precision, expected_precision, rtol=1e-6, atol=0)
+    closed_form = torch.distributions.kl_divergence(torch.distributions.Normal(full_mean, full_precision**-0.5),
+                                                    torch.distributions.Normal(expected_mean, expected_precision**-0.5))
+    assert closed_form.sum().item() > 0.1
+    assert forgotten.kl_before_after == pytest.approx(closed_form.sum().item(), rel=1e-4)
+    remaining = without(clients, k)
+    assert sorted(forgotten.state.sites) == remaining
+    assert forgotten.state.membership == membership(remaining, without(problem.sizes, k))
+    assert_forgotten_bookkeeping(strategy, forgotten, clients[k], remaining)
+
+    # Committed, the next ordinary round of the remaining clients (ρ_j = 1/(K−1)) leaves q_g where it is.
+    strategy.commit(forgotten.state)
+    new_sites, _, _ = fedlap_round(sub_problem(problem, k), list(strategy.state.sites.values()), delta, covariance=True)
+    torch.testing.assert_close(sum(site.mean for site in new_sites) / expected_precision, expected_mean, rtol=1e-6,
+                               atol=0)
+    torch.testing.assert_close(delta + sum(site.precision for site in new_sites), expected_precision, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("name", "rounds"), [("fedlap", 250), ("fedlap-cov", 80)])
+def test_fedlap_forgets_by_one_step_on_the_remaining_map_objective(name, rounds):
+    """Logistic regression, prior N(0, I/δ): at the fixed point every site is its loss linearised at w*, so dropping
+    site k gives w* − (δ + Σ_{j≠k} V_j)⁻¹ ∇F'(w*), F' = Σ_{j≠k} ℓ_j + δ/2‖w‖², with V_j = diag ∇²ℓ_j(w*) (FedLap-Cov:
+    a diagonal Newton step) or 0 (FedLap: a gradient step of size 1/δ). Not the MAP without k; the remaining sites
+    go on to it in ordinary rounds."""
+    covariance = name == "fedlap-cov"
+    problem, delta, k = make_problem("logistic", seed=3), 5.0, 3
+    mean, precision, sites, _ = run_fedlap(problem, delta, covariance, rounds)
+    optimum = problem.optimum(delta)
+    strategy, clients = fedlap_strategy(name, problem, delta, sites, mean, precision)
+    forgotten = strategy.forget(clients[k])
+
+    remaining = [j for j in range(len(clients)) if j != k]
+    gradient = sum(problem.grad(j, optimum) for j in remaining) + delta * optimum
+    curvature = delta + sum(np.diag(problem.hess(j, optimum)) for j in remaining) if covariance else delta
+    np.testing.assert_allclose(forgotten.weights, optimum - gradient / curvature, rtol=1e-5)
+    target = sub_problem(problem, k).optimum(delta)
+    assert relative_error(forgotten.weights, target) > 1e-3
+    assert forgotten.exact is False
+
+    strategy.commit(forgotten.state)
+    sites = list(strategy.state.sites.values())
+    for server_round in range(1, rounds + 1):
+        sites, locals_, _ = fedlap_round(sub_problem(problem, k), sites, delta, covariance, server_round)
+    assert max(relative_error(local.numpy(), target) for local in locals_) < 1e-6
+
+
+# ---- FedDyn -------------------------------------------------------------------------------------------------------
+def feddyn_rounds(problem, global_, lambdas, alpha, wd, rounds):
+    """FedDyn with exact local solves of mean loss + (α_j/2)‖w − (w_g − λ_j)‖² + (wd/2)‖w‖², every client each round,
+    α_j counted over `problem`'s clients."""
+    sizes = problem.sizes
+    for _ in range(rounds):
+        locals_ = []
+        for j, size in enumerate(sizes):
+            alpha_j = client_alpha(alpha, size, len(sizes), sum(sizes))
+            anchor = (global_ - lambdas[j]).numpy()
+            locals_.append(torch.from_numpy(problem.solve_local(j, 1.0 / size, alpha_j + wd,
+                                                                alpha_j * anchor / (alpha_j + wd), global_.numpy())))
+        lambdas = [lambda_step(lam, local, global_) for lam, local in zip(lambdas, locals_)]
+        global_ = feddyn_server_step(locals_, torch.stack(lambdas).sum(0), len(sizes))
+    return global_, lambdas
+
+
+def test_feddyn_forgets_by_its_first_server_step_without_the_client():
+    """Ridge with weight decay: FedDyn's fixed point is w* = argmin Σ ℓ_k + (N wd/2)‖w‖², Σ λ_k = 0. Dropping λ_k gives
+    w* − λ_k/(K−1), one gradient step of size K/((K−1)αN) on F' = Σ_{j≠k} ℓ_j + (N' wd/2)‖w‖²: an estimate (not the
+    model trained without k). Refinement rounds with the remaining λ_j, and α_j counted without k, reach it."""
+    problem, alpha, k = make_problem("ridge", seed=2), 1.0, 1
+    sizes, clients = problem.sizes, [f"client-{j}" for j in range(len(problem.sizes))]
+    total, wd = sum(sizes), 5.0 / sum(sizes)
+    start = torch.zeros(problem.dim, dtype=DTYPE)
+    global_, lambdas = feddyn_rounds(problem, start, [torch.zeros_like(start) for _ in sizes], alpha, wd, 120)
+    optimum = problem.optimum(total * wd)
+    assert relative_error(global_.numpy(), optimum) < 1e-9
+
+    strategy = server("feddyn", {"weight": (1, problem.dim)}, **{"feddyn-alpha": alpha, "weight-decay": wd})
+    holding(strategy, global_=global_.float().double(),
+            lambdas={client: ClientLambda(lam, ACCEPTED_ROUND) for client, lam in zip(clients, lambdas)},
+            membership=membership(clients, sizes))
+    before = snapshot(strategy)
+    forgotten = strategy.forget(clients[k])
+    assert_unchanged(strategy, before)
+
+    count, remaining = len(sizes), [j for j in range(len(sizes)) if j != k]
+    np.testing.assert_allclose(forgotten.weights, optimum - lambdas[k].numpy() / (count - 1), rtol=1e-6)
+    gradient = sum(problem.grad(j, optimum) for j in remaining) + (total - sizes[k]) * wd * optimum
+    step = count / ((count - 1) * alpha * total)
+    np.testing.assert_allclose(forgotten.weights, optimum - step * gradient, rtol=1e-6)
+    target = sub_problem(problem, k).optimum((total - sizes[k]) * wd)
+    assert relative_error(forgotten.weights, target) > 1e-2
+    assert forgotten.exact is False and forgotten.kl_before_after is None
+    assert forgotten.state.membership == membership(without(clients, k), without(sizes, k))
+    assert_forgotten_bookkeeping(strategy, forgotten, clients[k], without(clients, k))
+
+    strategy.commit(forgotten.state)
+    refined, _ = feddyn_rounds(sub_problem(problem, k), strategy.global_,
+                               [entry.value for entry in strategy.state.lambdas.values()], alpha, wd, 120)
+    assert relative_error(refined.numpy(), target) < 1e-6
+
+
+# ---- P-DSVGD, and the client-side route of DSVGD ------------------------------------------------------------------
+PRIOR_VARIANCE = 4.0
+LIKELIHOODS = [(1.0, 2.0), (-0.5, 3.0), (2.0, 1.5)]  # test A's two agents and a third, N(θ; mean, variance)
+
+
+def gaussian_posterior(likelihoods) -> tuple[float, float]:
+    precision = 1 / PRIOR_VARIANCE + sum(1 / variance for _, variance in likelihoods)
+    return sum(mean / variance for mean, variance in likelihoods) / precision, 1 / precision
+
+
+def test_p_dsvgd_forgets_an_agent_on_the_server_towards_the_remaining_agents_posterior():
+    """1-D conjugate problem (test A's prior N(0, 4) and agents, plus a third): one P-DSVGD round leaves every agent's
+    local particles sampling p_0 exp(−L_k) and the server's φ the posterior of all three. Forgetting agent 3 distils
+    φ towards p_0 Π_{j≠3} t_j = q/t_3 from the server's state alone. Tolerances: the KDE factors (width λ = 0.3)
+    widen each t_j, which biases the variance up by about 8% here (Gaussian calculation), plus N = 100 particles' own
+    error: mean within 0.1, variance within [0.95, 1.25] x the exact posterior of the two remaining agents' data."""
+    settings = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.3, lr=0.05, distill_lr=0.05)
+    prior_score, k = gaussian_prior_score(1 / PRIOR_VARIANCE), 2
+    start = 2.0 * torch.randn(100, 1, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    local_sets = [agent_round(start, start.clone(), prior_score, gaussian_loss_gradient(mean, variance), settings)[1]
+                  for mean, variance in LIKELIHOODS]
+    particles = server_distillation(start, local_sets, prior_score, 200, settings)
+
+    strategy = server("p-dsvgd", {"fc.weight": (1, 1)}, **{
+        "particles": 100, "kde-bandwidth": 0.3, "distill-lr": 0.05, "server-steps": 200, "prior-precision": 0.25})
+    clients = [f"agent-{j}" for j in range(len(LIKELIHOODS))]
+    holding(strategy, particles=particles.numpy().astype(np.float32),
+            local_particles={client: local.numpy().astype(np.float32) for client, local in zip(clients, local_sets)})
+    before = snapshot(strategy)
+    forgotten = strategy.forget(clients[k])
+    assert_unchanged(strategy, before)
+
+    expected_mean, expected_variance = gaussian_posterior(without(LIKELIHOODS, k))
+    assert abs(particles.mean().item() - expected_mean) > 0.5  # before: far from it (the posterior of all three)
+    forgotten_particles = forgotten.state.particles.astype(np.float64)
+    assert abs(forgotten_particles.mean() - expected_mean) < 0.1
+    assert 0.95 < forgotten_particles.var(ddof=1) / expected_variance < 1.25
+    np.testing.assert_allclose(forgotten.weights, forgotten_particles.mean(0), rtol=1e-6)
+    assert sorted(forgotten.state.local_particles) == without(clients, k)
+    assert forgotten.exact is False and forgotten.kl_before_after is None
+    assert_forgotten_bookkeeping(strategy, forgotten, clients[k], without(clients, k))
+
+
+def test_dsvgd_forgetting_needs_the_client_whose_factor_it_is():
+    """DSVGD's factor t_k is in client k's store, so the server refuses; the route it names works: client k's loop 1
+    with its loss left out (SVGD towards q/t_k) takes test A's particles to agent 1's posterior alone, N(2/3, 4/3)."""
+    losses = [gaussian_loss_gradient(1.0, 2.0), gaussian_loss_gradient(-0.5, 3.0)]
+    prior_score = gaussian_prior_score(0.25)
+    settings = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.55, lr=0.05, distill_lr=0.05)
+    particles = 2.0 * torch.randn(100, 1, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    local = [particles.clone(), particles.clone()]
+    for k in (0, 1):  # one round-robin cycle, as run_dsvgd's
+        particles, local[k] = agent_round(particles, local[k], prior_score, losses[k], settings)
+    forgotten = tilted_update(particles, local[1], prior_score, lambda theta: torch.zeros_like(theta), settings)
+    assert abs(particles.mean().item() - 2 / 3) > 0.25  # before: the posterior of both agents
+    assert abs(forgotten.mean().item() - 2 / 3) < 0.1
+    assert 0.8 < forgotten.var().item() / (4 / 3) < 1.25
+
+    for variant, held in (("dsvgd", "its local particles"), ("u-dsvgd", "the particles of its visits")):
+        strategy = server(variant, {"fc.weight": (1, 1)})
+        holding(strategy, particles=particles.numpy().astype(np.float32))
+        before = snapshot(strategy)
+        with pytest.raises(ForgetRefused, match=f"lives only in its own durable store \\({held}\\).*take part"):
+            strategy.forget("agent-1")
+        assert_unchanged(strategy, before)
+
+
+# ---- refusals, and the untouched strategy --------------------------------------------------------------------------
+LAYOUT = {"weight": (1, 3)}
+
+
+def populated(name: str, clients: list[str]):
+    """A strategy of `name` holding a small valid state of `clients`."""
+    strategy = server(name, LAYOUT, **({"particles": 4, "server-steps": 2} if name == "p-dsvgd" else {}))
+    zeros = torch.zeros(3, dtype=DTYPE)
+    if name in ("bayesadmm", "bayesadmm-full"):
+        precision = torch.eye(3, dtype=DTYPE) if name == "bayesadmm-full" else torch.ones(3, dtype=DTYPE)
+        holding(strategy, global_=Gaussian(zeros, precision * (1 + len(clients))),
+                duals={c: Duals(torch.arange(3, dtype=DTYPE), precision, ACCEPTED_ROUND) for c in clients})
+    elif name == "fedlap-cov":
+        holding(strategy, global_mean=zeros, global_precision=torch.full_like(zeros, 1.0 + len(clients)),
+                unclaimed=zeros, membership=membership(clients, [10] * len(clients)),
+                sites={c: Site(torch.ones(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE), ACCEPTED_ROUND) for c in clients})
+    elif name == "feddyn":
+        holding(strategy, global_=zeros, membership=membership(clients, [10] * len(clients)),
+                lambdas={c: ClientLambda(torch.full_like(zeros, 0.1), ACCEPTED_ROUND) for c in clients})
+    else:  # p-dsvgd
+        generator = np.random.default_rng(0)
+        holding(strategy, particles=generator.normal(size=(4, 3)).astype(np.float32),
+                local_particles={c: generator.normal(size=(4, 3)).astype(np.float32) for c in clients})
+    return strategy
+
+
+FORGETTING = ["bayesadmm", "bayesadmm-full", "fedlap-cov", "feddyn", "p-dsvgd"]
+
+
+@pytest.mark.parametrize("name", FORGETTING)
+def test_forget_computes_without_changing_the_strategy_and_refuses_unknown_and_last_clients(name):
+    strategy = populated(name, ["client-a", "client-b"])
+    before = snapshot(strategy)
+    forgotten = strategy.forget("client-a")
+    assert_unchanged(strategy, before)
+    assert_forgotten_bookkeeping(strategy, forgotten, "client-a", ["client-b"])
+    assert forgotten.weights.shape == (3,) and np.isfinite(forgotten.weights).all() and forgotten.note
+    with pytest.raises(ForgetRefused, match="'client-z' is unknown"):
+        strategy.forget("client-z")
+    assert_unchanged(strategy, before)
+
+    alone = populated(name, ["client-a"])
+    before = snapshot(alone)
+    with pytest.raises(ForgetRefused, match="'client-a' is the last remaining client"):
+        alone.forget("client-a")
+    assert_unchanged(alone, before)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedpa"])
+def test_strategies_without_per_client_factors_refuse_and_name_the_retraining(name):
+    strategy = server(name, LAYOUT)
+    before = snapshot(strategy)
+    with pytest.raises(ForgetRefused, match="no per-client factor.*retrain from the last checkpoint that predates the "
+                                            "client's first accepted round, or from scratch"):
+        strategy.forget("client-a")
+    assert_unchanged(strategy, before)
+
+
+def test_feddyn_forget_under_a_robust_rule_takes_that_rule_over_the_remaining_lambdas():
+    """With `robust-aggregation = median` the server step is w_g + median_j(w_j − w_g) + median_j λ_j: at the fixed
+    point (w_j = w_g) forgetting client c leaves w_g + the coordinate-wise median of the other three λ_j."""
+    strategy = server("feddyn", LAYOUT, **{"robust-aggregation": "median"})
+    clients = ["client-a", "client-b", "client-c", "client-d"]
+    values = [[0.5, 5.0, -1.0], [0.25, -3.0, 0.0], [10.0, 0.0, 0.5], [0.75, 1.0, 1.0]]
+    holding(strategy, global_=torch.tensor([1.0, 2.0, 3.0], dtype=DTYPE), membership=membership(clients, [10, 20, 30, 40]),
+            lambdas={c: ClientLambda(torch.tensor(v, dtype=DTYPE), ACCEPTED_ROUND) for c, v in zip(clients, values)})
+    forgotten = strategy.forget("client-c")
+    np.testing.assert_array_equal(forgotten.weights, [1.5, 3.0, 3.0])
+
+
+def test_bayesadmm_refuses_when_the_remaining_duals_make_no_posterior():
+    """Diagonal duals early in a run are differences of precisions and can be negative: without client a, δ + U_b < 0
+    is no precision. The refusal says the duals are not yet sites."""
+    strategy = populated("bayesadmm", ["client-a", "client-b"])
+    negative = Duals(torch.zeros(3, dtype=DTYPE), torch.full((3,), -2.0, dtype=DTYPE), ACCEPTED_ROUND)
+    holding(strategy, duals={**strategy.state.duals, "client-b": negative})
+    before = snapshot(strategy)
+    with pytest.raises(ForgetRefused, match="precisions would be <= 0: the remaining duals are not yet sites"):
+        strategy.forget("client-a")
+    assert_unchanged(strategy, before)
+
+
+@pytest.mark.parametrize("name", FORGETTING)
+def test_committed_forget_lets_the_remaining_clients_go_on_and_holds_nothing_of_the_forgotten_one(tmp_path, name):
+    """Real client halves in one process: after two rounds, client-2 is forgotten and its state committed (as the
+    round core commits an Update). The next round's replies of the remaining clients pass every replay check against
+    the state they left. Nothing names a state of client-2 any more: its node, told of no accepted round, starts
+    afresh and is taken as a new client (whether it may come back at all is the caller's: it revokes the id)."""
+    federation = InProcessFederation(tmp_path, overrides(name), sizes=[10, 14, 12])
+    for server_round in (1, 2):
+        federation.round(server_round, [1, 2, 3])
+    core = federation.core
+    forgotten = core.strategy.forget("client-2")
+    core.adopt(Change(core.identities, forgotten.state, core.accepted_without("client-2")))
+    federation.arrays = ArrayRecord({n: Array(v) for n, v in unflatten(forgotten.weights, federation.layout).items()})
+    federation.round(3, [1, 3])
+    assert core.round_report.accepted == ["client-1", "client-3"] and not core.round_report.rejected
+    assert "client-2" not in core.accepted_rounds
+    federation.round(4, [1, 2, 3])
+    assert core.round_report.accepted == ["client-1", "client-2", "client-3"] and not core.round_report.rejected
+    assert core.accepted_rounds == {"client-1": 4, "client-2": 4, "client-3": 4}
+
+
+# ---- the Gaussian KL ----------------------------------------------------------------------------------------------
+def test_gaussian_kl_matches_the_closed_forms_of_every_family():
+    generator = torch.Generator().manual_seed(0)
+    m0, m1 = torch.randn(3, generator=generator, dtype=DTYPE), torch.randn(3, generator=generator, dtype=DTYPE)
+    a = torch.randn(3, 3, generator=generator, dtype=DTYPE)
+    s0, s1 = a @ a.T + torch.eye(3, dtype=DTYPE), 2 * torch.eye(3, dtype=DTYPE) + 0.5 * torch.ones(3, 3, dtype=DTYPE)
+    mvn = torch.distributions.MultivariateNormal
+    assert kl_divergence(Gaussian(m0, s0), Gaussian(m1, s1)) == pytest.approx(
+        torch.distributions.kl_divergence(mvn(m0, precision_matrix=s0), mvn(m1, precision_matrix=s1)).item(), rel=1e-10)
+    d0, d1 = torch.tensor([1.0, 4.0, 0.5], dtype=DTYPE), torch.tensor([2.0, 1.0, 3.0], dtype=DTYPE)
+    normal = torch.distributions.Normal
+    assert kl_divergence(Gaussian(m0, d0), Gaussian(m1, d1)) == pytest.approx(
+        torch.distributions.kl_divergence(normal(m0, d0**-0.5), normal(m1, d1**-0.5)).sum().item(), rel=1e-10)
+    i0, i1 = torch.tensor(2.0, dtype=DTYPE), torch.tensor(0.5, dtype=DTYPE)
+    assert kl_divergence(Gaussian(m0, i0), Gaussian(m1, i1)) == pytest.approx(
+        kl_divergence(Gaussian(m0, i0 * torch.eye(3, dtype=DTYPE)), Gaussian(m1, i1 * torch.eye(3, dtype=DTYPE))),
+        rel=1e-10)
+    assert kl_divergence(Gaussian(m0, s0), Gaussian(m0, s0)) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="between a diagonal and a full Gaussian"):
+        kl_divergence(Gaussian(m0, d0), Gaussian(m1, s1))

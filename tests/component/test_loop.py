@@ -1,0 +1,225 @@
+"""The server's round loop against a scripted grid: a federation that trains nothing stops loudly, naming why;
+one bad round among good ones does not; a strategy that fails while absorbing a round keeps its state."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.server.loop import RunFailed
+from tests.support import FakeGrid, fedavg_reply, no_metrics, rows, run_loop as run, scripted
+
+
+def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_path):
+    def reply(server_round, node):  # node 1 sends zero examples, node 2 never answers
+        return fedavg_reply("client-1", server_round, num_examples=0) if node == 1 else None
+
+    with pytest.raises(RunFailed) as failure:
+        run(tmp_path, reply, **{"max-failed-rounds": 2})
+    message = str(failure.value)
+    assert message.startswith("2 rounds in a row (max-failed-rounds) accepted no client reply")
+    assert "client 'client-1' (node 1): rejected reply: field 'num_examples': 0 is not in" in message
+    assert "node 2: no reply within round-timeout" in message
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2  # the failed rounds are on record
+
+
+def test_a_run_with_fewer_rounds_than_max_failed_rounds_that_trains_nothing_fails(tmp_path):
+    with pytest.raises(RunFailed, match="none of the 2 rounds accepted a client reply; last round: .*num_examples"):
+        run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=0), rounds=2)
+    assert len(rows(tmp_path)) == 2
+
+
+def test_a_node_refused_round_after_round_is_quarantined_and_the_others_go_on(tmp_path):
+    """Node 1's updates are absurd (1e30): refused by the screen in rounds 1-2, it sits out rounds 3-4 (not even
+    sent work), and is asked again in round 5; node 2 trains in every round and the run never fails."""
+    def reply(server_round, node):
+        return fedavg_reply(f"client-{node}", server_round, value=1e30 if node == 1 else 1.0)
+
+    core, arrays = run(tmp_path, reply, **{"max-client-rejections": 2, "quarantine-rounds": 2})
+    table = [(row["clients"], row["clients_sent"], row["quarantined"]) for row in rows(tmp_path)]
+    assert table == [(1, 2, []), (1, 2, ["node 1"]), (1, 1, ["node 1"]), (1, 1, []), (1, 2, [])]
+    assert (arrays["fc.bias"].numpy() == 1.0).all() and core.accepted_rounds == {"client-2": 5}
+    assert "refused by the screen" in core.round_report.rejected["client 'client-1' (node 1)"]
+
+
+def test_a_straggler_cannot_set_the_pace_of_every_round(tmp_path):
+    """Node 1 replies 0.2 s into each round, node 2 never: with straggler-wait=2 a round waits ~0.6 s, not the
+    5 s round-timeout, and says why node 2 was left out."""
+    round_started = {}
+
+    def reply(server_round, node):
+        started = round_started.setdefault(server_round, time.monotonic())
+        if node == 1 and time.monotonic() - started >= 0.2:
+            return fedavg_reply("client-1", server_round, value=1.0)
+        return None
+
+    started = time.monotonic()
+    core, _ = run(tmp_path, reply, rounds=2, round_timeout=5.0, **{"straggler-wait": 2.0})
+    assert time.monotonic() - started < 4.0  # two rounds of ~0.6 s (a timeout would take 10 s)
+    assert all(row["clients"] == 1 for row in rows(tmp_path))
+    assert "straggler-wait=2 x the" in core.round_report.rejected["node 2"]
+
+
+def test_a_bad_round_between_good_ones_does_not_stop_the_run(tmp_path):
+    def reply(server_round, node):
+        good = server_round % 2 == 1  # rounds 2 and 4 bring nothing usable
+        return fedavg_reply(f"client-{node}", server_round, num_examples=5 if good else 0, value=1.0)
+
+    core, arrays = run(tmp_path, reply, **{"max-failed-rounds": 2})
+    assert core.accepted_rounds == {"client-1": 5, "client-2": 5}
+    assert (arrays["fc.bias"].numpy() == 1.0).all()
+
+
+def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    """A bug (or a reply a strategy should have refused) that raises inside the round core's aggregate: that round changes
+    nothing and counts as failed; the server keeps running."""
+    from fedbayes.bayes.params import weighted_mean
+
+    calls = []
+
+    def broken_mean(vectors, weights_):  # raises in round 1 only
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("boom")
+        return weighted_mean(vectors, weights_)
+
+    monkeypatch.setattr("fedbayes.strategies.fedavg.server.weighted_mean", broken_mean)
+    core, arrays = run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=float(r)), rounds=2)
+    first, second = rows(tmp_path)
+    assert (first["clients"], second["clients"]) == (0, 2) and len(calls) == 2
+    assert core.accepted_rounds == {"client-1": 2, "client-2": 2}
+    assert (arrays["fc.bias"].numpy() == 2.0).all()
+    assert "round 1: absorbing the replies failed (ZeroDivisionError: boom)" in caplog.text
+
+
+def test_each_row_says_where_the_round_went(tmp_path):
+    """Server phases (and the previous round's checkpoint) plus the clients' median phases from their replies;
+    a client's malformed timings are dropped, never an error."""
+    from flwr.app import ConfigRecord
+
+    from fedbayes.protos.codec import TIMINGS_KEY
+
+    def reply(server_round, node):
+        content = fedavg_reply(f"client-{node}", server_round, value=1.0)
+        content[TIMINGS_KEY] = ConfigRecord({"setup": 0.5 * node, "update": 2.0, "state-load": float("nan")})
+        return content
+
+    run(tmp_path, reply, rounds=2)
+    written = rows(tmp_path)
+    for row in written:
+        phases = row["phase_seconds"]
+        assert {"wait_clients", "configure", "push", "first_reply", "last_reply", "previous_round", "aggregate",
+                "evaluate"} <= set(phases)
+        assert 0 <= phases["first_reply"] <= phases["last_reply"] <= row["round_seconds"]
+        assert row["client_phase_seconds"] == {"setup": 0.75, "update": 2.0}  # medians; the NaN is dropped
+        assert row["client_phase_max"] == {"setup": 1.0, "update": 2.0}  # the slowest client's
+    assert written[0]["phase_seconds"]["previous_checkpoint"] is None
+    assert written[1]["phase_seconds"]["previous_checkpoint"] > 0
+
+
+class RecordingStore(CheckpointStore):
+    """Keeps every checkpoint the loop saves, with how many rows the results file held at that moment."""
+
+    def __init__(self, root, results):
+        super().__init__(root, "fed", {})
+        self.results, self.saved = results, []
+
+    def save(self, checkpoint):
+        super().save(checkpoint)
+        rows = len(self.results.read_text().splitlines())
+        arrays = {name: value.tolist() for name, value in checkpoint.arrays.items()}
+        self.saved.append((checkpoint.server_round, rows, arrays, checkpoint.strategy_state.metadata))
+
+
+TIMING_KEYS = {"round_seconds", "wall_seconds", "phase_seconds", "client_phase_seconds", "client_phase_max"}
+
+
+def deterministic_run(tmp_path, pipeline):
+    """Five rounds whose replies differ per round and client; the metrics depend on the evaluated arrays. With
+    pipelining, round 1's evaluation holds on until round 2's instructions were pushed: it overlaps for sure."""
+    grid = FakeGrid([1, 2], scripted(lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=node, value=r * node)))
+    checkpoints = RecordingStore(tmp_path / "state", tmp_path / "r.jsonl")
+
+    def evaluate(arrays, server_round):
+        if pipeline and server_round == 1:
+            assert wait_until(lambda: grid.round >= 2), "round 2 was not pushed while round 1 was evaluated"
+        total = float(sum(arrays[name].numpy().sum() for name in arrays))
+        return {"accuracy": total, "nll": float(server_round), "ece": total / 7}
+
+    run(tmp_path, None, rounds=5, evaluate=evaluate, pipeline=pipeline, grid=grid, checkpoints=checkpoints)
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows(tmp_path)], checkpoints.saved
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_pipelined_evaluation_writes_the_same_rows_and_checkpoints_in_round_order(tmp_path):
+    serial_rows, serial_checkpoints = deterministic_run(tmp_path / "serial", pipeline=False)
+    piped_rows, piped_checkpoints = deterministic_run(tmp_path / "pipelined", pipeline=True)
+    assert [row["round"] for row in piped_rows] == [1, 2, 3, 4, 5]
+    assert piped_rows == serial_rows and len({row["accuracy"] for row in piped_rows}) == 5
+    assert piped_checkpoints == serial_checkpoints
+    # checkpoint t is saved after row t and before row t + 1
+    assert [(saved[0], saved[1]) for saved in piped_checkpoints] == [(r, r) for r in range(1, 6)]
+
+
+def test_an_evaluation_that_fails_stops_the_run_with_its_error_and_no_row_or_checkpoint_for_it(tmp_path):
+    def evaluate(arrays, server_round):
+        if server_round == 2:
+            raise RuntimeError("evaluation broke")
+        return no_metrics(arrays, server_round)
+
+    with pytest.raises(RuntimeError, match="evaluation broke"):
+        run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0), evaluate=evaluate)
+    assert [row["round"] for row in rows(tmp_path)] == [1]
+    assert CheckpointStore(tmp_path / "state", "fed", {}).load().server_round == 1
+
+
+
+def test_instructions_name_the_accepted_rounds_of_a_checkpoint_on_disk(tmp_path):
+    """Pipelined, round t+1's instructions name round t accepted while checkpoint t may still be unwritten, so
+    they also name the accepted rounds of a checkpoint already on disk (Header.checkpointed_rounds): the rounds a
+    server killed now would resume with, whose states the clients keep. Round 1's evaluation holds on until
+    round 2 was pushed, so round 2's instructions go out with no checkpoint on disk at all."""
+    from fedbayes.protos.codec import decode_header
+    from fedbayes.server.round_core import CORE_STATE_KEY
+
+    class Store(CheckpointStore):
+        def save(self, checkpoint):
+            super().save(checkpoint)
+            on_disk.append(json.loads(checkpoint.strategy_state.metadata[CORE_STATE_KEY])["accepted_rounds"])
+
+    class RecordingGrid(FakeGrid):
+        def push_messages(self, messages):
+            for message in messages:
+                header = decode_header(message.content, "server")
+                sent.append((header.server_round, dict(header.accepted_rounds), dict(header.checkpointed_rounds),
+                             list(on_disk)))
+            return super().push_messages(messages)
+
+    on_disk, sent = [], []  # accepted rounds of each checkpoint written; per instruction: round, headers, on disk
+    grid = RecordingGrid([1, 2], scripted(lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0)))
+
+    def evaluate(arrays, server_round):
+        if server_round == 1:
+            assert wait_until(lambda: grid.round >= 2), "round 2 was not pushed while round 1 was evaluated"
+        return no_metrics(arrays, server_round)
+
+    run(tmp_path, None, rounds=4, evaluate=evaluate, grid=grid, checkpoints=Store(tmp_path / "state", "fed", {}))
+    assert [entry[0] for entry in sent] == [1, 1, 2, 2, 3, 3, 4, 4]
+    for server_round, accepted, checkpointed, written in sent:
+        assert set(checkpointed) <= set(accepted)
+        for client, checkpointed_round in checkpointed.items():  # a round some checkpoint on disk names
+            assert checkpointed_round in {rounds[client] for rounds in written if client in rounds}
+        if server_round == 2:  # round 1 accepted, its checkpoint not yet written: nothing durable to keep
+            assert len(accepted) == 1 and checkpointed == {}
+    assert all(checkpointed for r, _, checkpointed, _ in sent if r == 4)  # checkpoint 2 at least is on disk by then

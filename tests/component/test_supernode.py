@@ -1,0 +1,243 @@
+"""`fedbayes supernode`: Flower's SuperNode loop with its fixed waits shortened, and nothing else changed; Flower's
+object pulls with a short first back-off (deploy/object_pulls.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fedbayes.deploy import supernode
+
+
+def test_the_supernode_loop_polls_instead_of_sleeping_3_s(monkeypatch):
+    slept = []
+    monkeypatch.setattr(supernode.time, "sleep", slept.append)
+    patched = supernode.polling_time(0.2)
+    for seconds in (3, 0.5, 1.0, 10):
+        patched.sleep(seconds)
+    assert slept == [0.2, 0.2, 1.0, 10]
+
+
+def test_idle_polls_back_off_to_a_second_and_a_message_resets_them(monkeypatch):
+    slept = []
+    monkeypatch.setattr(supernode.time, "sleep", slept.append)
+    patched = supernode.polling_time(0.2)
+    for seconds in (3,) * 7 + (0.5, 3, 3):  # idle polls, a message (waiting for its reply), idle again
+        patched.sleep(seconds)
+    assert slept == pytest.approx([0.2, 0.3, 0.45, 0.675, 1.0, 1.0, 1.0, 0.2, 0.2, 0.3])
+    assert patched.time is supernode.time.time and patched.monotonic is supernode.time.monotonic
+
+
+def test_it_patches_only_the_flower_it_was_read_in(monkeypatch):
+    import flwr
+    from flwr.supernode import start_client_internal
+
+    monkeypatch.setattr(start_client_internal, "time", start_client_internal.time)  # restored after the test
+    pull_and_store = start_client_internal._pull_and_store_message
+    monkeypatch.setattr(start_client_internal, "_pull_and_store_message", pull_and_store)
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "1")  # Flower's own object-pull back-off, unchanged
+    supernode.patch_flower(0.1, runtime_port=9123)
+    assert start_client_internal.time.sleep is not supernode.time.sleep
+    assert start_client_internal._pull_and_store_message is not pull_and_store
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    with pytest.raises(SystemExit, match="Flower 1.40.0 is installed"):
+        supernode.patch_flower(0.1)
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "5"])
+def test_a_bad_poll_interval_is_refused(monkeypatch, value):
+    monkeypatch.setenv("FEDBAYES_SUPERNODE_POLL", value)
+    with pytest.raises(SystemExit, match="FEDBAYES_SUPERNODE_POLL"):
+        supernode.poll_interval()
+
+
+@pytest.fixture
+def pull_defaults():
+    """Flower's object-pull keyword defaults, restored after the test."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+    saved = [dict(function.__kwdefaults__) for function in functions]
+    yield functions
+    for function, defaults in zip(functions, saved):
+        function.__kwdefaults__.clear()
+        function.__kwdefaults__.update(defaults)
+
+
+def test_object_pulls_retry_after_the_configured_backoff_not_1_s(monkeypatch, pull_defaults):
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    from fedbayes.deploy import object_pulls
+
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "0.01")
+    assert object_pulls.shorten_pull_backoff()
+    assert [function.__kwdefaults__["initial_backoff"] for function in pull_defaults] == [0.01, 0.01]
+    attempts = []
+
+    def pull(object_id):  # unavailable twice, as while its sender still uploads it
+        attempts.append(object_id)
+        if len(attempts) < 3:
+            raise ObjectUnavailableError(object_id)
+        return b"content"
+
+    pull_objects = pull_defaults[0]
+    assert pull_objects(["a"], pull) == {"a": b"content"} and attempts == ["a"] * 3
+
+
+def test_object_pulls_are_left_alone_on_another_flower_and_a_bad_backoff_is_refused(monkeypatch, pull_defaults):
+    import flwr
+
+    from fedbayes.deploy import object_pulls
+
+    before = [function.__kwdefaults__["initial_backoff"] for function in pull_defaults]
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "0.01")
+    assert not object_pulls.shorten_pull_backoff()
+    assert [function.__kwdefaults__["initial_backoff"] for function in pull_defaults] == before
+    monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "soon")
+    with pytest.raises(ValueError, match="FEDBAYES_PULL_BACKOFF"):
+        object_pulls.pull_backoff()
+
+
+class FakeRuntimeApi:
+    """The SuperLink's Runtime API as the ServerApp's HttpGrid sees it, holding one reply and its objects."""
+
+    def __init__(self, message):
+        from flwr.common.serde import message_to_proto
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+        from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+
+        message.metadata.__dict__["_message_id"] = message.object_id  # as the SuperLink stores it
+        self.objects = {object_id: item.deflate() for object_id, item in get_all_nested_objects(message).items()}
+        self.response = PullAppMessagesResponse(messages_list=[message_to_proto(message)],
+                                                message_object_trees=[get_object_tree(message)])
+        self.pulled_bytes, self.confirmed = 0, []
+
+    def PullMessages(self, request):
+        return self.response
+
+    def PullObject(self, request):
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        content = self.objects[request.object_id]
+        self.pulled_bytes += len(content)
+        return PullObjectResponse(object_found=True, object_available=True, object_content=content)
+
+    def ConfirmMessageReceived(self, request):
+        self.confirmed.append(request.message_object_id)
+
+
+INSTRUCTION_ID = "ab" * 32
+
+
+def grid_holding_reply(padding_mb: float):
+    """Flower's HttpGrid, talking to a fake Runtime API that holds one reply padded with `padding_mb` MiB of random
+    float32 (several 5 MiB chunks); (grid, fake API)."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, Message, RecordDict
+    from flwr.superlink.grid.http_grid import HttpGrid
+    from flwr.supercore.run import Run
+
+    instruction = Message(RecordDict(), dst_node_id=5, message_type="train")
+    instruction.metadata.__dict__["_message_id"] = INSTRUCTION_ID
+    padding = np.random.default_rng(0).standard_normal(int(padding_mb * 2**20) // 4, dtype=np.float32)
+    api = FakeRuntimeApi(Message(RecordDict({"pad": ArrayRecord({"x": Array(padding)})}), reply_to=instruction))
+    grid = HttpGrid(token="token")
+    grid._client = api
+    grid.set_run(Run.create_empty(run_id=1))
+    return grid, api
+
+
+@pytest.fixture
+def grid_pulls(monkeypatch):
+    """Flower's HttpGrid module with its own `pull_objects`, restored after the test."""
+    from flwr.superlink.grid import http_grid
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
+    return http_grid
+
+
+def test_the_serverapp_stops_pulling_a_reply_over_the_payload_limit_and_releases_it(grid_pulls):
+    from fedbayes.deploy import object_pulls
+
+    grid, api = grid_holding_reply(padding_mb=40)
+    assert object_pulls.bound_reply_pulls(grid, 1.0)
+    assert object_pulls.bound_reply_pulls(grid, 3.0)  # replaces the bound, does not add one
+    (reply,) = grid.pull_messages(["ignored"])
+    assert reply.has_error() and "the reply is over max-payload-mb=3: " in reply.error.reason, reply.error
+    assert reply.metadata.reply_to_message_id == INSTRUCTION_ID  # how the round loop tells whose reply it was
+    # pulls stop once past 3 MiB + OBJECT_OVERHEAD_BYTES: the chunk that crossed it and one in flight, not 40 MiB
+    assert api.pulled_bytes <= 3 * 2**20 + object_pulls.OBJECT_OVERHEAD_BYTES + 2 * 5 * 2**20 + 4096, api.pulled_bytes
+    assert api.confirmed == [api.response.messages_list[0].metadata.message_id]  # the SuperLink may drop it
+
+    grid, api = grid_holding_reply(padding_mb=2.5)  # under the limit: pulled whole, as without the bound
+    (reply,) = grid.pull_messages(["ignored"])
+    assert not reply.has_error() and len(reply.content["pad"]["x"].data) > 2.5 * 2**20
+    assert api.confirmed == [reply.metadata.message_id]
+
+
+def test_reply_pulls_are_left_alone_on_another_flower_or_grid(monkeypatch, grid_pulls):
+    import flwr
+
+    from fedbayes.deploy import object_pulls
+
+    pull_objects = grid_pulls.pull_objects
+    assert not object_pulls.bound_reply_pulls(object(), 1.0)  # e.g. simulation's in-memory grid
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    assert not object_pulls.bound_reply_pulls(grid_holding_reply(padding_mb=0)[0], 1.0)
+    assert grid_pulls.pull_objects is pull_objects
+
+
+def test_the_doorbell_holds_every_ring_until_answered_and_remembers_that_it_was_heard():
+    import select
+
+    from fedbayes.deploy import doorbell
+
+    port = 40000 + os.getpid() % 20000
+    bell = doorbell.Doorbell(port, ringer_pid=None, on_stranger=pytest.fail)  # anyone may ring
+    assert not bell.answer() and not bell.heard  # nothing rang: the executor polls as Flower does
+    doorbell.ring(port)
+    doorbell.ring(port)
+    ready, _, _ = select.select([bell.socket], [], [], 2.0)
+    assert ready == [bell.socket]
+    assert bell.answer() and bell.heard  # one ask answers both rings
+    assert not bell.listening()  # and the bell goes unheard for RING_INTERVAL
+    assert not bell.answer() and bell.heard
+    with pytest.raises(OSError):
+        doorbell.Doorbell(port, None, pytest.fail)  # one listener per SuperNode
+    doorbell.ring(port + 1)  # nobody listens: nothing happens
+    bell.socket.close()
+
+
+def test_the_supernode_rings_when_it_has_taken_a_message_and_reads_its_runtime_port(monkeypatch):
+    rung = []
+    monkeypatch.setattr(supernode, "ring", rung.append)
+    results = iter([None, 7])
+    pull_and_store = supernode.ringing(lambda *args, **kwargs: next(results), 9123)
+    assert pull_and_store("anything") is None and rung == []  # nothing for this node
+    assert pull_and_store("anything") == 7 and rung == [9123]
+    assert supernode.runtime_port(["--insecure", "--port", "23456", "--superlink", "x:1"]) == 23456
+    assert supernode.runtime_port(["--insecure"]) == 9094  # Flower's default
+
+
+def test_a_supernode_that_hangs_delays_the_executor_loop_by_one_timeout_only(monkeypatch, capsys):
+    """A Runtime API that accepts the connection and never answers (a stopped SuperNode): the ask gives up after
+    ASK_TIMEOUT, and the loop asks again only after UNREACHABLE_RETRY, so the other SuperNodes are still served."""
+    import socket
+    import time
+
+    from fedbayes.deploy import warm_executor
+
+    monkeypatch.setattr(warm_executor, "ASK_TIMEOUT", 0.5)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        node = warm_executor.ServedSuperNode(address, None, insecure=True, root_certificates=None, poll=0.2)
+        started = time.monotonic()
+        node.ask()
+        assert 0.4 < time.monotonic() - started < 2.0
+        assert node.unreachable and node.next_ask - time.monotonic() > 0.5
+        node.close()
+    assert f"the SuperNode at {address} does not answer" in capsys.readouterr().err

@@ -1,0 +1,191 @@
+"""Run config `tracking` (server/tracking.py) on the real round loop (in process, scripted grid): a real MLflow
+tracking server started here gets the run config, every round's metrics, the report's figures and the posterior,
+read back with MlflowClient; TensorBoard event files read back with TensorBoard's own reader; a tracking server that
+is down or hangs neither stops nor slows the run, and says so once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+
+from fedbayes.deploy.processes import free_ports
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import encode, new_header
+from fedbayes.server import tracking
+from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.tracking import posterior_export, row_metrics, tracked_run
+from fedbayes.strategies.fedavg.server import FedAvg
+from fedbayes.tasks.config import ConfigError
+from fedbayes.strategies import default_run_config, run_settings
+from fedbayes.tasks.preflight import check_tracking
+from fedbayes.tasks.report import PLOTS, read_rows
+from tests.support import FakeGrid, improving_metrics, scripted
+from tests.support import round_core
+
+LOGREG = {"1.weight": (10, 784), "1.bias": (10,)}  # model=logreg on Fashion-MNIST: the export rebuilds it
+ROUNDS = 4
+
+
+def logreg_reply(server_round: int, node: int, federation: str):
+    weights = {name: np.full(shape, 0.01 * server_round, np.float32) for name, shape in LOGREG.items()}
+    envelope = pb.Reply(header=new_header(federation, server_round, f"client-{node}"), num_examples=10, train_loss=0.3)
+    return encode(envelope, pb.FedAvgReply(), {"weights": weights})
+
+
+def tracked_federation(tmp_path: Path, tracking_value: str, rounds: int = ROUNDS) -> tuple[dict, float]:
+    """A FedAvg federation of two scripted clients through run_rounds, tracked as the ServerApp tracks it
+    (server/app.py); its run config and the seconds it took."""
+    federation = tmp_path.name.replace("[", "-").replace("]", "")
+    run_config = {**default_run_config(), "federation": federation, "model": "logreg", "tracking": tracking_value,
+                  "num-server-rounds": rounds, "results-path": str(tmp_path / "r.jsonl"),
+                  "server-state-dir": str(tmp_path / "state")}
+    settings = run_settings(run_config)
+    core = round_core(FedAvg(settings, LOGREG))
+    initial = ArrayRecord({name: Array(np.zeros(shape, np.float32)) for name, shape in LOGREG.items()})
+    loop = LoopSettings(num_rounds=rounds, round_timeout=5.0, poll_interval=0.01, wait_for_clients=2,
+                        wait_for_clients_timeout=5)
+    store = CheckpointStore(settings.server_state_dir, federation, run_config)
+    started = time.monotonic()
+    with tracked_run(settings.tracking, federation, run_config,
+                     posterior_export(settings.server_state_dir, federation, run_config)) as sinks:
+        run_rounds(FakeGrid([1, 2], scripted(lambda r, node: logreg_reply(r, node, federation))), core, initial, loop,
+                   improving_metrics, settings.results_path, store, sinks)
+    return run_config, time.monotonic() - started
+
+
+def tracking_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records
+            if record.levelno == logging.WARNING and record.getMessage().startswith("tracking")]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on a free loopback port: SQLite runs, artifacts uploaded through it."""
+    directory = tmp_path_factory.mktemp("mlflow")
+    (port,) = free_ports(1)
+    log_path = directory / "server.log"
+    with log_path.open("w") as log_file:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+             f"sqlite:///{directory}/runs.sqlite", "--artifacts-destination", str(directory / "artifacts"),
+             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)  # its workers stop with its group
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(uri, server, log_path)
+        yield uri
+    finally:
+        stop_process_group(server)
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM the group `process` leads (the MLflow server, its uvicorn and job workers), SIGKILL what is left."""
+    os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        process.poll()  # reaps the leader once it exits
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+
+
+def wait_until_healthy(uri: str, server: subprocess.Popen, log_path: Path, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"mlflow server exited with code {server.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"mlflow server not healthy within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+
+
+def test_tensorboard_event_files_hold_the_run_config_metrics_and_figures(tmp_path, caplog):
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, TENSORS, EventAccumulator
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    run_config, _ = tracked_federation(tmp_path, f"tensorboard:{tmp_path / 'tb'}")
+    assert tracking_warnings(caplog) == []
+    directory = tmp_path / "tb" / run_config["federation"]
+    events = EventAccumulator(str(directory), size_guidance={SCALARS: 0, IMAGES: 0, TENSORS: 0})
+    events.Reload()
+    rows = read_rows(Path(run_config["results-path"]))
+    for key in ("accuracy", "ece_ensemble", "clients", "phase_seconds/evaluate"):
+        assert [(event.step, event.value) for event in events.Scalars(key)] == \
+            [(row["round"], pytest.approx(row_metrics(row)[key], rel=1e-6)) for row in rows], key
+    assert sorted(events.Tags()["images"]) == sorted(f"report/{Path(plot.file).stem}" for plot in PLOTS)
+    assert all(image.width >= 900 for image in events.Images("report/metrics"))
+    hparams = HParamsPluginData.FromString(events.PluginTagToContent("hparams")["_hparams_/session_start_info"])
+    assert hparams.session_start_info.hparams["model"].string_value == "logreg"
+    assert hparams.session_start_info.hparams["num-server-rounds"].number_value == ROUNDS
+    assert (directory / "report" / "index.html").is_file() and (directory / tracking.POSTERIOR_FILE).is_file()
+
+
+def test_a_tracking_server_that_is_down_neither_stops_nor_slows_the_run(tmp_path, caplog):
+    """Nothing listens on the port: the run takes about the time an untracked one takes, writes every row, and the
+    tracker warns once."""
+    import mlflow.tracking  # noqa: F401  imported here first: the run's time is the dead server's, not the import's
+
+    (dead_port,) = free_ports(1)
+    _, untracked = tracked_federation(tmp_path / "untracked", "")
+    _, tracked = tracked_federation(tmp_path / "dead", f"mlflow:http://127.0.0.1:{dead_port}")
+    assert tracked < untracked + 3.0, (tracked, untracked)
+    assert len(read_rows(tmp_path / "dead" / "r.jsonl")) == ROUNDS
+    (warning,) = tracking_warnings(caplog)
+    assert f"tracking (mlflow:http://127.0.0.1:{dead_port}) failed (MlflowException" in warning
+    assert "this run is not tracked from its start (its rows are in results-path)" in warning
+
+
+def test_a_tracking_server_that_never_answers_costs_the_run_at_most_the_close_timeout(tmp_path, caplog, monkeypatch):
+    """A server that accepts connections and never answers: rounds go on at their pace while rows pile up in the
+    bounded queue (one warning when it is full, no more after it), and the run's end waits CLOSE_TIMEOUT at most."""
+    import mlflow.tracking  # noqa: F401  as above
+
+    monkeypatch.setattr(tracking, "QUEUE_ROWS", 2)
+    monkeypatch.setattr(tracking, "CLOSE_TIMEOUT", 2.0)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody reads or answers
+        _, untracked = tracked_federation(tmp_path / "untracked", "")
+        _, tracked = tracked_federation(tmp_path / "silent", f"mlflow:http://127.0.0.1:{silent.getsockname()[1]}")
+    assert tracked < untracked + tracking.CLOSE_TIMEOUT + 3.0, (tracked, untracked)
+    assert len(read_rows(tmp_path / "silent" / "r.jsonl")) == ROUNDS
+    (warning,) = tracking_warnings(caplog)
+    assert "falls behind: 2 rows wait for it; round 3's row and any that come while they wait are not tracked" \
+        in warning
+
+
+def test_a_missing_extra_or_a_bad_value_is_refused_before_the_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None if name == "mlflow" else object())
+    with pytest.raises(ConfigError, match=r"^run config 'tracking' is 'mlflow:http://x', but mlflow is not installed "
+                                          r"for this Python: pip install 'fedbayes\[mlflow\]'$"):
+        check_tracking("mlflow:http://x")
+    check_tracking("tensorboard:" + str(tmp_path))  # installed here, and writable
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="^run config 'tracking': .*file is not a directory"):
+        check_tracking(f"tensorboard:{tmp_path / 'file'}")
+    for value in ("mlflow", "wandb:x", "tensorboard:"):
+        with pytest.raises(ConfigError, match=r"run config 'tracking' .*must be \"\" \(off\), mlflow:URI or"):
+            run_settings({**default_run_config(), "federation": "fed", "tracking": value})
+
+
+def test_a_rows_numbers_become_metrics():
+    row = {"round": 3, "accuracy": 0.5, "train_loss": None, "quarantined": ["node 1", "node 2"], "clients": 2,
+           "phase_seconds": {"push": 0.25, "previous_checkpoint": None}, "reliability": {"count": [1, 2]}}
+    assert row_metrics(row) == {"accuracy": 0.5, "quarantined": 2.0, "clients": 2.0, "phase_seconds/push": 0.25}

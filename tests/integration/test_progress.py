@@ -1,0 +1,134 @@
+"""The progress line of `fedbayes local` and `fedbayes run` (deploy/progress.py): on a terminal (a pty, rendered as a
+terminal shows it) one line redrawn in place below the output; elsewhere plain lines. `fedbayes run` reads the rounds
+from the ServerApp's own log lines (server/loop.py progress_line); `fedbayes local` from its results rows."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+
+import pytest
+
+from fedbayes.deploy.launcher import TABLE_HEADER
+from fedbayes.server.loop import progress_line
+from tests.support import ROOT
+from tests.support.processes import cli_env
+
+ROW = {"round": 1, "accuracy": 0.6356, "nll": 1.7689, "ece": 0.2187, "clients": 2, "clients_sent": 3,
+       "round_seconds": 2.7, "wall_seconds": 2.7}
+
+
+def rendered(output: str) -> list[str]:
+    """The lines a terminal shows for `output`: a carriage return goes back to the line's start, ESC[K erases the rest
+    of the line, a newline starts the next one (a pty turns "\\n" into "\\r\\n")."""
+    lines, line, column = [], "", 0
+    position = 0
+    while position < len(output):
+        if output.startswith("\x1b[K", position):
+            line, position = line[:column], position + 3
+            continue
+        char = output[position]
+        position += 1
+        if char == "\r":
+            column = 0
+        elif char == "\n":
+            lines.append(line)
+            line, column = "", 0
+        else:
+            line = line[:column] + char + line[column + 1:]
+            column += 1
+    return lines + ([line] if line else [])
+
+
+def open_terminal(columns: int = 120) -> tuple[int, int]:
+    """A pty (master, slave) whose terminal is `columns` wide."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    return master, slave
+
+
+def read_all(master: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every writer closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return b"".join(chunks).decode()
+
+
+# A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s.
+FAKE_FLWR = textwrap.dedent("""
+    import sys, time
+    from fedbayes.server.loop import progress_line
+    row = {ROW!r}
+    print("Successfully started run 7", flush=True)
+    for number in (1, 2):
+        time.sleep(1.5)
+        print("INFO :      " + progress_line(row | {{"round": number}}, 2), flush=True)
+""")
+STREAM = "import os, sys; from fedbayes.deploy.flwr_run import stream; stream([sys.executable, '-c', {fake!r}], os.environ, ['fedbayes', 'run'])"
+
+
+def run_stream(stdout) -> subprocess.Popen:
+    """deploy/flwr_run.py `stream`, as `fedbayes run` calls it, on the fake `flwr run`'s output."""
+    code = STREAM.format(fake=FAKE_FLWR.format(ROW=ROW))
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=cli_env(), stdin=subprocess.DEVNULL,
+                            stdout=stdout, stderr=subprocess.STDOUT)
+
+
+def test_fedbayes_run_shows_a_live_line_on_a_terminal():
+    master, slave = open_terminal()
+    process = run_stream(slave)
+    os.close(slave)
+    output = read_all(master)
+    assert process.wait(timeout=60) == 0, output
+    screen = rendered(output)
+    assert screen[0] == "Successfully started run 7"
+    assert [line for line in screen if "round   " in line] == [
+        f"INFO :      {progress_line(ROW | {'round': number}, 2)}" for number in (1, 2)]
+    assert re.fullmatch(r"round 2/2 \| \d+:\d\d elapsed \| ETA 0:00 \| accuracy 0.6356 \| clients 2/3", screen[-1])
+    # redrawn while waiting: the elapsed time ticks between the rounds, in place
+    assert "0:01 elapsed | waiting for the first round" in output and "0:02 elapsed" in output
+    assert len(screen) == 4
+
+
+def test_fedbayes_run_prints_plain_lines_elsewhere():
+    process = run_stream(subprocess.PIPE)
+    output = process.communicate(timeout=60)[0].decode()
+    assert process.returncode == 0, output
+    assert "\r" not in output and "\x1b" not in output
+    lines = output.splitlines()
+    assert [line.split(" | ")[0] for line in lines if line.startswith("progress:")] == \
+        ["progress: round 1/2", "progress: round 2/2"]
+    assert lines[-1].endswith("| ETA 0:00 | accuracy 0.6356 | clients 2/3")
+
+
+@pytest.mark.integration
+def test_fedbayes_local_shows_the_table_and_a_live_line_on_a_terminal(tmp_path):
+    """A real federation (2 clients, 2 rounds of logistic regression on 2% of Fashion-MNIST) on a terminal."""
+    master, slave = open_terminal()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fedbayes.deploy.cli", "local", "--strategy", "fedavg", "--clients", "2", "--rounds",
+         "2", "--fraction", "0.02", "--set", "model=logreg", "--workdir", str(tmp_path / "run")],
+        cwd=ROOT, env=cli_env(), stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.STDOUT)
+    os.close(slave)
+    output = read_all(master)
+    assert process.wait(timeout=600) == 0, output
+    screen = rendered(output)
+    header = screen.index(TABLE_HEADER)
+    assert [line.split()[0] for line in screen[header + 1:header + 3]] == ["1", "2"]  # the table's rows
+    assert screen[header + 3].startswith("round 2/2 | ") and "| ETA 0:00 | accuracy 0." in screen[header + 3]
+    assert screen[header + 3].endswith("| clients 2/2") and len(screen) == header + 4
+    assert "\r\x1b[K" in output

@@ -1,0 +1,112 @@
+"""The README's simulation command (Flower's Ray engine, 20 virtual clients) through `fedbayes run`: every
+run that names no federation is a new one, a named one resumes, a refused resume fails the command with
+the reason on one line, and nothing it started is left running."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fedbayes.deploy.processes import command_line
+from tests.support import ROOT
+from tests.support.processes import cli_env, fedbayes, read_until
+from tests.support.processes import processes_with_env
+
+pytestmark = pytest.mark.integration
+
+
+def readme_command(section: str) -> str:
+    """The shell commands of the first ```sh block after README heading `section`."""
+    readme = (ROOT / "README.md").read_text()
+    after = readme[readme.index(f"\n{section}\n"):]
+    return re.search(r"```sh\n(.*?)```", after, re.DOTALL).group(1)
+
+
+def simulation_command(runs: Path) -> str:
+    """The README's simulation command, with its runs/ folder in `runs` (the venv is already ours)."""
+    command = readme_command("### Simulation (Ray, many virtual clients)")
+    command = command.replace(". .venv/bin/activate\n", "").replace("$PWD/runs", str(runs))
+    assert command.count("fedbayes run ") == 1 and str(runs) in command, command
+    return command.strip()
+
+
+def run_shell(command: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=simulation_env(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+
+
+def simulation_env(tmp_path: Path) -> dict[str, str]:
+    return cli_env(FEDBAYES_SERVER_STATE_DIR=str(tmp_path / "server-state"))
+
+
+def processes_of(flwr_home: Path) -> list[str]:
+    """The command lines of live processes that run with this Flower home."""
+    return [" ".join(command_line(pid)) for pid in processes_with_env("FLWR_HOME", str(flwr_home))]
+
+
+def rounds_in(results: Path) -> list[int]:
+    return [json.loads(line)["round"] for line in results.read_text().splitlines()]
+
+
+@pytest.mark.timeout(1200)  # two simulations in a row
+def test_the_readme_command_twice_with_other_settings_trains_twice(tmp_path):
+    """Issue 19: the second run used to fail on the first one's checkpoint (or do nothing), and exit 0."""
+    runs = tmp_path / "runs"
+    command = simulation_command(runs).replace("num-server-rounds=5", "num-server-rounds=2")
+    first = run_shell(command, tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert rounds_in(runs / "sim.jsonl") == [1, 2]
+    assert processes_of(runs / "sim-home") == [], "the simulation SuperLink and Ray must be stopped"
+
+    second = run_shell(f"{command} -c 'model=\"logreg\" fraction-train=0.1'", tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    rows = [json.loads(line) for line in (runs / "sim.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == [1, 2] and all(row["clients_sent"] == 2 for row in rows), rows
+    assert processes_of(runs / "sim-home") == []
+    federations = sorted(path.name for path in (tmp_path / "server-state").iterdir())
+    assert len(federations) == 2, federations
+    for run, federation in zip((first, second), federations):
+        assert f'new federation "{federation}"' in run.stdout
+        assert f"-c 'federation=\"{federation}\"'" in run.stdout  # the command that resumes it
+        assert "\x1b[" not in run.stdout, "output that is no terminal has no colour codes"
+        assert "FutureWarning" not in run.stdout + run.stderr
+
+
+@pytest.mark.timeout(1200)  # three simulations in a row; on a loaded 2-core machine each can take minutes
+def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_path):
+    runs = tmp_path / "runs"
+    command = simulation_command(runs).replace("num-server-rounds=5", "num-server-rounds=3")
+    named = f"{command} -c 'federation=\"kept\"'"
+    # exec: the signal below goes to `fedbayes run` itself, as a Ctrl-C or `kill` would
+    interrupted = subprocess.Popen(["bash", "-c", named.replace("fedbayes run ", "exec fedbayes run ")], cwd=ROOT,
+                                   env=simulation_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+    read_until(interrupted, lambda line: "round   1/3 |" in line)
+    interrupted.send_signal(signal.SIGTERM)
+    assert interrupted.wait(timeout=120) == 143
+    assert processes_of(runs / "sim-home") == []
+
+    refused = run_shell(f"{named} -c 'model=\"logreg\"'", tmp_path)
+    assert refused.returncode == 1
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("fedbayes run failed: CheckpointError: federation checkpoint") and \
+        "(model: 'mlp' -> 'logreg')" in last, refused.stderr[-3000:]
+    assert processes_of(runs / "sim-home") == []
+
+    resumed = run_shell(named, tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert re.search(r"resuming after round [12] ", resumed.stdout), resumed.stdout[-3000:]
+    assert rounds_in(runs / "sim.jsonl") == [1, 2, 3]
+    assert processes_of(runs / "sim-home") == []
+
+
+def test_a_submission_flower_refuses_fails_the_command(tmp_path):
+    """`flwr run` itself refusing (here: an unknown connection) is a failure with a reason too."""
+    result = fedbayes(["run", ".", "no-such-connection"], env=cli_env(FLWR_HOME=str(tmp_path / "flwr-home")))
+    assert result.returncode == 1
+    assert result.last_error_line.startswith("fedbayes run failed: flwr run exited with code"), result.stderr

@@ -1,0 +1,157 @@
+"""Run-config parsing: pyproject's defaults are valid, bad values name their key."""
+
+import tomllib
+
+import pytest
+
+from fedbayes.client.runtime import NodeSettings
+from fedbayes.deploy.flower_app import app_pyproject
+from fedbayes.deploy.launcher import LocalRun, run_local
+from fedbayes.tasks.config import ConfigError
+from fedbayes.strategies import default_run_config, run_settings
+from tests.support import DEFAULTS, pyproject_run_config
+
+
+def test_pyproject_defaults_parse():
+    settings = run_settings(DEFAULTS)
+    assert settings.strategy == "fedavg" and settings.model == "mlp" and settings.lr == 0.001
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("split", "random", "'split' must be one of iid, dirichlet, two-class"),
+        ("fraction", 0.0, "'fraction' must be in (0, 1]"),
+        ("batch-size", 0, "'batch-size' must be >= 1"),
+        ("lr", "fast", "'lr' must be float"),
+        ("num-server-rounds", 2.5, "'num-server-rounds' must be int"),
+        ("federation", "../etc", "'federation' must be \"\" (a new federation) or match"),
+        ("optimizer", "lbfgs", "'optimizer' must be one of adam, sgd"),
+        ("feddyn-alpha", 0.0, "'feddyn-alpha' must be > 0"),
+        ("max-grad-norm", -1.0, "'max-grad-norm' must be >= 0"),
+        ("kde-bandwidth", 0.0, "'kde-bandwidth' must be > 0"),
+        ("particles", 0, "'particles' must be >= 1"),
+        ("dsvgd-scheduler", "fifo", "'dsvgd-scheduler' must be one of round-robin, random"),
+        ("seed", -1, "'seed' must be in [0, 2^32)"),  # numpy refuses negative seeds
+        ("seed", 2**32, "'seed' must be in [0, 2^32)"),
+        ("wait-for-clients-timeout", -1.0, "'wait-for-clients-timeout' must be >= 0"),
+        ("wait-for-clients-timeout", float("inf"), "'wait-for-clients-timeout' must be finite"),
+        ("max-payload-mb", float("nan"), "'max-payload-mb' must be finite"),
+        ("results-exists", "overwrite", "'results-exists' must be one of refuse, append, replace"),
+    ],
+)
+def test_bad_values_name_the_key(key, value, message):
+    with pytest.raises(ConfigError) as error:
+        run_settings({**DEFAULTS, key: value})
+    assert message in str(error.value)
+
+
+def test_missing_key_is_reported():
+    config = dict(DEFAULTS)
+    del config["seed"]
+    with pytest.raises(ConfigError, match="missing 'seed'"):
+        run_settings(config)
+
+
+def test_integer_accepted_for_float_keys():
+    assert run_settings({**DEFAULTS, "lr": 1}).lr == 1.0
+
+
+def test_node_settings():
+    node = NodeSettings.from_node_config({"partition-id": 2, "num-partitions": 3}, default_device="cpu")
+    assert node.client_id == "client-2" and node.device == "cpu"
+    with pytest.raises(ConfigError, match="partition-id"):
+        NodeSettings.from_node_config({"partition-id": 3, "num-partitions": 3}, default_device="cpu")
+    with pytest.raises(ConfigError, match="client-id"):
+        NodeSettings.from_node_config({"client-id": "a b", "data-path": "/x.npz"}, default_device="cpu")
+
+
+def test_set_overrides_are_typed_and_accept_underscores():
+    from fedbayes.deploy.launcher import parse_override
+
+    assert parse_override("proximal_mu=0.1") == ("proximal-mu", 0.1)
+    assert parse_override("local-epochs=5") == ("local-epochs", 5)
+    assert parse_override("rescale-lr=true") == ("rescale-lr", True)
+    assert parse_override("hidden=200,100") == ("hidden", "200,100")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_override("lr")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "overrides", "message"),
+    [("nope", {}, "'strategy' must be one of"), ("fedavg", {"lr": -1.0}, "'lr' must be > 0"),
+     ("fedavg", {"lrr": 1.0}, "unknown run-config key.* lrr")],
+)
+def test_fedbayes_local_refuses_a_bad_run_config_before_starting_anything(tmp_path, strategy, overrides, message):
+    spec = LocalRun(strategy=strategy, clients=1, rounds=1, workdir=tmp_path / "run", overrides=overrides, quiet=True)
+    with pytest.raises(ConfigError, match=message):
+        run_local(spec)
+    assert not (tmp_path / "run").exists()  # no SuperLink, no SuperNode, no workdir
+
+
+def test_fedbayes_local_refuses_a_results_file_it_would_overwrite_before_starting_anything(tmp_path):
+    results = tmp_path / "mine.jsonl"
+    results.write_text('{"round": 1, "mine": true}\n')
+    spec = LocalRun(strategy="fedavg", clients=1, rounds=1, workdir=tmp_path / "run", results=results, quiet=True)
+    with pytest.raises(ConfigError, match="^run config 'results-path': .*mine.jsonl is not empty and results-exists"):
+        run_local(spec)
+    for told in ("append", "replace"):  # told: the refusal that stops the run is a later check's
+        spec.overrides = {"results-exists": told, "hidden": "abc"}
+        with pytest.raises(ConfigError, match="^run config 'hidden'"):
+            run_local(spec)
+    assert results.read_text() == '{"round": 1, "mine": true}\n'
+    assert not (tmp_path / "run").exists()  # no SuperLink, no SuperNode, no workdir
+
+
+def test_the_checkout_pyproject_lists_exactly_the_declared_keys_and_defaults():
+    """`flwr run .` in a checkout and `fedbayes app` (the installed package) accept the same keys and defaults."""
+    declared = default_run_config()
+    listed = pyproject_run_config()
+    assert sorted(listed) == sorted(declared)
+    assert {key: (value, type(value)) for key, value in listed.items()} == \
+        {key: (value, type(value)) for key, value in declared.items()}
+
+
+def test_a_written_app_lists_every_key_and_an_out_of_tree_strategys_own(tmp_path, monkeypatch):
+    plugin = tmp_path / "keyed_plugin.py"
+    plugin.write_text(
+        "from dataclasses import dataclass\n"
+        "from fedbayes.strategies import Algorithm\n"
+        "from fedbayes.strategies.fedavg.client import client_update\n"
+        "from fedbayes.strategies.fedavg.server import FedAvg\n"
+        "from fedbayes.tasks.config import key\n"
+        "@dataclass(frozen=True)\n"
+        "class TrimSettings:\n"
+        "    trim_share: float = key(0.1, 'the share trimmed')\n"
+        "class Trimmed(FedAvg):\n"
+        "    settings_type = TrimSettings\n"
+        "KEYED = Algorithm(Trimmed, client_update, TrimSettings)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = tomllib.loads(app_pyproject("keyed_plugin:KEYED"))["tool"]["flwr"]["app"]
+    assert app["components"] == {"serverapp": "fedbayes.server.app:app", "clientapp": "fedbayes.client.app:app"}
+    assert app["config"] == {**default_run_config(), "trim-share": 0.1}
+    settings = run_settings({**app["config"], "strategy": "keyed_plugin:KEYED", "trim-share": 0.25})
+    assert settings.value("trim-share") == 0.25
+    with pytest.raises(ConfigError, match="unknown run-config key"):
+        run_settings({**default_run_config(), "trim-share": 0.25})  # fedavg has no such key
+
+
+def test_a_strategy_declaring_its_keys_the_old_way_is_told_what_replaced_it():
+    from fedbayes.strategies import Algorithm
+    from fedbayes.tasks.config import Key
+
+    with pytest.raises(TypeError, match="`settings` is now a frozen dataclass whose fields declare the strategy's keys"):
+        Algorithm("plugin:Server", "plugin:client", (Key("trim-share", 0.1, "the share trimmed"),))
+
+
+def test_a_settings_field_whose_default_is_not_its_type_is_refused_where_it_is_declared():
+    from dataclasses import dataclass
+
+    from fedbayes.tasks.config import key, keys_of
+
+    @dataclass(frozen=True)
+    class Wrong:
+        rounds: int = key(2.5, "a float default for an int key")
+
+    with pytest.raises(TypeError, match="Wrong.rounds is declared int, but its default 2.5 is a float"):
+        keys_of(Wrong)

@@ -1,0 +1,130 @@
+"""The progress line of `fedbayes local` and `fedbayes run` (deploy/progress.py): on a terminal (a pty, rendered as a
+terminal shows it) one line redrawn in place below the output; elsewhere plain lines. `fedbayes run` reads the rounds
+from the ServerApp's own log lines (server/loop.py progress_line); `fedbayes local` from its results rows."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import pty
+import struct
+import termios
+
+
+from fedbayes.deploy.launcher import TABLE_HEADER, format_row, show_row
+from fedbayes.deploy.progress import Progress, RoundDone, parse_round_log_line
+from fedbayes.server.loop import progress_line
+
+ROW = {"round": 1, "accuracy": 0.6356, "nll": 1.7689, "ece": 0.2187, "clients": 2, "clients_sent": 3,
+       "round_seconds": 2.7, "wall_seconds": 2.7}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rendered(output: str) -> list[str]:
+    """The lines a terminal shows for `output`: a carriage return goes back to the line's start, ESC[K erases the rest
+    of the line, a newline starts the next one (a pty turns "\\n" into "\\r\\n")."""
+    lines, line, column = [], "", 0
+    position = 0
+    while position < len(output):
+        if output.startswith("\x1b[K", position):
+            line, position = line[:column], position + 3
+            continue
+        char = output[position]
+        position += 1
+        if char == "\r":
+            column = 0
+        elif char == "\n":
+            lines.append(line)
+            line, column = "", 0
+        else:
+            line = line[:column] + char + line[column + 1:]
+            column += 1
+    return lines + ([line] if line else [])
+
+
+def open_terminal(columns: int = 120) -> tuple[int, int]:
+    """A pty (master, slave) whose terminal is `columns` wide."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    return master, slave
+
+
+def read_all(master: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every writer closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return b"".join(chunks).decode()
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place_below_the_output():
+    master, slave = open_terminal()
+    clock = Clock()
+    with os.fdopen(slave, "w") as terminal:
+        with Progress(terminal, clock) as progress:
+            progress.print(TABLE_HEADER)
+            clock.now += 10
+            show_row(progress, ROW, 4)
+            clock.now += 10
+            show_row(progress, ROW | {"round": 2, "accuracy": 0.7038, "clients": 3}, 4)
+            clock.now += 5  # between rounds the ETA counts down
+    output = read_all(master)
+    assert "\r\x1b[K" in output
+    assert rendered(output) == [
+        TABLE_HEADER,
+        format_row(ROW),
+        format_row(ROW | {"round": 2, "accuracy": 0.7038, "clients": 3}),
+        # 10 s per round (rounds 1 -> 2), 2 rounds left, 5 s since round 2 ended
+        "round 2/4 | 0:25 elapsed | ETA 0:15 | accuracy 0.7038 | clients 3/3",
+    ]
+
+
+def test_the_live_line_fits_the_terminal():
+    master, slave = open_terminal(columns=30)
+    with os.fdopen(slave, "w") as terminal:
+        with Progress(terminal) as progress:
+            progress.round_done(RoundDone(3, 10, 0.5, 1, 2))
+    line = rendered(read_all(master))[-1]
+    assert len(line) == 29 and "round 3/10 | 0:00 elapsed | ETA".startswith(line)  # never wraps
+
+
+def test_elsewhere_each_round_adds_a_plain_line():
+    stream, clock = io.StringIO(), Clock()
+    with Progress(stream, clock) as progress:
+        assert progress.ticker is None  # nothing redraws
+        clock.now += 12
+        show_row(progress, ROW, 3)
+        clock.now += 8
+        show_row(progress, ROW | {"round": 2}, 3)
+    assert stream.getvalue() == (
+        f"{format_row(ROW)}\n"
+        "progress: round 1/3 | 0:12 elapsed | ETA 0:24 | accuracy 0.6356 | clients 2/3\n"
+        f"{format_row(ROW | {'round': 2})}\n"
+        "progress: round 2/3 | 0:20 elapsed | ETA 0:08 | accuracy 0.6356 | clients 2/3\n"
+    )
+
+
+def test_the_serverapps_round_line_is_read_as_it_logs_it():
+    line = progress_line(ROW | {"accuracy_ensemble": 0.7, "nll_ensemble": 1.0}, 50)
+    assert parse_round_log_line(f"INFO :      {line}\n") == RoundDone(1, 50, 0.6356, 2, 3)
+    assert parse_round_log_line(f"\x1b[92mINFO \x1b[0m:      {line}\n") == RoundDone(1, 50, 0.6356, 2, 3)
+    assert parse_round_log_line("INFO :      round 1: 2 replies pass the checks, 0 left out") is None
+
+
+# A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s.
+
+

@@ -1,0 +1,72 @@
+"""Published splits: run config `split-file` (JSON, per client its row indices into the training file) and
+`fedbayes partitions --write F`, which writes ours in that format."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedbayes.client.runtime import NodeSettings, load_client_data
+from fedbayes.tasks.config import ConfigError
+from fedbayes.strategies import run_settings
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.partitions import partition_dataset, read_split_file, write_split_file
+from tests.support import DEFAULTS
+
+
+def write(tmp_path, clients):
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps(clients))
+    return path
+
+
+def test_written_split_reads_back_equal(tmp_path):
+    labels = np.random.default_rng(0).integers(0, 10, 1000)
+    ours = partition_dataset(labels, 5, "dirichlet", seed=3, fraction=0.5)
+    write_split_file(tmp_path / "split.json", ours)
+    again = read_split_file(tmp_path / "split.json", 1000, 5)
+    assert len(again) == 5 and all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(ours, again))
+
+
+@pytest.mark.parametrize("clients, message", [
+    ([[0, 1], [2, 10]], r"client 1 has row index 10 outside \[0, 10\)"),
+    ([[0, 1], [-1]], r"client 1 has row index -1"),
+    ([[0, 1], []], "client 1 has no rows"),
+    ([[0, 1], [1, 2]], "1 rows belong to more than one client"),
+    ([[0, 0], [2]], "client 0 lists 1 rows twice"),
+    ([[0, 1.5], [2]], "client 0 has a row index that is not an integer"),
+    ([[0, 1]], "has 1 clients, the federation has 2"),
+    ({"0": [1]}, "must be a JSON list"),
+])
+def test_bad_split_files_are_refused_by_name(tmp_path, clients, message):
+    with pytest.raises(ValueError, match=message):
+        read_split_file(write(tmp_path, clients), num_examples=10, num_clients=2)
+
+
+def test_overlap_only_when_allowed(tmp_path):
+    parts = read_split_file(write(tmp_path, [[3, 1], [1, 2]]), 10, 2, allow_overlap=True)
+    assert [p.tolist() for p in parts] == [[1, 3], [1, 2]]
+
+
+def test_not_json_is_refused(tmp_path):
+    path = tmp_path / "split.json"
+    path.write_text("[[1, 2],")
+    with pytest.raises(ValueError, match="cannot read it as JSON"):
+        read_split_file(path, 10, 1)
+
+
+def test_a_client_loads_its_rows_of_the_file(tmp_path):
+    path = write(tmp_path, [[5, 7, 9], [0, 59999]])
+    settings = run_settings({**DEFAULTS, "split-file": str(path)})
+    node = NodeSettings.from_node_config({"partition-id": 1, "num-partitions": 2}, default_device="cpu")
+    data = load_client_data(settings, node)
+    full = load_dataset("fmnist", train=True)
+    assert data.labels.tolist() == [full.labels[0].item(), full.labels[59999].item()]
+    assert np.array_equal(data.pixels.numpy(), full.pixels[[0, 59999]].numpy())
+
+
+def test_split_file_with_a_fraction_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="'fraction' must be 1 with a split-file"):
+        run_settings({**DEFAULTS, "split-file": "split.json", "fraction": 0.1})
+
+
