@@ -126,7 +126,7 @@ class Federation:
     def predictive(self, images: torch.Tensor, server_round: int) -> torch.Tensor:
         """Class probabilities: averaged over the posterior's samples where it has them, else the global model's."""
         generator = torch.Generator().manual_seed(round_seed(self.settings.seed, server_round))
-        samples = self.server.posterior_samples(ENSEMBLE, generator) or [
+        samples = self.server.strategy.posterior_samples(ENSEMBLE, generator) or [
             {name: self.arrays[name] for name in self.layout}]
         buffers = {name: self.arrays[name] for name in self.server.buffer_layout}
         probabilities = []
@@ -178,7 +178,7 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
 
 def posterior_distance(forgotten: Federation, retrained: Federation) -> dict:
     """(d): KL(forgotten ‖ retrained) for two Gaussians, and the relative distance of the global models."""
-    mine, theirs = forgotten.server.global_posterior().gaussian, retrained.server.global_posterior().gaussian
+    mine, theirs = forgotten.server.strategy.global_posterior().gaussian, retrained.server.strategy.global_posterior().gaussian
     kl = kl_divergence(mine, theirs) if mine is not None and theirs is not None else None
     w_forgotten, w_retrained = flatten(forgotten.arrays, forgotten.layout), flatten(retrained.arrays, retrained.layout)
     return {"kl_to_retrained": kl,
