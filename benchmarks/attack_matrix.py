@@ -22,17 +22,14 @@ from tempfile import TemporaryDirectory
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-from flwr.app import Error  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+import numpy as np
+from flwr.app import Error
+from flwr.supercore.task_identity import TaskIdentity
 
-from fedbayes.protos.codec import encode  # noqa: E402
-from fedbayes.strategies.feddyn.client import LAMBDA_KEY  # noqa: E402
-from tests.support import rogue  # noqa: E402
-from tests.support import declared_payload, reply_message  # noqa: E402
-from tests.support import FakeGrid, InProcessFederation  # noqa: E402
-from tests.support.rogue import UPDATE_GROUP  # noqa: E402
-from tests.support.rogue import SIZES, overrides  # noqa: E402
+from fedbayes.protos.codec import encode
+from fedbayes.strategies.feddyn.client import LAMBDA_KEY
+from tests.support import FakeGrid, InProcessFederation, declared_payload, reply_message, rogue
+from tests.support.rogue import SIZES, UPDATE_GROUP, overrides
 
 ROGUE_ROUNDS = 4
 MAX_FAILED_ROUNDS = 3  # the run-config default

@@ -22,19 +22,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flwr.app import Array, ArrayRecord  # noqa: E402
+from flwr.app import Array, ArrayRecord
+from reproduce_table1 import COMMON, PRESETS
 
-from fedbayes.bayes.metrics import predict_probs  # noqa: E402
-from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.server.round_core import RoundCore  # noqa: E402
-from fedbayes.strategies.bayesadmm.server import BayesADMM# noqa: E402
-from fedbayes.strategies.bayesadmm.client import client_update# noqa: E402
-from fedbayes.strategies import default_run_config, run_settings  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from tests.support import reply_message  # noqa: E402
-from tests.support import FakeGrid  # noqa: E402
+from fedbayes.bayes.metrics import predict_probs
+from fedbayes.bayes.params import get_parameters, set_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.server.round_core import RoundCore
+from fedbayes.strategies import default_run_config, run_settings
+from fedbayes.strategies.bayesadmm.client import client_update
+from fedbayes.strategies.bayesadmm.server import BayesADMM
+from fedbayes.tasks.datasets import load_dataset
+from tests.support import FakeGrid, reply_message
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
 CLIENTS = 10

@@ -23,16 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from fedbayes.bayes.gaussian import Gaussian  # noqa: E402
-from fedbayes.bayes.params import flatten, get_parameters, unflatten  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
-from fedbayes.protos.codec import encode, new_header  # noqa: E402
-from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings  # noqa: E402
-from fedbayes.strategies import get_algorithm, default_run_config, run_settings  # noqa: E402
+from fedbayes.bayes.gaussian import Gaussian
+from fedbayes.bayes.params import flatten, get_parameters, unflatten
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import encode, new_header
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client_cost.json"
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity
 
-from tests.support import InProcessFederation  # noqa: E402
+from tests.support import InProcessFederation
 
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp run would set
 

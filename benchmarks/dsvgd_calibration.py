@@ -25,11 +25,12 @@ from safetensors import safe_open
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fedbayes.bayes.params import parameter_layout, set_parameters, unflatten  # noqa: E402
-from fedbayes.bayes.metrics import predict_probs  # noqa: E402
-from dsvgd_fmnist import MODEL, RESULTS, record_summary, run, run_name  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
+from dsvgd_fmnist import MODEL, RESULTS, record_summary, run, run_name
+
+from fedbayes.bayes.metrics import predict_probs
+from fedbayes.bayes.params import parameter_layout, set_parameters, unflatten
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
 
 BINS = 10
 

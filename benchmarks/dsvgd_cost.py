@@ -32,16 +32,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
+from payload_codec import deflate_message, inflate_message, new_message
 
-from fedbayes.bayes.params import parameter_layout  # noqa: E402
-from payload_codec import deflate_message, inflate_message, new_message  # noqa: E402
-from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
-from fedbayes.protos.codec import decode, encode, new_header, payload_bytes  # noqa: E402
-from fedbayes.strategies.dsvgd.client import MinibatchLossGradient  # noqa: E402
-from fedbayes.strategies.dsvgd.math import SVGDSettings, distill, gaussian_prior_score, initial_particles, tilted_update  # noqa: E402
-from fedbayes.tasks.datasets import Dataset  # noqa: E402
-from fedbayes.tasks.models import build_model  # noqa: E402
+from fedbayes.bayes.params import parameter_layout
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header, payload_bytes
+from fedbayes.strategies.dsvgd.client import MinibatchLossGradient
+from fedbayes.strategies.dsvgd.math import SVGDSettings, distill, gaussian_prior_score, initial_particles, tilted_update
+from fedbayes.tasks.datasets import Dataset
+from fedbayes.tasks.models import build_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd_cost.json"
 ROUND_STEPS = 200  # the paper's L = L'

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.strategies.dsvgd.math import SVGDSettings, Visit, agent_round, unconstrained_tilted_update# noqa: E402
+from fedbayes.strategies.dsvgd.math import SVGDSettings, Visit, agent_round, unconstrained_tilted_update
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd"
 DIMENSION, EXAMPLES, BATCH = 20, 7400, 10

@@ -19,9 +19,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score# noqa: E402
+from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd_toy2d.json"
 PRIOR_VARIANCE = 4.0

@@ -32,13 +32,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the ServerApp: threads only 
 
 import numpy as np
 import torch
-
 from flwr.app import Array, ArrayRecord
 
 from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
 from fedbayes.server.loop import yield_cpu
-from fedbayes.tasks.compute import resolve_device
 from fedbayes.strategies import default_run_config, run_settings
+from fedbayes.tasks.compute import resolve_device
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model
 

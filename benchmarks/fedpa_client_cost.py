@@ -23,18 +23,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-from torch.nn.utils import parameters_to_vector  # noqa: E402
+import torch
+from torch.nn.utils import parameters_to_vector
 
-from fedbayes.bayes.params import get_parameters  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from fedbayes.client.training import train_epochs  # noqa: E402
-from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
-from fedbayes.protos.codec import encode, new_header  # noqa: E402
-from fedbayes.strategies import get_algorithm, default_run_config, run_settings  # noqa: E402
-from fedbayes.strategies.fedpa.client import IASG# noqa: E402
-from fedbayes.strategies.fedpa.math import ShrinkageDelta# noqa: E402
-from fedbayes.tasks.datasets import Dataset  # noqa: E402
+from fedbayes.bayes.params import get_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.client.training import train_epochs
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import encode, new_header
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.strategies.fedpa.client import IASG
+from fedbayes.strategies.fedpa.math import ShrinkageDelta
+from fedbayes.tasks.datasets import Dataset
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fedpa_client_cost.json"
 EXAMPLES, BATCH, EPOCHS, SHRINKAGE, LR = 500, 5, 5, 0.01, 1e-3

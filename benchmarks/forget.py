@@ -44,27 +44,25 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from flwr.app import Array, ArrayRecord  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+from flwr.supercore.task_identity import TaskIdentity
 
-from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.bayes.gaussian import kl_divergence  # noqa: E402
-from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa: E402
-from fedbayes.bayes.params import flatten, get_parameters, set_parameters  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from fedbayes.protos.codec import payload_bytes  # noqa: E402
-from fedbayes.server.round_core import RoundCore  # noqa: E402
-from fedbayes.server.checkpoint import Checkpoint, CheckpointStore  # noqa: E402
-from fedbayes.server.forget import AuditLog, ForgetRequest, Forgetting  # noqa: E402
-from fedbayes.strategies import get_algorithm, run_settings  # noqa: E402
-from fedbayes.tasks.config import RunSettings, round_seed  # noqa: E402
-from fedbayes.strategies import default_run_config  # noqa: E402
-from fedbayes.tasks.datasets import Dataset, load_dataset  # noqa: E402
-from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
-from tests.support import reply_message  # noqa: E402
-from tests.support import FakeGrid  # noqa: E402
+from benchmarks.reproduce_table1 import COMMON, PRESETS
+from fedbayes.bayes.gaussian import kl_divergence
+from fedbayes.bayes.metrics import classification_metrics, predict_probs
+from fedbayes.bayes.params import flatten, get_parameters, set_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos.codec import payload_bytes
+from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.server.forget import AuditLog, ForgetRequest, Forgetting
+from fedbayes.server.round_core import RoundCore
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.tasks.config import RunSettings, round_seed
+from fedbayes.tasks.datasets import Dataset, load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
+from tests.support import FakeGrid, reply_message
 
 RESULTS = Path(__file__).resolve().parent / "results" / "forget"
 CLIENTS = 10

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -39,9 +39,9 @@ for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"),
                       ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")):
     os.environ.setdefault(_name, _value)
 
-from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.deploy.processes import command_line  # noqa: E402
-from tests.support.processes import descendants, processes_with_env  # noqa: E402
+from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local, stop_processes_on_signals
+from fedbayes.deploy.processes import command_line
+from tests.support.processes import descendants, processes_with_env
 
 OUTPUT = REPO / "benchmarks" / "results" / "memory.json"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -82,9 +82,8 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
     from fedbayes.bayes.params import get_parameters, parameter_layout
     from fedbayes.client.runtime import ClientRuntime, NodeSettings
     from fedbayes.server.round_core import RoundCore
-    from fedbayes.strategies import get_algorithm
+    from fedbayes.strategies import default_run_config, get_algorithm, run_settings
     from fedbayes.tasks.compute import resolve_device
-    from fedbayes.strategies import default_run_config, run_settings
     from fedbayes.tasks.datasets import load_dataset
     from fedbayes.tasks.models import build_model
     from tests.support import reply_message

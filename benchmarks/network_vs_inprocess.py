@@ -62,13 +62,13 @@ for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"),
                       ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")):
     os.environ.setdefault(_name, _value)
 
-from flwr.app import Context, Message, RecordDict  # noqa: E402
+from flwr.app import Context, Message, RecordDict
 
-from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.deploy.processes import command_line  # noqa: E402
-from tests.support.processes import processes_with_env  # noqa: E402
-from fedbayes.strategies import default_run_config  # noqa: E402
+from benchmarks.reproduce_table1 import COMMON, PRESETS
+from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals
+from fedbayes.deploy.processes import command_line
+from fedbayes.strategies import default_run_config
+from tests.support.processes import processes_with_env
 
 RESULTS = REPO / "benchmarks" / "results"
 METRICS = ("accuracy", "nll", "ece", "accuracy_ensemble", "nll_ensemble", "ece_ensemble", "train_loss")

@@ -18,10 +18,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ivon  # noqa: E402
-import torch  # noqa: E402
+import ivon
+import torch
 
-from fedbayes.tasks.models import build_model  # noqa: E402
+from fedbayes.tasks.models import build_model
 
 
 def train_one() -> None:

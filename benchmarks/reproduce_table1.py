@@ -58,9 +58,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.deploy.flower_app import toml_value, write_app  # noqa: E402
-from fedbayes.deploy.launcher import (  # noqa: E402
-    APP, LocalRun, check_run_config, check_workdir, parse_override, run_local, stop_processes_on_signals,
+from fedbayes.deploy.flower_app import toml_value, write_app
+from fedbayes.deploy.launcher import (
+    APP,
+    LocalRun,
+    check_run_config,
+    check_workdir,
+    parse_override,
+    run_local,
+    stop_processes_on_signals,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"

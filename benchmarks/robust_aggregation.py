@@ -32,24 +32,21 @@ from tempfile import TemporaryDirectory
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from flwr.app import Array, ArrayRecord  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+from flwr.supercore.task_identity import TaskIdentity
 
-from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa: E402
-from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from fedbayes.server.round_core import RoundCore  # noqa: E402
-from fedbayes.strategies import get_algorithm, run_settings  # noqa: E402
-from fedbayes.tasks.config import RunSettings  # noqa: E402
-from fedbayes.strategies import default_run_config  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
-from tests.support import reply_message  # noqa: E402
-from tests.support import rogue  # noqa: E402
-from tests.support import FakeGrid  # noqa: E402
+from benchmarks.reproduce_table1 import COMMON, PRESETS
+from fedbayes.bayes.metrics import classification_metrics, predict_probs
+from fedbayes.bayes.params import get_parameters, set_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.server.round_core import RoundCore
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
+from tests.support import FakeGrid, reply_message, rogue
 
 RESULTS = Path(__file__).resolve().parent / "results" / "robust_aggregation"
 CLIENTS = 10

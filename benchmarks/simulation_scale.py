@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.processes import processes_with_env  # noqa: E402
+from tests.support.processes import processes_with_env
 
 OUTPUT = REPO / "benchmarks" / "results" / "simulation_scale.json"
 ENV = {"OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",

@@ -27,11 +27,12 @@ from sklearn.metrics import roc_auc_score
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.posterior import Prediction, load  # noqa: E402
-from fedbayes.posterior.export import export_posterior, locate_run  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from reproduce_table1 import COMMON, PRESETS  # noqa: E402
+from reproduce_table1 import COMMON, PRESETS
+
+from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals
+from fedbayes.posterior import Prediction, load
+from fedbayes.posterior.export import export_posterior, locate_run
+from fedbayes.tasks.datasets import load_dataset
 
 RESULTS = Path(__file__).resolve().parent / "results" / "uncertainty"
 STRATEGIES = ("bayesadmm", "fedavg")

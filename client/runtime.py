@@ -12,20 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from flwr.common import log
 
-from fedbayes.bayes.params import buffer_layout, parameter_layout
+from fedbayes.bayes.params import TensorLayout, buffer_layout, parameter_layout
 from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.bayes.params import TensorLayout
 from fedbayes.tasks.compute import resolve_device
 from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
-from fedbayes.tasks.storage import is_safe_name
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.npzdata import load_data_path, load_npz_partition
 from fedbayes.tasks.partitions import partition_dataset, read_split_file
+from fedbayes.tasks.storage import is_safe_name
 
 DEFAULT_STATE_DIR = Path(os.environ.get("FEDBAYES_STATE_DIR", Path.home() / ".fedbayes" / "state"))
 

@@ -40,8 +40,8 @@ from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_pri
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
 from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH  # the server refuses every reply from a longer id
 from fedbayes.tasks.config import NON_NEGATIVE
-from fedbayes.tasks.storage import is_safe_name
 from fedbayes.tasks.preflight import unwritable
+from fedbayes.tasks.storage import is_safe_name
 
 DEFAULT_STATE_DIR = Path("/var/lib/fedbayes")
 # A SuperNode that died without signing off stays online at the SuperLink until two 30 s heartbeats lapse.
@@ -176,9 +176,8 @@ def wait_until_accepted(target: FleetTarget, timeout: float) -> int:
 
 def run_supernode(args: argparse.Namespace) -> int:
     """The SuperNode and its ClientApp executor until interrupted or until either exits; its exit code."""
-    from fedbayes.deploy.launcher import console_script, process_env
-
     from fedbayes.client.state import left_marker
+    from fedbayes.deploy.launcher import console_script, process_env
 
     (runtime_port,) = free_ports(1)
     data_path = args.data.resolve() if args.data else None  # leaving needs none

@@ -143,7 +143,7 @@ def _explain_certificate_failure(target: FleetTarget, reason: str) -> str:
     presented = x509.load_pem_x509_certificate(ssl.get_server_certificate((target.host, target.port)).encode())
     names = ", ".join(certificate_names(presented))
     valid = f"{presented.not_valid_before_utc:%Y-%m-%d %H:%M} to {presented.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if "Hostname mismatch" in reason or "IP address mismatch" in reason:
         option = "--ip" if _is_ip(target.host) else "--name"
         return (f"the SuperLink's certificate is valid for {names}, not for {target.host!r}: dial one of those names "
@@ -215,7 +215,7 @@ def _explain_rpc_failure(error: grpc.RpcError) -> ProbeError:
             retryable=True,
         )
     if error.code() == grpc.StatusCode.UNAUTHENTICATED and "timestamp" in details:
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         return ProbeError(f"the SuperLink rejects this machine's clock ({now:%Y-%m-%d %H:%M:%S} UTC): signed requests "
                           "may be at most 5 s ahead of the server's clock or 300 s behind; set the clock (NTP)")
     if error.code() == grpc.StatusCode.UNAVAILABLE:

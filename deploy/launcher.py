@@ -49,8 +49,8 @@ from fedbayes.deploy.processes import (
     process_env,
 )
 from fedbayes.deploy.progress import Progress, RoundDone
-from fedbayes.tasks.config import RunSettings
 from fedbayes.strategies import run_settings
+from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV

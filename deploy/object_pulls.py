@@ -73,8 +73,8 @@ def bound_reply_pulls(grid, max_payload_mb: float) -> bool:
     nothing over a network) or a Flower other than the one this was read in. Calling it again replaces the bound."""
     import flwr
     from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-    from flwr.superlink.grid import http_grid
     from flwr.supercore.inflatable import inflatable_utils
+    from flwr.superlink.grid import http_grid
 
     if flwr.__version__ != PATCHED_FLOWER or not isinstance(grid, http_grid.HttpGrid):
         return False

@@ -22,13 +22,20 @@ import torch
 
 from fedbayes.bayes.params import buffer_layout, flatten, parameter_layout, unflatten
 from fedbayes.posterior.file import (
-    BUFFER, MEAN, PARTICLES, PRECISION, PRECISION_MATRIX, Header, Layout, ModelSpec, write_posterior_file,
+    BUFFER,
+    MEAN,
+    PARTICLES,
+    PRECISION,
+    PRECISION_MATRIX,
+    Header,
+    Layout,
+    ModelSpec,
+    write_posterior_file,
 )
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import with_evaluation_defaults
-from fedbayes.strategies import get_algorithm, run_settings
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.strategies.base import GlobalPosterior
-from fedbayes.strategies import default_run_config
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 

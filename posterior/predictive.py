@@ -19,7 +19,14 @@ from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.metrics import predict_probs
 from fedbayes.bayes.params import buffer_layout, flatten, parameter_layout, set_parameters, unflatten
 from fedbayes.posterior.file import (
-    BUFFER, MEAN, PARTICLES, PRECISION, PRECISION_MATRIX, Header, PosteriorFileError, read_posterior_file,
+    BUFFER,
+    MEAN,
+    PARTICLES,
+    PRECISION,
+    PRECISION_MATRIX,
+    Header,
+    PosteriorFileError,
+    read_posterior_file,
 )
 from fedbayes.posterior.uncertainty import Prediction, predictive
 from fedbayes.tasks.compute import resolve_device

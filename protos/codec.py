@@ -22,7 +22,8 @@ from typing import Generic, TypeVar
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import DecodeError, Message as ProtoMessage
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
 
 from fedbayes.bayes.params import TensorLayout, Tensors
 from fedbayes.protos import payloads_pb2 as pb
@@ -88,7 +89,7 @@ def register_message_types(*message_types: type[ProtoMessage]) -> None:
 
 
 def _module_message_types(module: object) -> Iterable[type[ProtoMessage]]:
-    descriptor = getattr(module, "DESCRIPTOR")
+    descriptor = module.DESCRIPTOR
     return [getattr(module, name) for name in descriptor.message_types_by_name]
 
 

@@ -36,7 +36,14 @@ from fedbayes.bayes.params import TensorLayout, flatten, unflatten, weighted_mea
 from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
-    Payload, PayloadError, check_payload_size, claimed_client_id, decode, encode, envelope_type, new_header,
+    Payload,
+    PayloadError,
+    check_payload_size,
+    claimed_client_id,
+    decode,
+    encode,
+    envelope_type,
+    new_header,
     with_envelope,
 )
 from fedbayes.server.identity import ClientIdentities, ForgetLedger

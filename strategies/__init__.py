@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from fedbayes.bayes.params import TensorLayout
 from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
 from fedbayes.strategies.dsvgd.settings import DSVGDSettings
 from fedbayes.strategies.fedavg.settings import FedProxSettings
 from fedbayes.strategies.feddyn.settings import FedDynSettings
 from fedbayes.strategies.fedlap.settings import FedLapSettings
 from fedbayes.strategies.fedpa.settings import FedPASettings
-from fedbayes.bayes.params import TensorLayout
 from fedbayes.tasks import config
 from fedbayes.tasks.config import ConfigError, Key, NoHyperparameters, RunSettings, keys_of
 

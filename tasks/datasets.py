@@ -92,7 +92,7 @@ def load_dataset(name: str, train: bool, data_root: str = "", download: bool = F
     return _load_cached(name, bool(train), str(data_root), bool(download))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_cached(name: str, train: bool, data_root: str, download: bool) -> Dataset:
     if name.startswith(NPZ_PREFIX):  # bring your own data: train.npz / test.npz
         from fedbayes.tasks.npzdata import load_npz_split

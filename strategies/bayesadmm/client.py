@@ -3,21 +3,30 @@ the durable store."""
 
 from __future__ import annotations
 
-
 import math
 import time
+
 import torch
+
 from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.ivon import IVONWithPrior
-from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
-from fedbayes.bayes.params import TensorLayout
-from fedbayes.strategies.bayesadmm.math import Duals, FAMILIES, delta_objective, dual_step, newton_client_step, precision_from_wire, precision_layout, precision_to_wire, unit_precision
-
+from fedbayes.strategies.bayesadmm.math import (
+    FAMILIES,
+    Duals,
+    delta_objective,
+    dual_step,
+    newton_client_step,
+    precision_from_wire,
+    precision_layout,
+    precision_to_wire,
+    unit_precision,
+)
 
 MIN_NEWTON_STEP = 1e-6
 IVON_PREFIX = "ivon_"  # IVON's carried state in the durable store: ivon_momentum, ivon_hess, ivon_step

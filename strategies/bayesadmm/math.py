@@ -3,16 +3,15 @@ influence, forgetting at the fixed point, and how a family's precision is shaped
 
 from __future__ import annotations
 
-
 import math
 from dataclasses import dataclass
+
 import numpy as np
 import torch
-from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
-from fedbayes.bayes.params import flatten, unflatten
-from fedbayes.bayes.robust import part_clip_factors
-from fedbayes.bayes.params import TensorLayout, Tensors
 
+from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
+from fedbayes.bayes.params import TensorLayout, Tensors, flatten, unflatten
+from fedbayes.bayes.robust import part_clip_factors
 
 DUAL_CHECK_RTOL = 1e-5  # per entry, of the magnitudes that make it: float32 transport rounds each to ~6e-8
 

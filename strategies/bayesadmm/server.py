@@ -17,13 +17,33 @@ from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, GlobalPosterior, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update,
+    ForgetRefused,
+    Forgotten,
+    GlobalPosterior,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
     local_training,
 )
 from fedbayes.strategies.bayesadmm.math import (
-    DUAL_CHECK_RTOL, Duals, as_sent, bounded_influence, dual_step, fixed_point_natural, fixed_point_residual,
-    mean_log_precision, precision_from_wire, precision_layout, precision_summary, precision_to_wire, replay_tolerance,
-    server_natural, tempered_duals, unit_precision,
+    DUAL_CHECK_RTOL,
+    Duals,
+    as_sent,
+    bounded_influence,
+    dual_step,
+    fixed_point_natural,
+    fixed_point_residual,
+    mean_log_precision,
+    precision_from_wire,
+    precision_layout,
+    precision_summary,
+    precision_to_wire,
+    replay_tolerance,
+    server_natural,
+    tempered_duals,
+    unit_precision,
 )
 from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
 from fedbayes.tasks.config import ConfigError, RunSettings

@@ -3,18 +3,27 @@ durable store."""
 
 from __future__ import annotations
 
-
 import math
 import time
+
 import torch
 import torch.nn.functional as F
+
+from fedbayes.bayes.params import TensorLayout
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
-from fedbayes.bayes.params import TensorLayout
+from fedbayes.strategies.dsvgd.math import (
+    VARIANTS,
+    SVGDSettings,
+    Visit,
+    agent_round,
+    gaussian_prior_score,
+    initial_particles,
+    unconstrained_tilted_update,
+)
 from fedbayes.tasks.datasets import Dataset
-from fedbayes.strategies.dsvgd.math import SVGDSettings, VARIANTS, Visit, agent_round, gaussian_prior_score, initial_particles, unconstrained_tilted_update
 
 
 class MinibatchLossGradient:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+
 import numpy as np
 import torch
+
 from fedbayes.bayes.kernels import AdaGradMomentum, grad_log_kde, svgd
 from fedbayes.bayes.params import TensorLayout
-
 
 Score = Callable[[torch.Tensor], torch.Tensor]  # (N, P) particles -> (N, P) gradients
 

@@ -19,7 +19,14 @@ from fedbayes.bayes.params import TensorLayout, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, GlobalPosterior, NodePool, RoundRejected, ServerState, ServerStrategy, TensorGroups,
+    ForgetRefused,
+    Forgotten,
+    GlobalPosterior,
+    NodePool,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
     Update,
 )
 from fedbayes.strategies.dsvgd.math import SVGDSettings, gaussian_prior_score, initial_particles, server_distillation

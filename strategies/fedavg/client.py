@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-
 import torch
+
 from fedbayes.bayes.params import get_parameters, set_parameters
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.runtime import ClientRuntime

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-
 import torch
+
 from fedbayes.bayes.params import flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.strategies.feddyn.math import client_alpha, lambda_sketch, lambda_step
 from fedbayes.strategies.membership import client_population
-
 
 LAMBDA_KEY = "feddyn_lambda"
 

@@ -14,10 +14,24 @@ from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update, local_training,
+    ForgetRefused,
+    Forgotten,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
+    local_training,
 )
 from fedbayes.strategies.feddyn.math import (
-    SKETCH_ROWS, SKETCH_RTOL, ClientLambda, as_sent, lambda_step, server_step, server_step_without, sketch_mismatch,
+    SKETCH_ROWS,
+    SKETCH_RTOL,
+    ClientLambda,
+    as_sent,
+    lambda_step,
+    server_step,
+    server_step_without,
+    sketch_mismatch,
     total_lambda,
 )
 from fedbayes.strategies.feddyn.settings import FedDynSettings

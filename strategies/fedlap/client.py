@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-
 import time
+
 import torch
+
 from fedbayes.bayes.curvature import diag_ggn
-from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.bayes.params import TensorLayout
 from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, site_step
 from fedbayes.strategies.membership import client_population
 

@@ -15,7 +15,14 @@ from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, GlobalPosterior, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update,
+    ForgetRefused,
+    Forgotten,
+    GlobalPosterior,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
     local_training,
 )
 from fedbayes.strategies.fedlap.math import Site, as_sent, global_from_sites, site_change, tempered_sums

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-
 import math
 from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
+
 from fedbayes.bayes.params import set_parameters, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import Loss, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.strategies.fedavg.client import train_locally
-from fedbayes.tasks.datasets import Dataset
 from fedbayes.strategies.fedpa.math import SampleSink, ShrinkageDelta
+from fedbayes.tasks.datasets import Dataset
 
 
 @dataclass

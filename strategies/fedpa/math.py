@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
 from collections.abc import Callable
-import torch
 
+import torch
 
 SampleSink = Callable[[torch.Tensor], None]  # receives one flat posterior sample x_t
 

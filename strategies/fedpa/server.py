@@ -17,7 +17,13 @@ from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
 from fedbayes.strategies.base import (
-    GlobalPosterior, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update, local_training,
+    GlobalPosterior,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
+    local_training,
 )
 from fedbayes.strategies.fedpa.math import weighted_mean_delta
 from fedbayes.strategies.fedpa.settings import FedPASettings

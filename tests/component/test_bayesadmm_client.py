@@ -8,9 +8,7 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode, encode, new_header
 from fedbayes.strategies import get_algorithm, run_settings
-from tests.support import DEFAULTS
-from tests.support import newest_state
-from tests.support import partition_runtime, settings
+from tests.support import DEFAULTS, newest_state, partition_runtime, settings
 
 GROUPS = ("local_mean", "local_precision", "dual_mean", "dual_precision")
 

@@ -6,14 +6,13 @@ import pytest
 import torch
 
 import fedbayes.strategies.bayesadmm.client as bayesadmm
-from fedbayes.strategies.bayesadmm.server import BayesADMM
 from fedbayes.bayes.params import flatten, get_parameters, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode, encode, new_header
-from fedbayes.tasks.config import ConfigError
 from fedbayes.strategies import run_settings
-from tests.support import DEFAULTS
-from tests.support import partition_runtime, settings
+from fedbayes.strategies.bayesadmm.server import BayesADMM
+from fedbayes.tasks.config import ConfigError
+from tests.support import DEFAULTS, partition_runtime, settings
 
 GROUPS = ("local_mean", "local_precision", "dual_mean", "dual_precision")
 
@@ -84,8 +83,9 @@ def test_independent_noise_differs_between_clients_and_rounds(tmp_path, draws):
 
 
 def test_server_sends_the_run_seed_as_noise_seed():
-    from tests.support import FakeGrid, round_core
     from flwr.app import Array, ArrayRecord
+
+    from tests.support import FakeGrid, round_core
 
     for noise, shared in (("shared", True), ("independent", False)):
         settings = run_settings({**DEFAULTS, "strategy": "bayesadmm", "model": "logreg",

@@ -10,14 +10,10 @@ from flwr.app import Array, ArrayRecord
 from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import encode
-from fedbayes.strategies.bayesadmm.server import BayesADMM
-from fedbayes.strategies.bayesadmm.math import Duals, dual_step, server_step
 from fedbayes.strategies import run_settings
-from tests.support import reply_message
-from tests.support import DEFAULTS
-from tests.support import FakeGrid
-from tests.support import round_core
-from tests.support import reply_envelope
+from fedbayes.strategies.bayesadmm.math import Duals, dual_step, server_step
+from fedbayes.strategies.bayesadmm.server import BayesADMM
+from tests.support import DEFAULTS, FakeGrid, reply_envelope, reply_message, round_core
 
 LAYOUT = {"w": (2,)}
 
@@ -132,10 +128,10 @@ def test_a_restored_server_continues_exactly_like_the_original():
     ({"model": "logreg", "pool": 1}, "pool=4"),  # 7850 parameters: a 7850 x 7850 precision per message
 ])
 def test_full_covariance_refuses_models_it_cannot_carry(overrides, problem):
+    from fedbayes.bayes.params import parameter_layout
     from fedbayes.strategies import get_algorithm
     from fedbayes.tasks.config import ConfigError
     from fedbayes.tasks.models import build_model
-    from fedbayes.bayes.params import parameter_layout
 
     settings = run_settings({**DEFAULTS, "strategy": "bayesadmm-full", **overrides})
     model = build_model(settings.model, (1, 28, 28), 10, pool=settings.pool)

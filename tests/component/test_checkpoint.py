@@ -12,7 +12,8 @@ from safetensors.numpy import save_file
 
 from fedbayes.server.checkpoint import CHECKPOINT_FILE, CheckpointError, CheckpointStore, checksum
 from fedbayes.server.loop import ResultsLog
-from tests.support import DEFAULTS, checkpoint, fedavg_reply, model_arrays, run_loop as run, weights
+from tests.support import DEFAULTS, checkpoint, fedavg_reply, model_arrays, weights
+from tests.support import run_loop as run
 
 
 def store(tmp_path, **options):

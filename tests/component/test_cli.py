@@ -12,7 +12,6 @@ from fedbayes.deploy.pki import init_pki, make_supernode_key
 from tests.support.processes import LOCAL
 
 
-
 def test_the_resume_command_is_the_command_with_its_workdir():
     argv = ["local", "--strategy", "fedavg", "--workdir", "old", "--rounds", "3", "--workdir=older", "--resume"]
     assert _without_workdir(argv) == ["local", "--strategy", "fedavg", "--rounds", "3"]

@@ -10,12 +10,15 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.dsvgd.math import initial_particles
-from tests.support import declared_payload, reply_message
-from tests.support import FakeGrid
-from tests.support import newest_state
-from tests.support import partition_runtime, settings
-from tests.support import round_core
-
+from tests.support import (
+    FakeGrid,
+    declared_payload,
+    newest_state,
+    partition_runtime,
+    reply_message,
+    round_core,
+    settings,
+)
 
 NODE_CLIENTS = {11: "client-2", 12: "client-0", 13: "client-1"}  # node order is not client-id order
 

@@ -19,7 +19,11 @@ from fedbayes.deploy.launcher import format_row
 from fedbayes.deploy.progress import Progress, parse_round_log_line
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import (
-    ServerEvaluation, batched_member_probs, compute_threads, member_probs, evaluation_subset,
+    ServerEvaluation,
+    batched_member_probs,
+    compute_threads,
+    evaluation_subset,
+    member_probs,
     with_evaluation_defaults,
 )
 from fedbayes.server.loop import progress_line
@@ -27,10 +31,8 @@ from fedbayes.tasks.config import ConfigError, round_seed
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import build_model
 from fedbayes.tasks.report import load_runs, summary
-from tests.support import fedavg_reply
-from tests.support import DEFAULTS
-from tests.support import rows, run_loop as run
-from tests.support import settings
+from tests.support import DEFAULTS, fedavg_reply, rows, settings
+from tests.support import run_loop as run
 
 CPU = torch.device("cpu")
 IMAGE = (1, 28, 28)

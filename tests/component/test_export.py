@@ -20,8 +20,7 @@ from fedbayes.server.checkpoint import Checkpoint, CheckpointError, CheckpointSt
 from fedbayes.tasks.config import round_seed
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
+from tests.support import DEFAULTS, InProcessFederation
 
 KINDS = {
     "fedavg": "point", "fedprox": "point", "feddyn": "point", "fedpa": "point", "fedadmm": "point",

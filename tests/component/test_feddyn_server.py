@@ -8,10 +8,9 @@ import torch
 
 from fedbayes.bayes.params import flatten
 from fedbayes.strategies.feddyn.client import LAMBDA_KEY
-from fedbayes.strategies.feddyn.server import FedDyn
 from fedbayes.strategies.feddyn.math import as_sent, total_lambda
-from tests.support import InProcessFederation
-from tests.support import newest_state
+from fedbayes.strategies.feddyn.server import FedDyn
+from tests.support import InProcessFederation, newest_state
 
 
 def stored_lambda_sum(federation) -> torch.Tensor:

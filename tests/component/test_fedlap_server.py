@@ -9,9 +9,7 @@ import torch
 
 from fedbayes.bayes.params import flatten
 from fedbayes.strategies.fedlap.math import global_from_sites
-from tests.support import reply_message
-from tests.support import FakeGrid, InProcessFederation
-from tests.support import newest_state
+from tests.support import FakeGrid, InProcessFederation, newest_state, reply_message
 
 
 def global_from_stores(federation, delta):

@@ -12,15 +12,11 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode, encode, new_header
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.fedpa.server import FedPA
 from fedbayes.tasks.config import ConfigError
-from tests.support import LAYOUT, reply_message, weights
-from tests.support import FakeGrid
-from tests.support import settings
-from tests.support import round_core
-from fedbayes.server.round_core import RoundCore
-from tests.support import reply_envelope
+from tests.support import LAYOUT, FakeGrid, reply_envelope, reply_message, round_core, settings, weights
 
 
 def fedpa_reply(client_id="client-0", server_round=1, num_examples=10, value=0.5, bias=None):

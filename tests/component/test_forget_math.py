@@ -3,6 +3,8 @@ that its own update rules brought to the fixed point (driven through the math fu
 client work, compared with the posterior or optimum of the data without the client; then the refusals, and that
 `forget` changes nothing until the caller commits its state."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -10,24 +12,39 @@ from flwr.app import Array, ArrayRecord
 
 from fedbayes.bayes.gaussian import Gaussian, kl_divergence
 from fedbayes.bayes.params import unflatten
+from fedbayes.server.round_core import Change
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.strategies.base import ForgetRefused
-from fedbayes.strategies.membership import Membership
-from fedbayes.strategies.bayesadmm.math import Duals, as_sent, dual_step, fixed_point_residual, newton_client_step, server_step
-from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score, server_distillation, tilted_update
+from fedbayes.strategies.bayesadmm.math import (
+    Duals,
+    as_sent,
+    dual_step,
+    fixed_point_residual,
+    newton_client_step,
+    server_step,
+)
+from fedbayes.strategies.dsvgd.math import (
+    SVGDSettings,
+    agent_round,
+    gaussian_prior_score,
+    server_distillation,
+    tilted_update,
+)
 from fedbayes.strategies.feddyn.math import ClientLambda, client_alpha, lambda_step
 from fedbayes.strategies.feddyn.math import server_step as feddyn_server_step
 from fedbayes.strategies.fedlap.math import Site
-from tests.support.problems import Problem, make_problem, relative_error
-from tests.support import InProcessFederation
-from tests.support.problems import ridge_problem
-from tests.support import DEFAULTS
-from tests.support.problems import gaussian_loss_gradient
-from tests.support.problems import fedlap_round
-from tests.support.problems import run_fedlap
+from fedbayes.strategies.membership import Membership
+from tests.support import DEFAULTS, InProcessFederation
+from tests.support.problems import (
+    Problem,
+    fedlap_round,
+    gaussian_loss_gradient,
+    make_problem,
+    relative_error,
+    ridge_problem,
+    run_fedlap,
+)
 from tests.support.rogue import overrides
-from dataclasses import replace
-from fedbayes.server.round_core import Change
 
 DTYPE = torch.float64
 ACCEPTED_ROUND = 7

@@ -27,13 +27,18 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode_header, encode, new_header
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.forget import (
-    AUDIT_LOG, AuditLog, ForgetError, ForgetRequest, RequestQueue, forget_command, rebuild, server_lock,
+    AUDIT_LOG,
+    AuditLog,
+    ForgetError,
+    ForgetRequest,
+    RequestQueue,
+    forget_command,
+    rebuild,
+    server_lock,
 )
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.round_core import RoundCore
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
-from tests.support import FakeGrid, no_metrics, round_of
+from tests.support import DEFAULTS, FakeGrid, InProcessFederation, no_metrics, round_of
 
 LEAVING = "leaving"
 

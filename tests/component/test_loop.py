@@ -10,7 +10,8 @@ import pytest
 
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import RunFailed
-from tests.support import FakeGrid, fedavg_reply, no_metrics, rows, run_loop as run, scripted
+from tests.support import FakeGrid, fedavg_reply, no_metrics, rows, scripted
+from tests.support import run_loop as run
 
 
 def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_path):

@@ -18,11 +18,7 @@ from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import CONV_MODELS, build_model
-from tests.support import reply_message
-from tests.support import FakeGrid
-from tests.support import DEFAULTS
-from tests.support import client_runtime
-from tests.support import round_core
+from tests.support import DEFAULTS, FakeGrid, client_runtime, reply_message, round_core
 
 SHAPE, CLASSES = (3, 16, 16), 10  # CIFAR's channels at a quarter of the pixels: the smallest cnn-acar accepts
 TINY = {  # one short epoch, few particles and steps: the point is that every piece runs on these models

@@ -4,7 +4,6 @@ identical, and a real data set nobody tuned on (scikit-learn's 8x8 digits) train
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -12,8 +11,8 @@ from fedbayes.deploy.launcher import check_run_config
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.npzdata import NpzDataError, load_data_path
-from tests.support import settings, write_npz as write
-
+from tests.support import settings
+from tests.support import write_npz as write
 
 
 def images(rows: int, value: float = 0.5, shape=(1, 4, 4)) -> np.ndarray:

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from fedbayes import strategies
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.config import ConfigError
-from tests.support import LAYOUT, fedavg_reply, reply_message
-from tests.support import DEFAULTS
-from tests.support import round_core
+from tests.support import DEFAULTS, LAYOUT, fedavg_reply, reply_message, round_core
 
 REFERENCE = "fedmedian_plugin:FEDMEDIAN"
 

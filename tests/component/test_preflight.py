@@ -24,7 +24,6 @@ from fedbayes.tasks.runlog import failure_reason, new_federation, new_federation
 from tests.support import settings
 
 
-
 def torchvision_files(dataset: str) -> tuple[str, set[str]]:
     """The folder under the root and the files in it that torchvision itself checks for."""
     cls = getattr(torchvision.datasets, {"fmnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10",

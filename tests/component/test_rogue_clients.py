@@ -11,14 +11,19 @@ import pytest
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from fedbayes.protos.codec import ENVELOPE_KEY, PACKED_ARRAY, TENSORS_KEY, encode, with_envelope
-from tests.support import declared_payload, reply_message
-from tests.support import FakeGrid, InProcessFederation
-from tests.support.rogue import ROGUE_NODE, SIZES, RogueRound, assert_rejected_without_trace, envelope_message, overrides
-from tests.support.rogue import assert_same_state
 from fedbayes.strategies.bayesadmm.server import BayesADMMState
 from fedbayes.strategies.feddyn.server import FedDynState
 from fedbayes.strategies.fedlap.server import FedLapState
-from tests.support import envelope_of
+from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message
+from tests.support.rogue import (
+    ROGUE_NODE,
+    SIZES,
+    RogueRound,
+    assert_rejected_without_trace,
+    assert_same_state,
+    envelope_message,
+    overrides,
+)
 
 STRATEGIES = ["fedavg", "fedprox", "bayesadmm", "fedadmm", "bayesadmm-full", "feddyn", "fedlap", "fedlap-cov",
               "fedpa", "p-dsvgd"]

@@ -14,16 +14,18 @@ from flwr.app import Error
 from flwr.common.constant import ErrorCode
 
 from fedbayes.protos.codec import encode
+from fedbayes.server.round_core import CORE_STATE_KEY
 from fedbayes.strategies.feddyn import client as feddyn_client
 from fedbayes.strategies.feddyn import math as feddyn
-from tests.support import declared_payload, reply_message
-from tests.support import FakeGrid, InProcessFederation
-from tests.support import rogue
-from tests.support.rogue import UPDATE_GROUP
-from tests.support.rogue import RogueRound, SIZES, assert_rejected_without_trace, envelope_message, overrides
-from tests.support import round_core
-from fedbayes.server.round_core import CORE_STATE_KEY
-from tests.support import envelope_of
+from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message, rogue, round_core
+from tests.support.rogue import (
+    SIZES,
+    UPDATE_GROUP,
+    RogueRound,
+    assert_rejected_without_trace,
+    envelope_message,
+    overrides,
+)
 
 STRATEGIES = [name for name in UPDATE_GROUP if "dsvgd" not in name] + ["p-dsvgd"]
 

@@ -136,8 +136,8 @@ def grid_holding_reply(padding_mb: float):
     float32 (several 5 MiB chunks); (grid, fake API)."""
     import numpy as np
     from flwr.app import Array, ArrayRecord, Message, RecordDict
-    from flwr.superlink.grid.http_grid import HttpGrid
     from flwr.supercore.run import Run
+    from flwr.superlink.grid.http_grid import HttpGrid
 
     instruction = Message(RecordDict(), dst_node_id=5, message_type="train")
     instruction.metadata.__dict__["_message_id"] = INSTRUCTION_ID

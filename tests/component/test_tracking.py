@@ -26,13 +26,12 @@ from fedbayes.server import tracking
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.tracking import posterior_export, row_metrics, tracked_run
+from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.strategies.fedavg.server import FedAvg
 from fedbayes.tasks.config import ConfigError
-from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.tasks.preflight import check_tracking
 from fedbayes.tasks.report import PLOTS, read_rows
-from tests.support import FakeGrid, improving_metrics, scripted
-from tests.support import round_core
+from tests.support import FakeGrid, improving_metrics, round_core, scripted
 
 LOGREG = {"1.weight": (10, 784), "1.bias": (10,)}  # model=logreg on Fashion-MNIST: the export rebuilds it
 ROUNDS = 4

@@ -6,10 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedbayes.strategies.dsvgd.math import SVGDSettings, Visit, agent_round, gaussian_prior_score, unconstrained_tilted_update
+from fedbayes.strategies.dsvgd.math import (
+    SVGDSettings,
+    Visit,
+    agent_round,
+    gaussian_prior_score,
+    unconstrained_tilted_update,
+)
 from tests.component.test_dsvgd_federation import federation, run_round
-from tests.support.problems import gaussian_loss_gradient
 from tests.support import newest_state
+from tests.support.problems import gaussian_loss_gradient
 
 SETTINGS = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.55, lr=0.05, distill_lr=0.05)
 PRIOR_VARIANCE, LIKELIHOODS = 4.0, [(1.0, 2.0), (-0.5, 3.0)]  # p_0 = N(0, 4); agent k: N(θ; mean_k, var_k)

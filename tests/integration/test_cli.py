@@ -9,9 +9,7 @@ import torch
 
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 from tests.support import ROOT
-from tests.support.processes import fedbayes
-from tests.support.processes import LOCAL
-
+from tests.support.processes import LOCAL, fedbayes
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,15 @@ import os
 import signal
 import time
 from datetime import timedelta
+
 import pytest
 from flwr.client.grpc_rere_client import node_auth_client_interceptor
 from flwr.common.constant import HEARTBEAT_MIN_INTERVAL, HEARTBEAT_PATIENCE
 from flwr.supercore.date import now
 
 from fedbayes.deploy.cli import main as fedbayes
-from fedbayes.deploy.fleet_probe import FleetTarget, activate, fleet_stub, load_private_key
 from fedbayes.deploy.control import list_nodes
+from fedbayes.deploy.fleet_probe import FleetTarget, activate, fleet_stub, load_private_key
 from fedbayes.deploy.launcher import CONNECTION, LocalFederation, console_script
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 

@@ -19,9 +19,8 @@ from fedbayes.tasks.config import round_seed
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model
 from fedbayes.tasks.npzdata import write_npz
+from tests.support import DEFAULTS, InProcessFederation
 from tests.support.processes import fedbayes
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
 
 DSVGD = {"particles": 3, "local-steps": 2, "distill-steps": 2, "server-steps": 2}
 

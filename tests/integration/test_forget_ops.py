@@ -26,15 +26,17 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode_header, encode, new_header
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.forget import (
-    AUDIT_LOG, AuditLog, ForgetError, ForgetRequest, forget_command, rebuild,
+    AUDIT_LOG,
+    AuditLog,
+    ForgetError,
+    ForgetRequest,
+    forget_command,
+    rebuild,
 )
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.round_core import RoundCore
-from tests.support.processes import cli_env
-from tests.support.processes import run_loopback, stall_env, wait_for_file
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
-from tests.support import ROOT, FakeGrid, no_metrics, round_of
+from tests.support import DEFAULTS, ROOT, FakeGrid, InProcessFederation, no_metrics, round_of
+from tests.support.processes import cli_env, run_loopback, stall_env, wait_for_file
 
 LEAVING = "leaving"
 

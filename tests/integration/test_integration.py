@@ -12,10 +12,8 @@ import pytest
 
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.processes import command_line
-from tests.support.processes import run_loopback
 from tests.support import ROOT
-from tests.support.processes import processes_of, with_pythonpath
-from tests.support.processes import fault_env
+from tests.support.processes import fault_env, processes_of, run_loopback, with_pythonpath
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,15 @@ import torch
 from safetensors.numpy import load_file
 
 from fedbayes.client.state import ClientStateStore
-from tests.support.processes import processes_with_env
 from fedbayes.server.checkpoint import CheckpointStore
-from tests.support.processes import restart_client_1_after_round_1, run_loopback, stall_env
 from tests.support import newest_state
-from tests.support.processes import BreakableFederation
+from tests.support.processes import (
+    BreakableFederation,
+    processes_with_env,
+    restart_client_1_after_round_1,
+    run_loopback,
+    stall_env,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from fedbayes.client.state import ClientStateStore
-from tests.support.processes import processes_with_env
-from tests.support.processes import run_loopback
 from tests.support import newest_state
+from tests.support.processes import processes_with_env, run_loopback
 
 pytestmark = pytest.mark.integration
 

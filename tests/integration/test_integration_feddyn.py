@@ -8,8 +8,8 @@ from safetensors.numpy import load_file
 from fedbayes.client.state import ClientStateStore
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.strategies.feddyn.client import LAMBDA_KEY
-from tests.support.processes import restart_client_1_after_round_1, run_loopback
 from tests.support import newest_state
+from tests.support.processes import restart_client_1_after_round_1, run_loopback
 
 pytestmark = pytest.mark.integration
 

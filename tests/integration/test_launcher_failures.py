@@ -13,10 +13,16 @@ import pytest
 
 from fedbayes.deploy.launcher import RunFailed
 from fedbayes.deploy.processes import command_line
-from tests.support.processes import cli_env, fedbayes, is_table_row, read_until, start_fedbayes
-from tests.support.processes import run_loopback
-from tests.support.processes import processes_with_env
-from tests.support.processes import fault_env
+from tests.support.processes import (
+    cli_env,
+    fault_env,
+    fedbayes,
+    is_table_row,
+    processes_with_env,
+    read_until,
+    run_loopback,
+    start_fedbayes,
+)
 
 pytestmark = pytest.mark.integration
 LOCAL = ["local", "--strategy", "fedavg", "--clients", "2", "--fraction", "0.05"]

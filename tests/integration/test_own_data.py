@@ -15,12 +15,10 @@ from fedbayes.deploy.launcher import check_run_config
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.npzdata import load_data_path
 from fedbayes.tasks.partitions import partition_dataset
-from tests.support import ROOT
+from tests.support import ROOT, settings, write_digits
+from tests.support import write_npz as write
+from tests.support.processes import LOCAL, run_loopback
 from tests.support.processes import fedbayes as fedbayes_command
-from tests.support.processes import run_loopback
-from tests.support.processes import LOCAL
-from tests.support import settings, write_digits, write_npz as write
-
 
 
 def images(rows: int, value: float = 0.5, shape=(1, 4, 4)) -> np.ndarray:

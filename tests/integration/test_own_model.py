@@ -8,13 +8,9 @@ from safetensors.numpy import load_file
 
 from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.deploy.launcher import check_run_config
-from tests.support.processes import cli_env
+from tests.support import PLUGINS, write_digits
+from tests.support.processes import LOCAL, cli_env, run_loopback, with_pythonpath
 from tests.support.processes import fedbayes as fedbayes_command
-from tests.support.processes import run_loopback
-from tests.support.processes import LOCAL
-from tests.support.processes import with_pythonpath
-from tests.support import write_digits
-from tests.support import PLUGINS
 
 REFERENCE = "user_model:small_cnn"
 

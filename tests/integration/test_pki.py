@@ -6,7 +6,11 @@ import pytest
 from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.deploy.launcher import Host, LocalFederation
 from fedbayes.deploy.pki import (
-    forget_client, init_pki, make_supernode_key, read_client_registry, record_client,
+    forget_client,
+    init_pki,
+    make_supernode_key,
+    read_client_registry,
+    record_client,
 )
 
 

@@ -14,7 +14,6 @@ from fedbayes.deploy.processes import ProcessGroup, free_ports, stop_processes_w
 from tests.support import ROOT
 from tests.support.processes import descendants, processes_with_env
 
-
 VARIABLE = "FEDBAYES_TEST_MARKER"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 # A child started with an empty environment, as Ray starts its agents: it no longer carries the marker.

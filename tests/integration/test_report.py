@@ -16,11 +16,9 @@ import pytest
 from fedbayes.deploy.flower_app import toml_value
 from fedbayes.deploy.launcher import RUN_CONFIG_FILE
 from fedbayes.tasks.report import PLOTS, load_runs
-from tests.support import ROOT
-from tests.support.processes import cli_env, fedbayes
-from tests.support import fedavg_reply
+from tests.support import LABELS, ROOT, fedavg_reply, improving_metrics
 from tests.support import run_loop as run
-from tests.support import LABELS, improving_metrics
+from tests.support.processes import cli_env, fedbayes
 
 CHROMIUM = Path("/usr/bin/chromium")
 

@@ -14,8 +14,7 @@ import pytest
 
 from fedbayes.deploy.processes import command_line
 from tests.support import ROOT
-from tests.support.processes import cli_env, fedbayes, read_until
-from tests.support.processes import processes_with_env
+from tests.support.processes import cli_env, fedbayes, processes_with_env, read_until
 
 pytestmark = pytest.mark.integration
 

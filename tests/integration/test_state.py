@@ -11,7 +11,6 @@ import torch
 from fedbayes.client.state import ClientStateStore
 from tests.support import ROOT, newest_state
 
-
 WRITER = """
 import sys, torch
 from fedbayes.client.state import ClientState, ClientStateStore

@@ -8,7 +8,6 @@ import os
 import pytest
 
 
-
 @pytest.fixture
 def pull_defaults():
     """Flower's object-pull keyword defaults, restored after the test."""

@@ -24,7 +24,15 @@ from fedbayes.bayes.params import get_parameters, parameter_layout
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
-    ENVELOPE_KEY, ENVELOPES, Payload, decode, decode_header, encode, envelope_type, new_header, tensor_group_fields,
+    ENVELOPE_KEY,
+    ENVELOPES,
+    Payload,
+    decode,
+    decode_header,
+    encode,
+    envelope_type,
+    new_header,
+    tensor_group_fields,
 )
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds

@@ -5,22 +5,21 @@ benchmarks/attack_matrix.py, benchmarks/robust_aggregation.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import copy
 import json
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import RecordDict
 
 from fedbayes.bayes.params import unflatten
 from fedbayes.protos.codec import PayloadError, encode
-from fedbayes.strategies.feddyn import math as feddyn
 from fedbayes.server.round_core import CORE_STATE_KEY
 from fedbayes.strategies.bayesadmm.math import Duals, dual_step
 from fedbayes.strategies.bayesadmm.server import BayesADMM
 from fedbayes.strategies.dsvgd.server import DSVGD
 from fedbayes.strategies.fedavg.server import FedAvg
+from fedbayes.strategies.feddyn import math as feddyn
 from fedbayes.strategies.feddyn.server import FedDyn
 from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message
 

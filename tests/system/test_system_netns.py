@@ -23,9 +23,8 @@ from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.deploy.launcher import LocalFederation, console_script
 from fedbayes.deploy.pki import init_pki, list_supernodes, make_supernode_key
 from fedbayes.server.checkpoint import CheckpointStore
-from tests.support.processes import stall_env, wait_for_file
 from tests.support.netns import NetnsLab
-from tests.support.processes import BreakableFederation
+from tests.support.processes import BreakableFederation, stall_env, wait_for_file
 
 pytestmark = pytest.mark.integration
 

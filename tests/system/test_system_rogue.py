@@ -18,8 +18,7 @@ from fedbayes.client.state import ClientStateStore
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 from fedbayes.server.round_core import CORE_STATE_KEY
-from tests.support.processes import processes_of
-from tests.support.processes import fault_env
+from tests.support.processes import fault_env, processes_of
 
 pytestmark = pytest.mark.integration
 

@@ -1,10 +1,9 @@
 """The wire codec accepts exactly what protos/common.proto and protos/payloads.proto describe and rejects the rest."""
 
-from grpc_tools import protoc
-
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from grpc_tools import protoc
 
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (

@@ -7,8 +7,8 @@ import pytest
 from fedbayes.client.runtime import NodeSettings
 from fedbayes.deploy.flower_app import app_pyproject
 from fedbayes.deploy.launcher import LocalRun, run_local
-from fedbayes.tasks.config import ConfigError
 from fedbayes.strategies import default_run_config, run_settings
+from fedbayes.tasks.config import ConfigError
 from tests.support import DEFAULTS, pyproject_run_config
 
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, global_from_sites
-from tests.support.problems import make_problem, relative_error
-from tests.support.problems import fedlap_round, run_fedlap
+from tests.support.problems import fedlap_round, make_problem, relative_error, run_fedlap
 
 
 @pytest.mark.parametrize(("covariance", "rounds"), [(False, 250), (True, 80)])

@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedbayes.strategies.fedpa.client import IASG
-from fedbayes.strategies.fedpa.server import ServerOptimizer
-from fedbayes.strategies.fedpa.math import ShrinkageDelta, weighted_mean_delta
-from tests.support.problems import ExactGaussianSampler
 from fedbayes.strategies import run_settings
+from fedbayes.strategies.fedpa.client import IASG
+from fedbayes.strategies.fedpa.math import ShrinkageDelta, weighted_mean_delta
+from fedbayes.strategies.fedpa.server import ServerOptimizer
+from fedbayes.strategies.fedpa.settings import FedPASettings
 from fedbayes.tasks.datasets import Dataset
 from tests.support import DEFAULTS
-from fedbayes.strategies.fedpa.settings import FedPASettings
+from tests.support.problems import ExactGaussianSampler
+
+
 def dense_delta(x0: np.ndarray, samples: np.ndarray, shrinkage: float) -> np.ndarray:
     """Σ̂ = ρ_ℓ I + (1 - ρ_ℓ) cov(X, ddof=1), Δ = Σ̂⁻¹(x0 - x̄) (Eq. 10, Thm 3), float64."""
     count, size = samples.shape

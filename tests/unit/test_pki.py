@@ -13,7 +13,11 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.cli.supernode.register import try_load_public_key
 
 from fedbayes.deploy.pki import (
-    connection_config, init_pki, make_supernode_key, read_client_registry, record_client,
+    connection_config,
+    init_pki,
+    make_supernode_key,
+    read_client_registry,
+    record_client,
     server_certificate_names,
 )
 

@@ -11,7 +11,6 @@ import pty
 import struct
 import termios
 
-
 from fedbayes.deploy.launcher import TABLE_HEADER, format_row, show_row
 from fedbayes.deploy.progress import Progress, RoundDone, parse_round_log_line
 from fedbayes.server.loop import progress_line

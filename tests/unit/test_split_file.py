@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from fedbayes.client.runtime import NodeSettings, load_client_data
-from fedbayes.tasks.config import ConfigError
 from fedbayes.strategies import run_settings
+from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.partitions import partition_dataset, read_split_file, write_split_file
 from tests.support import DEFAULTS

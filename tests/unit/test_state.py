@@ -8,7 +8,6 @@ from fedbayes.client.state import MAX_UNCONFIRMED, ClientState, ClientStateStore
 from tests.support import newest_state
 
 
-
 def test_round_trip_and_keying(tmp_path):
     store = ClientStateStore(tmp_path, "fed-a", "client-1")
     assert newest_state(store) is None and store.load(accepted_round=0, for_round=1) is None
