@@ -45,8 +45,12 @@ def _has_layer_rule(module: torch.nn.Module) -> bool:
     """Linear, and Conv2d without groups or non-zero padding modes: their per-example squares have a closed form."""
     if isinstance(module, torch.nn.Linear):
         return True
-    return (isinstance(module, torch.nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
-            and not isinstance(module.padding, str))
+    return (
+        isinstance(module, torch.nn.Conv2d)
+        and module.groups == 1
+        and module.padding_mode == "zeros"
+        and not isinstance(module.padding, str)
+    )
 
 
 def _diag_ggn(model: torch.nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -100,8 +104,9 @@ def _add_layer_squares(layer: torch.nn.Module, a: torch.Tensor, g: torch.Tensor,
         total[layer.bias] += g.sum(2).double().square().sum(0)
 
 
-def _add_per_example_squares(model: torch.nn.Module, rest: dict, batch: torch.Tensor, probs: torch.Tensor,
-                             total: dict) -> None:
+def _add_per_example_squares(
+    model: torch.nn.Module, rest: dict, batch: torch.Tensor, probs: torch.Tensor, total: dict
+) -> None:
     """Σ_i (per-example gradient)² of the parameters in `rest` (vmap over the batch, the others held fixed)."""
     fixed = {name: p.detach() for name, p in model.named_parameters() if name not in rest}
     parameters = dict(model.named_parameters())

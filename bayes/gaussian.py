@@ -25,8 +25,10 @@ class Gaussian:
         size = self.mean.shape[0]
         allowed = [(), (size,), (size, size)]
         if self.mean.ndim != 1 or tuple(self.precision.shape) not in allowed:
-            raise ValueError(f"mean must be (P,) and precision (), (P,) or (P, P); got {tuple(self.mean.shape)}, "
-                             f"{tuple(self.precision.shape)}")
+            raise ValueError(
+                f"mean must be (P,) and precision (), (P,) or (P, P); got {tuple(self.mean.shape)}, "
+                f"{tuple(self.precision.shape)}"
+            )
 
     @property
     def kind(self) -> str:
@@ -61,8 +63,9 @@ class Gaussian:
 
     def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """`count` draws, shape (count, P)."""
-        noise = torch.randn(count, self.mean.numel(), generator=generator, dtype=self.mean.dtype,
-                            device=self.mean.device)
+        noise = torch.randn(
+            count, self.mean.numel(), generator=generator, dtype=self.mean.dtype, device=self.mean.device
+        )
         if self.kind == "full":
             # theta = m + L^-T eps with S = L L^T has covariance S^-1.
             cholesky = torch.linalg.cholesky(self.precision)

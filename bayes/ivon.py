@@ -37,8 +37,17 @@ class IVONWithPrior(ivon.IVON):
         rescale_lr: bool = True,
     ) -> None:
         super().__init__(
-            params, lr=lr, ess=ess, hess_init=hess_init, beta1=beta1, beta2=beta2, weight_decay=prior_precision,
-            mc_samples=mc_samples, hess_approx=hess_approx, clip_radius=clip_radius, debias=debias,
+            params,
+            lr=lr,
+            ess=ess,
+            hess_init=hess_init,
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=prior_precision,
+            mc_samples=mc_samples,
+            hess_approx=hess_approx,
+            clip_radius=clip_radius,
+            debias=debias,
             rescale_lr=rescale_lr,
         )
         for group in self.param_groups:
@@ -95,8 +104,11 @@ class IVONWithPrior(ivon.IVON):
         """The gradient momentum, the Hessian estimate and the step count, on the CPU: what `carry_on` continues
         from in a later optimizer (a BayesADMM client keeps them in its durable state between rounds)."""
         group = self._group
-        return {"momentum": group["momentum"].cpu(), "hess": group["hess"].cpu(),
-                "step": torch.tensor([self.current_step])}
+        return {
+            "momentum": group["momentum"].cpu(),
+            "hess": group["hess"].cpu(),
+            "step": torch.tensor([self.current_step]),
+        }
 
     def carry_on(self, state: Mapping[str, Tensor]) -> None:
         """Continue from an earlier optimizer's `carried_state()`."""
@@ -122,7 +134,11 @@ class IVONWithPrior(ivon.IVON):
                 - group["dual_quadratic"]
             )
             # line 5: IVON's Hessian update, which keeps h + delta > 0
-            hess = beta2 * hess + (1.0 - beta2) * hess_sample + 0.5 * (1.0 - beta2) ** 2 * (hess - hess_sample).square() / (hess + delta)
+            hess = (
+                beta2 * hess
+                + (1.0 - beta2) * hess_sample
+                + 0.5 * (1.0 - beta2) ** 2 * (hess - hess_sample).square() / (hess + delta)
+            )
             group["hess"] = hess
             # line 6: m <- m - lr (g + v - u m + delta (m - m_p)) / (h + delta)
             lr = group["lr"] * (group["hess_init"] + delta) if self.rescale_lr else group["lr"]

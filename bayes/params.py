@@ -27,7 +27,8 @@ def get_parameters(model: torch.nn.Module, layout: TensorLayout | None = None) -
     """The model's state as float32 arrays: all of it, or the entries of `layout`."""
     return {
         name: tensor.detach().cpu().numpy().astype(np.float32, copy=True)
-        for name, tensor in model.state_dict().items() if layout is None or name in layout
+        for name, tensor in model.state_dict().items()
+        if layout is None or name in layout
     }
 
 

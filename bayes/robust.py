@@ -64,11 +64,12 @@ def trimmed_mean(stacked: np.ndarray, fraction: float) -> np.ndarray:
     of each coordinate."""
     cut = math.floor(fraction * len(stacked))
     ordered = np.sort(stacked, axis=0)
-    return ordered[cut:len(stacked) - cut].mean(axis=0)
+    return ordered[cut : len(stacked) - cut].mean(axis=0)
 
 
-def robust_mean(updates: Sequence[np.ndarray], weights: Sequence[float], rule: str, clip_ratio: float,
-                trim_fraction: float) -> np.ndarray:
+def robust_mean(
+    updates: Sequence[np.ndarray], weights: Sequence[float], rule: str, clip_ratio: float, trim_fraction: float
+) -> np.ndarray:
     """The aggregate of `updates` under `rule` (see the module docstring); `weights` (e.g. example counts) weight
     the mean for none and clip."""
     stacked = np.stack(updates).astype(np.float64, copy=False)

@@ -57,8 +57,13 @@ def run(strategy: str, overrides: dict) -> list[dict]:
         rows = []
         for server_round in range(1, ROUNDS + 1):
             metrics = federation.round(server_round, [1, 2, 3], return_metrics=True)
-            rows.append({"round": server_round, "train-loss": metrics.get("train-loss") if metrics else None,
-                         "arrays": digest(federation.arrays)})
+            rows.append(
+                {
+                    "round": server_round,
+                    "train-loss": metrics.get("train-loss") if metrics else None,
+                    "arrays": digest(federation.arrays),
+                }
+            )
         return rows
 
 
@@ -74,8 +79,11 @@ def main() -> int:
     differ = 0
     for strategy, rows in results.items():
         for row in rows:
-            same = "" if saved is None else ("yes" if saved.get(strategy, [None] * ROUNDS)[row["round"] - 1] == row
-                                             else "NO")
+            same = (
+                ""
+                if saved is None
+                else ("yes" if saved.get(strategy, [None] * ROUNDS)[row["round"] - 1] == row else "NO")
+            )
             differ += same == "NO"
             print(f"{strategy:<14} {row['round']:>5} {row['train-loss']!r:>22} {row['arrays']:>17}  {same}")
     if args.write:

@@ -78,9 +78,14 @@ def compute_cost(count: int, steps: int) -> dict:
 
     gradient_only = seconds_per_step(lambda k: loss_gradient(particles), steps)
     first, second = seconds_per_step(loop_one, steps), seconds_per_step(loop_two, steps)
-    return {"particles": count, "parameters": particles.shape[1], "loop1_step_seconds": first,
-            "loop1_gradients_seconds": gradient_only, "loop2_step_seconds": second,
-            "round_seconds_L200": ROUND_STEPS * (first + second)}
+    return {
+        "particles": count,
+        "parameters": particles.shape[1],
+        "loop1_step_seconds": first,
+        "loop1_gradients_seconds": gradient_only,
+        "loop2_step_seconds": second,
+        "round_seconds_L200": ROUND_STEPS * (first + second),
+    }
 
 
 def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
@@ -93,8 +98,13 @@ def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
     def hop() -> None:
         content = encode(envelope, instruction, {"particles": {"particles": particles}})
         message_id, contents = deflate_message(new_message(content))
-        decode(inflate_message(message_id, contents).content, pb.Instruction, pb.DSVGDInstruction, {"particles": layout},
-               "bench")
+        decode(
+            inflate_message(message_id, contents).content,
+            pb.Instruction,
+            pb.DSVGDInstruction,
+            {"particles": layout},
+            "bench",
+        )
 
     hop()
     times = []
@@ -103,8 +113,12 @@ def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
         hop()
         times.append(time.perf_counter() - started)
     size_bytes = payload_bytes(encode(envelope, instruction, {"particles": {"particles": particles}}))
-    return {"payload_bytes": size_bytes, "serialise_hop_seconds": statistics.median(times),
-            "link_100mbit_seconds": size_bytes * 8 / 100e6, "link_1gbit_seconds": size_bytes * 8 / 1e9}
+    return {
+        "payload_bytes": size_bytes,
+        "serialise_hop_seconds": statistics.median(times),
+        "link_100mbit_seconds": size_bytes * 8 / 100e6,
+        "link_1gbit_seconds": size_bytes * 8 / 1e9,
+    }
 
 
 def main() -> None:
@@ -118,20 +132,35 @@ def main() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     load = os.getloadavg()
     rows = []
-    print(f"{'N':>4} {'P':>8} {'loop1 s/step':>13} {'(grads)':>8} {'loop2 s/step':>13} {'round s (L=L2=200)':>19} "
-          f"{'payload MB':>11} {'ser. hop s':>10} {'100Mb/s s':>10} {'1Gb/s s':>8}")
+    print(
+        f"{'N':>4} {'P':>8} {'loop1 s/step':>13} {'(grads)':>8} {'loop2 s/step':>13} {'round s (L=L2=200)':>19} "
+        f"{'payload MB':>11} {'ser. hop s':>10} {'100Mb/s s':>10} {'1Gb/s s':>8}"
+    )
     for count in (int(n) for n in args.particles.split(",")):
         row = compute_cost(count, args.steps)
         row |= wire_cost(count, row["parameters"])
         rows.append(row)
-        print(f"{count:>4} {row['parameters']:>8} {row['loop1_step_seconds']:>13.3f} {row['loop1_gradients_seconds']:>8.3f} "
-              f"{row['loop2_step_seconds']:>13.3f} {row['round_seconds_L200']:>19.1f} {row['payload_bytes'] / 1e6:>11.2f} "
-              f"{row['serialise_hop_seconds']:>10.3f} {row['link_100mbit_seconds']:>10.2f} {row['link_1gbit_seconds']:>8.3f}",
-              flush=True)
-    RESULTS.write_text(json.dumps({"benchmark": "dsvgd_cost", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                   "load_average_at_start": load, "load_average_at_end": os.getloadavg(),
-                                   "cpu_count": os.cpu_count(), "model": "mlp 784-200-100-10 sigmoid",
-                                   "round_steps": ROUND_STEPS, "rows": rows}, indent=1))
+        print(
+            f"{count:>4} {row['parameters']:>8} {row['loop1_step_seconds']:>13.3f} {row['loop1_gradients_seconds']:>8.3f} "
+            f"{row['loop2_step_seconds']:>13.3f} {row['round_seconds_L200']:>19.1f} {row['payload_bytes'] / 1e6:>11.2f} "
+            f"{row['serialise_hop_seconds']:>10.3f} {row['link_100mbit_seconds']:>10.2f} {row['link_1gbit_seconds']:>8.3f}",
+            flush=True,
+        )
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "dsvgd_cost",
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "load_average_at_start": load,
+                "load_average_at_end": os.getloadavg(),
+                "cpu_count": os.cpu_count(),
+                "model": "mlp 784-200-100-10 sigmoid",
+                "round_steps": ROUND_STEPS,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -54,15 +54,32 @@ def regression(size: int, seed: int = 0) -> tuple[Dataset, torch.nn.Module]:
 
 def fedavg_round(data: Dataset, model: torch.nn.Module) -> torch.Tensor:
     x0 = parameters_to_vector(model.parameters()).detach().clone()
-    train_epochs(model, data, torch.optim.SGD(model.parameters(), lr=LR), EPOCHS, BATCH, torch.device("cpu"), seed=0,
-                 loss_fn=half_squared_error)
+    train_epochs(
+        model,
+        data,
+        torch.optim.SGD(model.parameters(), lr=LR),
+        EPOCHS,
+        BATCH,
+        torch.device("cpu"),
+        seed=0,
+        loss_fn=half_squared_error,
+    )
     return x0 - parameters_to_vector(model.parameters()).detach()
 
 
 def fedpa_round(data: Dataset, model: torch.nn.Module, dense: bool) -> torch.Tensor:
     x0 = parameters_to_vector(model.parameters()).detach().clone()
-    sampler = IASG(model, data, torch.optim.SGD(model.parameters(), lr=LR), BATCH, torch.device("cpu"), seed=0,
-                   burnin_epochs=0, samples=EPOCHS, loss_fn=half_squared_error)
+    sampler = IASG(
+        model,
+        data,
+        torch.optim.SGD(model.parameters(), lr=LR),
+        BATCH,
+        torch.device("cpu"),
+        seed=0,
+        burnin_epochs=0,
+        samples=EPOCHS,
+        loss_fn=half_squared_error,
+    )
     if not dense:
         estimate = ShrinkageDelta(x0, SHRINKAGE, capacity=EPOCHS)
         sampler(estimate.add_sample)
@@ -71,7 +88,9 @@ def fedpa_round(data: Dataset, model: torch.nn.Module, dense: bool) -> torch.Ten
     sampler(samples.append)
     stacked = torch.stack(samples).double()
     identity_weight = 1.0 / (1.0 + (len(samples) - 1) * SHRINKAGE)
-    sigma = (1.0 - identity_weight) * torch.cov(stacked.T) + identity_weight * torch.eye(x0.numel(), dtype=torch.float64)
+    sigma = (1.0 - identity_weight) * torch.cov(stacked.T) + identity_weight * torch.eye(
+        x0.numel(), dtype=torch.float64
+    )
     return torch.linalg.solve(sigma, x0.double() - stacked.mean(0)).float()
 
 
@@ -95,15 +114,21 @@ def synthetic_row(size: int, repeats: int, dense_limit: int) -> dict:
         def run():
             model.load_state_dict(initial)
             return round_fn(data, model, *args)
+
         return run
 
-    row = {"d": size, "fedavg_ms": timed(from_start(fedavg_round), repeats),
-           "fedpa_dp_ms": timed(from_start(fedpa_round, False), repeats), "fedpa_dense_ms": None}
+    row = {
+        "d": size,
+        "fedavg_ms": timed(from_start(fedavg_round), repeats),
+        "fedpa_dp_ms": timed(from_start(fedpa_round, False), repeats),
+        "fedpa_dense_ms": None,
+    }
     if size <= dense_limit:
         row["fedpa_dense_ms"] = timed(from_start(fedpa_round, True), repeats)
         row["dp_vs_dense_relative_error"] = float(
             (from_start(fedpa_round, False)() - from_start(fedpa_round, True)()).norm()
-            / from_start(fedpa_round, True)().norm())
+            / from_start(fedpa_round, True)().norm()
+        )
     return row
 
 
@@ -117,12 +142,18 @@ def mlp_row(repeats: int) -> dict:
     envelope = pb.Instruction(header=new_header("bench", 1))
     fedavg = encode(envelope, pb.FedAvgInstruction(training=training), {"weights": weights})
     sampling = pb.LocalTraining(epochs=5, batch_size=32, learning_rate=1e-3, optimizer="adam", seed=0)
-    fedpa = encode(envelope, pb.FedPAInstruction(training=sampling, sampling=True, shrinkage=0.1, local_burnin_epochs=1,
-                                                 samples=4), {"weights": weights})
-    return {"d": sum(v.size for v in weights.values()), "examples": len(runtime.data.labels),
-            "fedavg_ms": timed(lambda: get_algorithm("fedavg").client_half()(fedavg, runtime), repeats),
-            "fedpa_dp_ms": timed(lambda: get_algorithm("fedpa").client_half()(fedpa, runtime), repeats),
-            "fedpa_dense_ms": None}
+    fedpa = encode(
+        envelope,
+        pb.FedPAInstruction(training=sampling, sampling=True, shrinkage=0.1, local_burnin_epochs=1, samples=4),
+        {"weights": weights},
+    )
+    return {
+        "d": sum(v.size for v in weights.values()),
+        "examples": len(runtime.data.labels),
+        "fedavg_ms": timed(lambda: get_algorithm("fedavg").client_half()(fedavg, runtime), repeats),
+        "fedpa_dp_ms": timed(lambda: get_algorithm("fedpa").client_half()(fedpa, runtime), repeats),
+        "fedpa_dense_ms": None,
+    }
 
 
 def table(rows: list[dict]) -> str:
@@ -135,8 +166,10 @@ def table(rows: list[dict]) -> str:
 
         paper = PAPER_MS.get(row["d"])
         paper_text = " / ".join("—" if v is None else str(v) for v in paper) if paper else "(MLP, not in paper)"
-        lines.append(f"{row['d']:>8} {base:>10.0f} {cell(row['fedpa_dp_ms']):>20} {cell(row['fedpa_dense_ms']):>22}   "
-                     f"{paper_text}")
+        lines.append(
+            f"{row['d']:>8} {base:>10.0f} {cell(row['fedpa_dp_ms']):>20} {cell(row['fedpa_dense_ms']):>22}   "
+            f"{paper_text}"
+        )
     return "\n".join(lines)
 
 
@@ -150,8 +183,9 @@ def main() -> None:
     rows = [synthetic_row(int(size), args.repeats, args.dense_limit) for size in args.sizes.split(",")]
     rows.append(mlp_row(args.repeats))
     print(table(rows))
-    RESULTS.write_text(json.dumps({"repeats": args.repeats, "threads": 1, "clock": "process CPU time", "rows": rows},
-                                  indent=1))
+    RESULTS.write_text(
+        json.dumps({"repeats": args.repeats, "threads": 1, "clock": "process CPU time", "rows": rows}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ def train_one() -> None:
         for start in range(0, 600, 32):
             with optimizer.sampled_params(train=True):
                 optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(inputs[start:start + 32]), labels[start:start + 32]).backward()
+                torch.nn.functional.cross_entropy(
+                    model(inputs[start : start + 32]), labels[start : start + 32]
+                ).backward()
             optimizer.step()
 
 

@@ -90,7 +90,11 @@ class ClientRuntime:
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
         data = load_client_data(settings, node).scaled(settings.input_scale)
         model = build_model(
-            settings.model, data.input_shape, data.num_classes, parse_hidden(settings.hidden), settings.activation,
+            settings.model,
+            data.input_shape,
+            data.num_classes,
+            parse_hidden(settings.hidden),
+            settings.activation,
             settings.pool,
         )
         return cls(
@@ -126,8 +130,12 @@ class ClientRuntime:
 
     def save_state(self, header: pb.Header, state: ClientState) -> None:
         started = time.perf_counter()
-        self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header),
-                                                 header.checkpointed_rounds.get(self.node.client_id, 0))
+        self.state_store(header.federation).save(
+            state,
+            header.server_round,
+            self.accepted_round(header),
+            header.checkpointed_rounds.get(self.node.client_id, 0),
+        )
         self.timings["state-save"] = time.perf_counter() - started
 
     def local_seed(self, seed: int, server_round: int) -> int:

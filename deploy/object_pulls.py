@@ -80,16 +80,18 @@ def bound_reply_pulls(grid, max_payload_mb: float) -> bool:
         return False
 
     def release(message_id: str) -> None:  # what HttpGrid.pull_messages sends once it has taken a reply
-        grid._runtime_client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
-            node=grid.node, run_id=grid.run.run_id, message_object_id=message_id))
+        grid._runtime_client.ConfirmMessageReceived(
+            ConfirmMessageReceivedRequest(node=grid.node, run_id=grid.run.run_id, message_object_id=message_id)
+        )
 
     limit = int(max_payload_mb * 2**20) + OBJECT_OVERHEAD_BYTES
     http_grid.pull_objects = bounded_pulls(inflatable_utils.pull_objects, limit, max_payload_mb, release)
     return True
 
 
-def bounded_pulls(pull_objects: Callable[..., dict[str, bytes]], limit: int, max_payload_mb: float,
-                  release: Callable[[str], None]) -> Callable[..., dict[str, bytes]]:
+def bounded_pulls(
+    pull_objects: Callable[..., dict[str, bytes]], limit: int, max_payload_mb: float, release: Callable[[str], None]
+) -> Callable[..., dict[str, bytes]]:
     """Flower's `pull_objects` for one message (its object ids in post-order: the message's own id last), raising
     ObjectPullError (which stops its other pulls) as soon as the objects pulled for it pass `limit` bytes; that
     message is then `release`d."""
@@ -105,8 +107,11 @@ def bounded_pulls(pull_objects: Callable[..., dict[str, bytes]], limit: int, max
                 total = pulled[0]
             if total > limit:
                 over.set()
-                raise ObjectPullError(object_id, f"the reply is over max-payload-mb={max_payload_mb:g}: "
-                                                 f"{total / 2**20:.1f} MiB of its objects pulled, the rest not")
+                raise ObjectPullError(
+                    object_id,
+                    f"the reply is over max-payload-mb={max_payload_mb:g}: "
+                    f"{total / 2**20:.1f} MiB of its objects pulled, the rest not",
+                )
             return content
 
         try:

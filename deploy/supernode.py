@@ -69,6 +69,7 @@ def time_with_sleep(sleep: Callable[[float], None]) -> SimpleNamespace:
 def ringing(pull_and_store: Callable[..., int | None], runtime_port: int) -> Callable[..., int | None]:
     """Flower's `_pull_and_store_message`, ringing the executor's doorbell (deploy/doorbell.py) once it has taken
     a message (it returns the message's run id then)."""
+
     def pull_store_and_ring(*args, **kwargs) -> int | None:
         run_id = pull_and_store(*args, **kwargs)
         if run_id is not None:
@@ -83,12 +84,15 @@ def patch_flower(poll: float, runtime_port: int | None = None) -> None:
     from flwr.supernode import start_client_internal
 
     if flwr.__version__ != PATCHED_FLOWER:
-        raise SystemExit(f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
-                         f"{flwr.__version__} is installed; use `flower-supernode` instead")
+        raise SystemExit(
+            f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
+            f"{flwr.__version__} is installed; use `flower-supernode` instead"
+        )
     start_client_internal.time = polling_time(poll)
     if runtime_port is not None:
-        start_client_internal._pull_and_store_message = ringing(start_client_internal._pull_and_store_message,
-                                                                runtime_port)
+        start_client_internal._pull_and_store_message = ringing(
+            start_client_internal._pull_and_store_message, runtime_port
+        )
     shorten_pull_backoff()  # the instruction's objects, pulled while the ServerApp still uploads them
 
 

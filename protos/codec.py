@@ -100,8 +100,10 @@ def message_type_named(name: str, sender: str) -> type[ProtoMessage]:
     try:
         return _MESSAGE_TYPES[name]
     except KeyError:
-        raise PayloadError(f"{sender}: field 'body': {name[:64]!r} is no message type this process knows (a strategy "
-                           "registers its own; is the strategy installed here?)") from None
+        raise PayloadError(
+            f"{sender}: field 'body': {name[:64]!r} is no message type this process knows (a strategy "
+            "registers its own; is the strategy installed here?)"
+        ) from None
 
 
 # ---- encoding --------------------------------------------------------------------------------------------------------
@@ -124,8 +126,9 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
     )
 
 
-def encode(envelope: Envelope, message: ProtoMessage | None,
-           tensors: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
+def encode(
+    envelope: Envelope, message: ProtoMessage | None, tensors: Mapping[str, Mapping[str, np.ndarray]]
+) -> RecordDict:
     """Pack a payload: fill the TensorGroup manifests of `message` (the strategy's; None for a LeaveAndForget) and of
     the envelope from `tensors` (by group field name), put `message` into the envelope's body, and pack every tensor,
     raveled and concatenated in field order (the message's groups, then the envelope's) and each group's order, into
@@ -134,7 +137,9 @@ def encode(envelope: Envelope, message: ProtoMessage | None,
     groups = {group for part in (*parts, envelope) for group in tensor_group_fields(type(part))}
     unknown = set(tensors) - groups
     if unknown:
-        raise ValueError(f"{type(message or envelope).__name__} and its envelope have no tensor groups {sorted(unknown)}")
+        raise ValueError(
+            f"{type(message or envelope).__name__} and its envelope have no tensor groups {sorted(unknown)}"
+        )
     packed = [value for part in (*parts, envelope) for value in _filled_manifests(part, tensors)]
     if message is not None:
         envelope.body.Pack(message)
@@ -203,13 +208,17 @@ def decode(
     if unexpected:
         raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {envelope_type.__name__}")
     parts = [message, envelope] if message is not envelope else [envelope]
-    specs = [(group, name, shape) for part in parts for group in tensor_group_fields(type(part))
-             for name, shape in _checked_manifest(getattr(part, group), layouts.get(group, {}), group, sender)]
+    specs = [
+        (group, name, shape)
+        for part in parts
+        for group in tensor_group_fields(type(part))
+        for name, shape in _checked_manifest(getattr(part, group), layouts.get(group, {}), group, sender)
+    ]
     packed = _packed_array(content, sum(math.prod(shape) for _, _, shape in specs), sender)
     tensors: dict[str, Tensors] = {group: {} for part in parts for group in tensor_group_fields(type(part))}
     offset = 0
     for group, name, shape in specs:
-        value = packed[offset:offset + math.prod(shape)].reshape(shape)  # a view: no copy
+        value = packed[offset : offset + math.prod(shape)].reshape(shape)  # a view: no copy
         if not np.isfinite(value).all():
             raise PayloadError(f"{sender}: field '{group}/{name}': contains NaN or Inf")
         tensors[group][name] = value
@@ -241,8 +250,11 @@ def reply_timings(content: RecordDict) -> dict[str, float]:
     record = content.config_records.get(TIMINGS_KEY)
     if record is None or len(record) > MAX_TIMINGS:
         return {}
-    return {name[:32]: float(value) for name, value in record.items()
-            if isinstance(value, float) and math.isfinite(value) and 0.0 <= value < 1e6}
+    return {
+        name[:32]: float(value)
+        for name, value in record.items()
+        if isinstance(value, float) and math.isfinite(value) and 0.0 <= value < 1e6
+    }
 
 
 def payload_bytes(content: RecordDict) -> int:
@@ -322,9 +334,11 @@ def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, 
     (whose messages were no envelopes, but began with the same Header) is told so, by version."""
     version = _old_schema_version(content)
     if version and version < CURRENT_SCHEMA_VERSION:
-        raise PayloadError(f"{sender}: field 'header.schema_version': {version}, but this fedbayes speaks schema "
-                           f"version {CURRENT_SCHEMA_VERSION}, whose payloads are envelopes ({declared[:64]!r} is a "
-                           "message of an older fedbayes): run the same fedbayes on the server and every client")
+        raise PayloadError(
+            f"{sender}: field 'header.schema_version': {version}, but this fedbayes speaks schema "
+            f"version {CURRENT_SCHEMA_VERSION}, whose payloads are envelopes ({declared[:64]!r} is a "
+            "message of an older fedbayes): run the same fedbayes on the server and every client"
+        )
     raise PayloadError(f"{sender}: field 'type': expected {expected}, got {declared[:64]!r}")
 
 
@@ -354,9 +368,7 @@ def _parse_envelope(content: RecordDict, envelope_type: type[E], sender: str) ->
         raise PayloadError(f"{sender}: field 'message': malformed {expected}: {error}") from None
     version = envelope.header.schema_version
     if version != CURRENT_SCHEMA_VERSION:
-        raise PayloadError(
-            f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}"
-        )
+        raise PayloadError(f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}")
     return envelope
 
 
@@ -387,8 +399,9 @@ def _packed_array(content: RecordDict, size: int, sender: str) -> np.ndarray:
         raise PayloadError(f"{where}: expected one array '{PACKED_ARRAY}', got {list(record.keys())}")
     array = record[PACKED_ARRAY]
     if array.dtype != "float32" or tuple(array.shape) != (size,):
-        raise PayloadError(f"{where}: declared {array.dtype} {tuple(array.shape)}, but the manifests describe "
-                           f"float32 ({size},)")
+        raise PayloadError(
+            f"{where}: declared {array.dtype} {tuple(array.shape)}, but the manifests describe float32 ({size},)"
+        )
     return _decoded_array(array, (size,), where)
 
 

@@ -147,7 +147,9 @@ def _read_idx_cached(path: Path, ndim: int) -> np.ndarray:
             np.save(temp, array, allow_pickle=False)
         os.replace(temp.name, cached)
     except OSError as error:
-        logging.getLogger(__name__).warning("cannot cache %s in %s (%s); reading the .gz each time", path, cached, error)
+        logging.getLogger(__name__).warning(
+            "cannot cache %s in %s (%s); reading the .gz each time", path, cached, error
+        )
     return array
 
 

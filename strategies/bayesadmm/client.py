@@ -42,8 +42,10 @@ def local_update(local: LocalRound) -> LocalResult:
     """Alg. 1 lines 4-6 on this client; duals and IVON state persist in the durable store."""
     instruction, runtime, stored = local.instruction, local.runtime, local.stored
     family = instruction.family
-    global_ = Gaussian(torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout)),
-                       precision_from_wire(local.tensors["global_precision"], family, runtime.layout))
+    global_ = Gaussian(
+        torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout)),
+        precision_from_wire(local.tensors["global_precision"], family, runtime.layout),
+    )
     duals = _stored_duals(stored, global_)
     torch.manual_seed(training_seed(local))
     train = {"isotropic": _train_isotropic, "full": _train_full, "diagonal": _train_ivon}[family]
@@ -80,11 +82,16 @@ def _stored_duals(stored: ClientState | None, global_: Gaussian) -> Duals:
     (P,) for the diagonal family, (P, P) for the full one and a zero scalar for the isotropic one."""
     shapes = {"dual_mean": global_.mean.shape, "dual_precision": global_.precision.shape}
     if stored is None:
-        return Duals(torch.zeros(shapes["dual_mean"], dtype=torch.float64),
-                     torch.zeros(shapes["dual_precision"], dtype=torch.float64), 0)
+        return Duals(
+            torch.zeros(shapes["dual_mean"], dtype=torch.float64),
+            torch.zeros(shapes["dual_precision"], dtype=torch.float64),
+            0,
+        )
     for name, shape in shapes.items():
         if stored.tensors[name].shape != shape:
-            raise ValueError(f"stored {name} has shape {tuple(stored.tensors[name].shape)}, this run needs {tuple(shape)}")
+            raise ValueError(
+                f"stored {name} has shape {tuple(stored.tensors[name].shape)}, this run needs {tuple(shape)}"
+            )
     return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(), stored.round)
 
 
@@ -95,8 +102,13 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
     ess = num_examples / (instruction.rho * instruction.temperature)
     model = runtime.model.to(runtime.device)
     optimizer = IVONWithPrior(
-        model.parameters(), lr=instruction.training.learning_rate, ess=ess, hess_init=instruction.hess_init,
-        beta1=instruction.beta1, beta2=instruction.beta2, mc_samples=instruction.mc_samples,
+        model.parameters(),
+        lr=instruction.training.learning_rate,
+        ess=ess,
+        hess_init=instruction.hess_init,
+        beta1=instruction.beta1,
+        beta2=instruction.beta2,
+        mc_samples=instruction.mc_samples,
         rescale_lr=instruction.rescale_lr,
     )
     device_dtype = dict(device=runtime.device, dtype=torch.float32)
@@ -104,16 +116,27 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
     scale = instruction.temperature / num_examples
     optimizer.set_lagrange((scale * duals.mean).to(**device_dtype), (scale * duals.precision).to(**device_dtype))
     if stored is not None and f"{IVON_PREFIX}hess" in stored.tensors:  # IVON's state carries over between rounds
-        optimizer.carry_on({name.removeprefix(IVON_PREFIX): value for name, value in stored.tensors.items()
-                            if name.startswith(IVON_PREFIX)})
+        optimizer.carry_on(
+            {
+                name.removeprefix(IVON_PREFIX): value
+                for name, value in stored.tensors.items()
+                if name.startswith(IVON_PREFIX)
+            }
+        )
     if instruction.reset_posterior and stored is not None:  # start at q̄, as the reference code does
         optimizer.set_posterior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
     else:  # start at m̄ with IVON's own Hessian estimate (h0 in a client's first round)
         optimizer.set_posterior(global_.mean.to(**device_dtype), optimizer.posterior()[1])
     loss_and_seconds = train_epochs(
-        model, runtime.data, optimizer, instruction.training.epochs, instruction.training.batch_size,
-        runtime.device, seed=training_seed(local),
-        sampled_weights=lambda: optimizer.sampled_params(train=True), mc_samples=instruction.mc_samples,
+        model,
+        runtime.data,
+        optimizer,
+        instruction.training.epochs,
+        instruction.training.batch_size,
+        runtime.device,
+        seed=training_seed(local),
+        sampled_weights=lambda: optimizer.sampled_params(train=True),
+        mc_samples=instruction.mc_samples,
     )
     mean, precision = optimizer.posterior()
     state = {f"{IVON_PREFIX}{name}": value for name, value in optimizer.carried_state().items()}
@@ -174,9 +197,14 @@ def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):
         return (dual @ theta + 0.5 * instruction.rho * (theta - anchor).square().sum()) / num_examples
 
     loss_and_seconds = train_epochs(
-        model, runtime.data, make_optimizer(model, instruction.training), instruction.training.epochs,
-        instruction.training.batch_size, runtime.device,
-        seed=training_seed(local), extra_loss=admm_terms,
+        model,
+        runtime.data,
+        make_optimizer(model, instruction.training),
+        instruction.training.epochs,
+        instruction.training.batch_size,
+        runtime.device,
+        seed=training_seed(local),
+        extra_loss=admm_terms,
     )
     mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
     model.cpu()

@@ -15,10 +15,15 @@ def local_update(local: LocalRound) -> LocalResult:
     """Load the global model, train locally (FedProx: with the proximal term), send the new weights back."""
     instruction = local.instruction
     set_parameters(local.runtime.model, local.tensors["weights"])
-    train_loss, compute_seconds = train_locally(local.runtime, instruction.training, local.server_round,
-                                                instruction.proximal_mu)
-    return LocalResult(pb.FedAvgReply(), {"weights": get_parameters(local.runtime.model, local.runtime.layout)},
-                       train_loss, compute_seconds)
+    train_loss, compute_seconds = train_locally(
+        local.runtime, instruction.training, local.server_round, instruction.proximal_mu
+    )
+    return LocalResult(
+        pb.FedAvgReply(),
+        {"weights": get_parameters(local.runtime.model, local.runtime.layout)},
+        train_loss,
+        compute_seconds,
+    )
 
 
 client_update = ClientHalf(pb.FedAvgInstruction, local_update, model_layouts("weights"))

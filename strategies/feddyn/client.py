@@ -26,13 +26,23 @@ def local_update(local: LocalRound) -> LocalResult:
     )
     alpha_k = client_alpha(instruction.alpha, local.num_examples, known_clients, known_examples)
     weights, train_loss, seconds = train_anchored(
-        runtime, instruction.training, start=global_, anchor=global_ - lam, weight=alpha_k,
-        server_round=local.server_round, max_grad_norm=instruction.max_grad_norm,
+        runtime,
+        instruction.training,
+        start=global_,
+        anchor=global_ - lam,
+        weight=alpha_k,
+        server_round=local.server_round,
+        max_grad_norm=instruction.max_grad_norm,
     )
     lam = lambda_step(lam, weights, global_)
     sketch = lambda_sketch(lam, instruction.training.seed, local.server_round)
-    return LocalResult(pb.FedDynReply(lambda_sketch=sketch.tolist()), {"weights": unflatten(weights.numpy(), runtime.layout)},
-                       train_loss, seconds, {LAMBDA_KEY: lam})
+    return LocalResult(
+        pb.FedDynReply(lambda_sketch=sketch.tolist()),
+        {"weights": unflatten(weights.numpy(), runtime.layout)},
+        train_loss,
+        seconds,
+        {LAMBDA_KEY: lam},
+    )
 
 
 client_update = ClientHalf(pb.FedDynInstruction, local_update, model_layouts("global_weights"), stateful=True)

@@ -65,8 +65,9 @@ class FedDyn(ServerStrategy[FedDynState]):
         assert self.state.global_ is not None, "w_g is set in round 1's instruction"
         return self.state.global_
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[pb.FedDynInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[pb.FedDynInstruction, TensorGroups]:
         if self.state.global_ is None:
             initial = flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)
             self.state = replace(self.state, global_=as_sent(torch.from_numpy(initial)))
@@ -91,16 +92,25 @@ class FedDyn(ServerStrategy[FedDynState]):
         if len(message.lambda_sketch) != SKETCH_ROWS:
             raise PayloadError(f"field 'lambda_sketch': {len(message.lambda_sketch)} values, expected {SKETCH_ROWS}")
         replayed = self._replayed_lambda(payload)
-        mismatch = sketch_mismatch(torch.tensor(list(message.lambda_sketch), dtype=torch.float64), replayed,
-                                   self.settings.seed, payload.header.server_round)
+        mismatch = sketch_mismatch(
+            torch.tensor(list(message.lambda_sketch), dtype=torch.float64),
+            replayed,
+            self.settings.seed,
+            payload.header.server_round,
+        )
         if mismatch > SKETCH_RTOL:
-            raise PayloadError(f"field 'lambda_sketch': the client's λ_k differs from the server's replay "
-                               f"(sketch off by {mismatch:.2e} of Σ|λ_k|; at most {SKETCH_RTOL:g})")
+            raise PayloadError(
+                f"field 'lambda_sketch': the client's λ_k differs from the server's replay "
+                f"(sketch off by {mismatch:.2e} of Σ|λ_k|; at most {SKETCH_RTOL:g})"
+            )
 
     def _replayed_lambda(self, payload: Payload) -> torch.Tensor:
         """λ_k after this reply, as the server replays it (λ_k += w_k − w_g from the state it started from)."""
-        previous = (self.state.lambdas[payload.header.client_id].value if payload.reply.resumed_from_round
-                    else torch.zeros_like(self.global_))
+        previous = (
+            self.state.lambdas[payload.header.client_id].value
+            if payload.reply.resumed_from_round
+            else torch.zeros_like(self.global_)
+        )
         return lambda_step(previous, self._local(payload), self.global_)
 
     def _local(self, payload: Payload) -> torch.Tensor:
@@ -141,8 +151,10 @@ class FedDyn(ServerStrategy[FedDynState]):
         if not torch.isfinite(global_).all():
             raise ForgetRefused(f"without client {client!r} the global model would be non-finite")
         rule = "mean" if self.settings.robust_aggregation == "none" else self.settings.robust_aggregation
-        note = (f"w_g + the {rule} of the {len(lambdas)} remaining λ_j: FedDyn's first server step without {client!r} "
-                "at the fixed point, not the model trained without it; run refinement rounds among the others")
+        note = (
+            f"w_g + the {rule} of the {len(lambdas)} remaining λ_j: FedDyn's first server step without {client!r} "
+            "at the fixed point, not the model trained without it; run refinement rounds among the others"
+        )
         state = FedDynState(global_, lambdas, self.state.membership.without(client))
         return Forgotten(global_.numpy(), state, exact=False, kl_before_after=None, note=note)
 
@@ -153,8 +165,15 @@ class FedDyn(ServerStrategy[FedDynState]):
 
         def robust(vectors: list[torch.Tensor]) -> torch.Tensor:
             values = [vector.numpy() for vector in vectors]
-            return torch.from_numpy(robust_mean(values, [1.0] * len(values), settings.robust_aggregation,
-                                                settings.clip_ratio, settings.trim_fraction))
+            return torch.from_numpy(
+                robust_mean(
+                    values,
+                    [1.0] * len(values),
+                    settings.robust_aggregation,
+                    settings.clip_ratio,
+                    settings.trim_fraction,
+                )
+            )
 
         return robust([local - self.global_ for local in locals_]) + robust([entry.value for entry in lambdas.values()])
 
@@ -169,5 +188,8 @@ class FedDyn(ServerStrategy[FedDynState]):
     def load_state(self, saved: ServerState) -> FedDynState:
         if "global" not in saved.tensors:
             return FedDynState()
-        return FedDynState(torch.from_numpy(saved.tensors["global"].copy()), saved.per_client("lambda", ClientLambda),
-                           Membership.from_metadata(saved.metadata))
+        return FedDynState(
+            torch.from_numpy(saved.tensors["global"].copy()),
+            saved.per_client("lambda", ClientLambda),
+            Membership.from_metadata(saved.metadata),
+        )

@@ -55,8 +55,15 @@ class IASG:
                     total.zero_()
 
         return train_epochs(
-            self.model, self.data, self.optimizer, self.burnin_epochs + self.samples, self.batch_size, self.device,
-            seed=self.seed, loss_fn=self.loss_fn, after_step=average_iterates,
+            self.model,
+            self.data,
+            self.optimizer,
+            self.burnin_epochs + self.samples,
+            self.batch_size,
+            self.device,
+            seed=self.seed,
+            loss_fn=self.loss_fn,
+            after_step=average_iterates,
         )
 
 
@@ -69,9 +76,16 @@ def local_update(local: LocalRound) -> LocalResult:
     if instruction.sampling:
         model = runtime.model.to(runtime.device)
         estimate = ShrinkageDelta(x0.to(runtime.device), instruction.shrinkage, capacity=instruction.samples)
-        iasg = IASG(model, runtime.data, make_optimizer(model, instruction.training), instruction.training.batch_size,
-                    runtime.device, runtime.local_seed(instruction.training.seed, server_round),
-                    instruction.local_burnin_epochs, instruction.samples)
+        iasg = IASG(
+            model,
+            runtime.data,
+            make_optimizer(model, instruction.training),
+            instruction.training.batch_size,
+            runtime.device,
+            runtime.local_seed(instruction.training.seed, server_round),
+            instruction.local_burnin_epochs,
+            instruction.samples,
+        )
         train_loss, compute_seconds = iasg(estimate.add_sample)
         delta = estimate.delta()
         samples, correction_norm = estimate.count, (delta - estimate.iterate_average_delta()).norm().item()

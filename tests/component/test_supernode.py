@@ -110,8 +110,9 @@ class FakeRuntimeApi:
 
         message.metadata.__dict__["_message_id"] = message.object_id  # as the SuperLink stores it
         self.objects = {object_id: item.deflate() for object_id, item in get_all_nested_objects(message).items()}
-        self.response = PullAppMessagesResponse(messages_list=[message_to_proto(message)],
-                                                message_object_trees=[get_object_tree(message)])
+        self.response = PullAppMessagesResponse(
+            messages_list=[message_to_proto(message)], message_object_trees=[get_object_tree(message)]
+        )
         self.pulled_bytes, self.confirmed = 0, []
 
     def PullMessages(self, request):

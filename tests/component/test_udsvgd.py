@@ -24,7 +24,9 @@ POSTERIOR_MEAN = POSTERIOR_VARIANCE * (1 / 2 - 0.5 / 3)  # 0.3077
 
 
 def start(count=100, seed=0):
-    return PRIOR_VARIANCE**0.5 * torch.randn(count, 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return PRIOR_VARIANCE**0.5 * torch.randn(
+        count, 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
 
 
 def run_udsvgd(likelihoods, rounds):
@@ -33,8 +35,14 @@ def run_udsvgd(likelihoods, rounds):
     for i in range(rounds):
         k = i % len(likelihoods)
         initial = i == 0
-        updated = unconstrained_tilted_update(particles, initial, visits[k], gaussian_prior_score(1 / PRIOR_VARIANCE),
-                                              gaussian_loss_gradient(*likelihoods[k]), SETTINGS)
+        updated = unconstrained_tilted_update(
+            particles,
+            initial,
+            visits[k],
+            gaussian_prior_score(1 / PRIOR_VARIANCE),
+            gaussian_loss_gradient(*likelihoods[k]),
+            SETTINGS,
+        )
         visits[k].append(Visit(None if initial else particles, updated))
         particles = updated
         history.append(particles)
@@ -46,8 +54,13 @@ def run_dsvgd(likelihoods, rounds):
     local, history = [particles.clone() for _ in likelihoods], []
     for i in range(rounds):
         k = i % len(likelihoods)
-        particles, local[k] = agent_round(particles, local[k], gaussian_prior_score(1 / PRIOR_VARIANCE),
-                                          gaussian_loss_gradient(*likelihoods[k]), SETTINGS)
+        particles, local[k] = agent_round(
+            particles,
+            local[k],
+            gaussian_prior_score(1 / PRIOR_VARIANCE),
+            gaussian_loss_gradient(*likelihoods[k]),
+            SETTINGS,
+        )
         history.append(particles)
     return history
 
