@@ -141,9 +141,11 @@ def main() -> None:
         row |= wire_cost(count, row["parameters"])
         rows.append(row)
         print(
-            f"{count:>4} {row['parameters']:>8} {row['loop1_step_seconds']:>13.3f} {row['loop1_gradients_seconds']:>8.3f} "
-            f"{row['loop2_step_seconds']:>13.3f} {row['round_seconds_L200']:>19.1f} {row['payload_bytes'] / 1e6:>11.2f} "
-            f"{row['serialise_hop_seconds']:>10.3f} {row['link_100mbit_seconds']:>10.2f} {row['link_1gbit_seconds']:>8.3f}",
+            f"{count:>4} {row['parameters']:>8} {row['loop1_step_seconds']:>13.3f} "
+            f"{row['loop1_gradients_seconds']:>8.3f} {row['loop2_step_seconds']:>13.3f} "
+            f"{row['round_seconds_L200']:>19.1f} {row['payload_bytes'] / 1e6:>11.2f} "
+            f"{row['serialise_hop_seconds']:>10.3f} {row['link_100mbit_seconds']:>10.2f} "
+            f"{row['link_1gbit_seconds']:>8.3f}",
             flush=True,
         )
     RESULTS.write_text(

@@ -1,12 +1,12 @@
 """FedPA's client cost against FedAvg's, as in the paper's Table 1 (App. C): the time of one client round
 that ends in a delta, on one compute thread.
 
-Synthetic rows (d = 1e2..1e5): linear regression, 500 examples, batch 5, so 5 epochs x 100 SGD steps
-(the paper's setting). Times are CPU time of one thread. FedAvg: 5 epochs, Δ = x_0 - θ_final. FedPA (DP): IASG for the same 5 epochs, one
-sample per epoch (no local burn-in, ℓ = 5), streamed into the App. C dynamic programme. FedPA (dense):
-the same samples, then Σ̂ = ρ_ℓ I + (1-ρ_ℓ) Ŝ built and solved as a d x d matrix, where that fits.
-MLP row: the real client halves (`client_update`: decode, train, encode) of FedAvg (5 epochs) and of a
-FedPA sampling round (1 discarded + 4 sampled epochs) on an FMNIST-10% client, 784-200-100-10.
+Synthetic rows (d = 1e2..1e5): linear regression, 500 examples, batch 5, so 5 epochs x 100 SGD steps (the paper's
+setting). Times are CPU time of one thread. FedAvg: 5 epochs, Δ = x_0 - θ_final. FedPA (DP): IASG for the same 5 epochs,
+one sample per epoch (no local burn-in, ℓ = 5), streamed into the App. C dynamic programme. FedPA (dense): the same
+samples, then Σ̂ = ρ_ℓ I + (1-ρ_ℓ) Ŝ built and solved as a d x d matrix, where that fits. MLP row: the real client
+halves (`client_update`: decode, train, encode) of FedAvg (5 epochs) and of a FedPA sampling round (1 discarded + 4
+sampled epochs) on an FMNIST-10% client, 784-200-100-10.
 
     python benchmarks/fedpa_client_cost.py --repeats 3
 """
@@ -161,7 +161,7 @@ def table(rows: list[dict]) -> str:
     for row in rows:
         base = row["fedavg_ms"]
 
-        def cell(value):
+        def cell(value, base=base):
             return "—" if value is None else f"{value:.0f} ({100 * (value / base - 1):+.0f}%)"
 
         paper = PAPER_MS.get(row["d"])

@@ -274,7 +274,8 @@ def main() -> None:
             )
             peak = federation["peak"]
             print(
-                f"federation of {federation['clients']} clients ({federation['executor']} executor, logreg, fraction-train 0.1): "
+                f"federation of {federation['clients']} clients ({federation['executor']} executor, logreg, "
+                "fraction-train 0.1): "
                 f"peak RSS {peak['rss_mib']:.0f} MiB, PSS {peak['pss_mib']:.0f} MiB over {peak['processes']} "
                 f"processes; clients per round {federation['clients_per_round']}, round seconds "
                 f"{[round(s, 1) for s in federation['round_seconds']]}, whole command "

@@ -1,11 +1,11 @@
 """Cost of one client round of every strategy on the convolutional models, against FedAvg with Adam on the same
 model and data: seconds, peak memory, ratio.
 
-Each (model, strategy) pair is a one-client federation in this process: the strategy's real server half and client
-half exchanging encoded payloads (decode, train, encode, write durable state). Round 1 warms up (allocators, the first optimizer's torch._dynamo import, the stores); round 2, the
-steady state of a stateful strategy, is timed: the client half only, from receiving the instruction to its reply.
-On the CPU the time is this process's CPU time (one compute thread), so machines shared with other work still give
-comparable numbers; on a GPU it is wall time, synchronised.
+Each (model, strategy) pair is a one-client federation in this process: the strategy's real server half and client half
+exchanging encoded payloads (decode, train, encode, write durable state). Round 1 warms up (allocators, the first
+optimizer's torch._dynamo import, the stores); round 2, the steady state of a stateful strategy, is timed: the client
+half only, from receiving the instruction to its reply. On the CPU the time is this process's CPU time (one compute
+thread), so machines shared with other work still give comparable numbers; on a GPU it is wall time, synchronised.
 
 Work per round, the same data for every strategy (the first --examples FMNIST training images, 1x28x28, batch 64):
 --epochs epochs of minibatches for the optimisation-based strategies (BayesADMM: IVON, 1 MC sample; FedPA: a

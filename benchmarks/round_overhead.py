@@ -1,10 +1,10 @@
 """Wall time per federated round vs the clients' pure local compute, on a real loopback federation.
 
-For each number of clients K (default 2 and 5), each way of running ClientApps (`fork`: forks of a
-warm `fedbayes superexec` per SuperNode, the launcher's default; `subprocess`: Flower's fresh
-`flwr-clientapp` process per message) and each server poll interval (default 0.1 s and 3 s) this starts a SuperLink and K SuperNodes with `deploy.launcher.run_local` (separate OS processes,
-gRPC on 127.0.0.1), runs FedAvg on FMNIST (iid, default MLP, `--fraction` of the data) for `--rounds`
-rounds and reads the per-round results the ServerApp writes:
+For each number of clients K (default 2 and 5), each way of running ClientApps (`fork`: forks of a warm `fedbayes
+superexec` per SuperNode, the launcher's default; `subprocess`: Flower's fresh `flwr-clientapp` process per message) and
+each server poll interval (default 0.1 s and 3 s) this starts a SuperLink and K SuperNodes with
+`deploy.launcher.run_local` (separate OS processes, gRPC on 127.0.0.1), runs FedAvg on FMNIST (iid, default MLP,
+`--fraction` of the data) for `--rounds` rounds and reads the per-round results the ServerApp writes:
 
   round_s      time from pushing a round's messages to having aggregated the replies
                (server/loop.py; excludes the server's central evaluation)
@@ -349,7 +349,8 @@ def format_table(results: list[dict[str, Any]], rounds: int) -> str:
         s = result.get("summary")
         if s is None:
             lines.append(
-                f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g}  FAILED: {result['error']}"
+                f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g}  "
+                f"FAILED: {result['error']}"
             )
             continue
         fraction = s["overhead_fraction_steady"]
@@ -437,8 +438,8 @@ def format_cpu_table(results: list[dict[str, Any]]) -> str:
         clientapps = cpu.get("flwr-clientapp", {}).get("processes", 0)
         per_clientapp = seconds.get("flwr-clientapp", 0.0) / clientapps if clientapps else 0.0
         lines.append(
-            f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g} {result['total_seconds']:>7.1f}"
-            f" {sum(seconds.values()):>7.1f} "
+            f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g} "
+            f"{result['total_seconds']:>7.1f} {sum(seconds.values()):>7.1f} "
             + " ".join(f"{seconds.get(r, 0.0):>16.1f}" for r in CPU_ROLES)
             + f" {other:>6.1f} {per_clientapp:>13.2f}"
         )

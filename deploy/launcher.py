@@ -192,7 +192,8 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
             federation.start_supernode(index, spec.clients)
         submit = federation.submit(spec.run_config(workdir, results))
         say(
-            f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; logs in {federation.log_dir}"
+            f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; "
+            f"logs in {federation.log_dir}"
         )
         if spec.resume_hint:
             say(f"federation {workdir.name} in {workdir}; to resume it after an interruption: {spec.resume_hint}")

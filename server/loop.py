@@ -492,7 +492,8 @@ def train_round(
 
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:
     """The round's log line (deploy/progress.py parses it). A round the server did not evaluate (run config
-    `eval-every`) shows `-` for its metrics; one evaluated on part of the test set (`eval-fraction`) says on how much."""
+    `eval-every`) shows `-` for its metrics; one evaluated on part of the test set (`eval-fraction`) says on how
+    much."""
     metrics = (
         "acc - | nll - | ece -"
         if record["accuracy"] is None

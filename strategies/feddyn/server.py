@@ -49,7 +49,8 @@ class FedDynState:
 
 
 class FedDyn(ServerStrategy[FedDynState]):
-    """FedDyn: w_g ← mean of this round's w_k + Λ/K, with Λ = Σ_k λ_k over every known client (the package docstring)."""
+    """FedDyn: w_g ← mean of this round's w_k + Λ/K, with Λ = Σ_k λ_k over every known client (the package
+    docstring)."""
 
     reply_type = pb.FedDynReply
     settings_type = FedDynSettings

@@ -76,8 +76,8 @@ def test_a_bad_round_between_good_ones_does_not_stop_the_run(tmp_path):
 
 
 def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
-    """A bug (or a reply a strategy should have refused) that raises inside the round core's aggregate: that round changes
-    nothing and counts as failed; the server keeps running."""
+    """A bug (or a reply a strategy should have refused) that raises inside the round core's aggregate: that round
+    changes nothing and counts as failed; the server keeps running."""
     from fedbayes.bayes.params import weighted_mean
 
     calls = []

@@ -244,7 +244,7 @@ def assert_server_matches_clients(federation):
     """Every client the server accepted a round from will start its next round from the state the server
     holds for it (float32 wire rounding aside)."""
     core = federation.core
-    for node, runtime in federation.runtimes.items():
+    for runtime in federation.runtimes.values():
         client = runtime.node.client_id
         if client not in core.accepted_rounds:
             continue

@@ -86,7 +86,10 @@ FAKE_FLWR = textwrap.dedent("""
         time.sleep(1.5)
         print("INFO :      " + progress_line(row | {{"round": number}}, 2), flush=True)
 """)
-STREAM = "import os, sys; from fedbayes.deploy.flwr_run import stream; stream([sys.executable, '-c', {fake!r}], os.environ, ['fedbayes', 'run'])"
+STREAM = (
+    "import os, sys; from fedbayes.deploy.flwr_run import stream; "
+    "stream([sys.executable, '-c', {fake!r}], os.environ, ['fedbayes', 'run'])"
+)
 
 
 def run_stream(stdout) -> subprocess.Popen:

@@ -1,7 +1,8 @@
-"""The smallest client install (deploy/install-client.sh: `pip install .`, not editable) from a fresh venv joins a
-TLS + node-auth federation and trains, and runs a whole `fedbayes local` federation outside the checkout: no
-development extras, no torchvision, no Ray, nothing imported from this source tree. The wheels come from the host-side wheelhouse the compose test uses too (make-wheelhouse.sh, CPU
-torch; cached), so the install is offline and the same on CI as here."""
+"""The smallest client install (deploy/install-client.sh: `pip install .`, not editable) from a fresh venv joins a TLS +
+node-auth federation and trains, and runs a whole `fedbayes local` federation outside the checkout: no development
+extras, no torchvision, no Ray, nothing imported from this source tree. The wheels come from the host-side wheelhouse
+the compose test uses too (make-wheelhouse.sh, CPU torch; cached), so the install is offline and the same on CI as here.
+"""
 
 from __future__ import annotations
 

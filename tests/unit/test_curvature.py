@@ -33,7 +33,7 @@ def jacobian_diag_ggn(model, images):
     expected = torch.zeros_like(flat)
     for image in images:
 
-        def logits(theta):
+        def logits(theta, image=image):
             return torch.func.functional_call(
                 model, {n: t for n, t in zip(params, _split(theta, params))}, (image.unsqueeze(0),)
             ).squeeze(0)
