@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from fedbayes.tasks.config import AT_LEAST_ONE, CORE_KEYS, NON_NEGATIVE, Check
+from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,32 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as error:
         print(f"fedbayes: error: {error}", file=sys.stderr)
         return 1
-
-
-def checked_number(kind: type[int] | type[float], check: Check) -> Callable[[str], int | float]:
-    """An argparse `type=` for a numeric option: a finite `kind` that passes `check`. argparse names the option in
-    the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
-            ) from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-        if not check.test(value):
-            raise argparse.ArgumentTypeError(f"{check.requirement}, got {text!r}")
-        return value
-
-    return parse
-
-
-def run_config_number(name: str) -> Callable[[str], int | float]:
-    """The type and check of core run-config key `name`, for the option that sets it: both refuse the same values."""
-    key = next(key for key in CORE_KEYS if key.name == name)
-    return checked_number(key.type, key.check)
 
 
 def _add_split_arguments(parser: argparse.ArgumentParser) -> None:

@@ -35,11 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from fedbayes.deploy.cli import checked_number
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
 from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH  # the server refuses every reply from a longer id
-from fedbayes.tasks.config import NON_NEGATIVE
+from fedbayes.tasks.config import NON_NEGATIVE, checked_number
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.storage import is_safe_name
 

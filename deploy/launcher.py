@@ -50,7 +50,7 @@ from fedbayes.deploy.processes import (
 )
 from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.strategies import run_settings
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
@@ -58,7 +58,6 @@ from fedbayes.tasks.slots import SLOTS_ENV
 APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
 CONNECTION = "fedbayes-local"
 FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
-RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was submitted with (`fedbayes report`)
 STARTUP_TIMEOUT = 60.0
 EXECUTORS = ("shared", "fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
@@ -139,8 +138,8 @@ def check_run_config(run_config: dict[str, Any], clients: int, new_federation: b
     """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
     federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
     checks against this machine (tasks.config.ConfigError, a ValueError, names the key). The run's settings."""
+    from fedbayes.server.preflight import preflight
     from fedbayes.strategies import default_run_config
-    from fedbayes.tasks.preflight import preflight
 
     defaults = default_run_config(str(run_config.get("strategy", "")))
     settings = run_settings({**defaults, **run_config})

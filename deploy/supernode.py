@@ -7,7 +7,7 @@ every 0.5 s. A round's instruction therefore waits up to 3 s before any client s
 arguments and behaviour) with those two waits shortened to `FEDBAYES_SUPERNODE_POLL` seconds (default 0.2), by
 handing that one Flower module a `time` whose `sleep` maps them. Asking the SuperLink 5 times a second instead
 of once every 3 s costs one small gRPC call each. It also shortens the 1 s back-off of its object pulls
-(deploy/object_pulls.py), and rings its executor's doorbell when it takes a message (deploy/doorbell.py).
+(tasks/object_pulls.py), and rings its executor's doorbell when it takes a message (deploy/doorbell.py).
 
 The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 from fedbayes.deploy.doorbell import ring
-from fedbayes.deploy.object_pulls import seconds_from_env, shorten_pull_backoff
+from fedbayes.tasks.object_pulls import seconds_from_env, shorten_pull_backoff
 
 PATCHED_FLOWER = "1.39.0"
 FLOWER_WAITS = (3, 0.5)  # the idle sleep between pulls, and the wait for a reply or an object

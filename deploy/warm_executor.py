@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from fedbayes.deploy.doorbell import HEARD_POLL, Doorbell
-from fedbayes.deploy.object_pulls import shorten_pull_backoff
+from fedbayes.tasks.object_pulls import shorten_pull_backoff
 
 # Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
 # torch does not initialise CUDA, so each forked child still sets up its own GPU context.

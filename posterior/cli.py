@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE
+from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,8 +18,6 @@ TOP_DEFAULT = 10
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    from fedbayes.deploy.cli import checked_number, run_config_number
-
     parser.add_argument(
         "run",
         type=Path,
@@ -61,8 +59,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
-    from fedbayes.deploy.cli import checked_number
-
     parser.add_argument("file", type=Path, metavar="FILE", help="a posterior `fedbayes export` wrote")
     parser.add_argument(
         "data",

@@ -5,7 +5,7 @@ Metadata (all strings, as safetensors holds them):
   format_version  FORMAT_VERSION; a reader refuses a newer one
   header          JSON, `Header`: strategy, what the posterior is, the model spec, input shape, classes,
                   preprocessing, round, federation, seed, how the server evaluated the round, fedbayes' version
-  checksum        SHA-256 over every tensor and the other metadata (server/checkpoint.py `checksum`)
+  checksum        SHA-256 over every tensor and the other metadata (tasks/storage.py `checksum`, as server checkpoints)
 Tensors, by posterior kind (parameters are the model's, in the order `Header.parameters` lists them):
   every kind          mean/<parameter>       the global model as the server evaluates it (DSVGD: the particle mean)
                       buffer/<buffer>        the model's buffers (BatchNorm statistics), averaged by the round core
@@ -27,8 +27,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
-from fedbayes.server.checkpoint import checksum
-from fedbayes.tasks.storage import write_atomically
+from fedbayes.tasks.storage import checksum, write_atomically
 
 FORMAT = "fedbayes-posterior"
 FORMAT_VERSION = 1

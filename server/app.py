@@ -22,13 +22,13 @@ from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layou
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
 from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.preflight import preflight
 from fedbayes.server.round_core import RoundCore
 from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads, resolve_device
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
-from fedbayes.tasks.preflight import preflight
 from fedbayes.tasks.runlog import new_federation_line, run_failed_line
 
 app = ServerApp()

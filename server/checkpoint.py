@@ -22,7 +22,6 @@ a strategy bug must stop the run rather than become the state every later resume
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -38,7 +37,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from fedbayes.strategies.base import ServerState
-from fedbayes.tasks.storage import fsync_directory, link_atomically, write_atomically
+from fedbayes.tasks.storage import CHECKSUM_KEY, checksum, fsync_directory, link_atomically, write_atomically
 
 CHECKPOINT_FILE = "checkpoint.safetensors"  # a link to the newest checkpoint-<round>.safetensors
 _ROUND_FILE = re.compile(r"checkpoint-([0-9]+)\.safetensors")
@@ -83,7 +82,6 @@ RESUMABLE_KEYS = frozenset(
     }
 )
 _GLOBAL, _STRATEGY = "global/", "strategy/"
-_CHECKSUM = "checksum"
 ArrayLayout = dict[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)
 
 
@@ -155,7 +153,7 @@ class CheckpointStore:
             "run_config": json.dumps(self.run_config, sort_keys=True),
             "strategy": json.dumps(checkpoint.strategy_state.metadata, sort_keys=True),
         }
-        metadata[_CHECKSUM] = checksum(tensors, metadata)
+        metadata[CHECKSUM_KEY] = checksum(tensors, metadata)
         write_atomically(self.round_path(checkpoint.server_round), save(tensors, metadata=metadata))
         link_atomically(self.path, self.round_path(checkpoint.server_round).name)
         for server_round in self.kept_rounds()[: -self.keep]:
@@ -271,7 +269,7 @@ class CheckpointStore:
             raise CheckpointError(
                 f"server checkpoint {path} has format {metadata.get('format')!r}, this version reads {FORMAT_VERSION!r}"
             )
-        for field in ("round", "wall_seconds", "run_config", "strategy", _CHECKSUM):
+        for field in ("round", "wall_seconds", "run_config", "strategy", CHECKSUM_KEY):
             if field not in metadata:
                 raise damaged(field, "is missing")
         server_round = _parse_round(metadata["round"], damaged)
@@ -280,7 +278,7 @@ class CheckpointStore:
             raise damaged("round", f"is {server_round}, but the file is named for round {file_round.group(1)}")
         wall_seconds = _parse_wall_seconds(metadata["wall_seconds"], damaged)
         run_config = _parse_json_object(metadata["run_config"], "run_config", damaged)
-        intact = metadata[_CHECKSUM] == checksum(tensors, metadata)
+        intact = metadata[CHECKSUM_KEY] == checksum(tensors, metadata)
         if same_run and intact:  # an intact file of another model is other settings, not damage
             self._check_same_run(path, run_config)
         strategy_metadata = _parse_json_object(metadata["strategy"], "strategy", damaged)
@@ -290,7 +288,9 @@ class CheckpointStore:
         self._check_tensors(arrays, tensors, damaged)
         # Last: a field that is itself wrong is named above rather than reported as a bare mismatch.
         if not intact:
-            raise damaged(_CHECKSUM, "does not match the file's contents (changed or corrupted after it was written)")
+            raise damaged(
+                CHECKSUM_KEY, "does not match the file's contents (changed or corrupted after it was written)"
+            )
         strategy_tensors = {
             name[len(_STRATEGY) :]: value for name, value in tensors.items() if name.startswith(_STRATEGY)
         }
@@ -319,23 +319,6 @@ class CheckpointStore:
                 f"federation checkpoint {path} was made with other settings ({changes}); resume with the "
                 "same settings, or start a new federation (another `federation` name or `server-state-dir`)"
             )
-
-
-def checksum(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> str:
-    """SHA-256 over every tensor's name, dtype, shape and values and every metadata entry but the checksum."""
-    description = json.dumps(
-        {
-            "tensors": [[name, tensors[name].dtype.name, list(tensors[name].shape)] for name in sorted(tensors)],
-            "metadata": {key: value for key, value in metadata.items() if key != _CHECKSUM},
-        },
-        sort_keys=True,
-    )
-    digest = hashlib.sha256(description.encode())
-    for name in sorted(tensors):
-        value = tensors[name]
-        # the bytes as the file holds them: safetensors stores little-endian
-        digest.update(np.require(value, value.dtype.newbyteorder("<"), requirements="C"))
-    return digest.hexdigest()
 
 
 def _read_file(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:

@@ -33,12 +33,12 @@ from flwr.app import Array, ArrayRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from fedbayes.deploy.object_pulls import bound_reply_pulls, shorten_pull_backoff
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.forget import Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
+from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
 Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
@@ -373,7 +373,7 @@ def _run_rounds(
     checkpoints: CheckpointStore,
     sinks: Sequence[RowSink],
 ) -> ArrayRecord:
-    shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (deploy/object_pulls.py)
+    shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (tasks/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     forgetting = Forgetting(checkpoints)

@@ -20,7 +20,6 @@ the end the ServerApp waits at most CLOSE_TIMEOUT seconds for the figures and th
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import queue
@@ -37,12 +36,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from flwr.common import log
 
+from fedbayes.tasks.config import parse_tracking
+
 if TYPE_CHECKING:
     from fedbayes.server.loop import RowSink
 
-# The kinds of run config `tracking`: the modules each needs (matplotlib: the report's figures), installed by the
-# extra fedbayes[<kind>]. tasks/config.py checks the value's form, tasks/preflight.py that these are installed.
-KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
 QUEUE_ROWS = 1000  # rows waiting for the tracking thread; more are dropped (with one warning)
 CLOSE_TIMEOUT = 30.0  # seconds the end of a run waits for the last rows, the figures and the posterior
 EXPERIMENT = "fedbayes"  # the MLflow experiment every run goes to
@@ -57,17 +55,6 @@ MLFLOW_HTTP_DEFAULTS = {
 }
 HPARAM_METRICS = ("accuracy", "nll", "ece")  # the metrics TensorBoard's HParams table shows next to the run config
 POSTERIOR_FILE = "posterior.safetensors"
-
-
-def parse_tracking(tracking: str) -> tuple[str, str]:
-    """(kind, target) of a run config `tracking` value: ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off."""
-    kind, _, target = tracking.partition(":")
-    return (kind, target) if tracking else ("", "")
-
-
-def missing_modules(kind: str) -> list[str]:
-    """The modules tracking of this kind needs that are not installed."""
-    return [module for module in KINDS[kind] if importlib.util.find_spec(module) is None]
 
 
 def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:

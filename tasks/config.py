@@ -11,6 +11,7 @@ same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local -
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -20,6 +21,11 @@ from typing import Any, TypeVar
 from fedbayes.tasks.storage import is_safe_name
 
 KEY = "fedbayes.key"  # the metadata entry of a dataclass field that declares a run-config key
+RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was submitted with (`fedbayes report`)
+# The kinds of run config `tracking` (server/tracking.py): the modules each needs (matplotlib: the report's figures),
+# installed by the extra fedbayes[<kind>]. RunSettings checks the value's form, tasks/preflight.py that these are
+# installed.
+TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
 H = TypeVar("H")
 
 
@@ -280,7 +286,7 @@ class RunSettings:
             lambda value: (
                 value == ""
                 or (
-                    value.partition(":")[0] in ("mlflow", "tensorboard")  # tracking.KINDS
+                    value.partition(":")[0] in ("mlflow", "tensorboard")  # TRACKING_KINDS
                     and value.partition(":")[2] != ""
                 )
             ),
@@ -392,6 +398,38 @@ def merge_keys(strategy_keys: Iterable[Key]) -> dict[str, Key]:
                 f"and {declared.default!r}"
             )
     return keys
+
+
+def checked_number(kind: type[int] | type[float], check: Check) -> Callable[[str], int | float]:
+    """An argparse `type=` for a numeric option: a finite `kind` that passes `check`. argparse names the option in
+    the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        if not check.test(value):
+            raise argparse.ArgumentTypeError(f"{check.requirement}, got {text!r}")
+        return value
+
+    return parse
+
+
+def run_config_number(name: str) -> Callable[[str], int | float]:
+    """The type and check of core run-config key `name`, for the option that sets it: both refuse the same values."""
+    key = next(key for key in CORE_KEYS if key.name == name)
+    return checked_number(key.type, key.check)
+
+
+def parse_tracking(tracking: str) -> tuple[str, str]:
+    """(kind, target) of a run config `tracking` value: ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off."""
+    kind, _, target = tracking.partition(":")
+    return (kind, target) if tracking else ("", "")
 
 
 def round_seed(seed: int, server_round: int) -> int:

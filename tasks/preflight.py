@@ -7,17 +7,21 @@ a run larger than this machine's memory is refused in seconds, by the run-config
 federation's start-up. Each check looks only as far as it must: the built-in datasets' files are checked for
 presence, not read; a user's npz:DIR files (tasks/npzdata.py) are read and checked in full, as nothing else
 vouches for them; writable paths are probed with a temporary file, created and removed, and nothing else.
+
+`preflight` (server/preflight.py) runs them all, and the strategy's own check against the model, this machine's memory
+and max-payload-mb (`check_model_and_strategy`), which needs the strategy registry and so lives above fedbayes.tasks.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedbayes.tasks.config import ConfigError, RunSettings
+from fedbayes.tasks.config import TRACKING_KINDS, ConfigError, RunSettings, parse_tracking
 
 # Image shape of each dataset, to build its model without loading it.
 INPUT_SHAPES = {"fmnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
@@ -55,21 +59,6 @@ SERVER_PAYLOAD_COPIES = 3
 CLIENT_PAYLOAD_COPIES = 2
 FLOAT32_BYTES = 4
 PAYLOAD_KEYS = ("particles",)  # strategy keys that multiply a payload (the DSVGD family's), named in refusals
-
-
-def preflight(settings: RunSettings, clients: int | None = None, new_federation: bool = False) -> None:
-    """Refuse (ConfigError naming the key) what the ServerApp or the clients would fail on later.
-    `clients`: how many clients the caller starts on this machine (`fedbayes local`), where it does: their count,
-    their files and their memory are checked too. `new_federation`: the caller knows the run starts a new
-    federation (a run config that names none always does), so a results file holding rows is refused."""
-    if clients is not None:
-        check_client_counts(settings, clients)
-        check_split_file(settings.split_file)
-    check_output_paths(settings, new_federation)
-    check_tracking(settings.tracking)
-    check_dataset_files(settings, clients)
-    check_device(settings.device)
-    check_model_and_strategy(settings, clients)
 
 
 def check_split_file(split_file: str) -> None:
@@ -111,8 +100,6 @@ def check_output_paths(settings: RunSettings, new_federation: bool) -> None:
 def check_tracking(tracking: str) -> None:
     """Run config `tracking` needs its extra installed where the ServerApp runs, and a TensorBoard directory it can
     write. The tracking server itself is not asked: one that is down must not stop the run (server/tracking.py)."""
-    from fedbayes.server.tracking import missing_modules, parse_tracking
-
     kind, target = parse_tracking(tracking)
     if not kind:
         return
@@ -124,6 +111,11 @@ def check_tracking(tracking: str) -> None:
         )
     if kind == "tensorboard" and (problem := unwritable(Path(target), directory=True)):
         raise ConfigError(f"run config 'tracking': {problem}")
+
+
+def missing_modules(kind: str) -> list[str]:
+    """The modules run config `tracking` of this kind needs that are not installed."""
+    return [module for module in TRACKING_KINDS[kind] if importlib.util.find_spec(module) is None]
 
 
 def results_exist_error(path: Path) -> ConfigError:
@@ -200,36 +192,6 @@ def check_device(device: str) -> None:
             "run config 'device' is 'cuda', but torch sees no CUDA GPU on this machine; "
             "set device=cpu, or device=auto to use a GPU where there is one"
         )
-
-
-def check_model_and_strategy(settings: RunSettings, clients: int | None = None) -> None:
-    """The model the settings describe builds, the strategy accepts it (e.g. bayesadmm-full's size cap), this
-    machine's memory holds what the run needs (`clients`: those started here too), and a reply fits
-    max-payload-mb."""
-    from fedbayes.bayes.params import buffer_layout, parameter_layout
-    from fedbayes.strategies import get_algorithm
-    from fedbayes.tasks.models import build_model, parse_hidden
-
-    try:
-        hidden = parse_hidden(settings.hidden)
-    except ValueError as error:
-        raise ConfigError(f"run config 'hidden': {error}") from None
-    shape, num_classes = input_shape_and_classes(settings.dataset)
-    try:
-        model = build_model(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
-    except (RuntimeError, ValueError) as error:  # e.g. a pooling window larger than the image, pool on a CNN
-        key, value = ("pool", settings.pool) if settings.pool > 1 else ("model", repr(settings.model))
-        examples = f"{shape[1]}x{shape[2]} images" if len(shape) == 3 else f"examples of shape {shape}"
-        raise ConfigError(
-            f"run config '{key}' ({value}) does not fit the {examples} of {settings.dataset!r}: "
-            f"{' '.join(str(error).split())}"
-        ) from None
-    algorithm = get_algorithm(settings.strategy)
-    # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
-    strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
-    reply = reply_size(settings, algorithm, strategy, buffer_layout(model))
-    check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
-    check_payload_limit(reply, settings.max_payload_mb)
 
 
 @dataclass(frozen=True)

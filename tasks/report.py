@@ -126,7 +126,7 @@ def load_run(path: Path) -> list[Run]:
 
 def workdir_run_config(workdir: Path) -> tuple[dict[str, Any], Path]:
     """The run config a `fedbayes local` workdir's federation was submitted with, and its results file."""
-    from fedbayes.deploy.launcher import RUN_CONFIG_FILE
+    from fedbayes.tasks.config import RUN_CONFIG_FILE
 
     config_file = workdir / RUN_CONFIG_FILE
     if not config_file.is_file():

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from fedbayes.deploy.launcher import check_run_config
+from fedbayes.server.preflight import check_model_and_strategy
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.models import MODELS, build_model
-from fedbayes.tasks.preflight import check_model_and_strategy
 from tests.support import DEFAULTS
 from tests.support import write_npz as write
 

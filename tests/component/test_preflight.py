@@ -10,12 +10,12 @@ import torchvision.datasets
 
 from fedbayes.deploy.launcher import _line_count, _read_rows
 from fedbayes.server.loop import ResultsLog
+from fedbayes.server.preflight import check_model_and_strategy
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.preflight import (
     CLIENT_MEMORY,
     TORCHVISION_FILES,
     check_dataset_files,
-    check_model_and_strategy,
     check_output_paths,
     check_split_file,
     unwritable,

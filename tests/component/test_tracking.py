@@ -5,6 +5,7 @@ is down or hangs neither stops nor slows the run, and says so once."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -206,7 +207,7 @@ def test_a_tracking_server_that_never_answers_costs_the_run_at_most_the_close_ti
 
 
 def test_a_missing_extra_or_a_bad_value_is_refused_before_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None if name == "mlflow" else object())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "mlflow" else object())
     with pytest.raises(
         ConfigError,
         match=r"^run config 'tracking' is 'mlflow:http://x', but mlflow is not installed "
