@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from math import pow
+from typing import Any
 
 import ivon
 import torch
 from torch import Tensor
+from torch.optim.optimizer import ParamsT
 
 
 class IVONWithPrior(ivon.IVON):
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float,
         ess: float,
         prior_precision: float = 1e-4,
@@ -57,14 +59,15 @@ class IVONWithPrior(ivon.IVON):
             group["dual_linear"] = self._flat(group, 0.0)  # v
             group["dual_quadratic"] = self._flat(group, 0.0)  # u
 
-    def _flat(self, group: dict, value: float) -> Tensor:
+    def _flat(self, group: dict[str, Any], value: float) -> Tensor:
         return torch.full((group["numel"],), float(value), device=self._device, dtype=self._dtype)
 
     @property
-    def _group(self) -> dict:
+    def _group(self) -> dict[str, Any]:
         if len(self.param_groups) != 1:
             raise ValueError("the posterior/prior accessors assume a single parameter group")
-        return self.param_groups[0]
+        group: dict[str, Any] = self.param_groups[0]
+        return group
 
     def _as_flat(self, value: Tensor) -> Tensor:
         value = value.detach().flatten().to(self._device, self._dtype)

@@ -114,7 +114,7 @@ def resolve(host: str) -> list[str]:
             f"(e.g. `<server IP> {host}`), or, for a server known only by its IP, dial the IP and ask the operator "
             "for a certificate made with `fedbayes pki init --ip <server IP>`"
         ) from None
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))  # the address of an AF_INET or AF_INET6 sockaddr
 
 
 def connect(target: FleetTarget, ip: str) -> float:
@@ -138,7 +138,10 @@ def verify_tls(target: FleetTarget) -> x509.Certificate:
     try:
         with socket.create_connection((target.host, target.port), timeout=CONNECT_TIMEOUT) as raw:
             with context.wrap_socket(raw, server_hostname=target.host) as tls:
-                return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+                certificate = tls.getpeercert(binary_form=True)
+                if certificate is None:  # not after a verified handshake; mypy cannot know that
+                    raise ProbeError(f"{target.host}:{target.port} sent no certificate")
+                return x509.load_der_x509_certificate(certificate)
     except ssl.SSLCertVerificationError as error:
         raise ProbeError(_explain_certificate_failure(target, error.verify_message)) from None
     except (ssl.SSLError, OSError) as error:

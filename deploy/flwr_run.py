@@ -127,6 +127,7 @@ def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Seque
     )  # Ctrl-C reaches us; we stop it
     keep_colour = sys.stdout.isatty()
     run_id = reported = None
+    assert process.stdout is not None  # stdout=PIPE
     with Progress() as progress:  # a live line on a terminal, fed by the ServerApp's round lines (deploy/progress.py)
         for raw in process.stdout:
             line = raw.decode(errors="replace")

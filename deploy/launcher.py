@@ -428,6 +428,7 @@ class LocalFederation:
 
     def run_id(self, submit: ManagedProcess, timeout: float = 30.0) -> int:
         """The Flower run id a `submit` started (the CLI prints it when it starts streaming)."""
+        assert submit.log_path is not None  # a federation's processes log into its workdir
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             match = re.search(r"run_id `(\d+)`", submit.log_path.read_text(errors="replace"))
@@ -483,6 +484,7 @@ class LocalFederation:
 
     def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int) -> None:
         if submit.popen.returncode != 0:
+            assert submit.log_path is not None  # a federation's processes log into its workdir
             reported = [
                 reason
                 for line in submit.log_path.read_text(errors="replace").splitlines()

@@ -300,7 +300,7 @@ def _server_certificate(
     key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, ca_key, dns_names: list[str], ip_addresses: list[str]
 ) -> x509.Certificate:
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])])
-    alternative_names = [x509.DNSName(name) for name in dns_names]
+    alternative_names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     alternative_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     return (
         _builder(subject, ca_cert.subject, key.public_key())

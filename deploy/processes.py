@@ -186,7 +186,7 @@ def free_ports(count: int) -> list[int]:
     ephemeral_start = _ephemeral_port_start()
     below = range(max(1024, ephemeral_start - 12000), ephemeral_start)
     candidates = random.sample(below, k=len(below))
-    sockets = []
+    sockets: list[socket.socket] = []
     try:
         for port in candidates:
             if len(sockets) == count:

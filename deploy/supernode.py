@@ -88,7 +88,8 @@ def patch_flower(poll: float, runtime_port: int | None = None) -> None:
             f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
             f"{flwr.__version__} is installed; use `flower-supernode` instead"
         )
-    start_client_internal.time = polling_time(poll)
+    # a stand-in for the time module, its sleep remapped (polling_time): no ModuleType, but all Flower's loop uses
+    start_client_internal.time = polling_time(poll)  # type: ignore[assignment]
     if runtime_port is not None:
         start_client_internal._pull_and_store_message = ringing(
             start_client_internal._pull_and_store_message, runtime_port

@@ -100,6 +100,7 @@ class Posterior:
         if self.header.kind == "particles":
             return self.particles
         seed = round_seed(self.header.seed, self.header.round) if seed is None else seed
+        assert self.gaussian is not None  # a Gaussian kind (the header's kind was checked when the file was read)
         draws = self.gaussian.sample(samples, torch.Generator().manual_seed(seed))
         return [unflatten(draw.numpy(), self.header.parameters) for draw in draws]
 

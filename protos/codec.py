@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from types import ModuleType
+from typing import Generic, NoReturn, TypeVar, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -88,7 +89,7 @@ def register_message_types(*message_types: type[ProtoMessage]) -> None:
             raise ValueError(f"message type {name} is registered already, from {known.DESCRIPTOR.file.name}")
 
 
-def _module_message_types(module: object) -> Iterable[type[ProtoMessage]]:
+def _module_message_types(module: ModuleType) -> Iterable[type[ProtoMessage]]:
     descriptor = module.DESCRIPTOR
     return [getattr(module, name) for name in descriptor.message_types_by_name]
 
@@ -166,7 +167,7 @@ def _filled_manifests(message: ProtoMessage, tensors: Mapping[str, Mapping[str, 
 def with_envelope(content: RecordDict, envelope: ProtoMessage) -> RecordDict:
     """`content` (as `encode` packed it) with `envelope` as its envelope, sharing the tensor records: one
     instruction's tensors go to every node, each with its own header."""
-    records: dict[str, ArrayRecord | ConfigRecord] = dict(content.array_records)
+    records: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = dict(content.array_records)
     records[ENVELOPE_KEY] = ConfigRecord(
         {"type": envelope.DESCRIPTOR.full_name, "message": envelope.SerializeToString()}
     )
@@ -235,13 +236,14 @@ def _body(envelope: pb.Instruction | pb.Reply, message_type: type[M], sender: st
     if declared != expected:
         message_type_named(declared, sender)  # an unknown type is named as such
         raise PayloadError(f"{sender}: field 'body': expected {expected}, got {declared[:64]!r}")
-    message = message_type_named(declared, sender)()
+    # the class registered under the expected name: `message_type` itself, or its twin from the same .proto file
+    message = cast(M, message_type_named(declared, sender)())
     try:
         if not envelope.body.Unpack(message):
             raise DecodeError("the body does not unpack")
     except DecodeError as error:
         raise PayloadError(f"{sender}: field 'body': malformed {expected}: {error}") from None
-    return message  # type: ignore[return-value]
+    return message
 
 
 def reply_timings(content: RecordDict) -> dict[str, float]:
@@ -326,10 +328,11 @@ def decode_header(content: RecordDict, sender: str) -> pb.Header:
     kind = next((envelope for envelope in ENVELOPES if envelope.DESCRIPTOR.full_name == declared), None)
     if kind is None:
         _refuse_unknown_envelope(content, declared, "an envelope", sender)
-    return _parse_envelope(content, kind, sender).header
+    header: pb.Header = _parse_envelope(content, kind, sender).header
+    return header
 
 
-def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, sender: str) -> None:
+def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, sender: str) -> NoReturn:
     """Raise the PayloadError for a payload whose envelope is not `expected`: a peer of schema version 6 or older
     (whose messages were no envelopes, but began with the same Header) is told so, by version."""
     version = _old_schema_version(content)

@@ -73,7 +73,7 @@ def multiply_adds(model: nn.Module, input_shape: tuple[int, ...]) -> int:
         nonlocal total
         if isinstance(module, nn.Linear):
             total += output.numel() * module.in_features
-        else:
+        elif isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):  # the layers hooked below, all of them
             total += output.numel() * module.in_channels // module.groups * math.prod(module.kernel_size)
 
     layers = [module for module in model.modules() if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))]

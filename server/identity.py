@@ -90,7 +90,9 @@ class ForgetLedger:
 
     def confirmation_for(self, node: int) -> str:
         """The revoked client id that `node` itself asked to forget (its instructions say so), or ""."""
-        return next((client for client in sorted(self.revoked) if self.forget_of(client).get("node") == node), "")
+        return next(
+            (client for client in sorted(self.revoked) if (self.forget_of(client) or {}).get("node") == node), ""
+        )
 
     def to_metadata(self) -> str:
         return json.dumps(
@@ -139,7 +141,8 @@ class ClientIdentities:
     def client_of(self, node: int) -> str | None:
         bound = [client for client, bound_node in self.node_of_client.items() if bound_node == node]
         registered = [client for client, registered_node in self._registry.items() if registered_node == node]
-        return (bound or registered or [None])[0]
+        candidates = bound or registered
+        return candidates[0] if candidates else None
 
     def check(self, node: int, client: str, connected: Iterable[int], claimed: Mapping[str, int]) -> None:
         """Refuse (PayloadError, naming ids and nodes) a reply from `node` claiming `client`. `claimed`: the

@@ -75,17 +75,18 @@ class ResultsLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if keep_through_round > 0:
-            self._drop_rounds_after(keep_through_round)
+            self._drop_rounds_after(self.path, keep_through_round)
         elif self.path.exists() and self.path.stat().st_size > 0:
-            self._start_on_existing(if_exists)
+            self._start_on_existing(self.path, if_exists)
 
-    def _drop_rounds_after(self, server_round: int) -> None:
-        text = self.path.read_text() if self.path.exists() else ""
+    @classmethod
+    def _drop_rounds_after(cls, path: Path, server_round: int) -> None:
+        text = path.read_text() if path.exists() else ""
         lines = text.split("\n")[:-1]  # the piece after the last newline is a line cut short by a crash: no row
         end = len(lines)
-        while end and (not lines[end - 1].strip() or self._is_row_after(lines[end - 1], server_round)):
+        while end and (not lines[end - 1].strip() or cls._is_row_after(lines[end - 1], server_round)):
             end -= 1
-        self.path.write_text("".join(f"{line}\n" for line in lines[:end]))
+        path.write_text("".join(f"{line}\n" for line in lines[:end]))
 
     @staticmethod
     def _is_row_after(line: str, server_round: int) -> bool:
@@ -97,18 +98,19 @@ class ResultsLog:
             return False
         return isinstance(row_round, int) and row_round > server_round
 
-    def _start_on_existing(self, if_exists: str) -> None:
+    @staticmethod
+    def _start_on_existing(path: Path, if_exists: str) -> None:
         from fedbayes.tasks.preflight import results_exist_error
 
         if if_exists == "append":
-            with self.path.open("rb+") as results_file:  # end a last line without a newline; delete nothing
+            with path.open("rb+") as results_file:  # end a last line without a newline; delete nothing
                 results_file.seek(-1, os.SEEK_END)
                 if results_file.read(1) != b"\n":
                     results_file.write(b"\n")
         elif if_exists == "replace":
-            self.path.write_text("")
+            path.write_text("")
         elif if_exists == "refuse":
-            raise results_exist_error(self.path)
+            raise results_exist_error(path)
         else:
             raise ValueError(f"results-exists must be refuse, append or replace, got {if_exists!r}")
 

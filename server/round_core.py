@@ -103,7 +103,7 @@ def non_finite(value: Any, what: str) -> str | None:
     return next((problem for key, item in items if (problem := non_finite(item, f"{what}/{key}"))), None)
 
 
-def round_metrics(payloads: list[Payload], **extra: float) -> MetricRecord:
+def round_metrics(payloads: list[Payload[Any]], **extra: float) -> MetricRecord:
     """What every round reports of its accepted replies: the example-weighted training loss, the mean compute
     seconds, plus the strategy's own `extra` metrics."""
     replies = [payload.reply for payload in payloads]
@@ -210,11 +210,11 @@ class RoundCore:
 
     def decode_replies(
         self, replies: Iterable[Message], layouts: Mapping[str, TensorLayout], server_round: int
-    ) -> list[Payload]:
+    ) -> list[Payload[Any]]:
         """The replies of this round that pass every check, in client-id order (so aggregates do not depend on
         arrival order). Anything wrong with a reply, whatever it raises, rejects that reply alone, logged with its
         client id, node id and the field; nothing about it is kept."""
-        accepted: list[Payload] = []
+        accepted: list[Payload[Any]] = []
         claimed: dict[str, int] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
@@ -248,7 +248,7 @@ class RoundCore:
 
     def _checked_reply(
         self, reply: Message, layouts: Mapping[str, TensorLayout], server_round: int, claimed: Mapping[str, int]
-    ) -> Payload:
+    ) -> Payload[Any]:
         node = reply.metadata.src_node_id
         sender = self._claimed_label(reply)
         check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
@@ -277,7 +277,7 @@ class RoundCore:
             if getattr(header, name):
                 raise PayloadError(f"field 'header.{name}': only the server sets it")
 
-    def _check_resumed(self, payload: Payload) -> None:
+    def _check_resumed(self, payload: Payload[Any]) -> None:
         """The reply of a strategy whose clients keep state must continue from the state of the client's last
         accepted round, or start afresh (a new client, or one that lost its state: reported, with what that means
         for the algorithm); anything else belongs to a round the server never used."""
@@ -315,15 +315,16 @@ class RoundCore:
             refused=False,
         )
 
-    def screened(self, payloads: list[Payload]) -> tuple[list[Payload], dict[int, float]]:
+    def screened(self, payloads: list[Payload[Any]]) -> tuple[list[Payload[Any]], dict[int, float]]:
         """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
         largest of the others' median, the state's norm and an RMS change of 1), and every reply's update norm by
         id()."""
         updates = [self.strategy.update_of(payload) for payload in payloads]
-        if not payloads or any(update is None for update in updates):
+        measured = [update for update in updates if update is not None]
+        if not payloads or len(measured) < len(updates):  # a strategy that screens nothing
             return payloads, {}
-        update_norms = norms(updates)
-        bounds = screen_bounds(update_norms, self.strategy.state_norm(), updates[0].size, self.settings.screen_ratio)
+        update_norms = norms(measured)
+        bounds = screen_bounds(update_norms, self.strategy.state_norm(), measured[0].size, self.settings.screen_ratio)
         kept = []
         for payload, norm, bound in zip(payloads, update_norms, bounds):
             if norm <= bound:
@@ -340,7 +341,7 @@ class RoundCore:
             )
         return kept, {id(payload): float(norm) for payload, norm in zip(payloads, update_norms)}
 
-    def candidate(self, payloads: list[Payload], server_round: int) -> tuple[dict[str, np.ndarray], Update[Any]]:
+    def candidate(self, payloads: list[Payload[Any]], server_round: int) -> tuple[dict[str, np.ndarray], Update[Any]]:
         """The global arrays and the update these replies would make, checked as they would be stored (float32
         arrays, every tensor of the state finite); RoundRejected when unusable. Changes nothing."""
         buffers = self.averaged_buffers(payloads)
@@ -352,7 +353,7 @@ class RoundCore:
             raise RoundRejected(problem)
         return weights, update
 
-    def averaged_buffers(self, payloads: list[Payload]) -> dict[str, np.ndarray]:
+    def averaged_buffers(self, payloads: list[Payload[Any]]) -> dict[str, np.ndarray]:
         """The model's buffers (BatchNorm statistics) FedAvg-style, whatever the algorithm: the clients' buffers
         after their local training, weighted by their example counts (none for a model without buffers)."""
         if not self.buffer_layout:
@@ -365,7 +366,7 @@ class RoundCore:
             raise RoundRejected("the averaged model buffers are not finite")
         return unflatten(average, self.buffer_layout)
 
-    def quarantined_after(self, server_round: int, used: list[Payload]) -> None:
+    def quarantined_after(self, server_round: int, used: list[Payload[Any]]) -> None:
         """Count this round's refusals per node; a node refused `max-client-rejections` rounds in a row sits out
         `quarantine-rounds` rounds (logged, and in the round report)."""
         accepted = {self._reply_nodes[p.header.client_id] for p in used}
@@ -383,7 +384,7 @@ class RoundCore:
             self.node_label(node): last for node, last in self.quarantine.active(server_round + 1).items()
         }
 
-    def commit(self, payloads: Iterable[Payload], server_round: int) -> None:
+    def commit(self, payloads: Iterable[Payload[Any]], server_round: int) -> None:
         """These replies went into the round's state: bind their ids, record the round."""
         for payload in payloads:
             client = payload.header.client_id

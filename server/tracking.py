@@ -138,15 +138,19 @@ class TensorBoardBackend:
 
         self.directory = Path(directory) / name
         self.writer = SummaryWriter(log_dir=str(self.directory))
-        self.session_end = None
+        self.session_end: Any = None  # HParams' session-end summary, written by `end` of a completed run
 
     def start(self, params: dict[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams
 
         experiment, session_start, self.session_end = hparams(params, dict.fromkeys(HPARAM_METRICS, 0.0))
-        self.writer.file_writer.add_summary(experiment)
-        self.writer.file_writer.add_summary(session_start)
+        self._add_summary(experiment)
+        self._add_summary(session_start)
         self.writer.flush()
+
+    def _add_summary(self, summary: Any) -> None:
+        # torch's stubs infer SummaryWriter.file_writer as None: its __init__ assigns None, then creates the writer
+        self.writer.file_writer.add_summary(summary)  # type: ignore[attr-defined]
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -166,7 +170,7 @@ class TensorBoardBackend:
 
     def end(self, completed: bool) -> None:
         if completed:  # HParams' session end says "success"; a failed run has none
-            self.writer.file_writer.add_summary(self.session_end)
+            self._add_summary(self.session_end)
         self.writer.close()
 
 

@@ -181,7 +181,7 @@ class ServerStrategy(ABC, Generic[S]):
                 f"{settings.strategy!r} implements {', '.join(self.robust_rules)}"
             )
         self.settings = settings
-        self.hyperparameters = settings.hyperparameters(self.settings_type)
+        self.hyperparameters: Any = settings.hyperparameters(self.settings_type)  # a `settings_type`
         self.layout = layout
         self.buffer_layout: TensorLayout = dict(buffer_layout or {})
         self.state: S = self.initial_state()
@@ -202,7 +202,7 @@ class ServerStrategy(ABC, Generic[S]):
         """The layout of every tensor group of `reply_type` (the model's buffers are the core's)."""
 
     @abstractmethod
-    def absorb(self, payloads: list[Payload], server_round: int) -> Update[S]:
+    def absorb(self, payloads: list[Payload[Any]], server_round: int) -> Update[S]:
         """The new global model and state from the round's accepted replies (in client-id order), without changing
         the strategy: the core may call it on several subsets of a round's replies, and commits one result at most.
         RoundRejected: these replies together make an unusable state."""
@@ -220,12 +220,12 @@ class ServerStrategy(ABC, Generic[S]):
         """The nodes this round is sent to: by default the seeded `fraction-train` sample."""
         return list(pool.sample)
 
-    def check_reply(self, payload: Payload) -> None:
+    def check_reply(self, payload: Payload[Any]) -> None:
         """The algorithm's checks of one reply against its state; raise to reject that reply alone. The core has
         checked the wire schema, header, identity, num_examples and (for stateful clients) resumed_from_round
         already."""
 
-    def update_of(self, payload: Payload) -> np.ndarray | None:
+    def update_of(self, payload: Payload[Any]) -> np.ndarray | None:
         """The reply's update: its change to the state, flat float64, in parameters where honest updates are of
         comparable size (weights, a Gaussian's mean and log precision, particles). What the screen and the search
         for a culprit measure; None: not screened."""

@@ -16,9 +16,12 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedbayes.tasks.storage import is_safe_name
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 KEY = "fedbayes.key"  # the metadata entry of a dataclass field that declares a run-config key
 RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was submitted with (`fedbayes report`)
@@ -26,7 +29,7 @@ RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was
 # installed by the extra fedbayes[<kind>]. RunSettings checks the value's form, tasks/preflight.py that these are
 # installed.
 TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
-H = TypeVar("H")
+H = TypeVar("H", bound="DataclassInstance")  # a strategy's settings dataclass
 
 
 class ConfigError(ValueError):
@@ -400,9 +403,9 @@ def merge_keys(strategy_keys: Iterable[Key]) -> dict[str, Key]:
     return keys
 
 
-def checked_number(kind: type[int] | type[float], check: Check) -> Callable[[str], int | float]:
-    """An argparse `type=` for a numeric option: a finite `kind` that passes `check`. argparse names the option in
-    the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
+def checked_number(kind: type[int] | type[float], check: Check | None) -> Callable[[str], int | float]:
+    """An argparse `type=` for a numeric option: a finite `kind` that passes `check` (if any). argparse names the
+    option in the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
 
     def parse(text: str) -> int | float:
         try:
@@ -413,7 +416,7 @@ def checked_number(kind: type[int] | type[float], check: Check) -> Callable[[str
             ) from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-        if not check.test(value):
+        if check is not None and not check.test(value):
             raise argparse.ArgumentTypeError(f"{check.requirement}, got {text!r}")
         return value
 
@@ -444,7 +447,8 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"run config '{key}' must be {kind.__name__}, got {value!r}")
-    if kind is float and not math.isfinite(value):  # TOML has inf and nan; no key of ours means them
+    # TOML has inf and nan; no key of ours means them
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"run config '{key}' must be finite, got {value!r}")
     return value
 

@@ -213,7 +213,7 @@ def _common_shape(headers: list[NpzHeader]) -> tuple[int, ...]:
 
 
 def _class_count(headers: list[NpzHeader]) -> int:
-    declared = {header.declared_classes for header in headers} - {None}
+    declared = {header.declared_classes for header in headers if header.declared_classes is not None}
     if len(declared) > 1:
         raise NpzDataError(f"{headers[0].path.parent}: the files declare different num_classes {sorted(declared)}")
     largest = max(int(header.labels.max()) for header in headers)
@@ -245,7 +245,10 @@ def check_folder(folder: Path, clients: int | None, fraction: float, split_file:
 
 def load_npz_split(dataset: str, train: bool) -> Dataset:
     """The training set (train.npz) or the test set (test.npz) of an "npz:DIR" dataset."""
-    folder = inspect_folder(npz_folder(dataset))
+    path = npz_folder(dataset)
+    if path is None:
+        raise ValueError(f"{dataset!r} is no npz:DIR dataset")
+    folder = inspect_folder(path)
     if train and folder.client_files:
         raise NpzDataError(f"{folder.path}: holds pre-partitioned client-<i>.npz files, not a {TRAIN_FILE} to split")
     return _dataset(dataset, folder.path / (TRAIN_FILE if train else TEST_FILE), folder.num_classes)
@@ -255,8 +258,10 @@ def load_npz_partition(dataset: str, partition_id: int, num_partitions: int) -> 
     """Partition `partition_id` of a pre-partitioned "npz:DIR" dataset (client-<partition_id>.npz); None for
     any other dataset, whose training set the run's split divides."""
     folder = npz_folder(dataset)
-    found = inspect_folder(folder) if folder is not None else None
-    if found is None or not found.client_files:
+    if folder is None:
+        return None
+    found = inspect_folder(folder)
+    if not found.client_files:
         return None
     if found.client_files != num_partitions:
         raise NpzDataError(

@@ -65,7 +65,9 @@ def shorten_pull_backoff() -> bool:
         return False
     backoff = pull_backoff()
     for function in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        function.__kwdefaults__["initial_backoff"] = backoff
+        defaults = function.__kwdefaults__
+        assert defaults is not None  # both take keyword-only arguments (Flower 1.39.0, checked above)
+        defaults["initial_backoff"] = backoff
     return True
 
 

@@ -173,8 +173,8 @@ def check_dataset_files(settings: RunSettings, clients: int | None = None) -> No
         return
     if settings.download:
         return  # torchvision fetches what is missing into data-root
-    folder, names = TORCHVISION_FILES[settings.dataset]
-    missing = [f"{folder}/{name}" for name in names if not (Path(settings.data_root) / folder / name).is_file()]
+    subfolder, names = TORCHVISION_FILES[settings.dataset]
+    missing = [f"{subfolder}/{name}" for name in names if not (Path(settings.data_root) / subfolder / name).is_file()]
     if missing:
         raise ConfigError(
             f"run config 'data-root': dataset {settings.dataset!r} is not under {settings.data_root} (missing "

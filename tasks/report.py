@@ -326,7 +326,7 @@ def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
     seconds = {key: value or 0.0 for key, value in row.get("phase_seconds", {}).items()}
     seconds["last_reply"] = seconds.get("last_reply", 0.0) - seconds.get("first_reply", 0.0)
     labels = dict(SERVER_PHASES)
-    order = [key for key, _ in SERVER_PHASES] + sorted(set(seconds) - set(labels))
+    order: list[str] = [key for key, _ in SERVER_PHASES] + sorted(set(seconds) - set(labels))
     return {labels.get(key, key): seconds.get(key, 0.0) for key in order}
 
 

@@ -74,5 +74,6 @@ def checksum(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> 
     for name in sorted(tensors):
         value = tensors[name]
         # the bytes as the file holds them: safetensors stores little-endian
-        digest.update(np.require(value, value.dtype.newbyteorder("<"), requirements="C"))
+        # numpy's stubs give ndarray its buffer protocol (__buffer__) only from Python 3.12 on; it has one here too
+        digest.update(np.require(value, value.dtype.newbyteorder("<"), requirements="C"))  # type: ignore[arg-type]
     return digest.hexdigest()

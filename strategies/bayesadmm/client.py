@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 
@@ -111,7 +112,7 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
         mc_samples=instruction.mc_samples,
         rescale_lr=instruction.rescale_lr,
     )
-    device_dtype = dict(device=runtime.device, dtype=torch.float32)
+    device_dtype: dict[str, Any] = dict(device=runtime.device, dtype=torch.float32)
     optimizer.set_prior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
     scale = instruction.temperature / num_examples
     optimizer.set_lagrange((scale * duals.mean).to(**device_dtype), (scale * duals.precision).to(**device_dtype))
@@ -141,8 +142,8 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
     mean, precision = optimizer.posterior()
     state = {f"{IVON_PREFIX}{name}": value for name, value in optimizer.carried_state().items()}
     model.cpu()
-    local = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
-    return local, loss_and_seconds, state
+    fitted = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
+    return fitted, loss_and_seconds, state
 
 
 def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):
@@ -163,20 +164,20 @@ def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):
 
     objective = delta_objective(tempered_loss_sum, global_, duals, instruction.rho)
     started = time.perf_counter()
-    local, value = global_, objective(global_.mean)
+    fitted, value = global_, objective(global_.mean)
     for _ in range(instruction.training.epochs):
         step_size = instruction.training.learning_rate
         while True:
-            candidate = newton_client_step(tempered_loss_sum, global_, duals, instruction.rho, local, step_size)
+            candidate = newton_client_step(tempered_loss_sum, global_, duals, instruction.rho, fitted, step_size)
             candidate_value = objective(candidate.mean)
             if candidate_value <= value or step_size < MIN_NEWTON_STEP:  # the latter: converged to round-off
                 break
             step_size /= 2
-        local, value = candidate, candidate_value
-    local = Gaussian(local.mean, 0.5 * (local.precision + local.precision.T))  # exact symmetry for the wire
+        fitted, value = candidate, candidate_value
+    fitted = Gaussian(fitted.mean, 0.5 * (fitted.precision + fitted.precision.T))  # exact symmetry for the wire
     seconds = time.perf_counter() - started
-    train_loss = tempered_loss_sum(local.mean).item() * instruction.temperature / max(len(labels), 1)
-    return local, (train_loss, seconds), {}
+    train_loss = tempered_loss_sum(fitted.mean).item() * instruction.temperature / max(len(labels), 1)
+    return fitted, (train_loss, seconds), {}
 
 
 def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):

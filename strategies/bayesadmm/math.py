@@ -4,6 +4,7 @@ influence, forgetting at the fixed point, and how a family's precision is shaped
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,7 +199,7 @@ def precision_to_wire(precision: torch.Tensor, family: str, layout: TensorLayout
     return unflatten(precision.numpy(), layout)
 
 
-def precision_from_wire(arrays: Tensors, family: str, layout: TensorLayout) -> torch.Tensor:
+def precision_from_wire(arrays: Mapping[str, np.ndarray], family: str, layout: TensorLayout) -> torch.Tensor:
     if family == "isotropic":
         return unit_precision()
     wire_layout = precision_layout(family, layout)

@@ -47,7 +47,7 @@ class DSVGDState:
 class DSVGD(ServerStrategy[DSVGDState]):
     """DSVGD over the network, one client per round; PDSVGD and UDSVGD are its variants (the package docstring)."""
 
-    reply_type = pb.DSVGDReply
+    reply_type: ClassVar[type[pb.DSVGDReply | pb.PDSVGDReply]] = pb.DSVGDReply
     settings_type = DSVGDSettings
     fresh_start = "it started again from the initial particles (its earlier data now counts twice)"
     variant: ClassVar[str] = "dsvgd"
@@ -272,11 +272,11 @@ def turn_key(pool: NodePool, node: int) -> str:
 
 def log_spread(server_round: int, particles: np.ndarray) -> None:
     """An instability watch: particles running off show as growing norms."""
-    particles = torch.from_numpy(particles).double()
+    points = torch.from_numpy(particles).double()
     log(
         INFO,
         "round %d: particle norms max %.3g, mean distance to the particle mean %.3g",
         server_round,
-        particles.norm(dim=1).max().item(),
-        (particles - particles.mean(0)).norm(dim=1).mean().item(),
+        points.norm(dim=1).max().item(),
+        (points - points.mean(0)).norm(dim=1).mean().item(),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from fedbayes.bayes.params import get_parameters, set_parameters
@@ -55,7 +57,7 @@ def train_locally(
 
 def _proximal_term(mu: float, anchor: list[torch.Tensor]):
     def proximal(model: torch.nn.Module) -> torch.Tensor:
-        squared = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
+        squared = cast(torch.Tensor, sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor)))  # 0 + ...
         return 0.5 * mu * squared
 
     return proximal

@@ -73,6 +73,11 @@ class FedLap(ServerStrategy[FedLapState]):
         return self.state.global_precision
 
     @property
+    def unclaimed(self) -> torch.Tensor:
+        assert self.state.unclaimed is not None, "set with q_g in round 1's instruction"
+        return self.state.unclaimed
+
+    @property
     def precision_layout(self) -> TensorLayout:
         return self.layout if self.covariance else {}
 
@@ -94,17 +99,17 @@ class FedLap(ServerStrategy[FedLapState]):
             max_grad_norm=self.hyperparameters.max_grad_norm,
             covariance=self.covariance,
         )
-        precision = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
+        precisions = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
         return instruction, {
             "global_mean": unflatten(self.global_mean.numpy(), self.layout),
-            "global_precision": precision,
+            "global_precision": precisions,
         }
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
         return {"site_mean": self.layout, "site_precision": self.precision_layout}
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[FedLapState]:
-        sites, unclaimed, membership = dict(self.state.sites), self.state.unclaimed, self.state.membership.copy()
+        sites, unclaimed, membership = dict(self.state.sites), self.unclaimed, self.state.membership.copy()
         for payload in payloads:
             client = payload.header.client_id
             if payload.reply.resumed_from_round == 0 and self.initial_share > 0.0:  # it took its share of the init
@@ -125,7 +130,7 @@ class FedLap(ServerStrategy[FedLapState]):
         count k. What that is: the package docstring."""
         self.check_forgettable(client, self.state.sites)
         sites = {c: site for c, site in self.state.sites.items() if c != client}
-        mean, precision = self._global(sites, self.state.unclaimed)
+        mean, precision = self._global(sites, self.unclaimed)
         if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
             raise ForgetRefused(f"without client {client!r} the global mean would be non-finite")
         kl = kl_divergence(Gaussian(self.global_mean, self.global_precision), Gaussian(mean, precision))
@@ -177,6 +182,7 @@ class FedLap(ServerStrategy[FedLapState]):
     def save_state(self, state: FedLapState) -> ServerState:
         saved = ServerState()
         if state.global_mean is not None:
+            assert state.global_precision is not None and state.unclaimed is not None  # set with global_mean
             saved.tensors |= {
                 "global_mean": state.global_mean.numpy(),
                 "global_precision": state.global_precision.numpy(),

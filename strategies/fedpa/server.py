@@ -38,6 +38,7 @@ class ServerOptimizer:
 
     def __init__(self, settings: FedPASettings, size: int) -> None:
         self.theta = torch.nn.Parameter(torch.zeros(size, dtype=torch.float64))
+        self.optimizer: torch.optim.Optimizer
         if settings.server_optimizer == "sgd":
             self.optimizer = torch.optim.SGD([self.theta], lr=settings.server_lr, momentum=settings.server_momentum)
         elif settings.server_optimizer == "adam":
