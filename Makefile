@@ -11,7 +11,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install demo test docs docs-serve protos clean
+.PHONY: install demo lint test test-fast docs docs-serve protos clean
 
 install: $(VENV)/.installed $(FMNIST)
 
@@ -45,12 +45,21 @@ $(CHROMIUM):
 demo: install
 	$(BIN)/fedbayes local --strategy fedavg --clients 3 --rounds 5 --dataset fmnist --split iid
 
+# The static checks, configured in pyproject.toml: ruff's lint rules and formatting, mypy over the package (strict on
+# bayes, protos and the round cores), and import-linter's contracts between the parts. `test` and `test-fast` run
+# them first.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy -p fedbayes
+	$(BIN)/lint-imports
+
 # Everything, system tests included (as root they install and start what they need: Docker, namespaces).
-test: install $(CHROMIUM)
+test: install $(CHROMIUM) lint
 	$(BIN)/python -m pytest -q tests
 
 # The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is): a few minutes.
-test-fast: install
+test-fast: install lint
 	$(BIN)/python -m pytest -q tests/unit tests/component
 
 # The documentation site (mkdocs.yml, docs/): the configuration reference regenerated from the declared keys, then a
@@ -67,4 +76,4 @@ protos:
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. fedbayes/protos/common.proto fedbayes/protos/payloads.proto
 
 clean:
-	rm -rf runs .pytest_cache site
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache site

@@ -16,6 +16,9 @@ with respect to those parameters alone, which still run a per-example backward t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any, TypeGuard
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
@@ -34,35 +37,41 @@ def diag_ggn(model: torch.nn.Module, images: torch.Tensor, batch_size: int = 128
         model.train(was_training)
 
 
-def _directions(probs: torch.Tensor):
+def _directions(probs: torch.Tensor) -> Iterator[torch.Tensor]:
     """b_ic = √p_ic (e_c − p_i) for c = 1..C, one row per input."""
     eye = torch.eye(probs.shape[-1], dtype=probs.dtype, device=probs.device)
     for c in range(probs.shape[-1]):
         yield probs[:, c : c + 1].sqrt() * (eye[c] - probs)
 
 
-def _has_layer_rule(module: torch.nn.Module) -> bool:
+def _has_layer_rule(module: torch.nn.Module) -> TypeGuard[torch.nn.Linear | torch.nn.Conv2d]:
     """Linear, and Conv2d without groups or non-zero padding modes: their per-example squares have a closed form."""
     if isinstance(module, torch.nn.Linear):
         return True
-    return (isinstance(module, torch.nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
-            and not isinstance(module.padding, str))
+    return (
+        isinstance(module, torch.nn.Conv2d)
+        and module.groups == 1
+        and module.padding_mode == "zeros"
+        and not isinstance(module.padding, str)
+    )
 
 
 def _diag_ggn(model: torch.nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
     layers = [m for m in model.modules() if _has_layer_rule(m) and any(True for _ in m.parameters(recurse=False))]
     covered = {id(p) for layer in layers for p in layer.parameters(recurse=False)}
     rest = {name: p.detach() for name, p in model.named_parameters() if id(p) not in covered}
-    total = {p: torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()}
-    inputs, outputs, recording = {}, {}, [True]
+    total: dict[torch.Tensor, torch.Tensor] = {p: torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()}
+    inputs: dict[torch.nn.Module, torch.Tensor] = {}
+    outputs: dict[torch.nn.Module, torch.Tensor] = {}
+    recording = [True]
 
-    def record(layer, args, output):
+    def record(layer: torch.nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         if recording[0]:
             inputs[layer], outputs[layer] = args[0].detach(), output
 
     hooks = [layer.register_forward_hook(record) for layer in layers]
     try:
-        for batch in images.split(batch_size):
+        for batch in torch.split(images, batch_size):
             with torch.enable_grad():
                 logits = model(batch)
             probs = torch.softmax(logits.detach(), dim=-1)
@@ -81,7 +90,9 @@ def _diag_ggn(model: torch.nn.Module, images: torch.Tensor, batch_size: int) -> 
     return torch.cat([total[p].reshape(-1).cpu() for p in model.parameters()])
 
 
-def _add_layer_squares(layer: torch.nn.Module, a: torch.Tensor, g: torch.Tensor, total: dict) -> None:
+def _add_layer_squares(
+    layer: torch.nn.Linear | torch.nn.Conv2d, a: torch.Tensor, g: torch.Tensor, total: dict[torch.Tensor, torch.Tensor]
+) -> None:
     """Σ_i (per-example gradient)² of `layer`'s weight and bias, from its inputs `a` and output gradients `g`."""
     if isinstance(layer, torch.nn.Linear):
         g2, a2 = g.double().square(), a.double().square()
@@ -89,6 +100,7 @@ def _add_layer_squares(layer: torch.nn.Module, a: torch.Tensor, g: torch.Tensor,
         if layer.bias is not None:
             total[layer.bias] += g2.sum(0)
         return
+    assert not isinstance(layer.padding, str)  # _has_layer_rule leaves string paddings ("same") to vmap
     g = g.flatten(2)  # (B, out, positions)
     patch_values = layer.weight[0].numel() * g.shape[2]  # one example's unfolded input: in·k·k x positions
     step = max(1, PER_EXAMPLE_VALUES // (layer.weight.numel() + patch_values))
@@ -100,13 +112,18 @@ def _add_layer_squares(layer: torch.nn.Module, a: torch.Tensor, g: torch.Tensor,
         total[layer.bias] += g.sum(2).double().square().sum(0)
 
 
-def _add_per_example_squares(model: torch.nn.Module, rest: dict, batch: torch.Tensor, probs: torch.Tensor,
-                             total: dict) -> None:
+def _add_per_example_squares(
+    model: torch.nn.Module,
+    rest: dict[str, torch.Tensor],
+    batch: torch.Tensor,
+    probs: torch.Tensor,
+    total: dict[torch.Tensor, torch.Tensor],
+) -> None:
     """Σ_i (per-example gradient)² of the parameters in `rest` (vmap over the batch, the others held fixed)."""
     fixed = {name: p.detach() for name, p in model.named_parameters() if name not in rest}
     parameters = dict(model.named_parameters())
 
-    def projected_logits(weights, image, direction):
+    def projected_logits(weights: dict[str, torch.Tensor], image: torch.Tensor, direction: torch.Tensor) -> Any:
         return functional_call(model, {**fixed, **weights}, (image.unsqueeze(0),)).squeeze(0) @ direction
 
     per_example = vmap(grad(projected_logits), in_dims=(None, 0, 0))

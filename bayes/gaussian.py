@@ -25,8 +25,10 @@ class Gaussian:
         size = self.mean.shape[0]
         allowed = [(), (size,), (size, size)]
         if self.mean.ndim != 1 or tuple(self.precision.shape) not in allowed:
-            raise ValueError(f"mean must be (P,) and precision (), (P,) or (P, P); got {tuple(self.mean.shape)}, "
-                             f"{tuple(self.precision.shape)}")
+            raise ValueError(
+                f"mean must be (P,) and precision (), (P,) or (P, P); got {tuple(self.mean.shape)}, "
+                f"{tuple(self.precision.shape)}"
+            )
 
     @property
     def kind(self) -> str:
@@ -61,12 +63,13 @@ class Gaussian:
 
     def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """`count` draws, shape (count, P)."""
-        noise = torch.randn(count, self.mean.numel(), generator=generator, dtype=self.mean.dtype,
-                            device=self.mean.device)
+        noise = torch.randn(
+            count, self.mean.numel(), generator=generator, dtype=self.mean.dtype, device=self.mean.device
+        )
         if self.kind == "full":
             # theta = m + L^-T eps with S = L L^T has covariance S^-1.
             cholesky = torch.linalg.cholesky(self.precision)
-            offsets = torch.linalg.solve_triangular(cholesky.T, noise.T, upper=True).T
+            offsets: torch.Tensor = torch.linalg.solve_triangular(cholesky.T, noise.T, upper=True).T
             return self.mean + offsets
         return self.mean + noise / self.precision.sqrt()
 
@@ -74,7 +77,8 @@ class Gaussian:
 def solve(precision: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     """S^-1 v for any of the three precision shapes."""
     if precision.ndim == 2:
-        return torch.linalg.solve(precision, vector)
+        solution: torch.Tensor = torch.linalg.solve(precision, vector)
+        return solution
     return vector / precision
 
 
@@ -99,4 +103,4 @@ def kl_divergence(q: Gaussian, p: Gaussian) -> float:
         entries = 1 if q.kind == "diagonal" else size
         trace = entries * (p.precision / q.precision).sum()
         log_ratio = entries * (q.precision.log() - p.precision.log()).sum()
-    return 0.5 * (trace + offset @ p.precision_times(offset) - size + log_ratio).item()
+    return 0.5 * float((trace + offset @ p.precision_times(offset) - size + log_ratio).item())

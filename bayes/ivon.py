@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from math import pow
+from typing import Any
 
 import ivon
 import torch
 from torch import Tensor
+from torch.optim.optimizer import ParamsT
 
 
 class IVONWithPrior(ivon.IVON):
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float,
         ess: float,
         prior_precision: float = 1e-4,
@@ -37,8 +39,17 @@ class IVONWithPrior(ivon.IVON):
         rescale_lr: bool = True,
     ) -> None:
         super().__init__(
-            params, lr=lr, ess=ess, hess_init=hess_init, beta1=beta1, beta2=beta2, weight_decay=prior_precision,
-            mc_samples=mc_samples, hess_approx=hess_approx, clip_radius=clip_radius, debias=debias,
+            params,
+            lr=lr,
+            ess=ess,
+            hess_init=hess_init,
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=prior_precision,
+            mc_samples=mc_samples,
+            hess_approx=hess_approx,
+            clip_radius=clip_radius,
+            debias=debias,
             rescale_lr=rescale_lr,
         )
         for group in self.param_groups:
@@ -48,14 +59,15 @@ class IVONWithPrior(ivon.IVON):
             group["dual_linear"] = self._flat(group, 0.0)  # v
             group["dual_quadratic"] = self._flat(group, 0.0)  # u
 
-    def _flat(self, group: dict, value: float) -> Tensor:
+    def _flat(self, group: dict[str, Any], value: float) -> Tensor:
         return torch.full((group["numel"],), float(value), device=self._device, dtype=self._dtype)
 
     @property
-    def _group(self) -> dict:
+    def _group(self) -> dict[str, Any]:
         if len(self.param_groups) != 1:
             raise ValueError("the posterior/prior accessors assume a single parameter group")
-        return self.param_groups[0]
+        group: dict[str, Any] = self.param_groups[0]
+        return group
 
     def _as_flat(self, value: Tensor) -> Tensor:
         value = value.detach().flatten().to(self._device, self._dtype)
@@ -95,8 +107,11 @@ class IVONWithPrior(ivon.IVON):
         """The gradient momentum, the Hessian estimate and the step count, on the CPU: what `carry_on` continues
         from in a later optimizer (a BayesADMM client keeps them in its durable state between rounds)."""
         group = self._group
-        return {"momentum": group["momentum"].cpu(), "hess": group["hess"].cpu(),
-                "step": torch.tensor([self.current_step])}
+        return {
+            "momentum": group["momentum"].cpu(),
+            "hess": group["hess"].cpu(),
+            "step": torch.tensor([self.current_step]),
+        }
 
     def carry_on(self, state: Mapping[str, Tensor]) -> None:
         """Continue from an earlier optimizer's `carried_state()`."""
@@ -122,7 +137,11 @@ class IVONWithPrior(ivon.IVON):
                 - group["dual_quadratic"]
             )
             # line 5: IVON's Hessian update, which keeps h + delta > 0
-            hess = beta2 * hess + (1.0 - beta2) * hess_sample + 0.5 * (1.0 - beta2) ** 2 * (hess - hess_sample).square() / (hess + delta)
+            hess = (
+                beta2 * hess
+                + (1.0 - beta2) * hess_sample
+                + 0.5 * (1.0 - beta2) ** 2 * (hess - hess_sample).square() / (hess + delta)
+            )
             group["hess"] = hess
             # line 6: m <- m - lr (g + v - u m + delta (m - m_p)) / (h + delta)
             lr = group["lr"] * (group["hess_init"] + delta) if self.rescale_lr else group["lr"]

@@ -47,7 +47,7 @@ def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, 
     return ((confidence_sum - correct_sum).abs().sum() / confidence.numel()).item()
 
 
-def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> dict[str, list]:
+def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> dict[str, list[Any]]:
     """The reliability diagram's data, per equal-width confidence bin (as the ECE bins them): `confidence` (mean),
     `accuracy` (share correct), both None for an empty bin, and `count` (examples)."""
     count, confidence_sum, correct_sum = _bin_sums(confidence, correct, bins)

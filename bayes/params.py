@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+from numpy.typing import DTypeLike
 
 # What a receiver expects in one tensor group: ordered name -> shape (float32 unless stated).
 TensorLayout = Mapping[str, tuple[int, ...]]
@@ -27,11 +28,12 @@ def get_parameters(model: torch.nn.Module, layout: TensorLayout | None = None) -
     """The model's state as float32 arrays: all of it, or the entries of `layout`."""
     return {
         name: tensor.detach().cpu().numpy().astype(np.float32, copy=True)
-        for name, tensor in model.state_dict().items() if layout is None or name in layout
+        for name, tensor in model.state_dict().items()
+        if layout is None or name in layout
     }
 
 
-def set_parameters(model: torch.nn.Module, arrays: Tensors) -> None:
+def set_parameters(model: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     """Load arrays already validated by the codec: all of the model's state, or a part (its parameters, its
     buffers); an unknown name is an error."""
     state = {name: torch.from_numpy(np.asarray(value)) for name, value in arrays.items()}
@@ -40,14 +42,15 @@ def set_parameters(model: torch.nn.Module, arrays: Tensors) -> None:
         raise ValueError(f"the model has no {unexpected}")
 
 
-def flatten(arrays: Tensors, layout: TensorLayout, dtype=np.float64) -> np.ndarray:
+def flatten(arrays: Mapping[str, np.ndarray], layout: TensorLayout, dtype: DTypeLike = np.float64) -> np.ndarray:
     """Concatenate named arrays in layout order into one flat vector."""
     return np.concatenate([np.asarray(arrays[name], dtype=dtype).ravel() for name in layout])
 
 
-def unflatten(flat: np.ndarray, layout: TensorLayout, dtype=np.float32) -> Tensors:
+def unflatten(flat: np.ndarray, layout: TensorLayout, dtype: DTypeLike = np.float32) -> Tensors:
     """Split a flat vector back into named arrays shaped like `layout`."""
-    arrays, offset = {}, 0
+    arrays: Tensors = {}
+    offset = 0
     for name, shape in layout.items():
         size = int(np.prod(shape))
         arrays[name] = flat[offset : offset + size].reshape(shape).astype(dtype)
@@ -57,7 +60,7 @@ def unflatten(flat: np.ndarray, layout: TensorLayout, dtype=np.float32) -> Tenso
     return arrays
 
 
-def weighted_mean(vectors: list[np.ndarray], weights: list[int | float]) -> np.ndarray:
+def weighted_mean(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     """Σ_k w_k x_k / Σ_k w_k in float64 (weights such as example counts can be large integers)."""
-    weights = np.asarray(weights, dtype=np.float64)
-    return np.tensordot(weights / weights.sum(), np.stack(vectors).astype(np.float64, copy=False), axes=1)
+    weight = np.asarray(weights, dtype=np.float64)
+    return np.tensordot(weight / weight.sum(), np.stack(vectors).astype(np.float64, copy=False), axes=1)

@@ -56,7 +56,8 @@ def clip_factors(update_norms: np.ndarray, ratio: float) -> np.ndarray:
 def part_clip_factors(parts: Sequence[Sequence[np.ndarray]], ratio: float) -> np.ndarray:
     """Per item, the smallest `clip_factors` any of its parts needs: `parts[j][k]` is part j (e.g. a natural mean,
     a precision) of item k. Parts are measured apart, so one with large values cannot hide another's outlier."""
-    return np.min([clip_factors(norms(part), ratio) for part in parts], axis=0)
+    factors: np.ndarray = np.min([clip_factors(norms(part), ratio) for part in parts], axis=0)
+    return factors
 
 
 def trimmed_mean(stacked: np.ndarray, fraction: float) -> np.ndarray:
@@ -64,11 +65,13 @@ def trimmed_mean(stacked: np.ndarray, fraction: float) -> np.ndarray:
     of each coordinate."""
     cut = math.floor(fraction * len(stacked))
     ordered = np.sort(stacked, axis=0)
-    return ordered[cut:len(stacked) - cut].mean(axis=0)
+    mean: np.ndarray = ordered[cut : len(stacked) - cut].mean(axis=0)
+    return mean
 
 
-def robust_mean(updates: Sequence[np.ndarray], weights: Sequence[float], rule: str, clip_ratio: float,
-                trim_fraction: float) -> np.ndarray:
+def robust_mean(
+    updates: Sequence[np.ndarray], weights: Sequence[float], rule: str, clip_ratio: float, trim_fraction: float
+) -> np.ndarray:
     """The aggregate of `updates` under `rule` (see the module docstring); `weights` (e.g. example counts) weight
     the mean for none and clip."""
     stacked = np.stack(updates).astype(np.float64, copy=False)
@@ -76,9 +79,9 @@ def robust_mean(updates: Sequence[np.ndarray], weights: Sequence[float], rule: s
         return np.median(stacked, axis=0)
     if rule == "trimmed-mean":
         return trimmed_mean(stacked, trim_fraction)
-    weights = np.asarray(weights, dtype=np.float64)
+    weight = np.asarray(weights, dtype=np.float64)
     if rule == "clip":
         stacked = stacked * clip_factors(norms(updates), clip_ratio)[:, None]
     elif rule != "none":
         raise ValueError(f"unknown robust aggregation rule {rule!r}; one of {', '.join(RULES)}")
-    return np.tensordot(weights / weights.sum(), stacked, axes=1)
+    return np.tensordot(weight / weight.sum(), stacked, axes=1)

@@ -22,22 +22,31 @@ from tempfile import TemporaryDirectory
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-from flwr.app import Error  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+import numpy as np
+from flwr.app import Error
+from flwr.supercore.task_identity import TaskIdentity
 
-from fedbayes.protos.codec import encode  # noqa: E402
-from fedbayes.strategies.feddyn.client import LAMBDA_KEY  # noqa: E402
-from tests.support import rogue  # noqa: E402
-from tests.support import declared_payload, reply_message  # noqa: E402
-from tests.support import FakeGrid, InProcessFederation  # noqa: E402
-from tests.support.rogue import UPDATE_GROUP  # noqa: E402
-from tests.support.rogue import SIZES, overrides  # noqa: E402
+from fedbayes.protos.codec import encode
+from fedbayes.strategies.feddyn.client import LAMBDA_KEY
+from tests.support import FakeGrid, InProcessFederation, declared_payload, reply_message, rogue
+from tests.support.rogue import SIZES, UPDATE_GROUP, overrides
 
 ROGUE_ROUNDS = 4
 MAX_FAILED_ROUNDS = 3  # the run-config default
-STRATEGIES = ["fedavg", "fedprox", "bayesadmm", "fedadmm", "bayesadmm-full", "feddyn", "fedlap", "fedlap-cov",
-              "fedpa", "dsvgd", "p-dsvgd", "u-dsvgd"]
+STRATEGIES = [
+    "fedavg",
+    "fedprox",
+    "bayesadmm",
+    "fedadmm",
+    "bayesadmm-full",
+    "feddyn",
+    "fedlap",
+    "fedlap-cov",
+    "fedpa",
+    "dsvgd",
+    "p-dsvgd",
+    "u-dsvgd",
+]
 
 
 def _dual_shift(group: str, name: str, array: np.ndarray) -> np.ndarray:
@@ -54,8 +63,11 @@ ATTACKS = {
     "update of 1e30": (lambda strategy: rogue.filled(UPDATE_GROUP[strategy], 1e30), {}, STRATEGIES),
     "update x 1e6": ("scaled", {}, STRATEGIES),
     # The screen turned off: what the isolation (nothing unusable is committed) catches on its own.
-    "3.4e38, screen-ratio=1e300": (lambda strategy: rogue.filled(UPDATE_GROUP[strategy], 3.4e38),
-                                   {"screen-ratio": 1e300, "prior-precision": 0.5, "server-lr": 10.0}, STRATEGIES),
+    "3.4e38, screen-ratio=1e300": (
+        lambda strategy: rogue.filled(UPDATE_GROUP[strategy], 3.4e38),
+        {"screen-ratio": 1e300, "prior-precision": 0.5, "server-lr": 10.0},
+        STRATEGIES,
+    ),
     "dual shifted (1 entry 3e38)": (lambda strategy: _dual_shift, {}, ["bayesadmm", "bayesadmm-full"]),
     "lambda x 1000 in its store": (None, {}, ["feddyn"]),
 }
@@ -112,15 +124,23 @@ def run_cell(strategy: str, attack: str, root: Path) -> dict:
         rogue_label = "client 'client-1' (node 1)"
         if rogue_label in report.rejected and not outcome["reason"]:
             outcome["reason"] = report.rejected[rogue_label]
-        outcome["rounds"].append({
-            "round": server_round, "sent_to_rogue": rogue_sent, "rogue_accepted": "client-1" in report.accepted,
-            "honest_accepted": honest, "quarantined": sorted(report.quarantined),
-            "finite": all(np.isfinite(federation.arrays[name].numpy()).all() for name in federation.arrays),
-        })
+        outcome["rounds"].append(
+            {
+                "round": server_round,
+                "sent_to_rogue": rogue_sent,
+                "rogue_accepted": "client-1" in report.accepted,
+                "honest_accepted": honest,
+                "quarantined": sorted(report.quarantined),
+                "finite": all(np.isfinite(federation.arrays[name].numpy()).all() for name in federation.arrays),
+            }
+        )
     rounds = outcome["rounds"]
     attacked = [r for r in rounds if r["sent_to_rogue"]]
-    outcome["honest_committed"] = all(r["honest_accepted"] for r in rounds) if len(messages) > 1 else \
-        all(r["honest_accepted"] or r["sent_to_rogue"] for r in rounds)
+    outcome["honest_committed"] = (
+        all(r["honest_accepted"] for r in rounds)
+        if len(messages) > 1
+        else all(r["honest_accepted"] or r["sent_to_rogue"] for r in rounds)
+    )
     outcome["rogue_refused"] = all(not r["rogue_accepted"] for r in attacked)
     outcome["run_going"] = all(r["finite"] for r in rounds) and longest_idle_streak(rounds) < MAX_FAILED_ROUNDS
     outcome["quarantined"] = any(r["quarantined"] for r in rounds)
@@ -157,8 +177,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for o in outcomes:
         reason = o["reason"].replace("|", "/")[:90]
-        print(f"| {o['attack']} | {o['strategy']} | {yes[o['rogue_refused']]} | {yes[o['honest_committed']]} | "
-              f"{yes[o['run_going']]} | {'yes' if o['quarantined'] else 'no'} | {reason} |")
+        print(
+            f"| {o['attack']} | {o['strategy']} | {yes[o['rogue_refused']]} | {yes[o['honest_committed']]} | "
+            f"{yes[o['run_going']]} | {'yes' if o['quarantined'] else 'no'} | {reason} |"
+        )
 
 
 if __name__ == "__main__":

@@ -22,34 +22,43 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flwr.app import Array, ArrayRecord  # noqa: E402
+from flwr.app import Array, ArrayRecord
+from reproduce_table1 import COMMON, PRESETS
 
-from fedbayes.bayes.metrics import predict_probs  # noqa: E402
-from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.server.round_core import RoundCore  # noqa: E402
-from fedbayes.strategies.bayesadmm.server import BayesADMM# noqa: E402
-from fedbayes.strategies.bayesadmm.client import client_update# noqa: E402
-from fedbayes.strategies import default_run_config, run_settings  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from tests.support import reply_message  # noqa: E402
-from tests.support import FakeGrid  # noqa: E402
+from fedbayes.bayes.metrics import predict_probs
+from fedbayes.bayes.params import get_parameters, set_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.server.round_core import RoundCore
+from fedbayes.strategies import default_run_config, run_settings
+from fedbayes.strategies.bayesadmm.client import client_update
+from fedbayes.strategies.bayesadmm.server import BayesADMM
+from fedbayes.tasks.datasets import load_dataset
+from tests.support import FakeGrid, reply_message
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
 CLIENTS = 10
 
 
 def run(noise: str, rounds: int, seed: int, state_dir: Path) -> list[dict]:
-    config = {**default_run_config(), **COMMON,
-              **PRESETS[("bayesadmm", "iid")], "strategy": "bayesadmm", "fraction": 0.1, "split": "iid", "seed": seed,
-              "noise": noise, "federation": f"noise-{noise}", "num-server-rounds": rounds}
+    config = {
+        **default_run_config(),
+        **COMMON,
+        **PRESETS[("bayesadmm", "iid")],
+        "strategy": "bayesadmm",
+        "fraction": 0.1,
+        "split": "iid",
+        "seed": seed,
+        "noise": noise,
+        "federation": f"noise-{noise}",
+        "num-server-rounds": rounds,
+    }
     settings = run_settings(config)
     runtimes = {}
     for node in range(1, CLIENTS + 1):
         torch.manual_seed(seed)
-        runtimes[node] = ClientRuntime.create(settings, NodeSettings(
-            f"client-{node - 1}", node - 1, CLIENTS, "", str(state_dir / noise), "cpu"))
+        runtimes[node] = ClientRuntime.create(
+            settings, NodeSettings(f"client-{node - 1}", node - 1, CLIENTS, "", str(state_dir / noise), "cpu")
+        )
     model = runtimes[1].model
     server = RoundCore(settings, BayesADMM(settings, runtimes[1].layout))
     arrays = ArrayRecord({n: Array(v) for n, v in get_parameters(model).items()})
@@ -58,17 +67,27 @@ def run(noise: str, rounds: int, seed: int, state_dir: Path) -> list[dict]:
     for server_round in range(1, rounds + 1):
         started = time.monotonic()
         messages = server.configure(server_round, arrays, FakeGrid(runtimes))
-        replies = [reply_message(client_update(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
-                   for m in messages]
+        replies = [
+            reply_message(client_update(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
+            for m in messages
+        ]
         arrays, metrics = server.aggregate(server_round, replies)
         set_parameters(model, {n: arrays[n].numpy() for n in arrays})
         probs = predict_probs(model, test.images, 2000, torch.device("cpu"))
         accuracy = (probs.argmax(1) == test.labels).double().mean().item()
-        rows.append({"round": server_round, "accuracy": accuracy,
-                     "global_precision_median": metrics["global-precision-median"],
-                     "seconds": time.monotonic() - started})
-        print(f"{noise:<12} round {server_round:>2}: accuracy {100 * accuracy:5.2f}  "
-              f"median S̄ {rows[-1]['global_precision_median']:10.1f}  ({rows[-1]['seconds']:.0f} s)", flush=True)
+        rows.append(
+            {
+                "round": server_round,
+                "accuracy": accuracy,
+                "global_precision_median": metrics["global-precision-median"],
+                "seconds": time.monotonic() - started,
+            }
+        )
+        print(
+            f"{noise:<12} round {server_round:>2}: accuracy {100 * accuracy:5.2f}  "
+            f"median S̄ {rows[-1]['global_precision_median']:10.1f}  ({rows[-1]['seconds']:.0f} s)",
+            flush=True,
+        )
     return rows
 
 
@@ -84,8 +103,10 @@ def main() -> None:
         results = {noise: run(noise, args.rounds, args.seed, Path(state_dir)) for noise in ("shared", "independent")}
     print(f"{'round':>5}  {'acc shared':>10}  {'acc indep.':>10}  {'S̄ shared':>10}  {'S̄ indep.':>10}")
     for shared, independent in zip(results["shared"], results["independent"]):
-        print(f"{shared['round']:>5}  {100 * shared['accuracy']:>10.2f}  {100 * independent['accuracy']:>10.2f}  "
-              f"{shared['global_precision_median']:>10.1f}  {independent['global_precision_median']:>10.1f}")
+        print(
+            f"{shared['round']:>5}  {100 * shared['accuracy']:>10.2f}  {100 * independent['accuracy']:>10.2f}  "
+            f"{shared['global_precision_median']:>10.1f}  {independent['global_precision_median']:>10.1f}"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"noise-seed{args.seed}.json").write_text(json.dumps(results, indent=1))
 

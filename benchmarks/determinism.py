@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity
 
-from tests.support import InProcessFederation  # noqa: E402
+from tests.support import InProcessFederation
 
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp run would set
 
@@ -57,8 +57,13 @@ def run(strategy: str, overrides: dict) -> list[dict]:
         rows = []
         for server_round in range(1, ROUNDS + 1):
             metrics = federation.round(server_round, [1, 2, 3], return_metrics=True)
-            rows.append({"round": server_round, "train-loss": metrics.get("train-loss") if metrics else None,
-                         "arrays": digest(federation.arrays)})
+            rows.append(
+                {
+                    "round": server_round,
+                    "train-loss": metrics.get("train-loss") if metrics else None,
+                    "arrays": digest(federation.arrays),
+                }
+            )
         return rows
 
 
@@ -74,8 +79,11 @@ def main() -> int:
     differ = 0
     for strategy, rows in results.items():
         for row in rows:
-            same = "" if saved is None else ("yes" if saved.get(strategy, [None] * ROUNDS)[row["round"] - 1] == row
-                                             else "NO")
+            same = (
+                ""
+                if saved is None
+                else ("yes" if saved.get(strategy, [None] * ROUNDS)[row["round"] - 1] == row else "NO")
+            )
             differ += same == "NO"
             print(f"{strategy:<14} {row['round']:>5} {row['train-loss']!r:>22} {row['arrays']:>17}  {same}")
     if args.write:

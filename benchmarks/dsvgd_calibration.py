@@ -25,11 +25,12 @@ from safetensors import safe_open
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fedbayes.bayes.params import parameter_layout, set_parameters, unflatten  # noqa: E402
-from fedbayes.bayes.metrics import predict_probs  # noqa: E402
-from dsvgd_fmnist import MODEL, RESULTS, record_summary, run, run_name  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
+from dsvgd_fmnist import MODEL, RESULTS, record_summary, run, run_name
+
+from fedbayes.bayes.metrics import predict_probs
+from fedbayes.bayes.params import parameter_layout, set_parameters, unflatten
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
 
 BINS = 10
 
@@ -41,8 +42,13 @@ def reliability(confidence: torch.Tensor, correct: torch.Tensor, bins: int = BIN
     accuracy = torch.bincount(index, weights=correct.double(), minlength=bins) / count.clamp_min(1)
     mean_confidence = torch.bincount(index, weights=confidence.double(), minlength=bins) / count.clamp_min(1)
     gap = (accuracy - mean_confidence).abs()
-    return {"accuracy": accuracy.tolist(), "confidence": mean_confidence.tolist(), "count": count.tolist(),
-            "mce": gap[count > 0].max().item(), "ece": (gap * count).sum().item() / count.sum().item()}
+    return {
+        "accuracy": accuracy.tolist(),
+        "confidence": mean_confidence.tolist(),
+        "count": count.tolist(),
+        "mce": gap[count > 0].max().item(),
+        "ece": (gap * count).sum().item() / count.sum().item(),
+    }
 
 
 def checkpoint_probs(strategy: str, seed: int, tag: str) -> torch.Tensor:
@@ -53,8 +59,9 @@ def checkpoint_probs(strategy: str, seed: int, tag: str) -> torch.Tensor:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: run benchmarks/dsvgd_fmnist.py (or this script without --reuse) first")
     test = load_dataset("fmnist", train=False)
-    model = build_model(MODEL["model"], test.input_shape, test.num_classes, parse_hidden(MODEL["hidden"]),
-                        MODEL["activation"])
+    model = build_model(
+        MODEL["model"], test.input_shape, test.num_classes, parse_hidden(MODEL["hidden"]), MODEL["activation"]
+    )
     layout = parameter_layout(model)
     with safe_open(path, framework="np") as checkpoint:
         if strategy.endswith("dsvgd"):
@@ -80,8 +87,13 @@ def plot(diagrams: dict[str, dict], path: Path) -> None:
         accuracy = np.where(np.array(diagram["count"]) > 0, diagram["accuracy"], np.nan)
         axis.bar(centres, accuracy, width=1 / BINS, edgecolor="k", label="accuracy")
         axis.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-        axis.set(title=f"{strategy}: MCE {diagram['mce']:.3f}, ECE {diagram['ece']:.3f}", xlabel="confidence",
-                 ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        axis.set(
+            title=f"{strategy}: MCE {diagram['mce']:.3f}, ECE {diagram['ece']:.3f}",
+            xlabel="confidence",
+            ylabel="accuracy",
+            xlim=(0, 1),
+            ylim=(0, 1),
+        )
         axis.legend(loc="upper left", fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -102,9 +114,12 @@ def main() -> None:
         confidence, predicted = probs.max(1)
         correct = predicted == load_dataset("fmnist", train=False).labels
         diagrams[strategy] = reliability(confidence, correct)
-        print(f"{strategy}: accuracy {correct.double().mean().item():.4f}, MCE {diagrams[strategy]['mce']:.3f}, "
-              f"ECE {diagrams[strategy]['ece']:.3f}; per bin accuracy "
-              + " ".join(f"{a:.2f}" for a in diagrams[strategy]["accuracy"]), flush=True)
+        print(
+            f"{strategy}: accuracy {correct.double().mean().item():.4f}, MCE {diagrams[strategy]['mce']:.3f}, "
+            f"ECE {diagrams[strategy]['ece']:.3f}; per bin accuracy "
+            + " ".join(f"{a:.2f}" for a in diagrams[strategy]["accuracy"]),
+            flush=True,
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "reliability.json").write_text(json.dumps(diagrams, indent=1))
     plot(diagrams, RESULTS / "reliability.png")

@@ -32,16 +32,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
+from payload_codec import deflate_message, inflate_message, new_message
 
-from fedbayes.bayes.params import parameter_layout  # noqa: E402
-from payload_codec import deflate_message, inflate_message, new_message  # noqa: E402
-from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
-from fedbayes.protos.codec import decode, encode, new_header, payload_bytes  # noqa: E402
-from fedbayes.strategies.dsvgd.client import MinibatchLossGradient  # noqa: E402
-from fedbayes.strategies.dsvgd.math import SVGDSettings, distill, gaussian_prior_score, initial_particles, tilted_update  # noqa: E402
-from fedbayes.tasks.datasets import Dataset  # noqa: E402
-from fedbayes.tasks.models import build_model  # noqa: E402
+from fedbayes.bayes.params import parameter_layout
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header, payload_bytes
+from fedbayes.strategies.dsvgd.client import MinibatchLossGradient
+from fedbayes.strategies.dsvgd.math import SVGDSettings, distill, gaussian_prior_score, initial_particles, tilted_update
+from fedbayes.tasks.datasets import Dataset
+from fedbayes.tasks.models import build_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd_cost.json"
 ROUND_STEPS = 200  # the paper's L = L'
@@ -78,9 +78,14 @@ def compute_cost(count: int, steps: int) -> dict:
 
     gradient_only = seconds_per_step(lambda k: loss_gradient(particles), steps)
     first, second = seconds_per_step(loop_one, steps), seconds_per_step(loop_two, steps)
-    return {"particles": count, "parameters": particles.shape[1], "loop1_step_seconds": first,
-            "loop1_gradients_seconds": gradient_only, "loop2_step_seconds": second,
-            "round_seconds_L200": ROUND_STEPS * (first + second)}
+    return {
+        "particles": count,
+        "parameters": particles.shape[1],
+        "loop1_step_seconds": first,
+        "loop1_gradients_seconds": gradient_only,
+        "loop2_step_seconds": second,
+        "round_seconds_L200": ROUND_STEPS * (first + second),
+    }
 
 
 def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
@@ -93,8 +98,13 @@ def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
     def hop() -> None:
         content = encode(envelope, instruction, {"particles": {"particles": particles}})
         message_id, contents = deflate_message(new_message(content))
-        decode(inflate_message(message_id, contents).content, pb.Instruction, pb.DSVGDInstruction, {"particles": layout},
-               "bench")
+        decode(
+            inflate_message(message_id, contents).content,
+            pb.Instruction,
+            pb.DSVGDInstruction,
+            {"particles": layout},
+            "bench",
+        )
 
     hop()
     times = []
@@ -103,8 +113,12 @@ def wire_cost(count: int, size: int, repeats: int = 3) -> dict:
         hop()
         times.append(time.perf_counter() - started)
     size_bytes = payload_bytes(encode(envelope, instruction, {"particles": {"particles": particles}}))
-    return {"payload_bytes": size_bytes, "serialise_hop_seconds": statistics.median(times),
-            "link_100mbit_seconds": size_bytes * 8 / 100e6, "link_1gbit_seconds": size_bytes * 8 / 1e9}
+    return {
+        "payload_bytes": size_bytes,
+        "serialise_hop_seconds": statistics.median(times),
+        "link_100mbit_seconds": size_bytes * 8 / 100e6,
+        "link_1gbit_seconds": size_bytes * 8 / 1e9,
+    }
 
 
 def main() -> None:
@@ -118,20 +132,37 @@ def main() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     load = os.getloadavg()
     rows = []
-    print(f"{'N':>4} {'P':>8} {'loop1 s/step':>13} {'(grads)':>8} {'loop2 s/step':>13} {'round s (L=L2=200)':>19} "
-          f"{'payload MB':>11} {'ser. hop s':>10} {'100Mb/s s':>10} {'1Gb/s s':>8}")
+    print(
+        f"{'N':>4} {'P':>8} {'loop1 s/step':>13} {'(grads)':>8} {'loop2 s/step':>13} {'round s (L=L2=200)':>19} "
+        f"{'payload MB':>11} {'ser. hop s':>10} {'100Mb/s s':>10} {'1Gb/s s':>8}"
+    )
     for count in (int(n) for n in args.particles.split(",")):
         row = compute_cost(count, args.steps)
         row |= wire_cost(count, row["parameters"])
         rows.append(row)
-        print(f"{count:>4} {row['parameters']:>8} {row['loop1_step_seconds']:>13.3f} {row['loop1_gradients_seconds']:>8.3f} "
-              f"{row['loop2_step_seconds']:>13.3f} {row['round_seconds_L200']:>19.1f} {row['payload_bytes'] / 1e6:>11.2f} "
-              f"{row['serialise_hop_seconds']:>10.3f} {row['link_100mbit_seconds']:>10.2f} {row['link_1gbit_seconds']:>8.3f}",
-              flush=True)
-    RESULTS.write_text(json.dumps({"benchmark": "dsvgd_cost", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                   "load_average_at_start": load, "load_average_at_end": os.getloadavg(),
-                                   "cpu_count": os.cpu_count(), "model": "mlp 784-200-100-10 sigmoid",
-                                   "round_steps": ROUND_STEPS, "rows": rows}, indent=1))
+        print(
+            f"{count:>4} {row['parameters']:>8} {row['loop1_step_seconds']:>13.3f} "
+            f"{row['loop1_gradients_seconds']:>8.3f} {row['loop2_step_seconds']:>13.3f} "
+            f"{row['round_seconds_L200']:>19.1f} {row['payload_bytes'] / 1e6:>11.2f} "
+            f"{row['serialise_hop_seconds']:>10.3f} {row['link_100mbit_seconds']:>10.2f} "
+            f"{row['link_1gbit_seconds']:>8.3f}",
+            flush=True,
+        )
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "dsvgd_cost",
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "load_average_at_start": load,
+                "load_average_at_end": os.getloadavg(),
+                "cpu_count": os.cpu_count(),
+                "model": "mlp 784-200-100-10 sigmoid",
+                "round_steps": ROUND_STEPS,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -28,13 +28,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals  # noqa: E402
+from fedbayes.deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd"
 MODEL = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100}
 PRESETS = {
-    "dsvgd": {"particles": 10, "local-steps": 50, "distill-steps": 50, "kde-bandwidth": 0.55, "svgd-lr": 1e-3,
-              "distill-lr": 1e-3, "prior-precision": 2.718281828, "dsvgd-alpha": 1.0, "ensemble-samples": 10},
+    "dsvgd": {
+        "particles": 10,
+        "local-steps": 50,
+        "distill-steps": 50,
+        "kde-bandwidth": 0.55,
+        "svgd-lr": 1e-3,
+        "distill-lr": 1e-3,
+        "prior-precision": 2.718281828,
+        "dsvgd-alpha": 1.0,
+        "ensemble-samples": 10,
+    },
     "fedavg": {"fraction-train": 0.1, "local-epochs": 10, "lr": 1e-3, "optimizer": "adam"},
 }
 
@@ -46,14 +55,28 @@ def run_name(strategy: str, seed: int, tag: str) -> str:
 def run(strategy: str, rounds: int, seed: int, extra: dict, tag: str) -> dict:
     started = time.monotonic()
     name = run_name(strategy, seed, tag)
-    rows = run_local(LocalRun(
-        strategy=strategy, clients=10, rounds=rounds, dataset="fmnist", fraction=0.1, split="iid", seed=seed,
-        results=RESULTS / f"{name}.jsonl", workdir=Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-dsvgd-{name}",
-        overrides={**MODEL, **PRESETS[strategy], **extra, "results-exists": "replace"},  # a rerun replaces its rows
-    ))
-    return {"strategy": strategy, "seed": seed, "tag": tag, "overrides": {**MODEL, **PRESETS[strategy], **extra},
-            "rows": rows,
-            "wall_seconds": time.monotonic() - started}
+    rows = run_local(
+        LocalRun(
+            strategy=strategy,
+            clients=10,
+            rounds=rounds,
+            dataset="fmnist",
+            fraction=0.1,
+            split="iid",
+            seed=seed,
+            results=RESULTS / f"{name}.jsonl",
+            workdir=Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-dsvgd-{name}",
+            overrides={**MODEL, **PRESETS[strategy], **extra, "results-exists": "replace"},  # a rerun replaces its rows
+        )
+    )
+    return {
+        "strategy": strategy,
+        "seed": seed,
+        "tag": tag,
+        "overrides": {**MODEL, **PRESETS[strategy], **extra},
+        "rows": rows,
+        "wall_seconds": time.monotonic() - started,
+    }
 
 
 def predictive(row: dict, strategy: str) -> tuple[float, float, float]:

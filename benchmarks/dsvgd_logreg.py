@@ -32,13 +32,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.strategies.dsvgd.math import SVGDSettings, Visit, agent_round, unconstrained_tilted_update# noqa: E402
+from fedbayes.strategies.dsvgd.math import SVGDSettings, Visit, agent_round, unconstrained_tilted_update
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd"
 DIMENSION, EXAMPLES, BATCH = 20, 7400, 10
 PRIOR_SHAPE, PRIOR_RATE = 1.0, 100.0  # Gamma(a = 1, b = 0.01) as the authors' code uses it (rate 1/0.01)
-SETTINGS = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.55, lr=0.05, distill_lr=0.05,
-                        beta=0.9, fudge=1e-9)
+SETTINGS = SVGDSettings(
+    local_steps=200, distill_steps=200, kde_bandwidth=0.55, lr=0.05, distill_lr=0.05, beta=0.9, fudge=1e-9
+)
 
 
 def twonorm(count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,8 +53,10 @@ def prior_score(theta: torch.Tensor) -> torch.Tensor:
     """∇log p_0 for θ = [w, s = log ξ]: log p_0 = (d/2 + a) s - e^s (‖w‖²/2 + b0) + const (the +s is the Jacobian)."""
     w, s = theta[:, :-1], theta[:, -1:]
     precision = s.exp()
-    return torch.cat([-precision * w, DIMENSION / 2 + PRIOR_SHAPE
-                      - precision * (w.square().sum(1, keepdim=True) / 2 + PRIOR_RATE)], dim=1)
+    return torch.cat(
+        [-precision * w, DIMENSION / 2 + PRIOR_SHAPE - precision * (w.square().sum(1, keepdim=True) / 2 + PRIOR_RATE)],
+        dim=1,
+    )
 
 
 def prior_sample(count: int, generator: torch.Generator) -> torch.Tensor:
@@ -93,10 +96,15 @@ def run_trial(agents: int, particles: int, rounds: int, trial: int) -> dict[str,
     torch.manual_seed(1000 * trial + agents)
     inputs, labels = twonorm(EXAMPLES, generator)
     order = torch.randperm(EXAMPLES, generator=generator)
-    train, test = order[: int(0.8 * EXAMPLES)], order[int(0.8 * EXAMPLES):]
+    train, test = order[: int(0.8 * EXAMPLES)], order[int(0.8 * EXAMPLES) :]
     parts = [train[k::agents] for k in range(agents)]
-    gradients = {method: [LossGradient(inputs[p], labels[p], torch.Generator().manual_seed(trial * 7919 + k))
-                          for k, p in enumerate(parts)] for method in ("dsvgd", "u-dsvgd", "fedavg")}
+    gradients = {
+        method: [
+            LossGradient(inputs[p], labels[p], torch.Generator().manual_seed(trial * 7919 + k))
+            for k, p in enumerate(parts)
+        ]
+        for method in ("dsvgd", "u-dsvgd", "fedavg")
+    }
     start = prior_sample(particles, generator)
     dsvgd, local = start.clone(), [start.clone() for _ in parts]
     unconstrained, visits = start.clone(), [[] for _ in parts]
@@ -106,8 +114,9 @@ def run_trial(agents: int, particles: int, rounds: int, trial: int) -> dict[str,
     for i in range(rounds):
         k = i % agents
         dsvgd, local[k] = agent_round(dsvgd, local[k], prior_score, gradients["dsvgd"][k], SETTINGS)
-        updated = unconstrained_tilted_update(unconstrained, i == 0, visits[k], prior_score,
-                                              gradients["u-dsvgd"][k], SETTINGS)
+        updated = unconstrained_tilted_update(
+            unconstrained, i == 0, visits[k], prior_score, gradients["u-dsvgd"][k], SETTINGS
+        )
         visits[k].append(Visit(None if i == 0 else unconstrained, updated))
         unconstrained = updated
         stepper, point = SETTINGS.stepper(SETTINGS.lr), fedavg
@@ -136,15 +145,18 @@ def main() -> None:
     seconds = time.monotonic() - started
     print(f"{args.trials} trials, {seconds / 60:.1f} min")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "twonorm.json").write_text(json.dumps({"rounds": args.rounds, "trials": args.trials,
-                                                       "wall_seconds": seconds, "runs": results}, indent=1))
+    (RESULTS / "twonorm.json").write_text(
+        json.dumps({"rounds": args.rounds, "trials": args.trials, "wall_seconds": seconds, "runs": results}, indent=1)
+    )
     plot(results, RESULTS / "twonorm.png")
 
 
 def row(result: dict, rounds: int) -> str:
     checkpoints = [r for r in (1, 2, 5, 10, 20, 40) if r <= rounds]
-    cells = "  ".join(f"{m} " + "/".join(f"{100 * result['accuracy'][m][r - 1]:.1f}" for r in checkpoints)
-                      for m in ("dsvgd", "u-dsvgd", "fedavg"))
+    cells = "  ".join(
+        f"{m} " + "/".join(f"{100 * result['accuracy'][m][r - 1]:.1f}" for r in checkpoints)
+        for m in ("dsvgd", "u-dsvgd", "fedavg")
+    )
     return f"K={result['agents']:<2} N={result['particles']}  acc % at rounds {checkpoints}:  {cells}"
 
 

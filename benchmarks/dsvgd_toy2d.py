@@ -19,9 +19,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score# noqa: E402
+from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd_toy2d.json"
 PRIOR_VARIANCE = 4.0
@@ -44,23 +44,27 @@ def loss_gradient(mean: torch.Tensor, covariance: torch.Tensor):
 
 def run(bandwidth: float, seed: int, rounds: int, count: int) -> list[dict]:
     settings = SVGDSettings(200, 200, bandwidth, 0.05, 0.05)
-    particles = PRIOR_VARIANCE**0.5 * torch.randn(count, 2, generator=torch.Generator().manual_seed(seed),
-                                                 dtype=torch.float64)
+    particles = PRIOR_VARIANCE**0.5 * torch.randn(
+        count, 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
     local = [particles.clone() for _ in LIKELIHOODS]
     gradients = [loss_gradient(mean, cov) for mean, cov in LIKELIHOODS]
     exact_mean, exact_covariance = posterior()
     rows = []
     for i in range(rounds):
         k = i % len(LIKELIHOODS)
-        particles, local[k] = agent_round(particles, local[k], gaussian_prior_score(1 / PRIOR_VARIANCE),
-                                          gradients[k], settings)
+        particles, local[k] = agent_round(
+            particles, local[k], gaussian_prior_score(1 / PRIOR_VARIANCE), gradients[k], settings
+        )
         finite = bool(torch.isfinite(particles).all())
-        rows.append({
-            "round": i + 1,
-            "mean_error": (particles.mean(0) - exact_mean.double()).norm().item() if finite else None,
-            "trace_ratio": (torch.cov(particles.T).trace() / exact_covariance.trace()).item() if finite else None,
-            "max_norm": particles.norm(dim=1).max().item() if finite else None,
-        })
+        rows.append(
+            {
+                "round": i + 1,
+                "mean_error": (particles.mean(0) - exact_mean.double()).norm().item() if finite else None,
+                "trace_ratio": (torch.cov(particles.T).trace() / exact_covariance.trace()).item() if finite else None,
+                "max_norm": particles.norm(dim=1).max().item() if finite else None,
+            }
+        )
     return rows
 
 
@@ -78,11 +82,19 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             rows = run(bandwidth, seed, args.rounds, args.particles)
             runs.append({"kde_bandwidth": bandwidth, "seed": seed, "rows": rows})
-            cells = ["diverged" if r["mean_error"] is None else
-                     f"{r['mean_error']:.2f}/{r['trace_ratio']:.2f}/{r['max_norm']:.1f}" for r in rows]
+            cells = [
+                "diverged"
+                if r["mean_error"] is None
+                else f"{r['mean_error']:.2f}/{r['trace_ratio']:.2f}/{r['max_norm']:.1f}"
+                for r in rows
+            ]
             print(f"{bandwidth:>5} {seed:>4}  " + "  ".join(cells), flush=True)
-    RESULTS.write_text(json.dumps({"benchmark": "dsvgd_toy2d", "particles": args.particles, "prior_variance":
-                                   PRIOR_VARIANCE, "runs": runs}, indent=1))
+    RESULTS.write_text(
+        json.dumps(
+            {"benchmark": "dsvgd_toy2d", "particles": args.particles, "prior_variance": PRIOR_VARIANCE, "runs": runs},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,45 +44,59 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from flwr.app import Array, ArrayRecord  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+from flwr.supercore.task_identity import TaskIdentity
 
-from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.bayes.gaussian import kl_divergence  # noqa: E402
-from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa: E402
-from fedbayes.bayes.params import flatten, get_parameters, set_parameters  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from fedbayes.protos.codec import payload_bytes  # noqa: E402
-from fedbayes.server.round_core import RoundCore  # noqa: E402
-from fedbayes.server.checkpoint import Checkpoint, CheckpointStore  # noqa: E402
-from fedbayes.server.forget import AuditLog, ForgetRequest, Forgetting  # noqa: E402
-from fedbayes.strategies import get_algorithm, run_settings  # noqa: E402
-from fedbayes.tasks.config import RunSettings, round_seed  # noqa: E402
-from fedbayes.strategies import default_run_config  # noqa: E402
-from fedbayes.tasks.datasets import Dataset, load_dataset  # noqa: E402
-from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
-from tests.support import reply_message  # noqa: E402
-from tests.support import FakeGrid  # noqa: E402
+from benchmarks.reproduce_table1 import COMMON, PRESETS
+from fedbayes.bayes.gaussian import kl_divergence
+from fedbayes.bayes.metrics import classification_metrics, predict_probs
+from fedbayes.bayes.params import flatten, get_parameters, set_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.protos.codec import payload_bytes
+from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.server.forget import AuditLog, ForgetRequest, Forgetting
+from fedbayes.server.round_core import RoundCore
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.tasks.config import RunSettings, round_seed
+from fedbayes.tasks.datasets import Dataset, load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
+from tests.support import FakeGrid, reply_message
 
 RESULTS = Path(__file__).resolve().parent / "results" / "forget"
 CLIENTS = 10
 FEDERATION = "bench-forget"
 ENSEMBLE = 10  # posterior samples in the predictive (DSVGD: all its particles)
-DSVGD_SETTING = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100, "particles": 10,
-                 "local-steps": 50, "distill-steps": 50, "prior-precision": 2.718}
+DSVGD_SETTING = {
+    "model": "mlp",
+    "hidden": "100",
+    "activation": "relu",
+    "batch-size": 100,
+    "particles": 10,
+    "local-steps": 50,
+    "distill-steps": 50,
+    "prior-precision": 2.718,
+}
 SMOKE = {"model": "logreg", "local-epochs": 1, "particles": 3, "local-steps": 2, "distill-steps": 2}
 log = logging.getLogger("bench")
 
 
 def settings_for(strategy: str, seed: int, smoke: bool) -> RunSettings:
     preset = DSVGD_SETTING if strategy == "dsvgd" else {**COMMON, **PRESETS[(strategy, "dirichlet")]}
-    return run_settings({
-        **default_run_config(strategy), **preset, **(SMOKE if smoke else {}), "strategy": strategy,
-        "federation": FEDERATION, "fraction": 0.02 if smoke else 0.1, "split": "dirichlet", "seed": seed,
-        "ensemble-samples": ENSEMBLE,
-    })
+    return run_settings(
+        {
+            **default_run_config(strategy),
+            **preset,
+            **(SMOKE if smoke else {}),
+            "strategy": strategy,
+            "federation": FEDERATION,
+            "fraction": 0.02 if smoke else 0.1,
+            "split": "dirichlet",
+            "seed": seed,
+            "ensemble-samples": ENSEMBLE,
+        }
+    )
 
 
 class Federation:
@@ -94,8 +108,14 @@ class Federation:
         self.algorithm = get_algorithm(settings.strategy)
         self.runtimes = {partition + 1: client_runtime(settings, partition, directory) for partition in partitions}
         torch.manual_seed(settings.seed)
-        self.model = build_model(settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden),
-                                 settings.activation, settings.pool)
+        self.model = build_model(
+            settings.model,
+            test.input_shape,
+            test.num_classes,
+            parse_hidden(settings.hidden),
+            settings.activation,
+            settings.pool,
+        )
         self.layout = next(iter(self.runtimes.values())).layout
         self.server = RoundCore(settings, self.algorithm.build_server(settings, self.layout))
         self.arrays = get_parameters(self.model)
@@ -106,15 +126,23 @@ class Federation:
         started = time.perf_counter()
         record = ArrayRecord({name: Array(value) for name, value in self.arrays.items()})
         messages = self.server.configure(server_round, record, FakeGrid(self.runtimes))
-        replies = [reply_message(self.algorithm.client_half()(m.content, self.runtimes[m.metadata.dst_node_id]),
-                                 m.metadata.dst_node_id) for m in messages]
+        replies = [
+            reply_message(
+                self.algorithm.client_half()(m.content, self.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
+            )
+            for m in messages
+        ]
         updated, _ = self.server.aggregate(server_round, replies)
         if updated is not None:
             self.arrays = {name: updated[name].numpy() for name in updated}
         wire = sum(payload_bytes(m.content) for m in messages) + sum(payload_bytes(r.content) for r in replies)
         self.store.save(Checkpoint(server_round, self.arrays, self.server.state_dict(), 0.0))
-        return {"round": server_round, "seconds": time.perf_counter() - started, "bytes": wire,
-                "clients": len(self.server.round_report.accepted)}
+        return {
+            "round": server_round,
+            "seconds": time.perf_counter() - started,
+            "bytes": wire,
+            "clients": len(self.server.round_report.accepted),
+        }
 
     def resume(self) -> int:
         """Continue from this phase's checkpoint (copied or written before); its round."""
@@ -127,7 +155,8 @@ class Federation:
         """Class probabilities: averaged over the posterior's samples where it has them, else the global model's."""
         generator = torch.Generator().manual_seed(round_seed(self.settings.seed, server_round))
         samples = self.server.strategy.posterior_samples(ENSEMBLE, generator) or [
-            {name: self.arrays[name] for name in self.layout}]
+            {name: self.arrays[name] for name in self.layout}
+        ]
         buffers = {name: self.arrays[name] for name in self.server.buffer_layout}
         probabilities = []
         for sample in samples:
@@ -139,17 +168,27 @@ class Federation:
         """(a), (b) and (c) for the current global posterior."""
         test_probs = self.predictive(self.test.images, server_round)
         own_probs = self.predictive(forgotten.data.images, server_round)
-        test, own = classification_metrics(test_probs, self.test.labels), classification_metrics(
-            own_probs, forgotten.data.labels)
-        return {"test_accuracy": test["accuracy"], "test_nll": test["nll"], "own_accuracy": own["accuracy"],
-                "own_nll": own["nll"], "mia_auc": membership_auc(example_losses(own_probs, forgotten.data.labels),
-                                                                 example_losses(test_probs, self.test.labels))}
+        test, own = (
+            classification_metrics(test_probs, self.test.labels),
+            classification_metrics(own_probs, forgotten.data.labels),
+        )
+        return {
+            "test_accuracy": test["accuracy"],
+            "test_nll": test["nll"],
+            "own_accuracy": own["accuracy"],
+            "own_nll": own["nll"],
+            "mia_auc": membership_auc(
+                example_losses(own_probs, forgotten.data.labels), example_losses(test_probs, self.test.labels)
+            ),
+        }
 
 
 def client_runtime(settings: RunSettings, partition: int, directory: Path) -> ClientRuntime:
     """Partition `partition`'s client (node partition + 1, id client-<partition>), its state under `directory`."""
-    node = NodeSettings.from_node_config({"partition-id": partition, "num-partitions": CLIENTS,
-                                          "state-dir": str(directory / "clients")}, default_device="cpu")
+    node = NodeSettings.from_node_config(
+        {"partition-id": partition, "num-partitions": CLIENTS, "state-dir": str(directory / "clients")},
+        default_device="cpu",
+    )
     return ClientRuntime.create(settings, node)
 
 
@@ -161,7 +200,7 @@ def membership_auc(members: np.ndarray, others: np.ndarray) -> float:
     """The loss-threshold attack's AUC, P(member loss < other loss) + ½ P(tie): the Mann-Whitney U of the others'
     losses over the pooled sample's average ranks."""
     ranks = average_ranks(np.concatenate([members, others]))
-    others_rank_sum = ranks[len(members):].sum()
+    others_rank_sum = ranks[len(members) :].sum()
     return float((others_rank_sum - len(others) * (len(others) + 1) / 2) / (len(members) * len(others)))
 
 
@@ -178,11 +217,16 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
 
 def posterior_distance(forgotten: Federation, retrained: Federation) -> dict:
     """(d): KL(forgotten ‖ retrained) for two Gaussians, and the relative distance of the global models."""
-    mine, theirs = forgotten.server.strategy.global_posterior().gaussian, retrained.server.strategy.global_posterior().gaussian
+    mine, theirs = (
+        forgotten.server.strategy.global_posterior().gaussian,
+        retrained.server.strategy.global_posterior().gaussian,
+    )
     kl = kl_divergence(mine, theirs) if mine is not None and theirs is not None else None
     w_forgotten, w_retrained = flatten(forgotten.arrays, forgotten.layout), flatten(retrained.arrays, retrained.layout)
-    return {"kl_to_retrained": kl,
-            "parameter_distance": float(np.linalg.norm(w_forgotten - w_retrained) / np.linalg.norm(w_retrained))}
+    return {
+        "kl_to_retrained": kl,
+        "parameter_distance": float(np.linalg.norm(w_forgotten - w_retrained) / np.linalg.norm(w_retrained)),
+    }
 
 
 class Phase:
@@ -211,8 +255,14 @@ def train(federation: Federation, phase: Phase, first: int, last: int, kind: str
     for server_round in range(first, last + 1):
         row = {"phase": kind, **federation.round(server_round)}
         phase.write(row)
-        log.info("%s %s round %d: %d clients, %.1f s", federation.settings.strategy, kind, server_round,
-                 row["clients"], row["seconds"])
+        log.info(
+            "%s %s round %d: %d clients, %.1f s",
+            federation.settings.strategy,
+            kind,
+            server_round,
+            row["clients"],
+            row["seconds"],
+        )
 
 
 def run_full(settings: RunSettings, phase: Phase, rounds: int, test: Dataset, forgotten_partition: int) -> None:
@@ -232,8 +282,16 @@ def run_retrain(settings: RunSettings, phase: Phase, rounds: int, test: Dataset,
     phase.write({"done": True})
 
 
-def run_forget(settings: RunSettings, phase: Phase, full: Phase, retrain: Phase, rounds: int, refine_rounds: int,
-               test: Dataset, forgotten_partition: int) -> None:
+def run_forget(
+    settings: RunSettings,
+    phase: Phase,
+    full: Phase,
+    retrain: Phase,
+    rounds: int,
+    refine_rounds: int,
+    test: Dataset,
+    forgotten_partition: int,
+) -> None:
     """The full federation's end state copied, the client forgotten (the operator's path), refinement; evaluations
     and distances to the retrained federation after the forget and after refinement."""
     phase.start()
@@ -250,17 +308,29 @@ def run_forget(settings: RunSettings, phase: Phase, full: Phase, retrain: Phase,
     forgetting = Forgetting(federation.store)
     federation.arrays = forgetting.settle(federation.server, federation.arrays, rounds, 0.0, own=(request,))
     record = AuditLog(forgetting.audit.path).find(request.id)
-    phase.write({"phase": "forget", "seconds": time.perf_counter() - started, "bytes": 0,
-                 **{key: record.get(key) for key in ("event", "exact", "kl_before_after", "note", "reason")}})
+    phase.write(
+        {
+            "phase": "forget",
+            "seconds": time.perf_counter() - started,
+            "bytes": 0,
+            **{key: record.get(key) for key in ("event", "exact", "kl_before_after", "note", "reason")},
+        }
+    )
     if record["event"] == "refused":  # what the refusal says: retrain; the retrain phase is that
         log.info("%s: forget refused (%s): its forget is a retrain", settings.strategy, record["reason"])
         phase.write({"done": True})
         return
-    phase.write({"evaluation": "forgotten", **federation.evaluate(own, rounds),
-                 **posterior_distance(federation, retrained)})
+    phase.write(
+        {"evaluation": "forgotten", **federation.evaluate(own, rounds), **posterior_distance(federation, retrained)}
+    )
     train(federation, phase, rounds + 1, rounds + refine_rounds, "refine")
-    phase.write({"evaluation": "refined", **federation.evaluate(own, rounds + refine_rounds),
-                 **posterior_distance(federation, retrained)})
+    phase.write(
+        {
+            "evaluation": "refined",
+            **federation.evaluate(own, rounds + refine_rounds),
+            **posterior_distance(federation, retrained),
+        }
+    )
     phase.write({"done": True})
 
 
@@ -278,8 +348,16 @@ def run_strategy(strategy: str, args: argparse.Namespace, results: Path) -> dict
     if not phases["retrain"].done():
         run_retrain(settings, phases["retrain"], args.rounds, test, forgotten)
     if not phases["forget"].done():
-        run_forget(settings, phases["forget"], phases["full"], phases["retrain"], args.rounds, args.refine_rounds,
-                   test, forgotten)
+        run_forget(
+            settings,
+            phases["forget"],
+            phases["full"],
+            phases["retrain"],
+            args.rounds,
+            args.refine_rounds,
+            test,
+            forgotten,
+        )
     return summarise(strategy, forgotten, {name: phase.rows() for name, phase in phases.items()})
 
 
@@ -289,21 +367,32 @@ def summarise(strategy: str, forgotten: int, rows: dict[str, list[dict]]) -> dic
 
     def cost(phase: str, kinds: tuple[str, ...]) -> dict:
         spent = [row for row in rows[phase] if row.get("phase") in kinds]
-        return {"rounds": sum(row["phase"] != "forget" for row in spent),
-                "seconds": sum(row["seconds"] for row in spent), "bytes": sum(row["bytes"] for row in spent)}
+        return {
+            "rounds": sum(row["phase"] != "forget" for row in spent),
+            "seconds": sum(row["seconds"] for row in spent),
+            "bytes": sum(row["bytes"] for row in spent),
+        }
 
     forget = next(row for row in rows["forget"] if row.get("phase") == "forget")
     refused = forget["event"] == "refused"
-    return {"strategy": strategy, "forgotten_client": f"client-{forgotten}", "forget": forget,
-            "full": evaluation("full", "full"), "retrained": evaluation("retrain", "retrained"),
-            "forgotten": evaluation("forget", "forgotten"), "refined": evaluation("forget", "refined"),
-            "cost_forget": cost("retrain", ("retrain",)) if refused else cost("forget", ("forget", "refine")),
-            "cost_retrain": cost("retrain", ("retrain",))}
+    return {
+        "strategy": strategy,
+        "forgotten_client": f"client-{forgotten}",
+        "forget": forget,
+        "full": evaluation("full", "full"),
+        "retrained": evaluation("retrain", "retrained"),
+        "forgotten": evaluation("forget", "forgotten"),
+        "refined": evaluation("forget", "refined"),
+        "cost_forget": cost("retrain", ("retrain",)) if refused else cost("forget", ("forget", "refine")),
+        "cost_retrain": cost("retrain", ("retrain",)),
+    }
 
 
 def print_table(summary: list[dict]) -> None:
-    print("| strategy | model | exact | test acc | test NLL | own acc | own NLL | MIA AUC | KL to retrained | "
-          "param. distance | rounds | seconds | MB |")
+    print(
+        "| strategy | model | exact | test acc | test NLL | own acc | own NLL | MIA AUC | KL to retrained | "
+        "param. distance | rounds | seconds | MB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for entry in summary:
         for label, metrics, cost in table_rows(entry):
@@ -320,15 +409,20 @@ def table_rows(entry: dict) -> list[tuple[str, dict, dict | None]]:
     rows = [("all 10 clients", entry["full"], None), ("retrained without", entry["retrained"], entry["cost_retrain"])]
     if entry["forget"]["event"] == "refused":
         return [*rows, ("forget: refused, retrain", entry["retrained"], entry["cost_forget"])]
-    return [*rows, ("forgotten", entry["forgotten"], None),
-            ("forgotten + refined", entry["refined"], entry["cost_forget"])]
+    return [
+        *rows,
+        ("forgotten", entry["forgotten"], None),
+        ("forgotten + refined", entry["refined"], entry["cost_forget"]),
+    ]
 
 
 def format_metrics(metrics: dict) -> str:
     kl, distance = metrics.get("kl_to_retrained"), metrics.get("parameter_distance")
-    return (f"{metrics['test_accuracy']:.4f} | {metrics['test_nll']:.3f} | {metrics['own_accuracy']:.4f} | "
-            f"{metrics['own_nll']:.3f} | {metrics['mia_auc']:.3f} | {'' if kl is None else f'{kl:.3g}'} | "
-            f"{'' if distance is None else f'{distance:.3f}'}")
+    return (
+        f"{metrics['test_accuracy']:.4f} | {metrics['test_nll']:.3f} | {metrics['own_accuracy']:.4f} | "
+        f"{metrics['own_nll']:.3f} | {metrics['mia_auc']:.3f} | {'' if kl is None else f'{kl:.3g}'} | "
+        f"{'' if distance is None else f'{distance:.3f}'}"
+    )
 
 
 def format_cost(cost: dict | None) -> str:
@@ -341,10 +435,12 @@ def main() -> None:
     parser.add_argument("--refine-rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategies", default="bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg")
-    parser.add_argument("--workdir", type=Path, default=Path("runs/bench-forget"),
-                        help="scratch: client and server state")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny settings (2 %% data, logreg, 2 + 1 rounds), own results")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path("runs/bench-forget"), help="scratch: client and server state"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny settings (2 %% data, logreg, 2 + 1 rounds), own results"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.refine_rounds, args.workdir = 2, 1, args.workdir / "smoke"

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -35,13 +35,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"),
-                      ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")):
+for _name, _value in (
+    ("OMP_NUM_THREADS", "1"),
+    ("FLWR_TELEMETRY_ENABLED", "0"),
+    ("FLWR_DISABLE_UPDATE_CHECK", "1"),
+    ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
+):
     os.environ.setdefault(_name, _value)
 
-from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.deploy.processes import command_line  # noqa: E402
-from tests.support.processes import descendants, processes_with_env  # noqa: E402
+from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local, stop_processes_on_signals
+from fedbayes.deploy.processes import command_line
+from tests.support.processes import descendants, processes_with_env
 
 OUTPUT = REPO / "benchmarks" / "results" / "memory.json"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -93,14 +97,25 @@ def idle_client(root: Path, executor: str, clients: int) -> dict[str, Any]:
             time.sleep(1)
         shared = [] if federation.shared_superexec is None else [federation.shared_superexec.popen.pid]
         wait_until_idle(nodes + executors + shared)
-        per_client = {role: {"rss_mib": statistics.mean(status_kib(pid, "VmRSS") for pid in pids) / 1024,
-                             "pss_mib": statistics.mean(pss_kib(pid) for pid in pids) / 1024}
-                      for role, pids in (("supernode", nodes), ("superexec", executors)) if pids}
-        shared_process = {"rss_mib": status_kib(shared[0], "VmRSS") / 1024,
-                          "pss_mib": pss_kib(shared[0]) / 1024} if shared else None
-    return {"executor": executor, "clients": clients, "per_client": per_client, "shared_process": shared_process,
-            "rss_mib": sum(p["rss_mib"] for p in per_client.values()),
-            "pss_mib": sum(p["pss_mib"] for p in per_client.values())}
+        per_client = {
+            role: {
+                "rss_mib": statistics.mean(status_kib(pid, "VmRSS") for pid in pids) / 1024,
+                "pss_mib": statistics.mean(pss_kib(pid) for pid in pids) / 1024,
+            }
+            for role, pids in (("supernode", nodes), ("superexec", executors))
+            if pids
+        }
+        shared_process = (
+            {"rss_mib": status_kib(shared[0], "VmRSS") / 1024, "pss_mib": pss_kib(shared[0]) / 1024} if shared else None
+        )
+    return {
+        "executor": executor,
+        "clients": clients,
+        "per_client": per_client,
+        "shared_process": shared_process,
+        "rss_mib": sum(p["rss_mib"] for p in per_client.values()),
+        "pss_mib": sum(p["pss_mib"] for p in per_client.values()),
+    }
 
 
 def executor_pids(federation: LocalFederation, supernodes: list[int]) -> list[int]:
@@ -110,8 +125,12 @@ def executor_pids(federation: LocalFederation, supernodes: list[int]) -> list[in
         return [federation.superexecs[index].popen.pid for index in range(len(supernodes))]
     if federation.executor == "shared":
         return []
-    return [pid for node in supernodes for pid in descendants(node)  # the SuperNode starts Flower's flower-superexec
-            if any(Path(arg).name == "flower-superexec" for arg in command_line(pid)[:2])]
+    return [
+        pid
+        for node in supernodes
+        for pid in descendants(node)  # the SuperNode starts Flower's flower-superexec
+        if any(Path(arg).name == "flower-superexec" for arg in command_line(pid)[:2])
+    ]
 
 
 class PeakSampler(threading.Thread):
@@ -156,8 +175,17 @@ def serverapp_peak(root: Path, model: str) -> dict[str, Any]:
     sampler = PeakSampler(workdir / "flwr-home")
     sampler.start()
     try:
-        run_local(LocalRun(strategy="fedavg", clients=2, rounds=2, fraction=0.1, workdir=workdir,
-                           overrides={"model": model}, quiet=True))
+        run_local(
+            LocalRun(
+                strategy="fedavg",
+                clients=2,
+                rounds=2,
+                fraction=0.1,
+                workdir=workdir,
+                overrides={"model": model},
+                quiet=True,
+            )
+        )
     finally:
         sampler.halt.set()
         sampler.join()
@@ -170,15 +198,32 @@ def federation_peak(root: Path, clients: int, rounds: int, executor: str) -> dic
     sampler.start()
     started = time.monotonic()
     try:
-        rows = run_local(LocalRun(strategy="fedavg", clients=clients, rounds=rounds, fraction=1.0, workdir=workdir,
-                                  executor=executor, quiet=True,
-                                  overrides={"model": "logreg", "fraction-train": 0.1, "wait-for-clients-timeout": 600.0}))
+        rows = run_local(
+            LocalRun(
+                strategy="fedavg",
+                clients=clients,
+                rounds=rounds,
+                fraction=1.0,
+                workdir=workdir,
+                executor=executor,
+                quiet=True,
+                overrides={"model": "logreg", "fraction-train": 0.1, "wait-for-clients-timeout": 600.0},
+            )
+        )
     finally:
         sampler.halt.set()
         sampler.join()
-    return {"clients": clients, "executor": executor, "model": "logreg", "fraction_train": 0.1, "rounds": rounds,
-            "clients_per_round": [row["clients"] for row in rows], "round_seconds": [row["round_seconds"] for row in rows],
-            "whole_command_seconds": time.monotonic() - started, "peak": sampler.peak}
+    return {
+        "clients": clients,
+        "executor": executor,
+        "model": "logreg",
+        "fraction_train": 0.1,
+        "rounds": rounds,
+        "clients_per_round": [row["clients"] for row in rows],
+        "round_seconds": [row["round_seconds"] for row in rows],
+        "whole_command_seconds": time.monotonic() - started,
+        "peak": sampler.peak,
+    }
 
 
 def parameter_count(model: str) -> int:
@@ -202,30 +247,55 @@ def main() -> None:
         for executor, clients in (("fork", 1), ("subprocess", 1), ("shared", args.shared_clients)):
             idle.append(idle_client(Path(tmp), executor, clients))
             shared = idle[-1]["shared_process"]
-            print(f"idle client, {executor} executor ({clients} clients):",
-                  ", ".join(f"{role} RSS {p['rss_mib']:.0f} MiB / PSS {p['pss_mib']:.0f} MiB"
-                            for role, p in idle[-1]["per_client"].items()),
-                  f"-> RSS {idle[-1]['rss_mib']:.0f} MiB, PSS {idle[-1]['pss_mib']:.0f} MiB per client",
-                  "" if shared is None else f"+ once: shared executor RSS {shared['rss_mib']:.0f} MiB / PSS "
-                                            f"{shared['pss_mib']:.0f} MiB", flush=True)
+            print(
+                f"idle client, {executor} executor ({clients} clients):",
+                ", ".join(
+                    f"{role} RSS {p['rss_mib']:.0f} MiB / PSS {p['pss_mib']:.0f} MiB"
+                    for role, p in idle[-1]["per_client"].items()
+                ),
+                f"-> RSS {idle[-1]['rss_mib']:.0f} MiB, PSS {idle[-1]['pss_mib']:.0f} MiB per client",
+                ""
+                if shared is None
+                else f"+ once: shared executor RSS {shared['rss_mib']:.0f} MiB / PSS {shared['pss_mib']:.0f} MiB",
+                flush=True,
+            )
         servers = []
         for model in args.models:
             servers.append(serverapp_peak(Path(tmp), model))
-            print(f"ServerApp, {model} ({servers[-1]['parameters']:,} parameters): peak RSS "
-                  f"{servers[-1]['peak_rss_mib']:.0f} MiB", flush=True)
+            print(
+                f"ServerApp, {model} ({servers[-1]['parameters']:,} parameters): peak RSS "
+                f"{servers[-1]['peak_rss_mib']:.0f} MiB",
+                flush=True,
+            )
         federation = None
         if args.federation_clients:
-            federation = federation_peak(Path(tmp), args.federation_clients, args.federation_rounds,
-                                         args.federation_executor)
+            federation = federation_peak(
+                Path(tmp), args.federation_clients, args.federation_rounds, args.federation_executor
+            )
             peak = federation["peak"]
-            print(f"federation of {federation['clients']} clients ({federation['executor']} executor, logreg, fraction-train 0.1): "
-                  f"peak RSS {peak['rss_mib']:.0f} MiB, PSS {peak['pss_mib']:.0f} MiB over {peak['processes']} "
-                  f"processes; clients per round {federation['clients_per_round']}, round seconds "
-                  f"{[round(s, 1) for s in federation['round_seconds']]}, whole command "
-                  f"{federation['whole_command_seconds']:.0f} s", flush=True)
+            print(
+                f"federation of {federation['clients']} clients ({federation['executor']} executor, logreg, "
+                "fraction-train 0.1): "
+                f"peak RSS {peak['rss_mib']:.0f} MiB, PSS {peak['pss_mib']:.0f} MiB over {peak['processes']} "
+                f"processes; clients per round {federation['clients_per_round']}, round seconds "
+                f"{[round(s, 1) for s in federation['round_seconds']]}, whole command "
+                f"{federation['whole_command_seconds']:.0f} s",
+                flush=True,
+            )
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(json.dumps({"benchmark": "memory", "load_average_at_start": load, "idle_client": idle,
-                                  "serverapp": servers, "federation": federation}, indent=2) + "\n")
+    OUTPUT.write_text(
+        json.dumps(
+            {
+                "benchmark": "memory",
+                "load_average_at_start": load,
+                "idle_client": idle,
+                "serverapp": servers,
+                "federation": federation,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {OUTPUT}")
 
 

@@ -1,11 +1,11 @@
 """Cost of one client round of every strategy on the convolutional models, against FedAvg with Adam on the same
 model and data: seconds, peak memory, ratio.
 
-Each (model, strategy) pair is a one-client federation in this process: the strategy's real server half and client
-half exchanging encoded payloads (decode, train, encode, write durable state). Round 1 warms up (allocators, the first optimizer's torch._dynamo import, the stores); round 2, the
-steady state of a stateful strategy, is timed: the client half only, from receiving the instruction to its reply.
-On the CPU the time is this process's CPU time (one compute thread), so machines shared with other work still give
-comparable numbers; on a GPU it is wall time, synchronised.
+Each (model, strategy) pair is a one-client federation in this process: the strategy's real server half and client half
+exchanging encoded payloads (decode, train, encode, write durable state). Round 1 warms up (allocators, the first
+optimizer's torch._dynamo import, the stores); round 2, the steady state of a stateful strategy, is timed: the client
+half only, from receiving the instruction to its reply. On the CPU the time is this process's CPU time (one compute
+thread), so machines shared with other work still give comparable numbers; on a GPU it is wall time, synchronised.
 
 Work per round, the same data for every strategy (the first --examples FMNIST training images, 1x28x28, batch 64):
 --epochs epochs of minibatches for the optimisation-based strategies (BayesADMM: IVON, 1 MC sample; FedPA: a
@@ -41,8 +41,15 @@ MODELS = ("cnn-acar", "cnn-zenke", "resnet20")
 STRATEGIES = ("fedavg", "fedprox", "bayesadmm", "feddyn", "fedlap", "fedlap-cov", "fedpa", "dsvgd", "p-dsvgd")
 PRESETS = {  # on top of the run-config defaults; FedAvg/FedProx/FedDyn/FedLap/FedPA train with Adam at lr 1e-3
     "fedprox": {"proximal-mu": 0.01},
-    "bayesadmm": {"lr": 5e-3, "hess-init": 0.1, "temperature": 0.1, "prior-precision": 0.5, "dual-damping": 0.1,
-                  "rho": 1.0, "beta2": 0.99998},  # the authors' CIFAR-10 Acar IVON setting
+    "bayesadmm": {
+        "lr": 5e-3,
+        "hess-init": 0.1,
+        "temperature": 0.1,
+        "prior-precision": 0.5,
+        "dual-damping": 0.1,
+        "rho": 1.0,
+        "beta2": 0.99998,
+    },  # the authors' CIFAR-10 Acar IVON setting
     "feddyn": {"feddyn-alpha": 0.01, "weight-decay": 1e-4},
     "fedpa": {"burn-in-rounds": 1, "local-burnin-epochs": 0},
 }
@@ -82,9 +89,8 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
     from fedbayes.bayes.params import get_parameters, parameter_layout
     from fedbayes.client.runtime import ClientRuntime, NodeSettings
     from fedbayes.server.round_core import RoundCore
-    from fedbayes.strategies import get_algorithm
+    from fedbayes.strategies import default_run_config, get_algorithm, run_settings
     from fedbayes.tasks.compute import resolve_device
-    from fedbayes.strategies import default_run_config, run_settings
     from fedbayes.tasks.datasets import load_dataset
     from fedbayes.tasks.models import build_model
     from tests.support import reply_message
@@ -92,10 +98,21 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # messages made outside a Flower run
     batch = 64
     steps = epochs * math.ceil(examples / batch)
-    config = {**default_run_config(), "federation": "cost", "strategy": strategy,
-              "model": model, "local-epochs": epochs, "batch-size": batch, "samples": epochs, "particles": particles,
-              "local-steps": steps, "distill-steps": steps, "server-steps": 1,  # P-DSVGD's server half is not timed
-              "device": device, **PRESETS.get(strategy, {})}
+    config = {
+        **default_run_config(),
+        "federation": "cost",
+        "strategy": strategy,
+        "model": model,
+        "local-epochs": epochs,
+        "batch-size": batch,
+        "samples": epochs,
+        "particles": particles,
+        "local-steps": steps,
+        "distill-steps": steps,
+        "server-steps": 1,  # P-DSVGD's server half is not timed
+        "device": device,
+        **PRESETS.get(strategy, {}),
+    }
     settings = run_settings(config)
     data = load_dataset("fmnist", train=True).subset(range(examples))
     torch.manual_seed(0)
@@ -123,8 +140,14 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
             arrays, _ = server.aggregate(server_round, [reply_message(reply, 1)])
             if arrays is None:
                 raise RuntimeError(f"{strategy} on {model}: the server rejected round {server_round}")
-    result = {"model": model, "strategy": strategy, "parameters": sum(math.prod(s) for s in layout.values()),
-              "seconds": seconds, "rss_growth_mb": memory.peak - memory.start, "device": str(target)}
+    result = {
+        "model": model,
+        "strategy": strategy,
+        "parameters": sum(math.prod(s) for s in layout.values()),
+        "seconds": seconds,
+        "rss_growth_mb": memory.peak - memory.start,
+        "device": str(target),
+    }
     if target.type == "cuda":
         result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return result
@@ -138,14 +161,18 @@ class _Grid:
 def table(results: list[dict], args: argparse.Namespace) -> str:
     memory = "peak CUDA MB" if args.device == "cuda" else "RSS growth MB"
     clock = "wall s" if args.device == "cuda" else "CPU s"
-    lines = [f"one client round, {args.examples} FMNIST examples x {args.epochs} epochs, batch 64, "
-             f"device {results[0]['device']}, 1 thread; DSVGD N = {args.particles}; {clock}",
-             f"{'model':<10} {'params':>9} {'strategy':<11} {'seconds':>8} {'/ FedAvg':>8}  {memory}"]
+    lines = [
+        f"one client round, {args.examples} FMNIST examples x {args.epochs} epochs, batch 64, "
+        f"device {results[0]['device']}, 1 thread; DSVGD N = {args.particles}; {clock}",
+        f"{'model':<10} {'params':>9} {'strategy':<11} {'seconds':>8} {'/ FedAvg':>8}  {memory}",
+    ]
     fedavg = {r["model"]: r["seconds"] for r in results if r["strategy"] == "fedavg"}
     for r in results:
         ratio = f"{r['seconds'] / fedavg[r['model']]:.2f}" if r["model"] in fedavg else "-"
         peak = f"{r['peak_cuda_mb']:.0f}" if "peak_cuda_mb" in r else f"{r['rss_growth_mb']:.0f}"
-        lines.append(f"{r['model']:<10} {r['parameters']:>9,} {r['strategy']:<11} {r['seconds']:>8.2f} {ratio:>8}  {peak}")
+        lines.append(
+            f"{r['model']:<10} {r['parameters']:>9,} {r['strategy']:<11} {r['seconds']:>8.2f} {ratio:>8}  {peak}"
+        )
     return "\n".join(lines)
 
 

@@ -58,17 +58,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `python benchmarks/network_vs_inprocess.py` from a source checkout
 
-for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"),
-                      ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")):
+for _name, _value in (
+    ("OMP_NUM_THREADS", "1"),
+    ("FLWR_TELEMETRY_ENABLED", "0"),
+    ("FLWR_DISABLE_UPDATE_CHECK", "1"),
+    ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
+):
     os.environ.setdefault(_name, _value)
 
-from flwr.app import Context, Message, RecordDict  # noqa: E402
+from flwr.app import Context, Message, RecordDict
 
-from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.deploy.processes import command_line  # noqa: E402
-from tests.support.processes import processes_with_env  # noqa: E402
-from fedbayes.strategies import default_run_config  # noqa: E402
+from benchmarks.reproduce_table1 import COMMON, PRESETS
+from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals
+from fedbayes.deploy.processes import command_line
+from fedbayes.strategies import default_run_config
+from tests.support.processes import processes_with_env
 
 RESULTS = REPO / "benchmarks" / "results"
 METRICS = ("accuracy", "nll", "ece", "accuracy_ensemble", "nll_ensemble", "ece_ensemble", "train_loss")
@@ -81,12 +85,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--bayesadmm-rounds", type=int, default=3)
     parser.add_argument("--bayesadmm-clients", type=int, default=10)
     parser.add_argument("--fraction", type=float, default=0.1)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra run-config key for every run (e.g. ensemble-samples=4)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra run-config key for every run (e.g. ensemble-samples=4)",
+    )
     parser.add_argument("--label", default="run", help="names the output file: network_vs_inprocess-<label>.json")
     parser.add_argument("--skip", nargs="*", default=[], choices=["fedavg", "network", "inprocess"])
-    parser.add_argument("--executor", default="shared", choices=["shared", "fork", "subprocess"],
-                        help="how the network runs' SuperNodes run their ClientApps (`fedbayes local --executor`)")
+    parser.add_argument(
+        "--executor",
+        default="shared",
+        choices=["shared", "fork", "subprocess"],
+        help="how the network runs' SuperNodes run their ClientApps (`fedbayes local --executor`)",
+    )
     return parser.parse_args()
 
 
@@ -105,9 +118,18 @@ class InProcessGrid:
         self.train = train
         # Node ids as Flower might number them; partition and client id exactly as the launcher sets them.
         self.contexts = {
-            1000 + index: Context(run_id=1, node_id=1000 + index, state=RecordDict(), run_config=run_config,
-                                  node_config={"client-id": f"client-{index}", "state-dir": str(state_dir),
-                                               "partition-id": index, "num-partitions": clients})
+            1000 + index: Context(
+                run_id=1,
+                node_id=1000 + index,
+                state=RecordDict(),
+                run_config=run_config,
+                node_config={
+                    "client-id": f"client-{index}",
+                    "state-dir": str(state_dir),
+                    "partition-id": index,
+                    "num-partitions": clients,
+                },
+            )
             for index in range(clients)
         }
         self.replies: dict[str, Message] = {}
@@ -138,26 +160,43 @@ def run_inprocess(run_config: dict[str, Any], clients: int, root: Path, pipeline
     from fedbayes.server import app as server_app
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told
-    config = {**default_run_config(str(run_config["strategy"])), **run_config,
-              "server-state-dir": str(root / "server-state"), "results-path": str(root / "results.jsonl"),
-              "client-identity": "reconnect"}
+    config = {
+        **default_run_config(str(run_config["strategy"])),
+        **run_config,
+        "server-state-dir": str(root / "server-state"),
+        "results-path": str(root / "results.jsonl"),
+        "client-identity": "reconnect",
+    }
     loop_settings = server_app.LoopSettings
     if "pipeline_evaluation" in loop_settings.__dataclass_fields__:  # older loops never pipelined
         server_app.LoopSettings = functools.partial(loop_settings, pipeline_evaluation=pipelined)
     try:
-        server_app.run_federation(InProcessGrid(config, clients, root / "client-state"),
-                                  Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+        server_app.run_federation(
+            InProcessGrid(config, clients, root / "client-state"),
+            Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config),
+        )
     finally:
         server_app.LoopSettings = loop_settings
     return [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines()]
 
 
-def run_network(strategy: str, clients: int, rounds: int, fraction: float, overrides: dict[str, Any],
-                root: Path, executor: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_network(
+    strategy: str, clients: int, rounds: int, fraction: float, overrides: dict[str, Any], root: Path, executor: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of a `fedbayes local` run, and the CPU its processes spent per round (CpuByProcess)."""
     workdir = root / f"{strategy}-{clients}"
-    spec = LocalRun(strategy=strategy, clients=clients, rounds=rounds, dataset="fmnist", fraction=fraction,
-                    split="iid", workdir=workdir, overrides=overrides, quiet=True, executor=executor)
+    spec = LocalRun(
+        strategy=strategy,
+        clients=clients,
+        rounds=rounds,
+        dataset="fmnist",
+        fraction=fraction,
+        split="iid",
+        workdir=workdir,
+        overrides=overrides,
+        quiet=True,
+        executor=executor,
+    )
     sampler = CpuByProcess(workdir / FLWR_HOME, workdir / "results.jsonl")
     sampler.start()
     try:
@@ -169,9 +208,14 @@ def run_network(strategy: str, clients: int, rounds: int, fraction: float, overr
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-KINDS = {"flower-superlink": "SuperLink", "flwr-serverapp": "ServerApp",
-         "flower-superexec": "ServerApp executor (SuperLink's)", "flwr": "flwr commands",
-         "supernode": "SuperNodes", "run": "fedbayes run (submits, streams the log)"}
+KINDS = {
+    "flower-superlink": "SuperLink",
+    "flwr-serverapp": "ServerApp",
+    "flower-superexec": "ServerApp executor (SuperLink's)",
+    "flwr": "flwr commands",
+    "supernode": "SuperNodes",
+    "run": "fedbayes run (submits, streams the log)",
+}
 
 
 class CpuByProcess(threading.Thread):
@@ -220,8 +264,12 @@ class CpuByProcess(threading.Thread):
         for pid, ticks in after.items():
             kind = self.kinds[pid]
             spent[kind] = spent.get(kind, 0.0) + (ticks - before.get(pid, 0)) / CLOCK_TICKS / (len(rows) - 1)
-        return {"window_s": end - start, "cpu_s_per_round": dict(sorted(spent.items(), key=lambda kv: -kv[1])),
-                "cores_used": sum(spent.values()) * (len(rows) - 1) / (end - start), "cores": os.cpu_count()}
+        return {
+            "window_s": end - start,
+            "cpu_s_per_round": dict(sorted(spent.items(), key=lambda kv: -kv[1])),
+            "cores_used": sum(spent.values()) * (len(rows) - 1) / (end - start),
+            "cores": os.cpu_count(),
+        }
 
 
 def process_kind(pid: int, parent: int) -> str:
@@ -249,9 +297,15 @@ def per_round(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
     out = []
     for row, start, end in list(zip(rows, starts, ends))[1:]:
         slowest = (row.get("client_phase_max") or {}).get("update")
-        out.append({"round": row["round"], "wall_s": end - start, "slowest_s": slowest,
-                    "overhead_s": end - start - slowest if slowest is not None else None,
-                    "compute_s": row.get("client_compute_seconds")})
+        out.append(
+            {
+                "round": row["round"],
+                "wall_s": end - start,
+                "slowest_s": slowest,
+                "overhead_s": end - start - slowest if slowest is not None else None,
+                "compute_s": row.get("client_compute_seconds"),
+            }
+        )
     return out
 
 
@@ -288,12 +342,16 @@ def cell(value: float | None, width: int = 10, spec: str = ".2f") -> str:
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    header = (f"{'run':<22} {'rounds':>6} {'wall_s':>10} {'slowest_s':>10} {'overhead_s':>10} {'compute_s':>10}"
-              "   (medians over rounds 2..N)")
+    header = (
+        f"{'run':<22} {'rounds':>6} {'wall_s':>10} {'slowest_s':>10} {'overhead_s':>10} {'compute_s':>10}"
+        "   (medians over rounds 2..N)"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
-        lines.append(f"{r['name']:<22} {r['rounds']:>6} {cell(r['median_wall_s'])} {cell(r['median_slowest_s'])}"
-                     f" {cell(r['median_overhead_s'])} {cell(r['median_compute_s'])}")
+        lines.append(
+            f"{r['name']:<22} {r['rounds']:>6} {cell(r['median_wall_s'])} {cell(r['median_slowest_s'])}"
+            f" {cell(r['median_overhead_s'])} {cell(r['median_compute_s'])}"
+        )
     return "\n".join(lines)
 
 
@@ -311,7 +369,9 @@ def format_cpu(results: list[dict[str, Any]]) -> str:
     for r in results:
         cpu = r.get("cpu_by_process")
         if cpu:
-            lines.append(f"  {r['name']}: {cpu['cores_used']:.2f} of {cpu['cores']} cores busy over {cpu['window_s']:.1f} s")
+            lines.append(
+                f"  {r['name']}: {cpu['cores_used']:.2f} of {cpu['cores']} cores busy over {cpu['window_s']:.1f} s"
+            )
             lines += [f"    {kind:<36} {seconds:7.2f}" for kind, seconds in cpu["cpu_s_per_round"].items()]
     return "\n".join(lines)
 
@@ -326,8 +386,10 @@ def main() -> None:
     args = parse_args()
     stop_processes_on_signals()
     load_start = os.getloadavg()
-    print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} on {os.cpu_count()} cores",
-          flush=True)
+    print(
+        f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
     extra = parse_sets(args.set)
     bayesadmm = {**BAYESADMM, **extra}
     results: list[dict[str, Any]] = []
@@ -340,13 +402,28 @@ def main() -> None:
         network = inprocess = None
         if "network" not in args.skip:
             print(f"bayesadmm, {args.bayesadmm_clients} clients, network ...", flush=True)
-            network, cpu = run_network("bayesadmm", args.bayesadmm_clients, args.bayesadmm_rounds, args.fraction,
-                                       bayesadmm, root, args.executor)
+            network, cpu = run_network(
+                "bayesadmm",
+                args.bayesadmm_clients,
+                args.bayesadmm_rounds,
+                args.fraction,
+                bayesadmm,
+                root,
+                args.executor,
+            )
             results.append({**summary(f"bayesadmm-{args.bayesadmm_clients} network", network), "cpu_by_process": cpu})
         if "inprocess" not in args.skip:
-            config = {"strategy": "bayesadmm", "num-server-rounds": args.bayesadmm_rounds, "dataset": "fmnist",
-                      "fraction": args.fraction, "split": "iid", "seed": 0, "federation": "inprocess",
-                      "wait-for-clients": args.bayesadmm_clients, **bayesadmm}
+            config = {
+                "strategy": "bayesadmm",
+                "num-server-rounds": args.bayesadmm_rounds,
+                "dataset": "fmnist",
+                "fraction": args.fraction,
+                "split": "iid",
+                "seed": 0,
+                "federation": "inprocess",
+                "wait-for-clients": args.bayesadmm_clients,
+                **bayesadmm,
+            }
             for pipelined, label in ((True, "in-process"), (False, "in-process 1 thread")):
                 print(f"bayesadmm, {args.bayesadmm_clients} clients, {label} ...", flush=True)
                 rows = run_inprocess(config, args.bayesadmm_clients, root / label.replace(" ", "-"), pipelined)
@@ -360,8 +437,10 @@ def main() -> None:
         network_wall, same_code, serial = (r["median_wall_s"] for r in results[-3:])
         ratio, ratio_serial = network_wall / same_code, network_wall / serial
         identical = same_metrics(network, inprocess)
-        print(f"\nbayesadmm wall per round, network / in-process (same code): {ratio:.2f}x; network / in-process on"
-              f" one thread: {ratio_serial:.2f}x; per-round metrics identical (network vs in-process): {identical}")
+        print(
+            f"\nbayesadmm wall per round, network / in-process (same code): {ratio:.2f}x; network / in-process on"
+            f" one thread: {ratio_serial:.2f}x; per-round metrics identical (network vs in-process): {identical}"
+        )
     print()
     print(format_phases(results))
     print()
@@ -369,16 +448,33 @@ def main() -> None:
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     output = RESULTS / f"network_vs_inprocess-{args.label}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({
-        "benchmark": "network_vs_inprocess", "label": args.label, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_average_at_start": load_start, "load_average_at_end": load_end, "cpu_count": os.cpu_count(),
-        "settings": {"fraction": args.fraction, "fedavg_rounds": args.fedavg_rounds, "executor": args.executor,
-                     "bayesadmm_rounds": args.bayesadmm_rounds, "bayesadmm_clients": args.bayesadmm_clients,
-                     "bayesadmm_run_config": bayesadmm, "extra": extra},
-        "bayesadmm_ratio_network_over_inprocess": ratio, "bayesadmm_ratio_network_over_inprocess_one_thread": ratio_serial,
-        "bayesadmm_metrics_identical": identical,
-        "results": results,
-    }, indent=2) + "\n")
+    output.write_text(
+        json.dumps(
+            {
+                "benchmark": "network_vs_inprocess",
+                "label": args.label,
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "load_average_at_start": load_start,
+                "load_average_at_end": load_end,
+                "cpu_count": os.cpu_count(),
+                "settings": {
+                    "fraction": args.fraction,
+                    "fedavg_rounds": args.fedavg_rounds,
+                    "executor": args.executor,
+                    "bayesadmm_rounds": args.bayesadmm_rounds,
+                    "bayesadmm_clients": args.bayesadmm_clients,
+                    "bayesadmm_run_config": bayesadmm,
+                    "extra": extra,
+                },
+                "bayesadmm_ratio_network_over_inprocess": ratio,
+                "bayesadmm_ratio_network_over_inprocess_one_thread": ratio_serial,
+                "bayesadmm_metrics_identical": identical,
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {output}")
 
 

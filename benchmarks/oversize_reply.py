@@ -23,8 +23,12 @@ from fedbayes.deploy.pki import init_pki, make_supernode_key
 from fedbayes.deploy.processes import ProcessGroup
 
 HERE = Path(__file__).resolve().parent
-ROLES = {"ServerApp": "flwr-serverapp", "SuperLink": "flower-superlink", "SuperNode": "flower-supernode",
-         "ClientApp (fork of the executor)": "fedbayes superexec"}
+ROLES = {
+    "ServerApp": "flwr-serverapp",
+    "SuperLink": "flower-superlink",
+    "SuperNode": "flower-supernode",
+    "ClientApp (fork of the executor)": "fedbayes superexec",
+}
 
 
 def peak_rss_mb(group: ProcessGroup) -> dict[str, float]:
@@ -71,28 +75,52 @@ def main() -> None:
     with LocalFederation(workdir, **security) as federation:
         if not args.in_memory:
             federation.register(key.public)
-        federation.start_supernode(0, 1, auth_key=None if args.in_memory else key.private, extra_env={
-            "PYTHONPATH": f"{HERE / 'oversize_reply'}:{HERE.parent}", "FEDBAYES_PADDING_MB": str(args.padding_mb)})
+        federation.start_supernode(
+            0,
+            1,
+            auth_key=None if args.in_memory else key.private,
+            extra_env={
+                "PYTHONPATH": f"{HERE / 'oversize_reply'}:{HERE.parent}",
+                "FEDBAYES_PADDING_MB": str(args.padding_mb),
+            },
+        )
         sampler = threading.Thread(target=sample, args=(federation.processes,), daemon=True)
         sampler.start()
         started = time.monotonic()
-        submit = federation.submit({"strategy": "fedavg", "num-server-rounds": 1, "fraction": 0.02, "wait-for-clients": 1,
-                                    "max-payload-mb": args.max_payload_mb, "results-path": str(results)})
+        submit = federation.submit(
+            {
+                "strategy": "fedavg",
+                "num-server-rounds": 1,
+                "fraction": 0.02,
+                "wait-for-clients": 1,
+                "max-payload-mb": args.max_payload_mb,
+                "results-path": str(results),
+            }
+        )
         rows = federation.follow(results, submit, 1, on_row=lambda row: None)
         seconds = time.monotonic() - started
         stop.set()
         sampler.join()
         server_log = (federation.log_dir / "flwr-run.log").read_text()
         superlink_log = (federation.log_dir / "superlink.log").read_text(errors="replace")
-    refusal = next((line.strip() for line in server_log.splitlines() if "max-payload-mb" in line), "(no refusal logged)")
+    refusal = next(
+        (line.strip() for line in server_log.splitlines() if "max-payload-mb" in line), "(no refusal logged)"
+    )
     database = workdir / "superlink.db"
-    report = {"padding_mb": args.padding_mb, "max_payload_mb": args.max_payload_mb, "in_memory": args.in_memory,
-              "round": rows[0] if rows else None,
-              "seconds": round(seconds, 1), "peak_rss_mb": {k: round(v) for k, v in peaks.items()},
-              "superlink_db_peak_mb": round(database_mb[0]),
-              "superlink_db_end_mb": round(database.stat().st_size / 2**20) if database.exists() else 0,
-              "superlink_errors": sorted({line.split("]")[0] + "]" for line in superlink_log.splitlines() if "ERROR" in line}),
-              "refusal": refusal}
+    report = {
+        "padding_mb": args.padding_mb,
+        "max_payload_mb": args.max_payload_mb,
+        "in_memory": args.in_memory,
+        "round": rows[0] if rows else None,
+        "seconds": round(seconds, 1),
+        "peak_rss_mb": {k: round(v) for k, v in peaks.items()},
+        "superlink_db_peak_mb": round(database_mb[0]),
+        "superlink_db_end_mb": round(database.stat().st_size / 2**20) if database.exists() else 0,
+        "superlink_errors": sorted(
+            {line.split("]")[0] + "]" for line in superlink_log.splitlines() if "ERROR" in line}
+        ),
+        "refusal": refusal,
+    }
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

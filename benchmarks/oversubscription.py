@@ -18,10 +18,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ivon  # noqa: E402
-import torch  # noqa: E402
+import ivon
+import torch
 
-from fedbayes.tasks.models import build_model  # noqa: E402
+from fedbayes.tasks.models import build_model
 
 
 def train_one() -> None:
@@ -34,7 +34,9 @@ def train_one() -> None:
         for start in range(0, 600, 32):
             with optimizer.sampled_params(train=True):
                 optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(model(inputs[start:start + 32]), labels[start:start + 32]).backward()
+                torch.nn.functional.cross_entropy(
+                    model(inputs[start : start + 32]), labels[start : start + 32]
+                ).backward()
             optimizer.step()
 
 

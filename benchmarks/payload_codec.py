@@ -50,23 +50,23 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `python benchmarks/payload_codec.py` from a source checkout
 
-from flwr.app import Message, MessageType, Metadata, RecordDict  # noqa: E402
-from flwr.app.message import make_message  # noqa: E402
-from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa: E402
-from flwr.proto.message_pb2 import PushObjectRequest  # noqa: E402
-from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # noqa: E402
-from flwr.supercore.inflatable.inflatable_object import (  # noqa: E402
+from flwr.app import Message, MessageType, Metadata, RecordDict
+from flwr.app.message import make_message
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.message_pb2 import PushObjectRequest
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+from flwr.supercore.inflatable.inflatable_object import (
     get_all_nested_objects,
     get_object_id,
     no_object_id_recompute,
 )
-from flwr.supercore.inflatable.inflatable_utils import (  # noqa: E402
+from flwr.supercore.inflatable.inflatable_utils import (
     inflate_object_from_contents,
     validate_object_content,
 )
 
-from fedbayes.protos import payloads_pb2 as pb  # noqa: E402
-from fedbayes.protos.codec import decode, encode, new_header  # noqa: E402
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import decode, encode, new_header
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "payload_codec.json"
 BYTES_PER_MB = 1_000_000

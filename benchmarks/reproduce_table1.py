@@ -58,9 +58,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.deploy.flower_app import toml_value, write_app  # noqa: E402
-from fedbayes.deploy.launcher import (  # noqa: E402
-    APP, LocalRun, check_run_config, check_workdir, parse_override, run_local, stop_processes_on_signals,
+from fedbayes.deploy.flower_app import toml_value, write_app
+from fedbayes.deploy.launcher import (
+    APP,
+    LocalRun,
+    check_run_config,
+    check_workdir,
+    parse_override,
+    run_local,
+    stop_processes_on_signals,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
@@ -69,27 +75,55 @@ REPORT_ROUNDS = (10, 25, 50)
 COMMON = {"model": "mlp", "hidden": "200,100", "activation": "sigmoid", "batch-size": 32}
 PRESETS = {
     ("bayesadmm", "dirichlet"): {
-        "local-epochs": 10, "lr": 5e-5, "hess-init": 1e-3, "temperature": 1e-3, "prior-precision": 1.0,
-        "dual-damping": 1e-3, "rho": 0.2, "beta2": 0.9998, "lr-schedule": "cosine", "input-scale": 255.0,
+        "local-epochs": 10,
+        "lr": 5e-5,
+        "hess-init": 1e-3,
+        "temperature": 1e-3,
+        "prior-precision": 1.0,
+        "dual-damping": 1e-3,
+        "rho": 0.2,
+        "beta2": 0.9998,
+        "lr-schedule": "cosine",
+        "input-scale": 255.0,
     },
     ("bayesadmm", "iid"): {
-        "local-epochs": 10, "lr": 5e-5, "hess-init": 1e-3, "temperature": 1e-3, "prior-precision": 0.5,
-        "dual-damping": 1e-3, "rho": 0.1, "beta2": 0.9998, "lr-schedule": "constant", "input-scale": 255.0,
+        "local-epochs": 10,
+        "lr": 5e-5,
+        "hess-init": 1e-3,
+        "temperature": 1e-3,
+        "prior-precision": 0.5,
+        "dual-damping": 1e-3,
+        "rho": 0.1,
+        "beta2": 0.9998,
+        "lr-schedule": "constant",
+        "input-scale": 255.0,
     },
     ("fedavg", "dirichlet"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam"},
     ("fedavg", "iid"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam"},
     ("fedprox", "dirichlet"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "proximal-mu": 0.01},
     ("fedprox", "iid"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "proximal-mu": 0.01},
     # FedDyn / FedLap / FedLap-Cov ([P] App. E.5 grids, one point each, not swept here): Adam 1e-3, 5 epochs.
-    **{(strategy, split): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", **preset}
-       for split in ("dirichlet", "iid")
-       for strategy, preset in (("feddyn", {"feddyn-alpha": 0.01, "weight-decay": 1e-4}),
-                                ("fedlap", {"prior-precision": 1.0}), ("fedlap-cov", {"prior-precision": 1.0}))},
+    **{
+        (strategy, split): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", **preset}
+        for split in ("dirichlet", "iid")
+        for strategy, preset in (
+            ("feddyn", {"feddyn-alpha": 0.01, "weight-decay": 1e-4}),
+            ("fedlap", {"prior-precision": 1.0}),
+            ("fedlap-cov", {"prior-precision": 1.0}),
+        )
+    },
     # FedPA reuses FedAvg's client setting (the paper's protocol, §5.1) and FedAvg's server (SGD, lr 1):
     # 10 FedAvg rounds, then 1 discarded + 4 sampled epochs per round (the same 5 epochs), ρ = 0.1.
     ("fedpa", "dirichlet"): {
-        "local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "burn-in-rounds": 10, "samples": 4,
-        "local-burnin-epochs": 1, "shrinkage": 0.1, "server-optimizer": "sgd", "server-lr": 1.0,
+        "local-epochs": 5,
+        "lr": 1e-3,
+        "optimizer": "adam",
+        "burn-in-rounds": 10,
+        "samples": 4,
+        "local-burnin-epochs": 1,
+        "shrinkage": 0.1,
+        "server-optimizer": "sgd",
+        "server-lr": 1.0,
     },
 }
 
@@ -112,10 +146,14 @@ PAPER_ACCURACY = {
 }
 # NLL: BayesADMM's paper [C] Table 1 (FedDyn/FedLap rows taken from Swaroop et al.).
 PAPER_NLL = {
-    ("dirichlet", "fedavg"): (0.78, 0.72, 0.67), ("dirichlet", "bayesadmm"): (0.65, 0.52, 0.50),
+    ("dirichlet", "fedavg"): (0.78, 0.72, 0.67),
+    ("dirichlet", "bayesadmm"): (0.65, 0.52, 0.50),
     ("iid", "fedavg"): (0.70, 0.61, 0.56),
-    ("iid", "feddyn"): (0.67, 0.63, 0.63), ("iid", "fedlap"): (0.71, 0.62, 0.57), ("iid", "fedlap-cov"): (0.67, 0.59, 0.56),
-    ("dirichlet", "feddyn"): (0.75, 0.70, 0.77), ("dirichlet", "fedlap"): (0.75, 0.71, 0.65),
+    ("iid", "feddyn"): (0.67, 0.63, 0.63),
+    ("iid", "fedlap"): (0.71, 0.62, 0.57),
+    ("iid", "fedlap-cov"): (0.67, 0.59, 0.56),
+    ("dirichlet", "feddyn"): (0.75, 0.70, 0.77),
+    ("dirichlet", "fedlap"): (0.75, 0.71, 0.65),
     ("dirichlet", "fedlap-cov"): (0.70, 0.63, 0.60),
 }
 
@@ -125,27 +163,66 @@ PAPER_NLL = {
 _IVON = {"temperature": 0.1, "dual-damping": 0.1, "beta1": 0.9, "lr-schedule": "cosine", "local-epochs": 25}
 CNN_PRESETS = {
     "cifar10-zenke": {
-        ("bayesadmm", "dirichlet"): {**_IVON, "lr": 1e-3, "hess-init": 0.02, "prior-precision": 100.0, "rho": 0.5,
-                                     "beta2": 0.99999},
+        ("bayesadmm", "dirichlet"): {
+            **_IVON,
+            "lr": 1e-3,
+            "hess-init": 0.02,
+            "prior-precision": 100.0,
+            "rho": 0.5,
+            "beta2": 0.99999,
+        },
         ("fedavg", "dirichlet"): {"local-epochs": 10, "lr": 1e-3, "optimizer": "adam"},
-        ("feddyn", "dirichlet"): {"local-epochs": 10, "lr": 1e-3, "optimizer": "adam", "feddyn-alpha": 0.01,
-                                  "weight-decay": 1e-4},
+        ("feddyn", "dirichlet"): {
+            "local-epochs": 10,
+            "lr": 1e-3,
+            "optimizer": "adam",
+            "feddyn-alpha": 0.01,
+            "weight-decay": 1e-4,
+        },
     },
     "cifar10-acar": {
-        ("bayesadmm", "dirichlet"): {**_IVON, "lr": 5e-3, "hess-init": 0.1, "prior-precision": 0.5, "rho": 1.0,
-                                     "beta2": 0.99998},
+        ("bayesadmm", "dirichlet"): {
+            **_IVON,
+            "lr": 5e-3,
+            "hess-init": 0.1,
+            "prior-precision": 0.5,
+            "rho": 1.0,
+            "beta2": 0.99998,
+        },
         ("fedavg", "dirichlet"): {"local-epochs": 10, "lr": 1e-4, "optimizer": "adam", "max-grad-norm": 10.0},
-        ("fedprox", "dirichlet"): {"local-epochs": 20, "lr": 1e-4, "optimizer": "adam", "proximal-mu": 1e-3,
-                                   "max-grad-norm": 10.0},
-        ("feddyn", "dirichlet"): {"local-epochs": 20, "lr": 1e-4, "optimizer": "adam", "feddyn-alpha": 1e-6,
-                                  "weight-decay": 1e-4, "max-grad-norm": 10.0},
+        ("fedprox", "dirichlet"): {
+            "local-epochs": 20,
+            "lr": 1e-4,
+            "optimizer": "adam",
+            "proximal-mu": 1e-3,
+            "max-grad-norm": 10.0,
+        },
+        ("feddyn", "dirichlet"): {
+            "local-epochs": 20,
+            "lr": 1e-4,
+            "optimizer": "adam",
+            "feddyn-alpha": 1e-6,
+            "weight-decay": 1e-4,
+            "max-grad-norm": 10.0,
+        },
     },
     "cifar100-resnet20": {
-        ("bayesadmm", "dirichlet"): {**_IVON, "lr": 1e-3, "hess-init": 0.1, "prior-precision": 0.5, "rho": 0.5,
-                                     "beta2": 0.99999},
+        ("bayesadmm", "dirichlet"): {
+            **_IVON,
+            "lr": 1e-3,
+            "hess-init": 0.1,
+            "prior-precision": 0.5,
+            "rho": 0.5,
+            "beta2": 0.99999,
+        },
         ("fedavg", "dirichlet"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam"},
-        ("feddyn", "dirichlet"): {"local-epochs": 10, "lr": 1e-3, "optimizer": "adam", "feddyn-alpha": 1e-4,
-                                  "weight-decay": 1e-4},
+        ("feddyn", "dirichlet"): {
+            "local-epochs": 10,
+            "lr": 1e-3,
+            "optimizer": "adam",
+            "feddyn-alpha": 1e-4,
+            "weight-decay": 1e-4,
+        },
     },
 }
 # FMNIST-10% with the Acar CNN, sized for a CPU run: 2 local epochs (instead of 25 on CIFAR, 10 on the MLP), batch 64.
@@ -156,19 +233,37 @@ CNN_PRESETS = {
 # the 10,000 test images). The baselines: Adam 1e-3 as on the MLP rows.
 CNN_PRESETS["fmnist-acar"] = {
     ("bayesadmm", "dirichlet"): {
-        "local-epochs": 2, "lr": 5e-4, "hess-init": 1e-3, "temperature": 1e-3, "prior-precision": 1.0,
-        "dual-damping": 1e-3, "rho": 0.2, "beta2": 0.9998, "lr-schedule": "cosine", "ensemble-samples": 4,
+        "local-epochs": 2,
+        "lr": 5e-4,
+        "hess-init": 1e-3,
+        "temperature": 1e-3,
+        "prior-precision": 1.0,
+        "dual-damping": 1e-3,
+        "rho": 0.2,
+        "beta2": 0.9998,
+        "lr-schedule": "cosine",
+        "ensemble-samples": 4,
     },
     ("fedavg", "dirichlet"): {"local-epochs": 2, "lr": 1e-3, "optimizer": "adam"},
-    ("feddyn", "dirichlet"): {"local-epochs": 2, "lr": 1e-3, "optimizer": "adam", "feddyn-alpha": 0.01,
-                              "weight-decay": 1e-4},
+    ("feddyn", "dirichlet"): {
+        "local-epochs": 2,
+        "lr": 1e-3,
+        "optimizer": "adam",
+        "feddyn-alpha": 0.01,
+        "weight-decay": 1e-4,
+    },
 }
 
 # The 100-client FMNIST row: the authors' configuration for it (../shared/specs/bayesadmm.md §2: h0 5e-4, δ 0.1,
 # ρ 0.1, β2 0.9999, cosine; 10 local epochs on raw pixels) and FedAvg's 10-client setting.
 PRESETS_100 = {
-    ("bayesadmm", "dirichlet"): {**PRESETS[("bayesadmm", "dirichlet")], "hess-init": 5e-4, "prior-precision": 0.1,
-                                 "rho": 0.1, "beta2": 0.9999},
+    ("bayesadmm", "dirichlet"): {
+        **PRESETS[("bayesadmm", "dirichlet")],
+        "hess-init": 5e-4,
+        "prior-precision": 0.1,
+        "rho": 0.1,
+        "beta2": 0.9999,
+    },
     ("fedavg", "dirichlet"): PRESETS[("fedavg", "dirichlet")],
 }
 
@@ -199,30 +294,72 @@ SETUPS = {
     # Ray trains the virtual clients a core at a time, so a round takes the sum of their training over the cores:
     # round-timeout is raised from 600 s (a first try on a loaded machine accepted 24 of 100 replies in time).
     "fmnist-100": Setup(
-        "fmnist", 1.0, {**COMMON, "round-timeout": 3600.0}, PRESETS_100, clients=100, engine="simulation",
-        paper_accuracy={("dirichlet", "bayesadmm@mean"): (78.7, 82.2, 82.9), ("dirichlet", "bayesadmm"): (78.7, 82.3, 83.0),
-                        ("dirichlet", "fedavg"): (73.9, 78.7, 81.8), ("dirichlet", "fedprox"): (73.3, 78.4, 81.6),
-                        ("dirichlet", "feddyn"): (75.7, 81.4, 82.2), ("dirichlet", "fedlap-cov"): (76.9, 81.3, 83.0)},
-        paper_nll={("dirichlet", "bayesadmm"): (0.62, 0.50, 0.48), ("dirichlet", "fedavg"): (0.73, 0.60, 0.53)}),
+        "fmnist",
+        1.0,
+        {**COMMON, "round-timeout": 3600.0},
+        PRESETS_100,
+        clients=100,
+        engine="simulation",
+        paper_accuracy={
+            ("dirichlet", "bayesadmm@mean"): (78.7, 82.2, 82.9),
+            ("dirichlet", "bayesadmm"): (78.7, 82.3, 83.0),
+            ("dirichlet", "fedavg"): (73.9, 78.7, 81.8),
+            ("dirichlet", "fedprox"): (73.3, 78.4, 81.6),
+            ("dirichlet", "feddyn"): (75.7, 81.4, 82.2),
+            ("dirichlet", "fedlap-cov"): (76.9, 81.3, 83.0),
+        },
+        paper_nll={("dirichlet", "bayesadmm"): (0.62, 0.50, 0.48), ("dirichlet", "fedavg"): (0.73, 0.60, 0.53)},
+    ),
     # Paper Table 1 (CIFAR-10 heterogeneous, 10 clients) and Table 2 (CIFAR-100), accuracy % and NLL.
     "cifar10-zenke": Setup(
-        "cifar10", 1.0, {**_CNN, "model": "cnn-zenke"}, CNN_PRESETS["cifar10-zenke"],
-        paper_accuracy={("dirichlet", "bayesadmm"): (71.5, 79.0, 80.3), ("dirichlet", "bayesadmm@mean"): (71.5, 78.9, 80.3),
-                        ("dirichlet", "fedavg"): (73.8, 75.0, 75.1), ("dirichlet", "feddyn"): (72.7, 77.4, 79.4)},
-        paper_nll={("dirichlet", "bayesadmm"): (0.8, 0.6, 0.6), ("dirichlet", "fedavg"): (0.9, 1.1, 1.5),
-                   ("dirichlet", "feddyn"): (1.0, 0.8, 0.7)}),
+        "cifar10",
+        1.0,
+        {**_CNN, "model": "cnn-zenke"},
+        CNN_PRESETS["cifar10-zenke"],
+        paper_accuracy={
+            ("dirichlet", "bayesadmm"): (71.5, 79.0, 80.3),
+            ("dirichlet", "bayesadmm@mean"): (71.5, 78.9, 80.3),
+            ("dirichlet", "fedavg"): (73.8, 75.0, 75.1),
+            ("dirichlet", "feddyn"): (72.7, 77.4, 79.4),
+        },
+        paper_nll={
+            ("dirichlet", "bayesadmm"): (0.8, 0.6, 0.6),
+            ("dirichlet", "fedavg"): (0.9, 1.1, 1.5),
+            ("dirichlet", "feddyn"): (1.0, 0.8, 0.7),
+        },
+    ),
     "cifar10-acar": Setup(
-        "cifar10", 1.0, {**_CNN, "model": "cnn-acar"}, CNN_PRESETS["cifar10-acar"],
-        paper_accuracy={("dirichlet", "bayesadmm"): (63.8, 69.5, 70.3), ("dirichlet", "bayesadmm@mean"): (63.8, 69.5, 70.2),
-                        ("dirichlet", "fedavg"): (62.8, 65.4, 66.0), ("dirichlet", "fedprox"): (64.3, 65.9, 66.3),
-                        ("dirichlet", "feddyn"): (63.6, 64.7, 65.4)},
-        paper_nll={("dirichlet", "bayesadmm"): (1.0, 1.0, 1.4), ("dirichlet", "fedavg"): (1.1, 1.8, 2.3),
-                   ("dirichlet", "fedprox"): (1.7, 2.2, 2.6), ("dirichlet", "feddyn"): (2.0, 3.6, 2.6)}),
+        "cifar10",
+        1.0,
+        {**_CNN, "model": "cnn-acar"},
+        CNN_PRESETS["cifar10-acar"],
+        paper_accuracy={
+            ("dirichlet", "bayesadmm"): (63.8, 69.5, 70.3),
+            ("dirichlet", "bayesadmm@mean"): (63.8, 69.5, 70.2),
+            ("dirichlet", "fedavg"): (62.8, 65.4, 66.0),
+            ("dirichlet", "fedprox"): (64.3, 65.9, 66.3),
+            ("dirichlet", "feddyn"): (63.6, 64.7, 65.4),
+        },
+        paper_nll={
+            ("dirichlet", "bayesadmm"): (1.0, 1.0, 1.4),
+            ("dirichlet", "fedavg"): (1.1, 1.8, 2.3),
+            ("dirichlet", "fedprox"): (1.7, 2.2, 2.6),
+            ("dirichlet", "feddyn"): (2.0, 3.6, 2.6),
+        },
+    ),
     "cifar100-resnet20": Setup(
-        "cifar100", 1.0, {**_CNN, "model": "resnet20"}, CNN_PRESETS["cifar100-resnet20"], report_rounds=(25, 50, 100),
-        paper_accuracy={("dirichlet", "bayesadmm"): (40.0, 46.2, 46.6), ("dirichlet", "fedavg"): (39.8, 39.8, 39.3),
-                        ("dirichlet", "feddyn"): (38.4, 39.2, 39.6)},
-        paper_nll={("dirichlet", "fedavg"): (2.6, 3.3, 4.0), ("dirichlet", "feddyn"): (3.5, 3.2, 3.2)}),
+        "cifar100",
+        1.0,
+        {**_CNN, "model": "resnet20"},
+        CNN_PRESETS["cifar100-resnet20"],
+        report_rounds=(25, 50, 100),
+        paper_accuracy={
+            ("dirichlet", "bayesadmm"): (40.0, 46.2, 46.6),
+            ("dirichlet", "fedavg"): (39.8, 39.8, 39.3),
+            ("dirichlet", "feddyn"): (38.4, 39.2, 39.6),
+        },
+        paper_nll={("dirichlet", "fedavg"): (2.6, 3.3, 4.0), ("dirichlet", "feddyn"): (3.5, 3.2, 3.2)},
+    ),
 }
 
 
@@ -238,17 +375,31 @@ def run_name(split: str, strategy: str, seed: int, tag: str) -> str:
 def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: dict) -> dict:
     spec = SETUPS[setup]
     if (strategy, split) not in spec.presets:
-        raise SystemExit(f"setup {setup!r} has no preset for {strategy} on the {split} split; "
-                         f"it has {', '.join(f'{s}/{p}' for s, p in spec.presets)}")
+        raise SystemExit(
+            f"setup {setup!r} has no preset for {strategy} on the {split} split; "
+            f"it has {', '.join(f'{s}/{p}' for s, p in spec.presets)}"
+        )
     name = run_name(split, strategy, args.seed, args.tag)
     data = {"data-root": args.data_root} if args.data_root else {}
     started = time.monotonic()
     local_run = LocalRun(
-        strategy=strategy, clients=args.clients or spec.clients, rounds=args.rounds, dataset=spec.dataset,
-        fraction=spec.fraction, split=split, seed=args.seed, results=results_dir(setup, args.tag) / f"{name}.jsonl",
-        workdir=Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
-        overrides={**spec.common, **spec.presets[(strategy, split)], **data, **extra,
-                   "results-exists": "replace"},  # a rerun of a run replaces its rows
+        strategy=strategy,
+        clients=args.clients or spec.clients,
+        rounds=args.rounds,
+        dataset=spec.dataset,
+        fraction=spec.fraction,
+        split=split,
+        seed=args.seed,
+        results=results_dir(setup, args.tag) / f"{name}.jsonl",
+        workdir=Path("runs")
+        / f"{time.strftime('%Y%m%d-%H%M%S')}-{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
+        overrides={
+            **spec.common,
+            **spec.presets[(strategy, split)],
+            **data,
+            **extra,
+            "results-exists": "replace",
+        },  # a rerun of a run replaces its rows
     )
     if spec.engine == "deployment":
         if args.stop_after:
@@ -256,8 +407,17 @@ def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: 
         rows = run_local(local_run)
     else:
         rows = run_simulated(local_run, args.stop_after)
-    return {"strategy": strategy, "split": split, "seed": args.seed, "tag": args.tag, "overrides": extra, "rows": rows,
-            "wall_seconds": time.monotonic() - started, "rounds_run": len(rows), "rounds_planned": args.rounds}
+    return {
+        "strategy": strategy,
+        "split": split,
+        "seed": args.seed,
+        "tag": args.tag,
+        "overrides": extra,
+        "rows": rows,
+        "wall_seconds": time.monotonic() - started,
+        "rounds_run": len(rows),
+        "rounds_planned": args.rounds,
+    }
 
 
 def run_simulated(spec: LocalRun, stop_after: int = 0) -> list[dict]:
@@ -276,8 +436,17 @@ def run_simulated(spec: LocalRun, stop_after: int = 0) -> list[dict]:
     config_file.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
     app = write_app(workdir / APP, spec.strategy)
     env = {**os.environ, "FLWR_HOME": str(workdir / "flwr-home"), "FEDBAYES_STATE_DIR": str(workdir / "client-state")}
-    command = [str(Path(sys.executable).with_name("fedbayes")), "run", str(app), "local", "--stream",
-               "--federation-config", f"num-supernodes={spec.clients} client-resources-num-cpus=1", "-c", str(config_file)]
+    command = [
+        str(Path(sys.executable).with_name("fedbayes")),
+        "run",
+        str(app),
+        "local",
+        "--stream",
+        "--federation-config",
+        f"num-supernodes={spec.clients} client-resources-num-cpus=1",
+        "-c",
+        str(config_file),
+    ]
     print(f"simulation: {spec.clients} virtual clients, log in {workdir / 'simulation.log'}", flush=True)
     with open(workdir / "simulation.log", "w") as log:
         run = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -289,8 +458,10 @@ def run_simulated(spec: LocalRun, stop_after: int = 0) -> list[dict]:
                 return _rows(results)[:stop_after]
     rows = _rows(results)
     if run.returncode != 0 or len(rows) != spec.rounds:
-        raise SystemExit(f"the simulation ended after {len(rows)} of {spec.rounds} rounds (exit {run.returncode}); "
-                         f"see {workdir / 'simulation.log'}")
+        raise SystemExit(
+            f"the simulation ended after {len(rows)} of {spec.rounds} rounds (exit {run.returncode}); "
+            f"see {workdir / 'simulation.log'}"
+        )
     return rows
 
 
@@ -307,8 +478,10 @@ def last_three(rows: list[dict], round_: int, key: str) -> float | None:
 def table(runs: list[dict], setup: str = "fmnist-mlp") -> str:
     spec = SETUPS[setup]
     at = "/".join(str(r) for r in spec.report_rounds)
-    lines = [f"{'split':<10} {'method':<16} {f'acc@{at} (ours)':<22} {'paper':<18} {f'nll@{at} (ours)':<22} "
-             f"{'paper nll':<16} wall"]
+    lines = [
+        f"{'split':<10} {'method':<16} {f'acc@{at} (ours)':<22} {'paper':<18} {f'nll@{at} (ours)':<22} "
+        f"{'paper nll':<16} wall"
+    ]
     for result in runs:
         variants = [("", result["strategy"])]
         if result["strategy"] == "bayesadmm":
@@ -331,8 +504,11 @@ def per_round(runs: list[dict]) -> str:
     lines = []
     for result in runs:
         ensemble = "accuracy_ensemble" in result["rows"][0]
-        lines.append(f"{result['split']} {result['strategy']}: round  acc    nll    ece"
-                     + ("   | ens acc  nll    ece" if ensemble else "") + "   round_s")
+        lines.append(
+            f"{result['split']} {result['strategy']}: round  acc    nll    ece"
+            + ("   | ens acc  nll    ece" if ensemble else "")
+            + "   round_s"
+        )
         for row in result["rows"]:
             line = f"  {row['round']:>5}  {row['accuracy']:.4f} {row['nll']:.4f} {row['ece']:.4f}"
             if ensemble:
@@ -370,7 +546,11 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
 
 
 def plot_path(setup: str, seed: int) -> Path:
-    return RESULTS / f"table1-seed{seed}.png" if setup == "fmnist-mlp" else results_dir(setup, "") / f"{setup}-seed{seed}.png"
+    return (
+        RESULTS / f"table1-seed{seed}.png"
+        if setup == "fmnist-mlp"
+        else results_dir(setup, "") / f"{setup}-seed{seed}.png"
+    )
 
 
 def report(args: argparse.Namespace) -> None:
@@ -383,8 +563,16 @@ def report(args: argparse.Namespace) -> None:
             path = directory / f"{run_name(split, strategy, args.seed, args.tag)}.jsonl"
             if path.exists() and (split, strategy, args.tag) in walls:
                 rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                runs.append({"strategy": strategy, "split": split, "seed": args.seed, "tag": args.tag, "rows": rows,
-                             "wall_seconds": walls[(split, strategy, args.tag)]})
+                runs.append(
+                    {
+                        "strategy": strategy,
+                        "split": split,
+                        "seed": args.seed,
+                        "tag": args.tag,
+                        "rows": rows,
+                        "wall_seconds": walls[(split, strategy, args.tag)],
+                    }
+                )
     print(table(runs, args.setup))
     if args.setup != "fmnist-mlp":
         print(per_round(runs))
@@ -397,15 +585,20 @@ def seed_table(args: argparse.Namespace) -> str:
     for every split and strategy with a run of each seed on disk (the paper reports 3 seeds so)."""
     spec, directory = SETUPS[args.setup], results_dir(args.setup, args.tag)
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    lines = [f"{'split':<10} {'method':<16} {'metric':<9} " + " ".join(f"{f'round {r}':<15}" for r in spec.report_rounds)
-             + f"  seeds {args.seeds}"]
+    lines = [
+        f"{'split':<10} {'method':<16} {'metric':<9} "
+        + " ".join(f"{f'round {r}':<15}" for r in spec.report_rounds)
+        + f"  seeds {args.seeds}"
+    ]
     for split in args.splits.split(","):
         for strategy in args.strategies.split(","):
             paths = [directory / f"{run_name(split, strategy, seed, args.tag)}.jsonl" for seed in seeds]
             if not all(path.exists() for path in paths):
                 continue
             runs = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()] for path in paths]
-            suffixes = [("", "bayesadmm@mean"), ("_ensemble", "bayesadmm")] if strategy == "bayesadmm" else [("", strategy)]
+            suffixes = (
+                [("", "bayesadmm@mean"), ("_ensemble", "bayesadmm")] if strategy == "bayesadmm" else [("", strategy)]
+            )
             for suffix, method in suffixes:
                 for metric, scale, digits in (("accuracy", 100, 1), ("nll", 1, 3)):
                     cells = []
@@ -437,19 +630,27 @@ def main() -> None:
     parser.add_argument("--splits", default="dirichlet,iid")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=50)
-    parser.add_argument("--stop-after", type=int, default=0, metavar="R",
-                        help="simulation setups: stop after R of the --rounds rounds (the schedule spans --rounds)")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        metavar="R",
+        help="simulation setups: stop after R of the --rounds rounds (the schedule spans --rounds)",
+    )
     parser.add_argument("--clients", type=int, default=0, help="default: the setup's (10; fmnist-100: 100)")
     parser.add_argument("--data-root", default="", help="torchvision dataset folder (CIFAR setups)")
     parser.add_argument("--report", action="store_true", help="only tabulate and plot the runs already on disk")
-    parser.add_argument("--seeds", default="", metavar="0,1,2",
-                        help="with --report: mean ± standard deviation over these seeds' runs")
+    parser.add_argument(
+        "--seeds", default="", metavar="0,1,2", help="with --report: mean ± standard deviation over these seeds' runs"
+    )
     parser.add_argument("--tag", default="", help="a tuning run's name (results go to <results>/tuning/)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset value")
     args = parser.parse_args()
     if SETUPS[args.setup].dataset.startswith("cifar") and not args.data_root:
-        parser.error(f"--setup {args.setup} needs --data-root: a torchvision folder holding CIFAR "
-                     "(these machines cannot download it)")
+        parser.error(
+            f"--setup {args.setup} needs --data-root: a torchvision folder holding CIFAR "
+            "(these machines cannot download it)"
+        )
     if args.report:
         print(seed_table(args)) if args.seeds else report(args)
         return

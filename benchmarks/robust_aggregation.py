@@ -32,47 +32,63 @@ from tempfile import TemporaryDirectory
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from flwr.app import Array, ArrayRecord  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+from flwr.supercore.task_identity import TaskIdentity
 
-from benchmarks.reproduce_table1 import COMMON, PRESETS  # noqa: E402
-from fedbayes.bayes.metrics import classification_metrics, predict_probs  # noqa: E402
-from fedbayes.bayes.params import get_parameters, set_parameters  # noqa: E402
-from fedbayes.client.runtime import ClientRuntime, NodeSettings  # noqa: E402
-from fedbayes.server.round_core import RoundCore  # noqa: E402
-from fedbayes.strategies import get_algorithm, run_settings  # noqa: E402
-from fedbayes.tasks.config import RunSettings  # noqa: E402
-from fedbayes.strategies import default_run_config  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from fedbayes.tasks.models import build_model, parse_hidden  # noqa: E402
-from tests.support import reply_message  # noqa: E402
-from tests.support import rogue  # noqa: E402
-from tests.support import FakeGrid  # noqa: E402
+from benchmarks.reproduce_table1 import COMMON, PRESETS
+from fedbayes.bayes.metrics import classification_metrics, predict_probs
+from fedbayes.bayes.params import get_parameters, set_parameters
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.server.round_core import RoundCore
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.models import build_model, parse_hidden
+from tests.support import FakeGrid, reply_message, rogue
 
 RESULTS = Path(__file__).resolve().parent / "results" / "robust_aggregation"
 CLIENTS = 10
 SCALE = 10.0
 SIGN_FLIP = -3.0
 ATTACKS = ("none", "scaled", "sign-flip", "shuffled")
-RULES = {"fedavg": ("none", "clip", "median", "trimmed-mean"), "feddyn": ("none", "clip", "median", "trimmed-mean"),
-         "bayesadmm": ("none", "clip")}
+RULES = {
+    "fedavg": ("none", "clip", "median", "trimmed-mean"),
+    "feddyn": ("none", "clip", "median", "trimmed-mean"),
+    "bayesadmm": ("none", "clip"),
+}
 
 
 def settings_for(strategy: str, rule: str, rounds: int, seed: int) -> RunSettings:
-    return run_settings({
-        **default_run_config(strategy), **COMMON, **PRESETS[(strategy, "dirichlet")], "strategy": strategy,
-        "federation": "bench", "fraction": 0.1, "split": "dirichlet", "seed": seed, "num-server-rounds": rounds,
-        "robust-aggregation": rule, "ensemble-samples": 0,
-    })
+    return run_settings(
+        {
+            **default_run_config(strategy),
+            **COMMON,
+            **PRESETS[(strategy, "dirichlet")],
+            "strategy": strategy,
+            "federation": "bench",
+            "fraction": 0.1,
+            "split": "dirichlet",
+            "seed": seed,
+            "num-server-rounds": rounds,
+            "robust-aggregation": rule,
+            "ensemble-samples": 0,
+        }
+    )
 
 
 def client_runtimes(settings: RunSettings, state_dir: str) -> dict[int, ClientRuntime]:
     """Node i + 1 holds partition i."""
-    return {partition + 1: ClientRuntime.create(settings, NodeSettings.from_node_config(
-        {"partition-id": partition, "num-partitions": CLIENTS, "state-dir": state_dir}, default_device="cpu"))
-        for partition in range(CLIENTS)}
+    return {
+        partition + 1: ClientRuntime.create(
+            settings,
+            NodeSettings.from_node_config(
+                {"partition-id": partition, "num-partitions": CLIENTS, "state-dir": state_dir}, default_device="cpu"
+            ),
+        )
+        for partition in range(CLIENTS)
+    }
 
 
 def with_shuffled_labels(runtime: ClientRuntime, seed: int) -> ClientRuntime:
@@ -86,8 +102,14 @@ def run(strategy: str, rule: str, attack: str, rounds: int, seed: int, reference
     algorithm = get_algorithm(strategy)
     test = load_dataset(settings.dataset, train=False).scaled(settings.input_scale)
     torch.manual_seed(settings.seed)
-    model = build_model(settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden),
-                        settings.activation, settings.pool)
+    model = build_model(
+        settings.model,
+        test.input_shape,
+        test.num_classes,
+        parse_hidden(settings.hidden),
+        settings.activation,
+        settings.pool,
+    )
     arrays = ArrayRecord({name: Array(value) for name, value in get_parameters(model).items()})
     rows = []
     with TemporaryDirectory() as state_dir:
@@ -118,12 +140,20 @@ def run(strategy: str, rule: str, attack: str, rounds: int, seed: int, reference
             set_parameters(model, {name: arrays[name].numpy() for name in arrays})
             metrics = classification_metrics(predict_probs(model, test.images, 2000, torch.device("cpu")), test.labels)
             report = core.round_report
-            rows.append({"round": server_round, **metrics, "accepted": len(report.accepted),
-                         "rejected": sorted(report.rejected), "quarantined": sorted(report.quarantined),
-                         "bad_client": runtimes.get(bad, None) and runtimes[bad].node.client_id,
-                         "seconds": time.perf_counter() - started})
-            logging.getLogger("bench").info("%s %s %s round %d: acc %.4f", strategy, rule, attack, server_round,
-                                            metrics["accuracy"])
+            rows.append(
+                {
+                    "round": server_round,
+                    **metrics,
+                    "accepted": len(report.accepted),
+                    "rejected": sorted(report.rejected),
+                    "quarantined": sorted(report.quarantined),
+                    "bad_client": runtimes.get(bad, None) and runtimes[bad].node.client_id,
+                    "seconds": time.perf_counter() - started,
+                }
+            )
+            logging.getLogger("bench").info(
+                "%s %s %s round %d: acc %.4f", strategy, rule, attack, server_round, metrics["accuracy"]
+            )
     return rows
 
 
@@ -148,9 +178,18 @@ def main() -> None:
                 rows = run(strategy, rule, attack, args.rounds, args.seed, reference_run)
                 path.write_text("".join(json.dumps(row) + "\n" for row in rows))
             last = rows[-1]
-            summary.append({"strategy": strategy, "rule": rule, "attack": attack, "accuracy": last["accuracy"],
-                            "nll": last["nll"], "ece": last["ece"], "rejected_rounds": sum(bool(r["rejected"]) for r in rows),
-                            "seconds_per_round": float(np.mean([r["seconds"] for r in rows]))})
+            summary.append(
+                {
+                    "strategy": strategy,
+                    "rule": rule,
+                    "attack": attack,
+                    "accuracy": last["accuracy"],
+                    "nll": last["nll"],
+                    "ece": last["ece"],
+                    "rejected_rounds": sum(bool(r["rejected"]) for r in rows),
+                    "seconds_per_round": float(np.mean([r["seconds"] for r in rows])),
+                }
+            )
     (RESULTS / f"summary-seed{args.seed}.json").write_text(json.dumps(summary, indent=1))
     print_table(summary)
 
@@ -161,8 +200,10 @@ def print_table(summary: list[dict]) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for row in summary:
         delta = row["accuracy"] - reference[row["strategy"]]["accuracy"]
-        print(f"| {row['strategy']} | {row['rule']} | {row['attack']} | {row['accuracy']:.4f} | {delta:+.4f} | "
-              f"{row['nll']:.3f} | {row['ece']:.3f} | {row['rejected_rounds']} |")
+        print(
+            f"| {row['strategy']} | {row['rule']} | {row['attack']} | {row['accuracy']:.4f} | {delta:+.4f} | "
+            f"{row['nll']:.3f} | {row['ece']:.3f} | {row['rejected_rounds']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Wall time per federated round vs the clients' pure local compute, on a real loopback federation.
 
-For each number of clients K (default 2 and 5), each way of running ClientApps (`fork`: forks of a
-warm `fedbayes superexec` per SuperNode, the launcher's default; `subprocess`: Flower's fresh
-`flwr-clientapp` process per message) and each server poll interval (default 0.1 s and 3 s) this starts a SuperLink and K SuperNodes with `deploy.launcher.run_local` (separate OS processes,
-gRPC on 127.0.0.1), runs FedAvg on FMNIST (iid, default MLP, `--fraction` of the data) for `--rounds`
-rounds and reads the per-round results the ServerApp writes:
+For each number of clients K (default 2 and 5), each way of running ClientApps (`fork`: forks of a warm `fedbayes
+superexec` per SuperNode, the launcher's default; `subprocess`: Flower's fresh `flwr-clientapp` process per message) and
+each server poll interval (default 0.1 s and 3 s) this starts a SuperLink and K SuperNodes with
+`deploy.launcher.run_local` (separate OS processes, gRPC on 127.0.0.1), runs FedAvg on FMNIST (iid, default MLP,
+`--fraction` of the data) for `--rounds` rounds and reads the per-round results the ServerApp writes:
 
   round_s      time from pushing a round's messages to having aggregated the replies
                (server/loop.py; excludes the server's central evaluation)
@@ -70,7 +70,7 @@ sys.path.insert(0, str(REPO))  # `python benchmarks/round_overhead.py` from a so
 for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
     os.environ.setdefault(_name, _value)
 
-from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals  # noqa: E402
+from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "round_overhead.json"
 BASELINE_POLL = 0.1  # the "d vs" column compares against this poll interval
@@ -79,20 +79,39 @@ BASELINE_POLL = 0.1  # the "d vs" column compares against this poll interval
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[2, 5], help="federation sizes K to run")
-    parser.add_argument("--poll-intervals", type=float, nargs="+", default=[BASELINE_POLL, 3.0],
-                        help="server poll intervals in seconds (3.0 = Flower's send_and_receive)")
-    parser.add_argument("--executors", nargs="+", default=["fork", "subprocess"], choices=["fork", "subprocess"],
-                        help="how SuperNodes run ClientApps (see deploy/warm_executor.py)")
+    parser.add_argument(
+        "--poll-intervals",
+        type=float,
+        nargs="+",
+        default=[BASELINE_POLL, 3.0],
+        help="server poll intervals in seconds (3.0 = Flower's send_and_receive)",
+    )
+    parser.add_argument(
+        "--executors",
+        nargs="+",
+        default=["fork", "subprocess"],
+        choices=["fork", "subprocess"],
+        help="how SuperNodes run ClientApps (see deploy/warm_executor.py)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fraction", type=float, default=0.1, help="fraction of FMNIST the clients share")
     parser.add_argument("--dataset", default="fmnist")
     parser.add_argument("--split", default="iid")
-    parser.add_argument("--startup-probes", type=int, default=3,
-                        help="times to measure a ClientApp's start-up in a fresh interpreter (0 = skip)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run every configuration this many times (poll order alternates)")
-    parser.add_argument("--superexec-poll-interval", type=float, default=None,
-                        help="set FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (Flower default 1 s)")
+    parser.add_argument(
+        "--startup-probes",
+        type=int,
+        default=3,
+        help="times to measure a ClientApp's start-up in a fresh interpreter (0 = skip)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="run every configuration this many times (poll order alternates)"
+    )
+    parser.add_argument(
+        "--superexec-poll-interval",
+        type=float,
+        default=None,
+        help="set FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (Flower default 1 s)",
+    )
     parser.add_argument("--keep-workdirs", action="store_true", help="keep run dirs (logs) under runs/benchmark-*")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     return parser.parse_args()
@@ -140,7 +159,9 @@ def probe_clientapp_startup(args: argparse.Namespace, probes: int) -> list[dict[
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-c", CLIENTAPP_PROBE, run_config, str(min(args.clients))],
-            cwd=REPO, capture_output=True, text=True,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
         wall = time.perf_counter() - started
         if done.returncode != 0:  # the app's internals may have moved; the benchmark goes on without it
@@ -286,7 +307,9 @@ def add_poll_differences(results: list[dict[str, Any]]) -> None:
     for result in results:
         key = (result["repeat"], result["clients"], result["executor"])
         if result.get("summary") and key in baseline:
-            result["summary"]["round_seconds_vs_baseline_poll"] = result["summary"]["round_seconds_steady"] - baseline[key]
+            result["summary"]["round_seconds_vs_baseline_poll"] = (
+                result["summary"]["round_seconds_steady"] - baseline[key]
+            )
 
 
 def average_over_repeats(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -299,8 +322,15 @@ def average_over_repeats(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (clients, executor, poll), summaries in groups.items():
         keys = {k for s in summaries for k, v in s.items() if isinstance(v, (int, float))}
         mean = {k: mean_of(summaries, k) for k in sorted(keys)}
-        averaged.append({"clients": clients, "executor": executor, "poll_interval": poll,
-                         "repeats": len(summaries), "summary": mean})
+        averaged.append(
+            {
+                "clients": clients,
+                "executor": executor,
+                "poll_interval": poll,
+                "repeats": len(summaries),
+                "summary": mean,
+            }
+        )
     return averaged
 
 
@@ -318,7 +348,10 @@ def format_table(results: list[dict[str, Any]], rounds: int) -> str:
     for result in results:
         s = result.get("summary")
         if s is None:
-            lines.append(f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g}  FAILED: {result['error']}")
+            lines.append(
+                f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g}  "
+                f"FAILED: {result['error']}"
+            )
             continue
         fraction = s["overhead_fraction_steady"]
         lines.append(
@@ -334,8 +367,10 @@ def format_table(results: list[dict[str, Any]], rounds: int) -> str:
 def format_rounds(result: dict[str, Any]) -> str:
     """One line per configuration with every round's seconds, to show the spread."""
     rounds = " ".join(f"{row['round_seconds']:.1f}" for row in result.get("rows", []))
-    return (f"repeat {result['repeat']} K={result['clients']} {result['executor']} poll={result['poll_interval']:g}:"
-            f" round_s per round [{rounds}]")
+    return (
+        f"repeat {result['repeat']} K={result['clients']} {result['executor']} poll={result['poll_interval']:g}:"
+        f" round_s per round [{rounds}]"
+    )
 
 
 def run_all(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
@@ -357,8 +392,13 @@ def run_one(
 ) -> dict[str, Any]:
     load = os.getloadavg()
     print(f"running K={clients} executor={executor} poll-interval={poll:g} s (load {load[0]:.2f}) ...", flush=True)
-    result: dict[str, Any] = {"repeat": repeat, "clients": clients, "executor": executor, "poll_interval": poll,
-                              "load_average_before": load}
+    result: dict[str, Any] = {
+        "repeat": repeat,
+        "clients": clients,
+        "executor": executor,
+        "poll_interval": poll,
+        "load_average_before": load,
+    }
     started = time.monotonic()
     try:
         rows, cpu = run_configuration(args, clients, executor, poll, root)
@@ -371,14 +411,21 @@ def run_one(
 
 
 # `fedbayes superexec` = the warm parent and its forked ClientApps (same command line).
-CPU_ROLES = ("flower-superlink", "flwr-serverapp", "flower-supernode", "flower-superexec", "flwr-clientapp",
-             "fedbayes superexec")
+CPU_ROLES = (
+    "flower-superlink",
+    "flwr-serverapp",
+    "flower-supernode",
+    "flower-superexec",
+    "flwr-clientapp",
+    "fedbayes superexec",
+)
 
 
 def format_cpu_table(results: list[dict[str, Any]]) -> str:
     """CPU seconds each kind of process used over the whole run (start-up included)."""
     header = (
-        f"{'K':>2} {'executor':>10} {'poll_s':>6} {'wall_s':>7} {'cpu_s':>7} " + " ".join(f"{r:>16}" for r in CPU_ROLES)
+        f"{'K':>2} {'executor':>10} {'poll_s':>6} {'wall_s':>7} {'cpu_s':>7} "
+        + " ".join(f"{r:>16}" for r in CPU_ROLES)
         + f" {'other':>6} {'per clientapp':>13}"
     )
     lines = ["CPU seconds per run by process (2 cores => at most 2 x wall_s):", header, "-" * len(header)]
@@ -391,8 +438,9 @@ def format_cpu_table(results: list[dict[str, Any]]) -> str:
         clientapps = cpu.get("flwr-clientapp", {}).get("processes", 0)
         per_clientapp = seconds.get("flwr-clientapp", 0.0) / clientapps if clientapps else 0.0
         lines.append(
-            f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g} {result['total_seconds']:>7.1f}"
-            f" {sum(seconds.values()):>7.1f} " + " ".join(f"{seconds.get(r, 0.0):>16.1f}" for r in CPU_ROLES)
+            f"{result['clients']:>2} {result['executor']:>10} {result['poll_interval']:>6g} "
+            f"{result['total_seconds']:>7.1f} {sum(seconds.values()):>7.1f} "
+            + " ".join(f"{seconds.get(r, 0.0):>16.1f}" for r in CPU_ROLES)
             + f" {other:>6.1f} {per_clientapp:>13.2f}"
         )
     return "\n".join(lines)
@@ -405,8 +453,10 @@ def main() -> None:
         os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(args.superexec_poll_interval)
     load_at_start = os.getloadavg()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    print(f"load average at start: {load_at_start[0]:.2f} {load_at_start[1]:.2f} {load_at_start[2]:.2f}"
-          f" on {os.cpu_count()} cores")
+    print(
+        f"load average at start: {load_at_start[0]:.2f} {load_at_start[1]:.2f} {load_at_start[2]:.2f}"
+        f" on {os.cpu_count()} cores"
+    )
     startup = probe_clientapp_startup(args, args.startup_probes)
     if args.keep_workdirs:
         root = REPO / "runs" / f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -433,8 +483,12 @@ def main() -> None:
         "load_average_at_end": os.getloadavg(),
         "cpu_count": os.cpu_count(),
         "settings": {
-            "strategy": "fedavg", "dataset": args.dataset, "split": args.split, "fraction": args.fraction,
-            "rounds": args.rounds, "model": "mlp (app default)",
+            "strategy": "fedavg",
+            "dataset": args.dataset,
+            "split": args.split,
+            "fraction": args.fraction,
+            "rounds": args.rounds,
+            "model": "mlp (app default)",
             "executors": args.executors,
             "env": {
                 k: os.environ.get(k)

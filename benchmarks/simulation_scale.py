@@ -26,19 +26,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.processes import processes_with_env  # noqa: E402
+from tests.support.processes import processes_with_env
 
 OUTPUT = REPO / "benchmarks" / "results" / "simulation_scale.json"
-ENV = {"OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-       "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
 
 
 def run_simulation(clients: int, rounds: int, fraction: float, root: Path) -> dict:
     results, home = root / f"sim-{clients}.jsonl", root / f"home-{clients}"
-    config = (f'num-server-rounds={rounds} fraction={fraction} model="logreg" fraction-train=0.1 '
-              f'results-path="{results}" server-state-dir="{root / "server-state"}"')
-    command = [str(Path(sys.executable).with_name("fedbayes")), "run", str(REPO), "local", "--stream",
-               "--federation-config", f"num-supernodes={clients}", "-c", config]
+    config = (
+        f'num-server-rounds={rounds} fraction={fraction} model="logreg" fraction-train=0.1 '
+        f'results-path="{results}" server-state-dir="{root / "server-state"}"'
+    )
+    command = [
+        str(Path(sys.executable).with_name("fedbayes")),
+        "run",
+        str(REPO),
+        "local",
+        "--stream",
+        "--federation-config",
+        f"num-supernodes={clients}",
+        "-c",
+        config,
+    ]
     env = {**os.environ, **ENV, "FLWR_HOME": str(home)}
     started = time.monotonic()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
@@ -47,10 +62,16 @@ def run_simulation(clients: int, rounds: int, fraction: float, root: Path) -> di
         raise RuntimeError(f"simulation with {clients} clients failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     steady = [row["round_seconds"] for row in rows[1:]] or [rows[0]["round_seconds"]]
-    return {"clients": clients, "rounds": len(rows), "clients_per_round": [row["clients_sent"] for row in rows],
-            "round_seconds": [row["round_seconds"] for row in rows], "median_round_seconds_2_n": statistics.median(steady),
-            "command_wall_seconds": wall, "left_behind": processes_with_env("FLWR_HOME", str(home)),
-            "final_accuracy": rows[-1]["accuracy"]}
+    return {
+        "clients": clients,
+        "rounds": len(rows),
+        "clients_per_round": [row["clients_sent"] for row in rows],
+        "round_seconds": [row["round_seconds"] for row in rows],
+        "median_round_seconds_2_n": statistics.median(steady),
+        "command_wall_seconds": wall,
+        "left_behind": processes_with_env("FLWR_HOME", str(home)),
+        "final_accuracy": rows[-1]["accuracy"],
+    }
 
 
 def main() -> None:
@@ -66,14 +87,27 @@ def main() -> None:
         for clients in args.clients:
             runs.append(run_simulation(clients, args.rounds, args.fraction, Path(tmp)))
             r = runs[-1]
-            print(f"{clients:>5} virtual clients ({r['clients_per_round'][0]} per round): round_s "
-                  f"{' '.join(f'{s:.1f}' for s in r['round_seconds'])}; median of rounds 2..N "
-                  f"{r['median_round_seconds_2_n']:.1f} s; whole command {r['command_wall_seconds']:.0f} s; "
-                  f"processes left: {len(r['left_behind'])}", flush=True)
+            print(
+                f"{clients:>5} virtual clients ({r['clients_per_round'][0]} per round): round_s "
+                f"{' '.join(f'{s:.1f}' for s in r['round_seconds'])}; median of rounds 2..N "
+                f"{r['median_round_seconds_2_n']:.1f} s; whole command {r['command_wall_seconds']:.0f} s; "
+                f"processes left: {len(r['left_behind'])}",
+                flush=True,
+            )
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(json.dumps({"benchmark": "simulation_scale", "load_average_at_start": load,
-                                  "load_average_at_end": os.getloadavg(), "settings": vars(args), "runs": runs},
-                                 indent=2) + "\n")
+    OUTPUT.write_text(
+        json.dumps(
+            {
+                "benchmark": "simulation_scale",
+                "load_average_at_start": load,
+                "load_average_at_end": os.getloadavg(),
+                "settings": vars(args),
+                "runs": runs,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {OUTPUT}")
 
 

@@ -27,17 +27,22 @@ from sklearn.metrics import roc_auc_score
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals  # noqa: E402
-from fedbayes.posterior import Prediction, load  # noqa: E402
-from fedbayes.posterior.export import export_posterior, locate_run  # noqa: E402
-from fedbayes.tasks.datasets import load_dataset  # noqa: E402
-from reproduce_table1 import COMMON, PRESETS  # noqa: E402
+from reproduce_table1 import COMMON, PRESETS
+
+from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals
+from fedbayes.posterior import Prediction, load
+from fedbayes.posterior.export import export_posterior, locate_run
+from fedbayes.tasks.datasets import load_dataset
 
 RESULTS = Path(__file__).resolve().parent / "results" / "uncertainty"
 STRATEGIES = ("bayesadmm", "fedavg")
 SPLIT = "dirichlet"
-SMOKE = {"clients": 2, "rounds": 2, "fraction": 0.02,
-         "overrides": {"model": "logreg", "local-epochs": 1, "ensemble-samples": 4}}
+SMOKE = {
+    "clients": 2,
+    "rounds": 2,
+    "fraction": 0.02,
+    "overrides": {"model": "logreg", "local-epochs": 1, "ensemble-samples": 4},
+}
 
 
 def workdir_of(strategy: str, args: argparse.Namespace) -> Path:
@@ -59,9 +64,20 @@ def train(strategy: str, args: argparse.Namespace) -> Path:
         return workdir
     resume = (workdir / FLWR_HOME).is_dir()
     print(f"{strategy}: {'resuming' if resume else 'starting'} {workdir} (round {done} of {args.rounds})", flush=True)
-    run_local(LocalRun(strategy=strategy, clients=args.clients, rounds=args.rounds, dataset="fmnist",
-                       fraction=args.fraction, split=SPLIT, seed=args.seed, workdir=workdir, resume=resume,
-                       overrides={**COMMON, **PRESETS[(strategy, SPLIT)], **args.overrides}))
+    run_local(
+        LocalRun(
+            strategy=strategy,
+            clients=args.clients,
+            rounds=args.rounds,
+            dataset="fmnist",
+            fraction=args.fraction,
+            split=SPLIT,
+            seed=args.seed,
+            workdir=workdir,
+            resume=resume,
+            overrides={**COMMON, **PRESETS[(strategy, SPLIT)], **args.overrides},
+        )
+    )
     return workdir
 
 
@@ -87,11 +103,17 @@ def measure(strategy: str, workdir: Path) -> list[dict]:
         if prediction.members > 1:
             scores["mutual information"] = prediction.mutual_information
         for score_name, score in scores.items():
-            rows.append({
-                "strategy": strategy, "predictive": name, "members": prediction.members, "score": score_name,
-                "accuracy": (prediction.predicted == test.labels).double().mean().item(),
-                "auroc": auroc(prediction, test.labels, score), "round": header.round,
-            })
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "predictive": name,
+                    "members": prediction.members,
+                    "score": score_name,
+                    "accuracy": (prediction.predicted == test.labels).double().mean().item(),
+                    "auroc": auroc(prediction, test.labels, score),
+                    "round": header.round,
+                }
+            )
     return rows
 
 
@@ -99,8 +121,9 @@ def table(rows: list[dict]) -> str:
     lines = [f"{'strategy':<10} {'predictive':<16} {'score':<19} {'accuracy':>8} {'AUROC':>7}"]
     for row in rows:
         predictive = row["predictive"] if row["members"] == 1 else f"{row['predictive']} ({row['members']})"
-        lines.append(f"{row['strategy']:<10} {predictive:<16} {row['score']:<19} {row['accuracy']:>8.4f} "
-                     f"{row['auroc']:>7.4f}")
+        lines.append(
+            f"{row['strategy']:<10} {predictive:<16} {row['score']:<19} {row['accuracy']:>8.4f} {row['auroc']:>7.4f}"
+        )
     return "\n".join(lines)
 
 
@@ -122,8 +145,17 @@ def main() -> None:
     print(table(rows))
     RESULTS.mkdir(parents=True, exist_ok=True)
     output = RESULTS / f"auroc{'-smoke' if args.smoke else ''}.json"
-    output.write_text(json.dumps({"settings": {key: value for key, value in vars(args).items()}, "split": SPLIT,
-                                  "rows": rows, "wall_seconds": time.monotonic() - started}, indent=1))
+    output.write_text(
+        json.dumps(
+            {
+                "settings": {key: value for key, value in vars(args).items()},
+                "split": SPLIT,
+                "rows": rows,
+                "wall_seconds": time.monotonic() - started,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {output}")
 
 

@@ -40,8 +40,10 @@ def _train(message: Message, context: Context) -> Message:
         return Message(leave_and_forget(message.content, node), reply_to=message)
     forgotten = decode_header(message.content, sender="server").forgotten_client_id
     if forgotten == node.client_id:  # every reply would be refused: say why here, where the client's operator looks
-        raise RuntimeError(f"the server has forgotten client {node.client_id!r} (fedbayes forget) and refuses its "
-                           "replies; stop this client, or ask the federation's operator to readmit it")
+        raise RuntimeError(
+            f"the server has forgotten client {node.client_id!r} (fedbayes forget) and refuses its "
+            "replies; stop this client, or ask the federation's operator to readmit it"
+        )
     started = time.perf_counter()
     runtime = ClientRuntime.create(settings, node)
     setup = time.perf_counter() - started
@@ -63,11 +65,18 @@ def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
     if header.forgotten_client_id == node.client_id:
         store = ClientStateStore(node.state_dir, header.federation, node.client_id)
         marker = store.delete_for_leaving(header.server_round)
-        log(INFO, "%s: the server has forgotten this client; deleted %s, leaving (%s)", node.client_id,
-            store.directory, marker)
+        log(
+            INFO,
+            "%s: the server has forgotten this client; deleted %s, leaving (%s)",
+            node.client_id,
+            store.directory,
+            marker,
+        )
     else:
         log(INFO, "%s: asking the server to forget this client (round %d)", node.client_id, header.server_round)
-    return encode(pb.LeaveAndForget(header=new_header(header.federation, header.server_round, node.client_id)), None, {})
+    return encode(
+        pb.LeaveAndForget(header=new_header(header.federation, header.server_round, node.client_id)), None, {}
+    )
 
 
 def describe(device: torch.device) -> str:

@@ -89,8 +89,10 @@ class ClientHalf:
             runtime.save_state(header, ClientState(result.state, {"federation": header.federation}))
         envelope = pb.Reply(
             header=new_header(header.federation, header.server_round, runtime.node.client_id),
-            num_examples=len(runtime.data.labels), train_loss=result.train_loss,
-            compute_seconds=result.compute_seconds, resumed_from_round=stored.round if stored is not None else 0,
+            num_examples=len(runtime.data.labels),
+            train_loss=result.train_loss,
+            compute_seconds=result.compute_seconds,
+            resumed_from_round=stored.round if stored is not None else 0,
         )
         buffers = get_parameters(runtime.model, runtime.buffer_layout)
         return encode(envelope, result.reply, {**result.tensors, "buffers": buffers})

@@ -12,20 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from flwr.common import log
 
-from fedbayes.bayes.params import buffer_layout, parameter_layout
+from fedbayes.bayes.params import TensorLayout, buffer_layout, parameter_layout
 from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.bayes.params import TensorLayout
 from fedbayes.tasks.compute import resolve_device
 from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
-from fedbayes.tasks.storage import is_safe_name
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.npzdata import load_data_path, load_npz_partition
 from fedbayes.tasks.partitions import partition_dataset, read_split_file
+from fedbayes.tasks.storage import is_safe_name
 
 DEFAULT_STATE_DIR = Path(os.environ.get("FEDBAYES_STATE_DIR", Path.home() / ".fedbayes" / "state"))
 
@@ -92,7 +90,11 @@ class ClientRuntime:
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
         data = load_client_data(settings, node).scaled(settings.input_scale)
         model = build_model(
-            settings.model, data.input_shape, data.num_classes, parse_hidden(settings.hidden), settings.activation,
+            settings.model,
+            data.input_shape,
+            data.num_classes,
+            parse_hidden(settings.hidden),
+            settings.activation,
             settings.pool,
         )
         return cls(
@@ -128,8 +130,12 @@ class ClientRuntime:
 
     def save_state(self, header: pb.Header, state: ClientState) -> None:
         started = time.perf_counter()
-        self.state_store(header.federation).save(state, header.server_round, self.accepted_round(header),
-                                                 header.checkpointed_rounds.get(self.node.client_id, 0))
+        self.state_store(header.federation).save(
+            state,
+            header.server_round,
+            self.accepted_round(header),
+            header.checkpointed_rounds.get(self.node.client_id, 0),
+        )
         self.timings["state-save"] = time.perf_counter() - started
 
     def local_seed(self, seed: int, server_round: int) -> int:

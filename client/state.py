@@ -74,8 +74,10 @@ class ClientStateStore:
         if self.directory.exists():
             shutil.rmtree(self.directory)
         marker = left_marker(self.directory.parent.parent, self.directory.name)
-        write_atomically(marker, json.dumps({"federation": self.federation, "round": server_round,
-                                             "deleted": str(self.directory)}).encode())
+        write_atomically(
+            marker,
+            json.dumps({"federation": self.federation, "round": server_round, "deleted": str(self.directory)}).encode(),
+        )
         return marker
 
     def saved_rounds(self) -> list[int]:

@@ -120,8 +120,14 @@ def train_anchored(
     device_anchor = anchor.to(runtime.device, torch.float32)
     device_weight = weight.to(runtime.device, torch.float32) if isinstance(weight, torch.Tensor) else weight
     train_loss, seconds = train_epochs(
-        model, runtime.data, make_optimizer(model, training), training.epochs, training.batch_size, runtime.device,
-        seed=runtime.local_seed(training.seed, server_round), extra_loss=anchored_penalty(device_anchor, device_weight),
+        model,
+        runtime.data,
+        make_optimizer(model, training),
+        training.epochs,
+        training.batch_size,
+        runtime.device,
+        seed=runtime.local_seed(training.seed, server_round),
+        extra_loss=anchored_penalty(device_anchor, device_weight),
         max_grad_norm=max_grad_norm,
     )
     local = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().double()

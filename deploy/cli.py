@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from fedbayes.tasks.config import AT_LEAST_ONE, CORE_KEYS, NON_NEGATIVE, Check
+from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,31 +17,50 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_local(commands.add_parser("local", help="run a federation of local processes over loopback gRPC"))
     commands.add_parser(
-        "run", add_help=False,
+        "run",
+        add_help=False,
         help="`flwr run ARGS --stream` that exits non-zero unless the run completed, and stops the simulation "
-             "SuperLink it started",
+        "SuperLink it started",
     )
     _add_partitions(commands.add_parser("partitions", help="print per-client sizes and class counts of a split"))
-    _add_export(commands.add_parser("export-partitions",
-                                    help="write each client's partition to an .npz file, and the test set"))
+    _add_export(
+        commands.add_parser("export-partitions", help="write each client's partition to an .npz file, and the test set")
+    )
     _add_strategies(commands.add_parser("strategies", help="list the strategies and the run-config keys each reads"))
     _add_app(commands.add_parser("app", help="write the Flower app (DIR/pyproject.toml) for `flwr run DIR`"))
     commands.add_parser(
-        "supernode", add_help=False,
+        "supernode",
+        add_help=False,
         help="`flower-supernode ARGS` without Flower's 3 s idle sleep between pulls (deploy/supernode.py)",
     )
-    _add_superexec(commands.add_parser(
-        "superexec", help="run the ClientApps of this machine's SuperNodes as forks of one warm process"))
+    _add_superexec(
+        commands.add_parser(
+            "superexec", help="run the ClientApps of this machine's SuperNodes as forks of one warm process"
+        )
+    )
     _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))
-    _add_client(commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)"))
-    _add_posterior_export(commands.add_parser(
-        "export", help="write a round's global posterior to an open file (safetensors + JSON header)"))
-    _add_predict(commands.add_parser(
-        "predict", help="posterior predictive and uncertainty (entropy, mutual information) of an exported posterior"))
+    _add_client(
+        commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)")
+    )
+    _add_posterior_export(
+        commands.add_parser(
+            "export", help="write a round's global posterior to an open file (safetensors + JSON header)"
+        )
+    )
+    _add_predict(
+        commands.add_parser(
+            "predict",
+            help="posterior predictive and uncertainty (entropy, mutual information) of an exported posterior",
+        )
+    )
     _add_report(commands.add_parser("report", help="plot runs' results (PNG) with a one-page index.html"))
-    _add_forget(commands.add_parser(
-        "forget", help="forget a client: take its contribution out of the server's state and revoke its id "
-                       "(or --readmit one); between rounds of a running federation"))
+    _add_forget(
+        commands.add_parser(
+            "forget",
+            help="forget a client: take its contribution out of the server's state and revoke its id "
+            "(or --readmit one); between rounds of a running federation",
+        )
+    )
     if argv[:1] == ["run"]:  # every argument goes to `flwr run` as it is: argparse cannot pass options through
         from fedbayes.deploy.flwr_run import main as flwr_run
 
@@ -72,37 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def checked_number(kind: type[int] | type[float], check: Check) -> Callable[[str], int | float]:
-    """An argparse `type=` for a numeric option: a finite `kind` that passes `check`. argparse names the option in
-    the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-        if not check.test(value):
-            raise argparse.ArgumentTypeError(f"{check.requirement}, got {text!r}")
-        return value
-
-    return parse
-
-
-def run_config_number(name: str) -> Callable[[str], int | float]:
-    """The type and check of core run-config key `name`, for the option that sets it: both refuse the same values."""
-    key = next(key for key in CORE_KEYS if key.name == name)
-    return checked_number(key.type, key.check)
-
-
 def _add_split_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=checked_number(int, AT_LEAST_ONE), required=True)
     parser.add_argument("--dataset", default="fmnist", help="fmnist, mnist, cifar10, cifar100, or npz:DIR")
     parser.add_argument("--data-root", default="", help="torchvision layout root ('' = Debian's Fashion-MNIST)")
-    parser.add_argument("--fraction", type=run_config_number("fraction"), default=1.0,
-                        help="fraction of the training set, in (0, 1] (0.1 = FMNIST-10%%)")
+    parser.add_argument(
+        "--fraction",
+        type=run_config_number("fraction"),
+        default=1.0,
+        help="fraction of the training set, in (0, 1] (0.1 = FMNIST-10%%)",
+    )
     parser.add_argument("--split", default="iid", choices=("iid", "dirichlet", "two-class"))
     parser.add_argument("--seed", type=run_config_number("seed"), default=0, help="in [0, 2^32)")
 
@@ -111,23 +107,40 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--rounds", type=run_config_number("num-server-rounds"), required=True)
     _add_split_arguments(parser)
-    parser.add_argument("--results", type=Path, metavar="FILE",
-                        help="JSON-lines results file (default: <workdir>/results.jsonl); one that is not empty is "
-                             "refused unless --set results-exists=append (this run's rows after its own) or "
-                             "results-exists=replace")
-    parser.add_argument("--workdir", type=Path,
-                        help="logs, Flower home, server checkpoints and client state; a new or empty directory "
-                             "(default: runs/<time>-<strategy>), or with --resume one that holds a federation")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the federation in --workdir after its last checkpointed round")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1")
     parser.add_argument(
-        "--executor", default="shared", choices=("shared", "fork", "subprocess"),
-        help="shared (default): ClientApps fork from one warm process that serves every SuperNode; fork: from a "
-             "warm process per SuperNode; subprocess: Flower's fresh process per message (2-5 s of imports each)",
+        "--results",
+        type=Path,
+        metavar="FILE",
+        help="JSON-lines results file (default: <workdir>/results.jsonl); one that is not empty is "
+        "refused unless --set results-exists=append (this run's rows after its own) or "
+        "results-exists=replace",
     )
-    parser.add_argument("--parallel-tasks", type=checked_number(int, NON_NEGATIVE), default=None, metavar="N",
-                        help="at most N ClientApps compute at once (default: this machine's cores; 0: no limit)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="logs, Flower home, server checkpoints and client state; a new or empty directory "
+        "(default: runs/<time>-<strategy>), or with --resume one that holds a federation",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the federation in --workdir after its last checkpointed round"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1"
+    )
+    parser.add_argument(
+        "--executor",
+        default="shared",
+        choices=("shared", "fork", "subprocess"),
+        help="shared (default): ClientApps fork from one warm process that serves every SuperNode; fork: from a "
+        "warm process per SuperNode; subprocess: Flower's fresh process per message (2-5 s of imports each)",
+    )
+    parser.add_argument(
+        "--parallel-tasks",
+        type=checked_number(int, NON_NEGATIVE),
+        default=None,
+        metavar="N",
+        help="at most N ClientApps compute at once (default: this machine's cores; 0: no limit)",
+    )
     parser.set_defaults(handler=_run_local)
 
 
@@ -183,8 +196,13 @@ def _without_workdir(argv: list[str]) -> list[str]:
 
 
 def _add_report(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN",
-                        help="a `fedbayes local` workdir or a results .jsonl; several are compared side by side")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN",
+        help="a `fedbayes local` workdir or a results .jsonl; several are compared side by side",
+    )
     parser.add_argument("--out", type=Path, required=True, help="directory for the PNG plots and index.html")
     parser.set_defaults(handler=_write_report)
 
@@ -198,17 +216,31 @@ def _write_report(args: argparse.Namespace) -> int:
 
 
 def _add_forget(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", type=Path, metavar="RUN",
-                        help="a `fedbayes local` workdir, or a server state directory with --federation")
+    parser.add_argument(
+        "run",
+        type=Path,
+        metavar="RUN",
+        help="a `fedbayes local` workdir, or a server state directory with --federation",
+    )
     parser.add_argument("--federation", help="the federation's name, when RUN is a server state directory")
     who = parser.add_mutually_exclusive_group(required=True)
     who.add_argument("--client", metavar="ID", help="the client id to forget")
     who.add_argument("--readmit", metavar="ID", help="let a forgotten client id take part again, as a new client")
-    parser.add_argument("--refine-rounds", type=checked_number(int, NON_NEGATIVE), default=0, metavar="R",
-                        help="the federation runs at least R ordinary rounds among the remaining clients after the "
-                             "forget (a resume raises num-server-rounds if needed)")
-    parser.add_argument("--wait", type=checked_number(float, NON_NEGATIVE), default=600.0, metavar="SECONDS",
-                        help="how long to wait for a running federation to settle the request (default 600)")
+    parser.add_argument(
+        "--refine-rounds",
+        type=checked_number(int, NON_NEGATIVE),
+        default=0,
+        metavar="R",
+        help="the federation runs at least R ordinary rounds among the remaining clients after the "
+        "forget (a resume raises num-server-rounds if needed)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=checked_number(float, NON_NEGATIVE),
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for a running federation to settle the request (default 600)",
+    )
     parser.add_argument("--data-root", help="where the run's dataset is, if not where its run config says")
     parser.set_defaults(handler=_forget)
 
@@ -220,8 +252,9 @@ def _forget(args: argparse.Namespace) -> int:
     if args.readmit and args.refine_rounds:
         raise ValueError("--refine-rounds goes with --client (a readmission changes no state to refine)")
     location = locate_run(args.run, args.federation)
-    request = ForgetRequest.by_operator(location.federation, args.client or args.readmit, args.refine_rounds,
-                                        readmit=args.readmit is not None)
+    request = ForgetRequest.by_operator(
+        location.federation, args.client or args.readmit, args.refine_rounds, readmit=args.readmit is not None
+    )
     record = forget_command(location, request, args.wait, args.data_root)
     print(describe_outcome(record, audit_path(location)))
     return 0
@@ -262,11 +295,18 @@ def _add_pki(parser: argparse.ArgumentParser) -> None:
 
 def _add_partitions(parser: argparse.ArgumentParser) -> None:
     _add_split_arguments(parser)
-    parser.add_argument("--write", type=Path, metavar="F",
-                        help="also write the split as JSON (per client its row indices) for run config split-file")
-    parser.add_argument("--split-file", type=Path, metavar="F",
-                        help="describe (and check) the split in F instead of drawing one")
-    parser.add_argument("--allow-overlap", action="store_true", help="with --split-file: rows may be in several clients")
+    parser.add_argument(
+        "--write",
+        type=Path,
+        metavar="F",
+        help="also write the split as JSON (per client its row indices) for run config split-file",
+    )
+    parser.add_argument(
+        "--split-file", type=Path, metavar="F", help="describe (and check) the split in F instead of drawing one"
+    )
+    parser.add_argument(
+        "--allow-overlap", action="store_true", help="with --split-file: rows may be in several clients"
+    )
     parser.set_defaults(handler=_print_partitions)
 
 
@@ -284,8 +324,11 @@ def _print_strategies(args: argparse.Namespace) -> int:
 
 def _add_app(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--strategy", default="",
-                        help="also list this out-of-tree strategy's own keys ('<module>:<attribute>' or entry point)")
+    parser.add_argument(
+        "--strategy",
+        default="",
+        help="also list this out-of-tree strategy's own keys ('<module>:<attribute>' or entry point)",
+    )
     parser.set_defaults(handler=_write_app)
 
 
@@ -298,8 +341,12 @@ def _write_app(args: argparse.Namespace) -> int:
 
 def _add_export(parser: argparse.ArgumentParser) -> None:
     _add_split_arguments(parser)
-    parser.add_argument("--out", type=Path, required=True,
-                        help="directory for client-<i>.npz and test.npz (then usable as --dataset npz:DIR)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="directory for client-<i>.npz and test.npz (then usable as --dataset npz:DIR)",
+    )
     parser.set_defaults(handler=_export_partitions)
 
 

@@ -35,13 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-from fedbayes.deploy.cli import checked_number
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
 from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH  # the server refuses every reply from a longer id
-from fedbayes.tasks.config import NON_NEGATIVE
-from fedbayes.tasks.storage import is_safe_name
+from fedbayes.tasks.config import NON_NEGATIVE, checked_number
 from fedbayes.tasks.preflight import unwritable
+from fedbayes.tasks.storage import is_safe_name
 
 DEFAULT_STATE_DIR = Path("/var/lib/fedbayes")
 # A SuperNode that died without signing off stays online at the SuperLink until two 30 s heartbeats lapse.
@@ -50,8 +49,13 @@ MAX_BACKOFF = 8.0
 SIGN_OFF_TIMEOUT = 10.0
 
 
-def node_config(client_id: str, state_dir: Path, data_path: Path | None = None,
-                partition: tuple[int, int] | None = None, leave_and_forget: bool = False) -> str:
+def node_config(
+    client_id: str,
+    state_dir: Path,
+    data_path: Path | None = None,
+    partition: tuple[int, int] | None = None,
+    leave_and_forget: bool = False,
+) -> str:
     """`--node-config` for a client: its own data file, or partition i of k of the run's split (tests); or, leaving,
     neither (client/runtime.py NodeSettings)."""
     settings = [f'client-id="{client_id}"', f"state-dir={json.dumps(str(state_dir))}"]
@@ -65,51 +69,86 @@ def node_config(client_id: str, state_dir: Path, data_path: Path | None = None,
 
 
 def supernode_command(
-    fedbayes: str, superlink: str, config: str, runtime_port: int, ca_cert: Path | None,
-    auth_key: Path | None, isolation: str = "process",
+    fedbayes: str,
+    superlink: str,
+    config: str,
+    runtime_port: int,
+    ca_cert: Path | None,
+    auth_key: Path | None,
+    isolation: str = "process",
 ) -> list[str]:
     """A SuperNode (`fedbayes supernode`: Flower's, without its 3 s idle sleep) dialing `superlink`: TLS with
     `ca_cert` (insecure without, loopback development only), authenticated with `auth_key`; its Runtime API
     for the ClientApp executor on 127.0.0.1:`runtime_port`."""
     security = ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     security += ["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []
-    return [fedbayes, "supernode", *security, "--superlink", superlink, "--port", str(runtime_port),
-            "--node-config", config, "--isolation", isolation]
+    return [
+        fedbayes,
+        "supernode",
+        *security,
+        "--superlink",
+        superlink,
+        "--port",
+        str(runtime_port),
+        "--node-config",
+        config,
+        "--isolation",
+        isolation,
+    ]
 
 
 def superexec_command(fedbayes: str, *supernodes: tuple[int, int]) -> list[str]:
     """The warm ClientApp executor for the SuperNodes (runtime port, pid) whose Runtime APIs are on this host's
     127.0.0.1 (plain HTTP that never leaves the machine); it serves each until that SuperNode exits."""
-    served = [arg for port, pid in supernodes
-              for arg in ("--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(pid))]
+    served = [
+        arg
+        for port, pid in supernodes
+        for arg in ("--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(pid))
+    ]
     return [fedbayes, "superexec", "--insecure", *served]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--superlink", required=True, help="the SuperLink's Fleet API, host:port (9092 by default)")
     parser.add_argument("--ca", type=Path, required=True, help="the federation's CA certificate (ca.crt)")
-    parser.add_argument("--key", type=Path, required=True, help="this client's private key (registered by the operator)")
-    parser.add_argument("--check", action="store_true",
-                        help="check name, network, TLS, clock and key against the SuperLink, report, and exit")
+    parser.add_argument(
+        "--key", type=Path, required=True, help="this client's private key (registered by the operator)"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check name, network, TLS, clock and key against the SuperLink, report, and exit",
+    )
     parser.add_argument("--client-id", help="stable identity, [A-Za-z0-9._-]+ (required unless --check)")
-    parser.add_argument("--data", type=Path, help=".npz with `x` and `y` (README \"Bring your own data\"; required unless --check)")
+    parser.add_argument(
+        "--data", type=Path, help='.npz with `x` and `y` (README "Bring your own data"; required unless --check)'
+    )
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="durable client state")
     parser.add_argument("--log-dir", type=Path, help="write the two processes' logs here (default: this terminal)")
-    parser.add_argument("--leave", action="store_true",
-                        help="with --forget: ask the server to forget this client, delete its state once it has, and "
-                             "leave (instead of training)")
+    parser.add_argument(
+        "--leave",
+        action="store_true",
+        help="with --forget: ask the server to forget this client, delete its state once it has, and "
+        "leave (instead of training)",
+    )
     parser.add_argument("--forget", action="store_true", help="see --leave")
-    parser.add_argument("--activation-timeout", type=checked_number(float, NON_NEGATIVE),
-                        default=DEFAULT_ACTIVATION_TIMEOUT, metavar="SECONDS",
-                        help="how long to retry while the SuperLink is unreachable or still holds this key's node")
+    parser.add_argument(
+        "--activation-timeout",
+        type=checked_number(float, NON_NEGATIVE),
+        default=DEFAULT_ACTIVATION_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to retry while the SuperLink is unreachable or still holds this key's node",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     target = fleet_target(args)
     if args.check:
         node_id = check(target, say=print)
-        print(f"ok: this machine can join the federation at {target.address} as node {node_id}; "
-              "run the same command without --check (and with --client-id, --data) to join")
+        print(
+            f"ok: this machine can join the federation at {target.address} as node {node_id}; "
+            "run the same command without --check (and with --client-id, --data) to join"
+        )
         return 0
     check_joining(args)
     node_id = wait_until_accepted(target, args.activation_timeout)
@@ -126,8 +165,10 @@ def fleet_target(args: argparse.Namespace) -> FleetTarget:
     try:
         ssl.create_default_context(cafile=str(args.ca))
     except OSError as error:  # ssl.SSLError (no certificate in it) is one
-        raise ValueError(f"--ca {args.ca} is not a readable PEM certificate file ({error.strerror or error}); use "
-                         "the federation's ca.crt, from its operator") from None
+        raise ValueError(
+            f"--ca {args.ca} is not a readable PEM certificate file ({error.strerror or error}); use "
+            "the federation's ca.crt, from its operator"
+        ) from None
     try:
         load_private_key(args.key)  # a ProbeError naming --key for a key the SuperLink cannot accept
     except OSError as error:
@@ -140,11 +181,14 @@ def check_joining(args: argparse.Namespace) -> None:
     from fedbayes.tasks.npzdata import NpzDataError, read_header
 
     if args.leave != args.forget:
-        raise ValueError("--leave and --forget go together: they ask the server to forget this client, then leave "
-                         "(to stop taking part without that, stop the client: Ctrl-C)")
+        raise ValueError(
+            "--leave and --forget go together: they ask the server to forget this client, then leave "
+            "(to stop taking part without that, stop the client: Ctrl-C)"
+        )
     if args.client_id is None or (args.data is None and not args.leave):
-        raise ValueError("joining needs --client-id and --data (only --check does without them, and --leave --forget "
-                         "without --data)")
+        raise ValueError(
+            "joining needs --client-id and --data (only --check does without them, and --leave --forget without --data)"
+        )
     client_id = args.client_id
     if not (client_id.isascii() and is_safe_name(client_id) and len(client_id) <= MAX_CLIENT_ID_LENGTH):
         raise ValueError(f"--client-id {client_id!r} must be 1 to {MAX_CLIENT_ID_LENGTH} characters of [A-Za-z0-9._-]")
@@ -176,30 +220,36 @@ def wait_until_accepted(target: FleetTarget, timeout: float) -> int:
 
 def run_supernode(args: argparse.Namespace) -> int:
     """The SuperNode and its ClientApp executor until interrupted or until either exits; its exit code."""
-    from fedbayes.deploy.launcher import console_script, process_env
-
     from fedbayes.client.state import left_marker
+    from fedbayes.deploy.launcher import console_script, process_env
 
     (runtime_port,) = free_ports(1)
     data_path = args.data.resolve() if args.data else None  # leaving needs none
     config = node_config(args.client_id, args.state_dir.resolve(), data_path=data_path, leave_and_forget=args.leave)
     marker = left_marker(args.state_dir.resolve(), args.client_id)
     with ProcessGroup(args.log_dir, process_env(Path.home() / ".flwr")) as processes:
-        supernode = processes.start("supernode", supernode_command(
-            console_script("fedbayes"), args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()
-        ))
+        supernode = processes.start(
+            "supernode",
+            supernode_command(
+                console_script("fedbayes"), args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()
+            ),
+        )
         try:
             superexec = processes.start(
                 "superexec", superexec_command(console_script("fedbayes"), (runtime_port, supernode.popen.pid))
             )
             say(f"{args.client_id}: SuperNode -> {args.superlink} (TLS, node auth); Ctrl-C stops")
             if args.leave:
-                say(f"{args.client_id}: asking the server to forget this client at its next instruction; it sends no "
-                    "update, and leaves once the server confirms (its durable state is deleted then)")
+                say(
+                    f"{args.client_id}: asking the server to forget this client at its next instruction; it sends no "
+                    "update, and leaves once the server confirms (its durable state is deleted then)"
+                )
             while supernode.popen.poll() is None and superexec.popen.poll() is None:
                 if args.leave and marker.exists():
-                    say(f"{args.client_id}: the server has forgotten this client and its state is deleted "
-                        f"({marker.read_text()}); leaving")
+                    say(
+                        f"{args.client_id}: the server has forgotten this client and its state is deleted "
+                        f"({marker.read_text()}); leaving"
+                    )
                     marker.unlink()
                     return 0
                 time.sleep(0.5)
@@ -219,8 +269,10 @@ def sign_off(processes: ProcessGroup, supernode: ManagedProcess) -> None:
     try:
         supernode.popen.wait(timeout=SIGN_OFF_TIMEOUT)
     except subprocess.TimeoutExpired:
-        say(f"the SuperNode did not exit within {SIGN_OFF_TIMEOUT:.0f} s of SIGTERM; killing it (the SuperLink "
-            "then holds its node for up to 60 s)")
+        say(
+            f"the SuperNode did not exit within {SIGN_OFF_TIMEOUT:.0f} s of SIGTERM; killing it (the SuperLink "
+            "then holds its node for up to 60 s)"
+        )
 
 
 def say(message: str) -> None:

@@ -20,7 +20,9 @@ def node_id_of_key(public_key: Path, connection: str) -> int | None:
     from flwr.cli.supernode.register import try_load_public_key
 
     key = try_load_public_key(public_key)  # the bytes `flwr supernode register` sent for this file
-    matches = [node.node_id for node in list_nodes(connection) if node.public_key == key and node.status != "unregistered"]
+    matches = [
+        node.node_id for node in list_nodes(connection) if node.public_key == key and node.status != "unregistered"
+    ]
     return matches[0] if matches else None
 
 

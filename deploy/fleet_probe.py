@@ -78,8 +78,10 @@ def check(target: FleetTarget, say: Callable[[str], None]) -> int:
     milliseconds = connect(target, addresses[0])
     say(f"network      {addresses[0]}:{target.port} accepts connections ({milliseconds:.0f} ms)")
     certificate = verify_tls(target)
-    say(f"TLS          the SuperLink's certificate is signed by {target.ca_cert} and valid for {target.host}"
-        f" (names: {', '.join(certificate_names(certificate))}; until {certificate.not_valid_after_utc:%Y-%m-%d})")
+    say(
+        f"TLS          the SuperLink's certificate is signed by {target.ca_cert} and valid for {target.host}"
+        f" (names: {', '.join(certificate_names(certificate))}; until {certificate.not_valid_after_utc:%Y-%m-%d})"
+    )
     node_id = activate_and_release(target, key)
     say(f"node auth    the SuperLink accepts this key as node {node_id} (clock within its tolerance)")
     return node_id
@@ -91,11 +93,15 @@ def load_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
     except FileNotFoundError:
         raise ProbeError(f"--key {path} does not exist") from None
     except (ValueError, TypeError) as error:
-        raise ProbeError(f"--key {path} is not an unencrypted OpenSSH private key ({error}); make a key pair with "
-                         "`fedbayes pki supernode-key` and pass the file without .pub") from None
+        raise ProbeError(
+            f"--key {path} is not an unencrypted OpenSSH private key ({error}); make a key pair with "
+            "`fedbayes pki supernode-key` and pass the file without .pub"
+        ) from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ProbeError(f"--key {path} is a {type(key).__name__}; the SuperLink accepts ECDSA keys on a NIST curve "
-                         "(`fedbayes pki supernode-key` makes P-384 ones)")
+        raise ProbeError(
+            f"--key {path} is a {type(key).__name__}; the SuperLink accepts ECDSA keys on a NIST curve "
+            "(`fedbayes pki supernode-key` makes P-384 ones)"
+        )
     return key
 
 
@@ -108,7 +114,7 @@ def resolve(host: str) -> list[str]:
             f"(e.g. `<server IP> {host}`), or, for a server known only by its IP, dial the IP and ask the operator "
             "for a certificate made with `fedbayes pki init --ip <server IP>`"
         ) from None
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))  # the address of an AF_INET or AF_INET6 sockaddr
 
 
 def connect(target: FleetTarget, ip: str) -> float:
@@ -119,7 +125,8 @@ def connect(target: FleetTarget, ip: str) -> float:
     except OSError as error:
         raise ProbeError(
             f"no connection to the SuperLink at {ip}:{target.port} ({error.strerror or error}): is it running, and "
-            f"does the server's firewall let this machine reach port {target.port}?", retryable=True,
+            f"does the server's firewall let this machine reach port {target.port}?",
+            retryable=True,
         ) from None
     return (time.monotonic() - started) * 1000
 
@@ -131,30 +138,42 @@ def verify_tls(target: FleetTarget) -> x509.Certificate:
     try:
         with socket.create_connection((target.host, target.port), timeout=CONNECT_TIMEOUT) as raw:
             with context.wrap_socket(raw, server_hostname=target.host) as tls:
-                return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+                certificate = tls.getpeercert(binary_form=True)
+                if certificate is None:  # not after a verified handshake; mypy cannot know that
+                    raise ProbeError(f"{target.host}:{target.port} sent no certificate")
+                return x509.load_der_x509_certificate(certificate)
     except ssl.SSLCertVerificationError as error:
         raise ProbeError(_explain_certificate_failure(target, error.verify_message)) from None
     except (ssl.SSLError, OSError) as error:
-        raise ProbeError(f"TLS handshake with {target.address} failed ({error}): is {target.port} the SuperLink's "
-                         "Fleet API port (9092 by default)?", retryable=isinstance(error, ConnectionError)) from None
+        raise ProbeError(
+            f"TLS handshake with {target.address} failed ({error}): is {target.port} the SuperLink's "
+            "Fleet API port (9092 by default)?",
+            retryable=isinstance(error, ConnectionError),
+        ) from None
 
 
 def _explain_certificate_failure(target: FleetTarget, reason: str) -> str:
     presented = x509.load_pem_x509_certificate(ssl.get_server_certificate((target.host, target.port)).encode())
     names = ", ".join(certificate_names(presented))
     valid = f"{presented.not_valid_before_utc:%Y-%m-%d %H:%M} to {presented.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if "Hostname mismatch" in reason or "IP address mismatch" in reason:
         option = "--ip" if _is_ip(target.host) else "--name"
-        return (f"the SuperLink's certificate is valid for {names}, not for {target.host!r}: dial one of those names "
-                f"(DNS or /etc/hosts), or ask the operator to add yours (`fedbayes pki init {option} {target.host}`, "
-                "then restart the SuperLink)")
+        return (
+            f"the SuperLink's certificate is valid for {names}, not for {target.host!r}: dial one of those names "
+            f"(DNS or /etc/hosts), or ask the operator to add yours (`fedbayes pki init {option} {target.host}`, "
+            "then restart the SuperLink)"
+        )
     if "expired" in reason or "not yet valid" in reason:
-        return (f"the SuperLink's certificate is valid {valid}, and this machine's clock says {now:%Y-%m-%d %H:%M} "
-                f"UTC ({reason}): set the clock (NTP), or, if the certificate has really expired, ask the operator "
-                "for a new one")
-    return (f"the SuperLink's certificate (for {names}) is not signed by {target.ca_cert} ({reason}): use the "
-            "ca.crt of this federation, from its operator")
+        return (
+            f"the SuperLink's certificate is valid {valid}, and this machine's clock says {now:%Y-%m-%d %H:%M} "
+            f"UTC ({reason}): set the clock (NTP), or, if the certificate has really expired, ask the operator "
+            "for a new one"
+        )
+    return (
+        f"the SuperLink's certificate (for {names}) is not signed by {target.ca_cert} ({reason}): use the "
+        "ca.crt of this federation, from its operator"
+    )
 
 
 def activate_and_release(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> int:
@@ -186,7 +205,9 @@ def activate(stub, key: ec.EllipticCurvePrivateKey, heartbeat_interval: float) -
     from flwr.proto.fleet_pb2 import ActivateNodeRequest  # pylint: disable=no-name-in-module
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
-    request = ActivateNodeRequest(public_key=public_key_to_bytes(key.public_key()), heartbeat_interval=heartbeat_interval)
+    request = ActivateNodeRequest(
+        public_key=public_key_to_bytes(key.public_key()), heartbeat_interval=heartbeat_interval
+    )
     try:
         return stub.ActivateNode(request, timeout=RPC_TIMEOUT).node_id
     except grpc.RpcError as error:
@@ -215,9 +236,11 @@ def _explain_rpc_failure(error: grpc.RpcError) -> ProbeError:
             retryable=True,
         )
     if error.code() == grpc.StatusCode.UNAUTHENTICATED and "timestamp" in details:
-        now = datetime.datetime.now(datetime.timezone.utc)
-        return ProbeError(f"the SuperLink rejects this machine's clock ({now:%Y-%m-%d %H:%M:%S} UTC): signed requests "
-                          "may be at most 5 s ahead of the server's clock or 300 s behind; set the clock (NTP)")
+        now = datetime.datetime.now(datetime.UTC)
+        return ProbeError(
+            f"the SuperLink rejects this machine's clock ({now:%Y-%m-%d %H:%M:%S} UTC): signed requests "
+            "may be at most 5 s ahead of the server's clock or 300 s behind; set the clock (NTP)"
+        )
     if error.code() == grpc.StatusCode.UNAVAILABLE:
         return ProbeError(f"the SuperLink is unavailable ({details})", retryable=True)
     message = f"[code: {flower_error.code}] {flower_error.message}" if flower_error is not None else details

@@ -33,11 +33,20 @@ def app_pyproject(strategy: str = "") -> str:
         package_version = "0.0.0"
     lines = [
         "# Written by `fedbayes app`: the Flower app of the installed fedbayes package.",
-        "[project]", 'name = "fedbayes-app"', f"version = {toml_value(package_version)}",
+        "[project]",
+        'name = "fedbayes-app"',
+        f"version = {toml_value(package_version)}",
         'description = "fedbayes federation (the code is the fedbayes package installed on every machine)"',
-        'license = "GPL-3.0-or-later"', "dependencies = []", "",
-        "[tool.flwr.app]", 'publisher = "fedbayes"', 'fab-include = ["pyproject.toml"]', "",
-        "[tool.flwr.app.components]", *(f"{name} = {toml_value(ref)}" for name, ref in COMPONENTS.items()), "",
+        'license = "GPL-3.0-or-later"',
+        "dependencies = []",
+        "",
+        "[tool.flwr.app]",
+        'publisher = "fedbayes"',
+        'fab-include = ["pyproject.toml"]',
+        "",
+        "[tool.flwr.app.components]",
+        *(f"{name} = {toml_value(ref)}" for name, ref in COMPONENTS.items()),
+        "",
         "[tool.flwr.app.config]",
     ]
     for name, key in declared_keys(strategy).items():

@@ -37,7 +37,11 @@ LOCAL_SUPERLINK_PORTS = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTR
 # we rely on neither behaviour.
 RAY_FUTURE_WARNING = "ignore::FutureWarning:ray._private.worker"
 STOP_TIMEOUT = 30.0
-PATIENT_FLWR = [sys.executable, "-m", "fedbayes.deploy.patient_flwr"]  # `flwr`, waiting longer for its simulation SuperLink
+PATIENT_FLWR = [
+    sys.executable,
+    "-m",
+    "fedbayes.deploy.patient_flwr",
+]  # `flwr`, waiting longer for its simulation SuperLink
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RUN_ID = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # default and --format json output
 
@@ -61,9 +65,11 @@ class Streamed:
 
 def main(argv: Sequence[str]) -> int:
     if {"-h", "--help"} & set(argv):
-        print("usage: fedbayes run ARGS: `flwr run ARGS --stream` that exits 1, with the reason on its last line, "
-              "unless the run completed; and stops the simulation SuperLink it started. `flwr run`'s ARGS:\n",
-              flush=True)
+        print(
+            "usage: fedbayes run ARGS: `flwr run ARGS --stream` that exits 1, with the reason on its last line, "
+            "unless the run completed; and stops the simulation SuperLink it started. `flwr run`'s ARGS:\n",
+            flush=True,
+        )
         return subprocess.call([*PATIENT_FLWR, "run", "--help"], env=process_env(flwr_home=None))
     connection = flwr_run_arguments(argv).superlink
     command = [*PATIENT_FLWR, "run", *argv, *([] if "--stream" in argv else ["--stream"])]
@@ -73,8 +79,11 @@ def main(argv: Sequence[str]) -> int:
         streamed = stream(command, env, resume_command=["fedbayes", "run", *argv])
         reason = failure(streamed, connection, env)
     except KeyboardInterrupt:
-        print("fedbayes run: interrupted; stopping what it started (a run on a remote SuperLink goes on: "
-              "`flwr stop <run-id>` ends it)", file=sys.stderr)
+        print(
+            "fedbayes run: interrupted; stopping what it started (a run on a remote SuperLink goes on: "
+            "`flwr stop <run-id>` ends it)",
+            file=sys.stderr,
+        )
         return 130
     finally:
         stop_processes_with_env(MARKER_VARIABLE, marker, STOP_TIMEOUT)
@@ -108,10 +117,17 @@ def submission_env(marker: str) -> dict[str, str]:
 
 def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Sequence[str]) -> Streamed:
     """Run `flwr run ... --stream`, echoing its output, and note what the run's log says about it."""
-    process = subprocess.Popen(list(command), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C reaches us; we stop it
+    process = subprocess.Popen(
+        list(command),
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # Ctrl-C reaches us; we stop it
     keep_colour = sys.stdout.isatty()
     run_id = reported = None
+    assert process.stdout is not None  # stdout=PIPE
     with Progress() as progress:  # a live line on a terminal, fed by the ServerApp's round lines (deploy/progress.py)
         for raw in process.stdout:
             line = raw.decode(errors="replace")
@@ -147,8 +163,10 @@ def run_status(flwr: Sequence[str], connection: str | None, run_id: int, env: Ma
     try:
         answer = json.loads(result.stdout)
     except json.JSONDecodeError:
-        raise RuntimeError(f"`flwr ls` gave no status for run {run_id} (exit code {result.returncode}): "
-                           f"{_one_line(result.stdout + result.stderr)}") from None
+        raise RuntimeError(
+            f"`flwr ls` gave no status for run {run_id} (exit code {result.returncode}): "
+            f"{_one_line(result.stdout + result.stderr)}"
+        ) from None
     if not answer.get("success"):
         raise RuntimeError(f"`flwr ls` has no status for run {run_id}: {_one_line(answer.get('error-message', ''))}")
     run = answer["runs"][0]

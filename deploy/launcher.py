@@ -49,8 +49,8 @@ from fedbayes.deploy.processes import (
     process_env,
 )
 from fedbayes.deploy.progress import Progress, RoundDone
-from fedbayes.tasks.config import RunSettings
 from fedbayes.strategies import run_settings
+from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
@@ -58,7 +58,6 @@ from fedbayes.tasks.slots import SLOTS_ENV
 APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
 CONNECTION = "fedbayes-local"
 FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
-RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was submitted with (`fedbayes report`)
 STARTUP_TIMEOUT = 60.0
 EXECUTORS = ("shared", "fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
@@ -139,8 +138,8 @@ def check_run_config(run_config: dict[str, Any], clients: int, new_federation: b
     """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
     federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
     checks against this machine (tasks.config.ConfigError, a ValueError, names the key). The run's settings."""
+    from fedbayes.server.preflight import preflight
     from fedbayes.strategies import default_run_config
-    from fedbayes.tasks.preflight import preflight
 
     defaults = default_run_config(str(run_config.get("strategy", "")))
     settings = run_settings({**defaults, **run_config})
@@ -156,11 +155,14 @@ def check_workdir(workdir: Path, resume: bool) -> None:
     if resume and not holds_federation:
         raise ValueError(f"--resume: {workdir} holds no federation to resume (no {FLWR_HOME}/ in it)")
     if not resume and holds_federation:
-        raise ValueError(f"--workdir {workdir} already holds federation {workdir.name!r}; add --resume to continue it, "
-                         "or choose another --workdir (nothing was deleted)")
+        raise ValueError(
+            f"--workdir {workdir} already holds federation {workdir.name!r}; add --resume to continue it, "
+            "or choose another --workdir (nothing was deleted)"
+        )
     if not resume and workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
-        raise ValueError(f"--workdir {workdir} exists and is not an empty directory; choose a new or empty one "
-                         "(nothing was deleted)")
+        raise ValueError(
+            f"--workdir {workdir} exists and is not an empty directory; choose a new or empty one (nothing was deleted)"
+        )
     if problem := unwritable(workdir, directory=True):
         raise ValueError(f"--workdir: {problem}")
 
@@ -188,15 +190,23 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
         submit = federation.submit(spec.run_config(workdir, results))
-        say(f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; logs in {federation.log_dir}")
+        say(
+            f"SuperLink 127.0.0.1:{federation.fleet_port} (gRPC) + {spec.clients} SuperNodes; "
+            f"logs in {federation.log_dir}"
+        )
         if spec.resume_hint:
             say(f"federation {workdir.name} in {workdir}; to resume it after an interruption: {spec.resume_hint}")
         say(TABLE_HEADER)
         if spec.quiet:
             return federation.follow(results, submit, spec.rounds, on_row=lambda row: None, skip_lines=earlier_lines)
         with Progress() as progress:  # a live line on a terminal (deploy/progress.py)
-            return federation.follow(results, submit, spec.rounds,
-                                     on_row=lambda row: show_row(progress, row, spec.rounds), skip_lines=earlier_lines)
+            return federation.follow(
+                results,
+                submit,
+                spec.rounds,
+                on_row=lambda row: show_row(progress, row, spec.rounds),
+                skip_lines=earlier_lines,
+            )
 
 
 def default_workdir(strategy: str) -> Path:
@@ -216,8 +226,13 @@ class LocalFederation:
     """
 
     def __init__(
-        self, workdir: Path, executor: str = "shared", server: Host = LOOPBACK, tls: TlsFiles | None = None,
-        node_auth: bool = False, parallel_tasks: int | None = None,
+        self,
+        workdir: Path,
+        executor: str = "shared",
+        server: Host = LOOPBACK,
+        tls: TlsFiles | None = None,
+        node_auth: bool = False,
+        parallel_tasks: int | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
@@ -238,8 +253,10 @@ class LocalFederation:
         (self.flwr_home / "config.toml").write_text(
             connection_config(CONNECTION, f"127.0.0.1:{self.control_port}", tls.ca_cert if tls else None)
         )
-        self.processes = ProcessGroup(self.log_dir, with_compute_slots(process_env(self.flwr_home),
-                                                                      self.flwr_home / "compute-slots", parallel_tasks))
+        self.processes = ProcessGroup(
+            self.log_dir,
+            with_compute_slots(process_env(self.flwr_home), self.flwr_home / "compute-slots", parallel_tasks),
+        )
         self.supernodes: dict[int, ManagedProcess] = {}
         self.superexecs: dict[int, ManagedProcess] = {}
         self.runtime_ports: dict[int, int] = {}
@@ -266,16 +283,34 @@ class LocalFederation:
         if self.tls is None:
             security = ["--insecure"]
         else:
-            security = ["--ssl-ca-certfile", str(self.tls.ca_cert), "--ssl-certfile", str(self.tls.server_cert),
-                        "--ssl-keyfile", str(self.tls.server_key), "--database", str(self.workdir / "superlink.db")]
+            security = [
+                "--ssl-ca-certfile",
+                str(self.tls.ca_cert),
+                "--ssl-certfile",
+                str(self.tls.server_cert),
+                "--ssl-keyfile",
+                str(self.tls.server_key),
+                "--database",
+                str(self.workdir / "superlink.db"),
+            ]
             security += ["--enable-supernode-auth"] if self.node_auth else []
         self.superlink_killed = False  # stopped on purpose (a test's dead server machine): `follow` goes on
         self.superlink = self.processes.start(
             "superlink",
             self.server.command(
-                [console_script("flower-superlink"), *security, "--isolation", "subprocess",
-                 "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                 "--port", str(self.control_port), "--fleet-api-address", self.fleet_address]
+                [
+                    console_script("flower-superlink"),
+                    *security,
+                    "--isolation",
+                    "subprocess",
+                    "--disable-runtime-dependency-installation",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.control_port),
+                    "--fleet-api-address",
+                    self.fleet_address,
+                ]
             ),
             cwd=self.workdir,
         )
@@ -287,19 +322,28 @@ class LocalFederation:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not self.server.port_open(address, port):
             if self.superlink.popen.poll() is not None:
-                raise RuntimeError(f"the SuperLink exited with code {self.superlink.popen.returncode}:\n"
-                                   f"{self.superlink.log_tail()}")
+                raise RuntimeError(
+                    f"the SuperLink exited with code {self.superlink.popen.returncode}:\n{self.superlink.log_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the SuperLink did not listen on {address}:{port} within {STARTUP_TIMEOUT:.0f} s:\n"
-                                   f"{self.superlink.log_tail()}")
+                raise TimeoutError(
+                    f"the SuperLink did not listen on {address}:{port} within {STARTUP_TIMEOUT:.0f} s:\n"
+                    f"{self.superlink.log_tail()}"
+                )
             time.sleep(0.1)
 
     def register(self, public_key: Path) -> int | None:
         """Let the SuperNode holding this key's private half in (node authentication); its node id."""
-        return register_supernode(public_key, CONNECTION, self.processes.env, self.server.command([]), console_script("flwr"))
+        return register_supernode(
+            public_key, CONNECTION, self.processes.env, self.server.command([]), console_script("flwr")
+        )
 
     def start_supernode(
-        self, index: int, num_partitions: int, extra_env: dict[str, str] | None = None, host: Host = LOOPBACK,
+        self,
+        index: int,
+        num_partitions: int,
+        extra_env: dict[str, str] | None = None,
+        host: Host = LOOPBACK,
         auth_key: Path | None = None,
     ) -> ManagedProcess:
         """SuperNode `client-<index>` holding partition `index` on `host`, with its own Runtime API port. The shared
@@ -314,8 +358,11 @@ class LocalFederation:
         tls = None if self.tls is None else self.tls.ca_cert
         node = self.processes.start(
             f"supernode-{index}",
-            host.command(supernode_command(console_script("fedbayes"), self.fleet_address, config, port, tls, auth_key,
-                                           isolation)),
+            host.command(
+                supernode_command(
+                    console_script("fedbayes"), self.fleet_address, config, port, tls, auth_key, isolation
+                )
+            ),
             cwd=self.workdir,
             extra_env=extra_env,
         )
@@ -336,8 +383,11 @@ class LocalFederation:
         """With the shared executor: one warm `fedbayes superexec` on this machine for the SuperNodes started so far
         that have no executor of their own. A SuperNode started after this call gets one of its own."""
         awaiting, self.awaiting_shared = self.awaiting_shared or set(), None
-        served = [(self.runtime_ports[index], self.supernodes[index].popen.pid) for index in sorted(awaiting)
-                  if index in self.supernodes]  # not one stopped meanwhile
+        served = [
+            (self.runtime_ports[index], self.supernodes[index].popen.pid)
+            for index in sorted(awaiting)
+            if index in self.supernodes
+        ]  # not one stopped meanwhile
         if not served:
             return
         self.shared_superexec = self.processes.start(
@@ -357,8 +407,12 @@ class LocalFederation:
         identity = "bound" if self.node_auth else "reconnect"
         # The ServerApp polls the SuperLink for replies every 0.1 s rather than the run config's default 0.5 s:
         # on loopback a poll is a cheap local call, and the default half-second wait ended every round.
-        run_config = {"server-state-dir": str(self.workdir / "server-state"), "client-identity": identity,
-                      "poll-interval": LOCAL_POLL_INTERVAL, **run_config}
+        run_config = {
+            "server-state-dir": str(self.workdir / "server-state"),
+            "client-identity": identity,
+            "poll-interval": LOCAL_POLL_INTERVAL,
+            **run_config,
+        }
         overrides = self.workdir / RUN_CONFIG_FILE
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
         app = write_app(self.workdir / APP, str(run_config.get("strategy", "")))
@@ -366,13 +420,15 @@ class LocalFederation:
         # last line, unless the run completed.
         return self.processes.start(
             "flwr-run",
-            self.server.command([console_script("fedbayes"), "run", str(app), CONNECTION, "--stream", "-c",
-                                 str(overrides)]),
+            self.server.command(
+                [console_script("fedbayes"), "run", str(app), CONNECTION, "--stream", "-c", str(overrides)]
+            ),
             cwd=self.workdir,
         )
 
     def run_id(self, submit: ManagedProcess, timeout: float = 30.0) -> int:
         """The Flower run id a `submit` started (the CLI prints it when it starts streaming)."""
+        assert submit.log_path is not None  # a federation's processes log into its workdir
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             match = re.search(r"run_id `(\d+)`", submit.log_path.read_text(errors="replace"))
@@ -386,11 +442,16 @@ class LocalFederation:
 
     def serverapp_pids(self) -> set[int]:
         """Live ServerApp processes of this federation (the SuperLink's executor starts one per run)."""
-        return {pid for pid in self.processes.members()
-                if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))}
+        return {
+            pid for pid in self.processes.members() if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))
+        }
 
     def follow(
-        self, results: Path, submit: ManagedProcess, rounds: int, on_row: Callable[[dict[str, Any]], None],
+        self,
+        results: Path,
+        submit: ManagedProcess,
+        rounds: int,
+        on_row: Callable[[dict[str, Any]], None],
         skip_lines: int = 0,
     ) -> list[dict[str, Any]]:
         """Hand each round's results to `on_row` as the ServerApp appends them after the file's first
@@ -423,8 +484,12 @@ class LocalFederation:
 
     def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int) -> None:
         if submit.popen.returncode != 0:
-            reported = [reason for line in submit.log_path.read_text(errors="replace").splitlines()
-                        if (reason := failure_reason(line)) is not None]
+            assert submit.log_path is not None  # a federation's processes log into its workdir
+            reported = [
+                reason
+                for line in submit.log_path.read_text(errors="replace").splitlines()
+                if (reason := failure_reason(line)) is not None
+            ]
             reason = reported[-1] if reported else f"`fedbayes run` exited with code {submit.popen.returncode}"
             raise RunFailed(f"{reason} (logs in {self.log_dir})")
         if rounds_done < rounds:
@@ -452,10 +517,14 @@ def format_row(row: dict[str, Any]) -> str:
     """A row of TABLE_HEADER's table: `-` for the metrics of a round the server did not evaluate (`eval-every`), and
     how many test examples a round evaluated on part of the test set (`eval-fraction`) used."""
     clients = f"{row['clients']}/{row['clients_sent']}"
-    accuracy, nll, ece = (f"{row[key]:{width}.4f}" if row[key] is not None else f"{'-':>{width}}"
-                          for key, width in (("accuracy", 8), ("nll", 7), ("ece", 7)))
-    line = (f"{row['round']:>6}  {accuracy}  {nll}  {ece}  {clients:>7}"
-            f"  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}")
+    accuracy, nll, ece = (
+        f"{row[key]:{width}.4f}" if row[key] is not None else f"{'-':>{width}}"
+        for key, width in (("accuracy", 8), ("nll", 7), ("ece", 7))
+    )
+    line = (
+        f"{row['round']:>6}  {accuracy}  {nll}  {ece}  {clients:>7}"
+        f"  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}"
+    )
     if 0 < row.get("eval_fraction", 1.0) < 1:
         line += f"  (on {row['eval_examples']} test examples)"
     return line
@@ -485,8 +554,10 @@ class _ServerAppWatch:
         run_id = self.federation.run_id(self.submit)
         status = self.federation.run_status(run_id)
         if not status.finished:
-            raise RunFailed(f"the ServerApp of run {run_id} (pid {', '.join(map(str, sorted(self.seen)))}) died "
-                            f"without reporting an outcome (killed?); logs in {self.federation.log_dir}")
+            raise RunFailed(
+                f"the ServerApp of run {run_id} (pid {', '.join(map(str, sorted(self.seen)))}) died "
+                f"without reporting an outcome (killed?); logs in {self.federation.log_dir}"
+            )
         self.earlier |= self.seen  # it ended normally; the submission ends with the run's stream
         self.seen = set()
 

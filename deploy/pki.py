@@ -62,7 +62,9 @@ class TlsFiles:
         files = cls(directory / "ca.crt", directory / "server.pem", directory / "server.key")
         missing = [str(path) for path in (files.ca_cert, files.server_cert, files.server_key) if not path.is_file()]
         if missing:
-            raise FileNotFoundError(f"missing TLS files {', '.join(missing)}; run `fedbayes pki init --out {directory}`")
+            raise FileNotFoundError(
+                f"missing TLS files {', '.join(missing)}; run `fedbayes pki init --out {directory}`"
+            )
         return files
 
 
@@ -86,7 +88,9 @@ def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()
         ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     server_key = ec.generate_private_key(CURVE())
     server_cert = _server_certificate(
-        server_key, ca_cert, ca_key,
+        server_key,
+        ca_cert,
+        ca_key,
         dns_names=_unique([*DEFAULT_SERVER_NAMES, *names]),
         ip_addresses=_unique([*DEFAULT_SERVER_IPS, *ips]),
     )
@@ -116,9 +120,12 @@ def make_supernode_key(directory: Path, client_id: str) -> SupernodeKey:
     if key.private.exists():
         return key
     private = ec.generate_private_key(CURVE())
-    _write_private(key.private, private.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-    ))
+    _write_private(
+        key.private,
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
     public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     key.public.write_bytes(public + f" {client_id}\n".encode())
     return key
@@ -132,8 +139,12 @@ def connection_config(name: str, control_address: str, ca_cert: Path | None) -> 
 
 
 def register_supernode(
-    public_key: Path, connection: str, env: Mapping[str, str], command_prefix: Iterable[str] = (),
-    flwr: str = "flwr", timeout: float = 60.0,
+    public_key: Path,
+    connection: str,
+    env: Mapping[str, str],
+    command_prefix: Iterable[str] = (),
+    flwr: str = "flwr",
+    timeout: float = 60.0,
 ) -> int:
     """`flwr supernode register` through the connection named `connection` in env's FLWR_HOME; the node id
     the SuperLink bound to the key. A key it holds already keeps its node id, which is looked up and
@@ -156,11 +167,15 @@ def _node_id_of_registered_key(
 ) -> int:
     result = subprocess.run(
         [*command_prefix, sys.executable, "-m", "fedbayes.deploy.control", "node-id", connection, str(public_key)],
-        env=dict(env), capture_output=True, text=True, timeout=timeout,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"the SuperLink says {public_key} is in use but names no node for it:\n"
-                           f"{result.stdout}{result.stderr}")
+        raise RuntimeError(
+            f"the SuperLink says {public_key} is in use but names no node for it:\n{result.stdout}{result.stderr}"
+        )
     return int(result.stdout.split()[-1])
 
 
@@ -168,7 +183,7 @@ def _run_json(command: list[str], env: Mapping[str, str], timeout: float, what: 
     result = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0 or "{" not in result.stdout:
         raise RuntimeError(f"{what} failed (exit code {result.returncode}):\n{result.stdout}{result.stderr}")
-    return json.loads(result.stdout[result.stdout.index("{"):])
+    return json.loads(result.stdout[result.stdout.index("{") :])
 
 
 # ---- client registry: which node may present which client id ---------------------------------------
@@ -183,7 +198,7 @@ def read_client_registry(registry: Path) -> dict[str, int]:
     if not isinstance(entries, dict) or not all(
         isinstance(client_id, str) and type(node_id) is int for client_id, node_id in entries.items()
     ):
-        raise ValueError(f"client registry {registry} must be a JSON object {{\"<client-id>\": <node-id>, ...}}")
+        raise ValueError(f'client registry {registry} must be a JSON object {{"<client-id>": <node-id>, ...}}')
     return entries
 
 
@@ -198,12 +213,16 @@ def record_client(registry: Path, client_id: str, node_id: int) -> bool:
         if entries.get(client_id) == node_id:
             return False
         if client_id in entries:
-            raise ValueError(f"client id {client_id!r} is bound to node {entries[client_id]} in {registry}, not to "
-                             f"node {node_id}; to move it to the new key, `fedbayes pki forget` it first")
+            raise ValueError(
+                f"client id {client_id!r} is bound to node {entries[client_id]} in {registry}, not to "
+                f"node {node_id}; to move it to the new key, `fedbayes pki forget` it first"
+            )
         holders = [other for other, node in entries.items() if node == node_id]
         if holders:
-            raise ValueError(f"node {node_id} already presents client id {holders[0]!r} in {registry}; "
-                             f"a key (node) stands for one client id")
+            raise ValueError(
+                f"node {node_id} already presents client id {holders[0]!r} in {registry}; "
+                f"a key (node) stands for one client id"
+            )
         _write_registry(registry, {**entries, client_id: node_id})
         return True
 
@@ -212,7 +231,9 @@ def forget_client(registry: Path, client_id: str) -> int:
     """Remove `client_id` from the registry (a client that left, or that moves to a new key); its node id."""
     with _locked(registry) as entries:
         if client_id not in entries:
-            raise ValueError(f"client id {client_id!r} is not in {registry} (it has {', '.join(sorted(entries)) or 'none'})")
+            raise ValueError(
+                f"client id {client_id!r} is not in {registry} (it has {', '.join(sorted(entries)) or 'none'})"
+            )
         node_id = entries.pop(client_id)
         _write_registry(registry, entries)
         return node_id
@@ -242,7 +263,10 @@ def list_supernodes(
     """`flwr supernode list --format json`: one dict per registered node ("node-id", "status", ...)."""
     result = subprocess.run(
         [*command_prefix, flwr, "supernode", "list", connection, "--format", "json"],
-        env=dict(env), capture_output=True, text=True, timeout=60,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if result.returncode != 0:
         raise RuntimeError(f"flwr supernode list failed:\n{result.stdout}{result.stderr}")
@@ -254,11 +278,20 @@ def _ca_certificate(key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
     return (
         _builder(name, name, key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-            key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
-            decipher_only=False,
-        ), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .sign(key, hashes.SHA384())
     )
 
@@ -267,7 +300,7 @@ def _server_certificate(
     key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, ca_key, dns_names: list[str], ip_addresses: list[str]
 ) -> x509.Certificate:
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])])
-    alternative_names = [x509.DNSName(name) for name in dns_names]
+    alternative_names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     alternative_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     return (
         _builder(subject, ca_cert.subject, key.public_key())
@@ -279,7 +312,7 @@ def _server_certificate(
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key) -> x509.CertificateBuilder:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -292,8 +325,9 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key) -> x509.Certific
 
 
 def _pem_private(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _write_private(path: Path, payload: bytes) -> None:
@@ -329,10 +363,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     register = commands.add_parser("register", help="register SuperNode public keys with a running SuperLink")
     register.add_argument("--superlink", required=True, help="the SuperLink's Control API, host:port")
     register.add_argument("--ca", type=Path, required=True, help="the federation's CA certificate")
-    register.add_argument("--registry", type=Path,
-                          help="client registry (JSON client id -> node id) the ServerApp reads as `client-registry`")
-    register.add_argument("--client-id", action="append", default=[], dest="client_ids", metavar="CLIENT_ID",
-                          help="the client id each key stands for, in the order of the keys (with --registry)")
+    register.add_argument(
+        "--registry",
+        type=Path,
+        help="client registry (JSON client id -> node id) the ServerApp reads as `client-registry`",
+    )
+    register.add_argument(
+        "--client-id",
+        action="append",
+        default=[],
+        dest="client_ids",
+        metavar="CLIENT_ID",
+        help="the client id each key stands for, in the order of the keys (with --registry)",
+    )
     register.add_argument("public_keys", nargs="+", type=Path)
     register.set_defaults(handler=_register)
     forget = commands.add_parser("forget", help="remove client ids from a client registry (the keys stay registered)")
@@ -352,8 +395,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     files = init_pki(args.out, args.name, args.ip)
-    print(f"CA {files.ca_cert}; SuperLink certificate {files.server_cert} for "
-          f"{', '.join(server_certificate_names(files.server_cert))}")
+    print(
+        f"CA {files.ca_cert}; SuperLink certificate {files.server_cert} for "
+        f"{', '.join(server_certificate_names(files.server_cert))}"
+    )
     return 0
 
 
@@ -384,8 +429,11 @@ def _register(args: argparse.Namespace) -> int:
             print(f"{public_key}: node {node_id}")
             if client_id is not None:
                 new = record_client(args.registry, client_id, node_id)
-                print(f"  client id {client_id!r} -> node {node_id} " + ("recorded in" if new else "was already in")
-                      + f" {args.registry}")
+                print(
+                    f"  client id {client_id!r} -> node {node_id} "
+                    + ("recorded in" if new else "was already in")
+                    + f" {args.registry}"
+                )
         for node in list_supernodes("fedbayes-admin", env, flwr=flwr):
             print(f"node {node['node-id']}: {node['status']}")
     return 0
@@ -404,8 +452,10 @@ def _client_ids_for_keys(args: argparse.Namespace) -> list[str | None]:
             raise ValueError("--client-id needs --registry: the registry file is where the binding is kept")
         return [None] * len(args.public_keys)
     if len(args.client_ids) != len(args.public_keys):
-        raise ValueError(f"--registry needs one --client-id per public key, in the same order; got "
-                         f"{len(args.client_ids)} client id(s) for {len(args.public_keys)} key(s)")
+        raise ValueError(
+            f"--registry needs one --client-id per public key, in the same order; got "
+            f"{len(args.client_ids)} client id(s) for {len(args.public_keys)} key(s)"
+        )
     for client_id in args.client_ids:
         if not is_safe_name(client_id):
             raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")

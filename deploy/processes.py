@@ -61,7 +61,7 @@ class ProcessGroup:
         self, name: str, command: Sequence[str], cwd: Path | None = None, extra_env: Mapping[str, str] | None = None
     ) -> ManagedProcess:
         log_path = None if self.log_dir is None else self.log_dir / f"{name}.log"
-        with (open(os.devnull, "wb") if log_path is None else log_path.open("wb")) as log_file:
+        with open(os.devnull, "wb") if log_path is None else log_path.open("wb") as log_file:
             popen = subprocess.Popen(
                 list(command),
                 stdout=None if log_path is None else log_file,
@@ -137,7 +137,7 @@ def _ours(variable: str, value: str, sessions: set[int]) -> list[int]:
 def _carries(environ: list[bytes], variable: str, value: str) -> bool:
     """Whether `variable` is `value` in this environment, or a ':'-separated chain of markers holding it."""
     prefix = f"{variable}=".encode()
-    return any(entry.startswith(prefix) and value.encode() in entry[len(prefix):].split(b":") for entry in environ)
+    return any(entry.startswith(prefix) and value.encode() in entry[len(prefix) :].split(b":") for entry in environ)
 
 
 def _live_processes() -> list[tuple[int, int]]:
@@ -186,7 +186,7 @@ def free_ports(count: int) -> list[int]:
     ephemeral_start = _ephemeral_port_start()
     below = range(max(1024, ephemeral_start - 12000), ephemeral_start)
     candidates = random.sample(below, k=len(below))
-    sockets = []
+    sockets: list[socket.socket] = []
     try:
         for port in candidates:
             if len(sockets) == count:
@@ -235,8 +235,9 @@ def process_env(flwr_home: Path | None) -> dict[str, str]:
     # Our processes run in their workdir: a relative PYTHONPATH entry (a user's model or strategy module) must
     # mean what it meant where the user typed it.
     if env.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.pathsep.join(str(Path(entry).resolve()) for entry in env["PYTHONPATH"].split(os.pathsep)
-                                            if entry)
+        env["PYTHONPATH"] = os.pathsep.join(
+            str(Path(entry).resolve()) for entry in env["PYTHONPATH"].split(os.pathsep) if entry
+        )
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)
     env.update(

@@ -41,8 +41,9 @@ def parse_round_log_line(line: str) -> RoundDone | None:
     if match is None:
         return None
     server_round, rounds, accuracy, clients, sent = match.groups()
-    return RoundDone(int(server_round), int(rounds), None if accuracy == "-" else float(accuracy), int(clients),
-                     int(sent))
+    return RoundDone(
+        int(server_round), int(rounds), None if accuracy == "-" else float(accuracy), int(clients), int(sent)
+    )
 
 
 def clock_text(seconds: float) -> str:
@@ -116,8 +117,10 @@ class Progress:
         if self.last is None:
             return f"{elapsed} | waiting for the first round"
         done = self.last
-        return (f"round {done.round}/{done.rounds} | {elapsed} | ETA {self._eta()} | {self._accuracy()} | "
-                f"clients {done.clients}/{done.clients_sent}")
+        return (
+            f"round {done.round}/{done.rounds} | {elapsed} | ETA {self._eta(done)} | {self._accuracy()} | "
+            f"clients {done.clients}/{done.clients_sent}"
+        )
 
     def _accuracy(self) -> str:
         evaluated = self.last_evaluated
@@ -125,15 +128,20 @@ class Progress:
             return "accuracy -"
         return f"accuracy {evaluated.accuracy:.4f}" + ("" if evaluated is self.last else f" (round {evaluated.round})")
 
-    def _eta(self) -> str:
+    def _eta(self, last: RoundDone) -> str:
         """The rounds left times the time a round took: over the rounds seen since the first one that ended here, or,
-        with one seen so far, since the start (a resumed run's first round here is not round 1)."""
-        left = self.last.rounds - self.last.round
+        with one seen so far, since the start (a resumed run's first round here is not round 1). `last`: the last
+        round seen (self.last)."""
+        left = last.rounds - last.round
         if left <= 0:
             return "0:00"
+        assert self.first is not None  # set with the first round seen
         first_at, first_round = self.first
-        per_round = ((self.last_at - first_at) / (self.last.round - first_round) if self.last.round > first_round
-                     else self.last_at - self.started)
+        per_round = (
+            (self.last_at - first_at) / (last.round - first_round)
+            if last.round > first_round
+            else self.last_at - self.started
+        )
         return clock_text(max(0.0, per_round * left - (self.clock() - self.last_at)))
 
     def _draw(self) -> None:

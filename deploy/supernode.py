@@ -7,7 +7,7 @@ every 0.5 s. A round's instruction therefore waits up to 3 s before any client s
 arguments and behaviour) with those two waits shortened to `FEDBAYES_SUPERNODE_POLL` seconds (default 0.2), by
 handing that one Flower module a `time` whose `sleep` maps them. Asking the SuperLink 5 times a second instead
 of once every 3 s costs one small gRPC call each. It also shortens the 1 s back-off of its object pulls
-(deploy/object_pulls.py), and rings its executor's doorbell when it takes a message (deploy/doorbell.py).
+(tasks/object_pulls.py), and rings its executor's doorbell when it takes a message (deploy/doorbell.py).
 
 The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 from fedbayes.deploy.doorbell import ring
-from fedbayes.deploy.object_pulls import seconds_from_env, shorten_pull_backoff
+from fedbayes.tasks.object_pulls import seconds_from_env, shorten_pull_backoff
 
 PATCHED_FLOWER = "1.39.0"
 FLOWER_WAITS = (3, 0.5)  # the idle sleep between pulls, and the wait for a reply or an object
@@ -69,6 +69,7 @@ def time_with_sleep(sleep: Callable[[float], None]) -> SimpleNamespace:
 def ringing(pull_and_store: Callable[..., int | None], runtime_port: int) -> Callable[..., int | None]:
     """Flower's `_pull_and_store_message`, ringing the executor's doorbell (deploy/doorbell.py) once it has taken
     a message (it returns the message's run id then)."""
+
     def pull_store_and_ring(*args, **kwargs) -> int | None:
         run_id = pull_and_store(*args, **kwargs)
         if run_id is not None:
@@ -83,12 +84,16 @@ def patch_flower(poll: float, runtime_port: int | None = None) -> None:
     from flwr.supernode import start_client_internal
 
     if flwr.__version__ != PATCHED_FLOWER:
-        raise SystemExit(f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
-                         f"{flwr.__version__} is installed; use `flower-supernode` instead")
-    start_client_internal.time = polling_time(poll)
+        raise SystemExit(
+            f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
+            f"{flwr.__version__} is installed; use `flower-supernode` instead"
+        )
+    # a stand-in for the time module, its sleep remapped (polling_time): no ModuleType, but all Flower's loop uses
+    start_client_internal.time = polling_time(poll)  # type: ignore[assignment]
     if runtime_port is not None:
-        start_client_internal._pull_and_store_message = ringing(start_client_internal._pull_and_store_message,
-                                                                runtime_port)
+        start_client_internal._pull_and_store_message = ringing(
+            start_client_internal._pull_and_store_message, runtime_port
+        )
     shorten_pull_backoff()  # the instruction's objects, pulled while the ServerApp still uploads them
 
 

@@ -44,12 +44,20 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from fedbayes.deploy.doorbell import HEARD_POLL, Doorbell
-from fedbayes.deploy.object_pulls import shorten_pull_backoff
+from fedbayes.tasks.object_pulls import shorten_pull_backoff
 
 # Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
 # torch does not initialise CUDA, so each forked child still sets up its own GPU context.
-PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch", "ivon", "flwr.clientapp",
-           "flwr.supernode.runtime.run_clientapp", "fedbayes.client.app")
+PRELOAD = (
+    "numpy",
+    "torch",
+    "torch._dynamo",
+    "safetensors.torch",
+    "ivon",
+    "flwr.clientapp",
+    "flwr.supernode.runtime.run_clientapp",
+    "fedbayes.client.app",
+)
 UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime API did not answer
 ASK_TIMEOUT = 5.0  # seconds an ask may take (on this machine's loopback it takes milliseconds)
 
@@ -154,8 +162,9 @@ class ServedSuperNode:
     """One SuperNode this executor serves: its Runtime API, the tasks forked for it, its doorbell, its process
     (if given), and when to ask it for work next."""
 
-    def __init__(self, address: str, parent_pid: int | None, insecure: bool, root_certificates: str | None,
-                 poll: float) -> None:
+    def __init__(
+        self, address: str, parent_pid: int | None, insecure: bool, root_certificates: str | None, poll: float
+    ) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supercore.superexec.plugin import AutoExecPlugin
@@ -167,13 +176,19 @@ class ServedSuperNode:
         # No retry invoker (Flower's retries a call for as long as it fails) and a short timeout: one SuperNode that
         # is not up, or hangs, must not stop this loop from serving the others.
         self.client = RuntimeHttpClient(
-            f"{'http' if insecure else 'https'}://{address}", verify=False if insecure else (root_certificates or True),
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")], timeout=ASK_TIMEOUT,
+            f"{'http' if insecure else 'https'}://{address}",
+            verify=False if insecure else (root_certificates or True),
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+            timeout=ASK_TIMEOUT,
         )
         # Flower's own plugin turns an acquired task into the launch spec our executor forks for.
-        self.plugin = AutoExecPlugin(runtime_api_address=address, insecure=insecure,
-                                     root_certificates_path=root_certificates, runtime_dependency_install=False,
-                                     executor=self.executor)
+        self.plugin = AutoExecPlugin(
+            runtime_api_address=address,
+            insecure=insecure,
+            root_certificates_path=root_certificates,
+            runtime_dependency_install=False,
+            executor=self.executor,
+        )
         self.bell = _doorbell(address, parent_pid)
         self.process = None if parent_pid is None else os.pidfd_open(parent_pid)  # readable once it has exited
         self.next_ask = 0.0
@@ -197,13 +212,16 @@ class ServedSuperNode:
         self.executor.reconcile()
         supported, fab_hashes = self.executor.get_eligible_capacity(set(self.plugin.supported_task_types))
         try:
-            reply = self.client.AcquireTask(AcquireTaskRequest(supported_task_types=supported,
-                                                               agentapp_fab_hashes=fab_hashes))
+            reply = self.client.AcquireTask(
+                AcquireTaskRequest(supported_task_types=supported, agentapp_fab_hashes=fab_hashes)
+            )
         except Exception as error:  # noqa: BLE001 - not up yet, restarting, or gone: the others are still served
             if self.unreachable is None:
                 self.unreachable = f"{type(error).__name__}: {error}"
-                _say(f"the SuperNode at {self.address} does not answer ({self.unreachable}); asking again every "
-                     f"{UNREACHABLE_RETRY:g} s")
+                _say(
+                    f"the SuperNode at {self.address} does not answer ({self.unreachable}); asking again every "
+                    f"{UNREACHABLE_RETRY:g} s"
+                )
             self.next_ask = time.monotonic() + UNREACHABLE_RETRY
             return
         if self.unreachable is not None:
@@ -232,8 +250,10 @@ def _doorbell(address: str, parent_pid: int | None) -> Doorbell | None:
     port = int(address.rsplit(":", 1)[1])
 
     def report_stranger(pid: int | None) -> None:
-        _say(f"process {pid} rang the doorbell of the SuperNode at {address}, which is process {parent_pid}; its "
-             f"rings, and any other stranger's, are dropped (reported once)")
+        _say(
+            f"process {pid} rang the doorbell of the SuperNode at {address}, which is process {parent_pid}; its "
+            f"rings, and any other stranger's, are dropped (reported once)"
+        )
 
     try:
         return Doorbell(port, parent_pid, report_stranger)
@@ -254,8 +274,9 @@ def serve(nodes: list[ServedSuperNode]) -> None:
                 _say(f"the SuperNode at {node.address} has exited; its tasks are stopped")
                 node.close()
                 nodes.remove(node)
-            elif (node.bell is not None and node.bell.socket in ready and node.bell.answer()) \
-                    or time.monotonic() >= node.next_ask:
+            elif (
+                node.bell is not None and node.bell.socket in ready and node.bell.answer()
+            ) or time.monotonic() >= node.next_ask:
                 node.ask()
 
 
@@ -264,13 +285,21 @@ def _say(message: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runtime-api-address", required=True, action="append",
-                        help="the SuperNode's Runtime API (host:port); repeat it to serve several SuperNodes")
+    parser.add_argument(
+        "--runtime-api-address",
+        required=True,
+        action="append",
+        help="the SuperNode's Runtime API (host:port); repeat it to serve several SuperNodes",
+    )
     tls = parser.add_mutually_exclusive_group(required=True)
     tls.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API (same host only)")
     tls.add_argument("--root-certificates", help="CA bundle that signed the Runtime API's certificate")
-    parser.add_argument("--parent-pid", type=int, action="append",
-                        help="stop serving a SuperNode when this process (it) exits; one per --runtime-api-address")
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        action="append",
+        help="stop serving a SuperNode when this process (it) exits; one per --runtime-api-address",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -281,8 +310,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"give one --parent-pid per --runtime-api-address ({len(parent_pids)} for {len(addresses)})")
     try:
         poll = _get_task_poll_interval()  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL, Flower's own check
-        nodes = [ServedSuperNode(address, pid, args.insecure, args.root_certificates, poll)
-                 for address, pid in zip(addresses, parent_pids)]
+        nodes = [
+            ServedSuperNode(address, pid, args.insecure, args.root_certificates, poll)
+            for address, pid in zip(addresses, parent_pids)
+        ]
     except (ValueError, OSError) as error:  # a bad poll interval, CA file or address; a parent that is gone
         raise SystemExit(f"fedbayes superexec: {type(error).__name__}: {error}") from None
     preload()

@@ -24,10 +24,18 @@ PAGE = Path(__file__).resolve().parent / "reference" / "configuration.md"
 
 # The algorithm page of every built-in strategy (docs/algorithms/). A strategy missing here fails the generator.
 ALGORITHM_PAGES = {
-    "fedavg": "fedavg.md", "fedprox": "fedavg.md",
-    "bayesadmm": "bayesadmm.md", "fedadmm": "bayesadmm.md", "bayesadmm-full": "bayesadmm.md",
-    "feddyn": "feddyn.md", "fedlap": "fedlap.md", "fedlap-cov": "fedlap.md", "fedpa": "fedpa.md",
-    "dsvgd": "dsvgd.md", "p-dsvgd": "dsvgd.md", "u-dsvgd": "dsvgd.md",
+    "fedavg": "fedavg.md",
+    "fedprox": "fedavg.md",
+    "bayesadmm": "bayesadmm.md",
+    "fedadmm": "bayesadmm.md",
+    "bayesadmm-full": "bayesadmm.md",
+    "feddyn": "feddyn.md",
+    "fedlap": "fedlap.md",
+    "fedlap-cov": "fedlap.md",
+    "fedpa": "fedpa.md",
+    "dsvgd": "dsvgd.md",
+    "p-dsvgd": "dsvgd.md",
+    "u-dsvgd": "dsvgd.md",
 }
 
 
@@ -54,8 +62,10 @@ def _names(values: Iterable[str]) -> str:
 def _cell(text: str) -> str:
     """Text for a Markdown table cell: `|` escaped, and outside code spans `<` shown rather than read as HTML."""
     parts = text.replace("|", "\\|").split("`")
-    return "`".join(part if inside else part.replace("<", "&lt;") for inside, part in
-                    ((index % 2 == 1, part) for index, part in enumerate(parts)))
+    return "`".join(
+        part if inside else part.replace("<", "&lt;")
+        for inside, part in ((index % 2 == 1, part) for index, part in enumerate(parts))
+    )
 
 
 def _check(key: Key, validated: dict[str, Callable[[], str]]) -> str:
@@ -73,8 +83,9 @@ def _table(keys: Iterable[Key], validated: dict[str, Callable[[], str]]) -> list
     rows = ["| key | type | default | check | meaning |", "|---|---|---|---|---|"]
     for key in keys:
         default = toml_value(key.default).replace("|", "\\|")
-        rows.append(f"| `{key.name}` | {key.type.__name__} | `{default}` | {_cell(_check(key, validated))} | "
-                    f"{_cell(key.doc)} |")
+        rows.append(
+            f"| `{key.name}` | {key.type.__name__} | `{default}` | {_cell(_check(key, validated))} | {_cell(key.doc)} |"
+        )
     return rows
 
 
@@ -95,8 +106,9 @@ def render() -> str:
         groups.setdefault(get_algorithm(name).hyperparameters, []).append(name)
     listed = {key.name for key in CORE_KEYS} | {key.name for keys in groups for key in keys}
     if listed != set(declared_keys()):
-        raise SystemExit(f"docs/gen_config.py: declared_keys() and the listed keys differ: "
-                         f"{sorted(listed ^ set(declared_keys()))}")
+        raise SystemExit(
+            f"docs/gen_config.py: declared_keys() and the listed keys differ: {sorted(listed ^ set(declared_keys()))}"
+        )
 
     lines = [
         "# Configuration reference",

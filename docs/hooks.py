@@ -17,6 +17,7 @@ PLOTS_URI = "assets/benchmarks"
 
 def on_files(files: Files, config) -> Files:
     for plot in sorted(RESULTS.rglob("*.png")):
-        files.append(File.generated(config, f"{PLOTS_URI}/{plot.relative_to(RESULTS).as_posix()}",
-                                    abs_src_path=str(plot)))
+        files.append(
+            File.generated(config, f"{PLOTS_URI}/{plot.relative_to(RESULTS).as_posix()}", abs_src_path=str(plot))
+        )
     return files

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE
+from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,17 +18,26 @@ TOP_DEFAULT = 10
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    from fedbayes.deploy.cli import checked_number, run_config_number
-
-    parser.add_argument("run", type=Path, metavar="RUN",
-                        help="a `fedbayes local` workdir, or a server state directory (with --federation)")
+    parser.add_argument(
+        "run",
+        type=Path,
+        metavar="RUN",
+        help="a `fedbayes local` workdir, or a server state directory (with --federation)",
+    )
     parser.add_argument("--federation", help="RUN is a server state directory: the federation in it")
-    parser.add_argument("--round", type=checked_number(int, AT_LEAST_ONE), default=0,
-                        help="a kept round (keep-checkpoints); default: the newest")
+    parser.add_argument(
+        "--round",
+        type=checked_number(int, AT_LEAST_ONE),
+        default=0,
+        help="a kept round (keep-checkpoints); default: the newest",
+    )
     parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="the .safetensors file to write")
     parser.add_argument("--data-root", help="where the run's dataset is (default: the run config's)")
-    parser.add_argument("--eval-batch-size", type=run_config_number("eval-batch-size"),
-                        help="the run's evaluation batch size, for bit-equal predictions (default: the run config's)")
+    parser.add_argument(
+        "--eval-batch-size",
+        type=run_config_number("eval-batch-size"),
+        help="the run's evaluation batch size, for bit-equal predictions (default: the run config's)",
+    )
     parser.set_defaults(handler=run_export)
 
 
@@ -37,32 +46,56 @@ def run_export(args: argparse.Namespace) -> int:
 
     location = locate_run(args.run, args.federation)
     header = export_posterior(location, args.out, args.round, args.data_root, args.eval_batch_size)
-    print(f"wrote {args.out}: {header.strategy}, round {header.round} of federation {header.federation}; "
-          f"{header.kind}: {header.note}")
+    print(
+        f"wrote {args.out}: {header.strategy}, round {header.round} of federation {header.federation}; "
+        f"{header.kind}: {header.note}"
+    )
     if args.eval_batch_size is None and not location.run_config:  # a workdir's run config is the run's
-        print(f"note: a server state directory does not record the evaluation batch size; the header says "
-              f"{header.eval_batch_size} (the default): pass --eval-batch-size if the run set another")
+        print(
+            f"note: a server state directory does not record the evaluation batch size; the header says "
+            f"{header.eval_batch_size} (the default): pass --eval-batch-size if the run set another"
+        )
     return 0
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
-    from fedbayes.deploy.cli import checked_number
-
     parser.add_argument("file", type=Path, metavar="FILE", help="a posterior `fedbayes export` wrote")
-    parser.add_argument("data", type=Path, metavar="DATA.npz", help="`x` (uint8 0-255 pixels or float) and, "
-                        "optionally, `y` (labels), as `fedbayes export-partitions` writes them")
-    parser.add_argument("--samples", type=checked_number(int, NON_NEGATIVE),
-                        help="weight samples (particles: all of them; a point estimate: its one model); 0: at the "
-                             "posterior mean; default: the run's ensemble-samples")
-    parser.add_argument("--seed", type=checked_number(int, NON_NEGATIVE),
-                        help="the samples' generator seed; default: the server's for that round, which reproduces "
-                             "its ensemble evaluation")
-    parser.add_argument("--out", type=Path, metavar="FILE",
-                        help="write probs, entropy, expected_entropy, mutual_information and preds to this .npz")
-    parser.add_argument("--top", type=checked_number(int, NON_NEGATIVE), default=TOP_DEFAULT,
-                        help=f"list this many most uncertain examples (default {TOP_DEFAULT})")
-    parser.add_argument("--batch-size", type=checked_number(int, AT_LEAST_ONE),
-                        help="default: the run's evaluation batch size (rounding then matches the server's)")
+    parser.add_argument(
+        "data",
+        type=Path,
+        metavar="DATA.npz",
+        help="`x` (uint8 0-255 pixels or float) and, "
+        "optionally, `y` (labels), as `fedbayes export-partitions` writes them",
+    )
+    parser.add_argument(
+        "--samples",
+        type=checked_number(int, NON_NEGATIVE),
+        help="weight samples (particles: all of them; a point estimate: its one model); 0: at the "
+        "posterior mean; default: the run's ensemble-samples",
+    )
+    parser.add_argument(
+        "--seed",
+        type=checked_number(int, NON_NEGATIVE),
+        help="the samples' generator seed; default: the server's for that round, which reproduces "
+        "its ensemble evaluation",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help="write probs, entropy, expected_entropy, mutual_information and preds to this .npz",
+    )
+    parser.add_argument(
+        "--top",
+        type=checked_number(int, NON_NEGATIVE),
+        default=TOP_DEFAULT,
+        help=f"list this many most uncertain examples (default {TOP_DEFAULT})",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=checked_number(int, AT_LEAST_ONE),
+        help="default: the run's evaluation batch size (rounding then matches the server's)",
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     parser.set_defaults(handler=run_predict)
 
@@ -76,8 +109,9 @@ def run_predict(args: argparse.Namespace) -> int:
     posterior = load(args.file)
     x, labels = read_examples(args.data)
     if labels is not None and labels.max() >= posterior.header.num_classes:
-        raise ValueError(f"{args.data}: label {labels.max()} is out of range for the model's "
-                         f"{posterior.header.num_classes} classes")
+        raise ValueError(
+            f"{args.data}: label {labels.max()} is out of range for the model's {posterior.header.num_classes} classes"
+        )
     samples = posterior.header.ensemble_samples if args.samples is None else args.samples
     prediction = posterior.predict(x, samples, args.seed, args.batch_size, args.device)
     print(summary(args, posterior.header, x, labels, samples, prediction))
@@ -87,37 +121,55 @@ def run_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(args: argparse.Namespace, header: Header, x: np.ndarray, labels: np.ndarray | None, samples: int,
-            prediction: Prediction) -> str:
+def summary(
+    args: argparse.Namespace,
+    header: Header,
+    x: np.ndarray,
+    labels: np.ndarray | None,
+    samples: int,
+    prediction: Prediction,
+) -> str:
     """What the posterior is, how the prediction was made, its metrics (with labels) and the most uncertain examples."""
     import torch
 
     from fedbayes.bayes.metrics import classification_metrics
     from fedbayes.tasks.npzdata import pixel_scale_of
 
-    lines = [f"{args.file}: {header.strategy}, round {header.round} of federation {header.federation}; "
-             f"{header.kind}: {header.note}",
-             f"predictive: {_members_line(header, samples, args.seed, prediction.members)}"]
+    lines = [
+        f"{args.file}: {header.strategy}, round {header.round} of federation {header.federation}; "
+        f"{header.kind}: {header.note}",
+        f"predictive: {_members_line(header, samples, args.seed, prediction.members)}",
+    ]
     if pixel_scale_of(x.dtype) != header.pixel_scale:
-        lines.append(f"note: {args.data} holds {x.dtype} examples, scaled by {pixel_scale_of(x.dtype):g}; the run's "
-                     f"data were scaled by {header.pixel_scale:g} (then both by input-scale {header.input_scale:g}): "
-                     "make sure the values are in the same range")
+        lines.append(
+            f"note: {args.data} holds {x.dtype} examples, scaled by {pixel_scale_of(x.dtype):g}; the run's "
+            f"data were scaled by {header.pixel_scale:g} (then both by input-scale {header.input_scale:g}): "
+            "make sure the values are in the same range"
+        )
     if labels is not None:
         metrics = classification_metrics(prediction.probs, torch.from_numpy(labels))
-        lines.append(f"{len(x)} examples: accuracy {metrics['accuracy']:.4f}  nll {metrics['nll']:.4f}  "
-                     f"ece {metrics['ece']:.4f}")
-    lines.append(f"mean entropy {prediction.entropy.mean():.4f}, expected entropy "
-                 f"{prediction.expected_entropy.mean():.4f}, mutual information "
-                 f"{prediction.mutual_information.mean():.4f} (nats)")
+        lines.append(
+            f"{len(x)} examples: accuracy {metrics['accuracy']:.4f}  nll {metrics['nll']:.4f}  ece {metrics['ece']:.4f}"
+        )
+    lines.append(
+        f"mean entropy {prediction.entropy.mean():.4f}, expected entropy "
+        f"{prediction.expected_entropy.mean():.4f}, mutual information "
+        f"{prediction.mutual_information.mean():.4f} (nats)"
+    )
     return "\n".join([*lines, most_uncertain(prediction, labels, args.top)])
 
 
 def write_predictions(path: Path, prediction: Prediction) -> None:
     import numpy as np
 
-    np.savez(path, probs=prediction.probs.numpy(), entropy=prediction.entropy.numpy(),
-             expected_entropy=prediction.expected_entropy.numpy(),
-             mutual_information=prediction.mutual_information.numpy(), preds=prediction.predicted.numpy())
+    np.savez(
+        path,
+        probs=prediction.probs.numpy(),
+        entropy=prediction.entropy.numpy(),
+        expected_entropy=prediction.expected_entropy.numpy(),
+        mutual_information=prediction.mutual_information.numpy(),
+        preds=prediction.predicted.numpy(),
+    )
 
 
 def _members_line(header: Header, samples: int, seed: int | None, members: int) -> str:
@@ -136,11 +188,15 @@ def most_uncertain(prediction: Prediction, labels: np.ndarray | None, top: int) 
     import numpy as np
 
     order = np.lexsort((-prediction.entropy.numpy(), -prediction.mutual_information.numpy()))[:top]
-    lines = [f"most uncertain {len(order)} (by mutual information, then entropy):",
-             f"{'index':>7} {'MI':>8} {'entropy':>8} {'predicted':>9} {'label':>5}"]
+    lines = [
+        f"most uncertain {len(order)} (by mutual information, then entropy):",
+        f"{'index':>7} {'MI':>8} {'entropy':>8} {'predicted':>9} {'label':>5}",
+    ]
     predicted = prediction.predicted.numpy()
     for index in order:
         label = "-" if labels is None else str(labels[index])
-        lines.append(f"{index:>7} {prediction.mutual_information[index]:>8.4f} {prediction.entropy[index]:>8.4f} "
-                     f"{predicted[index]:>9} {label:>5}")
+        lines.append(
+            f"{index:>7} {prediction.mutual_information[index]:>8.4f} {prediction.entropy[index]:>8.4f} "
+            f"{predicted[index]:>9} {label:>5}"
+        )
     return "\n".join(lines)

@@ -22,13 +22,20 @@ import torch
 
 from fedbayes.bayes.params import buffer_layout, flatten, parameter_layout, unflatten
 from fedbayes.posterior.file import (
-    BUFFER, MEAN, PARTICLES, PRECISION, PRECISION_MATRIX, Header, Layout, ModelSpec, write_posterior_file,
+    BUFFER,
+    MEAN,
+    PARTICLES,
+    PRECISION,
+    PRECISION_MATRIX,
+    Header,
+    Layout,
+    ModelSpec,
+    write_posterior_file,
 )
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import with_evaluation_defaults
-from fedbayes.strategies import get_algorithm, run_settings
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.strategies.base import GlobalPosterior
-from fedbayes.strategies import default_run_config
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 
@@ -55,8 +62,10 @@ def locate_run(run: Path, federation: str | None) -> RunLocation:
         return RunLocation(run, federation, {})
     config_file = run / WORKDIR_RUN_CONFIG
     if not config_file.is_file():
-        raise ExportError(f"{run} is not a `fedbayes local` workdir (it has no {WORKDIR_RUN_CONFIG}); for a server "
-                          f"state directory, name the federation with --federation ({_federations_in(run)})")
+        raise ExportError(
+            f"{run} is not a `fedbayes local` workdir (it has no {WORKDIR_RUN_CONFIG}); for a server "
+            f"state directory, name the federation with --federation ({_federations_in(run)})"
+        )
     config = tomllib.loads(config_file.read_text())
     missing = [key for key in ("server-state-dir", "federation") if key not in config]
     if missing:
@@ -67,58 +76,96 @@ def locate_run(run: Path, federation: str | None) -> RunLocation:
 def _federations_in(directory: Path) -> str:
     if not directory.is_dir():
         return f"{directory} is no directory"
-    names = sorted(path.name for path in directory.iterdir()
-                   if path.is_dir() and CheckpointStore(directory, path.name, {}).kept_rounds())
-    return f"federations with checkpoints in {directory}: {', '.join(names)}" if names else \
-        f"{directory} holds no federation's checkpoints"
+    names = sorted(
+        path.name
+        for path in directory.iterdir()
+        if path.is_dir() and CheckpointStore(directory, path.name, {}).kept_rounds()
+    )
+    return (
+        f"federations with checkpoints in {directory}: {', '.join(names)}"
+        if names
+        else f"{directory} holds no federation's checkpoints"
+    )
 
 
-def export_posterior(location: RunLocation, out: Path, server_round: int = 0, data_root: str | None = None,
-                     eval_batch_size: int | None = None) -> Header:
+def export_posterior(
+    location: RunLocation,
+    out: Path,
+    server_round: int = 0,
+    data_root: str | None = None,
+    eval_batch_size: int | None = None,
+) -> Header:
     """Write the posterior of kept round `server_round` (0: the newest) to `out`; its header. `data_root` and
     `eval_batch_size` replace what the run config says (or, outside a workdir, the defaults)."""
     store = CheckpointStore(location.state_dir, location.federation, {})
     checkpoint, saved_run_config = store.read(server_round)
     source = store.round_path(checkpoint.server_round)
-    options = {key: value for key, value in (("data-root", data_root), ("eval-batch-size", eval_batch_size))
-               if value is not None}
-    settings = run_settings({**default_run_config(str(saved_run_config.get("strategy", ""))),
-                                            **location.run_config, **saved_run_config, **options})
+    options = {
+        key: value
+        for key, value in (("data-root", data_root), ("eval-batch-size", eval_batch_size))
+        if value is not None
+    }
+    settings = run_settings(
+        {
+            **default_run_config(str(saved_run_config.get("strategy", ""))),
+            **location.run_config,
+            **saved_run_config,
+            **options,
+        }
+    )
     try:
         test = load_dataset(settings.dataset, train=False, data_root=settings.data_root)
     except (FileNotFoundError, ValueError) as error:
-        raise ExportError(f"exporting {source} needs the run's test data (input shape, classes, pixel scale): {error}; "
-                          "--data-root names where the dataset is") from None
+        raise ExportError(
+            f"exporting {source} needs the run's test data (input shape, classes, pixel scale): {error}; "
+            "--data-root names where the dataset is"
+        ) from None
     spec = ModelSpec(settings.model, parse_hidden(settings.hidden), settings.activation, settings.pool)
     try:
         model = build_model(spec.model, test.input_shape, test.num_classes, spec.hidden, spec.activation, spec.pool)
     except Exception as error:  # a user's model builder may raise anything
-        raise ExportError(f"{source}: its model spec {spec} does not build here: {type(error).__name__}: {error}") \
-            from None
+        raise ExportError(
+            f"{source}: its model spec {spec} does not build here: {type(error).__name__}: {error}"
+        ) from None
     settings = with_evaluation_defaults(settings, model, test.input_shape)  # ensemble-samples -1: what the server used
     layout, buffers = parameter_layout(model), buffer_layout(model)
     held = {name: tuple(value.shape) for name, value in checkpoint.arrays.items()}
     if held != layout | buffers:
-        raise ExportError(f"{source}: its global arrays ({len(held)}) do not fit the model its run config builds "
-                          f"({spec}: {len(layout | buffers)} tensors)")
+        raise ExportError(
+            f"{source}: its global arrays ({len(held)}) do not fit the model its run config builds "
+            f"({spec}: {len(layout | buffers)} tensors)"
+        )
     strategy = get_algorithm(settings.strategy).build_server(settings, layout, buffers)
     strategy.commit(strategy.load_state(checkpoint.strategy_state))
     posterior = strategy.global_posterior()
     kind, tensors = posterior_tensors(posterior, checkpoint.arrays, layout, buffers, source)
     header = Header(
-        strategy=settings.strategy, kind=kind, note=posterior.note, model=spec, input_shape=test.input_shape,
-        num_classes=test.num_classes, input_scale=settings.input_scale, pixel_scale=test.pixel_scale,
-        dataset=settings.dataset, round=checkpoint.server_round, federation=settings.federation, seed=settings.seed,
-        ensemble_samples=settings.ensemble_samples, eval_batch_size=settings.eval_batch_size, parameters=layout,
-        buffers=buffers, particles=0 if posterior.particles is None else len(posterior.particles),
+        strategy=settings.strategy,
+        kind=kind,
+        note=posterior.note,
+        model=spec,
+        input_shape=test.input_shape,
+        num_classes=test.num_classes,
+        input_scale=settings.input_scale,
+        pixel_scale=test.pixel_scale,
+        dataset=settings.dataset,
+        round=checkpoint.server_round,
+        federation=settings.federation,
+        seed=settings.seed,
+        ensemble_samples=settings.ensemble_samples,
+        eval_batch_size=settings.eval_batch_size,
+        parameters=layout,
+        buffers=buffers,
+        particles=0 if posterior.particles is None else len(posterior.particles),
         fedbayes_version=_installed_version(),
     )
     write_posterior_file(out, header, tensors)
     return header
 
 
-def posterior_tensors(posterior: GlobalPosterior, arrays: dict[str, np.ndarray], layout: Layout, buffers: Layout,
-                      source: Path) -> tuple[str, dict[str, np.ndarray]]:
+def posterior_tensors(
+    posterior: GlobalPosterior, arrays: dict[str, np.ndarray], layout: Layout, buffers: Layout, source: Path
+) -> tuple[str, dict[str, np.ndarray]]:
     """The posterior's kind and its tensors (posterior/file.py), from the checkpoint's global `arrays` and what the
     strategy holds."""
     tensors = {f"{MEAN}{name}": arrays[name] for name in layout} | {f"{BUFFER}{name}": arrays[name] for name in buffers}
@@ -130,13 +177,16 @@ def posterior_tensors(posterior: GlobalPosterior, arrays: dict[str, np.ndarray],
         return "point", tensors
     # The file keeps one mean, the global model the server evaluates; the server samples around the Gaussian's.
     if not np.array_equal(gaussian.mean.numpy(), flatten(arrays, layout)):
-        raise ExportError(f"{source}: the strategy's posterior mean is not its global model (the strategy "
-                          "should round it to float32 as it sends it)")
+        raise ExportError(
+            f"{source}: the strategy's posterior mean is not its global model (the strategy "
+            "should round it to float32 as it sends it)"
+        )
     if gaussian.kind == "full":
         return "gaussian-full", tensors | {PRECISION_MATRIX: gaussian.precision.numpy()}
     precision = torch.broadcast_to(gaussian.precision, gaussian.mean.shape).numpy()  # isotropic: one for every entry
-    return "gaussian-diagonal", tensors | {f"{PRECISION}{name}": value for name, value in
-                                          unflatten(precision, layout, dtype=np.float64).items()}
+    return "gaussian-diagonal", tensors | {
+        f"{PRECISION}{name}": value for name, value in unflatten(precision, layout, dtype=np.float64).items()
+    }
 
 
 def _installed_version() -> str:

@@ -5,7 +5,7 @@ Metadata (all strings, as safetensors holds them):
   format_version  FORMAT_VERSION; a reader refuses a newer one
   header          JSON, `Header`: strategy, what the posterior is, the model spec, input shape, classes,
                   preprocessing, round, federation, seed, how the server evaluated the round, fedbayes' version
-  checksum        SHA-256 over every tensor and the other metadata (server/checkpoint.py `checksum`)
+  checksum        SHA-256 over every tensor and the other metadata (tasks/storage.py `checksum`, as server checkpoints)
 Tensors, by posterior kind (parameters are the model's, in the order `Header.parameters` lists them):
   every kind          mean/<parameter>       the global model as the server evaluates it (DSVGD: the particle mean)
                       buffer/<buffer>        the model's buffers (BatchNorm statistics), averaged by the round core
@@ -27,8 +27,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
-from fedbayes.server.checkpoint import checksum
-from fedbayes.tasks.storage import write_atomically
+from fedbayes.tasks.storage import checksum, write_atomically
 
 FORMAT = "fedbayes-posterior"
 FORMAT_VERSION = 1
@@ -118,11 +117,14 @@ def read_posterior_file(path: Path) -> tuple[Header, dict[str, np.ndarray]]:
             tensors = {name: posterior_file.get_tensor(name) for name in posterior_file.keys()}
             metadata = posterior_file.metadata() or {}
     except (SafetensorError, OSError, ValueError) as error:
-        raise PosteriorFileError(f"exported posterior {path} is unreadable (truncated, or not a safetensors file): "
-                                 f"{error}") from None
+        raise PosteriorFileError(
+            f"exported posterior {path} is unreadable (truncated, or not a safetensors file): {error}"
+        ) from None
     if metadata.get("format") != FORMAT:
-        raise PosteriorFileError(f"{path} is not a fedbayes posterior export (its metadata 'format' is "
-                                 f"{metadata.get('format')!r}, not {FORMAT!r}); `fedbayes export` writes them")
+        raise PosteriorFileError(
+            f"{path} is not a fedbayes posterior export (its metadata 'format' is "
+            f"{metadata.get('format')!r}, not {FORMAT!r}); `fedbayes export` writes them"
+        )
     _check_version(path, metadata.get("format_version", ""), damaged)
     if "checksum" not in metadata:
         raise damaged("checksum", "is missing")
@@ -137,8 +139,10 @@ def _check_version(path: Path, text: str, damaged) -> None:
     if not text.isdigit() or int(text) < 1:
         raise damaged("format_version", f"is {text!r}, not a version number")
     if int(text) > FORMAT_VERSION:
-        raise PosteriorFileError(f"{path} has posterior format version {text}, written by a newer fedbayes; this one "
-                                 f"reads version {FORMAT_VERSION} and older: upgrade fedbayes to read it")
+        raise PosteriorFileError(
+            f"{path} has posterior format version {text}, written by a newer fedbayes; this one "
+            f"reads version {FORMAT_VERSION} and older: upgrade fedbayes to read it"
+        )
 
 
 def _parse_header(text: str, damaged) -> Header:
@@ -158,17 +162,30 @@ def _parse_header(text: str, damaged) -> Header:
         return value
 
     model = take("model", dict)
-    spec = ModelSpec(take("model", str, model, "model."), _shape(take("hidden", list, model, "model."),
-                                                                  "model.hidden", damaged),
-                     take("activation", str, model, "model."), take("pool", int, model, "model."))
+    spec = ModelSpec(
+        take("model", str, model, "model."),
+        _shape(take("hidden", list, model, "model."), "model.hidden", damaged),
+        take("activation", str, model, "model."),
+        take("pool", int, model, "model."),
+    )
     header = Header(
-        strategy=take("strategy", str), kind=take("kind", str), note=take("note", str), model=spec,
-        input_shape=_shape(take("input_shape", list), "input_shape", damaged), num_classes=take("num_classes", int),
-        input_scale=take("input_scale", float), pixel_scale=take("pixel_scale", float), dataset=take("dataset", str),
-        round=take("round", int), federation=take("federation", str), seed=take("seed", int),
-        ensemble_samples=take("ensemble_samples", int), eval_batch_size=take("eval_batch_size", int),
+        strategy=take("strategy", str),
+        kind=take("kind", str),
+        note=take("note", str),
+        model=spec,
+        input_shape=_shape(take("input_shape", list), "input_shape", damaged),
+        num_classes=take("num_classes", int),
+        input_scale=take("input_scale", float),
+        pixel_scale=take("pixel_scale", float),
+        dataset=take("dataset", str),
+        round=take("round", int),
+        federation=take("federation", str),
+        seed=take("seed", int),
+        ensemble_samples=take("ensemble_samples", int),
+        eval_batch_size=take("eval_batch_size", int),
         parameters=_layout(take("parameters", list), "parameters", damaged),
-        buffers=_layout(take("buffers", list), "buffers", damaged), particles=take("particles", int),
+        buffers=_layout(take("buffers", list), "buffers", damaged),
+        particles=take("particles", int),
         fedbayes_version=take("fedbayes_version", str),
     )
     if header.kind not in KINDS:
@@ -176,8 +193,9 @@ def _parse_header(text: str, damaged) -> Header:
     if (header.kind == "particles") != (header.particles > 0):
         raise damaged("header.particles", f"is {header.particles} for a posterior of kind {header.kind!r}")
     if header.eval_batch_size < 1 or header.ensemble_samples < 0 or header.num_classes < 2:
-        raise damaged("header", "has an evaluation batch size below 1, negative ensemble samples or fewer than 2 "
-                                "classes")
+        raise damaged(
+            "header", "has an evaluation batch size below 1, negative ensemble samples or fewer than 2 classes"
+        )
     return header
 
 

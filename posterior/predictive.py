@@ -19,7 +19,14 @@ from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.metrics import predict_probs
 from fedbayes.bayes.params import buffer_layout, flatten, parameter_layout, set_parameters, unflatten
 from fedbayes.posterior.file import (
-    BUFFER, MEAN, PARTICLES, PRECISION, PRECISION_MATRIX, Header, PosteriorFileError, read_posterior_file,
+    BUFFER,
+    MEAN,
+    PARTICLES,
+    PRECISION,
+    PRECISION_MATRIX,
+    Header,
+    PosteriorFileError,
+    read_posterior_file,
 )
 from fedbayes.posterior.uncertainty import Prediction, predictive
 from fedbayes.tasks.compute import resolve_device
@@ -54,25 +61,32 @@ class Posterior:
             precision = flatten({name: tensors[f"{PRECISION}{name}"] for name in layout}, layout)
             self.gaussian = Gaussian(torch.from_numpy(flatten(self.mean, layout)), torch.from_numpy(precision))
         elif header.kind == "gaussian-full":
-            self.gaussian = Gaussian(torch.from_numpy(flatten(self.mean, layout)),
-                                     torch.from_numpy(tensors[PRECISION_MATRIX].astype(np.float64)))
+            self.gaussian = Gaussian(
+                torch.from_numpy(flatten(self.mean, layout)),
+                torch.from_numpy(tensors[PRECISION_MATRIX].astype(np.float64)),
+            )
         elif header.kind == "particles":
-            self.particles = [{name: tensors[f"{PARTICLES}{name}"][index] for name in layout}
-                              for index in range(header.particles)]
+            self.particles = [
+                {name: tensors[f"{PARTICLES}{name}"][index] for name in layout} for index in range(header.particles)
+            ]
 
     def _model(self) -> torch.nn.Module:
         spec, header = self.header.model, self.header
         try:
-            model = build_model(spec.model, header.input_shape, header.num_classes, spec.hidden, spec.activation,
-                                spec.pool)
+            model = build_model(
+                spec.model, header.input_shape, header.num_classes, spec.hidden, spec.activation, spec.pool
+            )
         except Exception as error:  # a user's model builder may raise anything
-            raise PosteriorFileError(f"{self.path}: its model spec {spec} does not build here: "
-                                     f"{type(error).__name__}: {error}") from None
+            raise PosteriorFileError(
+                f"{self.path}: its model spec {spec} does not build here: {type(error).__name__}: {error}"
+            ) from None
         built = {"parameters": parameter_layout(model), "buffers": buffer_layout(model)}
         for part, layout in built.items():
             if list(layout.items()) != list(getattr(header, part).items()):  # the order is the flat vectors' order
-                raise PosteriorFileError(f"{self.path}: its model spec {spec} builds a model whose {part} differ from "
-                                         f"the file's ({_first_difference(layout, getattr(header, part))})")
+                raise PosteriorFileError(
+                    f"{self.path}: its model spec {spec} builds a model whose {part} differ from "
+                    f"the file's ({_first_difference(layout, getattr(header, part))})"
+                )
         return model
 
     def members(self, samples: int, seed: int | None = None) -> list[Weights]:
@@ -86,6 +100,7 @@ class Posterior:
         if self.header.kind == "particles":
             return self.particles
         seed = round_seed(self.header.seed, self.header.round) if seed is None else seed
+        assert self.gaussian is not None  # a Gaussian kind (the header's kind was checked when the file was read)
         draws = self.gaussian.sample(samples, torch.Generator().manual_seed(seed))
         return [unflatten(draw.numpy(), self.header.parameters) for draw in draws]
 
@@ -104,18 +119,26 @@ class Posterior:
             raise ValueError("examples hold NaN or Inf")
         return scaled_images(torch.from_numpy(x), pixel_scale_of(x.dtype) * self.header.input_scale)
 
-    def predict(self, x: np.ndarray | torch.Tensor, samples: int | None = None, seed: int | None = None,
-                batch_size: int | None = None, device: str = "cpu") -> Prediction:
+    def predict(
+        self,
+        x: np.ndarray | torch.Tensor,
+        samples: int | None = None,
+        seed: int | None = None,
+        batch_size: int | None = None,
+        device: str = "cpu",
+    ) -> Prediction:
         """The posterior predictive on `x` and its uncertainty per example (posterior/uncertainty.py), averaged over
         `members(samples, seed)`; `samples` None: the run's ensemble-samples. Batches of `batch_size` (None: the
         run's evaluation batch size) on `device` ("cpu", "cuda", "auto")."""
         images = self.inputs(x)
         members = self.members(self.header.ensemble_samples if samples is None else samples, seed)
-        return predictive(self.member_probs(members, images, batch_size or self.header.eval_batch_size,
-                                            resolve_device(device)))
+        return predictive(
+            self.member_probs(members, images, batch_size or self.header.eval_batch_size, resolve_device(device))
+        )
 
-    def member_probs(self, members: list[Weights], images: torch.Tensor, batch_size: int,
-                     device: torch.device) -> torch.Tensor:
+    def member_probs(
+        self, members: list[Weights], images: torch.Tensor, batch_size: int, device: torch.device
+    ) -> torch.Tensor:
         """(S, N, C): each member's softmax probabilities on `images`, computed as server/app.py computes them."""
         probs = []
         for weights in members:

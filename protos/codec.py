@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from types import ModuleType
+from typing import Generic, NoReturn, TypeVar, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import DecodeError, Message as ProtoMessage
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
 
 from fedbayes.bayes.params import TensorLayout, Tensors
 from fedbayes.protos import payloads_pb2 as pb
@@ -87,8 +89,8 @@ def register_message_types(*message_types: type[ProtoMessage]) -> None:
             raise ValueError(f"message type {name} is registered already, from {known.DESCRIPTOR.file.name}")
 
 
-def _module_message_types(module: object) -> Iterable[type[ProtoMessage]]:
-    descriptor = getattr(module, "DESCRIPTOR")
+def _module_message_types(module: ModuleType) -> Iterable[type[ProtoMessage]]:
+    descriptor = module.DESCRIPTOR
     return [getattr(module, name) for name in descriptor.message_types_by_name]
 
 
@@ -99,8 +101,10 @@ def message_type_named(name: str, sender: str) -> type[ProtoMessage]:
     try:
         return _MESSAGE_TYPES[name]
     except KeyError:
-        raise PayloadError(f"{sender}: field 'body': {name[:64]!r} is no message type this process knows (a strategy "
-                           "registers its own; is the strategy installed here?)") from None
+        raise PayloadError(
+            f"{sender}: field 'body': {name[:64]!r} is no message type this process knows (a strategy "
+            "registers its own; is the strategy installed here?)"
+        ) from None
 
 
 # ---- encoding --------------------------------------------------------------------------------------------------------
@@ -123,8 +127,9 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
     )
 
 
-def encode(envelope: Envelope, message: ProtoMessage | None,
-           tensors: Mapping[str, Mapping[str, np.ndarray]]) -> RecordDict:
+def encode(
+    envelope: Envelope, message: ProtoMessage | None, tensors: Mapping[str, Mapping[str, np.ndarray]]
+) -> RecordDict:
     """Pack a payload: fill the TensorGroup manifests of `message` (the strategy's; None for a LeaveAndForget) and of
     the envelope from `tensors` (by group field name), put `message` into the envelope's body, and pack every tensor,
     raveled and concatenated in field order (the message's groups, then the envelope's) and each group's order, into
@@ -133,7 +138,9 @@ def encode(envelope: Envelope, message: ProtoMessage | None,
     groups = {group for part in (*parts, envelope) for group in tensor_group_fields(type(part))}
     unknown = set(tensors) - groups
     if unknown:
-        raise ValueError(f"{type(message or envelope).__name__} and its envelope have no tensor groups {sorted(unknown)}")
+        raise ValueError(
+            f"{type(message or envelope).__name__} and its envelope have no tensor groups {sorted(unknown)}"
+        )
     packed = [value for part in (*parts, envelope) for value in _filled_manifests(part, tensors)]
     if message is not None:
         envelope.body.Pack(message)
@@ -160,7 +167,7 @@ def _filled_manifests(message: ProtoMessage, tensors: Mapping[str, Mapping[str, 
 def with_envelope(content: RecordDict, envelope: ProtoMessage) -> RecordDict:
     """`content` (as `encode` packed it) with `envelope` as its envelope, sharing the tensor records: one
     instruction's tensors go to every node, each with its own header."""
-    records: dict[str, ArrayRecord | ConfigRecord] = dict(content.array_records)
+    records: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = dict(content.array_records)
     records[ENVELOPE_KEY] = ConfigRecord(
         {"type": envelope.DESCRIPTOR.full_name, "message": envelope.SerializeToString()}
     )
@@ -202,13 +209,17 @@ def decode(
     if unexpected:
         raise PayloadError(f"{sender}: unexpected records {sorted(unexpected)} in {envelope_type.__name__}")
     parts = [message, envelope] if message is not envelope else [envelope]
-    specs = [(group, name, shape) for part in parts for group in tensor_group_fields(type(part))
-             for name, shape in _checked_manifest(getattr(part, group), layouts.get(group, {}), group, sender)]
+    specs = [
+        (group, name, shape)
+        for part in parts
+        for group in tensor_group_fields(type(part))
+        for name, shape in _checked_manifest(getattr(part, group), layouts.get(group, {}), group, sender)
+    ]
     packed = _packed_array(content, sum(math.prod(shape) for _, _, shape in specs), sender)
     tensors: dict[str, Tensors] = {group: {} for part in parts for group in tensor_group_fields(type(part))}
     offset = 0
     for group, name, shape in specs:
-        value = packed[offset:offset + math.prod(shape)].reshape(shape)  # a view: no copy
+        value = packed[offset : offset + math.prod(shape)].reshape(shape)  # a view: no copy
         if not np.isfinite(value).all():
             raise PayloadError(f"{sender}: field '{group}/{name}': contains NaN or Inf")
         tensors[group][name] = value
@@ -225,13 +236,14 @@ def _body(envelope: pb.Instruction | pb.Reply, message_type: type[M], sender: st
     if declared != expected:
         message_type_named(declared, sender)  # an unknown type is named as such
         raise PayloadError(f"{sender}: field 'body': expected {expected}, got {declared[:64]!r}")
-    message = message_type_named(declared, sender)()
+    # the class registered under the expected name: `message_type` itself, or its twin from the same .proto file
+    message = cast(M, message_type_named(declared, sender)())
     try:
         if not envelope.body.Unpack(message):
             raise DecodeError("the body does not unpack")
     except DecodeError as error:
         raise PayloadError(f"{sender}: field 'body': malformed {expected}: {error}") from None
-    return message  # type: ignore[return-value]
+    return message
 
 
 def reply_timings(content: RecordDict) -> dict[str, float]:
@@ -240,8 +252,11 @@ def reply_timings(content: RecordDict) -> dict[str, float]:
     record = content.config_records.get(TIMINGS_KEY)
     if record is None or len(record) > MAX_TIMINGS:
         return {}
-    return {name[:32]: float(value) for name, value in record.items()
-            if isinstance(value, float) and math.isfinite(value) and 0.0 <= value < 1e6}
+    return {
+        name[:32]: float(value)
+        for name, value in record.items()
+        if isinstance(value, float) and math.isfinite(value) and 0.0 <= value < 1e6
+    }
 
 
 def payload_bytes(content: RecordDict) -> int:
@@ -313,17 +328,20 @@ def decode_header(content: RecordDict, sender: str) -> pb.Header:
     kind = next((envelope for envelope in ENVELOPES if envelope.DESCRIPTOR.full_name == declared), None)
     if kind is None:
         _refuse_unknown_envelope(content, declared, "an envelope", sender)
-    return _parse_envelope(content, kind, sender).header
+    header: pb.Header = _parse_envelope(content, kind, sender).header
+    return header
 
 
-def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, sender: str) -> None:
+def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, sender: str) -> NoReturn:
     """Raise the PayloadError for a payload whose envelope is not `expected`: a peer of schema version 6 or older
     (whose messages were no envelopes, but began with the same Header) is told so, by version."""
     version = _old_schema_version(content)
     if version and version < CURRENT_SCHEMA_VERSION:
-        raise PayloadError(f"{sender}: field 'header.schema_version': {version}, but this fedbayes speaks schema "
-                           f"version {CURRENT_SCHEMA_VERSION}, whose payloads are envelopes ({declared[:64]!r} is a "
-                           "message of an older fedbayes): run the same fedbayes on the server and every client")
+        raise PayloadError(
+            f"{sender}: field 'header.schema_version': {version}, but this fedbayes speaks schema "
+            f"version {CURRENT_SCHEMA_VERSION}, whose payloads are envelopes ({declared[:64]!r} is a "
+            "message of an older fedbayes): run the same fedbayes on the server and every client"
+        )
     raise PayloadError(f"{sender}: field 'type': expected {expected}, got {declared[:64]!r}")
 
 
@@ -353,9 +371,7 @@ def _parse_envelope(content: RecordDict, envelope_type: type[E], sender: str) ->
         raise PayloadError(f"{sender}: field 'message': malformed {expected}: {error}") from None
     version = envelope.header.schema_version
     if version != CURRENT_SCHEMA_VERSION:
-        raise PayloadError(
-            f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}"
-        )
+        raise PayloadError(f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}")
     return envelope
 
 
@@ -386,8 +402,9 @@ def _packed_array(content: RecordDict, size: int, sender: str) -> np.ndarray:
         raise PayloadError(f"{where}: expected one array '{PACKED_ARRAY}', got {list(record.keys())}")
     array = record[PACKED_ARRAY]
     if array.dtype != "float32" or tuple(array.shape) != (size,):
-        raise PayloadError(f"{where}: declared {array.dtype} {tuple(array.shape)}, but the manifests describe "
-                           f"float32 ({size},)")
+        raise PayloadError(
+            f"{where}: declared {array.dtype} {tuple(array.shape)}, but the manifests describe float32 ({size},)"
+        )
     return _decoded_array(array, (size,), where)
 
 

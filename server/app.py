@@ -22,13 +22,13 @@ from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layou
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
 from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.preflight import preflight
 from fedbayes.server.round_core import RoundCore
 from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads, resolve_device
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
-from fedbayes.tasks.preflight import preflight
 from fedbayes.tasks.runlog import new_federation_line, run_failed_line
 
 app = ServerApp()
@@ -60,26 +60,44 @@ def run_federation(grid: Grid, context: Context) -> None:
         log(INFO, "simulation: client ids may move to the new run's nodes (client-identity=reconnect)")
         settings = settings.replace(client_identity="reconnect")
     algorithm = get_algorithm(settings.strategy)
-    test = load_dataset(
-        settings.dataset, train=False, data_root=settings.data_root, download=settings.download
-    ).scaled(settings.input_scale)
+    test = load_dataset(settings.dataset, train=False, data_root=settings.data_root, download=settings.download).scaled(
+        settings.input_scale
+    )
     torch.manual_seed(settings.seed)
     model = build_model(
-        settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden), settings.activation,
+        settings.model,
+        test.input_shape,
+        test.num_classes,
+        parse_hidden(settings.hidden),
+        settings.activation,
         settings.pool,
     )
     settings = with_evaluation_defaults(settings, model, test.input_shape)  # by the model's cost where left to it
     strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
     device = resolve_device(settings.device)
-    log(INFO, "fedbayes: federation %s, strategy %s, %s, %d rounds", settings.federation, settings.strategy,
-        settings.dataset, settings.num_server_rounds)
+    log(
+        INFO,
+        "fedbayes: federation %s, strategy %s, %s, %d rounds",
+        settings.federation,
+        settings.strategy,
+        settings.dataset,
+        settings.num_server_rounds,
+    )
 
     initial = ArrayRecord({name: Array(np.asarray(value)) for name, value in get_parameters(model).items()})
     # the ensemble's size as evaluated: a checkpoint (and the posterior `fedbayes export` makes of it) records it
-    run_config = {**context.run_config, "federation": settings.federation, "ensemble-samples": settings.ensemble_samples}
+    run_config = {
+        **context.run_config,
+        "federation": settings.federation,
+        "ensemble-samples": settings.ensemble_samples,
+    }
     # run config `tracking`: the rows, figures and posterior in MLflow or TensorBoard (server/tracking.py)
-    with tracked_run(settings.tracking, settings.federation, run_config,
-                     posterior_export(server_state_dir, settings.federation, run_config)) as sinks:
+    with tracked_run(
+        settings.tracking,
+        settings.federation,
+        run_config,
+        posterior_export(server_state_dir, settings.federation, run_config),
+    ) as sinks:
         run_rounds(
             grid,
             RoundCore(settings, strategy),
@@ -99,9 +117,14 @@ def run_federation(grid: Grid, context: Context) -> None:
             ServerEvaluation(model, test, strategy, settings, device),
             settings.results_path,
             # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
-            CheckpointStore(server_state_dir, settings.federation, run_config,
-                            initial_arrays={name: array.numpy() for name, array in initial.items()},
-                            keep=settings.keep_checkpoints, resume_from_round=settings.resume_from_round),
+            CheckpointStore(
+                server_state_dir,
+                settings.federation,
+                run_config,
+                initial_arrays={name: array.numpy() for name, array in initial.items()},
+                keep=settings.keep_checkpoints,
+                resume_from_round=settings.resume_from_round,
+            ),
             sinks,
         )
 

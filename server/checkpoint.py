@@ -22,7 +22,6 @@ a strategy bug must stop the run rather than become the state every later resume
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -38,23 +37,51 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from fedbayes.strategies.base import ServerState
-from fedbayes.tasks.storage import fsync_directory, link_atomically, write_atomically
+from fedbayes.tasks.storage import CHECKSUM_KEY, checksum, fsync_directory, link_atomically, write_atomically
 
 CHECKPOINT_FILE = "checkpoint.safetensors"  # a link to the newest checkpoint-<round>.safetensors
 _ROUND_FILE = re.compile(r"checkpoint-([0-9]+)\.safetensors")
 FORMAT_VERSION = "4"  # 2: bound client ids and accepted rounds; 3: per-client records, model buffers; 4: checksum
 # Run-config keys a resumed run may change: how long to run and wait, where to log, what hardware, when and on what
 # share of the test set the server evaluates.
-RESUMABLE_KEYS = frozenset({
-    "num-server-rounds", "results-path", "server-state-dir", "round-timeout", "poll-interval",
-    "wait-for-clients", "wait-for-clients-timeout", "min-clients", "eval-batch-size", "device", "data-root",
-    "download", "max-payload-mb", "max-failed-rounds", "max-clients", "max-client-examples", "client-identity",
-    "client-registry", "screen-ratio", "robust-aggregation", "clip-ratio", "trim-fraction", "max-client-rejections",
-    "quarantine-rounds", "straggler-wait", "results-exists", "keep-checkpoints", "resume-from-round", "tracking",
-    "eval-every", "eval-fraction", "eval-threads", "eval-batched",
-})
+RESUMABLE_KEYS = frozenset(
+    {
+        "num-server-rounds",
+        "results-path",
+        "server-state-dir",
+        "round-timeout",
+        "poll-interval",
+        "wait-for-clients",
+        "wait-for-clients-timeout",
+        "min-clients",
+        "eval-batch-size",
+        "device",
+        "data-root",
+        "download",
+        "max-payload-mb",
+        "max-failed-rounds",
+        "max-clients",
+        "max-client-examples",
+        "client-identity",
+        "client-registry",
+        "screen-ratio",
+        "robust-aggregation",
+        "clip-ratio",
+        "trim-fraction",
+        "max-client-rejections",
+        "quarantine-rounds",
+        "straggler-wait",
+        "results-exists",
+        "keep-checkpoints",
+        "resume-from-round",
+        "tracking",
+        "eval-every",
+        "eval-fraction",
+        "eval-threads",
+        "eval-batched",
+    }
+)
 _GLOBAL, _STRATEGY = "global/", "strategy/"
-_CHECKSUM = "checksum"
 ArrayLayout = dict[str, tuple[tuple[int, ...], np.dtype]]  # name -> (shape, dtype)
 
 
@@ -84,14 +111,24 @@ class CheckpointStore:
     same names, shapes and dtypes (None: no layout check, for tools and tests that only inspect checkpoints).
     `keep` and `resume_from_round`: the run config's keep-checkpoints and resume-from-round (0 = the newest)."""
 
-    def __init__(self, root: str | Path, federation: str, run_config: Mapping[str, Any], *,
-                 initial_arrays: Mapping[str, np.ndarray] | None = None, keep: int = 3,
-                 resume_from_round: int = 0) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        federation: str,
+        run_config: Mapping[str, Any],
+        *,
+        initial_arrays: Mapping[str, np.ndarray] | None = None,
+        keep: int = 3,
+        resume_from_round: int = 0,
+    ) -> None:
         self.directory = Path(root) / federation
         self.path = self.directory / CHECKPOINT_FILE
         self.run_config = {key: value for key, value in run_config.items() if key not in RESUMABLE_KEYS}
-        self.layout: ArrayLayout | None = None if initial_arrays is None else {
-            name: (tuple(np.shape(value)), np.asarray(value).dtype) for name, value in initial_arrays.items()}
+        self.layout: ArrayLayout | None = (
+            None
+            if initial_arrays is None
+            else {name: (tuple(np.shape(value)), np.asarray(value).dtype) for name, value in initial_arrays.items()}
+        )
         self.keep, self.resume_from_round = keep, resume_from_round
 
     def round_path(self, server_round: int) -> Path:
@@ -116,16 +153,18 @@ class CheckpointStore:
             "run_config": json.dumps(self.run_config, sort_keys=True),
             "strategy": json.dumps(checkpoint.strategy_state.metadata, sort_keys=True),
         }
-        metadata[_CHECKSUM] = checksum(tensors, metadata)
+        metadata[CHECKSUM_KEY] = checksum(tensors, metadata)
         write_atomically(self.round_path(checkpoint.server_round), save(tensors, metadata=metadata))
         link_atomically(self.path, self.round_path(checkpoint.server_round).name)
-        for server_round in self.kept_rounds()[:-self.keep]:
+        for server_round in self.kept_rounds()[: -self.keep]:
             self.round_path(server_round).unlink()
 
     def _tensors_to_save(self, checkpoint: Checkpoint) -> dict[str, np.ndarray]:
         def refuse(field: str, problem: str) -> CheckpointError:
-            return CheckpointError(f"refusing to write the checkpoint of round {checkpoint.server_round} to "
-                                   f"{self.directory}: '{field}' {problem}; nothing was written")
+            return CheckpointError(
+                f"refusing to write the checkpoint of round {checkpoint.server_round} to "
+                f"{self.directory}: '{field}' {problem}; nothing was written"
+            )
 
         if self.layout is not None:
             problem = _layout_problem(checkpoint.arrays, self.layout)
@@ -133,8 +172,10 @@ class CheckpointStore:
                 raise refuse(*problem)
         # require, not ascontiguousarray: that one turns 0-d arrays (BatchNorm's num_batches_tracked) into 1-d
         tensors = {f"{_GLOBAL}{name}": np.require(value, requirements="C") for name, value in checkpoint.arrays.items()}
-        tensors |= {f"{_STRATEGY}{name}": np.require(value, requirements="C")
-                    for name, value in checkpoint.strategy_state.tensors.items()}
+        tensors |= {
+            f"{_STRATEGY}{name}": np.require(value, requirements="C")
+            for name, value in checkpoint.strategy_state.tensors.items()
+        }
         for name, value in tensors.items():
             if not _all_finite(value):
                 raise refuse(name, f"holds non-finite values ({_non_finite_summary(value)})")
@@ -146,8 +187,12 @@ class CheckpointStore:
         later = [kept for kept in self.kept_rounds() if kept > server_round]
         if not later:
             return
-        log(WARNING, "resume-from-round=%d: deleting the checkpoints of the later rounds %s, which run again",
-            server_round, ", ".join(map(str, later)))
+        log(
+            WARNING,
+            "resume-from-round=%d: deleting the checkpoints of the later rounds %s, which run again",
+            server_round,
+            ", ".join(map(str, later)),
+        )
         link_atomically(self.path, self.round_path(server_round).name)
         for kept in reversed(later):
             self.round_path(kept).unlink()
@@ -175,8 +220,10 @@ class CheckpointStore:
         if not kept:
             raise CheckpointError(f"{self.directory} holds no server checkpoint")
         if server_round and server_round not in kept:
-            raise CheckpointError(f"{self.directory} holds no checkpoint of round {server_round} (kept rounds: "
-                                  f"{', '.join(map(str, kept))}; run config keep-checkpoints says how many are kept)")
+            raise CheckpointError(
+                f"{self.directory} holds no checkpoint of round {server_round} (kept rounds: "
+                f"{', '.join(map(str, kept))}; run config keep-checkpoints says how many are kept)"
+            )
         return self._read(self.round_path(server_round or kept[-1]))
 
     def _chosen_path(self) -> Path | None:
@@ -185,7 +232,8 @@ class CheckpointStore:
             if self.resume_from_round not in kept:
                 raise CheckpointError(
                     f"resume-from-round={self.resume_from_round}: {self.directory} holds no checkpoint of that "
-                    f"round (kept rounds: {', '.join(map(str, kept)) or 'none'}; 0 resumes from the newest)")
+                    f"round (kept rounds: {', '.join(map(str, kept)) or 'none'}; 0 resumes from the newest)"
+                )
             return self.round_path(self.resume_from_round)
         if kept:
             return self.round_path(kept[-1])
@@ -204,8 +252,10 @@ class CheckpointStore:
                     pass
         if not intact:
             return "no other kept checkpoint is intact (another `federation` name starts over)"
-        return (f"intact kept checkpoints: rounds {', '.join(map(str, intact))}; to resume from round {intact[0]}: "
-                f"set resume-from-round={intact[0]} (the rounds after it run again)")
+        return (
+            f"intact kept checkpoints: rounds {', '.join(map(str, intact))}; to resume from round {intact[0]}: "
+            f"set resume-from-round={intact[0]} (the rounds after it run again)"
+        )
 
     def _read(self, path: Path, same_run: bool = False) -> tuple[Checkpoint, dict[str, Any]]:
         """The checkpoint at `path` and the run config it was made with, every field checked; with `same_run`, that
@@ -216,9 +266,10 @@ class CheckpointStore:
 
         tensors, metadata = _read_file(path)
         if metadata.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"server checkpoint {path} has format {metadata.get('format')!r}, this version "
-                                  f"reads {FORMAT_VERSION!r}")
-        for field in ("round", "wall_seconds", "run_config", "strategy", _CHECKSUM):
+            raise CheckpointError(
+                f"server checkpoint {path} has format {metadata.get('format')!r}, this version reads {FORMAT_VERSION!r}"
+            )
+        for field in ("round", "wall_seconds", "run_config", "strategy", CHECKSUM_KEY):
             if field not in metadata:
                 raise damaged(field, "is missing")
         server_round = _parse_round(metadata["round"], damaged)
@@ -227,24 +278,28 @@ class CheckpointStore:
             raise damaged("round", f"is {server_round}, but the file is named for round {file_round.group(1)}")
         wall_seconds = _parse_wall_seconds(metadata["wall_seconds"], damaged)
         run_config = _parse_json_object(metadata["run_config"], "run_config", damaged)
-        intact = metadata[_CHECKSUM] == checksum(tensors, metadata)
+        intact = metadata[CHECKSUM_KEY] == checksum(tensors, metadata)
         if same_run and intact:  # an intact file of another model is other settings, not damage
             self._check_same_run(path, run_config)
         strategy_metadata = _parse_json_object(metadata["strategy"], "strategy", damaged)
         if not all(isinstance(value, str) for value in strategy_metadata.values()):
             raise damaged("strategy", "is not an object of strings")
-        arrays = {name[len(_GLOBAL):]: value for name, value in tensors.items() if name.startswith(_GLOBAL)}
+        arrays = {name[len(_GLOBAL) :]: value for name, value in tensors.items() if name.startswith(_GLOBAL)}
         self._check_tensors(arrays, tensors, damaged)
         # Last: a field that is itself wrong is named above rather than reported as a bare mismatch.
         if not intact:
-            raise damaged(_CHECKSUM, "does not match the file's contents (changed or corrupted after it was written)")
-        strategy_tensors = {name[len(_STRATEGY):]: value for name, value in tensors.items()
-                            if name.startswith(_STRATEGY)}
+            raise damaged(
+                CHECKSUM_KEY, "does not match the file's contents (changed or corrupted after it was written)"
+            )
+        strategy_tensors = {
+            name[len(_STRATEGY) :]: value for name, value in tensors.items() if name.startswith(_STRATEGY)
+        }
         strategy_state = ServerState(strategy_tensors, strategy_metadata)
         return Checkpoint(server_round, arrays, strategy_state, wall_seconds), run_config
 
-    def _check_tensors(self, arrays: Mapping[str, np.ndarray], tensors: Mapping[str, np.ndarray],
-                       damaged: Damaged) -> None:
+    def _check_tensors(
+        self, arrays: Mapping[str, np.ndarray], tensors: Mapping[str, np.ndarray], damaged: Damaged
+    ) -> None:
         """The global `arrays` laid out like the initial model's; every one of the file's `tensors` finite."""
         if self.layout is not None:
             problem = _layout_problem(arrays, self.layout)
@@ -255,8 +310,9 @@ class CheckpointStore:
                 raise damaged(name, f"holds non-finite values ({_non_finite_summary(value)})")
 
     def _check_same_run(self, path: Path, saved: Mapping[str, Any]) -> None:
-        differing = sorted(key for key in saved.keys() | self.run_config.keys()
-                           if saved.get(key) != self.run_config.get(key))
+        differing = sorted(
+            key for key in saved.keys() | self.run_config.keys() if saved.get(key) != self.run_config.get(key)
+        )
         if differing:
             changes = ", ".join(f"{key}: {saved.get(key)!r} -> {self.run_config.get(key)!r}" for key in differing)
             raise OtherSettings(
@@ -265,28 +321,15 @@ class CheckpointStore:
             )
 
 
-def checksum(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> str:
-    """SHA-256 over every tensor's name, dtype, shape and values and every metadata entry but the checksum."""
-    description = json.dumps({
-        "tensors": [[name, tensors[name].dtype.name, list(tensors[name].shape)] for name in sorted(tensors)],
-        "metadata": {key: value for key, value in metadata.items() if key != _CHECKSUM},
-    }, sort_keys=True)
-    digest = hashlib.sha256(description.encode())
-    for name in sorted(tensors):
-        value = tensors[name]
-        # the bytes as the file holds them: safetensors stores little-endian
-        digest.update(np.require(value, value.dtype.newbyteorder("<"), requirements="C"))
-    return digest.hexdigest()
-
-
 def _read_file(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     try:
         with safe_open(path, framework="np") as checkpoint_file:
             tensors = {name: checkpoint_file.get_tensor(name) for name in checkpoint_file.keys()}
             return tensors, checkpoint_file.metadata() or {}
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"server checkpoint {path} is unreadable (truncated, or not a checkpoint): "
-                              f"{error}") from None
+        raise CheckpointError(
+            f"server checkpoint {path} is unreadable (truncated, or not a checkpoint): {error}"
+        ) from None
 
 
 def _layout_problem(arrays: Mapping[str, np.ndarray], layout: ArrayLayout) -> tuple[str, str] | None:

@@ -53,8 +53,15 @@ FULL = EvaluationDefaults(every=1, fraction=1.0, samples=32, threads=1)
 # ~3 passes each). The last round: 5 passes over the whole test set. On every core.
 LIGHT = EvaluationDefaults(every=5, fraction=0.1, samples=4, threads=0)
 
-NOT_EVALUATED = {"accuracy": None, "nll": None, "ece": None, "reliability": None,
-                 "eval_examples": 0, "eval_fraction": 0.0, "eval_samples": 0}
+NOT_EVALUATED = {
+    "accuracy": None,
+    "nll": None,
+    "ece": None,
+    "reliability": None,
+    "eval_examples": 0,
+    "eval_fraction": 0.0,
+    "eval_samples": 0,
+}
 
 
 def multiply_adds(model: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -66,7 +73,7 @@ def multiply_adds(model: nn.Module, input_shape: tuple[int, ...]) -> int:
         nonlocal total
         if isinstance(module, nn.Linear):
             total += output.numel() * module.in_features
-        else:
+        elif isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):  # the layers hooked below, all of them
             total += output.numel() * module.in_channels // module.groups * math.prod(module.kernel_size)
 
     layers = [module for module in model.modules() if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
@@ -123,8 +130,9 @@ def compute_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def member_probs(model: nn.Module, members: list[Weights], images: torch.Tensor, batch_size: int,
-                 device: torch.device) -> torch.Tensor:
+def member_probs(
+    model: nn.Module, members: list[Weights], images: torch.Tensor, batch_size: int, device: torch.device
+) -> torch.Tensor:
     """(S, N, C): each member's softmax probabilities on `images`, one pass per member."""
     probs = []
     for weights in members:
@@ -135,14 +143,17 @@ def member_probs(model: nn.Module, members: list[Weights], images: torch.Tensor,
 
 
 @torch.no_grad()
-def batched_member_probs(model: nn.Module, members: list[Weights], images: torch.Tensor, batch_size: int,
-                         device: torch.device) -> torch.Tensor:
+def batched_member_probs(
+    model: nn.Module, members: list[Weights], images: torch.Tensor, batch_size: int, device: torch.device
+) -> torch.Tensor:
     """member_probs as one vmapped model over the members' stacked weights (torch.func), equal to round-off. Each
     pass takes batch_size // S images, so it holds as many (member, image) activations as one pass of member_probs."""
     model.to(device).eval()
     state = model.state_dict()
-    stacked = {name: torch.stack([torch.as_tensor(weights[name], dtype=state[name].dtype) for weights in members])
-               .to(device) for name in members[0]}
+    stacked = {
+        name: torch.stack([torch.as_tensor(weights[name], dtype=state[name].dtype) for weights in members]).to(device)
+        for name in members[0]
+    }
     probs = vmap(lambda weights, x: torch.softmax(functional_call(model, weights, (x,)), dim=1), in_dims=(0, None))
     step = max(1, batch_size // len(members))
     chunks = [probs(stacked, images[i : i + step].to(device)).cpu() for i in range(0, len(images), step)]
@@ -160,8 +171,11 @@ class ServerEvaluation:
     def __init__(self, model: nn.Module, test: Dataset, strategy, settings: RunSettings, device: torch.device) -> None:
         self.model, self.strategy, self.settings, self.device = model, strategy, settings, device
         self.full = test
-        self.subset = test if settings.eval_fraction == 1 else test.subset(
-            evaluation_subset(len(test), settings.eval_fraction, settings.seed))
+        self.subset = (
+            test
+            if settings.eval_fraction == 1
+            else test.subset(evaluation_subset(len(test), settings.eval_fraction, settings.seed))
+        )
         self.names = list(model.state_dict())  # the global model's arrays: parameters and buffers
 
     def test_set(self, server_round: int) -> Dataset:
@@ -180,10 +194,14 @@ class ServerEvaluation:
             if samples:
                 buffers = {name: mean[name] for name in self.strategy.buffer_layout}  # samples are parameters
                 ensemble = self.probs([sample | buffers for sample in samples], test.images).mean(0)
-                metrics |= {f"{key}_ensemble": value
-                            for key, value in classification_metrics(ensemble, test.labels).items()}
-        return metrics | {"eval_examples": len(test), "eval_fraction": len(test) / len(self.full),
-                          "eval_samples": len(samples)}
+                metrics |= {
+                    f"{key}_ensemble": value for key, value in classification_metrics(ensemble, test.labels).items()
+                }
+        return metrics | {
+            "eval_examples": len(test),
+            "eval_fraction": len(test) / len(self.full),
+            "eval_samples": len(samples),
+        }
 
     def probs(self, members: list[Weights], images: torch.Tensor) -> torch.Tensor:
         """(S, N, C) of `members` on `images`: one pass each, or (eval-batched) one vmapped pass over them all."""

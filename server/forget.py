@@ -51,7 +51,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ class ForgetError(ValueError):
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)
@@ -101,20 +101,35 @@ class ForgetRequest:
 
     @classmethod
     def by_operator(cls, federation: str, client: str, refine_rounds: int = 0, readmit: bool = False) -> ForgetRequest:
-        return cls(_new_request_id(), federation, client, f"operator {getpass.getuser()}@{socket.gethostname()}",
-                   utc_now(), refine_rounds=refine_rounds, readmit=readmit)
+        return cls(
+            _new_request_id(),
+            federation,
+            client,
+            f"operator {getpass.getuser()}@{socket.gethostname()}",
+            utc_now(),
+            refine_rounds=refine_rounds,
+            readmit=readmit,
+        )
 
     @classmethod
     def by_client(cls, federation: str, client: str, node: int) -> ForgetRequest:
-        client = client[:MAX_CLIENT_ID_LENGTH + 1]  # what a client sent: one longer is refused, and logged bounded
+        client = client[: MAX_CLIENT_ID_LENGTH + 1]  # what a client sent: one longer is refused, and logged bounded
         return cls(_new_request_id(), federation, client, f"client {client!r} (node {node})", utc_now(), node=node)
 
     def record(self, event: str, server_round: int, **details: Any) -> dict[str, Any]:
         """The audit line (and, for what is applied, the ledger's record) of this request's outcome after round
         `server_round`."""
-        return {"event": event, "request": self.id, "federation": self.federation, "client": self.client,
-                "asked_by": self.asked_by, "asked_at": self.asked_at, "decided_at": utc_now(), "round": server_round,
-                **details}
+        return {
+            "event": event,
+            "request": self.id,
+            "federation": self.federation,
+            "client": self.client,
+            "asked_by": self.asked_by,
+            "asked_at": self.asked_at,
+            "decided_at": utc_now(),
+            "round": server_round,
+            **details,
+        }
 
     def refused(self, server_round: int, reason: str) -> dict[str, Any]:
         return self.record("refused", server_round, reason=reason)
@@ -151,8 +166,15 @@ class RequestQueue:
             fsync_directory(self.directory)
 
 
-REQUEST_TYPES = {"id": str, "federation": str, "client": str, "asked_by": str, "asked_at": str, "refine_rounds": int,
-                 "readmit": bool}
+REQUEST_TYPES = {
+    "id": str,
+    "federation": str,
+    "client": str,
+    "asked_by": str,
+    "asked_at": str,
+    "refine_rounds": int,
+    "readmit": bool,
+}
 
 
 def _read_request(path: Path) -> ForgetRequest | tuple[str, str]:
@@ -238,13 +260,21 @@ class Forgetting:
     def has_work(self, core: RoundCore) -> bool:
         return bool(core.leave_requests) or self.queue.waiting()
 
-    def settle(self, core: RoundCore, arrays: Arrays, server_round: int, wall_seconds: float,
-               own: tuple[ForgetRequest, ...] = ()) -> Arrays:
+    def settle(
+        self,
+        core: RoundCore,
+        arrays: Arrays,
+        server_round: int,
+        wall_seconds: float,
+        own: tuple[ForgetRequest, ...] = (),
+    ) -> Arrays:
         """Finish what a crash interrupted, then decide this round's client requests, the queued ones and `own`
         (an operator's on a stopped federation), in that order; the global arrays after them. `server_round`: the
         newest checkpoint's round, whose state `core` and `arrays` are."""
         self.finish_interrupted(core)
-        clients = [ForgetRequest.by_client(self.federation, client, node) for client, node in core.take_leave_requests()]
+        clients = [
+            ForgetRequest.by_client(self.federation, client, node) for client, node in core.take_leave_requests()
+        ]
         for request in (*clients, *self.queue.pending(), *own):
             if isinstance(request, tuple):  # a file that is no request
                 unreadable = ForgetRequest(request[0], self.federation, "", "an unreadable request file", "")
@@ -253,8 +283,9 @@ class Forgetting:
                 arrays = self._settle_one(core, arrays, request, server_round, wall_seconds)
         return arrays
 
-    def settle_records(self, core: RoundCore, arrays: ArrayRecord, server_round: int,
-                       wall_seconds: float) -> ArrayRecord:
+    def settle_records(
+        self, core: RoundCore, arrays: ArrayRecord, server_round: int, wall_seconds: float
+    ) -> ArrayRecord:
         """`settle` for the round loop, whose global arrays are an ArrayRecord."""
         settled = self.settle(core, {name: arrays[name].numpy() for name in arrays}, server_round, wall_seconds)
         return ArrayRecord({name: Array(value) for name, value in settled.items()})
@@ -265,16 +296,20 @@ class Forgetting:
         audited = {record.get("request") for record in self.audit.records()}
         for record in core.identities.ledger.records:
             if record["request"] not in audited:
-                log(WARNING, "forget request %s was applied but not audited (interrupted): auditing it now",
-                    record["request"])
+                log(
+                    WARNING,
+                    "forget request %s was applied but not audited (interrupted): auditing it now",
+                    record["request"],
+                )
                 self.audit.append(record)
             self.queue.remove(record["request"])
         forgotten = [record["round"] for record in core.identities.ledger.records if record["event"] == "forgotten"]
         if forgotten:
             self._delete_checkpoints_before(max(forgotten))
 
-    def _settle_one(self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int,
-                    wall_seconds: float) -> Arrays:
+    def _settle_one(
+        self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int, wall_seconds: float
+    ) -> Arrays:
         if self.audit.find(request.id) is not None:  # refused before a crash kept its file
             self.queue.remove(request.id)
             return arrays
@@ -288,23 +323,32 @@ class Forgetting:
         apply = self._readmit if request.readmit else self._forget
         return apply(core, arrays, request, server_round, wall_seconds)
 
-    def _forget(self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int,
-                wall_seconds: float) -> Arrays:
+    def _forget(
+        self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int, wall_seconds: float
+    ) -> Arrays:
         forgotten = self._asked(core, request, server_round)
         if forgotten is None:
             return arrays
         new_arrays = unflatten(np.asarray(forgotten.weights), core.strategy.layout) | {
-            name: arrays[name] for name in core.buffer_layout}
+            name: arrays[name] for name in core.buffer_layout
+        }
         problem = non_finite(new_arrays, "the global model") or non_finite(forgotten.state, "the state")
         if problem is not None:
             self._decided(request.refused(server_round, f"without client {request.client!r}, {problem}"))
             return arrays
         record = forget_record(core, request, forgotten, server_round)
-        change = Change(core.identities.forgetting(request.client, record), forgotten.state,
-                        core.accepted_without(request.client))
+        change = Change(
+            core.identities.forgetting(request.client, record), forgotten.state, core.accepted_without(request.client)
+        )
         self._commit(core, change, new_arrays, server_round, wall_seconds, record)
-        log(INFO, "forgot client %r after round %d (%s; %s)", request.client, server_round, request.asked_by,
-            "exact" if forgotten.exact else "an estimate")
+        log(
+            INFO,
+            "forgot client %r after round %d (%s; %s)",
+            request.client,
+            server_round,
+            request.asked_by,
+            "exact" if forgotten.exact else "an estimate",
+        )
         return new_arrays
 
     def _asked(self, core: RoundCore, request: ForgetRequest, server_round: int) -> Forgotten | None:
@@ -320,16 +364,30 @@ class Forgetting:
         self._decided(request.refused(server_round, reason))
         return None
 
-    def _readmit(self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int,
-                 wall_seconds: float) -> Arrays:
+    def _readmit(
+        self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int, wall_seconds: float
+    ) -> Arrays:
         record = request.record("readmitted", server_round)
-        self._commit(core, Change(core.identities.readmitting(request.client, record)), arrays, server_round,
-                     wall_seconds, record)
+        self._commit(
+            core,
+            Change(core.identities.readmitting(request.client, record)),
+            arrays,
+            server_round,
+            wall_seconds,
+            record,
+        )
         log(INFO, "readmitted client %r (%s): it may reply again, as a new client", request.client, request.asked_by)
         return arrays
 
-    def _commit(self, core: RoundCore, change: Change, arrays: Arrays, server_round: int, wall_seconds: float,
-                record: dict[str, Any]) -> None:
+    def _commit(
+        self,
+        core: RoundCore,
+        change: Change,
+        arrays: Arrays,
+        server_round: int,
+        wall_seconds: float,
+        record: dict[str, Any],
+    ) -> None:
         """The checkpoint of `server_round` rewritten with `change`, the older ones deleted, the audit line, the
         request file gone; then the round core adopts the change."""
         state = core.state_dict(change)
@@ -342,8 +400,14 @@ class Forgetting:
 
     def _decided(self, record: dict[str, Any]) -> None:
         if record["event"] == "refused":
-            log(WARNING, "forget request %s (%s) for client %r refused: %s", record["request"], record["asked_by"],
-                record["client"], record["reason"])
+            log(
+                WARNING,
+                "forget request %s (%s) for client %r refused: %s",
+                record["request"],
+                record["asked_by"],
+                record["client"],
+                record["reason"],
+            )
         self.audit.append(record)
         self.queue.remove(record["request"])
 
@@ -359,27 +423,40 @@ class Forgetting:
         forgets = [record for record in core.identities.ledger.records if record["event"] == "forgotten"]
         through = max((record["refine_through_round"] for record in forgets), default=0)
         if through > num_rounds:
-            log(INFO, "the forget of client %r asked for refinement rounds through round %d: num-server-rounds %d -> "
-                "%d", forgets[-1]["client"], through, num_rounds, through)
+            log(
+                INFO,
+                "the forget of client %r asked for refinement rounds through round %d: num-server-rounds %d -> %d",
+                forgets[-1]["client"],
+                through,
+                num_rounds,
+                through,
+            )
         return max(num_rounds, through)
 
 
-def forget_record(core: RoundCore, request: ForgetRequest, forgotten: Forgotten,
-                  server_round: int) -> dict[str, Any]:
+def forget_record(core: RoundCore, request: ForgetRequest, forgotten: Forgotten, server_round: int) -> dict[str, Any]:
     """The audit line and ledger record of an applied forget. `node`: the node the id was bound to, which is told
     from now on that it is forgotten (Header.forgotten_client_id)."""
     client = request.client
     return request.record(
-        "forgotten", server_round, node=core.identities.bound_node(client), strategy=core.settings.strategy,
-        exact=forgotten.exact, kl_before_after=forgotten.kl_before_after,
+        "forgotten",
+        server_round,
+        node=core.identities.bound_node(client),
+        strategy=core.settings.strategy,
+        exact=forgotten.exact,
+        kl_before_after=forgotten.kl_before_after,
         note=forgotten.note + (BUFFERS_NOTE if core.buffer_layout else ""),
         contributed_rounds=core.identities.ledger.contributed.get(client, []),
         last_accepted_round=core.accepted_rounds.get(client, 0),
-        refine_rounds=request.refine_rounds, refine_through_round=server_round + request.refine_rounds)
+        refine_rounds=request.refine_rounds,
+        refine_through_round=server_round + request.refine_rounds,
+    )
 
 
-BUFFERS_NOTE = ("; the model's buffers (e.g. BatchNorm statistics) stay the last round's average, which includes the "
-                "client, until the next round replaces them")
+BUFFERS_NOTE = (
+    "; the model's buffers (e.g. BatchNorm statistics) stay the last round's average, which includes the "
+    "client, until the next round replaces them"
+)
 
 
 def refusal(core: RoundCore, request: ForgetRequest, federation: str) -> str | None:
@@ -393,8 +470,10 @@ def refusal(core: RoundCore, request: ForgetRequest, federation: str) -> str | N
     if request.readmit:
         return None if forget is not None else f"client {client!r} is not revoked: there is nothing to readmit"
     if forget is not None:
-        return (f"client {client!r} was already forgotten after round {forget['round']} (request {forget['request']}); "
-                "readmit it first (--readmit) if it is to come back as a new client")
+        return (
+            f"client {client!r} was already forgotten after round {forget['round']} (request {forget['request']}); "
+            "readmit it first (--readmit) if it is to come back as a new client"
+        )
     if request.node is not None and core.identities.bound_node(client) != request.node:
         bound = core.identities.bound_node(client)
         owner = f"is bound to node {bound}" if bound is not None else "is bound to no node"
@@ -426,9 +505,11 @@ def checked_newest(location: RunLocation) -> tuple[Checkpoint, dict[str, Any]]:
     store = CheckpointStore(location.state_dir, location.federation, {})
     checkpoint, run_config = store.read()
     if run_config.get("federation") != location.federation:
-        raise ForgetError(f"{store.round_path(checkpoint.server_round)} is a checkpoint of federation "
-                          f"{str(run_config.get('federation'))[:64]!r}, not of {location.federation!r} (copied from "
-                          "another federation's directory?); nothing was changed")
+        raise ForgetError(
+            f"{store.round_path(checkpoint.server_round)} is a checkpoint of federation "
+            f"{str(run_config.get('federation'))[:64]!r}, not of {location.federation!r} (copied from "
+            "another federation's directory?); nothing was changed"
+        )
     return checkpoint, run_config
 
 
@@ -439,32 +520,44 @@ def rebuild(location: RunLocation, data_root: str | None = None) -> Rebuilt:
     options = {"data-root": data_root} if data_root is not None else {}
     # Operators' requests only: a client's comes through a running server, so the registry is not needed here.
     defaults = default_run_config(str(saved_run_config.get("strategy", "")))
-    settings = run_settings({**defaults, **location.run_config, **saved_run_config, **options,
-                                            "client-registry": ""})
+    settings = run_settings({**defaults, **location.run_config, **saved_run_config, **options, "client-registry": ""})
     try:
         test = load_dataset(settings.dataset, train=False, data_root=settings.data_root)
     except (FileNotFoundError, ValueError) as error:
-        raise ForgetError(f"rebuilding the server of {location.federation!r} needs the run's test data (input shape, "
-                          f"classes): {error}; --data-root names where the dataset is") from None
-    model = build_model(settings.model, test.input_shape, test.num_classes, parse_hidden(settings.hidden),
-                        settings.activation, settings.pool)
+        raise ForgetError(
+            f"rebuilding the server of {location.federation!r} needs the run's test data (input shape, "
+            f"classes): {error}; --data-root names where the dataset is"
+        ) from None
+    model = build_model(
+        settings.model,
+        test.input_shape,
+        test.num_classes,
+        parse_hidden(settings.hidden),
+        settings.activation,
+        settings.pool,
+    )
     strategy = get_algorithm(settings.strategy).build_server(settings, parameter_layout(model), buffer_layout(model))
     core = RoundCore(settings, strategy)
     core.load_state_dict(checkpoint.strategy_state)
-    store = CheckpointStore(location.state_dir, location.federation, saved_run_config,
-                            initial_arrays=checkpoint.arrays, keep=settings.keep_checkpoints)
+    store = CheckpointStore(
+        location.state_dir,
+        location.federation,
+        saved_run_config,
+        initial_arrays=checkpoint.arrays,
+        keep=settings.keep_checkpoints,
+    )
     return Rebuilt(store, core, checkpoint.arrays, checkpoint.server_round, checkpoint.wall_seconds)
 
 
 def settle_stopped(location: RunLocation, own: tuple[ForgetRequest, ...] = (), data_root: str | None = None) -> None:
     """With the server lock held: settle the queued requests and `own` on the newest checkpoint."""
     rebuilt = rebuild(location, data_root)
-    Forgetting(rebuilt.store).settle(rebuilt.core, rebuilt.arrays, rebuilt.server_round, rebuilt.wall_seconds,
-                                     own)
+    Forgetting(rebuilt.store).settle(rebuilt.core, rebuilt.arrays, rebuilt.server_round, rebuilt.wall_seconds, own)
 
 
-def forget_command(location: RunLocation, request: ForgetRequest, wait_seconds: float, data_root: str | None = None,
-                   say=print) -> dict[str, Any]:
+def forget_command(
+    location: RunLocation, request: ForgetRequest, wait_seconds: float, data_root: str | None = None, say=print
+) -> dict[str, Any]:
     """Settle `request`: at once on a stopped federation; on a running one, queued for the server, which settles it
     after the round in flight (waiting up to `wait_seconds`, and taking over should the server stop meanwhile).
     Its audit record; ForgetError when it is refused or still waiting."""
@@ -475,14 +568,18 @@ def forget_command(location: RunLocation, request: ForgetRequest, wait_seconds: 
             settle_stopped(location, (request,), data_root)
     if not stopped:
         RequestQueue(directory / REQUESTS_DIRECTORY).submit(request)
-        say(f"federation {location.federation!r} is running: request {request.id} waits for the end of the round in "
-            "flight (applied between rounds, never mid-round)")
+        say(
+            f"federation {location.federation!r} is running: request {request.id} waits for the end of the round in "
+            "flight (applied between rounds, never mid-round)"
+        )
     deadline = time.monotonic() + wait_seconds
     while (record := audit.find(request.id)) is None:
         if time.monotonic() > deadline:
-            raise ForgetError(f"request {request.id} was not settled within {wait_seconds:g} s; it stays queued in "
-                              f"{directory / REQUESTS_DIRECTORY} and the server settles it after its round in flight "
-                              f"(or at its next start); its outcome will be in {audit.path}")
+            raise ForgetError(
+                f"request {request.id} was not settled within {wait_seconds:g} s; it stays queued in "
+                f"{directory / REQUESTS_DIRECTORY} and the server settles it after its round in flight "
+                f"(or at its next start); its outcome will be in {audit.path}"
+            )
         time.sleep(0.5)
         with server_lock(directory, wait=False) as stopped:  # the server stopped before settling it: settle it here
             if stopped and audit.find(request.id) is None:
@@ -500,8 +597,10 @@ def describe_outcome(record: Mapping[str, Any], audit: Path) -> str:
     """What `fedbayes forget` prints for an applied request."""
     client, server_round = record["client"], record["round"]
     if record["event"] == "readmitted":
-        return (f"readmitted client {client!r} after round {server_round}: it may take part again, as a new client "
-                f"(fresh state); request {record['request']}, audit: {audit}")
+        return (
+            f"readmitted client {client!r} after round {server_round}: it may take part again, as a new client "
+            f"(fresh state); request {record['request']}, audit: {audit}"
+        )
     kl = record["kl_before_after"]
     spans = ", ".join(f"{first}-{last}" if last > first else str(first) for first, last in record["contributed_rounds"])
     lines = [
@@ -514,8 +613,10 @@ def describe_outcome(record: Mapping[str, Any], audit: Path) -> str:
         f"its id is revoked: the server refuses it until `fedbayes forget ... --readmit {client}`",
     ]
     if record["refine_rounds"]:
-        lines.append(f"  refinement: {record['refine_rounds']} ordinary rounds among the remaining clients, through "
-                     f"round {record['refine_through_round']}: a running federation's remaining rounds count, and one "
-                     "started again before then (`fedbayes local ... --resume`, or the run submitted again) runs "
-                     "through that round whatever its num-server-rounds")
+        lines.append(
+            f"  refinement: {record['refine_rounds']} ordinary rounds among the remaining clients, through "
+            f"round {record['refine_through_round']}: a running federation's remaining rounds count, and one "
+            "started again before then (`fedbayes local ... --resume`, or the run submitted again) runs "
+            "through that round whatever its num-server-rounds"
+        )
     return "\n".join([*lines, f"  audit: {audit}"])

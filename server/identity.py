@@ -84,16 +84,21 @@ class ForgetLedger:
         """The record of the last forget of `client`, if it is revoked."""
         if client not in self.revoked:
             return None
-        return next(record for record in reversed(self.records)
-                    if record["event"] == "forgotten" and record["client"] == client)
+        return next(
+            record for record in reversed(self.records) if record["event"] == "forgotten" and record["client"] == client
+        )
 
     def confirmation_for(self, node: int) -> str:
         """The revoked client id that `node` itself asked to forget (its instructions say so), or ""."""
-        return next((client for client in sorted(self.revoked) if self.forget_of(client).get("node") == node), "")
+        return next(
+            (client for client in sorted(self.revoked) if (self.forget_of(client) or {}).get("node") == node), ""
+        )
 
     def to_metadata(self) -> str:
-        return json.dumps({"contributed": self.contributed, "revoked": sorted(self.revoked),
-                           "records": list(self.records)}, sort_keys=True)
+        return json.dumps(
+            {"contributed": self.contributed, "revoked": sorted(self.revoked), "records": list(self.records)},
+            sort_keys=True,
+        )
 
     @classmethod
     def from_metadata(cls, metadata: str) -> ForgetLedger:
@@ -136,48 +141,60 @@ class ClientIdentities:
     def client_of(self, node: int) -> str | None:
         bound = [client for client, bound_node in self.node_of_client.items() if bound_node == node]
         registered = [client for client, registered_node in self._registry.items() if registered_node == node]
-        return (bound or registered or [None])[0]
+        candidates = bound or registered
+        return candidates[0] if candidates else None
 
     def check(self, node: int, client: str, connected: Iterable[int], claimed: Mapping[str, int]) -> None:
         """Refuse (PayloadError, naming ids and nodes) a reply from `node` claiming `client`. `claimed`: the
         ids already accepted this round, each with its node."""
         if not (is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
-            raise PayloadError(f"field 'header.client_id': {client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id "
-                               f"([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH} characters)")
+            raise PayloadError(
+                f"field 'header.client_id': {client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id "
+                f"([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH} characters)"
+            )
         forget = self.ledger.forget_of(client)
         if forget is not None:
-            raise PayloadError(f"field 'header.client_id': client id {client!r} was forgotten after round "
-                               f"{forget['round']} (request {forget['request']}); the operator must readmit it first "
-                               "(fedbayes forget --readmit)")
+            raise PayloadError(
+                f"field 'header.client_id': client id {client!r} was forgotten after round "
+                f"{forget['round']} (request {forget['request']}); the operator must readmit it first "
+                "(fedbayes forget --readmit)"
+            )
         self._check_owner(node, client, connected)
         # Only after the ownership checks: a spoofer must be named as one whether its reply came before or after
         # the real client's; what is left here is a second reply from the client's own node.
         if client in claimed:
-            raise PayloadError(f"field 'header.client_id': client id {client!r} already replied this round "
-                               f"from node {claimed[client]}")
+            raise PayloadError(
+                f"field 'header.client_id': client id {client!r} already replied this round from node {claimed[client]}"
+            )
 
     def _check_owner(self, node: int, client: str, connected: Iterable[int]) -> None:
         """Refuse `node` speaking as `client` when the id is another node's (bound, or in the registry)."""
         own = self.client_of(node)
         if own is not None and own != client:
-            raise PayloadError(f"field 'header.client_id': node {node} is client {own!r}; it may not "
-                               f"speak as {client!r}")
+            raise PayloadError(
+                f"field 'header.client_id': node {node} is client {own!r}; it may not speak as {client!r}"
+            )
         if self.registry_path:
             registered = self._registry.get(client)
             if registered is None:
                 raise PayloadError(f"field 'header.client_id': client id {client!r} is not in the client registry")
             if registered != node:
-                raise PayloadError(f"field 'header.client_id': client id {client!r} is registered to node "
-                                   f"{registered}, not node {node}")
+                raise PayloadError(
+                    f"field 'header.client_id': client id {client!r} is registered to node "
+                    f"{registered}, not node {node}"
+                )
             return
         bound = self.node_of_client.get(client)
         if bound is None:
             if len(self.node_of_client) >= self.max_clients:
-                raise PayloadError(f"field 'header.client_id': new client id {client!r} refused: the federation "
-                                   f"already counts max-clients={self.max_clients} clients")
+                raise PayloadError(
+                    f"field 'header.client_id': new client id {client!r} refused: the federation "
+                    f"already counts max-clients={self.max_clients} clients"
+                )
         elif bound != node and not (self.mode == "reconnect" and bound not in set(connected)):
-            raise PayloadError(f"field 'header.client_id': client id {client!r} is bound to node {bound}; "
-                               f"node {node} may not use it")
+            raise PayloadError(
+                f"field 'header.client_id': client id {client!r} is bound to node {bound}; node {node} may not use it"
+            )
 
     def bind(self, node: int, client: str) -> None:
         """After an accepted reply: `client` is `node`'s (a reconnecting client moves to its new node)."""
@@ -206,8 +223,11 @@ class ClientIdentities:
         if self.mode != "reconnect":
             return {}
         connected = set(connected)
-        return {client: accepted_round for client, accepted_round in accepted_rounds.items()
-                if self.node_of_client.get(client) not in connected}
+        return {
+            client: accepted_round
+            for client, accepted_round in accepted_rounds.items()
+            if self.node_of_client.get(client) not in connected
+        }
 
     def to_metadata(self) -> str:
         return json.dumps(self.node_of_client, sort_keys=True)

@@ -71,11 +71,21 @@ def usable_subset(payloads: Sequence[P], attempt: Callable[[list[P]], Any], size
                 result = attempt(rest)
             except RoundRejected:
                 continue
-            left_out.append((suspect, f"with it the round's state would be unusable ({together}); the round was "
-                                      "committed from the other replies"))
+            left_out.append(
+                (
+                    suspect,
+                    f"with it the round's state would be unusable ({together}); the round was "
+                    "committed from the other replies",
+                )
+            )
             return Isolated(rest, result, left_out)
-        left_out.append((longest_first[0], f"with it the round's state would be unusable ({together}), and no "
-                                           "single other reply explains it: the longest update was left out"))
+        left_out.append(
+            (
+                longest_first[0],
+                f"with it the round's state would be unusable ({together}), and no "
+                "single other reply explains it: the longest update was left out",
+            )
+        )
         remaining.remove(longest_first[0])
     left_out += [(payload, f"rejected with this round's aggregate: {together}") for payload in remaining]
     return Isolated([], None, left_out)
@@ -113,7 +123,10 @@ class Quarantine:
         return quarantined
 
     def to_metadata(self) -> dict[str, dict[str, int]]:
-        return {"refusals": {str(n): c for n, c in self.refusals.items()}, "until": {str(n): r for n, r in self.until.items()}}
+        return {
+            "refusals": {str(n): c for n, c in self.refusals.items()},
+            "until": {str(n): r for n, r in self.until.items()},
+        }
 
     def restore(self, metadata: Mapping[str, Mapping[str, int]]) -> None:
         self.refusals = {int(node): int(count) for node, count in metadata["refusals"].items()}

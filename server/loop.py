@@ -33,12 +33,12 @@ from flwr.app import Array, ArrayRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from fedbayes.deploy.object_pulls import bound_reply_pulls, shorten_pull_backoff
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.forget import Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
+from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
 Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
@@ -75,17 +75,18 @@ class ResultsLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if keep_through_round > 0:
-            self._drop_rounds_after(keep_through_round)
+            self._drop_rounds_after(self.path, keep_through_round)
         elif self.path.exists() and self.path.stat().st_size > 0:
-            self._start_on_existing(if_exists)
+            self._start_on_existing(self.path, if_exists)
 
-    def _drop_rounds_after(self, server_round: int) -> None:
-        text = self.path.read_text() if self.path.exists() else ""
+    @classmethod
+    def _drop_rounds_after(cls, path: Path, server_round: int) -> None:
+        text = path.read_text() if path.exists() else ""
         lines = text.split("\n")[:-1]  # the piece after the last newline is a line cut short by a crash: no row
         end = len(lines)
-        while end and (not lines[end - 1].strip() or self._is_row_after(lines[end - 1], server_round)):
+        while end and (not lines[end - 1].strip() or cls._is_row_after(lines[end - 1], server_round)):
             end -= 1
-        self.path.write_text("".join(f"{line}\n" for line in lines[:end]))
+        path.write_text("".join(f"{line}\n" for line in lines[:end]))
 
     @staticmethod
     def _is_row_after(line: str, server_round: int) -> bool:
@@ -97,18 +98,19 @@ class ResultsLog:
             return False
         return isinstance(row_round, int) and row_round > server_round
 
-    def _start_on_existing(self, if_exists: str) -> None:
+    @staticmethod
+    def _start_on_existing(path: Path, if_exists: str) -> None:
         from fedbayes.tasks.preflight import results_exist_error
 
         if if_exists == "append":
-            with self.path.open("rb+") as results_file:  # end a last line without a newline; delete nothing
+            with path.open("rb+") as results_file:  # end a last line without a newline; delete nothing
                 results_file.seek(-1, os.SEEK_END)
                 if results_file.read(1) != b"\n":
                     results_file.write(b"\n")
         elif if_exists == "replace":
-            self.path.write_text("")
+            path.write_text("")
         elif if_exists == "refuse":
-            raise results_exist_error(self.path)
+            raise results_exist_error(path)
         else:
             raise ValueError(f"results-exists must be refuse, append or replace, got {if_exists!r}")
 
@@ -142,8 +144,14 @@ def straggler_deadline(started: float, now: float, replied: int, sent: int, wait
     return now + wait * (now - started)
 
 
-def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float,
-             phases: dict[str, float], straggler_wait: float = 0.0) -> tuple[list[Message], dict[int, str]]:
+def exchange(
+    grid: Grid,
+    messages: list[Message],
+    timeout: float,
+    poll_interval: float,
+    phases: dict[str, float],
+    straggler_wait: float = 0.0,
+) -> tuple[list[Message], dict[int, str]]:
     """Send `messages` and collect replies until all arrived, `timeout` passed, or the straggler deadline
     (`straggler_deadline`) passed; (replies, silent node -> why). A reply that comes later is never pulled: the
     server does not use it, and its client rolls back. Records in `phases` the seconds the push took and, from
@@ -160,8 +168,10 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
         cutoff = straggler_deadline(started, time.monotonic(), len(replies), len(destination), straggler_wait)
         if cutoff is not None and cutoff < deadline:
             deadline = cutoff
-            why_late = (f"no reply within straggler-wait={straggler_wait:g} x the {time.monotonic() - started:.1f} s "
-                        "half the replies took")
+            why_late = (
+                f"no reply within straggler-wait={straggler_wait:g} x the {time.monotonic() - started:.1f} s "
+                "half the replies took"
+            )
         for reply in grid.pull_messages(list(pending)):
             phases.setdefault("first_reply", time.perf_counter() - pushed)
             phases["last_reply"] = time.perf_counter() - pushed
@@ -186,8 +196,14 @@ def aggregate(core: RoundCore, server_round: int, replies: list[Message], silent
     try:
         new_arrays, metrics = core.aggregate(server_round, replies)
     except Exception as error:
-        log(ERROR, "round %d: absorbing the replies failed (%s: %s); the round changes nothing", server_round,
-            type(error).__name__, error, exc_info=True)
+        log(
+            ERROR,
+            "round %d: absorbing the replies failed (%s: %s); the round changes nothing",
+            server_round,
+            type(error).__name__,
+            error,
+            exc_info=True,
+        )
         core.failed(f"the server could not absorb the replies: {type(error).__name__}: {error}")
         new_arrays, metrics = None, None
     for node, why in silent.items():
@@ -257,14 +273,25 @@ class RoundFinisher:
     (tests/test_loop.py). The thread runs at the lowest CPU priority (yield_cpu): on a machine whose cores the
     clients keep busy it waits for them rather than slowing them down."""
 
-    def __init__(self, evaluate: Evaluate, results: ResultsLog, checkpoints: CheckpointStore, clock_start: float,
-                 num_rounds: int, pipelined: bool, checkpoint_written: Callable[[ServerState], None],
-                 sinks: Sequence[RowSink] = ()) -> None:
+    def __init__(
+        self,
+        evaluate: Evaluate,
+        results: ResultsLog,
+        checkpoints: CheckpointStore,
+        clock_start: float,
+        num_rounds: int,
+        pipelined: bool,
+        checkpoint_written: Callable[[ServerState], None],
+        sinks: Sequence[RowSink] = (),
+    ) -> None:
         self.evaluate, self.results, self.checkpoints, self.sinks = evaluate, results, checkpoints, sinks
         self.checkpoint_written = checkpoint_written  # the round core's: clients keep what this checkpoint names
         self.clock_start, self.num_rounds = clock_start, num_rounds
-        self.pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate", initializer=yield_cpu)
-                     if pipelined else None)
+        self.pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate", initializer=yield_cpu)
+            if pipelined
+            else None
+        )
         self.pending: Future | None = None
         self.checkpoint_seconds: float | None = None  # the previous round's, reported in the next row
 
@@ -291,8 +318,13 @@ class RoundFinisher:
         with finished.phases("evaluate"):
             metrics = self.evaluate(finished.arrays, finished.server_round)
         ended = time.monotonic()
-        record = {"round": finished.server_round, **metrics, **finished.row,
-                  "round_seconds": ended - finished.started, "wall_seconds": ended - self.clock_start}
+        record = {
+            "round": finished.server_round,
+            **metrics,
+            **finished.row,
+            "round_seconds": ended - finished.started,
+            "wall_seconds": ended - self.clock_start,
+        }
         # Where the round went (server side; the checkpoint is written after the row, so the row carries the
         # previous round's) and the clients' medians (setup, update = decode..encode, state-load/-save).
         record["phase_seconds"] = {**finished.phases.seconds, "previous_checkpoint": self.checkpoint_seconds}
@@ -301,9 +333,14 @@ class RoundFinisher:
         for sink in self.sinks:  # e.g. run config `tracking` (server/tracking.py)
             sink(record)
         checkpoint_started = time.perf_counter()
-        self.checkpoints.save(Checkpoint(finished.server_round,
-                                         {name: finished.arrays[name].numpy() for name in finished.arrays},
-                                         finished.state, record["wall_seconds"]))
+        self.checkpoints.save(
+            Checkpoint(
+                finished.server_round,
+                {name: finished.arrays[name].numpy() for name in finished.arrays},
+                finished.state,
+                record["wall_seconds"],
+            )
+        )
         self.checkpoint_seconds = time.perf_counter() - checkpoint_started
         self.checkpoint_written(finished.state)
         log(INFO, progress_line(record, self.num_rounds))
@@ -328,10 +365,17 @@ def run_rounds(
         return _run_rounds(grid, core, initial_arrays, settings, evaluate, results_path, checkpoints, sinks)
 
 
-def _run_rounds(grid: Grid, core: RoundCore, initial_arrays: ArrayRecord, settings: LoopSettings,
-                evaluate: Evaluate, results_path: str, checkpoints: CheckpointStore,
-                sinks: Sequence[RowSink]) -> ArrayRecord:
-    shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (deploy/object_pulls.py)
+def _run_rounds(
+    grid: Grid,
+    core: RoundCore,
+    initial_arrays: ArrayRecord,
+    settings: LoopSettings,
+    evaluate: Evaluate,
+    results_path: str,
+    checkpoints: CheckpointStore,
+    sinks: Sequence[RowSink],
+) -> ArrayRecord:
+    shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (tasks/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     forgetting = Forgetting(checkpoints)
@@ -343,17 +387,32 @@ def _run_rounds(grid: Grid, core: RoundCore, initial_arrays: ArrayRecord, settin
         # requests made while it was stopped; a forget's refinement rounds raise num-server-rounds
         arrays = forgetting.settle_records(core, arrays, checkpoint.server_round, elapsed)
         settings = replace(settings, num_rounds=forgetting.rounds_to_run(core, settings.num_rounds))
-        log(INFO, "resuming after round %d from %s", checkpoint.server_round,
-            checkpoints.round_path(checkpoint.server_round))
+        log(
+            INFO,
+            "resuming after round %d from %s",
+            checkpoint.server_round,
+            checkpoints.round_path(checkpoint.server_round),
+        )
         if first_round > settings.num_rounds:
-            log(INFO, "the federation already finished its %d rounds; nothing to do (a new `federation` name "
-                "starts over)", settings.num_rounds)
+            log(
+                INFO,
+                "the federation already finished its %d rounds; nothing to do (a new `federation` name starts over)",
+                settings.num_rounds,
+            )
             return arrays
         checkpoints.drop_rounds_after(checkpoint.server_round)  # resume-from-round: they run again, like their rows
     results = ResultsLog(results_path, keep_through_round=first_round - 1, if_exists=settings.results_exists)
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
-    finisher = RoundFinisher(evaluate, results, checkpoints, time.monotonic() - elapsed, settings.num_rounds,
-                             settings.pipeline_evaluation, core.checkpoint_written, sinks)
+    finisher = RoundFinisher(
+        evaluate,
+        results,
+        checkpoints,
+        time.monotonic() - elapsed,
+        settings.num_rounds,
+        settings.pipeline_evaluation,
+        core.checkpoint_written,
+        sinks,
+    )
     failed_rounds = 0
     try:
         for server_round in range(first_round, settings.num_rounds + 1):
@@ -362,24 +421,28 @@ def _run_rounds(grid: Grid, core: RoundCore, initial_arrays: ArrayRecord, settin
             finisher.submit(finished)
             if forgetting.has_work(core):  # between rounds: once this one is checkpointed, before the next starts
                 finisher.wait()
-                arrays = forgetting.settle_records(core, arrays, server_round,
-                                                   time.monotonic() - finisher.clock_start)
+                arrays = forgetting.settle_records(core, arrays, server_round, time.monotonic() - finisher.clock_start)
             failed_rounds = 0 if finished.row["clients"] else failed_rounds + 1
             if failed_rounds >= settings.max_failed_rounds:
                 finisher.wait()  # the failed rounds are on record before the run stops
-                raise RunFailed(f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; "
-                                f"last round: {failure_reasons(core.round_report)}")
+                raise RunFailed(
+                    f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; "
+                    f"last round: {failure_reasons(core.round_report)}"
+                )
         if failed_rounds == settings.num_rounds - first_round + 1:  # fewer rounds than max-failed-rounds, none trained
             finisher.wait()
-            raise RunFailed(f"none of the {failed_rounds} rounds accepted a client reply; last round: "
-                            f"{failure_reasons(core.round_report)}")
+            raise RunFailed(
+                f"none of the {failed_rounds} rounds accepted a client reply; last round: "
+                f"{failure_reasons(core.round_report)}"
+            )
     finally:
         finisher.close()
     return arrays
 
 
-def train_round(grid: Grid, core: RoundCore, arrays: ArrayRecord, settings: LoopSettings,
-                server_round: int, finisher: RoundFinisher) -> FinishedRound:
+def train_round(
+    grid: Grid, core: RoundCore, arrays: ArrayRecord, settings: LoopSettings, server_round: int, finisher: RoundFinisher
+) -> FinishedRound:
     """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
     checkpointed) meanwhile, and before this one aggregates."""
     round_started = time.monotonic()
@@ -390,8 +453,9 @@ def train_round(grid: Grid, core: RoundCore, arrays: ArrayRecord, settings: Loop
         messages = core.configure(server_round, arrays, grid)
     for message in messages:  # too big for the clients' limit: every one of them would refuse it
         check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
-    replies, silent = exchange(grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds,
-                               settings.straggler_wait)
+    replies, silent = exchange(
+        grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds, settings.straggler_wait
+    )
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
@@ -407,23 +471,40 @@ def train_round(grid: Grid, core: RoundCore, arrays: ArrayRecord, settings: Loop
         "fresh_starts": list(report.fresh_starts),  # accepted clients that had lost their state and started afresh
         "quarantined": sorted(report.quarantined),  # nodes that sit out the next round (server/isolation.py)
         # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
-        "train_loss": None, "client_compute_seconds": None, "known_clients": None,
+        "train_loss": None,
+        "client_compute_seconds": None,
+        "known_clients": None,
         **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (train_metrics or {}).items()},
     }
     # the slowest client's phases too: its `update` bounds the round
-    client = {"client_phase_seconds": client_phases(replies, statistics.median),
-              "client_phase_max": client_phases(replies, max)}
-    return FinishedRound(server_round, new_arrays if new_arrays is not None else arrays, round_started, row,
-                         phases, client, core.state_dict())
+    client = {
+        "client_phase_seconds": client_phases(replies, statistics.median),
+        "client_phase_max": client_phases(replies, max),
+    }
+    return FinishedRound(
+        server_round,
+        new_arrays if new_arrays is not None else arrays,
+        round_started,
+        row,
+        phases,
+        client,
+        core.state_dict(),
+    )
 
 
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:
     """The round's log line (deploy/progress.py parses it). A round the server did not evaluate (run config
-    `eval-every`) shows `-` for its metrics; one evaluated on part of the test set (`eval-fraction`) says on how much."""
-    metrics = "acc - | nll - | ece -" if record["accuracy"] is None else (
-        f"acc {record['accuracy']:.4f} | nll {record['nll']:.4f} | ece {record['ece']:.4f}")
-    line = (f"round {record['round']:>3}/{num_rounds} | {metrics} | clients {record['clients']}/{record['clients_sent']} "
-            f"| {record['round_seconds']:.1f} s")
+    `eval-every`) shows `-` for its metrics; one evaluated on part of the test set (`eval-fraction`) says on how
+    much."""
+    metrics = (
+        "acc - | nll - | ece -"
+        if record["accuracy"] is None
+        else (f"acc {record['accuracy']:.4f} | nll {record['nll']:.4f} | ece {record['ece']:.4f}")
+    )
+    line = (
+        f"round {record['round']:>3}/{num_rounds} | {metrics} | clients {record['clients']}/{record['clients_sent']} "
+        f"| {record['round_seconds']:.1f} s"
+    )
     if "accuracy_ensemble" in record:
         line += f" | ensemble acc {record['accuracy_ensemble']:.4f} nll {record['nll_ensemble']:.4f}"
     if 0 < record.get("eval_fraction", 1.0) < 1:

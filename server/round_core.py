@@ -36,7 +36,14 @@ from fedbayes.bayes.params import TensorLayout, flatten, unflatten, weighted_mea
 from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
-    Payload, PayloadError, check_payload_size, claimed_client_id, decode, encode, envelope_type, new_header,
+    Payload,
+    PayloadError,
+    check_payload_size,
+    claimed_client_id,
+    decode,
+    encode,
+    envelope_type,
+    new_header,
     with_envelope,
 )
 from fedbayes.server.identity import ClientIdentities, ForgetLedger
@@ -96,16 +103,18 @@ def non_finite(value: Any, what: str) -> str | None:
     return next((problem for key, item in items if (problem := non_finite(item, f"{what}/{key}"))), None)
 
 
-def round_metrics(payloads: list[Payload], **extra: float) -> MetricRecord:
+def round_metrics(payloads: list[Payload[Any]], **extra: float) -> MetricRecord:
     """What every round reports of its accepted replies: the example-weighted training loss, the mean compute
     seconds, plus the strategy's own `extra` metrics."""
     replies = [payload.reply for payload in payloads]
     examples = np.array([reply.num_examples for reply in replies], dtype=np.float64)
-    return MetricRecord({
-        "train-loss": float(np.average([reply.train_loss for reply in replies], weights=examples)),
-        "compute-seconds": float(np.mean([reply.compute_seconds for reply in replies])),
-        **extra,
-    })
+    return MetricRecord(
+        {
+            "train-loss": float(np.average([reply.train_loss for reply in replies], weights=examples)),
+            "compute-seconds": float(np.mean([reply.compute_seconds for reply in replies])),
+            **extra,
+        }
+    )
 
 
 class RoundCore:
@@ -143,12 +152,14 @@ class RoundCore:
         self.identities.refresh_registry()
         self.connected = sorted(grid.get_node_ids())
         eligible = [node for node in self.connected if not self.quarantine.excludes(node, server_round)]
-        sample = sample_nodes(eligible, self.settings.fraction_train, self.settings.min_clients, self.settings.seed,
-                              server_round)
+        sample = sample_nodes(
+            eligible, self.settings.fraction_train, self.settings.min_clients, self.settings.seed, server_round
+        )
         return NodePool(eligible, sample, self.identities.client_of, dict(self.accepted_rounds), self.node_label)
 
-    def instructions(self, instruction: pb.Instruction, body: ProtoMessage, tensors: TensorGroups,
-                     nodes: Iterable[int]) -> list[Message]:
+    def instructions(
+        self, instruction: pb.Instruction, body: ProtoMessage, tensors: TensorGroups, nodes: Iterable[int]
+    ) -> list[Message]:
         """One TRAIN message per node: the strategy's `body` and the tensors are packed once and shared; each header
         carries the rounds that node's client had accepted (Header.accepted_rounds), so it continues from the right
         state, and those the newest checkpoint holds (Header.checkpointed_rounds), whose states it must keep."""
@@ -160,18 +171,22 @@ class RoundCore:
         messages = []
         header = instruction.header
         for node in nodes:
-            for field_, rounds in ((header.accepted_rounds, self.accepted_rounds),
-                                   (header.checkpointed_rounds, checkpointed)):
+            for field_, rounds in (
+                (header.accepted_rounds, self.accepted_rounds),
+                (header.checkpointed_rounds, checkpointed),
+            ):
                 field_.clear()
                 field_.update(self.identities.accepted_view(node, rounds, self.connected))
             header.forgotten_client_id = self.identities.ledger.confirmation_for(node)
-            messages.append(Message(with_envelope(content, instruction), dst_node_id=node,
-                                    message_type=MessageType.TRAIN))
+            messages.append(
+                Message(with_envelope(content, instruction), dst_node_id=node, message_type=MessageType.TRAIN)
+            )
         return messages
 
     # ---- aggregate -------------------------------------------------------------------------------------------------
-    def aggregate(self, server_round: int,
-                  replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The round's new arrays and metrics from the replies that pass every check and make a usable state, the
         strategy's state committed; (None, None) when no reply was usable (nothing changes)."""
         layouts = {**self.strategy.reply_layouts(), "buffers": self.buffer_layout}
@@ -188,21 +203,28 @@ class RoundCore:
         weights, update = isolated.result
         self.commit(isolated.used, server_round)
         self.strategy.commit(update.state)
-        return (ArrayRecord({name: Array(value) for name, value in weights.items()}),
-                round_metrics(isolated.used, **update.metrics))
+        return (
+            ArrayRecord({name: Array(value) for name, value in weights.items()}),
+            round_metrics(isolated.used, **update.metrics),
+        )
 
-    def decode_replies(self, replies: Iterable[Message], layouts: Mapping[str, TensorLayout],
-                       server_round: int) -> list[Payload]:
+    def decode_replies(
+        self, replies: Iterable[Message], layouts: Mapping[str, TensorLayout], server_round: int
+    ) -> list[Payload[Any]]:
         """The replies of this round that pass every check, in client-id order (so aggregates do not depend on
         arrival order). Anything wrong with a reply, whatever it raises, rejects that reply alone, logged with its
         client id, node id and the field; nothing about it is kept."""
-        accepted: list[Payload] = []
+        accepted: list[Payload[Any]] = []
         claimed: dict[str, int] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():  # a node the SuperLink saw go offline is absent, not refused (no quarantine)
-                self._reject(self.node_label(node), f"client error: {reply.error.reason}", node,
-                             refused=reply.error.code != ErrorCode.NODE_UNAVAILABLE)
+                self._reject(
+                    self.node_label(node),
+                    f"client error: {reply.error.reason}",
+                    node,
+                    refused=reply.error.code != ErrorCode.NODE_UNAVAILABLE,
+                )
                 continue
             if envelope_type(reply.content) == pb.LeaveAndForget.DESCRIPTOR.full_name:
                 self._leave_request(reply, server_round)
@@ -215,12 +237,18 @@ class RoundCore:
             claimed[payload.header.client_id] = node
             accepted.append(payload)
         self._reply_nodes = claimed
-        log(INFO, "round %d: %d replies pass the checks, %d left out", server_round, len(accepted),
-            len(self.round_report.rejected))
+        log(
+            INFO,
+            "round %d: %d replies pass the checks, %d left out",
+            server_round,
+            len(accepted),
+            len(self.round_report.rejected),
+        )
         return sorted(accepted, key=lambda payload: payload.header.client_id)
 
-    def _checked_reply(self, reply: Message, layouts: Mapping[str, TensorLayout], server_round: int,
-                       claimed: Mapping[str, int]) -> Payload:
+    def _checked_reply(
+        self, reply: Message, layouts: Mapping[str, TensorLayout], server_round: int, claimed: Mapping[str, int]
+    ) -> Payload[Any]:
         node = reply.metadata.src_node_id
         sender = self._claimed_label(reply)
         check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
@@ -230,23 +258,26 @@ class RoundCore:
         self.identities.check(node, header.client_id, self.connected, claimed)
         examples = payload.reply.num_examples
         if not 1 <= examples <= self.settings.max_client_examples:
-            raise PayloadError(f"field 'num_examples': {examples} is not in [1, max-client-examples="
-                               f"{self.settings.max_client_examples}]")
+            raise PayloadError(
+                f"field 'num_examples': {examples} is not in [1, max-client-examples="
+                f"{self.settings.max_client_examples}]"
+            )
         self._check_resumed(payload)
         self.strategy.check_reply(payload)
         return payload
 
     def _check_header(self, header: pb.Header, server_round: int) -> None:
         if header.server_round != server_round:
-            raise PayloadError(f"field 'header.server_round': the reply is for round {header.server_round}, "
-                               f"not {server_round}")
+            raise PayloadError(
+                f"field 'header.server_round': the reply is for round {header.server_round}, not {server_round}"
+            )
         if header.federation != self.settings.federation:
             raise PayloadError(f"field 'header.federation': {header.federation[:64]!r} is not this federation")
         for name in ("accepted_rounds", "checkpointed_rounds", "forgotten_client_id"):
             if getattr(header, name):
                 raise PayloadError(f"field 'header.{name}': only the server sets it")
 
-    def _check_resumed(self, payload: Payload) -> None:
+    def _check_resumed(self, payload: Payload[Any]) -> None:
         """The reply of a strategy whose clients keep state must continue from the state of the client's last
         accepted round, or start afresh (a new client, or one that lost its state: reported, with what that means
         for the algorithm); anything else belongs to a round the server never used."""
@@ -255,8 +286,10 @@ class RoundCore:
         client, resumed = payload.header.client_id, payload.reply.resumed_from_round
         accepted = self.accepted_rounds.get(client, 0)
         if resumed not in (0, accepted):
-            raise PayloadError(f"field 'resumed_from_round': {resumed}, but the last round the server accepted from "
-                               f"client {client!r} is {accepted}")
+            raise PayloadError(
+                f"field 'resumed_from_round': {resumed}, but the last round the server accepted from "
+                f"client {client!r} is {accepted}"
+            )
         if accepted and resumed == 0:
             log(WARNING, "client %r lost its state of round %d; %s", client, accepted, self.strategy.fresh_start)
 
@@ -274,18 +307,24 @@ class RoundCore:
             self._reject_reply(reply, "rejected leave request", error)
             return
         self.leave_requests.append((header.client_id, node))
-        self._reject(label, "asked to leave and be forgotten: it sent no update, and the request is decided once this "
-                     "round is committed", node, refused=False)
+        self._reject(
+            label,
+            "asked to leave and be forgotten: it sent no update, and the request is decided once this "
+            "round is committed",
+            node,
+            refused=False,
+        )
 
-    def screened(self, payloads: list[Payload]) -> tuple[list[Payload], dict[int, float]]:
+    def screened(self, payloads: list[Payload[Any]]) -> tuple[list[Payload[Any]], dict[int, float]]:
         """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
         largest of the others' median, the state's norm and an RMS change of 1), and every reply's update norm by
         id()."""
         updates = [self.strategy.update_of(payload) for payload in payloads]
-        if not payloads or any(update is None for update in updates):
+        measured = [update for update in updates if update is not None]
+        if not payloads or len(measured) < len(updates):  # a strategy that screens nothing
             return payloads, {}
-        update_norms = norms(updates)
-        bounds = screen_bounds(update_norms, self.strategy.state_norm(), updates[0].size, self.settings.screen_ratio)
+        update_norms = norms(measured)
+        bounds = screen_bounds(update_norms, self.strategy.state_norm(), measured[0].size, self.settings.screen_ratio)
         kept = []
         for payload, norm, bound in zip(payloads, update_norms, bounds):
             if norm <= bound:
@@ -293,12 +332,16 @@ class RoundCore:
                 continue
             client = payload.header.client_id
             node = self._reply_nodes[client]
-            self._reject(f"client {client!r} (node {node})", f"refused by the screen: its update's norm {norm:.3g} "
-                         f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
-                         "updates' median norm, the state's and an RMS change of 1)", node)
+            self._reject(
+                f"client {client!r} (node {node})",
+                f"refused by the screen: its update's norm {norm:.3g} "
+                f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
+                "updates' median norm, the state's and an RMS change of 1)",
+                node,
+            )
         return kept, {id(payload): float(norm) for payload, norm in zip(payloads, update_norms)}
 
-    def candidate(self, payloads: list[Payload], server_round: int) -> tuple[dict[str, np.ndarray], Update[Any]]:
+    def candidate(self, payloads: list[Payload[Any]], server_round: int) -> tuple[dict[str, np.ndarray], Update[Any]]:
         """The global arrays and the update these replies would make, checked as they would be stored (float32
         arrays, every tensor of the state finite); RoundRejected when unusable. Changes nothing."""
         buffers = self.averaged_buffers(payloads)
@@ -310,29 +353,38 @@ class RoundCore:
             raise RoundRejected(problem)
         return weights, update
 
-    def averaged_buffers(self, payloads: list[Payload]) -> dict[str, np.ndarray]:
+    def averaged_buffers(self, payloads: list[Payload[Any]]) -> dict[str, np.ndarray]:
         """The model's buffers (BatchNorm statistics) FedAvg-style, whatever the algorithm: the clients' buffers
         after their local training, weighted by their example counts (none for a model without buffers)."""
         if not self.buffer_layout:
             return {}
-        average = weighted_mean([flatten(p.tensors["buffers"], self.buffer_layout) for p in payloads],
-                                [p.reply.num_examples for p in payloads]).astype(np.float32)
+        average = weighted_mean(
+            [flatten(p.tensors["buffers"], self.buffer_layout) for p in payloads],
+            [p.reply.num_examples for p in payloads],
+        ).astype(np.float32)
         if not np.isfinite(average).all():  # finite buffers can still overflow float32 together
             raise RoundRejected("the averaged model buffers are not finite")
         return unflatten(average, self.buffer_layout)
 
-    def quarantined_after(self, server_round: int, used: list[Payload]) -> None:
+    def quarantined_after(self, server_round: int, used: list[Payload[Any]]) -> None:
         """Count this round's refusals per node; a node refused `max-client-rejections` rounds in a row sits out
         `quarantine-rounds` rounds (logged, and in the round report)."""
         accepted = {self._reply_nodes[p.header.client_id] for p in used}
         for node in self.quarantine.record(server_round, self._refused_nodes, accepted):
-            log(WARNING, "%s: refused %d rounds in a row; quarantined for rounds %d-%d (max-client-rejections, "
-                "quarantine-rounds)", self.node_label(node), self.settings.max_client_rejections, server_round + 1,
-                server_round + self.settings.quarantine_rounds)
-        self.round_report.quarantined = {self.node_label(node): last
-                                         for node, last in self.quarantine.active(server_round + 1).items()}
+            log(
+                WARNING,
+                "%s: refused %d rounds in a row; quarantined for rounds %d-%d (max-client-rejections, "
+                "quarantine-rounds)",
+                self.node_label(node),
+                self.settings.max_client_rejections,
+                server_round + 1,
+                server_round + self.settings.quarantine_rounds,
+            )
+        self.round_report.quarantined = {
+            self.node_label(node): last for node, last in self.quarantine.active(server_round + 1).items()
+        }
 
-    def commit(self, payloads: Iterable[Payload], server_round: int) -> None:
+    def commit(self, payloads: Iterable[Payload[Any]], server_round: int) -> None:
         """These replies went into the round's state: bind their ids, record the round."""
         for payload in payloads:
             client = payload.header.client_id
@@ -391,10 +443,16 @@ class RoundCore:
         are, or as `change` would make them (nothing is changed)."""
         identities = self.identities if change is None else change.identities
         accepted = self.accepted_rounds if change is None or change.accepted_rounds is None else change.accepted_rounds
-        strategy_state = self.strategy.state if change is None or change.strategy_state is None else change.strategy_state
+        strategy_state = (
+            self.strategy.state if change is None or change.strategy_state is None else change.strategy_state
+        )
         state = self.strategy.save_state(strategy_state)
-        core = {"identities": identities.to_metadata(), "accepted_rounds": dict(accepted),
-                "quarantine": self.quarantine.to_metadata(), "forget-ledger": identities.ledger.to_metadata()}
+        core = {
+            "identities": identities.to_metadata(),
+            "accepted_rounds": dict(accepted),
+            "quarantine": self.quarantine.to_metadata(),
+            "forget-ledger": identities.ledger.to_metadata(),
+        }
         state.metadata[CORE_STATE_KEY] = json.dumps(core)
         return state
 

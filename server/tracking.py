@@ -20,7 +20,6 @@ the end the ServerApp waits at most CLOSE_TIMEOUT seconds for the figures and th
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import queue
@@ -37,12 +36,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from flwr.common import log
 
+from fedbayes.tasks.config import parse_tracking
+
 if TYPE_CHECKING:
     from fedbayes.server.loop import RowSink
 
-# The kinds of run config `tracking`: the modules each needs (matplotlib: the report's figures), installed by the
-# extra fedbayes[<kind>]. tasks/config.py checks the value's form, tasks/preflight.py that these are installed.
-KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
 QUEUE_ROWS = 1000  # rows waiting for the tracking thread; more are dropped (with one warning)
 CLOSE_TIMEOUT = 30.0  # seconds the end of a run waits for the last rows, the figures and the posterior
 EXPERIMENT = "fedbayes"  # the MLflow experiment every run goes to
@@ -50,21 +48,13 @@ FEDERATION_TAG = "fedbayes.federation"
 MLFLOW_BATCH_PARAMS = 100  # MLflow's limit on params per log_batch request
 # MLflow's HTTP client retries a failed request 7 times, backing off for minutes; the tracker gives up at the first
 # failure anyway. Set only where the user has not set them.
-MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+MLFLOW_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
 HPARAM_METRICS = ("accuracy", "nll", "ece")  # the metrics TensorBoard's HParams table shows next to the run config
 POSTERIOR_FILE = "posterior.safetensors"
-
-
-def parse_tracking(tracking: str) -> tuple[str, str]:
-    """(kind, target) of a run config `tracking` value: ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off."""
-    kind, _, target = tracking.partition(":")
-    return (kind, target) if tracking else ("", "")
-
-
-def missing_modules(kind: str) -> list[str]:
-    """The modules tracking of this kind needs that are not installed."""
-    return [module for module in KINDS[kind] if importlib.util.find_spec(module) is None]
 
 
 def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
@@ -117,11 +107,12 @@ class MlflowBackend:
 
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
-        self.run_id = self.client.create_run(experiment_id, run_name=self.name,
-                                             tags={FEDERATION_TAG: self.name}).info.run_id
+        self.run_id = self.client.create_run(
+            experiment_id, run_name=self.name, tags={FEDERATION_TAG: self.name}
+        ).info.run_id
         items = [Param(key, str(value)) for key, value in params.items()]
         for start in range(0, len(items), MLFLOW_BATCH_PARAMS):
-            self.client.log_batch(self.run_id, params=items[start:start + MLFLOW_BATCH_PARAMS])
+            self.client.log_batch(self.run_id, params=items[start : start + MLFLOW_BATCH_PARAMS])
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -147,15 +138,19 @@ class TensorBoardBackend:
 
         self.directory = Path(directory) / name
         self.writer = SummaryWriter(log_dir=str(self.directory))
-        self.session_end = None
+        self.session_end: Any = None  # HParams' session-end summary, written by `end` of a completed run
 
     def start(self, params: dict[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams
 
         experiment, session_start, self.session_end = hparams(params, dict.fromkeys(HPARAM_METRICS, 0.0))
-        self.writer.file_writer.add_summary(experiment)
-        self.writer.file_writer.add_summary(session_start)
+        self._add_summary(experiment)
+        self._add_summary(session_start)
         self.writer.flush()
+
+    def _add_summary(self, summary: Any) -> None:
+        # torch's stubs infer SummaryWriter.file_writer as None: its __init__ assigns None, then creates the writer
+        self.writer.file_writer.add_summary(summary)  # type: ignore[attr-defined]
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -175,7 +170,7 @@ class TensorBoardBackend:
 
     def end(self, completed: bool) -> None:
         if completed:  # HParams' session end says "success"; a failed run has none
-            self.writer.file_writer.add_summary(self.session_end)
+            self._add_summary(self.session_end)
         self.writer.close()
 
 
@@ -192,8 +187,9 @@ class _Finish:
 class Tracker:
     """A RowSink that logs rows on a background thread (see the module's docstring); `close` ends it."""
 
-    def __init__(self, tracking: str, name: str, params: dict[str, Any],
-                 export: Callable[[Path], Path] | None = None) -> None:
+    def __init__(
+        self, tracking: str, name: str, params: dict[str, Any], export: Callable[[Path], Path] | None = None
+    ) -> None:
         self.tracking, self.name, self.params, self.export = tracking, name, params, export
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_ROWS)
         self.rows: list[dict[str, Any]] = []  # those logged, for the figures at the end
@@ -208,8 +204,10 @@ class Tracker:
         try:
             self.queue.put_nowait(row)
         except queue.Full:
-            self._warn(f"tracking ({self.tracking}) falls behind: {QUEUE_ROWS} rows wait for it; round {row['round']}'s "
-                       "row and any that come while they wait are not tracked")
+            self._warn(
+                f"tracking ({self.tracking}) falls behind: {QUEUE_ROWS} rows wait for it; round {row['round']}'s "
+                "row and any that come while they wait are not tracked"
+            )
 
     def close(self, completed: bool) -> None:
         """Hand the tracking thread the end of the run and wait for it, at most CLOSE_TIMEOUT seconds."""
@@ -222,8 +220,10 @@ class Tracker:
                 continue
         self.thread.join(max(0.0, deadline - time.monotonic()))
         if self.thread.is_alive():
-            self._warn(f"tracking ({self.tracking}) did not take this run's end within {CLOSE_TIMEOUT:.0f} s; the "
-                       "run ends without it")
+            self._warn(
+                f"tracking ({self.tracking}) did not take this run's end within {CLOSE_TIMEOUT:.0f} s; the "
+                "run ends without it"
+            )
 
     def _warn(self, message: str) -> None:
         with self._warn_lock:
@@ -244,8 +244,10 @@ class Tracker:
         except Exception as error:  # whatever the backend raises: the run goes on without it
             self.failed.set()
             since = f"after round {self.rows[-1]['round']}" if self.rows else "from its start"
-            self._warn(f"tracking ({self.tracking}) failed ({_one_line(error)}); this run is not tracked {since} "
-                       "(its rows are in results-path)")
+            self._warn(
+                f"tracking ({self.tracking}) failed ({_one_line(error)}); this run is not tracked {since} "
+                "(its rows are in results-path)"
+            )
 
     def _log_artifacts(self, backend: Backend, completed: bool) -> None:
         """The figures of the rows logged and, for a completed run, its posterior (a failed one may have none)."""
@@ -254,15 +256,21 @@ class Tracker:
         with tempfile.TemporaryDirectory(prefix="fedbayes-tracking-") as scratch:
             if self.rows:
                 report = Path(scratch) / "report"
-                write_report([Run(self.name, self.params.get("results-path") or "the ServerApp's rows", self.rows,
-                                  self.params)], report)
+                write_report(
+                    [Run(self.name, self.params.get("results-path") or "the ServerApp's rows", self.rows, self.params)],
+                    report,
+                )
                 backend.log_report(report)
             if completed and self.export is not None:
                 try:
                     posterior = self.export(Path(scratch))
                 except Exception as error:  # the export's own failure; the figures are logged all the same
-                    log(WARNING, "tracking (%s): the posterior is not logged: exporting it failed (%s)", self.tracking,
-                        _one_line(error))
+                    log(
+                        WARNING,
+                        "tracking (%s): the posterior is not logged: exporting it failed (%s)",
+                        self.tracking,
+                        _one_line(error),
+                    )
                 else:
                     backend.log_file(posterior)
 
@@ -281,8 +289,9 @@ def posterior_export(server_state_dir: str, federation: str, run_config: Mapping
 
 
 @contextmanager
-def tracked_run(tracking: str, federation: str, run_config: Mapping[str, Any],
-                export: Callable[[Path], Path] | None = None) -> Iterator[list[RowSink]]:
+def tracked_run(
+    tracking: str, federation: str, run_config: Mapping[str, Any], export: Callable[[Path], Path] | None = None
+) -> Iterator[list[RowSink]]:
     """The row sinks run config `tracking` asks for (none when it is ""), for run_rounds; on exit the figures and
     `export`'s file are logged and the tracked run is marked completed, or failed when the block raised."""
     if not tracking:

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from fedbayes.bayes.params import TensorLayout
 from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
 from fedbayes.strategies.dsvgd.settings import DSVGDSettings
 from fedbayes.strategies.fedavg.settings import FedProxSettings
 from fedbayes.strategies.feddyn.settings import FedDynSettings
 from fedbayes.strategies.fedlap.settings import FedLapSettings
 from fedbayes.strategies.fedpa.settings import FedPASettings
-from fedbayes.bayes.params import TensorLayout
 from fedbayes.tasks import config
 from fedbayes.tasks.config import ConfigError, Key, NoHyperparameters, RunSettings, keys_of
 
@@ -52,9 +52,11 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         if isinstance(self.settings, tuple):  # how fedbayes 0.1 declared a strategy's keys
-            raise TypeError("Algorithm(server, client, settings): `settings` is now a frozen dataclass whose fields "
-                            "declare the strategy's keys with fedbayes.tasks.config.key(default, doc, check), not a "
-                            "tuple of Key (README \"Write your own strategy\")")
+            raise TypeError(
+                "Algorithm(server, client, settings): `settings` is now a frozen dataclass whose fields "
+                "declare the strategy's keys with fedbayes.tasks.config.key(default, doc, check), not a "
+                'tuple of Key (README "Write your own strategy")'
+            )
 
     @property
     def hyperparameters(self) -> tuple[Key, ...]:
@@ -67,14 +69,18 @@ class Algorithm:
     def client_half(self) -> Callable[..., Any]:
         return _resolved(self.client)
 
-    def build_server(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> Any:
+    def build_server(
+        self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None
+    ) -> Any:
         """The server half for this run: the class `server` names, built for the model's parameters (`layout`) and
         buffers, reading its own keys typed from `settings` (its `settings_type` must be this algorithm's)."""
         server_class = self.server_half()
         declared = getattr(server_class, "settings_type", self.settings)
         if declared is not self.settings:
-            raise TypeError(f"{server_class.__name__}.settings_type is {declared.__name__}, but the algorithm declares "
-                            f"its keys with {self.settings.__name__}")
+            raise TypeError(
+                f"{server_class.__name__}.settings_type is {declared.__name__}, but the algorithm declares "
+                f"its keys with {self.settings.__name__}"
+            )
         return server_class(settings, layout, buffer_layout)
 
 
@@ -152,11 +158,14 @@ def load_algorithm(reference: str) -> Algorithm:
     try:
         found = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError, ValueError) as error:
-        raise ConfigError(f"run config 'strategy': cannot load {reference!r}: {error} (the module must be "
-                          "importable on the server and on every client, e.g. on PYTHONPATH)") from None
+        raise ConfigError(
+            f"run config 'strategy': cannot load {reference!r}: {error} (the module must be "
+            "importable on the server and on every client, e.g. on PYTHONPATH)"
+        ) from None
     if not isinstance(found, Algorithm):
-        raise ConfigError(f"run config 'strategy': {reference!r} is {found!r}, not a "
-                          "fedbayes.strategies.Algorithm(server, client)")
+        raise ConfigError(
+            f"run config 'strategy': {reference!r} is {found!r}, not a fedbayes.strategies.Algorithm(server, client)"
+        )
     return found
 
 
@@ -178,8 +187,9 @@ def get_algorithm(name: str) -> Algorithm:
     installed = _installed()
     if name in installed:
         return load_algorithm(installed[name])
-    raise ConfigError(f"run config 'strategy' must be one of {', '.join(algorithm_names())} or "
-                      f"'<module>:<attribute>', got {name!r}")
+    raise ConfigError(
+        f"run config 'strategy' must be one of {', '.join(algorithm_names())} or '<module>:<attribute>', got {name!r}"
+    )
 
 
 def algorithm_names() -> list[str]:

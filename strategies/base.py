@@ -66,9 +66,13 @@ class ServerState:
     def per_client(self, name: str, record_type: type) -> dict[str, Any]:
         """The records `add_per_client(name, ...)` saved, as `record_type`s (float64 torch tensors as saved)."""
         tensor_fields = [item.name for item in fields(record_type) if item.name != "round"]
-        return {client: record_type(**{f: torch.from_numpy(self.tensors[f"{name}/{client}/{f}"].copy())
-                                       for f in tensor_fields}, round=last_round)
-                for client, last_round in json.loads(self.metadata[name]).items()}
+        return {
+            client: record_type(
+                **{f: torch.from_numpy(self.tensors[f"{name}/{client}/{f}"].copy()) for f in tensor_fields},
+                round=last_round,
+            )
+            for client, last_round in json.loads(self.metadata[name]).items()
+        }
 
 
 @dataclass
@@ -131,14 +135,18 @@ class NodePool:
     label: Callable[[int], str]
 
 
-def local_training(settings: RunSettings, server_round: int, weight_decay: float = 0.0,
-                   epochs: int | None = None) -> pb.LocalTraining:
+def local_training(
+    settings: RunSettings, server_round: int, weight_decay: float = 0.0, epochs: int | None = None
+) -> pb.LocalTraining:
     """The local-training part of most instructions: the run's epochs (unless the strategy asks for others), batch
     size, optimizer and seed, and this round's learning rate (constant or cosine). Weight decay only where the
     strategy's objective has it; Bayesian ones regularise with their prior."""
     return pb.LocalTraining(
-        epochs=settings.local_epochs if epochs is None else epochs, batch_size=settings.batch_size,
-        learning_rate=settings.round_lr(server_round), optimizer=settings.optimizer, weight_decay=weight_decay,
+        epochs=settings.local_epochs if epochs is None else epochs,
+        batch_size=settings.batch_size,
+        learning_rate=settings.round_lr(server_round),
+        optimizer=settings.optimizer,
+        weight_decay=weight_decay,
         seed=settings.seed,
     )
 
@@ -168,10 +176,12 @@ class ServerStrategy(ABC, Generic[S]):
 
     def __init__(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> None:
         if settings.robust_aggregation not in self.robust_rules:
-            raise ConfigError(f"run config 'robust-aggregation' = {settings.robust_aggregation!r}: strategy "
-                              f"{settings.strategy!r} implements {', '.join(self.robust_rules)}")
+            raise ConfigError(
+                f"run config 'robust-aggregation' = {settings.robust_aggregation!r}: strategy "
+                f"{settings.strategy!r} implements {', '.join(self.robust_rules)}"
+            )
         self.settings = settings
-        self.hyperparameters = settings.hyperparameters(self.settings_type)
+        self.hyperparameters: Any = settings.hyperparameters(self.settings_type)  # a `settings_type`
         self.layout = layout
         self.buffer_layout: TensorLayout = dict(buffer_layout or {})
         self.state: S = self.initial_state()
@@ -182,8 +192,9 @@ class ServerStrategy(ABC, Generic[S]):
         """The state before round 1 (and before a checkpoint is loaded)."""
 
     @abstractmethod
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[ProtoMessage, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[ProtoMessage, TensorGroups]:
         """This round's instruction to `nodes` (its header is the core's) and its tensor groups."""
 
     @abstractmethod
@@ -191,7 +202,7 @@ class ServerStrategy(ABC, Generic[S]):
         """The layout of every tensor group of `reply_type` (the model's buffers are the core's)."""
 
     @abstractmethod
-    def absorb(self, payloads: list[Payload], server_round: int) -> Update[S]:
+    def absorb(self, payloads: list[Payload[Any]], server_round: int) -> Update[S]:
         """The new global model and state from the round's accepted replies (in client-id order), without changing
         the strategy: the core may call it on several subsets of a round's replies, and commits one result at most.
         RoundRejected: these replies together make an unusable state."""
@@ -209,12 +220,12 @@ class ServerStrategy(ABC, Generic[S]):
         """The nodes this round is sent to: by default the seeded `fraction-train` sample."""
         return list(pool.sample)
 
-    def check_reply(self, payload: Payload) -> None:
+    def check_reply(self, payload: Payload[Any]) -> None:
         """The algorithm's checks of one reply against its state; raise to reject that reply alone. The core has
         checked the wire schema, header, identity, num_examples and (for stateful clients) resumed_from_round
         already."""
 
-    def update_of(self, payload: Payload) -> np.ndarray | None:
+    def update_of(self, payload: Payload[Any]) -> np.ndarray | None:
         """The reply's update: its change to the state, flat float64, in parameters where honest updates are of
         comparable size (weights, a Gaussian's mean and log precision, particles). What the screen and the search
         for a culprit measure; None: not screened."""
@@ -231,7 +242,8 @@ class ServerStrategy(ABC, Generic[S]):
         raise ForgetRefused(
             f"{self.settings.strategy}: the server keeps no per-client factor to remove, only a global model that "
             f"every accepted round of client {client[:64]!r} went into; retrain from the last checkpoint that predates "
-            "the client's first accepted round, or from scratch")
+            "the client's first accepted round, or from scratch"
+        )
 
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
         """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""
@@ -251,11 +263,14 @@ class ServerStrategy(ABC, Generic[S]):
         """Refuse (ForgetRefused) a client the state holds nothing of, and the last one it holds (without it only the
         prior would be left: a new federation, not a forgotten client)."""
         if client not in holders:
-            raise ForgetRefused(f"client {client[:64]!r} is unknown: the server holds no state of it "
-                                f"({len(holders)} known clients)")
+            raise ForgetRefused(
+                f"client {client[:64]!r} is unknown: the server holds no state of it ({len(holders)} known clients)"
+            )
         if len(holders) == 1:
-            raise ForgetRefused(f"client {client!r} is the last remaining client: forgetting it leaves only the prior; "
-                                "start a new federation instead")
+            raise ForgetRefused(
+                f"client {client!r} is the last remaining client: forgetting it leaves only the prior; "
+                "start a new federation instead"
+            )
 
     def round_seed(self, server_round: int) -> int:
         """The seed of everything random the server draws for a round, so a resumed run draws the same."""
@@ -278,7 +293,9 @@ class StatelessStrategy(ServerStrategy[None]):
 def __getattr__(name: str) -> Any:
     """Names of fedbayes 0.1's strategy API, refused with what replaces them."""
     if name == "WireStrategy":
-        raise ImportError("fedbayes.strategies.base.WireStrategy was replaced by ServerStrategy (an abstract base class "
-                          "with a declared state; StatelessStrategy for a strategy with none): see this module's "
-                          "docstring and docs/extending/strategy.md")
+        raise ImportError(
+            "fedbayes.strategies.base.WireStrategy was replaced by ServerStrategy (an abstract base class "
+            "with a declared state; StatelessStrategy for a strategy with none): see this module's "
+            "docstring and docs/extending/strategy.md"
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

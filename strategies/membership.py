@@ -22,8 +22,10 @@ class Membership:
 
     def without(self, client: str) -> Membership:
         """A copy without `client` (forgotten): K and N no longer count it."""
-        return Membership({c: n for c, n in self.examples.items() if c != client},
-                          {c: r for c, r in self.last_round.items() if c != client})
+        return Membership(
+            {c: n for c, n in self.examples.items() if c != client},
+            {c: r for c, r in self.last_round.items() if c != client},
+        )
 
     def record(self, client: str, num_examples: int, server_round: int) -> None:
         self.examples[client] = num_examples

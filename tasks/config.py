@@ -11,16 +11,25 @@ same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local -
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedbayes.tasks.storage import is_safe_name
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 KEY = "fedbayes.key"  # the metadata entry of a dataclass field that declares a run-config key
-H = TypeVar("H")
+RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was submitted with (`fedbayes report`)
+# The kinds of run config `tracking` (server/tracking.py): the modules each needs (matplotlib: the report's figures),
+# installed by the extra fedbayes[<kind>]. RunSettings checks the value's form, tasks/preflight.py that these are
+# installed.
+TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
+H = TypeVar("H", bound="DataclassInstance")  # a strategy's settings dataclass
 
 
 class ConfigError(ValueError):
@@ -108,8 +117,10 @@ def keys_of(settings_type: type) -> tuple[Key, ...]:
         declared, kind = item.metadata[KEY], type(item.default)
         if item.type not in (kind, kind.__name__):  # a class, or its name under `from __future__ import annotations`
             named = getattr(item.type, "__name__", item.type)
-            raise TypeError(f"{settings_type.__name__}.{item.name} is declared {named}, but its default "
-                            f"{item.default!r} is a {kind.__name__}")
+            raise TypeError(
+                f"{settings_type.__name__}.{item.name} is declared {named}, but its default "
+                f"{item.default!r} is a {kind.__name__}"
+            )
         keys.append(Key(item.name.replace("_", "-"), item.default, declared.doc, declared.check, declared.choices))
     return tuple(keys)
 
@@ -128,32 +139,52 @@ class RunSettings:
     knows every strategy's keys."""
 
     # Keys every run has: what to run, the data, the model, local training, the round loop and the trust boundary.
-    strategy: str = key("fedavg", "the algorithm: a built-in name (`fedbayes strategies`), '<module>:<attribute>' or an "
-        "installed entry point")
+    strategy: str = key(
+        "fedavg",
+        "the algorithm: a built-in name (`fedbayes strategies`), '<module>:<attribute>' or an installed entry point",
+    )
     num_server_rounds: int = key(3, "rounds to run", AT_LEAST_ONE)
-    federation: str = key("", 'one training run\'s name: its checkpoint and every client\'s state live under it, and a '
-        'ServerApp started for it again resumes; "" = a new federation, named by the ServerApp', Check(lambda name: name == "" or is_safe_name(name), 'must be "" (a new federation) or match [A-Za-z0-9._-]+'))
+    federation: str = key(
+        "",
+        "one training run's name: its checkpoint and every client's state live under it, and a "
+        'ServerApp started for it again resumes; "" = a new federation, named by the ServerApp',
+        Check(lambda name: name == "" or is_safe_name(name), 'must be "" (a new federation) or match [A-Za-z0-9._-]+'),
+    )
     results_path: str = key("", "a JSON-lines file the server appends one row per round to")
     server_state_dir: str = key("", 'server checkpoints; "" = $FEDBAYES_SERVER_STATE_DIR or ~/.fedbayes/server')
     # data
-    dataset: str = key("fmnist", "fmnist | mnist | cifar10 | cifar100 | npz:DIR (your own: DIR/train.npz or "
-        "client-<i>.npz, and test.npz)")
-    data_root: str = key("", "where torchvision datasets live (Fashion-MNIST: Debian's dataset-fashion-mnist by default)")
+    dataset: str = key(
+        "fmnist",
+        "fmnist | mnist | cifar10 | cifar100 | npz:DIR (your own: DIR/train.npz or client-<i>.npz, and test.npz)",
+    )
+    data_root: str = key(
+        "", "where torchvision datasets live (Fashion-MNIST: Debian's dataset-fashion-mnist by default)"
+    )
     download: bool = key(False, "let torchvision download a missing dataset")
     fraction: float = key(1.0, "the share of the training set the clients split", SHARE)
     split: str = key("iid", "iid | dirichlet | two-class")
-    seed: int = key(0, "the run's seed: data split, initial model, sampling, every client's noise (it seeds numpy, which "
-        "refuses negative seeds, and torch; below 2^32 every per-round seed, seed x 1000003 + round, stays exact)", Check(lambda value: 0 <= value < 2**32, "must be in [0, 2^32)"))
+    seed: int = key(
+        0,
+        "the run's seed: data split, initial model, sampling, every client's noise (it seeds numpy, which "
+        "refuses negative seeds, and torch; below 2^32 every per-round seed, seed x 1000003 + round, stays exact)",
+        Check(lambda value: 0 <= value < 2**32, "must be in [0, 2^32)"),
+    )
     dirichlet_alpha_sizes: float = key(1.0, "dirichlet split: concentration of the client sizes", POSITIVE)
     dirichlet_alpha_classes: float = key(0.5, "dirichlet split: concentration of each client's classes", POSITIVE)
     min_client_size: int = key(1, "dirichlet split: the fewest examples a client gets", AT_LEAST_ONE)
     two_class_per_class: int = key(300, "two-class split: examples per class per client", AT_LEAST_ONE)
-    split_file: str = key("", "a published split (JSON: per client its 0-based row indices into the training file, "
-        "`fedbayes partitions --write`); replaces split/fraction")
+    split_file: str = key(
+        "",
+        "a published split (JSON: per client its 0-based row indices into the training file, "
+        "`fedbayes partitions --write`); replaces split/fraction",
+    )
     split_file_overlap: bool = key(False, "with split-file: a row may belong to several clients")
     # model
-    model: str = key("mlp", "logreg | mlp | cnn-zenke | cnn-acar | resnet20 | resnet20-gn | <module>:<callable> (your "
-        "own: callable(input_shape, num_classes) -> nn.Module)")
+    model: str = key(
+        "mlp",
+        "logreg | mlp | cnn-zenke | cnn-acar | resnet20 | resnet20-gn | <module>:<callable> (your "
+        "own: callable(input_shape, num_classes) -> nn.Module)",
+    )
     hidden: str = key("200,100", "mlp: hidden layer widths")
     activation: str = key("sigmoid", "mlp: the hidden layers' activation")
     pool: int = key(1, "average-pool images over pool x pool blocks first (4: 28x28 -> 7x7)", AT_LEAST_ONE)
@@ -174,50 +205,123 @@ class RunSettings:
     round_timeout: float = key(600.0, "seconds a round waits for replies; later ones are not used", POSITIVE)
     poll_interval: float = key(0.5, "seconds between the server's pulls for replies", POSITIVE)
     eval_batch_size: int = key(2000, "the server's evaluation batch size", AT_LEAST_ONE)
-    ensemble_samples: int = key(-1, "posterior samples in the server's predictive ensemble (Bayesian strategies); -1 = "
-        "by the model's cost: 32, or 4 for a model of over 2 M multiply-adds per example (server/evaluation.py)", Check(lambda value: value >= -1, "must be >= 0, or -1 (by the model's cost)"))
+    ensemble_samples: int = key(
+        -1,
+        "posterior samples in the server's predictive ensemble (Bayesian strategies); -1 = "
+        "by the model's cost: 32, or 4 for a model of over 2 M multiply-adds per example (server/evaluation.py)",
+        Check(lambda value: value >= -1, "must be >= 0, or -1 (by the model's cost)"),
+    )
     # the trust boundary (deploy/README.md "Trust model")
-    max_payload_mb: float = key(512.0, "larger instructions or replies are refused, by name, before they are decoded", POSITIVE)
-    max_failed_rounds: int = key(3, "this many consecutive rounds with no accepted reply stop the run, non-zero", AT_LEAST_ONE)
-    max_clients: int = key(10000, "client ids the federation may ever count (K); a new id beyond this is refused", AT_LEAST_ONE)
-    max_client_examples: int = key(100000000, "a reply's num_examples must lie in [1, this]", Check(lambda value: 1 <= value <= 2**40, "must be in [1, 2^40]"))
-    client_identity: str = key("bound", "bound: a client id stays with the node that first presented it; reconnect: it "
-        "may move to a new node once its old node has left (insecure loopback)", choices=("bound", "reconnect"))
-    client_registry: str = key("", "JSON {client-id: node-id} from `fedbayes pki register --client-id`; only those "
-        "pairs are accepted")
+    max_payload_mb: float = key(
+        512.0, "larger instructions or replies are refused, by name, before they are decoded", POSITIVE
+    )
+    max_failed_rounds: int = key(
+        3, "this many consecutive rounds with no accepted reply stop the run, non-zero", AT_LEAST_ONE
+    )
+    max_clients: int = key(
+        10000, "client ids the federation may ever count (K); a new id beyond this is refused", AT_LEAST_ONE
+    )
+    max_client_examples: int = key(
+        100000000,
+        "a reply's num_examples must lie in [1, this]",
+        Check(lambda value: 1 <= value <= 2**40, "must be in [1, 2^40]"),
+    )
+    client_identity: str = key(
+        "bound",
+        "bound: a client id stays with the node that first presented it; reconnect: it "
+        "may move to a new node once its old node has left (insecure loopback)",
+        choices=("bound", "reconnect"),
+    )
+    client_registry: str = key(
+        "", "JSON {client-id: node-id} from `fedbayes pki register --client-id`; only those pairs are accepted"
+    )
     # per-reply isolation and robust aggregation (deploy/README.md "Trust model")
-    screen_ratio: float = key(100.0, "a reply whose update (its change to the state, in the strategy's own parameters) is "
+    screen_ratio: float = key(
+        100.0,
+        "a reply whose update (its change to the state, in the strategy's own parameters) is "
         "longer than this many times the median of the round's other replies, and longer than the state itself, "
-        "is refused", Check(lambda value: value >= 1.0, "must be >= 1"))
-    robust_aggregation: str = key("none", "none | clip: every reply's update clipped to clip-ratio x the round's median "
-        "norm | median, trimmed-mean: coordinate-wise (FedAvg, FedProx, FedDyn, FedPA)", choices=("none", "clip", "median", "trimmed-mean"))
-    clip_ratio: float = key(3.0, "robust-aggregation=clip: the largest update norm used, as a multiple of the round's median", Check(lambda value: value >= 1.0, "must be >= 1"))
-    trim_fraction: float = key(0.2, "robust-aggregation=trimmed-mean: the share of replies dropped at each end, per "
-        "coordinate", Check(lambda value: 0.0 <= value < 0.5, "must be in [0, 0.5)"))
-    max_client_rejections: int = key(3, "a node whose replies are refused this many rounds in a row is quarantined", AT_LEAST_ONE)
+        "is refused",
+        Check(lambda value: value >= 1.0, "must be >= 1"),
+    )
+    robust_aggregation: str = key(
+        "none",
+        "none | clip: every reply's update clipped to clip-ratio x the round's median "
+        "norm | median, trimmed-mean: coordinate-wise (FedAvg, FedProx, FedDyn, FedPA)",
+        choices=("none", "clip", "median", "trimmed-mean"),
+    )
+    clip_ratio: float = key(
+        3.0,
+        "robust-aggregation=clip: the largest update norm used, as a multiple of the round's median",
+        Check(lambda value: value >= 1.0, "must be >= 1"),
+    )
+    trim_fraction: float = key(
+        0.2,
+        "robust-aggregation=trimmed-mean: the share of replies dropped at each end, per coordinate",
+        Check(lambda value: 0.0 <= value < 0.5, "must be in [0, 0.5)"),
+    )
+    max_client_rejections: int = key(
+        3, "a node whose replies are refused this many rounds in a row is quarantined", AT_LEAST_ONE
+    )
     quarantine_rounds: int = key(10, "rounds a quarantined node is left out of sampling and scheduling", AT_LEAST_ONE)
-    straggler_wait: float = key(0.0, "once half the round's replies are in, wait at most this multiple of the time they "
-        "took for the rest (0 = wait up to round-timeout)", NON_NEGATIVE)
-    results_exists: str = key("refuse", "what a new federation does with a results-path that already holds rows: "
-        "refuse, append or replace", choices=("refuse", "append", "replace"))
-    keep_checkpoints: int = key(3, "server checkpoints kept per federation (the newest and earlier rounds')", AT_LEAST_ONE)
-    resume_from_round: int = key(0, "resume from the kept checkpoint of this round instead of the newest (0 = newest)", NON_NEGATIVE)
-    tracking: str = key("", '"" = off | mlflow:URI (an MLflow tracking server) | tensorboard:DIR (event files in '
+    straggler_wait: float = key(
+        0.0,
+        "once half the round's replies are in, wait at most this multiple of the time they "
+        "took for the rest (0 = wait up to round-timeout)",
+        NON_NEGATIVE,
+    )
+    results_exists: str = key(
+        "refuse",
+        "what a new federation does with a results-path that already holds rows: refuse, append or replace",
+        choices=("refuse", "append", "replace"),
+    )
+    keep_checkpoints: int = key(
+        3, "server checkpoints kept per federation (the newest and earlier rounds')", AT_LEAST_ONE
+    )
+    resume_from_round: int = key(
+        0, "resume from the kept checkpoint of this round instead of the newest (0 = newest)", NON_NEGATIVE
+    )
+    tracking: str = key(
+        "",
+        '"" = off | mlflow:URI (an MLflow tracking server) | tensorboard:DIR (event files in '
         "DIR/<federation>): the run config, every round's row, the report's figures and the posterior "
-        "(server/tracking.py; extras fedbayes[mlflow], fedbayes[tensorboard])", Check(lambda value: value == "" or (value.partition(":")[0] in ("mlflow", "tensorboard")  # tracking.KINDS
-                                            and value.partition(":")[2] != ""),
-              'must be "" (off), mlflow:URI or tensorboard:DIR'))
+        "(server/tracking.py; extras fedbayes[mlflow], fedbayes[tensorboard])",
+        Check(
+            lambda value: (
+                value == ""
+                or (
+                    value.partition(":")[0] in ("mlflow", "tensorboard")  # TRACKING_KINDS
+                    and value.partition(":")[2] != ""
+                )
+            ),
+            'must be "" (off), mlflow:URI or tensorboard:DIR',
+        ),
+    )
     # the server's evaluation (server/evaluation.py); 0 = by the model's cost: logreg and the MLP every round on the
     # whole test set on one thread, models of over 2 M multiply-adds per example (the CNNs) every 5th round on a tenth
     # of it (the last round on all of it) on every core
-    eval_every: int = key(0, "rounds between the server's evaluations (the last round is always evaluated; the rows of "
-        "the others have no test metrics); 0 = by the model's cost: 1, or 5", NON_NEGATIVE)
-    eval_fraction: float = key(0.0, "the share of the test set (a fixed subset drawn from the run's seed) evaluated before "
-        "the last round, which evaluates all of it; 0 = by the model's cost: 1, or 0.1", Check(lambda value: 0.0 <= value <= 1.0, "must be in (0, 1], or 0 (by the model's cost)"))
-    eval_threads: int = key(0, "CPU threads of the server's evaluation (at nice 19: it takes the cores clients leave "
-        "idle); 0 = by the model's cost: 1, or the cores the ServerApp may use", NON_NEGATIVE)
-    eval_batched: bool = key(False, "evaluate the ensemble's samples as one vmapped model rather than one pass each "
-        "(equal to round-off; slower on the CPU, benchmarks/evaluation_cost.py)")
+    eval_every: int = key(
+        0,
+        "rounds between the server's evaluations (the last round is always evaluated; the rows of "
+        "the others have no test metrics); 0 = by the model's cost: 1, or 5",
+        NON_NEGATIVE,
+    )
+    eval_fraction: float = key(
+        0.0,
+        "the share of the test set (a fixed subset drawn from the run's seed) evaluated before "
+        "the last round, which evaluates all of it; 0 = by the model's cost: 1, or 0.1",
+        Check(lambda value: 0.0 <= value <= 1.0, "must be in (0, 1], or 0 (by the model's cost)"),
+    )
+    eval_threads: int = key(
+        0,
+        "CPU threads of the server's evaluation (at nice 19: it takes the cores clients leave "
+        "idle); 0 = by the model's cost: 1, or the cores the ServerApp may use",
+        NON_NEGATIVE,
+    )
+    eval_batched: bool = key(
+        False,
+        "evaluate the ensemble's samples as one vmapped model rather than one pass each "
+        "(equal to round-off; slower on the CPU, benchmarks/evaluation_cost.py)",
+    )
     # every strategy's own keys, parsed: attribute -> value (`hyperparameters` reads a strategy's, typed)
     hyperparameter_values: Mapping[str, Any] = field(default_factory=dict)
 
@@ -266,15 +370,20 @@ class RunSettings:
         from fedbayes.tasks.partitions import SPLITS
 
         own_data = self.dataset.startswith(NPZ_PREFIX) and len(self.dataset) > len(NPZ_PREFIX)  # tasks/npzdata.py
-        _check("dataset", self.dataset in DATASETS or own_data,
-               f"must be one of {', '.join(DATASETS)}, or npz:DIR (a folder of .npz files), got {self.dataset!r}")
+        _check(
+            "dataset",
+            self.dataset in DATASETS or own_data,
+            f"must be one of {', '.join(DATASETS)}, or npz:DIR (a folder of .npz files), got {self.dataset!r}",
+        )
         _choice("split", self.split, SPLITS)
         _check_model(self.model, MODELS)
         _choice("activation", self.activation, tuple(ACTIVATIONS))
         _choice("device", self.device, DEVICES)
-        _check("fraction", not self.split_file or self.fraction == 1.0,
-               "must be 1 with a split-file: the file names every client's rows of the whole training set")
-
+        _check(
+            "fraction",
+            not self.split_file or self.fraction == 1.0,
+            "must be 1 with a split-file: the file names every client's rows of the whole training set",
+        )
 
 
 CORE_KEYS = keys_of(RunSettings)
@@ -287,9 +396,43 @@ def merge_keys(strategy_keys: Iterable[Key]) -> dict[str, Key]:
     for declared in (*CORE_KEYS, *strategy_keys):
         known = keys.setdefault(declared.name, declared)
         if known.default != declared.default or known.type is not declared.type:
-            raise ConfigError(f"run-config key '{declared.name}' is declared twice, with defaults {known.default!r} "
-                              f"and {declared.default!r}")
+            raise ConfigError(
+                f"run-config key '{declared.name}' is declared twice, with defaults {known.default!r} "
+                f"and {declared.default!r}"
+            )
     return keys
+
+
+def checked_number(kind: type[int] | type[float], check: Check | None) -> Callable[[str], int | float]:
+    """An argparse `type=` for a numeric option: a finite `kind` that passes `check` (if any). argparse names the
+    option in the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        if check is not None and not check.test(value):
+            raise argparse.ArgumentTypeError(f"{check.requirement}, got {text!r}")
+        return value
+
+    return parse
+
+
+def run_config_number(name: str) -> Callable[[str], int | float]:
+    """The type and check of core run-config key `name`, for the option that sets it: both refuse the same values."""
+    key = next(key for key in CORE_KEYS if key.name == name)
+    return checked_number(key.type, key.check)
+
+
+def parse_tracking(tracking: str) -> tuple[str, str]:
+    """(kind, target) of a run config `tracking` value: ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off."""
+    kind, _, target = tracking.partition(":")
+    return (kind, target) if tracking else ("", "")
 
 
 def round_seed(seed: int, server_round: int) -> int:
@@ -304,7 +447,8 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"run config '{key}' must be {kind.__name__}, got {value!r}")
-    if kind is float and not math.isfinite(value):  # TOML has inf and nan; no key of ours means them
+    # TOML has inf and nan; no key of ours means them
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"run config '{key}' must be finite, got {value!r}")
     return value
 
@@ -319,7 +463,9 @@ def _check_model(model: str, builtin: tuple[str, ...]) -> None:
     from fedbayes.tasks.models import load_model_builder
 
     if ":" not in model:
-        _check("model", model in builtin, f"must be one of {', '.join(builtin)}, or '<module>:<callable>', got {model!r}")
+        _check(
+            "model", model in builtin, f"must be one of {', '.join(builtin)}, or '<module>:<callable>', got {model!r}"
+        )
         return
     try:
         load_model_builder(model)

@@ -92,7 +92,7 @@ def load_dataset(name: str, train: bool, data_root: str = "", download: bool = F
     return _load_cached(name, bool(train), str(data_root), bool(download))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_cached(name: str, train: bool, data_root: str, download: bool) -> Dataset:
     if name.startswith(NPZ_PREFIX):  # bring your own data: train.npz / test.npz
         from fedbayes.tasks.npzdata import load_npz_split
@@ -147,7 +147,9 @@ def _read_idx_cached(path: Path, ndim: int) -> np.ndarray:
             np.save(temp, array, allow_pickle=False)
         os.replace(temp.name, cached)
     except OSError as error:
-        logging.getLogger(__name__).warning("cannot cache %s in %s (%s); reading the .gz each time", path, cached, error)
+        logging.getLogger(__name__).warning(
+            "cannot cache %s in %s (%s); reading the .gz each time", path, cached, error
+        )
     return array
 
 

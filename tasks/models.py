@@ -93,8 +93,10 @@ def load_model_builder(reference: str) -> Callable[[tuple[int, ...], int], nn.Mo
     try:
         found = getattr(importlib.import_module(module_name), attribute)
     except Exception as error:  # whatever importing the user's module raised (ImportError, SyntaxError, ...)
-        raise ValueError(f"cannot load {reference!r}: {type(error).__name__}: {error} (the module must be "
-                         "importable on the server and on every client, e.g. on PYTHONPATH)") from None
+        raise ValueError(
+            f"cannot load {reference!r}: {type(error).__name__}: {error} (the module must be "
+            "importable on the server and on every client, e.g. on PYTHONPATH)"
+        ) from None
     if not callable(found):
         raise ValueError(f"{reference!r} is {found!r}, not a callable(input_shape, num_classes) -> torch.nn.Module")
     return found
@@ -106,8 +108,10 @@ def build_user_model(reference: str, input_shape: tuple[int, ...], num_classes: 
     try:
         model = builder(tuple(input_shape), num_classes)
     except Exception as error:  # the user's code, whatever it raised
-        raise ValueError(f"{reference!r} raised {type(error).__name__}: {error} when built for input shape "
-                         f"{tuple(input_shape)} and {num_classes} classes") from error
+        raise ValueError(
+            f"{reference!r} raised {type(error).__name__}: {error} when built for input shape "
+            f"{tuple(input_shape)} and {num_classes} classes"
+        ) from error
     if not isinstance(model, nn.Module):
         raise ValueError(f"{reference!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -125,10 +129,19 @@ def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
 
 def cnn_zenke(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     features = [
-        nn.Conv2d(input_shape[0], 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Dropout(0.25),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
+        nn.Conv2d(input_shape[0], 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(0.25),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(0.25),
+        nn.Flatten(),
     ]
     flat = _flat_size(nn.Sequential(*features), input_shape)
     return nn.Sequential(*features, nn.Linear(flat, 512), nn.ReLU(), nn.Dropout(0.5), nn.Linear(512, num_classes))
@@ -136,12 +149,18 @@ def cnn_zenke(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
 
 def cnn_acar(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     features = [
-        nn.Conv2d(input_shape[0], 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Conv2d(input_shape[0], 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
     ]
     flat = _flat_size(nn.Sequential(*features), input_shape)
-    return nn.Sequential(*features, nn.Linear(flat, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU(),
-                         nn.Linear(192, num_classes))
+    return nn.Sequential(
+        *features, nn.Linear(flat, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU(), nn.Linear(192, num_classes)
+    )
 
 
 class FilterResponseNorm2d(nn.Module):
@@ -194,7 +213,9 @@ class ResNet20(nn.Module):
         self.bn1 = norm(16)
         stages, in_planes = [], 16
         for planes, stride in ((16, 1), (32, 2), (64, 2)):
-            blocks = [BasicBlock(in_planes, planes, stride, norm)] + [BasicBlock(planes, planes, 1, norm) for _ in range(2)]
+            blocks = [BasicBlock(in_planes, planes, stride, norm)] + [
+                BasicBlock(planes, planes, 1, norm) for _ in range(2)
+            ]
             stages.append(nn.Sequential(*blocks))
             in_planes = planes
         self.layer1, self.layer2, self.layer3 = stages

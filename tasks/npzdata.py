@@ -35,7 +35,7 @@ class NpzDataError(ValueError):
 
 def npz_folder(dataset: str) -> Path | None:
     """The folder of an "npz:DIR" dataset name, None for the built-in datasets."""
-    return Path(dataset[len(NPZ_PREFIX):]) if dataset.startswith(NPZ_PREFIX) else None
+    return Path(dataset[len(NPZ_PREFIX) :]) if dataset.startswith(NPZ_PREFIX) else None
 
 
 def client_file(folder: Path, index: int) -> Path:
@@ -137,8 +137,9 @@ def _check_x_dtype(path: Path, key: str, dtype: np.dtype, shape: tuple[int, ...]
     if not (dtype == np.uint8 or np.issubdtype(dtype, np.floating)):
         raise NpzDataError(f"{path}: '{key}' has dtype {dtype}; it must be uint8 (0-255) or float")
     if len(shape) < 2 or shape[0] == 0 or 0 in shape:
-        raise NpzDataError(f"{path}: '{key}' has shape {shape}; it must be (N, ...) with N >= 1: (N,C,H,W), "
-                           "(N,H,W) or (N,D)")
+        raise NpzDataError(
+            f"{path}: '{key}' has shape {shape}; it must be (N, ...) with N >= 1: (N,C,H,W), (N,H,W) or (N,D)"
+        )
 
 
 def _checked_labels(path: Path, key: str, labels: np.ndarray, rows: int) -> np.ndarray:
@@ -172,15 +173,20 @@ def inspect_folder(folder: Path) -> NpzFolder:
     clients = _client_file_count(folder)
     has_train = (folder / TRAIN_FILE).exists()
     if clients and has_train:
-        raise NpzDataError(f"{folder}: holds both {TRAIN_FILE} and client-<i>.npz files; keep one kind of training "
-                           "data (train.npz is split by the run's split, client files are used as they are)")
+        raise NpzDataError(
+            f"{folder}: holds both {TRAIN_FILE} and client-<i>.npz files; keep one kind of training "
+            "data (train.npz is split by the run's split, client files are used as they are)"
+        )
     headers = [read_header(path) for path in _data_files(folder, has_train, clients)]
     return NpzFolder(folder, clients, has_train, _common_shape(headers), _class_count(headers))
 
 
 def _data_files(folder: Path, has_train: bool, clients: int) -> list[Path]:
-    return [folder / TEST_FILE, *([folder / TRAIN_FILE] if has_train else []),
-            *(client_file(folder, index) for index in range(clients))]
+    return [
+        folder / TEST_FILE,
+        *([folder / TRAIN_FILE] if has_train else []),
+        *(client_file(folder, index) for index in range(clients)),
+    ]
 
 
 def _client_file_count(folder: Path) -> int:
@@ -188,8 +194,10 @@ def _client_file_count(folder: Path) -> int:
     indices = sorted(int(match[1]) for path in folder.iterdir() if (match := _CLIENT_FILE.fullmatch(path.name)))
     missing = sorted(set(range(len(indices))) - set(indices))
     if missing:
-        raise NpzDataError(f"{folder}: has {len(indices)} client files but lacks "
-                           f"{client_file(folder, missing[0]).name} (they must be client-0.npz ... client-<K-1>.npz)")
+        raise NpzDataError(
+            f"{folder}: has {len(indices)} client files but lacks "
+            f"{client_file(folder, missing[0]).name} (they must be client-0.npz ... client-<K-1>.npz)"
+        )
     return len(indices)
 
 
@@ -197,13 +205,15 @@ def _common_shape(headers: list[NpzHeader]) -> tuple[int, ...]:
     first = headers[0]
     for header in headers[1:]:
         if header.input_shape != first.input_shape:
-            raise NpzDataError(f"{header.path}: examples have shape {header.input_shape}, but those of {first.path} "
-                               f"have {first.input_shape}")
+            raise NpzDataError(
+                f"{header.path}: examples have shape {header.input_shape}, but those of {first.path} "
+                f"have {first.input_shape}"
+            )
     return first.input_shape
 
 
 def _class_count(headers: list[NpzHeader]) -> int:
-    declared = {header.declared_classes for header in headers} - {None}
+    declared = {header.declared_classes for header in headers if header.declared_classes is not None}
     if len(declared) > 1:
         raise NpzDataError(f"{headers[0].path.parent}: the files declare different num_classes {sorted(declared)}")
     largest = max(int(header.labels.max()) for header in headers)
@@ -215,14 +225,19 @@ def check_folder(folder: Path, clients: int | None, fraction: float, split_file:
     read in full and checked: the refusal `fedbayes local` gives before any process starts."""
     found = inspect_folder(folder)
     if found.client_files and (fraction != 1.0 or split_file):
-        raise NpzDataError(f"{folder}: holds pre-partitioned client files, which are used as they are: "
-                           "fraction must be 1 and split-file empty")
+        raise NpzDataError(
+            f"{folder}: holds pre-partitioned client files, which are used as they are: "
+            "fraction must be 1 and split-file empty"
+        )
     if clients is not None and found.client_files and found.client_files != clients:
-        raise NpzDataError(f"{folder}: has {found.client_files} client files (client-<i>.npz) for a federation "
-                           f"of {clients} clients; there must be one per client")
+        raise NpzDataError(
+            f"{folder}: has {found.client_files} client files (client-<i>.npz) for a federation "
+            f"of {clients} clients; there must be one per client"
+        )
     if clients is not None and not found.client_files and not found.has_train:
-        raise NpzDataError(f"{folder}: has no training data: add {TRAIN_FILE} or client-0.npz ... "
-                           f"client-{clients - 1}.npz")
+        raise NpzDataError(
+            f"{folder}: has no training data: add {TRAIN_FILE} or client-0.npz ... client-{clients - 1}.npz"
+        )
     for path in _data_files(folder, found.has_train, found.client_files):
         read_x(path)
     return found
@@ -230,7 +245,10 @@ def check_folder(folder: Path, clients: int | None, fraction: float, split_file:
 
 def load_npz_split(dataset: str, train: bool) -> Dataset:
     """The training set (train.npz) or the test set (test.npz) of an "npz:DIR" dataset."""
-    folder = inspect_folder(npz_folder(dataset))
+    path = npz_folder(dataset)
+    if path is None:
+        raise ValueError(f"{dataset!r} is no npz:DIR dataset")
+    folder = inspect_folder(path)
     if train and folder.client_files:
         raise NpzDataError(f"{folder.path}: holds pre-partitioned client-<i>.npz files, not a {TRAIN_FILE} to split")
     return _dataset(dataset, folder.path / (TRAIN_FILE if train else TEST_FILE), folder.num_classes)
@@ -240,12 +258,16 @@ def load_npz_partition(dataset: str, partition_id: int, num_partitions: int) -> 
     """Partition `partition_id` of a pre-partitioned "npz:DIR" dataset (client-<partition_id>.npz); None for
     any other dataset, whose training set the run's split divides."""
     folder = npz_folder(dataset)
-    found = inspect_folder(folder) if folder is not None else None
-    if found is None or not found.client_files:
+    if folder is None:
+        return None
+    found = inspect_folder(folder)
+    if not found.client_files:
         return None
     if found.client_files != num_partitions:
-        raise NpzDataError(f"{folder}: has {found.client_files} client files (client-<i>.npz) for a federation of "
-                           f"{num_partitions} clients; there must be one per client")
+        raise NpzDataError(
+            f"{folder}: has {found.client_files} client files (client-<i>.npz) for a federation of "
+            f"{num_partitions} clients; there must be one per client"
+        )
     return _dataset(dataset, client_file(folder, partition_id), found.num_classes)
 
 
@@ -255,13 +277,17 @@ def load_data_path(path: Path, dataset: str) -> Dataset:
     header = read_header(path)
     if npz_folder(dataset) is not None:
         if header.declared_classes is None:
-            raise NpzDataError(f"{path}: with dataset {dataset!r} a client's data-path file must hold 'num_classes' "
-                               "(the server's class count; `fedbayes export-partitions` writes it)")
+            raise NpzDataError(
+                f"{path}: with dataset {dataset!r} a client's data-path file must hold 'num_classes' "
+                "(the server's class count; `fedbayes export-partitions` writes it)"
+            )
         return _dataset(dataset, path, header.declared_classes)
     num_classes = NUM_CLASSES[dataset]
     if header.declared_classes not in (None, num_classes) or header.labels.max() >= num_classes:
-        raise NpzDataError(f"{path}: labels must lie in [0, {num_classes}) for {dataset} "
-                           f"(num_classes {header.declared_classes}, largest label {header.labels.max()})")
+        raise NpzDataError(
+            f"{path}: labels must lie in [0, {num_classes}) for {dataset} "
+            f"(num_classes {header.declared_classes}, largest label {header.labels.max()})"
+        )
     return _dataset(dataset, path, num_classes)
 
 

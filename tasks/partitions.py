@@ -172,7 +172,9 @@ def write_split_file(path: Path | str, partitions: list[np.ndarray]) -> None:
     Path(path).write_text(json.dumps([[int(i) for i in part] for part in partitions]))
 
 
-def read_split_file(path: Path | str, num_examples: int, num_clients: int, allow_overlap: bool = False) -> list[np.ndarray]:
+def read_split_file(
+    path: Path | str, num_examples: int, num_clients: int, allow_overlap: bool = False
+) -> list[np.ndarray]:
     """The split a JSON file names (format: `write_split_file`), checked against a training file of
     `num_examples` rows and a federation of `num_clients`: one non-empty list of distinct integer indices in
     [0, num_examples) per client and, unless `allow_overlap`, no index in two clients. Sorted int64 arrays."""
@@ -193,8 +195,10 @@ def read_split_file(path: Path | str, num_examples: int, num_clients: int, allow
             raise ValueError(f"split file {path}: client {k} has a row index that is not an integer")
         part = np.array(rows, dtype=np.int64)
         if part.min() < 0 or part.max() >= num_examples:
-            raise ValueError(f"split file {path}: client {k} has row index {part.min() if part.min() < 0 else part.max()}"
-                             f" outside [0, {num_examples}) of the training file")
+            raise ValueError(
+                f"split file {path}: client {k} has row index {part.min() if part.min() < 0 else part.max()}"
+                f" outside [0, {num_examples}) of the training file"
+            )
         unique = np.unique(part)
         if len(unique) != len(part):
             raise ValueError(f"split file {path}: client {k} lists {len(part) - len(unique)} rows twice")
@@ -202,8 +206,10 @@ def read_split_file(path: Path | str, num_examples: int, num_clients: int, allow
     everything = np.concatenate(partitions)
     shared = len(everything) - len(np.unique(everything))
     if shared and not allow_overlap:
-        raise ValueError(f"split file {path}: {shared} rows belong to more than one client "
-                         "(set split-file-overlap=true if that is meant)")
+        raise ValueError(
+            f"split file {path}: {shared} rows belong to more than one client "
+            "(set split-file-overlap=true if that is meant)"
+        )
     return partitions
 
 

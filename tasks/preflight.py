@@ -7,34 +7,47 @@ a run larger than this machine's memory is refused in seconds, by the run-config
 federation's start-up. Each check looks only as far as it must: the built-in datasets' files are checked for
 presence, not read; a user's npz:DIR files (tasks/npzdata.py) are read and checked in full, as nothing else
 vouches for them; writable paths are probed with a temporary file, created and removed, and nothing else.
+
+`preflight` (server/preflight.py) runs them all, and the strategy's own check against the model, this machine's memory
+and max-payload-mb (`check_model_and_strategy`), which needs the strategy registry and so lives above fedbayes.tasks.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedbayes.tasks.config import ConfigError, RunSettings
+from fedbayes.tasks.config import TRACKING_KINDS, ConfigError, RunSettings, parse_tracking
 
 # Image shape of each dataset, to build its model without loading it.
 INPUT_SHAPES = {"fmnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
-_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                "t10k-labels-idx1-ubyte")
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 # The files torchvision 0.29 reads under data-root (its datasets' _check_exists / _check_integrity; kept
 # here because importing torchvision alone takes seconds; tests/test_preflight.py compares them).
 TORCHVISION_FILES = {
     "fmnist": ("FashionMNIST/raw", _MNIST_FILES),
     "mnist": ("MNIST/raw", _MNIST_FILES),
-    "cifar10": ("cifar-10-batches-py",
-                ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch",
-                 "batches.meta")),
+    "cifar10": (
+        "cifar-10-batches-py",
+        ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch", "batches.meta"),
+    ),
     "cifar100": ("cifar-100-python", ("train", "test", "meta")),
 }
-_DEBIAN_FMNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
-                        "t10k-labels-idx1-ubyte.gz")
+_DEBIAN_FMNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
 # Memory a federation takes at the least, as benchmarks/memory.py measured it (README "Memory"): ~96 MiB PSS per
 # idle client (its SuperNode), and once per machine ~680 MiB for the warm ClientApp executor and ~670 MiB for the
 # ServerApp. Rounded down: the memory check is a lower bound, so it never refuses a run that fits.
@@ -48,21 +61,6 @@ FLOAT32_BYTES = 4
 PAYLOAD_KEYS = ("particles",)  # strategy keys that multiply a payload (the DSVGD family's), named in refusals
 
 
-def preflight(settings: RunSettings, clients: int | None = None, new_federation: bool = False) -> None:
-    """Refuse (ConfigError naming the key) what the ServerApp or the clients would fail on later.
-    `clients`: how many clients the caller starts on this machine (`fedbayes local`), where it does: their count,
-    their files and their memory are checked too. `new_federation`: the caller knows the run starts a new
-    federation (a run config that names none always does), so a results file holding rows is refused."""
-    if clients is not None:
-        check_client_counts(settings, clients)
-        check_split_file(settings.split_file)
-    check_output_paths(settings, new_federation)
-    check_tracking(settings.tracking)
-    check_dataset_files(settings, clients)
-    check_device(settings.device)
-    check_model_and_strategy(settings, clients)
-
-
 def check_split_file(split_file: str) -> None:
     """Every client reads the split file it names (when it does): it must be a file this user can read."""
     if not split_file:
@@ -71,39 +69,53 @@ def check_split_file(split_file: str) -> None:
         with open(split_file, "rb"):
             pass
     except OSError as error:
-        raise ConfigError(f"run config 'split-file': cannot read {split_file} ({error.strerror or error}); write one "
-                          "with `fedbayes partitions --write F`") from None
+        raise ConfigError(
+            f"run config 'split-file': cannot read {split_file} ({error.strerror or error}); write one "
+            "with `fedbayes partitions --write F`"
+        ) from None
 
 
 def check_output_paths(settings: RunSettings, new_federation: bool) -> None:
     """The server writes its checkpoints under server-state-dir and its rows to results-path (where set); a new
     federation's (`new_federation`, or a run config that names none) results-path must be empty unless
     results-exists says to append or replace."""
-    for key, path, directory in (("server-state-dir", settings.server_state_dir, True),
-                                 ("results-path", settings.results_path, False)):
+    for key, path, directory in (
+        ("server-state-dir", settings.server_state_dir, True),
+        ("results-path", settings.results_path, False),
+    ):
         if path and (problem := unwritable(Path(path), directory)):
             raise ConfigError(f"run config '{key}': {problem}")
     results = Path(settings.results_path)
     new_federation = new_federation or not settings.federation
-    if (settings.results_path and new_federation and settings.results_exists == "refuse" and results.exists()
-            and results.stat().st_size > 0):
+    if (
+        settings.results_path
+        and new_federation
+        and settings.results_exists == "refuse"
+        and results.exists()
+        and results.stat().st_size > 0
+    ):
         raise results_exist_error(results)
 
 
 def check_tracking(tracking: str) -> None:
     """Run config `tracking` needs its extra installed where the ServerApp runs, and a TensorBoard directory it can
     write. The tracking server itself is not asked: one that is down must not stop the run (server/tracking.py)."""
-    from fedbayes.server.tracking import missing_modules, parse_tracking
-
     kind, target = parse_tracking(tracking)
     if not kind:
         return
     if missing := missing_modules(kind):
-        raise ConfigError(f"run config 'tracking' is {tracking!r}, but {' and '.join(missing)} "
-                          f"{'is' if len(missing) == 1 else 'are'} not installed for this Python: "
-                          f"pip install 'fedbayes[{kind}]'")
+        raise ConfigError(
+            f"run config 'tracking' is {tracking!r}, but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed for this Python: "
+            f"pip install 'fedbayes[{kind}]'"
+        )
     if kind == "tensorboard" and (problem := unwritable(Path(target), directory=True)):
         raise ConfigError(f"run config 'tracking': {problem}")
+
+
+def missing_modules(kind: str) -> list[str]:
+    """The modules run config `tracking` of this kind needs that are not installed."""
+    return [module for module in TRACKING_KINDS[kind] if importlib.util.find_spec(module) is None]
 
 
 def results_exist_error(path: Path) -> ConfigError:
@@ -161,8 +173,8 @@ def check_dataset_files(settings: RunSettings, clients: int | None = None) -> No
         return
     if settings.download:
         return  # torchvision fetches what is missing into data-root
-    folder, names = TORCHVISION_FILES[settings.dataset]
-    missing = [f"{folder}/{name}" for name in names if not (Path(settings.data_root) / folder / name).is_file()]
+    subfolder, names = TORCHVISION_FILES[settings.dataset]
+    missing = [f"{subfolder}/{name}" for name in names if not (Path(settings.data_root) / subfolder / name).is_file()]
     if missing:
         raise ConfigError(
             f"run config 'data-root': dataset {settings.dataset!r} is not under {settings.data_root} (missing "
@@ -176,36 +188,10 @@ def check_device(device: str) -> None:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("run config 'device' is 'cuda', but torch sees no CUDA GPU on this machine; "
-                          "set device=cpu, or device=auto to use a GPU where there is one")
-
-
-def check_model_and_strategy(settings: RunSettings, clients: int | None = None) -> None:
-    """The model the settings describe builds, the strategy accepts it (e.g. bayesadmm-full's size cap), this
-    machine's memory holds what the run needs (`clients`: those started here too), and a reply fits
-    max-payload-mb."""
-    from fedbayes.bayes.params import buffer_layout, parameter_layout
-    from fedbayes.strategies import get_algorithm
-    from fedbayes.tasks.models import build_model, parse_hidden
-
-    try:
-        hidden = parse_hidden(settings.hidden)
-    except ValueError as error:
-        raise ConfigError(f"run config 'hidden': {error}") from None
-    shape, num_classes = input_shape_and_classes(settings.dataset)
-    try:
-        model = build_model(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
-    except (RuntimeError, ValueError) as error:  # e.g. a pooling window larger than the image, pool on a CNN
-        key, value = ("pool", settings.pool) if settings.pool > 1 else ("model", repr(settings.model))
-        examples = f"{shape[1]}x{shape[2]} images" if len(shape) == 3 else f"examples of shape {shape}"
-        raise ConfigError(f"run config '{key}' ({value}) does not fit the {examples} of {settings.dataset!r}: "
-                          f"{' '.join(str(error).split())}") from None
-    algorithm = get_algorithm(settings.strategy)
-    # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
-    strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
-    reply = reply_size(settings, algorithm, strategy, buffer_layout(model))
-    check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
-    check_payload_limit(reply, settings.max_payload_mb)
+        raise ConfigError(
+            "run config 'device' is 'cuda', but torch sees no CUDA GPU on this machine; "
+            "set device=cpu, or device=auto to use a GPU where there is one"
+        )
 
 
 @dataclass(frozen=True)
@@ -223,8 +209,10 @@ class ReplySize:
         return FLOAT32_BYTES * self.values
 
     def __str__(self) -> str:
-        return (f"one reply of {self.values:,} float32 values, {self.bytes / 2**20:,.1f} MiB (an estimate from the "
-                "parameter count, a lower bound)")
+        return (
+            f"one reply of {self.values:,} float32 values, {self.bytes / 2**20:,.1f} MiB (an estimate from the "
+            "parameter count, a lower bound)"
+        )
 
 
 def reply_size(settings: RunSettings, algorithm, strategy, buffers) -> ReplySize:
@@ -232,35 +220,43 @@ def reply_size(settings: RunSettings, algorithm, strategy, buffers) -> ReplySize
     layouts = (*strategy.reply_layouts().values(), buffers)
     values = sum(math.prod(shape) for layout in layouts for shape in layout.values())
     scaling = [key for key in algorithm.hyperparameters if key.name in PAYLOAD_KEYS]
-    keys = [("strategy", settings.strategy), ("model", settings.model),
-            *((key.name, settings.value(key.name)) for key in scaling)]
+    keys = [
+        ("strategy", settings.strategy),
+        ("model", settings.model),
+        *((key.name, settings.value(key.name)) for key in scaling),
+    ]
     return ReplySize(values, ", ".join(f"'{name}' ({value})" for name, value in keys))
 
 
 def check_payload_limit(reply: ReplySize, max_payload_mb: float) -> None:
     """Every reply over max-payload-mb is refused before it is decoded: one that cannot fit makes every round fail."""
     if reply.bytes > max_payload_mb * 2**20:
-        raise ConfigError(f"run config 'max-payload-mb' ({max_payload_mb:g}) is below {reply} of {reply.keys}: every "
-                          f"reply would be refused; set it to at least {math.ceil(reply.bytes / 2**20)}")
+        raise ConfigError(
+            f"run config 'max-payload-mb' ({max_payload_mb:g}) is below {reply} of {reply.keys}: every "
+            f"reply would be refused; set it to at least {math.ceil(reply.bytes / 2**20)}"
+        )
 
 
 def check_memory(reply: ReplySize, clients: int | None) -> None:
     """What the run needs at the least against this machine's physical memory: the server's copies of a payload,
     and, with `clients` started here, theirs and each client's own processes. The refusal says what each takes."""
     server = SERVER_PAYLOAD_COPIES * reply.bytes
-    parts = [f"run config {reply.keys}: the server holds {SERVER_PAYLOAD_COPIES} copies of {reply}, "
-             f"{_gib(server)}"]
+    parts = [f"run config {reply.keys}: the server holds {SERVER_PAYLOAD_COPIES} copies of {reply}, {_gib(server)}"]
     needed = server
     if clients is not None:
         local = MACHINE_MEMORY + clients * CLIENT_MEMORY + CLIENT_PAYLOAD_COPIES * reply.bytes
-        parts.append(f"{clients} clients (fedbayes local: --clients) take {CLIENT_MEMORY // 2**20} MiB each, "
-                     f"{MACHINE_MEMORY // 2**30} GiB once and {CLIENT_PAYLOAD_COPIES} copies of the reply in one "
-                     f"that trains, {_gib(local)}")
+        parts.append(
+            f"{clients} clients (fedbayes local: --clients) take {CLIENT_MEMORY // 2**20} MiB each, "
+            f"{MACHINE_MEMORY // 2**30} GiB once and {CLIENT_PAYLOAD_COPIES} copies of the reply in one "
+            f"that trains, {_gib(local)}"
+        )
         needed += local
     available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > available:
-        raise ConfigError(f"this run needs at least {_gib(needed)} of memory, more than this machine's "
-                          f"{_gib(available)}: {'; '.join(parts)}")
+        raise ConfigError(
+            f"this run needs at least {_gib(needed)} of memory, more than this machine's "
+            f"{_gib(available)}: {'; '.join(parts)}"
+        )
 
 
 def _gib(size: int) -> str:
@@ -292,5 +288,7 @@ def _dataset_error(check, *args):
 def check_client_counts(settings: RunSettings, clients: int) -> None:
     for key, value in (("min-clients", settings.min_clients), ("wait-for-clients", settings.wait_for_clients)):
         if value > clients:
-            raise ConfigError(f"run config '{key}' is {value}, more than the federation's {clients} clients: "
-                              "its rounds would wait for clients that never come")
+            raise ConfigError(
+                f"run config '{key}' is {value}, more than the federation's {clients} clients: "
+                "its rounds would wait for clients that never come"
+            )

@@ -36,9 +36,14 @@ METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
 # The server's phases of a round (server/loop.py) in the order they happen. first_reply and last_reply are both
 # counted from the push, so the bar shows last_reply - first_reply as "first to last reply".
 SERVER_PHASES = (
-    ("wait_clients", "wait for clients"), ("configure", "configure"), ("push", "push"),
-    ("first_reply", "push to first reply"), ("last_reply", "first to last reply"),
-    ("previous_round", "previous round (not hidden)"), ("aggregate", "aggregate"), ("evaluate", "evaluate"),
+    ("wait_clients", "wait for clients"),
+    ("configure", "configure"),
+    ("push", "push"),
+    ("first_reply", "push to first reply"),
+    ("last_reply", "first to last reply"),
+    ("previous_round", "previous round (not hidden)"),
+    ("aggregate", "aggregate"),
+    ("evaluate", "evaluate"),
     ("previous_checkpoint", "previous checkpoint"),
 )
 COLUMN_INCHES = 5.0  # the width of one run's panel
@@ -81,8 +86,9 @@ def import_extra(module: str, extra: str, needed_by: str):
     except ModuleNotFoundError as error:
         if error.name != module.partition(".")[0]:
             raise  # the module is there, but something it imports is broken: not a missing extra
-        raise MissingExtra(f"{needed_by} needs {module.partition('.')[0]}, which is not installed: "
-                           f"pip install 'fedbayes[{extra}]'") from None
+        raise MissingExtra(
+            f"{needed_by} needs {module.partition('.')[0]}, which is not installed: pip install 'fedbayes[{extra}]'"
+        ) from None
 
 
 # ---- reading runs ---------------------------------------------------------------------------------------------
@@ -120,12 +126,14 @@ def load_run(path: Path) -> list[Run]:
 
 def workdir_run_config(workdir: Path) -> tuple[dict[str, Any], Path]:
     """The run config a `fedbayes local` workdir's federation was submitted with, and its results file."""
-    from fedbayes.deploy.launcher import RUN_CONFIG_FILE
+    from fedbayes.tasks.config import RUN_CONFIG_FILE
 
     config_file = workdir / RUN_CONFIG_FILE
     if not config_file.is_file():
-        raise ReportError(f"{workdir} is no `fedbayes local` workdir: it has no {RUN_CONFIG_FILE} (a results .jsonl "
-                          "can be reported too)")
+        raise ReportError(
+            f"{workdir} is no `fedbayes local` workdir: it has no {RUN_CONFIG_FILE} (a results .jsonl "
+            "can be reported too)"
+        )
     try:
         config = tomllib.loads(config_file.read_text())
     except tomllib.TOMLDecodeError as error:
@@ -187,8 +195,9 @@ def integer_rounds(axis, integer_y: bool = False) -> None:
 
 
 def no_data(axis, what: str) -> None:
-    axis.text(0.5, 0.5, f"no {what} in this run's rows", ha="center", va="center", transform=axis.transAxes,
-              color="grey")
+    axis.text(
+        0.5, 0.5, f"no {what} in this run's rows", ha="center", va="center", transform=axis.transAxes, color="grey"
+    )
 
 
 def evaluated_rows(run: Run) -> list[dict[str, Any]]:
@@ -205,8 +214,14 @@ def plot_metrics(runs: Sequence[Run], path: Path) -> None:
             axis.plot(rounds, [row[key] for row in rows], "o-", markersize=3, color=colour(index), label=run.name)
             ensemble = [row.get(f"{key}_ensemble") for row in rows]
             if any(value is not None for value in ensemble):
-                axis.plot(rounds, [math.nan if value is None else value for value in ensemble], "s--", markersize=3,
-                          color=colour(index), label=f"{run.name} ensemble")
+                axis.plot(
+                    rounds,
+                    [math.nan if value is None else value for value in ensemble],
+                    "s--",
+                    markersize=3,
+                    color=colour(index),
+                    label=f"{run.name} ensemble",
+                )
         axis.set_title(label)
         integer_rounds(axis)
     axes[0][0].legend(fontsize="small")
@@ -232,8 +247,13 @@ def plot_reliability(runs: Sequence[Run], path: Path) -> None:
             bins = last["reliability_ensemble"]
             points = [(c, a) for c, a in zip(bins["confidence"], bins["accuracy"]) if c is not None]
             axis.plot(*zip(*points), "s", color="black", markersize=4, label="ensemble (accuracy at mean confidence)")
-        axis.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy",
-                 title=f"{run.name}: round {last['round']}, ECE {last['ece']:.4f}")
+        axis.set(
+            xlim=(0, 1),
+            ylim=(0, 1),
+            xlabel="confidence",
+            ylabel="accuracy",
+            title=f"{run.name}: round {last['round']}, ECE {last['ece']:.4f}",
+        )
         axis.legend(handles=[*axis.get_legend_handles_labels()[0], *bar_legend], fontsize="small", loc="upper left")
     figure.savefig(path, dpi=DPI)
 
@@ -249,12 +269,21 @@ def reliability_bars(axis, bins: dict[str, list], bar_colour: str) -> list:
         if not count:
             continue
         centre, few = (number + 0.5) * width, count < FEW_EXAMPLES * total
-        axis.bar(centre, accuracy, width, color=bar_colour, alpha=0.3 if few else 1.0, edgecolor="black",
-                 linewidth=0.5)
-        axis.bar(centre, confidence - accuracy, width, bottom=accuracy, color="none", edgecolor="tab:red", hatch="//",
-                 linewidth=0.5)
-    return [Patch(facecolor=bar_colour, edgecolor="black", label=f"accuracy (pale: < {FEW_EXAMPLES:.0%} of the examples)"),
-            Patch(facecolor="none", edgecolor="tab:red", hatch="//", label="gap to mean confidence")]
+        axis.bar(centre, accuracy, width, color=bar_colour, alpha=0.3 if few else 1.0, edgecolor="black", linewidth=0.5)
+        axis.bar(
+            centre,
+            confidence - accuracy,
+            width,
+            bottom=accuracy,
+            color="none",
+            edgecolor="tab:red",
+            hatch="//",
+            linewidth=0.5,
+        )
+    return [
+        Patch(facecolor=bar_colour, edgecolor="black", label=f"accuracy (pale: < {FEW_EXAMPLES:.0%} of the examples)"),
+        Patch(facecolor="none", edgecolor="tab:red", hatch="//", label="gap to mean confidence"),
+    ]
 
 
 def plot_clients(runs: Sequence[Run], path: Path) -> None:
@@ -263,15 +292,28 @@ def plot_clients(runs: Sequence[Run], path: Path) -> None:
         rounds = [row["round"] for row in run.rows]
         accepted = [row.get("clients", 0) for row in run.rows]
         axis.bar(rounds, accepted, color="tab:green", label="accepted")
-        axis.bar(rounds, [row.get("clients_rejected", 0) for row in run.rows], bottom=accepted, color="tab:red",
-                 label="rejected or silent")
+        axis.bar(
+            rounds,
+            [row.get("clients_rejected", 0) for row in run.rows],
+            bottom=accepted,
+            color="tab:red",
+            label="rejected or silent",
+        )
         sent = [row.get("clients_sent", 0) for row in run.rows]
         axis.plot(rounds, sent, "_", color="black", markersize=16, markeredgewidth=2, label="sent work")
-        quarantined = [(number, len(row["quarantined"])) for number, row in zip(rounds, run.rows)
-                       if row.get("quarantined")]
+        quarantined = [
+            (number, len(row["quarantined"])) for number, row in zip(rounds, run.rows) if row.get("quarantined")
+        ]
         if quarantined:
-            axis.plot(*zip(*quarantined), "v", color="tab:purple", markersize=10, markeredgecolor="white", zorder=3,
-                      label="quarantined (sit out the next round)")
+            axis.plot(
+                *zip(*quarantined),
+                "v",
+                color="tab:purple",
+                markersize=10,
+                markeredgecolor="white",
+                zorder=3,
+                label="quarantined (sit out the next round)",
+            )
         axis.set(title=run.name, ylabel="clients")
         axis.set_ylim(0, 1.35 * max(sent + accepted) + 0.5)  # room for the legend above the bars
         integer_rounds(axis, integer_y=True)
@@ -284,7 +326,7 @@ def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
     seconds = {key: value or 0.0 for key, value in row.get("phase_seconds", {}).items()}
     seconds["last_reply"] = seconds.get("last_reply", 0.0) - seconds.get("first_reply", 0.0)
     labels = dict(SERVER_PHASES)
-    order = [key for key, _ in SERVER_PHASES] + sorted(set(seconds) - set(labels))
+    order: list[str] = [key for key, _ in SERVER_PHASES] + sorted(set(seconds) - set(labels))
     return {labels.get(key, key): seconds.get(key, 0.0) for key in order}
 
 
@@ -334,8 +376,9 @@ def plot_phases(runs: Sequence[Run], path: Path) -> None:
         integer_rounds(server_axis)
         integer_rounds(clients_axis)
     # the same phases in every column: one legend per row, beside its last panel
-    phase_legend(axes[0][-1], server_colours, [Line2D([], [], color="black", marker="*", linestyle="",
-                                                      label="round_seconds")])
+    phase_legend(
+        axes[0][-1], server_colours, [Line2D([], [], color="black", marker="*", linestyle="", label="round_seconds")]
+    )
     phase_legend(axes[1][-1], client_colours)
     figure.savefig(path, dpi=DPI)
 
@@ -344,9 +387,13 @@ PLOTS = (
     Plot("metrics.png", "Accuracy, NLL and ECE per round", plot_metrics),
     Plot("reliability.png", "Reliability diagram of the last round", plot_reliability),
     Plot("clients.png", "Clients per round", plot_clients),
-    Plot("phases.png", "Where each round's time went", plot_phases,
-         "A round's evaluation and the previous round's checkpoint run while the next round's clients train "
-         "(server/loop.py RoundFinisher), so the server's phases can add up to more than its round_seconds (★)."),
+    Plot(
+        "phases.png",
+        "Where each round's time went",
+        plot_phases,
+        "A round's evaluation and the previous round's checkpoint run while the next round's clients train "
+        "(server/loop.py RoundFinisher), so the server's phases can add up to more than its round_seconds (★).",
+    ),
 )
 
 
@@ -374,11 +421,13 @@ def summary(run: Run) -> dict[str, str]:
 def evaluation_summary(evaluated: dict[str, Any], last: dict[str, Any]) -> dict[str, str]:
     """The index's lines on the run's last evaluated row, saying which round that was when it is not the last, and
     on how many test examples when it is a subset (eval-fraction)."""
-    lines = {"last accuracy / NLL / ECE": f"{evaluated['accuracy']:.4f} / {evaluated['nll']:.4f} / "
-                                          f"{evaluated['ece']:.4f}"}
+    lines = {
+        "last accuracy / NLL / ECE": f"{evaluated['accuracy']:.4f} / {evaluated['nll']:.4f} / {evaluated['ece']:.4f}"
+    }
     if "accuracy_ensemble" in evaluated:
-        lines["ensemble"] = (f"{evaluated['accuracy_ensemble']:.4f} / {evaluated['nll_ensemble']:.4f} / "
-                             f"{evaluated['ece_ensemble']:.4f}")
+        lines["ensemble"] = (
+            f"{evaluated['accuracy_ensemble']:.4f} / {evaluated['nll_ensemble']:.4f} / {evaluated['ece_ensemble']:.4f}"
+        )
     if evaluated is not last or evaluated.get("eval_fraction", 1.0) < 1:
         lines["evaluated"] = f"round {evaluated['round']}, on {evaluated.get('eval_examples', '?')} test examples"
     return lines
@@ -388,8 +437,10 @@ def table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[str], bool]]
     """An HTML table; each row is (label, one cell per run, whether the runs differ there)."""
     head = "".join(f"<th>{html.escape(text)}</th>" for text in header)
     body = "".join(
-        ('<tr class="differs">' if differs else "<tr>") + f"<th>{html.escape(label)}</th>"
-        + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>"
+        ('<tr class="differs">' if differs else "<tr>")
+        + f"<th>{html.escape(label)}</th>"
+        + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells)
+        + "</tr>"
         for label, cells, differs in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -400,8 +451,11 @@ def settings_rows(runs: Sequence[Run]) -> list[tuple[str, list[str], bool]]:
     keys = list(dict.fromkeys(key for run in runs for key in (run.settings or {})))
     rows = []
     for key in keys:
-        known = [json.dumps(run.settings[key]) if key in run.settings else "(default)" for run in runs
-                 if run.settings is not None]
+        known = [
+            json.dumps(run.settings[key]) if key in run.settings else "(default)"
+            for run in runs
+            if run.settings is not None
+        ]
         cells = iter(known)
         rows.append((key, ["—" if run.settings is None else next(cells) for run in runs], len(set(known)) > 1))
     return rows
@@ -410,12 +464,16 @@ def settings_rows(runs: Sequence[Run]) -> list[tuple[str, list[str], bool]]:
 def render_index(runs: Sequence[Run]) -> str:
     names = [run.name for run in runs]
     summaries = [summary(run) for run in runs]
-    overview = [(label, [lines.get(label, "") for lines in summaries], False)
-                for label in dict.fromkeys(label for lines in summaries for label in lines)]
-    figures = "".join(f'<h2>{html.escape(plot.title)}</h2>\n'
-                      + (f"<p>{html.escape(plot.note)}</p>\n" if plot.note else "")
-                      + f'<img src="{plot.file}" alt="{html.escape(plot.title)}">\n'
-                      for plot in PLOTS)
+    overview = [
+        (label, [lines.get(label, "") for lines in summaries], False)
+        for label in dict.fromkeys(label for lines in summaries for label in lines)
+    ]
+    figures = "".join(
+        f"<h2>{html.escape(plot.title)}</h2>\n"
+        + (f"<p>{html.escape(plot.note)}</p>\n" if plot.note else "")
+        + f'<img src="{plot.file}" alt="{html.escape(plot.title)}">\n'
+        for plot in PLOTS
+    )
     title = f"fedbayes report: {', '.join(names)}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -49,8 +49,14 @@ def compute_slot() -> Iterator[None]:
         waiting_since, warned = time.monotonic(), False
         while not any(_try_lock(descriptor) for descriptor in files):
             if not warned and time.monotonic() - waiting_since > SLOT_WARN_SECONDS:
-                log(WARNING, "this ClientApp has waited %.0f s for one of the machine's %d compute slots (%s): the "
-                    "other ClientApps of this machine still compute, or one is stuck", SLOT_WARN_SECONDS, count, SLOTS_ENV)
+                log(
+                    WARNING,
+                    "this ClientApp has waited %.0f s for one of the machine's %d compute slots (%s): the "
+                    "other ClientApps of this machine still compute, or one is stuck",
+                    SLOT_WARN_SECONDS,
+                    count,
+                    SLOTS_ENV,
+                )
                 warned = True
             time.sleep(SLOT_POLL_SECONDS)
         yield

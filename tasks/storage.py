@@ -1,10 +1,18 @@
-"""Crash-safe file writes and links, shared by the client state store and the server checkpoints."""
+"""Crash-safe file writes and links, shared by the client state store and the server checkpoints, and the checksum
+of a safetensors file's tensors and metadata (server checkpoints, exported posteriors)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
+
+CHECKSUM_KEY = "checksum"  # the metadata entry that holds the file's `checksum`
 
 
 def write_atomically(path: Path, payload: bytes) -> None:
@@ -51,3 +59,21 @@ def is_safe_name(name: str) -> bool:
     """Whether `name` may name a directory or file of ours (a federation, a client id): [A-Za-z0-9._-]+, not "." or
     "..", so it can neither climb out of the folder it is put in nor hide in it."""
     return bool(name) and name.isascii() and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")
+
+
+def checksum(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and values and every metadata entry but the checksum."""
+    description = json.dumps(
+        {
+            "tensors": [[name, tensors[name].dtype.name, list(tensors[name].shape)] for name in sorted(tensors)],
+            "metadata": {key: value for key, value in metadata.items() if key != CHECKSUM_KEY},
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(description.encode())
+    for name in sorted(tensors):
+        value = tensors[name]
+        # the bytes as the file holds them: safetensors stores little-endian
+        # numpy's stubs give ndarray its buffer protocol (__buffer__) only from Python 3.12 on; it has one here too
+        digest.update(np.require(value, value.dtype.newbyteorder("<"), requirements="C"))  # type: ignore[arg-type]
+    return digest.hexdigest()

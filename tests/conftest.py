@@ -23,8 +23,12 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 TESTS = Path(__file__).resolve().parent
-TIERS = {"unit": ("unit",), "component": ("component",), "integration": ("integration",),
-         "system": ("system", "integration")}  # directory -> the markers of its tests
+TIERS = {
+    "unit": ("unit",),
+    "component": ("component",),
+    "integration": ("integration",),
+    "system": ("system", "integration"),
+}  # directory -> the markers of its tests
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -38,11 +38,21 @@ README_LINES = 150
 NODE_CONFIG_KEYS = ("partition-id", "num-partitions", "data-path", "state-dir", "client-id", "device")
 FEDERATION_CONFIG_KEYS = ("num-supernodes", "client-resources-num-cpus", "client-resources-num-gpus")
 # The modules whose docstring examples CI runs (the public API the docs render).
-DOCTEST_MODULES = ("fedbayes.strategies", "fedbayes.tasks.config", "fedbayes.protos.codec",
-                   "fedbayes.posterior.uncertainty")
+DOCTEST_MODULES = (
+    "fedbayes.strategies",
+    "fedbayes.tasks.config",
+    "fedbayes.protos.codec",
+    "fedbayes.posterior.uncertainty",
+)
 # The algorithm page of each strategy's hyperparameters.
-ALGORITHM_PAGES = {"fedprox": "fedavg.md", "bayesadmm": "bayesadmm.md", "feddyn": "feddyn.md", "fedlap": "fedlap.md",
-                   "fedpa": "fedpa.md", "dsvgd": "dsvgd.md"}
+ALGORITHM_PAGES = {
+    "fedprox": "fedavg.md",
+    "bayesadmm": "bayesadmm.md",
+    "feddyn": "feddyn.md",
+    "fedlap": "fedlap.md",
+    "fedpa": "fedpa.md",
+    "dsvgd": "dsvgd.md",
+}
 
 
 # ---- reading the pages ---------------------------------------------------------------------------------------
@@ -90,8 +100,11 @@ def subcommands() -> set[str]:
 def fedbayes_invocations(command: list[str], names: set[str]) -> list[list[str]]:
     """`fedbayes SUBCOMMAND ...` inside a command (after environment assignments, in `docker run IMAGE fedbayes ...`
     or `~/venv/bin/fedbayes ...`): its arguments, from the subcommand on."""
-    return [command[index + 1:] for index, word in enumerate(command[:-1])
-            if (word == "fedbayes" or word.endswith("/fedbayes")) and command[index + 1] in names]
+    return [
+        command[index + 1 :]
+        for index, word in enumerate(command[:-1])
+        if (word == "fedbayes" or word.endswith("/fedbayes")) and command[index + 1] in names
+    ]
 
 
 def documented_invocations() -> list[tuple[str, list[str]]]:
@@ -116,6 +129,7 @@ class Parsed(Exception):
 
 def capture_parser() -> argparse.ArgumentParser:
     """The `fedbayes` parser as fedbayes.deploy.cli.main builds it (main parses before it runs anything)."""
+
     def stop(parser, args=None, namespace=None):
         raise Parsed(parser)
 
@@ -167,9 +181,14 @@ def run_config_overrides(argv: list[str], namespace) -> dict[str, object]:
 
 # ---- the tests ---------------------------------------------------------------------------------------------------
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
-                           "--site-dir", str(site)], cwd=config.parent, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
 
 
 def test_the_site_builds_strictly_with_every_page_and_the_api_reference(tmp_path):
@@ -178,8 +197,12 @@ def test_the_site_builds_strictly_with_every_page_and_the_api_reference(tmp_path
     configuration = (tmp_path / "site" / "reference" / "configuration" / "index.html").read_text()
     assert all(f"<code>{name}</code>" in configuration for name in declared_keys())
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
-    for identifier in ("fedbayes.strategies.base.WireStrategy", "fedbayes.protos.codec.decode",
-                       "fedbayes.posterior.load", "fedbayes.client.core.ClientHalf"):
+    for identifier in (
+        "fedbayes.strategies.base.WireStrategy",
+        "fedbayes.protos.codec.decode",
+        "fedbayes.posterior.load",
+        "fedbayes.client.core.ClientHalf",
+    ):
         assert f'id="{identifier}"' in api, identifier
     assert (tmp_path / "site" / "assets" / "benchmarks" / "table1" / "table1-seed0.png").is_file()
 
@@ -213,9 +236,10 @@ def test_the_readme_is_short_and_keeps_the_test_command():
 
 def test_the_simulation_command_is_the_same_in_the_readme_and_the_docs():
     """tests/test_simulation.py runs the README's; the docs page must show that one."""
+
     def command_after(text: str, heading: str) -> str:
         text = "\n" + text
-        return fenced_blocks(text[text.index(f"\n{heading}\n"):], ("sh",))[0]
+        return fenced_blocks(text[text.index(f"\n{heading}\n") :], ("sh",))[0]
 
     readme = command_after(README.read_text(), "### Simulation (Ray, many virtual clients)")
     docs = command_after((DOCS / "running" / "simulation.md").read_text(), "# Simulation: many virtual clients")
@@ -225,8 +249,18 @@ def test_the_simulation_command_is_the_same_in_the_readme_and_the_docs():
 def test_every_fedbayes_command_in_the_docs_parses():
     invocations = documented_invocations()
     assert len(invocations) >= 40, "the pages' commands were not found"
-    assert {argv[0] for _, argv in invocations} >= {"local", "run", "client", "pki", "forget", "export", "predict",
-                                                      "report", "partitions", "export-partitions"}
+    assert {argv[0] for _, argv in invocations} >= {
+        "local",
+        "run",
+        "client",
+        "pki",
+        "forget",
+        "export",
+        "predict",
+        "report",
+        "partitions",
+        "export-partitions",
+    }
     failures = []
     for page, argv in invocations:
         try:
@@ -271,7 +305,7 @@ def test_every_run_config_key_the_docs_name_is_declared():
 @pytest.mark.parametrize("strategy", sorted(ALGORITHM_PAGES))
 def test_each_algorithm_page_explains_every_hyperparameter(strategy):
     page = (DOCS / "algorithms" / ALGORITHM_PAGES[strategy]).read_text()
-    table = page[page.index("## Hyperparameters"):]
+    table = page[page.index("## Hyperparameters") :]
     missing = [key.name for key in get_algorithm(strategy).hyperparameters if f"`{key.name}`" not in table]
     assert not missing, f"docs/algorithms/{ALGORITHM_PAGES[strategy]} does not explain {missing}"
 

@@ -18,7 +18,10 @@ args = parser.parse_args()
 with open("pyproject.toml", "rb") as pyproject:
     dependencies = tomllib.load(pyproject)["project"]["dependencies"]
 for requirement in dependencies:
-    name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+    match = re.match(r"[A-Za-z0-9_.-]+", requirement)
+    if match is None:
+        raise SystemExit(f"pyproject.toml: a dependency without a name: {requirement!r}")
+    name = match.group(0).lower()
     if name == "torchvision":
         continue
     if name == "torch" and args.torch:

@@ -3,21 +3,31 @@ the durable store."""
 
 from __future__ import annotations
 
-
 import math
 import time
+from typing import Any
+
 import torch
+
 from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.ivon import IVONWithPrior
-from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
-from fedbayes.bayes.params import TensorLayout
-from fedbayes.strategies.bayesadmm.math import Duals, FAMILIES, delta_objective, dual_step, newton_client_step, precision_from_wire, precision_layout, precision_to_wire, unit_precision
-
+from fedbayes.strategies.bayesadmm.math import (
+    FAMILIES,
+    Duals,
+    delta_objective,
+    dual_step,
+    newton_client_step,
+    precision_from_wire,
+    precision_layout,
+    precision_to_wire,
+    unit_precision,
+)
 
 MIN_NEWTON_STEP = 1e-6
 IVON_PREFIX = "ivon_"  # IVON's carried state in the durable store: ivon_momentum, ivon_hess, ivon_step
@@ -33,8 +43,10 @@ def local_update(local: LocalRound) -> LocalResult:
     """Alg. 1 lines 4-6 on this client; duals and IVON state persist in the durable store."""
     instruction, runtime, stored = local.instruction, local.runtime, local.stored
     family = instruction.family
-    global_ = Gaussian(torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout)),
-                       precision_from_wire(local.tensors["global_precision"], family, runtime.layout))
+    global_ = Gaussian(
+        torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout)),
+        precision_from_wire(local.tensors["global_precision"], family, runtime.layout),
+    )
     duals = _stored_duals(stored, global_)
     torch.manual_seed(training_seed(local))
     train = {"isotropic": _train_isotropic, "full": _train_full, "diagonal": _train_ivon}[family]
@@ -71,11 +83,16 @@ def _stored_duals(stored: ClientState | None, global_: Gaussian) -> Duals:
     (P,) for the diagonal family, (P, P) for the full one and a zero scalar for the isotropic one."""
     shapes = {"dual_mean": global_.mean.shape, "dual_precision": global_.precision.shape}
     if stored is None:
-        return Duals(torch.zeros(shapes["dual_mean"], dtype=torch.float64),
-                     torch.zeros(shapes["dual_precision"], dtype=torch.float64), 0)
+        return Duals(
+            torch.zeros(shapes["dual_mean"], dtype=torch.float64),
+            torch.zeros(shapes["dual_precision"], dtype=torch.float64),
+            0,
+        )
     for name, shape in shapes.items():
         if stored.tensors[name].shape != shape:
-            raise ValueError(f"stored {name} has shape {tuple(stored.tensors[name].shape)}, this run needs {tuple(shape)}")
+            raise ValueError(
+                f"stored {name} has shape {tuple(stored.tensors[name].shape)}, this run needs {tuple(shape)}"
+            )
     return Duals(stored.tensors["dual_mean"].double(), stored.tensors["dual_precision"].double(), stored.round)
 
 
@@ -86,31 +103,47 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
     ess = num_examples / (instruction.rho * instruction.temperature)
     model = runtime.model.to(runtime.device)
     optimizer = IVONWithPrior(
-        model.parameters(), lr=instruction.training.learning_rate, ess=ess, hess_init=instruction.hess_init,
-        beta1=instruction.beta1, beta2=instruction.beta2, mc_samples=instruction.mc_samples,
+        model.parameters(),
+        lr=instruction.training.learning_rate,
+        ess=ess,
+        hess_init=instruction.hess_init,
+        beta1=instruction.beta1,
+        beta2=instruction.beta2,
+        mc_samples=instruction.mc_samples,
         rescale_lr=instruction.rescale_lr,
     )
-    device_dtype = dict(device=runtime.device, dtype=torch.float32)
+    device_dtype: dict[str, Any] = dict(device=runtime.device, dtype=torch.float32)
     optimizer.set_prior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
     scale = instruction.temperature / num_examples
     optimizer.set_lagrange((scale * duals.mean).to(**device_dtype), (scale * duals.precision).to(**device_dtype))
     if stored is not None and f"{IVON_PREFIX}hess" in stored.tensors:  # IVON's state carries over between rounds
-        optimizer.carry_on({name.removeprefix(IVON_PREFIX): value for name, value in stored.tensors.items()
-                            if name.startswith(IVON_PREFIX)})
+        optimizer.carry_on(
+            {
+                name.removeprefix(IVON_PREFIX): value
+                for name, value in stored.tensors.items()
+                if name.startswith(IVON_PREFIX)
+            }
+        )
     if instruction.reset_posterior and stored is not None:  # start at q̄, as the reference code does
         optimizer.set_posterior(global_.mean.to(**device_dtype), global_.precision.to(**device_dtype))
     else:  # start at m̄ with IVON's own Hessian estimate (h0 in a client's first round)
         optimizer.set_posterior(global_.mean.to(**device_dtype), optimizer.posterior()[1])
     loss_and_seconds = train_epochs(
-        model, runtime.data, optimizer, instruction.training.epochs, instruction.training.batch_size,
-        runtime.device, seed=training_seed(local),
-        sampled_weights=lambda: optimizer.sampled_params(train=True), mc_samples=instruction.mc_samples,
+        model,
+        runtime.data,
+        optimizer,
+        instruction.training.epochs,
+        instruction.training.batch_size,
+        runtime.device,
+        seed=training_seed(local),
+        sampled_weights=lambda: optimizer.sampled_params(train=True),
+        mc_samples=instruction.mc_samples,
     )
     mean, precision = optimizer.posterior()
     state = {f"{IVON_PREFIX}{name}": value for name, value in optimizer.carried_state().items()}
     model.cpu()
-    local = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
-    return local, loss_and_seconds, state
+    fitted = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
+    return fitted, loss_and_seconds, state
 
 
 def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):
@@ -131,20 +164,20 @@ def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):
 
     objective = delta_objective(tempered_loss_sum, global_, duals, instruction.rho)
     started = time.perf_counter()
-    local, value = global_, objective(global_.mean)
+    fitted, value = global_, objective(global_.mean)
     for _ in range(instruction.training.epochs):
         step_size = instruction.training.learning_rate
         while True:
-            candidate = newton_client_step(tempered_loss_sum, global_, duals, instruction.rho, local, step_size)
+            candidate = newton_client_step(tempered_loss_sum, global_, duals, instruction.rho, fitted, step_size)
             candidate_value = objective(candidate.mean)
             if candidate_value <= value or step_size < MIN_NEWTON_STEP:  # the latter: converged to round-off
                 break
             step_size /= 2
-        local, value = candidate, candidate_value
-    local = Gaussian(local.mean, 0.5 * (local.precision + local.precision.T))  # exact symmetry for the wire
+        fitted, value = candidate, candidate_value
+    fitted = Gaussian(fitted.mean, 0.5 * (fitted.precision + fitted.precision.T))  # exact symmetry for the wire
     seconds = time.perf_counter() - started
-    train_loss = tempered_loss_sum(local.mean).item() * instruction.temperature / max(len(labels), 1)
-    return local, (train_loss, seconds), {}
+    train_loss = tempered_loss_sum(fitted.mean).item() * instruction.temperature / max(len(labels), 1)
+    return fitted, (train_loss, seconds), {}
 
 
 def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):
@@ -165,9 +198,14 @@ def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):
         return (dual @ theta + 0.5 * instruction.rho * (theta - anchor).square().sum()) / num_examples
 
     loss_and_seconds = train_epochs(
-        model, runtime.data, make_optimizer(model, instruction.training), instruction.training.epochs,
-        instruction.training.batch_size, runtime.device,
-        seed=training_seed(local), extra_loss=admm_terms,
+        model,
+        runtime.data,
+        make_optimizer(model, instruction.training),
+        instruction.training.epochs,
+        instruction.training.batch_size,
+        runtime.device,
+        seed=training_seed(local),
+        extra_loss=admm_terms,
     )
     mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
     model.cpu()

@@ -3,16 +3,16 @@ influence, forgetting at the fixed point, and how a family's precision is shaped
 
 from __future__ import annotations
 
-
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+
 import numpy as np
 import torch
-from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
-from fedbayes.bayes.params import flatten, unflatten
-from fedbayes.bayes.robust import part_clip_factors
-from fedbayes.bayes.params import TensorLayout, Tensors
 
+from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
+from fedbayes.bayes.params import TensorLayout, Tensors, flatten, unflatten
+from fedbayes.bayes.robust import part_clip_factors
 
 DUAL_CHECK_RTOL = 1e-5  # per entry, of the magnitudes that make it: float32 transport rounds each to ~6e-8
 
@@ -38,8 +38,9 @@ def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, ser
     )
 
 
-def server_natural(locals_: list[Gaussian], all_duals: list[Duals], rho: float,
-                   prior_precision: float) -> tuple[torch.Tensor, torch.Tensor]:
+def server_natural(
+    locals_: list[Gaussian], all_duals: list[Duals], rho: float, prior_precision: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Alg. 1 lines 9-11 / Eqs. 37-38 for any family, in natural parameters: (S̄ m̄, S̄). `locals_`: this round's
     replies; `all_duals`: every known client's duals (K = len(all_duals))."""
     alpha = 1.0 / (1.0 + rho * len(all_duals))
@@ -57,8 +58,9 @@ def server_step(locals_: list[Gaussian], all_duals: list[Duals], rho: float, pri
     return Gaussian(solve(precision, eta), precision)
 
 
-def fixed_point_natural(all_duals: list[Duals], prior_precision: float,
-                        like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fixed_point_natural(
+    all_duals: list[Duals], prior_precision: float, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. 37-38 at the fixed point (../shared/specs/forget.md): where Eq. 36 stands still, every S_k = S̄ and
     S_k m_k = S̄ m̄, so S̄ = (1-α) S̄ + α [δI + Σ U_k] whatever α: (S̄ m̄, S̄) = (Σ_k v_k, δI + Σ_k U_k) over
     `all_duals`. `like`: a precision of the family's shape."""
@@ -86,10 +88,14 @@ def replay_tolerance(previous: Duals, local: Gaussian, global_: Gaussian, step: 
     """Per entry, how far a reported dual may lie from the server's replay of Eq. 36: DUAL_CHECK_RTOL of the
     magnitudes that make the entry (old dual, γ·local, γ·global, the result), since each crossed the wire as
     float32. Per entry: a tolerance scaled by a tensor's largest entry let one huge entry hide errors in the rest."""
-    mean = previous.mean.abs() + step * (natural_mean_magnitude(local) + natural_mean_magnitude(global_)) \
+    mean = (
+        previous.mean.abs()
+        + step * (natural_mean_magnitude(local) + natural_mean_magnitude(global_))
         + reported.mean.abs()
-    precision = previous.precision.abs() + step * (local.precision.abs() + global_.precision.abs()) \
-        + reported.precision.abs()
+    )
+    precision = (
+        previous.precision.abs() + step * (local.precision.abs() + global_.precision.abs()) + reported.precision.abs()
+    )
     return Duals(DUAL_CHECK_RTOL * mean + 1e-30, DUAL_CHECK_RTOL * precision + 1e-30)
 
 
@@ -112,8 +118,9 @@ def tempered_duals(all_duals: list[Duals], clip_ratio: float) -> list[Duals]:
     return [Duals(f * d.mean, f * d.precision, d.round) for f, d in zip(factors, all_duals)]
 
 
-def bounded_influence(locals_: list[Gaussian], all_duals: list[Duals], global_: Gaussian,
-                      clip_ratio: float) -> tuple[list[Gaussian], list[Duals]]:
+def bounded_influence(
+    locals_: list[Gaussian], all_duals: list[Duals], global_: Gaussian, clip_ratio: float
+) -> tuple[list[Gaussian], list[Duals]]:
     """What the clip rule feeds the server step: duals tempered to at most clip-ratio x the median dual (in
     natural parameters), and local posteriors moved towards q̄, in natural parameters, to at most clip-ratio x the
     median distance of the round's."""
@@ -122,8 +129,7 @@ def bounded_influence(locals_: list[Gaussian], all_duals: list[Duals], global_: 
     eta_offsets = [q.natural()[0] - global_eta for q in locals_]
     precision_offsets = [q.precision - global_.precision for q in locals_]
     moved = []
-    for f, eta, precision in zip(tempering(eta_offsets, precision_offsets, clip_ratio), eta_offsets,
-                                 precision_offsets):
+    for f, eta, precision in zip(tempering(eta_offsets, precision_offsets, clip_ratio), eta_offsets, precision_offsets):
         precision = global_.precision + f * precision  # between S̄ and S_k: positive definite like both
         moved.append(Gaussian(solve(precision, global_eta + f * eta), precision))
     return moved, duals
@@ -193,7 +199,7 @@ def precision_to_wire(precision: torch.Tensor, family: str, layout: TensorLayout
     return unflatten(precision.numpy(), layout)
 
 
-def precision_from_wire(arrays: Tensors, family: str, layout: TensorLayout) -> torch.Tensor:
+def precision_from_wire(arrays: Mapping[str, np.ndarray], family: str, layout: TensorLayout) -> torch.Tensor:
     if family == "isotropic":
         return unit_precision()
     wire_layout = precision_layout(family, layout)

@@ -17,13 +17,33 @@ from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, GlobalPosterior, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update,
+    ForgetRefused,
+    Forgotten,
+    GlobalPosterior,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
     local_training,
 )
 from fedbayes.strategies.bayesadmm.math import (
-    DUAL_CHECK_RTOL, Duals, as_sent, bounded_influence, dual_step, fixed_point_natural, fixed_point_residual,
-    mean_log_precision, precision_from_wire, precision_layout, precision_summary, precision_to_wire, replay_tolerance,
-    server_natural, tempered_duals, unit_precision,
+    DUAL_CHECK_RTOL,
+    Duals,
+    as_sent,
+    bounded_influence,
+    dual_step,
+    fixed_point_natural,
+    fixed_point_residual,
+    mean_log_precision,
+    precision_from_wire,
+    precision_layout,
+    precision_summary,
+    precision_to_wire,
+    replay_tolerance,
+    server_natural,
+    tempered_duals,
+    unit_precision,
 )
 from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
 from fedbayes.tasks.config import ConfigError, RunSettings
@@ -82,25 +102,41 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             return as_sent(Gaussian(mean, delta * torch.eye(self.size, dtype=torch.float64)))
         return as_sent(Gaussian(mean, torch.full_like(mean, delta)))
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[pb.BayesADMMInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[pb.BayesADMMInstruction, TensorGroups]:
         if self.state.global_ is None:
             self.state = replace(self.state, global_=self._initial_global(arrays))
         hp = self.hyperparameters
         instruction = pb.BayesADMMInstruction(
-            training=local_training(self.settings, server_round), family=self.family,
-            rho=hp.rho, dual_step=self.dual_step_size, temperature=hp.temperature, hess_init=hp.hess_init,
-            beta1=hp.beta1, beta2=hp.beta2, mc_samples=hp.mc_samples, rescale_lr=hp.rescale_lr,
-            reset_posterior=hp.reset_posterior, shared_noise=hp.noise == "shared", noise_seed=self.settings.seed,
+            training=local_training(self.settings, server_round),
+            family=self.family,
+            rho=hp.rho,
+            dual_step=self.dual_step_size,
+            temperature=hp.temperature,
+            hess_init=hp.hess_init,
+            beta1=hp.beta1,
+            beta2=hp.beta2,
+            mc_samples=hp.mc_samples,
+            rescale_lr=hp.rescale_lr,
+            reset_posterior=hp.reset_posterior,
+            shared_noise=hp.noise == "shared",
+            noise_seed=self.settings.seed,
         )
-        tensors = {"global_mean": unflatten(self.global_.mean.numpy(), self.layout),
-                   "global_precision": precision_to_wire(self.global_.precision, self.family, self.layout)}
+        tensors = {
+            "global_mean": unflatten(self.global_.mean.numpy(), self.layout),
+            "global_precision": precision_to_wire(self.global_.precision, self.family, self.layout),
+        }
         return instruction, tensors
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
         precision_wire = precision_layout(self.family, self.layout)
-        return {"local_mean": self.layout, "local_precision": precision_wire,
-                "dual_mean": self.layout, "dual_precision": precision_wire}
+        return {
+            "local_mean": self.layout,
+            "local_precision": precision_wire,
+            "dual_mean": self.layout,
+            "dual_precision": precision_wire,
+        }
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[BayesADMMState]:
         locals_ = [self._local_posterior(payload) for payload in payloads]
@@ -108,8 +144,9 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         used_locals, used_duals = locals_, list(duals.values())
         if self.settings.robust_aggregation == "clip":
             used_locals, used_duals = bounded_influence(locals_, used_duals, self.global_, self.settings.clip_ratio)
-        eta, precision = server_natural(used_locals, used_duals, self.hyperparameters.rho,
-                                        self.hyperparameters.prior_precision)
+        eta, precision = server_natural(
+            used_locals, used_duals, self.hyperparameters.rho, self.hyperparameters.prior_precision
+        )
         problem = self._precision_problem(precision)  # before the solve: a singular S̄ must not raise there
         if problem:
             raise RoundRejected(problem)
@@ -117,8 +154,11 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         problem = self._global_problem(updated)
         if problem:
             raise RoundRejected(problem)
-        return Update(updated.mean.numpy(), BayesADMMState(updated, duals),
-                      {"known-clients": len(duals), **precision_summary(updated)})
+        return Update(
+            updated.mean.numpy(),
+            BayesADMMState(updated, duals),
+            {"known-clients": len(duals), **precision_summary(updated)},
+        )
 
     def forget(self, client: str) -> Forgotten[BayesADMMState]:
         """Drop client k's duals and rebuild q̄ at the fixed point from the remaining ones, S̄' = δI + Σ_{j≠k} U_j,
@@ -134,18 +174,25 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             forgotten = as_sent(Gaussian(solve(precision, eta), unit_precision() if self.isotropic else precision))
             problem = self._global_problem(forgotten)
         if problem is not None:
-            raise ForgetRefused(f"without client {client!r}, {problem.split(';')[0]}: the remaining duals are not yet "
-                                f"sites (q̄ is {residual:.2g} from its duals' fixed point); run more rounds first, "
-                                "or retrain")
+            raise ForgetRefused(
+                f"without client {client!r}, {problem.split(';')[0]}: the remaining duals are not yet "
+                f"sites (q̄ is {residual:.2g} from its duals' fixed point); run more rounds first, "
+                "or retrain"
+            )
         kl = None if self.isotropic else kl_divergence(self.global_, forgotten)
-        what = {"full": "exact for a quadratic loss, one Newton step on the remaining data for cross-entropy",
-                "diagonal": "the sites of IVON's approximate fixed point: an estimate",
-                "isotropic": "θ̄' = Σ v_j/δ, one gradient step of size 1/δ on the remaining objective"}[self.family]
-        note = (f"q̄ from the {len(duals)} remaining clients' duals at the fixed point ({what}); q̄ was {residual:.2g} "
-                f"from its duals' fixed point; refinement rounds move it to the fixed point without {client!r}")
+        what = {
+            "full": "exact for a quadratic loss, one Newton step on the remaining data for cross-entropy",
+            "diagonal": "the sites of IVON's approximate fixed point: an estimate",
+            "isotropic": "θ̄' = Σ v_j/δ, one gradient step of size 1/δ on the remaining objective",
+        }[self.family]
+        note = (
+            f"q̄ from the {len(duals)} remaining clients' duals at the fixed point ({what}); q̄ was {residual:.2g} "
+            f"from its duals' fixed point; refinement rounds move it to the fixed point without {client!r}"
+        )
         # exact only for a quadratic loss, which no client here trains (the full family's is cross-entropy)
-        return Forgotten(forgotten.mean.numpy(), BayesADMMState(forgotten, duals), exact=False, kl_before_after=kl,
-                         note=note)
+        return Forgotten(
+            forgotten.mean.numpy(), BayesADMMState(forgotten, duals), exact=False, kl_before_after=kl, note=note
+        )
 
     def _summed_duals(self, duals: dict[str, Duals]) -> list[Duals]:
         """The duals as the server step sums them: tempered under the `clip` rule."""
@@ -172,19 +219,25 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
                 raise PayloadError("field 'local_precision': the precision matrix is not positive definite")
         elif not self.isotropic and (local.precision <= 0).any():
             raise PayloadError(f"field 'local_precision': {(local.precision <= 0).sum().item()} precisions are <= 0")
-        previous = self.state.duals[payload.header.client_id] if payload.reply.resumed_from_round else Duals(
-            torch.zeros_like(local.mean), torch.zeros_like(self.global_.precision))
+        previous = (
+            self.state.duals[payload.header.client_id]
+            if payload.reply.resumed_from_round
+            else Duals(torch.zeros_like(local.mean), torch.zeros_like(self.global_.precision))
+        )
         expected = dual_step(previous, local, self.global_, self.dual_step_size, payload.header.server_round)
         reported = self._reported_duals(payload, payload.header.server_round)
         tolerance = replay_tolerance(previous, local, self.global_, self.dual_step_size, reported)
-        for name, mine, theirs, allowed in (("dual_mean", expected.mean, reported.mean, tolerance.mean),
-                                            ("dual_precision", expected.precision, reported.precision,
-                                             tolerance.precision)):
+        for name, mine, theirs, allowed in (
+            ("dual_mean", expected.mean, reported.mean, tolerance.mean),
+            ("dual_precision", expected.precision, reported.precision, tolerance.precision),
+        ):
             excess = ((mine - theirs).abs() / allowed).max().item()
             if excess > 1.0:
-                raise PayloadError(f"field '{name}': differs from the server's replay of the dual step by "
-                                   f"{excess:.3g} times the tolerance of an entry ({DUAL_CHECK_RTOL:g} of the "
-                                   "magnitudes that make it)")
+                raise PayloadError(
+                    f"field '{name}': differs from the server's replay of the dual step by "
+                    f"{excess:.3g} times the tolerance of an entry ({DUAL_CHECK_RTOL:g} of the "
+                    "magnitudes that make it)"
+                )
 
     def _local_posterior(self, payload: Payload) -> Gaussian:
         mean = torch.from_numpy(flatten(payload.tensors["local_mean"], self.layout))
@@ -196,22 +249,28 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         mean = torch.from_numpy(flatten(payload.tensors["dual_mean"], self.layout))
         if self.isotropic:
             return Duals(mean, torch.tensor(0.0, dtype=torch.float64), server_round)
-        return Duals(mean, precision_from_wire(payload.tensors["dual_precision"], self.family, self.layout),
-                     server_round)
+        return Duals(
+            mean, precision_from_wire(payload.tensors["dual_precision"], self.family, self.layout), server_round
+        )
 
     def save_state(self, state: BayesADMMState) -> ServerState:
         """q̄ and every known client's duals (with the round they were last updated in), in float64."""
         saved = ServerState()
         if state.global_ is not None:
-            saved.tensors |= {"global_mean": state.global_.mean.numpy(), "global_precision": state.global_.precision.numpy()}
+            saved.tensors |= {
+                "global_mean": state.global_.mean.numpy(),
+                "global_precision": state.global_.precision.numpy(),
+            }
             saved.add_per_client("duals", state.duals)
         return saved
 
     def load_state(self, saved: ServerState) -> BayesADMMState:
         if "global_mean" not in saved.tensors:
             return BayesADMMState()
-        global_ = Gaussian(torch.from_numpy(saved.tensors["global_mean"].copy()),
-                           torch.from_numpy(saved.tensors["global_precision"].copy()))
+        global_ = Gaussian(
+            torch.from_numpy(saved.tensors["global_mean"].copy()),
+            torch.from_numpy(saved.tensors["global_precision"].copy()),
+        )
         return BayesADMMState(global_, saved.per_client("duals", Duals))
 
     def _global_problem(self, q: Gaussian) -> str | None:
@@ -227,11 +286,15 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         if not torch.isfinite(precision).all():
             return "the global precision would be non-finite"
         if self.family == "full" and torch.linalg.cholesky_ex(precision).info != 0:
-            return ("the global precision matrix would not be positive definite; lower dual-damping "
-                    "or raise prior-precision")
+            return (
+                "the global precision matrix would not be positive definite; lower dual-damping "
+                "or raise prior-precision"
+            )
         if self.family == "diagonal" and (precision <= 0).any():
-            return (f"{(precision <= 0).sum().item()} global precisions would be <= 0; lower "
-                    "dual-damping or raise prior-precision")
+            return (
+                f"{(precision <= 0).sum().item()} global precisions would be <= 0; lower "
+                "dual-damping or raise prior-precision"
+            )
         return None
 
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
@@ -243,8 +306,10 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
 
     def global_posterior(self) -> GlobalPosterior:
         if self.isotropic:
-            return GlobalPosterior("a point estimate m̄: federated ADMM fixes the covariance at the identity, a device "
-                                   "of the algorithm, not a learnt posterior")
+            return GlobalPosterior(
+                "a point estimate m̄: federated ADMM fixes the covariance at the identity, a device "
+                "of the algorithm, not a learnt posterior"
+            )
         if self.state.global_ is None:
             return super().global_posterior()
         return GlobalPosterior(f"q̄ = N(m̄, S̄⁻¹) with a {self.family} precision S̄ (BayesADMM Alg. 1)", self.global_)

@@ -21,5 +21,9 @@ class BayesADMMSettings:
     mc_samples: int = key(1, "IVON's weight samples per step", AT_LEAST_ONE)
     rescale_lr: bool = key(False, "IVON's rescale_lr")
     reset_posterior: bool = key(True, "start IVON's posterior at q̄ every round (the reference code does)")
-    noise: str = key("shared", "shared: every client draws IVON's weight noise and its minibatch order from the run "
-        "seed, the same in every round (the reference code); independent: per client and round", choices=("shared", "independent"))
+    noise: str = key(
+        "shared",
+        "shared: every client draws IVON's weight noise and its minibatch order from the run "
+        "seed, the same in every round (the reference code); independent: per client and round",
+        choices=("shared", "independent"),
+    )

@@ -3,18 +3,27 @@ durable store."""
 
 from __future__ import annotations
 
-
 import math
 import time
+
 import torch
 import torch.nn.functional as F
+
+from fedbayes.bayes.params import TensorLayout
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
-from fedbayes.bayes.params import TensorLayout
+from fedbayes.strategies.dsvgd.math import (
+    VARIANTS,
+    SVGDSettings,
+    Visit,
+    agent_round,
+    gaussian_prior_score,
+    initial_particles,
+    unconstrained_tilted_update,
+)
 from fedbayes.tasks.datasets import Dataset
-from fedbayes.strategies.dsvgd.math import SVGDSettings, VARIANTS, Visit, agent_round, gaussian_prior_score, initial_particles, unconstrained_tilted_update
 
 
 class MinibatchLossGradient:
@@ -22,8 +31,15 @@ class MinibatchLossGradient:
     data, estimated as |D_k|/B x the sum over one minibatch; each call takes the next minibatch of a seeded
     permutation (a new permutation when it runs out), the same for all particles."""
 
-    def __init__(self, model: torch.nn.Module, layout: TensorLayout, data: Dataset, batch_size: int, seed: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layout: TensorLayout,
+        data: Dataset,
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+    ) -> None:
         self.images, self.labels = data.images.to(device), data.labels.to(device)
         self.batch_size = min(batch_size, len(self.labels))
         self.scale = len(self.labels) / self.batch_size
@@ -40,8 +56,9 @@ class MinibatchLossGradient:
             return F.cross_entropy(logits, labels, reduction="sum")
 
         model.train()  # local training: dropout on, an independent mask per particle
-        self.gradients = torch.func.vmap(torch.func.grad_and_value(loss_sum), in_dims=(0, None, None),
-                                         randomness="different")
+        self.gradients = torch.func.vmap(
+            torch.func.grad_and_value(loss_sum), in_dims=(0, None, None), randomness="different"
+        )
 
     def __call__(self, particles: torch.Tensor) -> torch.Tensor:
         if self.position + self.batch_size > len(self.labels):
@@ -63,22 +80,36 @@ def local_update(local: LocalRound) -> LocalResult:
     """Loops 1 and 2 on this client; its local particles persist in the durable store, never on the wire."""
     instruction, runtime, stored = local.instruction, local.runtime, local.stored
     settings = SVGDSettings(
-        instruction.local_steps, instruction.distill_steps, instruction.kde_bandwidth, instruction.step_size,
-        instruction.distill_step_size, instruction.beta, instruction.fudge, instruction.alpha,
+        instruction.local_steps,
+        instruction.distill_steps,
+        instruction.kde_bandwidth,
+        instruction.step_size,
+        instruction.distill_step_size,
+        instruction.beta,
+        instruction.fudge,
+        instruction.alpha,
     )
     device = runtime.device
     downloaded = torch.from_numpy(local.tensors["particles"]["particles"]).to(device)
     shape = tuple(downloaded.shape)
-    loss_gradient = MinibatchLossGradient(runtime.model.to(device), runtime.layout, runtime.data,
-                                          instruction.batch_size,
-                                          runtime.local_seed(instruction.initial_seed, local.server_round), device)
+    loss_gradient = MinibatchLossGradient(
+        runtime.model.to(device),
+        runtime.layout,
+        runtime.data,
+        instruction.batch_size,
+        runtime.local_seed(instruction.initial_seed, local.server_round),
+        device,
+    )
     prior_score = gaussian_prior_score(instruction.prior_precision)
     started = time.perf_counter()
     if instruction.variant == "u-dsvgd":
-        visits = [Visit(None if v.before is None else v.before.to(device), v.after.to(device))
-                  for v in _stored_visits(stored, shape, instruction.max_visits, runtime.node.client_id)]
-        updated = unconstrained_tilted_update(downloaded, instruction.initial_particles, visits, prior_score,
-                                              loss_gradient, settings)
+        visits = [
+            Visit(None if v.before is None else v.before.to(device), v.after.to(device))
+            for v in _stored_visits(stored, shape, instruction.max_visits, runtime.node.client_id)
+        ]
+        updated = unconstrained_tilted_update(
+            downloaded, instruction.initial_particles, visits, prior_score, loss_gradient, settings
+        )
         visits.append(Visit(None if instruction.initial_particles else downloaded, updated))
         state, kept = visits_state(visits), updated
     else:
@@ -88,20 +119,33 @@ def local_update(local: LocalRound) -> LocalResult:
     compute_seconds = time.perf_counter() - started
     runtime.model.cpu()
     if not (torch.isfinite(updated).all() and torch.isfinite(kept).all()):
-        raise FloatingPointError(f"{runtime.node.client_id}: particles became non-finite in round "
-                                 f"{local.server_round}; lower svgd-lr / distill-lr or raise kde-bandwidth")
+        raise FloatingPointError(
+            f"{runtime.node.client_id}: particles became non-finite in round "
+            f"{local.server_round}; lower svgd-lr / distill-lr or raise kde-bandwidth"
+        )
     if instruction.variant == "p-dsvgd":
-        return LocalResult(pb.PDSVGDReply(), {"local_particles": {"particles": kept.cpu().numpy()}},
-                           loss_gradient.last_loss, compute_seconds, state)
-    return LocalResult(pb.DSVGDReply(), {"particles": {"particles": updated.cpu().numpy()}}, loss_gradient.last_loss,
-                       compute_seconds, state)
+        return LocalResult(
+            pb.PDSVGDReply(),
+            {"local_particles": {"particles": kept.cpu().numpy()}},
+            loss_gradient.last_loss,
+            compute_seconds,
+            state,
+        )
+    return LocalResult(
+        pb.DSVGDReply(),
+        {"particles": {"particles": updated.cpu().numpy()}},
+        loss_gradient.last_loss,
+        compute_seconds,
+        state,
+    )
 
 
 client_update = ClientHalf(pb.DSVGDInstruction, local_update, instruction_layouts, stateful=True)
 
 
-def _stored_local_particles(stored: ClientState | None, shape: tuple[int, ...], layout: TensorLayout,
-                            initial_seed: int) -> torch.Tensor:
+def _stored_local_particles(
+    stored: ClientState | None, shape: tuple[int, ...], layout: TensorLayout, initial_seed: int
+) -> torch.Tensor:
     """This client's local particles after the round of its last accepted update; at its first visit (or, logged
     as an error by the runtime, if they are lost) copies of Θ^(0). Lost particles cannot be recovered: starting
     again from Θ^(0) counts this client's earlier data twice (spec §4)."""
@@ -117,7 +161,9 @@ def visits_state(visits: list[Visit]) -> dict[str, torch.Tensor]:
     """An U-DSVGD agent's buffer as durable-state tensors: (V, N, P) downloaded and uploaded particles and which
     downloads were Θ^(0) (their `before` is stored as zeros)."""
     return {
-        "visit_before": torch.stack([torch.zeros_like(v.after) if v.before is None else v.before for v in visits]).cpu(),
+        "visit_before": torch.stack(
+            [torch.zeros_like(v.after) if v.before is None else v.before for v in visits]
+        ).cpu(),
         "visit_after": torch.stack([v.after for v in visits]).cpu(),
         "visit_initial": torch.tensor([v.before is None for v in visits], dtype=torch.uint8),
     }
@@ -132,7 +178,9 @@ def _stored_visits(stored: ClientState | None, shape: tuple[int, ...], max_visit
     if tuple(after.shape[1:]) != shape:
         raise ValueError(f"stored U-DSVGD particles have shape {tuple(after.shape[1:])}, this run needs {shape}")
     if len(after) >= max_visits:
-        raise ValueError(f"{client}: U-DSVGD keeps the particles of {len(after)} visits (2 x {shape[0]} x {shape[1]} "
-                         f"float32 each) and run config 'udsvgd-max-visits' = {max_visits} allows no more; raise it, "
-                         "or use dsvgd, whose memory stays N x P")
+        raise ValueError(
+            f"{client}: U-DSVGD keeps the particles of {len(after)} visits (2 x {shape[0]} x {shape[1]} "
+            f"float32 each) and run config 'udsvgd-max-visits' = {max_visits} allows no more; raise it, "
+            "or use dsvgd, whose memory stays N x P"
+        )
     return [Visit(None if flag else b.float(), a.float()) for b, a, flag in zip(before, after, initial.tolist())]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+
 import numpy as np
 import torch
+
 from fedbayes.bayes.kernels import AdaGradMomentum, grad_log_kde, svgd
 from fedbayes.bayes.params import TensorLayout
-
 
 Score = Callable[[torch.Tensor], torch.Tensor]  # (N, P) particles -> (N, P) gradients
 
@@ -35,35 +35,45 @@ def gaussian_prior_score(precision: float) -> Score:
     return lambda theta: -precision * theta
 
 
-def tilted_update(downloaded: torch.Tensor, local: torch.Tensor, prior_score: Score, loss_gradient: Score,
-                  settings: SVGDSettings) -> torch.Tensor:
+def tilted_update(
+    downloaded: torch.Tensor, local: torch.Tensor, prior_score: Score, loss_gradient: Score, settings: SVGDSettings
+) -> torch.Tensor:
     """Loop 1 (eqs. 13-14, convention B): L SVGD steps from Θ^(i-1) towards
     q^(i-1)/s_k^(i-1) · p_0 · exp(-L_k/α). The KDE centres stay at the downloaded particles and the stored
     local particles while the particles move."""
     bandwidth = settings.kde_bandwidth
 
     def score(theta: torch.Tensor) -> torch.Tensor:
-        return (grad_log_kde(theta, downloaded, bandwidth) - grad_log_kde(theta, local, bandwidth)
-                + prior_score(theta) - loss_gradient(theta) / settings.alpha)
+        return (
+            grad_log_kde(theta, downloaded, bandwidth)
+            - grad_log_kde(theta, local, bandwidth)
+            + prior_score(theta)
+            - loss_gradient(theta) / settings.alpha
+        )
 
     return svgd(downloaded.clone(), score, settings.local_steps, settings.stepper(settings.lr))
 
 
-def distill(local: torch.Tensor, downloaded: torch.Tensor, updated: torch.Tensor,
-            settings: SVGDSettings) -> torch.Tensor:
+def distill(
+    local: torch.Tensor, downloaded: torch.Tensor, updated: torch.Tensor, settings: SVGDSettings
+) -> torch.Tensor:
     """Loop 2 (eq. 17): L' SVGD steps of the local particles towards t_k^(i) ∝ q^(i)/q^(i-1) · t_k^(i-1), the
     three KDEs centred on Θ^(i), Θ^(i-1) and a frozen copy of the old local particles."""
     bandwidth = settings.kde_bandwidth
 
     def score(theta: torch.Tensor) -> torch.Tensor:
-        return (grad_log_kde(theta, updated, bandwidth) - grad_log_kde(theta, downloaded, bandwidth)
-                + grad_log_kde(theta, local, bandwidth))
+        return (
+            grad_log_kde(theta, updated, bandwidth)
+            - grad_log_kde(theta, downloaded, bandwidth)
+            + grad_log_kde(theta, local, bandwidth)
+        )
 
     return svgd(local.clone(), score, settings.distill_steps, settings.stepper(settings.distill_lr))
 
 
-def agent_round(downloaded: torch.Tensor, local: torch.Tensor, prior_score: Score, loss_gradient: Score,
-                settings: SVGDSettings) -> tuple[torch.Tensor, torch.Tensor]:
+def agent_round(
+    downloaded: torch.Tensor, local: torch.Tensor, prior_score: Score, loss_gradient: Score, settings: SVGDSettings
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One scheduled client's round: (new global particles to upload, new local particles to keep)."""
     updated = tilted_update(downloaded, local, prior_score, loss_gradient, settings)
     return updated, distill(local, downloaded, updated, settings)
@@ -85,15 +95,22 @@ def global_score(particles: torch.Tensor | None, prior_score: Score, bandwidth: 
     return lambda theta: grad_log_kde(theta, particles, bandwidth)
 
 
-def unconstrained_tilted_update(downloaded: torch.Tensor, downloaded_is_initial: bool, visits: list[Visit],
-                                prior_score: Score, loss_gradient: Score, settings: SVGDSettings) -> torch.Tensor:
+def unconstrained_tilted_update(
+    downloaded: torch.Tensor,
+    downloaded_is_initial: bool,
+    visits: list[Visit],
+    prior_score: Score,
+    loss_gradient: Score,
+    settings: SVGDSettings,
+) -> torch.Tensor:
     """U-DSVGD's round (Alg. 4 lines 3-12, eqs. 13-14): L SVGD steps from Θ^(i-1) towards
     q^(i-1)/t_k^(i-1) · exp(-L_k/α), with ∇log t_k^(i-1) = Σ_{j∈I_k} [∇log q^(j) - ∇log q^(j-1)] (eq. 10 as a
     product over the agent's earlier visits; eq. 15 is its recursion) and q^(0) = p_0."""
     bandwidth = settings.kde_bandwidth
     current = global_score(None if downloaded_is_initial else downloaded, prior_score, bandwidth)
-    factors = [(global_score(v.after, prior_score, bandwidth), global_score(v.before, prior_score, bandwidth))
-               for v in visits]
+    factors = [
+        (global_score(v.after, prior_score, bandwidth), global_score(v.before, prior_score, bandwidth)) for v in visits
+    ]
 
     def score(theta: torch.Tensor) -> torch.Tensor:
         log_factor = sum((after(theta) - before(theta) for after, before in factors), torch.zeros_like(theta))
@@ -102,8 +119,9 @@ def unconstrained_tilted_update(downloaded: torch.Tensor, downloaded_is_initial:
     return svgd(downloaded.clone(), score, settings.local_steps, settings.stepper(settings.lr))
 
 
-def server_distillation(particles: torch.Tensor, local_sets: list[torch.Tensor], prior_score: Score, steps: int,
-                        settings: SVGDSettings) -> torch.Tensor:
+def server_distillation(
+    particles: torch.Tensor, local_sets: list[torch.Tensor], prior_score: Score, steps: int, settings: SVGDSettings
+) -> torch.Tensor:
     """P-DSVGD (eqs. 28-29): `steps` SVGD steps of φ towards p_0 Π_k t_k over the clients that reported a set,
     where each set approximates p_0·t_k (convention B): ∇log q = ∇log p_0 + Σ_k [∇log KDE(Θ_k) - ∇log p_0]."""
     bandwidth = settings.kde_bandwidth

@@ -19,7 +19,14 @@ from fedbayes.bayes.params import TensorLayout, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, GlobalPosterior, NodePool, RoundRejected, ServerState, ServerStrategy, TensorGroups,
+    ForgetRefused,
+    Forgotten,
+    GlobalPosterior,
+    NodePool,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
     Update,
 )
 from fedbayes.strategies.dsvgd.math import SVGDSettings, gaussian_prior_score, initial_particles, server_distillation
@@ -40,7 +47,7 @@ class DSVGDState:
 class DSVGD(ServerStrategy[DSVGDState]):
     """DSVGD over the network, one client per round; PDSVGD and UDSVGD are its variants (the package docstring)."""
 
-    reply_type = pb.DSVGDReply
+    reply_type: ClassVar[type[pb.DSVGDReply | pb.PDSVGDReply]] = pb.DSVGDReply
     settings_type = DSVGDSettings
     fresh_start = "it started again from the initial particles (its earlier data now counts twice)"
     variant: ClassVar[str] = "dsvgd"
@@ -49,8 +56,10 @@ class DSVGD(ServerStrategy[DSVGDState]):
 
     def __init__(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> None:
         if buffer_layout:  # a particle is one parameter vector: batch statistics have no meaning per particle
-            raise ConfigError(f"{self.variant}: the model has buffers ({', '.join(list(buffer_layout)[:3])}); "
-                              "DSVGD's particles are parameters only: use a model without BatchNorm (e.g. GroupNorm)")
+            raise ConfigError(
+                f"{self.variant}: the model has buffers ({', '.join(list(buffer_layout)[:3])}); "
+                "DSVGD's particles are parameters only: use a model without BatchNorm (e.g. GroupNorm)"
+            )
         super().__init__(settings, layout, buffer_layout)
         self.size = sum(math.prod(shape) for shape in layout.values())
         self.particle_layout = {"particles": (self.hyperparameters.particles, self.size)}
@@ -65,17 +74,28 @@ class DSVGD(ServerStrategy[DSVGDState]):
         assert self.state.particles is not None, "Θ^(0) is drawn in round 1's instruction"
         return self.state.particles
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[pb.DSVGDInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[pb.DSVGDInstruction, TensorGroups]:
         hp = self.hyperparameters
         if self.state.particles is None:
             self.state = replace(self.state, particles=initial_particles(self.layout, hp.particles, self.settings.seed))
         instruction = pb.DSVGDInstruction(
-            variant=self.variant, particle_count=hp.particles, max_visits=hp.udsvgd_max_visits,
-            local_steps=hp.local_steps, distill_steps=hp.distill_steps, kde_bandwidth=hp.kde_bandwidth,
-            step_size=hp.svgd_lr, distill_step_size=hp.distill_lr, beta=hp.svgd_beta, fudge=hp.svgd_fudge,
-            alpha=hp.dsvgd_alpha, prior_precision=hp.prior_precision, batch_size=self.settings.batch_size,
-            initial_seed=self.settings.seed, initial_particles=self.sending_initial,
+            variant=self.variant,
+            particle_count=hp.particles,
+            max_visits=hp.udsvgd_max_visits,
+            local_steps=hp.local_steps,
+            distill_steps=hp.distill_steps,
+            kde_bandwidth=hp.kde_bandwidth,
+            step_size=hp.svgd_lr,
+            distill_step_size=hp.distill_lr,
+            beta=hp.svgd_beta,
+            fudge=hp.svgd_fudge,
+            alpha=hp.dsvgd_alpha,
+            prior_precision=hp.prior_precision,
+            batch_size=self.settings.batch_size,
+            initial_seed=self.settings.seed,
+            initial_particles=self.sending_initial,
         )
         return instruction, {"particles": {"particles": self.particles}}
 
@@ -130,7 +150,8 @@ class DSVGD(ServerStrategy[DSVGDState]):
         local_particles = self.state.local_particles
         if self.parallel:
             local_particles = local_particles | {
-                p.header.client_id: p.tensors["local_particles"]["particles"] for p in payloads}
+                p.header.client_id: p.tensors["local_particles"]["particles"] for p in payloads
+            }
             particles = self._server_distillation(local_particles)
             if particles is None:
                 raise RoundRejected("the server's particles became non-finite; lower distill-lr")
@@ -150,29 +171,42 @@ class DSVGD(ServerStrategy[DSVGDState]):
                 "the server holds the global particles alone and cannot divide t_k out of q. Forget-SVGD (arXiv "
                 "2111.12056) needs that client to take part, running SVGD from the global particles towards q/t_k, "
                 "and there is no instruction for it yet: retrain from the last checkpoint that predates the client's "
-                "first accepted round, or from scratch (p-dsvgd keeps the factors on the server and can forget)")
+                "first accepted round, or from scratch (p-dsvgd keeps the factors on the server and can forget)"
+            )
         self.check_forgettable(client, self.state.local_particles)
         local_particles = {c: value for c, value in self.state.local_particles.items() if c != client}
         particles = self._server_distillation(local_particles)
         if particles is None:
             raise ForgetRefused(f"without client {client!r} the server's particles became non-finite; lower distill-lr")
-        note = (f"φ after {self.hyperparameters.server_steps} SVGD steps towards p_0 Π t_j over the {len(local_particles)} "
-                f"remaining clients' local particles (Forget-SVGD's q/t_k): a particle estimate; refinement rounds "
-                "go on from the remaining sets")
+        note = (
+            f"φ after {self.hyperparameters.server_steps} SVGD steps towards p_0 Π t_j over the {len(local_particles)} "
+            f"remaining clients' local particles (Forget-SVGD's q/t_k): a particle estimate; refinement rounds "
+            "go on from the remaining sets"
+        )
         state = replace(self.state, particles=particles, local_particles=local_particles)
         return Forgotten(particles.astype(np.float64).mean(0), state, exact=False, kl_before_after=None, note=note)
 
     def _server_distillation(self, local_particles: dict[str, np.ndarray]) -> np.ndarray | None:
         """P-DSVGD's server step (eq. 28-29) over every client's latest local particles; None if it diverges."""
         hp = self.hyperparameters
-        steps = SVGDSettings(0, 0, hp.kde_bandwidth, hp.svgd_lr, hp.distill_lr, hp.svgd_beta, hp.svgd_fudge,
-                             hp.dsvgd_alpha)
+        steps = SVGDSettings(
+            0, 0, hp.kde_bandwidth, hp.svgd_lr, hp.distill_lr, hp.svgd_beta, hp.svgd_fudge, hp.dsvgd_alpha
+        )
         local_sets = [torch.from_numpy(local_particles[c]) for c in sorted(local_particles)]
         started = time.perf_counter()
-        particles = server_distillation(torch.from_numpy(self.particles), local_sets,
-                                        gaussian_prior_score(hp.prior_precision), hp.server_steps, steps)
-        log(INFO, "P-DSVGD server distillation over %d clients' particles: %.1f s", len(local_sets),
-            time.perf_counter() - started)
+        particles = server_distillation(
+            torch.from_numpy(self.particles),
+            local_sets,
+            gaussian_prior_score(hp.prior_precision),
+            hp.server_steps,
+            steps,
+        )
+        log(
+            INFO,
+            "P-DSVGD server distillation over %d clients' particles: %.1f s",
+            len(local_sets),
+            time.perf_counter() - started,
+        )
         if not torch.isfinite(particles).all():
             return None
         return particles.numpy().astype(np.float32)
@@ -186,10 +220,12 @@ class DSVGD(ServerStrategy[DSVGDState]):
     def global_posterior(self) -> GlobalPosterior:
         if self.state.particles is None:
             return super().global_posterior()
-        return GlobalPosterior(f"the {len(self.particles)} particles Θ: their KDE (bandwidth "
-                               f"{self.hyperparameters.kde_bandwidth:g}) is q, the predictive averages the particles "
-                               "(eq. 27); the global model is the particle mean, no model of a network",
-                               particles=self.particles)
+        return GlobalPosterior(
+            f"the {len(self.particles)} particles Θ: their KDE (bandwidth "
+            f"{self.hyperparameters.kde_bandwidth:g}) is q, the predictive averages the particles "
+            "(eq. 27); the global model is the particle mean, no model of a network",
+            particles=self.particles,
+        )
 
     def save_state(self, state: DSVGDState) -> ServerState:
         saved = ServerState()
@@ -202,10 +238,14 @@ class DSVGD(ServerStrategy[DSVGDState]):
     def load_state(self, saved: ServerState) -> DSVGDState:
         if "particles" not in saved.tensors:
             return DSVGDState()
-        local_particles = {name.removeprefix("local/"): value.astype(np.float32)
-                           for name, value in saved.tensors.items() if name.startswith("local/")}
-        return DSVGDState(saved.tensors["particles"].astype(np.float32), local_particles,
-                          saved.metadata["last_scheduled"])
+        local_particles = {
+            name.removeprefix("local/"): value.astype(np.float32)
+            for name, value in saved.tensors.items()
+            if name.startswith("local/")
+        }
+        return DSVGDState(
+            saved.tensors["particles"].astype(np.float32), local_particles, saved.metadata["last_scheduled"]
+        )
 
 
 class PDSVGD(DSVGD):
@@ -232,6 +272,11 @@ def turn_key(pool: NodePool, node: int) -> str:
 
 def log_spread(server_round: int, particles: np.ndarray) -> None:
     """An instability watch: particles running off show as growing norms."""
-    particles = torch.from_numpy(particles).double()
-    log(INFO, "round %d: particle norms max %.3g, mean distance to the particle mean %.3g", server_round,
-        particles.norm(dim=1).max().item(), (particles - particles.mean(0)).norm(dim=1).mean().item())
+    points = torch.from_numpy(particles).double()
+    log(
+        INFO,
+        "round %d: particle norms max %.3g, mean distance to the particle mean %.3g",
+        server_round,
+        points.norm(dim=1).max().item(),
+        (points - points.mean(0)).norm(dim=1).mean().item(),
+    )

@@ -24,4 +24,6 @@ class DSVGDSettings:
     dsvgd_alpha: float = key(1.0, "α, the temperature of the Gibbs posterior (1 = Bayes)", POSITIVE)
     prior_precision: float = key(1.0, "the prior p_0 = N(0, I / prior-precision)", POSITIVE)
     dsvgd_scheduler: str = key("round-robin", "which client a DSVGD round schedules", choices=("round-robin", "random"))
-    udsvgd_max_visits: int = key(16, "U-DSVGD: the visits an agent may keep (2·N·P float32 each); more is refused", AT_LEAST_ONE)
+    udsvgd_max_visits: int = key(
+        16, "U-DSVGD: the visits an agent may keep (2·N·P float32 each); more is refused", AT_LEAST_ONE
+    )

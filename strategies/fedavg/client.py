@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
 
 import torch
+
 from fedbayes.bayes.params import get_parameters, set_parameters
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.runtime import ClientRuntime
@@ -15,10 +17,15 @@ def local_update(local: LocalRound) -> LocalResult:
     """Load the global model, train locally (FedProx: with the proximal term), send the new weights back."""
     instruction = local.instruction
     set_parameters(local.runtime.model, local.tensors["weights"])
-    train_loss, compute_seconds = train_locally(local.runtime, instruction.training, local.server_round,
-                                                instruction.proximal_mu)
-    return LocalResult(pb.FedAvgReply(), {"weights": get_parameters(local.runtime.model, local.runtime.layout)},
-                       train_loss, compute_seconds)
+    train_loss, compute_seconds = train_locally(
+        local.runtime, instruction.training, local.server_round, instruction.proximal_mu
+    )
+    return LocalResult(
+        pb.FedAvgReply(),
+        {"weights": get_parameters(local.runtime.model, local.runtime.layout)},
+        train_loss,
+        compute_seconds,
+    )
 
 
 client_update = ClientHalf(pb.FedAvgInstruction, local_update, model_layouts("weights"))
@@ -50,7 +57,7 @@ def train_locally(
 
 def _proximal_term(mu: float, anchor: list[torch.Tensor]):
     def proximal(model: torch.nn.Module) -> torch.Tensor:
-        squared = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
+        squared = cast(torch.Tensor, sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor)))  # 0 + ...
         return 0.5 * mu * squared
 
     return proximal

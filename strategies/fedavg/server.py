@@ -28,8 +28,9 @@ class FedAvg(StatelessStrategy):
         """μ of the clients' proximal term: 0 is FedAvg."""
         return 0.0
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[pb.FedAvgInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[pb.FedAvgInstruction, TensorGroups]:
         training = local_training(self.settings, server_round, weight_decay=self.settings.weight_decay)
         weights = {name: arrays[name].numpy() for name in self.layout}
         self.global_weights = flatten(weights, self.layout)
@@ -50,9 +51,13 @@ class FedAvg(StatelessStrategy):
         if settings.robust_aggregation == "none":
             average = weighted_mean([flatten(p.tensors["weights"], self.layout) for p in payloads], examples)
         else:
-            average = self.global_weights + robust_mean([self.update_of(p) for p in payloads], examples,
-                                                        settings.robust_aggregation, settings.clip_ratio,
-                                                        settings.trim_fraction)
+            average = self.global_weights + robust_mean(
+                [self.update_of(p) for p in payloads],
+                examples,
+                settings.robust_aggregation,
+                settings.clip_ratio,
+                settings.trim_fraction,
+            )
         return Update(average.astype(np.float32))
 
 

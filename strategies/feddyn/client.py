@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-
 import torch
+
 from fedbayes.bayes.params import flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.strategies.feddyn.math import client_alpha, lambda_sketch, lambda_step
 from fedbayes.strategies.membership import client_population
-
 
 LAMBDA_KEY = "feddyn_lambda"
 
@@ -27,13 +26,23 @@ def local_update(local: LocalRound) -> LocalResult:
     )
     alpha_k = client_alpha(instruction.alpha, local.num_examples, known_clients, known_examples)
     weights, train_loss, seconds = train_anchored(
-        runtime, instruction.training, start=global_, anchor=global_ - lam, weight=alpha_k,
-        server_round=local.server_round, max_grad_norm=instruction.max_grad_norm,
+        runtime,
+        instruction.training,
+        start=global_,
+        anchor=global_ - lam,
+        weight=alpha_k,
+        server_round=local.server_round,
+        max_grad_norm=instruction.max_grad_norm,
     )
     lam = lambda_step(lam, weights, global_)
     sketch = lambda_sketch(lam, instruction.training.seed, local.server_round)
-    return LocalResult(pb.FedDynReply(lambda_sketch=sketch.tolist()), {"weights": unflatten(weights.numpy(), runtime.layout)},
-                       train_loss, seconds, {LAMBDA_KEY: lam})
+    return LocalResult(
+        pb.FedDynReply(lambda_sketch=sketch.tolist()),
+        {"weights": unflatten(weights.numpy(), runtime.layout)},
+        train_loss,
+        seconds,
+        {LAMBDA_KEY: lam},
+    )
 
 
 client_update = ClientHalf(pb.FedDynInstruction, local_update, model_layouts("global_weights"), stateful=True)

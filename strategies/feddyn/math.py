@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
+
 import torch
+
 from fedbayes.tasks.config import round_seed
 
 

@@ -14,10 +14,24 @@ from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update, local_training,
+    ForgetRefused,
+    Forgotten,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
+    local_training,
 )
 from fedbayes.strategies.feddyn.math import (
-    SKETCH_ROWS, SKETCH_RTOL, ClientLambda, as_sent, lambda_step, server_step, server_step_without, sketch_mismatch,
+    SKETCH_ROWS,
+    SKETCH_RTOL,
+    ClientLambda,
+    as_sent,
+    lambda_step,
+    server_step,
+    server_step_without,
+    sketch_mismatch,
     total_lambda,
 )
 from fedbayes.strategies.feddyn.settings import FedDynSettings
@@ -35,7 +49,8 @@ class FedDynState:
 
 
 class FedDyn(ServerStrategy[FedDynState]):
-    """FedDyn: w_g ← mean of this round's w_k + Λ/K, with Λ = Σ_k λ_k over every known client (the package docstring)."""
+    """FedDyn: w_g ← mean of this round's w_k + Λ/K, with Λ = Σ_k λ_k over every known client (the package
+    docstring)."""
 
     reply_type = pb.FedDynReply
     settings_type = FedDynSettings
@@ -51,8 +66,9 @@ class FedDyn(ServerStrategy[FedDynState]):
         assert self.state.global_ is not None, "w_g is set in round 1's instruction"
         return self.state.global_
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[pb.FedDynInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[pb.FedDynInstruction, TensorGroups]:
         if self.state.global_ is None:
             initial = flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)
             self.state = replace(self.state, global_=as_sent(torch.from_numpy(initial)))
@@ -77,16 +93,25 @@ class FedDyn(ServerStrategy[FedDynState]):
         if len(message.lambda_sketch) != SKETCH_ROWS:
             raise PayloadError(f"field 'lambda_sketch': {len(message.lambda_sketch)} values, expected {SKETCH_ROWS}")
         replayed = self._replayed_lambda(payload)
-        mismatch = sketch_mismatch(torch.tensor(list(message.lambda_sketch), dtype=torch.float64), replayed,
-                                   self.settings.seed, payload.header.server_round)
+        mismatch = sketch_mismatch(
+            torch.tensor(list(message.lambda_sketch), dtype=torch.float64),
+            replayed,
+            self.settings.seed,
+            payload.header.server_round,
+        )
         if mismatch > SKETCH_RTOL:
-            raise PayloadError(f"field 'lambda_sketch': the client's λ_k differs from the server's replay "
-                               f"(sketch off by {mismatch:.2e} of Σ|λ_k|; at most {SKETCH_RTOL:g})")
+            raise PayloadError(
+                f"field 'lambda_sketch': the client's λ_k differs from the server's replay "
+                f"(sketch off by {mismatch:.2e} of Σ|λ_k|; at most {SKETCH_RTOL:g})"
+            )
 
     def _replayed_lambda(self, payload: Payload) -> torch.Tensor:
         """λ_k after this reply, as the server replays it (λ_k += w_k − w_g from the state it started from)."""
-        previous = (self.state.lambdas[payload.header.client_id].value if payload.reply.resumed_from_round
-                    else torch.zeros_like(self.global_))
+        previous = (
+            self.state.lambdas[payload.header.client_id].value
+            if payload.reply.resumed_from_round
+            else torch.zeros_like(self.global_)
+        )
         return lambda_step(previous, self._local(payload), self.global_)
 
     def _local(self, payload: Payload) -> torch.Tensor:
@@ -127,8 +152,10 @@ class FedDyn(ServerStrategy[FedDynState]):
         if not torch.isfinite(global_).all():
             raise ForgetRefused(f"without client {client!r} the global model would be non-finite")
         rule = "mean" if self.settings.robust_aggregation == "none" else self.settings.robust_aggregation
-        note = (f"w_g + the {rule} of the {len(lambdas)} remaining λ_j: FedDyn's first server step without {client!r} "
-                "at the fixed point, not the model trained without it; run refinement rounds among the others")
+        note = (
+            f"w_g + the {rule} of the {len(lambdas)} remaining λ_j: FedDyn's first server step without {client!r} "
+            "at the fixed point, not the model trained without it; run refinement rounds among the others"
+        )
         state = FedDynState(global_, lambdas, self.state.membership.without(client))
         return Forgotten(global_.numpy(), state, exact=False, kl_before_after=None, note=note)
 
@@ -139,8 +166,15 @@ class FedDyn(ServerStrategy[FedDynState]):
 
         def robust(vectors: list[torch.Tensor]) -> torch.Tensor:
             values = [vector.numpy() for vector in vectors]
-            return torch.from_numpy(robust_mean(values, [1.0] * len(values), settings.robust_aggregation,
-                                                settings.clip_ratio, settings.trim_fraction))
+            return torch.from_numpy(
+                robust_mean(
+                    values,
+                    [1.0] * len(values),
+                    settings.robust_aggregation,
+                    settings.clip_ratio,
+                    settings.trim_fraction,
+                )
+            )
 
         return robust([local - self.global_ for local in locals_]) + robust([entry.value for entry in lambdas.values()])
 
@@ -155,5 +189,8 @@ class FedDyn(ServerStrategy[FedDynState]):
     def load_state(self, saved: ServerState) -> FedDynState:
         if "global" not in saved.tensors:
             return FedDynState()
-        return FedDynState(torch.from_numpy(saved.tensors["global"].copy()), saved.per_client("lambda", ClientLambda),
-                           Membership.from_metadata(saved.metadata))
+        return FedDynState(
+            torch.from_numpy(saved.tensors["global"].copy()),
+            saved.per_client("lambda", ClientLambda),
+            Membership.from_metadata(saved.metadata),
+        )

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-
 import time
+
 import torch
+
 from fedbayes.bayes.curvature import diag_ggn
-from fedbayes.bayes.params import flatten, unflatten
+from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.bayes.params import TensorLayout
 from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, site_step
 from fedbayes.strategies.membership import client_population
 
@@ -25,16 +25,24 @@ def local_update(local: LocalRound) -> LocalResult:
     instruction, runtime = local.instruction, local.runtime
     covariance, delta = instruction.covariance, instruction.prior_precision
     global_mean = torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout))
-    global_precision = (torch.from_numpy(flatten(local.tensors["global_precision"], runtime.layout)) if covariance
-                        else torch.full_like(global_mean, delta))
+    global_precision = (
+        torch.from_numpy(flatten(local.tensors["global_precision"], runtime.layout))
+        if covariance
+        else torch.full_like(global_mean, delta)
+    )
     site = _stored_site(local.stored, global_mean, global_precision, instruction.initial_share)
     known_clients, known_examples = client_population(
         instruction.known_clients, instruction.known_examples, local.num_examples, fresh=local.stored is None
     )
     anchor, precision = cavity(global_mean, global_precision, site, delta)
     weights, train_loss, seconds = train_anchored(
-        runtime, instruction.training, start=global_mean, anchor=anchor, weight=precision / local.num_examples,
-        server_round=local.server_round, max_grad_norm=instruction.max_grad_norm,
+        runtime,
+        instruction.training,
+        start=global_mean,
+        anchor=anchor,
+        weight=precision / local.num_examples,
+        server_round=local.server_round,
+        max_grad_norm=instruction.max_grad_norm,
     )
     curvature, curvature_seconds = torch.zeros_like(weights), 0.0
     if covariance:  # H_k at the new w_k, which train_anchored left in the model
@@ -45,16 +53,21 @@ def local_update(local: LocalRound) -> LocalResult:
     rho = client_damping(covariance, local.num_examples, known_clients, known_examples)
     site = site_step(site, weights, curvature, global_mean, global_precision, rho, local.server_round)
     precision_wire = unflatten(site.precision.numpy(), runtime.layout) if covariance else {}
-    return LocalResult(pb.FedLapReply(curvature_seconds=curvature_seconds),
-                       {"site_mean": unflatten(site.mean.numpy(), runtime.layout), "site_precision": precision_wire},
-                       train_loss, seconds + curvature_seconds, {"site_mean": site.mean, "site_precision": site.precision})
+    return LocalResult(
+        pb.FedLapReply(curvature_seconds=curvature_seconds),
+        {"site_mean": unflatten(site.mean.numpy(), runtime.layout), "site_precision": precision_wire},
+        train_loss,
+        seconds + curvature_seconds,
+        {"site_mean": site.mean, "site_precision": site.precision},
+    )
 
 
 client_update = ClientHalf(pb.FedLapInstruction, local_update, instruction_layouts, stateful=True)
 
 
-def _stored_site(stored: ClientState | None, global_mean: torch.Tensor, global_precision: torch.Tensor,
-                 initial_share: float) -> Site:
+def _stored_site(
+    stored: ClientState | None, global_mean: torch.Tensor, global_precision: torch.Tensor, initial_share: float
+) -> Site:
     """This client's site from its store; a fresh one holds `initial_share` of the global natural mean."""
     if stored is None:
         return Site(initial_share * global_precision * global_mean, torch.zeros_like(global_mean), 0)

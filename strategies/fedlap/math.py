@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
+
 import torch
+
 from fedbayes.bayes.robust import part_clip_factors
 
 
@@ -21,12 +22,22 @@ def cavity(global_mean: torch.Tensor, global_precision: torch.Tensor, site: Site
     return (global_precision * global_mean - site.mean) / precision, precision
 
 
-def site_step(site: Site, local_mean: torch.Tensor, curvature: torch.Tensor, global_mean: torch.Tensor,
-              global_precision: torch.Tensor, rho: float, server_round: int) -> Site:
+def site_step(
+    site: Site,
+    local_mean: torch.Tensor,
+    curvature: torch.Tensor,
+    global_mean: torch.Tensor,
+    global_precision: torch.Tensor,
+    rho: float,
+    server_round: int,
+) -> Site:
     """[P] Eq. 21: S_k = H_k − V_k + S_g (old V_k); v_k += ρ(S_k w_k − S_g w_g); V_k += ρ(H_k − V_k)."""
     local_precision = curvature - site.precision + global_precision
-    return Site(site.mean + rho * (local_precision * local_mean - global_precision * global_mean),
-                site.precision + rho * (curvature - site.precision), server_round)
+    return Site(
+        site.mean + rho * (local_precision * local_mean - global_precision * global_mean),
+        site.precision + rho * (curvature - site.precision),
+        server_round,
+    )
 
 
 def global_from_sites(natural_sum: torch.Tensor, precision_sum: torch.Tensor, prior_precision: float):
@@ -48,8 +59,10 @@ def tempered_sums(sites: list[Site], clip_ratio: float) -> tuple[torch.Tensor, t
     site t̂_k^f_k has natural parameters of at most clip-ratio x the median site's."""
     parts = [[site.mean.numpy() for site in sites], [site.precision.numpy() for site in sites]]
     factors = torch.from_numpy(part_clip_factors(parts, clip_ratio))
-    return (sum(f * site.mean for f, site in zip(factors, sites)),
-            sum(f * site.precision for f, site in zip(factors, sites)))
+    return (
+        sum(f * site.mean for f, site in zip(factors, sites)),
+        sum(f * site.precision for f, site in zip(factors, sites)),
+    )
 
 
 def client_damping(covariance: bool, num_examples: int, known_clients: int, known_examples: int) -> float:

@@ -15,7 +15,14 @@ from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, PayloadError
 from fedbayes.strategies.base import (
-    ForgetRefused, Forgotten, GlobalPosterior, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update,
+    ForgetRefused,
+    Forgotten,
+    GlobalPosterior,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
     local_training,
 )
 from fedbayes.strategies.fedlap.math import Site, as_sent, global_from_sites, site_change, tempered_sums
@@ -66,11 +73,17 @@ class FedLap(ServerStrategy[FedLapState]):
         return self.state.global_precision
 
     @property
+    def unclaimed(self) -> torch.Tensor:
+        assert self.state.unclaimed is not None, "set with q_g in round 1's instruction"
+        return self.state.unclaimed
+
+    @property
     def precision_layout(self) -> TensorLayout:
         return self.layout if self.covariance else {}
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[pb.FedLapInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[pb.FedLapInstruction, TensorGroups]:
         if self.state.global_mean is None:
             mean = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)))
             precision = torch.full_like(mean, self.delta)
@@ -86,15 +99,17 @@ class FedLap(ServerStrategy[FedLapState]):
             max_grad_norm=self.hyperparameters.max_grad_norm,
             covariance=self.covariance,
         )
-        precision = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
-        return instruction, {"global_mean": unflatten(self.global_mean.numpy(), self.layout),
-                             "global_precision": precision}
+        precisions = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
+        return instruction, {
+            "global_mean": unflatten(self.global_mean.numpy(), self.layout),
+            "global_precision": precisions,
+        }
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
         return {"site_mean": self.layout, "site_precision": self.precision_layout}
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[FedLapState]:
-        sites, unclaimed, membership = dict(self.state.sites), self.state.unclaimed, self.state.membership.copy()
+        sites, unclaimed, membership = dict(self.state.sites), self.unclaimed, self.state.membership.copy()
         for payload in payloads:
             client = payload.header.client_id
             if payload.reply.resumed_from_round == 0 and self.initial_share > 0.0:  # it took its share of the init
@@ -104,22 +119,30 @@ class FedLap(ServerStrategy[FedLapState]):
         mean, precision = self._global(sites, unclaimed)
         if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
             raise RoundRejected("the global mean would be non-finite")
-        return Update(mean.numpy(), FedLapState(mean, precision, unclaimed, sites, membership),
-                      {"known-clients": membership.clients})
+        return Update(
+            mean.numpy(),
+            FedLapState(mean, precision, unclaimed, sites, membership),
+            {"known-clients": membership.clients},
+        )
 
     def forget(self, client: str) -> Forgotten[FedLapState]:
         """Drop client k's site and rebuild q_g ∝ p_0 Π_{j≠k} t̂_j (with the unclaimed natural mean); K and N no longer
         count k. What that is: the package docstring."""
         self.check_forgettable(client, self.state.sites)
         sites = {c: site for c, site in self.state.sites.items() if c != client}
-        mean, precision = self._global(sites, self.state.unclaimed)
+        mean, precision = self._global(sites, self.unclaimed)
         if not (torch.isfinite(mean).all() and torch.isfinite(precision).all()):
             raise ForgetRefused(f"without client {client!r} the global mean would be non-finite")
         kl = kl_divergence(Gaussian(self.global_mean, self.global_precision), Gaussian(mean, precision))
-        what = ("a Newton step with the diagonal GGN, exact for a quadratic loss with diagonal curvature"
-                if self.covariance else "sites without precision: a gradient step of size 1/δ on the remaining MAP")
-        note = (f"q_g from the prior and the {len(sites)} remaining sites ({what}); refinement rounds move it to the "
-                f"fixed point without {client!r}")
+        what = (
+            "a Newton step with the diagonal GGN, exact for a quadratic loss with diagonal curvature"
+            if self.covariance
+            else "sites without precision: a gradient step of size 1/δ on the remaining MAP"
+        )
+        note = (
+            f"q_g from the prior and the {len(sites)} remaining sites ({what}); refinement rounds move it to the "
+            f"fixed point without {client!r}"
+        )
         state = FedLapState(mean, precision, self.state.unclaimed, sites, self.state.membership.without(client))
         # exact only for a quadratic loss (FedLap-Cov), which no client here trains
         return Forgotten(mean.numpy(), state, exact=False, kl_before_after=kl, note=note)
@@ -159,8 +182,12 @@ class FedLap(ServerStrategy[FedLapState]):
     def save_state(self, state: FedLapState) -> ServerState:
         saved = ServerState()
         if state.global_mean is not None:
-            saved.tensors |= {"global_mean": state.global_mean.numpy(), "global_precision": state.global_precision.numpy(),
-                              "unclaimed": state.unclaimed.numpy()}
+            assert state.global_precision is not None and state.unclaimed is not None  # set with global_mean
+            saved.tensors |= {
+                "global_mean": state.global_mean.numpy(),
+                "global_precision": state.global_precision.numpy(),
+                "unclaimed": state.unclaimed.numpy(),
+            }
             saved.add_per_client("site", state.sites)
             saved.metadata |= state.membership.to_metadata()
         return saved
@@ -169,15 +196,21 @@ class FedLap(ServerStrategy[FedLapState]):
         if "global_mean" not in saved.tensors:
             return FedLapState()
         tensors = {name: torch.from_numpy(value.copy()) for name, value in saved.tensors.items()}
-        return FedLapState(tensors["global_mean"], tensors["global_precision"], tensors["unclaimed"],
-                           saved.per_client("site", Site), Membership.from_metadata(saved.metadata))
+        return FedLapState(
+            tensors["global_mean"],
+            tensors["global_precision"],
+            tensors["unclaimed"],
+            saved.per_client("site", Site),
+            Membership.from_metadata(saved.metadata),
+        )
 
     def global_posterior(self) -> GlobalPosterior:
         if self.state.global_mean is None:
             return super().global_posterior()
         precision = "δ + Σ_k V_k" if self.covariance else "δ (FedLap's sites carry no precision)"
-        return GlobalPosterior(f"q_g = N(w_g, diag(S_g)⁻¹) with S_g = {precision}",
-                               Gaussian(self.global_mean, self.global_precision))
+        return GlobalPosterior(
+            f"q_g = N(w_g, diag(S_g)⁻¹) with S_g = {precision}", Gaussian(self.global_mean, self.global_precision)
+        )
 
 
 class FedLapCov(FedLap):

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-
 import math
 from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
+
 from fedbayes.bayes.params import set_parameters, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.training import Loss, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.strategies.fedavg.client import train_locally
-from fedbayes.tasks.datasets import Dataset
 from fedbayes.strategies.fedpa.math import SampleSink, ShrinkageDelta
+from fedbayes.tasks.datasets import Dataset
 
 
 @dataclass
@@ -54,8 +55,15 @@ class IASG:
                     total.zero_()
 
         return train_epochs(
-            self.model, self.data, self.optimizer, self.burnin_epochs + self.samples, self.batch_size, self.device,
-            seed=self.seed, loss_fn=self.loss_fn, after_step=average_iterates,
+            self.model,
+            self.data,
+            self.optimizer,
+            self.burnin_epochs + self.samples,
+            self.batch_size,
+            self.device,
+            seed=self.seed,
+            loss_fn=self.loss_fn,
+            after_step=average_iterates,
         )
 
 
@@ -68,9 +76,16 @@ def local_update(local: LocalRound) -> LocalResult:
     if instruction.sampling:
         model = runtime.model.to(runtime.device)
         estimate = ShrinkageDelta(x0.to(runtime.device), instruction.shrinkage, capacity=instruction.samples)
-        iasg = IASG(model, runtime.data, make_optimizer(model, instruction.training), instruction.training.batch_size,
-                    runtime.device, runtime.local_seed(instruction.training.seed, server_round),
-                    instruction.local_burnin_epochs, instruction.samples)
+        iasg = IASG(
+            model,
+            runtime.data,
+            make_optimizer(model, instruction.training),
+            instruction.training.batch_size,
+            runtime.device,
+            runtime.local_seed(instruction.training.seed, server_round),
+            instruction.local_burnin_epochs,
+            instruction.samples,
+        )
         train_loss, compute_seconds = iasg(estimate.add_sample)
         delta = estimate.delta()
         samples, correction_norm = estimate.count, (delta - estimate.iterate_average_delta()).norm().item()

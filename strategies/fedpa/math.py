@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-
 from collections.abc import Callable
-import torch
+from typing import cast
 
+import torch
 
 SampleSink = Callable[[torch.Tensor], None]  # receives one flat posterior sample x_t
 
@@ -40,17 +40,19 @@ class ShrinkageDelta:
             self.mean = x.clone()
             self.scaled_delta = self.x0 - x  # Eq. 21
             return
+        mean, scaled_delta = self.mean, self.scaled_delta
+        assert mean is not None and scaled_delta is not None  # set by the first sample
         stored = t - 2
         directions = self.directions[:stored]
-        u = x - self.mean  # Eq. 22
+        u = x - mean  # Eq. 22
         v = u - directions.T @ (self.weights[:stored] * (directions @ u))  # Eqs. 25, 28: v_{t-1,t} = Σ̃_{t-1}⁻¹ u_t
         gamma = self.gamma(t)
         denominator = 1.0 + gamma * torch.dot(u, v)  # >= 1: Σ̃_{t-1} is positive definite
         # Eq. 23, its coefficient simplified: 1 + γ(t uᵀΔ̃ - uᵀv)/den = (1 + γ t uᵀΔ̃)/den.
-        coefficient = (1.0 + gamma * t * torch.dot(u, self.scaled_delta)) / (denominator * t)
-        self.scaled_delta.sub_(coefficient * v)
+        coefficient = (1.0 + gamma * t * torch.dot(u, scaled_delta)) / (denominator * t)
+        scaled_delta.sub_(coefficient * v)
         self._store(stored, v, gamma / denominator)
-        self.mean.add_(u, alpha=1.0 / t)  # Eq. 13, only after u_t was used
+        mean.add_(u, alpha=1.0 / t)  # Eq. 13, only after u_t was used
 
     def _store(self, row: int, direction: torch.Tensor, weight: torch.Tensor) -> None:
         if row == len(self.directions):  # more samples than the capacity: double it
@@ -61,16 +63,19 @@ class ShrinkageDelta:
 
     def delta(self) -> torch.Tensor:
         """Δ̂_t = Δ̃_t / ρ_t (Eq. 24)."""
-        if self.count == 0:
+        if self.scaled_delta is None:  # count 0
             raise ValueError("no posterior sample yet")
         return self.scaled_delta * (1.0 + (self.count - 1) * self.shrinkage)
 
     def iterate_average_delta(self) -> torch.Tensor:
         """x_0 - x̄_t: the delta with Σ̂ = I (ρ = 0)."""
+        if self.mean is None:  # count 0
+            raise ValueError("no posterior sample yet")
         return self.x0 - self.mean
 
 
 def weighted_mean_delta(deltas: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
     """Alg. 1 line 8 as both official codes compute it: Σ n_i Δ_i / Σ n_i (spec §2.1, pitfall 7)."""
     total = sum(weights)
-    return sum(w / total * delta for w, delta in zip(weights, deltas))
+    # a tensor: 0 + the first weighted delta, ... (the round's accepted replies: never none)
+    return cast(torch.Tensor, sum(w / total * delta for w, delta in zip(weights, deltas)))

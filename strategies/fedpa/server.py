@@ -17,7 +17,13 @@ from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
 from fedbayes.strategies.base import (
-    GlobalPosterior, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update, local_training,
+    GlobalPosterior,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
+    local_training,
 )
 from fedbayes.strategies.fedpa.math import weighted_mean_delta
 from fedbayes.strategies.fedpa.settings import FedPASettings
@@ -32,15 +38,23 @@ class ServerOptimizer:
 
     def __init__(self, settings: FedPASettings, size: int) -> None:
         self.theta = torch.nn.Parameter(torch.zeros(size, dtype=torch.float64))
+        self.optimizer: torch.optim.Optimizer
         if settings.server_optimizer == "sgd":
             self.optimizer = torch.optim.SGD([self.theta], lr=settings.server_lr, momentum=settings.server_momentum)
         elif settings.server_optimizer == "adam":
-            self.optimizer = torch.optim.Adam([self.theta], lr=settings.server_lr,
-                                              betas=(settings.server_beta1, settings.server_beta2),
-                                              eps=settings.server_eps)
+            self.optimizer = torch.optim.Adam(
+                [self.theta],
+                lr=settings.server_lr,
+                betas=(settings.server_beta1, settings.server_beta2),
+                eps=settings.server_eps,
+            )
         else:
-            self.optimizer = torch.optim.Adagrad([self.theta], lr=settings.server_lr, eps=settings.server_eps,
-                                                 initial_accumulator_value=settings.server_adagrad_init)
+            self.optimizer = torch.optim.Adagrad(
+                [self.theta],
+                lr=settings.server_lr,
+                eps=settings.server_eps,
+                initial_accumulator_value=settings.server_adagrad_init,
+            )
 
     def step(self, theta: torch.Tensor, pseudo_gradient: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -75,18 +89,24 @@ class FedPA(ServerStrategy[ServerOptimizer]):
     def is_sampling_round(self, server_round: int) -> bool:
         return server_round > self.hyperparameters.burn_in_rounds
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[pb.FedPAInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[pb.FedPAInstruction, TensorGroups]:
         hp = self.hyperparameters
         weights = {name: arrays[name].numpy() for name in self.layout}
         self.theta = torch.from_numpy(flatten(weights, self.layout))
         sampling = self.is_sampling_round(server_round)
         instruction = pb.FedPAInstruction(
             training=local_training(
-                self.settings, server_round, weight_decay=self.settings.weight_decay,
+                self.settings,
+                server_round,
+                weight_decay=self.settings.weight_decay,
                 epochs=hp.local_burnin_epochs + hp.samples if sampling else None,
             ),
-            sampling=sampling, shrinkage=hp.shrinkage, local_burnin_epochs=hp.local_burnin_epochs, samples=hp.samples,
+            sampling=sampling,
+            shrinkage=hp.shrinkage,
+            local_burnin_epochs=hp.local_burnin_epochs,
+            samples=hp.samples,
         )
         return instruction, {"weights": weights}
 
@@ -106,9 +126,15 @@ class FedPA(ServerStrategy[ServerOptimizer]):
             deltas = [torch.from_numpy(self.update_of(p)) for p in payloads]
             pseudo_gradient = weighted_mean_delta(deltas, examples)
         else:
-            pseudo_gradient = torch.from_numpy(robust_mean([self.update_of(p) for p in payloads], examples,
-                                                           settings.robust_aggregation, settings.clip_ratio,
-                                                           settings.trim_fraction))
+            pseudo_gradient = torch.from_numpy(
+                robust_mean(
+                    [self.update_of(p) for p in payloads],
+                    examples,
+                    settings.robust_aggregation,
+                    settings.clip_ratio,
+                    settings.trim_fraction,
+                )
+            )
         if not torch.isfinite(pseudo_gradient).all():  # finite deltas can still overflow their sum
             raise RoundRejected("the averaged delta is not finite")
         server_optimizer = copy.deepcopy(self.state)  # stepped here, kept only if the round commits
@@ -120,9 +146,15 @@ class FedPA(ServerStrategy[ServerOptimizer]):
             "samples": float(np.mean([p.message.samples for p in payloads])),
             "correction-norm": float(np.mean([p.message.correction_norm for p in payloads])),
         }
-        log(INFO, "round %d (%s): |Δ| %.4g, mean samples %.1f, mean |Δ - (x0 - x̄)| %.4g", server_round,
-            "sampling" if self.is_sampling_round(server_round) else "burn-in", metrics["delta-norm"],
-            metrics["samples"], metrics["correction-norm"])
+        log(
+            INFO,
+            "round %d (%s): |Δ| %.4g, mean samples %.1f, mean |Δ - (x0 - x̄)| %.4g",
+            server_round,
+            "sampling" if self.is_sampling_round(server_round) else "burn-in",
+            metrics["delta-norm"],
+            metrics["samples"],
+            metrics["correction-norm"],
+        )
         return Update(theta.numpy(), server_optimizer, metrics)
 
     def save_state(self, state: ServerOptimizer) -> ServerState:
@@ -130,11 +162,18 @@ class FedPA(ServerStrategy[ServerOptimizer]):
 
     def load_state(self, saved: ServerState) -> ServerOptimizer:
         optimizer = self.initial_state()
-        optimizer.load_state({name.removeprefix(OPTIMIZER_PREFIX): value for name, value in saved.tensors.items()
-                              if name.startswith(OPTIMIZER_PREFIX)})
+        optimizer.load_state(
+            {
+                name.removeprefix(OPTIMIZER_PREFIX): value
+                for name, value in saved.tensors.items()
+                if name.startswith(OPTIMIZER_PREFIX)
+            }
+        )
         return optimizer
 
     def global_posterior(self) -> GlobalPosterior:
-        return GlobalPosterior("a point estimate θ: FedPA's server holds no posterior estimate beyond it (each "
-                               "client's shrinkage covariance Σ̂ stays on the client, which sends only "
-                               "Δ = Σ̂⁻¹(θ − x̄))")
+        return GlobalPosterior(
+            "a point estimate θ: FedPA's server holds no posterior estimate beyond it (each "
+            "client's shrinkage covariance Σ̂ stays on the client, which sends only "
+            "Δ = Σ̂⁻¹(θ − x̄))"
+        )

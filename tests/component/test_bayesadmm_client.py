@@ -8,9 +8,7 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode, encode, new_header
 from fedbayes.strategies import get_algorithm, run_settings
-from tests.support import DEFAULTS
-from tests.support import newest_state
-from tests.support import partition_runtime, settings
+from tests.support import DEFAULTS, newest_state, partition_runtime, settings
 
 GROUPS = ("local_mean", "local_precision", "dual_mean", "dual_precision")
 
@@ -34,12 +32,22 @@ def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0
     message = pb.BayesADMMInstruction(
         family=family,
         training=pb.LocalTraining(epochs=1, batch_size=32, learning_rate=5e-5, optimizer="adam", seed=0),
-        rho=0.2, dual_step=dual_step, temperature=1e-3, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
-        rescale_lr=False, reset_posterior=True,
+        rho=0.2,
+        dual_step=dual_step,
+        temperature=1e-3,
+        hess_init=1e-3,
+        beta1=0.9,
+        beta2=0.9998,
+        mc_samples=1,
+        rescale_lr=False,
+        reset_posterior=True,
     )
     precision = {} if family == "isotropic" else unflatten(np.full_like(mean, precision), runtime.layout)
-    return encode(pb.Instruction(header=header), message,
-                  {"global_mean": unflatten(mean, runtime.layout), "global_precision": precision}), mean
+    return encode(
+        pb.Instruction(header=header),
+        message,
+        {"global_mean": unflatten(mean, runtime.layout), "global_precision": precision},
+    ), mean
 
 
 def run_round(runtime, server_round, strategy, accepted=0):
@@ -66,8 +74,9 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
     again, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm", accepted=1)
     assert again.reply.resumed_from_round == 1
     for group in GROUPS:
-        np.testing.assert_array_equal(flatten(again.tensors[group], runtime.layout),
-                                      flatten(payload.tensors[group], runtime.layout))
+        np.testing.assert_array_equal(
+            flatten(again.tensors[group], runtime.layout), flatten(payload.tensors[group], runtime.layout)
+        )
     # Round 2's reply was lost: round 3 rolls back to round 1's state, not round 2's.
     third, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 3, "bayesadmm", accepted=1)
     assert third.reply.resumed_from_round == 1
@@ -83,8 +92,9 @@ def test_fedadmm_client_is_a_point_estimate_with_linear_dual(tmp_path):
     runtime = make_runtime(tmp_path, "fedadmm")
     content, global_mean = instruction(runtime, 1, dual_step=0.2)
     layouts = {"local_mean": runtime.layout, "local_precision": {}, "dual_mean": runtime.layout, "dual_precision": {}}
-    payload = decode(get_algorithm("fedadmm").client_half()(content, runtime), pb.Reply, pb.BayesADMMReply, layouts,
-                     sender="client")
+    payload = decode(
+        get_algorithm("fedadmm").client_half()(content, runtime), pb.Reply, pb.BayesADMMReply, layouts, sender="client"
+    )
     # fixed unit covariance: no precisions travel (S_k = 1, U_k = 0 on both sides)
     assert payload.tensors["local_precision"] == {} and payload.tensors["dual_precision"] == {}
     m_k, v_k = (flatten(payload.tensors[g], runtime.layout) for g in ("local_mean", "dual_mean"))
@@ -96,8 +106,9 @@ def test_full_covariance_client_solves_eq34_with_newton_steps(tmp_path):
     """bayesadmm-full (App. C.4) on a 7x7 logistic regression: after enough Newton steps the client's
     mean is the stationary point of Eq. 34, its precision is S̄ + H/ρ, and the duals move by γ(S_k m_k - S̄ m̄)
     and γ(S_k - S̄) as full matrices."""
-    settings = run_settings({**DEFAULTS, "strategy": "bayesadmm-full", "fraction": 0.05,
-                                            "model": "logreg", "pool": 4, "temperature": 1.0})
+    settings = run_settings(
+        {**DEFAULTS, "strategy": "bayesadmm-full", "fraction": 0.05, "model": "logreg", "pool": 4, "temperature": 1.0}
+    )
     node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 10, "state-dir": str(tmp_path)}, "cpu")
     runtime = ClientRuntime.create(settings, node)
     size, rho, gamma = 500, 0.5, 0.1
@@ -106,16 +117,34 @@ def test_full_covariance_client_solves_eq34_with_newton_steps(tmp_path):
     message = pb.BayesADMMInstruction(
         family="full",
         training=pb.LocalTraining(epochs=10, batch_size=32, learning_rate=1.0, optimizer="adam", seed=0),
-        rho=rho, dual_step=gamma, temperature=1.0, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
-        rescale_lr=False, reset_posterior=True,
+        rho=rho,
+        dual_step=gamma,
+        temperature=1.0,
+        hess_init=1e-3,
+        beta1=0.9,
+        beta2=0.9998,
+        mc_samples=1,
+        rescale_lr=False,
+        reset_posterior=True,
     )
-    content = encode(pb.Instruction(header=new_header(settings.federation, 1)), message,
-                     {"global_mean": unflatten(global_mean, runtime.layout),
-                      "global_precision": {"matrix": global_precision.astype(np.float32)}})
+    content = encode(
+        pb.Instruction(header=new_header(settings.federation, 1)),
+        message,
+        {
+            "global_mean": unflatten(global_mean, runtime.layout),
+            "global_precision": {"matrix": global_precision.astype(np.float32)},
+        },
+    )
     matrix = {"matrix": (size, size)}
-    layouts = {"local_mean": runtime.layout, "local_precision": matrix, "dual_mean": runtime.layout,
-               "dual_precision": matrix}
-    payload = decode(get_algorithm("bayesadmm-full").client_half()(content, runtime), pb.Reply, pb.BayesADMMReply, layouts, "client")
+    layouts = {
+        "local_mean": runtime.layout,
+        "local_precision": matrix,
+        "dual_mean": runtime.layout,
+        "dual_precision": matrix,
+    }
+    payload = decode(
+        get_algorithm("bayesadmm-full").client_half()(content, runtime), pb.Reply, pb.BayesADMMReply, layouts, "client"
+    )
     m_k = torch.from_numpy(flatten(payload.tensors["local_mean"], runtime.layout))
     s_k = torch.from_numpy(payload.tensors["local_precision"]["matrix"]).double()
 
@@ -138,12 +167,23 @@ def test_full_covariance_client_solves_eq34_with_newton_steps(tmp_path):
     # Round 2 in a new process: the (P, P) dual comes back from the durable store.
     header = new_header(settings.federation, 2)
     header.accepted_rounds["client-0"] = 1
-    content = encode(pb.Instruction(header=header), message,
-                     {"global_mean": unflatten(global_mean, runtime.layout),
-                      "global_precision": {"matrix": global_precision.astype(np.float32)}})
-    second = decode(get_algorithm("bayesadmm-full").client_half()(content, ClientRuntime.create(settings, node)),
-                    pb.Reply, pb.BayesADMMReply, layouts, "client")
+    content = encode(
+        pb.Instruction(header=header),
+        message,
+        {
+            "global_mean": unflatten(global_mean, runtime.layout),
+            "global_precision": {"matrix": global_precision.astype(np.float32)},
+        },
+    )
+    second = decode(
+        get_algorithm("bayesadmm-full").client_half()(content, ClientRuntime.create(settings, node)),
+        pb.Reply,
+        pb.BayesADMMReply,
+        layouts,
+        "client",
+    )
     assert second.reply.resumed_from_round == 1
     s_k2 = second.tensors["local_precision"]["matrix"].astype(np.float64)
-    np.testing.assert_allclose(second.tensors["dual_precision"]["matrix"], u_k + gamma * (s_k2 - global_precision),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        second.tensors["dual_precision"]["matrix"], u_k + gamma * (s_k2 - global_precision), rtol=1e-4, atol=1e-4
+    )

@@ -6,14 +6,13 @@ import pytest
 import torch
 
 import fedbayes.strategies.bayesadmm.client as bayesadmm
-from fedbayes.strategies.bayesadmm.server import BayesADMM
 from fedbayes.bayes.params import flatten, get_parameters, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode, encode, new_header
-from fedbayes.tasks.config import ConfigError
 from fedbayes.strategies import run_settings
-from tests.support import DEFAULTS
-from tests.support import partition_runtime, settings
+from fedbayes.strategies.bayesadmm.server import BayesADMM
+from fedbayes.tasks.config import ConfigError
+from tests.support import DEFAULTS, partition_runtime, settings
 
 GROUPS = ("local_mean", "local_precision", "dual_mean", "dual_precision")
 
@@ -30,12 +29,26 @@ def instruction(client, server_round, shared_noise):
     message = pb.BayesADMMInstruction(
         family="diagonal",
         training=pb.LocalTraining(epochs=1, batch_size=32, learning_rate=5e-5, optimizer="adam", seed=0),
-        rho=0.2, dual_step=2e-4, temperature=1e-3, hess_init=1e-3, beta1=0.9, beta2=0.9998, mc_samples=1,
-        rescale_lr=False, reset_posterior=True, shared_noise=shared_noise, noise_seed=7,
+        rho=0.2,
+        dual_step=2e-4,
+        temperature=1e-3,
+        hess_init=1e-3,
+        beta1=0.9,
+        beta2=0.9998,
+        mc_samples=1,
+        rescale_lr=False,
+        reset_posterior=True,
+        shared_noise=shared_noise,
+        noise_seed=7,
     )
-    return encode(pb.Instruction(header=new_header(client.settings.federation, server_round)), message,
-                  {"global_mean": unflatten(mean, client.layout),
-                   "global_precision": unflatten(np.ones_like(mean), client.layout)})
+    return encode(
+        pb.Instruction(header=new_header(client.settings.federation, server_round)),
+        message,
+        {
+            "global_mean": unflatten(mean, client.layout),
+            "global_precision": unflatten(np.ones_like(mean), client.layout),
+        },
+    )
 
 
 @pytest.fixture
@@ -53,8 +66,12 @@ def draws(monkeypatch):
 
 
 def local_mean(reply, client):
-    return flatten(decode(reply, pb.Reply, pb.BayesADMMReply, {g: client.layout for g in GROUPS}, sender="client")
-                   .tensors["local_mean"], client.layout)
+    return flatten(
+        decode(reply, pb.Reply, pb.BayesADMMReply, {g: client.layout for g in GROUPS}, sender="client").tensors[
+            "local_mean"
+        ],
+        client.layout,
+    )
 
 
 def train(clients, server_round, shared_noise):
@@ -79,23 +96,28 @@ def test_independent_noise_differs_between_clients_and_rounds(tmp_path, draws):
     train(clients, 2, shared_noise=False)
     assert len({seed for seed, _ in draws}) == 4
     states = [state for _, state in draws]
-    assert not any(torch.equal(a, b) for i, a in enumerate(states) for b in states[i + 1:])
+    assert not any(torch.equal(a, b) for i, a in enumerate(states) for b in states[i + 1 :])
     assert not np.array_equal(first[0], first[1])
 
 
 def test_server_sends_the_run_seed_as_noise_seed():
-    from tests.support import FakeGrid, round_core
     from flwr.app import Array, ArrayRecord
 
+    from tests.support import FakeGrid, round_core
+
     for noise, shared in (("shared", True), ("independent", False)):
-        settings = run_settings({**DEFAULTS, "strategy": "bayesadmm", "model": "logreg",
-                                                "noise": noise, "seed": 11})
+        settings = run_settings({**DEFAULTS, "strategy": "bayesadmm", "model": "logreg", "noise": noise, "seed": 11})
         layout = {"weight": (2, 5), "bias": (2,)}
         server = BayesADMM(settings, layout)
         arrays = ArrayRecord({"weight": Array(np.zeros((2, 5), np.float32)), "bias": Array(np.zeros(2, np.float32))})
         [message] = round_core(server).configure(1, arrays, FakeGrid([1]))
-        sent = decode(message.content, pb.Instruction, pb.BayesADMMInstruction, {"global_mean": layout, "global_precision": layout},
-                      sender="server").message
+        sent = decode(
+            message.content,
+            pb.Instruction,
+            pb.BayesADMMInstruction,
+            {"global_mean": layout, "global_precision": layout},
+            sender="server",
+        ).message
         assert (sent.shared_noise, sent.noise_seed) == (shared, 11)
 
 

@@ -10,14 +10,10 @@ from flwr.app import Array, ArrayRecord
 from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import encode
-from fedbayes.strategies.bayesadmm.server import BayesADMM
-from fedbayes.strategies.bayesadmm.math import Duals, dual_step, server_step
 from fedbayes.strategies import run_settings
-from tests.support import reply_message
-from tests.support import DEFAULTS
-from tests.support import FakeGrid
-from tests.support import round_core
-from tests.support import reply_envelope
+from fedbayes.strategies.bayesadmm.math import Duals, dual_step, server_step
+from fedbayes.strategies.bayesadmm.server import BayesADMM
+from tests.support import DEFAULTS, FakeGrid, reply_envelope, reply_message, round_core
 
 LAYOUT = {"w": (2,)}
 
@@ -30,8 +26,16 @@ def reply(client, server_round, mean, precision, global_, resumed_from, previous
     envelope = reply_envelope(client, server_round, 10, resumed_from_round=resumed_from)
     as_arrays = lambda t: {"w": t.numpy().astype(np.float32)}  # noqa: E731
     sent = sent_duals or duals
-    content = encode(envelope, pb.BayesADMMReply(), {"local_mean": as_arrays(local.mean), "local_precision": as_arrays(local.precision),
-                               "dual_mean": as_arrays(sent.mean), "dual_precision": as_arrays(sent.precision)})
+    content = encode(
+        envelope,
+        pb.BayesADMMReply(),
+        {
+            "local_mean": as_arrays(local.mean),
+            "local_precision": as_arrays(local.precision),
+            "dual_mean": as_arrays(sent.mean),
+            "dual_precision": as_arrays(sent.precision),
+        },
+    )
     return content, local, duals
 
 
@@ -64,8 +68,12 @@ def test_mean_over_repliers_sum_over_all_known_clients_and_join():
     alpha = 1 / (1 + settings.rho * 3)
     sum_u = duals_a2.precision + duals_b1.precision + duals_c2.precision
     mean_s = (local_a2.precision + local_c2.precision) / 2
-    torch.testing.assert_close(server.strategy.global_.precision, (1 - alpha) * mean_s + alpha * (settings.prior_precision + sum_u),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        server.strategy.global_.precision,
+        (1 - alpha) * mean_s + alpha * (settings.prior_precision + sum_u),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_lost_client_state_is_reported_and_the_clients_duals_are_used(caplog):
@@ -127,15 +135,18 @@ def test_a_restored_server_continues_exactly_like_the_original():
         assert original.strategy.state.duals[client].round == restored.strategy.state.duals[client].round
 
 
-@pytest.mark.parametrize("overrides, problem", [
-    ({"model": "mlp"}, "needs model=logreg"),
-    ({"model": "logreg", "pool": 1}, "pool=4"),  # 7850 parameters: a 7850 x 7850 precision per message
-])
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        ({"model": "mlp"}, "needs model=logreg"),
+        ({"model": "logreg", "pool": 1}, "pool=4"),  # 7850 parameters: a 7850 x 7850 precision per message
+    ],
+)
 def test_full_covariance_refuses_models_it_cannot_carry(overrides, problem):
+    from fedbayes.bayes.params import parameter_layout
     from fedbayes.strategies import get_algorithm
     from fedbayes.tasks.config import ConfigError
     from fedbayes.tasks.models import build_model
-    from fedbayes.bayes.params import parameter_layout
 
     settings = run_settings({**DEFAULTS, "strategy": "bayesadmm-full", **overrides})
     model = build_model(settings.model, (1, 28, 28), 10, pool=settings.pool)

@@ -12,7 +12,8 @@ from safetensors.numpy import save_file
 
 from fedbayes.server.checkpoint import CHECKPOINT_FILE, CheckpointError, CheckpointStore, checksum
 from fedbayes.server.loop import ResultsLog
-from tests.support import DEFAULTS, checkpoint, fedavg_reply, model_arrays, run_loop as run, weights
+from tests.support import DEFAULTS, checkpoint, fedavg_reply, model_arrays, weights
+from tests.support import run_loop as run
 
 
 def store(tmp_path, **options):
@@ -67,7 +68,10 @@ def test_results_of_checkpointed_rounds_are_kept_on_resume(tmp_path):
     path.write_text(rows + '{"round": 4, "accur')  # round 4 was being written when the server died
     ResultsLog(str(path), keep_through_round=2).write({"round": 3, "accuracy": 0.33})
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
-        {"round": 1, "accuracy": 0.1}, {"round": 2, "accuracy": 0.2}, {"round": 3, "accuracy": 0.33}]
+        {"round": 1, "accuracy": 0.1},
+        {"round": 2, "accuracy": 0.2},
+        {"round": 3, "accuracy": 0.33},
+    ]
     ResultsLog(str(path), if_exists="replace")  # a fresh run told to replace the file starts it empty
     assert path.read_text() == ""
 
@@ -81,31 +85,44 @@ def test_the_newest_is_linked_under_the_stable_name(tmp_path):
     with safe_open(checkpoints.path, framework="np") as newest:  # tools read it like any checkpoint file
         assert newest.metadata()["round"] == "2"
     assert sorted(path.name for path in (tmp_path / "fed").iterdir()) == [
-        "checkpoint-1.safetensors", "checkpoint-2.safetensors", CHECKPOINT_FILE]
+        "checkpoint-1.safetensors",
+        "checkpoint-2.safetensors",
+        CHECKPOINT_FILE,
+    ]
 
 
-@pytest.mark.parametrize(("edit", "field"), [
-    ({"metadata": {"round": "-5"}}, "'round' is '-5', not a round number"),
-    ({"metadata": {"round": "-5"}, "keep_checksum": True}, "'round' is '-5'"),  # named, not a bare mismatch
-    ({"metadata": {"round": "2"}}, "'round' is 2, but the file is named for round 3"),
-    ({"metadata": {"round": None}}, "'round' is missing"),
-    ({"metadata": {"wall_seconds": "nan"}}, "'wall_seconds' is 'nan', not a finite number of seconds >= 0"),
-    ({"metadata": {"wall_seconds": "-1.0"}}, "'wall_seconds' is '-1.0'"),
-    ({"metadata": {"run_config": '{"lr": 0.1'}}, "'run_config' is not valid JSON"),
-    ({"metadata": {"strategy": "[]"}}, "'strategy' is not a JSON object but list"),
-    ({"metadata": {"strategy": '{"dual_rounds": 2}'}}, "'strategy' is not an object of strings"),
-    ({"metadata": {"checksum": None}, "keep_checksum": True}, "'checksum' is missing"),
-    ({"tensors": {"global/1.weight": np.array([[0, np.nan, 0], [0, 0, 0]], np.float32)}},
-     r"'global/1.weight' holds non-finite values \(1 NaN, 0 infinite of 6\)"),
-    ({"tensors": {"strategy/duals/a/mean": np.array([0, np.inf])}}, "'strategy/duals/a/mean' holds non-finite"),
-    ({"tensors": {"global/1.weight": np.zeros((3, 2), np.float32)}}, r"'global/1.weight' has shape \(3, 2\), the "
-     r"model's is \(2, 3\)"),
-    ({"tensors": {"global/1.bias": np.ones(2)}}, "'global/1.bias' has dtype float64, the model's is float32"),
-    ({"tensors": {"global/1.bias": None}}, "'global/1.bias' is missing"),
-    ({"tensors": {"global/2.weight": np.ones(2, np.float32)}}, "'global/2.weight' is not an array of the model"),
-    ({"metadata": {"run_config": json.dumps({**DEFAULTS, "lr": 0.5})}, "keep_checksum": True},
-     "'checksum' does not match the file's contents"),
-])
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        ({"metadata": {"round": "-5"}}, "'round' is '-5', not a round number"),
+        ({"metadata": {"round": "-5"}, "keep_checksum": True}, "'round' is '-5'"),  # named, not a bare mismatch
+        ({"metadata": {"round": "2"}}, "'round' is 2, but the file is named for round 3"),
+        ({"metadata": {"round": None}}, "'round' is missing"),
+        ({"metadata": {"wall_seconds": "nan"}}, "'wall_seconds' is 'nan', not a finite number of seconds >= 0"),
+        ({"metadata": {"wall_seconds": "-1.0"}}, "'wall_seconds' is '-1.0'"),
+        ({"metadata": {"run_config": '{"lr": 0.1'}}, "'run_config' is not valid JSON"),
+        ({"metadata": {"strategy": "[]"}}, "'strategy' is not a JSON object but list"),
+        ({"metadata": {"strategy": '{"dual_rounds": 2}'}}, "'strategy' is not an object of strings"),
+        ({"metadata": {"checksum": None}, "keep_checksum": True}, "'checksum' is missing"),
+        (
+            {"tensors": {"global/1.weight": np.array([[0, np.nan, 0], [0, 0, 0]], np.float32)}},
+            r"'global/1.weight' holds non-finite values \(1 NaN, 0 infinite of 6\)",
+        ),
+        ({"tensors": {"strategy/duals/a/mean": np.array([0, np.inf])}}, "'strategy/duals/a/mean' holds non-finite"),
+        (
+            {"tensors": {"global/1.weight": np.zeros((3, 2), np.float32)}},
+            r"'global/1.weight' has shape \(3, 2\), the "
+            r"model's is \(2, 3\)",
+        ),
+        ({"tensors": {"global/1.bias": np.ones(2)}}, "'global/1.bias' has dtype float64, the model's is float32"),
+        ({"tensors": {"global/1.bias": None}}, "'global/1.bias' is missing"),
+        ({"tensors": {"global/2.weight": np.ones(2, np.float32)}}, "'global/2.weight' is not an array of the model"),
+        (
+            {"metadata": {"run_config": json.dumps({**DEFAULTS, "lr": 0.5})}, "keep_checksum": True},
+            "'checksum' does not match the file's contents",
+        ),
+    ],
+)
 def test_a_damaged_checkpoint_is_refused_naming_the_file_and_the_field(tmp_path, edit, field):
     checkpoints = store(tmp_path)
     checkpoints.save(checkpoint(3))
@@ -143,14 +160,20 @@ def test_a_checkpoint_of_another_format_is_refused(tmp_path):
         store(tmp_path).load()
 
 
-@pytest.mark.parametrize(("arrays", "strategy_tensors", "refusal"), [
-    ({**model_arrays(), "1.bias": np.array([1, np.inf], np.float32)}, None,
-     r"'global/1.bias' holds non-finite values \(0 NaN, 1 infinite of 2\)"),
-    (None, {"duals/a/mean": np.array([np.nan, 1.0])}, "'strategy/duals/a/mean' holds non-finite values"),
-    ({**model_arrays(), "1.weight": np.zeros((3, 2), np.float32)}, None, r"'1.weight' has shape \(3, 2\)"),
-    ({"1.weight": model_arrays()["1.weight"]}, None, "'1.bias' is missing"),
-    ({**model_arrays(), "extra": np.zeros(1, np.float32)}, None, "'extra' is not an array of the model"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "strategy_tensors", "refusal"),
+    [
+        (
+            {**model_arrays(), "1.bias": np.array([1, np.inf], np.float32)},
+            None,
+            r"'global/1.bias' holds non-finite values \(0 NaN, 1 infinite of 2\)",
+        ),
+        (None, {"duals/a/mean": np.array([np.nan, 1.0])}, "'strategy/duals/a/mean' holds non-finite values"),
+        ({**model_arrays(), "1.weight": np.zeros((3, 2), np.float32)}, None, r"'1.weight' has shape \(3, 2\)"),
+        ({"1.weight": model_arrays()["1.weight"]}, None, "'1.bias' is missing"),
+        ({**model_arrays(), "extra": np.zeros(1, np.float32)}, None, "'extra' is not an array of the model"),
+    ],
+)
 def test_save_refuses_a_bad_state_and_writes_nothing(tmp_path, arrays, strategy_tensors, refusal):
     checkpoints = store(tmp_path)
     checkpoints.save(checkpoint(1))
@@ -176,8 +199,11 @@ def test_resume_from_round_loads_that_kept_round(tmp_path):
     loaded = store(tmp_path, resume_from_round=2).load()
     assert loaded.server_round == 2
     np.testing.assert_array_equal(loaded.arrays["1.weight"], model_arrays(2)["1.weight"])
-    with pytest.raises(CheckpointError, match=r"resume-from-round=7: .* holds no checkpoint of that round "
-                                              r"\(kept rounds: 1, 2, 3; 0 resumes from the newest\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"resume-from-round=7: .* holds no checkpoint of that round "
+        r"\(kept rounds: 1, 2, 3; 0 resumes from the newest\)",
+    ):
         store(tmp_path, resume_from_round=7).load()
     with pytest.raises(CheckpointError, match=r"kept rounds: none"):  # a new federation: nothing to resume from
         CheckpointStore(tmp_path, "new", DEFAULTS, resume_from_round=2).load()
@@ -196,19 +222,25 @@ def test_a_damaged_newest_offers_the_intact_kept_rounds_and_falls_back_to_none(t
     assert str(refused.value) == (
         f"server checkpoint {checkpoints.round_path(3)} is damaged: 'wall_seconds' is 'nan', not a finite number of "
         "seconds >= 0; intact kept checkpoints: rounds 1; to resume from round 1: set resume-from-round=1 (the "
-        "rounds after it run again)")
+        "rounds after it run again)"
+    )
     assert store(tmp_path, resume_from_round=1).load().server_round == 1
 
 
 def test_resuming_from_an_older_round_drops_the_later_ones_before_running(tmp_path):
     """Rounds 3 and 4 run again from round 2's checkpoint: their old checkpoints are gone before round 3 runs (a
     crash now resumes from round 2, whose rows the results file holds), and the new ones replace them."""
+
     def reply(value):
         return lambda server_round, node: fedavg_reply(f"client-{node}", server_round, value=value)
 
     initial = weights(0.0)
-    run(tmp_path, reply(1.0), rounds=4, checkpoints=CheckpointStore(tmp_path / "state", "fed", {},
-                                                                     initial_arrays=initial))
+    run(
+        tmp_path,
+        reply(1.0),
+        rounds=4,
+        checkpoints=CheckpointStore(tmp_path / "state", "fed", {}, initial_arrays=initial),
+    )
     resumed = CheckpointStore(tmp_path / "state", "fed", {}, initial_arrays=initial, resume_from_round=2)
     kept_while_round_3_ran = []
 

@@ -21,8 +21,13 @@ NO_GPU = "no CUDA GPU on this machine (CI has none): the cuda path is checked on
 
 def tiny_images(size: int = 40) -> Dataset:
     generator = torch.Generator().manual_seed(0)
-    return Dataset("cifar10", torch.rand(size, 3, 16, 16, generator=generator),
-                   torch.randint(0, 10, (size,), generator=generator), 10, pixel_scale=1.0)
+    return Dataset(
+        "cifar10",
+        torch.rand(size, 3, 16, 16, generator=generator),
+        torch.randint(0, 10, (size,), generator=generator),
+        10,
+        pixel_scale=1.0,
+    )
 
 
 def optimizers(model: torch.nn.Module, first: str = "adam"):

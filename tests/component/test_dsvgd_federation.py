@@ -2,7 +2,6 @@
 scheduling, the server adopting uploads bit for bit, local particles staying on their client, dropped
 replies, checkpoints, P-DSVGD."""
 
-
 import numpy as np
 import torch
 
@@ -10,21 +9,38 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.dsvgd.math import initial_particles
-from tests.support import declared_payload, reply_message
-from tests.support import FakeGrid
-from tests.support import newest_state
-from tests.support import partition_runtime, settings
-from tests.support import round_core
-
+from tests.support import (
+    FakeGrid,
+    declared_payload,
+    newest_state,
+    partition_runtime,
+    reply_message,
+    round_core,
+    settings,
+)
 
 NODE_CLIENTS = {11: "client-2", 12: "client-0", 13: "client-1"}  # node order is not client-id order
 
 
 def federation(tmp_path, strategy="dsvgd", **overrides):
-    run = settings(**{"strategy": strategy, "fraction": 0.05, "model": "logreg", "pool": 4, "particles": 3,
-                      "local-steps": 3, "distill-steps": 3, "svgd-lr": 0.01, "distill-lr": 0.01, **overrides})
-    runtimes = {node: partition_runtime(run, tmp_path, int(client.split("-")[1]), 3, client)
-                for node, client in NODE_CLIENTS.items()}
+    run = settings(
+        **{
+            "strategy": strategy,
+            "fraction": 0.05,
+            "model": "logreg",
+            "pool": 4,
+            "particles": 3,
+            "local-steps": 3,
+            "distill-steps": 3,
+            "svgd-lr": 0.01,
+            "distill-lr": 0.01,
+            **overrides,
+        }
+    )
+    runtimes = {
+        node: partition_runtime(run, tmp_path, int(client.split("-")[1]), 3, client)
+        for node, client in NODE_CLIENTS.items()
+    }
     layout = runtimes[11].layout
     return round_core(get_algorithm(strategy).build_server(run, layout)), runtimes, run
 
@@ -43,8 +59,11 @@ def run_round(core, runtimes, server_round, lose_reply=False):
 
 
 def store_files(runtime):
-    return {path.name: path.read_bytes() for path in runtime.state_store("fed").directory.glob("*")} \
-        if runtime.state_store("fed").directory.is_dir() else {}
+    return (
+        {path.name: path.read_bytes() for path in runtime.state_store("fed").directory.glob("*")}
+        if runtime.state_store("fed").directory.is_dir()
+        else {}
+    )
 
 
 def all_tensors(content, message_type):
@@ -63,7 +82,9 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
         node = messages[0].metadata.dst_node_id
         scheduled.append(NODE_CLIENTS[node])
         reply = decode(replies[0].content, pb.Reply, pb.DSVGDReply, {"particles": layout}, sender="test")
-        assert [(spec.name, tuple(spec.shape)) for spec in reply.message.particles.tensors] == [("particles", (3, size))]
+        assert [(spec.name, tuple(spec.shape)) for spec in reply.message.particles.tensors] == [
+            ("particles", (3, size))
+        ]
         assert not reply.envelope.buffers.tensors  # the MLP has none
         assert np.array_equal(core.strategy.particles, reply.tensors["particles"]["particles"])  # bit for bit
         assert core.strategy.particles.shape == (3, size) and core.strategy.particles.dtype == np.float32
@@ -75,7 +96,9 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
         wire += [(messages[0].content, pb.DSVGDInstruction), (replies[0].content, pb.DSVGDReply)]
     # discovery in node order, then round-robin continuing in client-id order
     assert scheduled == ["client-2", "client-0", "client-1", "client-2", "client-0", "client-1", "client-2"]
-    stored = [newest_state(runtime.state_store("fed")).tensors["local_particles"].numpy() for runtime in runtimes.values()]
+    stored = [
+        newest_state(runtime.state_store("fed")).tensors["local_particles"].numpy() for runtime in runtimes.values()
+    ]
     assert all(local.shape == (3, size) for local in stored)
     for content, message_type in wire:
         for value in all_tensors(content, message_type):
@@ -97,8 +120,13 @@ def test_a_lost_reply_leaves_the_particles_and_the_clients_next_start_alone(tmp_
         messages, replies = run_round(core, runtimes, server_round)
         assert core.round_report.fresh_starts == []  # it restarted from round 1's particles, not afresh
     assert messages[0].metadata.dst_node_id == lost_node
-    reply = decode(replies[0].content, pb.Reply, pb.DSVGDReply, {"particles": {"particles": core.strategy.particles.shape}},
-                   sender="test")
+    reply = decode(
+        replies[0].content,
+        pb.Reply,
+        pb.DSVGDReply,
+        {"particles": {"particles": core.strategy.particles.shape}},
+        sender="test",
+    )
     assert reply.reply.resumed_from_round == 1
     assert core.accepted_rounds["client-2"] == 7
 

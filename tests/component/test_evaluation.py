@@ -19,7 +19,11 @@ from fedbayes.deploy.launcher import format_row
 from fedbayes.deploy.progress import Progress, parse_round_log_line
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import (
-    ServerEvaluation, batched_member_probs, compute_threads, member_probs, evaluation_subset,
+    ServerEvaluation,
+    batched_member_probs,
+    compute_threads,
+    evaluation_subset,
+    member_probs,
     with_evaluation_defaults,
 )
 from fedbayes.server.loop import progress_line
@@ -27,10 +31,8 @@ from fedbayes.tasks.config import ConfigError, round_seed
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import build_model
 from fedbayes.tasks.report import load_runs, summary
-from tests.support import fedavg_reply
-from tests.support import DEFAULTS
-from tests.support import rows, run_loop as run
-from tests.support import settings
+from tests.support import DEFAULTS, fedavg_reply, rows, settings
+from tests.support import run_loop as run
 
 CPU = torch.device("cpu")
 IMAGE = (1, 28, 28)
@@ -50,8 +52,13 @@ class GaussianStrategy:
         self.buffer_layout = {name: tuple(value.shape) for name, value in model.named_buffers()}
 
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
-        return [{name: value + 0.05 * torch.randn(value.shape, generator=generator).numpy()
-                 for name, value in self.mean.items()} for _ in range(count)]
+        return [
+            {
+                name: value + 0.05 * torch.randn(value.shape, generator=generator).numpy()
+                for name, value in self.mean.items()
+            }
+            for _ in range(count)
+        ]
 
 
 def global_arrays(model: nn.Module) -> dict:
@@ -79,7 +86,9 @@ def test_batched_and_one_pass_per_sample_ensembles_agree_to_round_off(model_name
     assert not torch.equal(one_each[0], one_each[1])  # the members differ: each one's weights were used
     exact, rounded = (classification_metrics(probs.mean(0), test.labels) for probs in (one_each, batched))
     assert rounded["accuracy"] == exact["accuracy"] and rounded["reliability"]["count"] == exact["reliability"]["count"]
-    assert rounded["nll"] == pytest.approx(exact["nll"], rel=1e-6) and rounded["ece"] == pytest.approx(exact["ece"], abs=1e-6)
+    assert rounded["nll"] == pytest.approx(exact["nll"], rel=1e-6) and rounded["ece"] == pytest.approx(
+        exact["ece"], abs=1e-6
+    )
 
 
 def test_eval_batched_rows_agree_with_one_pass_per_sample():
@@ -113,15 +122,28 @@ def test_the_default_mlp_evaluation_computes_what_the_server_computed_before():
 
 def test_defaults_follow_the_model_cost_and_what_is_set_is_kept():
     cores = len(os.sched_getaffinity(0))
-    for model_name, defaults in (("logreg", (1, 1.0, 32, 1)), ("mlp", (1, 1.0, 32, 1)), ("cnn-zenke", (5, 0.1, 4, cores)),
-                                 ("cnn-acar", (5, 0.1, 4, cores)), ("resnet20", (5, 0.1, 4, cores))):
+    for model_name, defaults in (
+        ("logreg", (1, 1.0, 32, 1)),
+        ("mlp", (1, 1.0, 32, 1)),
+        ("cnn-zenke", (5, 0.1, 4, cores)),
+        ("cnn-acar", (5, 0.1, 4, cores)),
+        ("resnet20", (5, 0.1, 4, cores)),
+    ):
         resolved = with_evaluation_defaults(settings(), build_model(model_name, IMAGE, 10), IMAGE)
-        assert (resolved.eval_every, resolved.eval_fraction, resolved.ensemble_samples, resolved.eval_threads) == \
-            defaults, model_name
+        assert (
+            resolved.eval_every,
+            resolved.eval_fraction,
+            resolved.ensemble_samples,
+            resolved.eval_threads,
+        ) == defaults, model_name
     chosen = {"eval-every": 3, "eval-fraction": 0.5, "ensemble-samples": 0, "eval-threads": 1}
     resolved = with_evaluation_defaults(settings(**chosen), build_model("cnn-zenke", IMAGE, 10), IMAGE)
-    assert (resolved.eval_every, resolved.eval_fraction, resolved.ensemble_samples, resolved.eval_threads) == \
-        (3, 0.5, 0, 1)
+    assert (resolved.eval_every, resolved.eval_fraction, resolved.ensemble_samples, resolved.eval_threads) == (
+        3,
+        0.5,
+        0,
+        1,
+    )
 
 
 def test_the_subset_is_drawn_from_the_run_seed_and_fixed():
@@ -135,15 +157,17 @@ def test_the_subset_is_drawn_from_the_run_seed_and_fixed():
 
 
 def test_rounds_before_the_last_evaluate_the_seeded_subset_and_the_last_the_whole_test_set():
-    evaluate, model, test = evaluation("mlp", count=200, **{"eval-fraction": 0.25, "num-server-rounds": 4,
-                                                             "ensemble-samples": 2})
+    evaluate, model, test = evaluation(
+        "mlp", count=200, **{"eval-fraction": 0.25, "num-server-rounds": 4, "ensemble-samples": 2}
+    )
     arrays = global_arrays(model)
     subset = test.subset(evaluation_subset(200, 0.25, seed=0))
     early, last = evaluate(arrays, 3), evaluate(arrays, 4)
     assert (early["eval_examples"], early["eval_fraction"], early["eval_samples"]) == (50, 0.25, 2)
     assert (last["eval_examples"], last["eval_fraction"], last["eval_samples"]) == (200, 1.0, 2)
-    expected = classification_metrics(member_probs(model, [{n: arrays[n].numpy() for n in arrays}], subset.images,
-                                                   2000, CPU)[0], subset.labels)
+    expected = classification_metrics(
+        member_probs(model, [{n: arrays[n].numpy() for n in arrays}], subset.images, 2000, CPU)[0], subset.labels
+    )
     assert {key: early[key] for key in expected} == expected
     assert evaluate(arrays, 2)["accuracy"] == early["accuracy"]  # the same examples every round
 
@@ -161,8 +185,13 @@ def test_the_evaluation_runs_on_eval_threads_and_gives_the_others_back():
             return self.fc(x.flatten(1))
 
     model, test = Recording(), images(8, shape=(1, 2, 2), classes=3)
-    evaluate = ServerEvaluation(model, test, GaussianStrategy(model), with_evaluation_defaults(
-        settings(**{"eval-threads": 3, "ensemble-samples": 2}), model, (1, 2, 2)), CPU)
+    evaluate = ServerEvaluation(
+        model,
+        test,
+        GaussianStrategy(model),
+        with_evaluation_defaults(settings(**{"eval-threads": 3, "ensemble-samples": 2}), model, (1, 2, 2)),
+        CPU,
+    )
     before = torch.get_num_threads()
     evaluate(global_arrays(model), 1)
     assert seen[-3:] == [3, 3, 3] and torch.get_num_threads() == before  # the mean and 2 samples
@@ -184,22 +213,35 @@ class Tiny(nn.Module):
 
 def test_eval_every_writes_rows_without_test_metrics_that_every_reader_of_rows_copes_with(tmp_path):
     model, test = Tiny(), images(40, shape=(1, 2, 2), classes=3)
-    run_settings = with_evaluation_defaults(settings(**{"num-server-rounds": 5, "eval-every": 2, "eval-fraction": 0.5,
-                                                        "ensemble-samples": 2}), model, (1, 2, 2))
+    run_settings = with_evaluation_defaults(
+        settings(**{"num-server-rounds": 5, "eval-every": 2, "eval-fraction": 0.5, "ensemble-samples": 2}),
+        model,
+        (1, 2, 2),
+    )
     evaluate = ServerEvaluation(model, test, GaussianStrategy(model), run_settings, CPU)
-    run(tmp_path, lambda server_round, node: fedavg_reply(f"client-{node}", server_round, value=0.1 * server_round),
-        rounds=5, evaluate=evaluate)
+    run(
+        tmp_path,
+        lambda server_round, node: fedavg_reply(f"client-{node}", server_round, value=0.1 * server_round),
+        rounds=5,
+        evaluate=evaluate,
+    )
     written = rows(tmp_path)
     evaluated = [row["round"] for row in written if row["accuracy"] is not None]
     assert evaluated == [2, 4, 5]
     for row in written:
         if row["round"] in (1, 3):
-            assert (row["nll"], row["ece"], row["reliability"], row["eval_examples"], row["eval_samples"]) == \
-                (None, None, None, 0, 0) and "accuracy_ensemble" not in row
+            assert (row["nll"], row["ece"], row["reliability"], row["eval_examples"], row["eval_samples"]) == (
+                None,
+                None,
+                None,
+                0,
+                0,
+            ) and "accuracy_ensemble" not in row
         else:
             full = row["round"] == 5
-            assert (row["eval_examples"], row["eval_fraction"], row["eval_samples"]) == \
-                ((40, 1.0, 2) if full else (20, 0.5, 2))
+            assert (row["eval_examples"], row["eval_fraction"], row["eval_samples"]) == (
+                (40, 1.0, 2) if full else (20, 0.5, 2)
+            )
             assert 0 <= row["accuracy_ensemble"] <= 1
     # the ServerApp's log line, and the progress line `fedbayes local` and `fedbayes run` make of it
     lines = [progress_line(row, 5) for row in written]
@@ -244,14 +286,17 @@ def test_the_evaluation_keys_may_change_on_resume(tmp_path):
     assert CheckpointStore(tmp_path, "fed", changed).load().server_round == 3
 
 
-@pytest.mark.parametrize(("key", "value", "requirement"), [
-    ("eval-every", -1, "must be >= 0"),
-    ("eval-fraction", 1.5, r"must be in \(0, 1\], or 0"),
-    ("eval-fraction", -0.1, r"must be in \(0, 1\], or 0"),
-    ("eval-threads", -2, "must be >= 0"),
-    ("ensemble-samples", -2, "must be >= 0, or -1"),
-    ("eval-batched", "yes", "must be bool"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "requirement"),
+    [
+        ("eval-every", -1, "must be >= 0"),
+        ("eval-fraction", 1.5, r"must be in \(0, 1\], or 0"),
+        ("eval-fraction", -0.1, r"must be in \(0, 1\], or 0"),
+        ("eval-threads", -2, "must be >= 0"),
+        ("ensemble-samples", -2, "must be >= 0, or -1"),
+        ("eval-batched", "yes", "must be bool"),
+    ],
+)
 def test_a_bad_value_is_refused_naming_the_key(key, value, requirement):
     with pytest.raises(ConfigError, match=rf"run config '{key}' {requirement}"):
         settings(**{key: value})

@@ -20,13 +20,21 @@ from fedbayes.server.checkpoint import Checkpoint, CheckpointError, CheckpointSt
 from fedbayes.tasks.config import round_seed
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
+from tests.support import DEFAULTS, InProcessFederation
 
 KINDS = {
-    "fedavg": "point", "fedprox": "point", "feddyn": "point", "fedpa": "point", "fedadmm": "point",
-    "bayesadmm": "gaussian-diagonal", "bayesadmm-full": "gaussian-full", "fedlap": "gaussian-diagonal",
-    "fedlap-cov": "gaussian-diagonal", "dsvgd": "particles", "p-dsvgd": "particles", "u-dsvgd": "particles",
+    "fedavg": "point",
+    "fedprox": "point",
+    "feddyn": "point",
+    "fedpa": "point",
+    "fedadmm": "point",
+    "bayesadmm": "gaussian-diagonal",
+    "bayesadmm-full": "gaussian-full",
+    "fedlap": "gaussian-diagonal",
+    "fedlap-cov": "gaussian-diagonal",
+    "dsvgd": "particles",
+    "p-dsvgd": "particles",
+    "u-dsvgd": "particles",
 }
 DSVGD = {"particles": 3, "local-steps": 2, "distill-steps": 2, "server-steps": 2}
 
@@ -42,8 +50,15 @@ class Trained:
         x = rng.normal(size=(60, 1, 1, 5)).astype(np.float32)
         np.savez(data / "test.npz", x=x, y=(x.reshape(60, 5) @ rng.normal(size=5) > 0).astype(np.int64))
         self.x, self.data = x, data
-        self.overrides = {"strategy": strategy, "dataset": f"npz:{data}", "ensemble-samples": 3, "seed": 5,
-                          "eval-batch-size": 16, **(DSVGD if strategy.endswith("dsvgd") else {}), **overrides}
+        self.overrides = {
+            "strategy": strategy,
+            "dataset": f"npz:{data}",
+            "ensemble-samples": 3,
+            "seed": 5,
+            "eval-batch-size": 16,
+            **(DSVGD if strategy.endswith("dsvgd") else {}),
+            **overrides,
+        }
         self.federation = InProcessFederation(tmp_path, self.overrides, sizes=[10, 14])
         self.state_dir = tmp_path / "server-state"
         store = CheckpointStore(self.state_dir, "fed", {**DEFAULTS, "model": "logreg", **self.overrides})
@@ -133,8 +148,9 @@ def test_a_run_is_found_from_its_workdir_or_its_state_directory_and_federation(t
     trained = Trained(tmp_path, "fedavg")
     workdir = tmp_path / "run"
     workdir.mkdir()
-    (workdir / "run-config.toml").write_text(f'federation = "fed"\nserver-state-dir = "{trained.state_dir}"\n'
-                                             'eval-batch-size = 8\n')
+    (workdir / "run-config.toml").write_text(
+        f'federation = "fed"\nserver-state-dir = "{trained.state_dir}"\neval-batch-size = 8\n'
+    )
     location = locate_run(workdir, None)
     assert (location.state_dir, location.federation) == (trained.state_dir, "fed")
     assert export_posterior(location, tmp_path / "q.safetensors").eval_batch_size == 8  # the workdir's run config
@@ -238,15 +254,16 @@ def test_export_and_predict_commands(tmp_path, capsys):
     assert f"fedbayes: error: exported posterior {out} is unreadable" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["predict", "f", "d.npz", "--samples", "-1"], "argument --samples: must be >= 0, got '-1'"),
-    (["predict", "f", "d.npz", "--batch-size", "0"], "argument --batch-size: must be >= 1, got '0'"),
-    (["export", "run", "--out", "f", "--round", "0"], "argument --round: must be >= 1, got '0'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["predict", "f", "d.npz", "--samples", "-1"], "argument --samples: must be >= 0, got '-1'"),
+        (["predict", "f", "d.npz", "--batch-size", "0"], "argument --batch-size: must be >= 1, got '0'"),
+        (["export", "run", "--out", "f", "--round", "0"], "argument --round: must be >= 1, got '0'"),
+    ],
+)
 def test_options_out_of_range_are_refused_naming_them(capsys, args, message):
     with pytest.raises(SystemExit) as refused:
         main(args)
     assert refused.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
-
-

@@ -9,13 +9,11 @@ from fedbayes.bayes.params import get_parameters, parameter_layout
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, decode, encode, new_header
-from fedbayes.strategies import get_algorithm
-from fedbayes.strategies.fedavg.server import FedAvg
-from fedbayes.strategies.fedavg.client import _proximal_term
-from tests.support import LAYOUT, fedavg_reply, reply_message
-from tests.support import FakeGrid, round_core
 from fedbayes.server.round_core import RoundCore
-from tests.support import settings
+from fedbayes.strategies import get_algorithm
+from fedbayes.strategies.fedavg.client import _proximal_term
+from fedbayes.strategies.fedavg.server import FedAvg
+from tests.support import LAYOUT, FakeGrid, fedavg_reply, reply_message, round_core, settings
 
 
 def configured(strategy: FedAvg, nodes) -> RoundCore:

@@ -8,10 +8,9 @@ import torch
 
 from fedbayes.bayes.params import flatten
 from fedbayes.strategies.feddyn.client import LAMBDA_KEY
-from fedbayes.strategies.feddyn.server import FedDyn
 from fedbayes.strategies.feddyn.math import as_sent, total_lambda
-from tests.support import InProcessFederation
-from tests.support import newest_state
+from fedbayes.strategies.feddyn.server import FedDyn
+from tests.support import InProcessFederation, newest_state
 
 
 def stored_lambda_sum(federation) -> torch.Tensor:
@@ -21,8 +20,15 @@ def stored_lambda_sum(federation) -> torch.Tensor:
 
 def test_server_lambda_sum_equals_the_clients_lambdas_through_joins_partial_rounds_and_lost_state(tmp_path):
     federation = InProcessFederation(
-        tmp_path, {"strategy": "feddyn", "fraction-train": 0.5, "feddyn-alpha": 0.1, "weight-decay": 1e-3,
-                   "local-epochs": 2, "lr": 0.05},
+        tmp_path,
+        {
+            "strategy": "feddyn",
+            "fraction-train": 0.5,
+            "feddyn-alpha": 0.1,
+            "weight-decay": 1e-3,
+            "local-epochs": 2,
+            "lr": 0.05,
+        },
         sizes=[12, 30, 20, 8],
     )
     server = federation.server
@@ -35,11 +41,14 @@ def test_server_lambda_sum_equals_the_clients_lambdas_through_joins_partial_roun
         assert len(sent) == max(1, round(0.5 * len(connected)))
         trained |= set(sent)
         after_loss |= set(sent) if server_round >= 6 else set()
-        torch.testing.assert_close(total_lambda(server.state.lambdas), stored_lambda_sum(federation), rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            total_lambda(server.state.lambdas), stored_lambda_sum(federation), rtol=0, atol=1e-12
+        )
         assert server.state.membership.clients == len(trained)
     assert 2 in after_loss, "client-2 must train again after losing its state for this test to mean anything"
     assert 4 in trained and server.state.membership.total_examples == sum(
-        len(federation.runtimes[node].data.labels) for node in trained)
+        len(federation.runtimes[node].data.labels) for node in trained
+    )
     # A server restored from its checkpoint state continues exactly; what it sent is what it holds.
     restored = FedDyn(federation.settings, federation.layout)
     restored.commit(restored.load_state(server.save_state(server.state)))

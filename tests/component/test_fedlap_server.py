@@ -9,17 +9,18 @@ import torch
 
 from fedbayes.bayes.params import flatten
 from fedbayes.strategies.fedlap.math import global_from_sites
-from tests.support import reply_message
-from tests.support import FakeGrid, InProcessFederation
-from tests.support import newest_state
+from tests.support import FakeGrid, InProcessFederation, newest_state, reply_message
 
 
 def global_from_stores(federation, delta):
     """S_g = δ + Σ V_k and w_g = Σ v_k / S_g from the clients' durable sites."""
     stores = [runtime.state_store("fed") for runtime in federation.runtimes.values()]
     states = [newest_state(store) for store in stores if store.saved_rounds()]
-    return global_from_sites(torch.stack([s.tensors["site_mean"] for s in states]).sum(0),
-                             torch.stack([s.tensors["site_precision"] for s in states]).sum(0), delta)
+    return global_from_sites(
+        torch.stack([s.tensors["site_mean"] for s in states]).sum(0),
+        torch.stack([s.tensors["site_precision"] for s in states]).sum(0),
+        delta,
+    )
 
 
 @pytest.mark.parametrize("strategy", ["fedlap", "fedlap-cov"])
@@ -57,8 +58,12 @@ def test_a_round_one_client_that_never_replies_leaves_its_share_unclaimed(tmp_pa
     federation = InProcessFederation(tmp_path, {"strategy": "fedlap", "prior-precision": 1.0}, sizes=[10, 10, 10])
     server = federation.server
     messages = federation.core.configure(1, federation.arrays, FakeGrid([1, 2, 3]))
-    replies = [reply_message(federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]),
-                             m.metadata.dst_node_id) for m in messages[:2]]
+    replies = [
+        reply_message(
+            federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
+        )
+        for m in messages[:2]
+    ]
     initial = server.global_mean.clone()
     federation.core.aggregate(1, replies)
     torch.testing.assert_close(server.state.unclaimed, initial / 3, rtol=1e-6, atol=1e-7)

@@ -12,15 +12,11 @@ from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode, encode, new_header
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.fedpa.server import FedPA
 from fedbayes.tasks.config import ConfigError
-from tests.support import LAYOUT, reply_message, weights
-from tests.support import FakeGrid
-from tests.support import settings
-from tests.support import round_core
-from fedbayes.server.round_core import RoundCore
-from tests.support import reply_envelope
+from tests.support import LAYOUT, FakeGrid, reply_envelope, reply_message, round_core, settings, weights
 
 
 def fedpa_reply(client_id="client-0", server_round=1, num_examples=10, value=0.5, bias=None):
@@ -39,12 +35,21 @@ def start_round(core: RoundCore, server_round: int, value: float = 1.0):
 
 # ---- server half ----------------------------------------------------------------------------------
 def test_the_server_announces_the_phase_and_each_phase_its_epochs():
-    strategy = round_core(FedPA(settings(strategy="fedpa", **{"burn-in-rounds": 2, "local-epochs": 5, "samples": 3, "local-burnin-epochs": 1,
-                                 "shrinkage": 0.5}), LAYOUT))
+    strategy = round_core(
+        FedPA(
+            settings(
+                strategy="fedpa",
+                **{"burn-in-rounds": 2, "local-epochs": 5, "samples": 3, "local-burnin-epochs": 1, "shrinkage": 0.5},
+            ),
+            LAYOUT,
+        )
+    )
     for server_round, sampling, epochs in ((1, False, 5), (2, False, 5), (3, True, 4)):
         messages = start_round(strategy, server_round)
         assert len(messages) == 3
-        instruction = decode(messages[0].content, pb.Instruction, pb.FedPAInstruction, {"weights": LAYOUT}, sender="server").message
+        instruction = decode(
+            messages[0].content, pb.Instruction, pb.FedPAInstruction, {"weights": LAYOUT}, sender="server"
+        ).message
         assert (instruction.sampling, instruction.training.epochs) == (sampling, epochs)
         assert (instruction.shrinkage, instruction.samples, instruction.local_burnin_epochs) == (0.5, 3, 1)
 
@@ -76,21 +81,31 @@ def server_steps(strategy: RoundCore, gradients: list[float]) -> list[float]:
     value, values = 1.0, []
     for server_round, gradient in enumerate(gradients, start=1):
         start_round(strategy, server_round, value)
-        arrays, _ = strategy.aggregate(server_round, [reply_message(fedpa_reply(server_round=server_round, value=gradient), node_id=11)])
+        arrays, _ = strategy.aggregate(
+            server_round, [reply_message(fedpa_reply(server_round=server_round, value=gradient), node_id=11)]
+        )
         value = float(arrays["fc.bias"].numpy()[0])
         values.append(value)
     return values
 
 
-@pytest.mark.parametrize(("optimizer", "expected"), [
-    # FedAvgM: v <- 0.9 v + g, θ <- θ - η v
-    ({"server-optimizer": "sgd", "server-lr": 0.5, "server-momentum": 0.9}, [1 - 0.5 * 0.2, 1 - 0.5 * 0.2 - 0.5 * 0.38]),
-    # Adam with bias correction: first step η g / (|g| + τ)
-    ({"server-optimizer": "adam", "server-lr": 0.1, "server-eps": 1e-3}, [1 - 0.1 * 0.2 / (0.2 + 1e-3), None]),
-    # Adagrad: s <- s0 + g², θ <- θ - η g / (√s + τ)
-    ({"server-optimizer": "adagrad", "server-lr": 1.0, "server-eps": 1e-5, "server-adagrad-init": 0.1},
-     [1 - 0.2 / (math.sqrt(0.1 + 0.04) + 1e-5), None]),
-])
+@pytest.mark.parametrize(
+    ("optimizer", "expected"),
+    [
+        # FedAvgM: v <- 0.9 v + g, θ <- θ - η v
+        (
+            {"server-optimizer": "sgd", "server-lr": 0.5, "server-momentum": 0.9},
+            [1 - 0.5 * 0.2, 1 - 0.5 * 0.2 - 0.5 * 0.38],
+        ),
+        # Adam with bias correction: first step η g / (|g| + τ)
+        ({"server-optimizer": "adam", "server-lr": 0.1, "server-eps": 1e-3}, [1 - 0.1 * 0.2 / (0.2 + 1e-3), None]),
+        # Adagrad: s <- s0 + g², θ <- θ - η g / (√s + τ)
+        (
+            {"server-optimizer": "adagrad", "server-lr": 1.0, "server-eps": 1e-5, "server-adagrad-init": 0.1},
+            [1 - 0.2 / (math.sqrt(0.1 + 0.04) + 1e-5), None],
+        ),
+    ],
+)
 def test_server_optimizers_follow_their_formulas(optimizer, expected):
     values = server_steps(round_core(FedPA(settings(strategy="fedpa", **optimizer), LAYOUT)), [0.2, 0.2])
     for value, want in zip(values, expected):
@@ -101,29 +116,38 @@ def test_server_optimizers_follow_their_formulas(optimizer, expected):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
 def test_a_resumed_server_continues_its_optimizer(tmp_path, optimizer):
     """Two rounds, checkpoint, a new strategy restored from it: round 3 as if never interrupted."""
-    config = settings(strategy="fedpa", **{"server-optimizer": optimizer, "server-momentum": 0.9 if optimizer == "sgd" else 0.0,
-                         "server-lr": 0.1})
+    config = settings(
+        strategy="fedpa",
+        **{"server-optimizer": optimizer, "server-momentum": 0.9 if optimizer == "sgd" else 0.0, "server-lr": 0.1},
+    )
     straight = server_steps(round_core(FedPA(config, LAYOUT)), [0.2, -0.1, 0.3])
     first = round_core(FedPA(config, LAYOUT))
     values = server_steps(first, [0.2, -0.1])
     store = CheckpointStore(tmp_path, "fed", {})
-    store.save(Checkpoint(2, {name: np.full(shape, values[-1], np.float32) for name, shape in LAYOUT.items()},
-                          first.state_dict(), 1.0))
+    store.save(
+        Checkpoint(
+            2, {name: np.full(shape, values[-1], np.float32) for name, shape in LAYOUT.items()}, first.state_dict(), 1.0
+        )
+    )
     resumed = round_core(FedPA(config, LAYOUT))
     resumed.load_state_dict(store.load().strategy_state)
     start_round(resumed, 3, values[-1])
     arrays, _ = resumed.aggregate(3, [reply_message(fedpa_reply(server_round=3, value=0.3), node_id=11)])
     assert float(arrays["fc.bias"].numpy()[0]) == pytest.approx(straight[-1], rel=1e-6)
     assert float(arrays["fc.bias"].numpy()[0]) != pytest.approx(
-        server_steps(round_core(FedPA(config, LAYOUT)), [0.3])[0], rel=1e-6)  # a fresh optimizer would step differently
+        server_steps(round_core(FedPA(config, LAYOUT)), [0.3])[0], rel=1e-6
+    )  # a fresh optimizer would step differently
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("server-optimizer", "rmsprop", "'server-optimizer' must be one of sgd, adam, adagrad"),
-    ("shrinkage", -0.1, "'shrinkage' must be >= 0"),
-    ("samples", 0, "'samples' must be >= 1"),
-    ("burn-in-rounds", -1, "'burn-in-rounds' must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("server-optimizer", "rmsprop", "'server-optimizer' must be one of sgd, adam, adagrad"),
+        ("shrinkage", -0.1, "'shrinkage' must be >= 0"),
+        ("samples", 0, "'samples' must be >= 1"),
+        ("burn-in-rounds", -1, "'burn-in-rounds' must be >= 0"),
+    ],
+)
 def test_bad_fedpa_config_names_its_key(key, value, message):
     with pytest.raises(ConfigError, match=message):
         settings(strategy="fedpa", **{key: value})
@@ -139,8 +163,9 @@ TRAINING = pb.LocalTraining(epochs=3, batch_size=32, learning_rate=0.01, optimiz
 
 
 def fedpa_round(runtime, global_weights, server_round, sampling, shrinkage=0.0, samples=3):
-    instruction = pb.FedPAInstruction(training=TRAINING, sampling=sampling,
-                                      shrinkage=shrinkage, local_burnin_epochs=1, samples=samples)
+    instruction = pb.FedPAInstruction(
+        training=TRAINING, sampling=sampling, shrinkage=shrinkage, local_burnin_epochs=1, samples=samples
+    )
     content = encode(pb.Instruction(header=new_header("fed", server_round)), instruction, {"weights": global_weights})
     reply = get_algorithm("fedpa").client_half()(content, runtime)
     return decode(reply, pb.Reply, pb.FedPAReply, {"delta": runtime.layout}, sender="client")
@@ -149,8 +174,11 @@ def fedpa_round(runtime, global_weights, server_round, sampling, shrinkage=0.0, 
 def test_a_burn_in_round_is_fedavg_bit_for_bit():
     runtime = client_runtime()
     global_weights = get_parameters(runtime.model)
-    fedavg = encode(pb.Instruction(header=new_header("fed", 4)), pb.FedAvgInstruction(training=TRAINING),
-                    {"weights": global_weights})
+    fedavg = encode(
+        pb.Instruction(header=new_header("fed", 4)),
+        pb.FedAvgInstruction(training=TRAINING),
+        {"weights": global_weights},
+    )
     reply = get_algorithm("fedavg").client_half()(fedavg, runtime)
     trained = decode(reply, pb.Reply, pb.FedAvgReply, {"weights": runtime.layout}, sender="client").tensors["weights"]
     payload = fedpa_round(runtime, global_weights, 4, sampling=False)

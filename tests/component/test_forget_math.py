@@ -3,6 +3,8 @@ that its own update rules brought to the fixed point (driven through the math fu
 client work, compared with the posterior or optimum of the data without the client; then the refusals, and that
 `forget` changes nothing until the caller commits its state."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -10,24 +12,39 @@ from flwr.app import Array, ArrayRecord
 
 from fedbayes.bayes.gaussian import Gaussian, kl_divergence
 from fedbayes.bayes.params import unflatten
+from fedbayes.server.round_core import Change
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.strategies.base import ForgetRefused
-from fedbayes.strategies.membership import Membership
-from fedbayes.strategies.bayesadmm.math import Duals, as_sent, dual_step, fixed_point_residual, newton_client_step, server_step
-from fedbayes.strategies.dsvgd.math import SVGDSettings, agent_round, gaussian_prior_score, server_distillation, tilted_update
+from fedbayes.strategies.bayesadmm.math import (
+    Duals,
+    as_sent,
+    dual_step,
+    fixed_point_residual,
+    newton_client_step,
+    server_step,
+)
+from fedbayes.strategies.dsvgd.math import (
+    SVGDSettings,
+    agent_round,
+    gaussian_prior_score,
+    server_distillation,
+    tilted_update,
+)
 from fedbayes.strategies.feddyn.math import ClientLambda, client_alpha, lambda_step
 from fedbayes.strategies.feddyn.math import server_step as feddyn_server_step
 from fedbayes.strategies.fedlap.math import Site
-from tests.support.problems import Problem, make_problem, relative_error
-from tests.support import InProcessFederation
-from tests.support.problems import ridge_problem
-from tests.support import DEFAULTS
-from tests.support.problems import gaussian_loss_gradient
-from tests.support.problems import fedlap_round
-from tests.support.problems import run_fedlap
+from fedbayes.strategies.membership import Membership
+from tests.support import DEFAULTS, InProcessFederation
+from tests.support.problems import (
+    Problem,
+    fedlap_round,
+    gaussian_loss_gradient,
+    make_problem,
+    relative_error,
+    ridge_problem,
+    run_fedlap,
+)
 from tests.support.rogue import overrides
-from dataclasses import replace
-from fedbayes.server.round_core import Change
 
 DTYPE = torch.float64
 ACCEPTED_ROUND = 7
@@ -132,7 +149,8 @@ def test_bayesadmm_full_forgets_to_the_exact_posterior_of_the_remaining_data():
     torch.testing.assert_close(forgotten.state.global_.precision, expected.precision, rtol=1e-6, atol=0)
     closed_form = torch.distributions.kl_divergence(
         torch.distributions.MultivariateNormal(full.mean, precision_matrix=full.precision),
-        torch.distributions.MultivariateNormal(expected.mean, precision_matrix=expected.precision)).item()
+        torch.distributions.MultivariateNormal(expected.mean, precision_matrix=expected.precision),
+    ).item()
     assert closed_form > 0.1  # client k mattered, so the checks above can fail
     assert forgotten.kl_before_after == pytest.approx(closed_form, rel=1e-4)
     assert sorted(forgotten.state.duals) == without(clients, k)
@@ -215,10 +233,14 @@ def exact_posterior(problem: Problem, delta: float) -> tuple[torch.Tensor, torch
 def fedlap_strategy(name, problem, delta, sites, mean, precision):
     strategy = server(name, {"weight": (1, problem.dim)}, **{"prior-precision": delta})
     clients = [f"client-{j}" for j in range(len(sites))]
-    holding(strategy, global_mean=mean.float().double(), global_precision=precision.float().double(),
-            unclaimed=torch.zeros_like(mean),  # every round-1 client replied: the init is all claimed
-            sites={client: Site(site.mean, site.precision, ACCEPTED_ROUND) for client, site in zip(clients, sites)},
-            membership=membership(clients, problem.sizes))
+    holding(
+        strategy,
+        global_mean=mean.float().double(),
+        global_precision=precision.float().double(),
+        unclaimed=torch.zeros_like(mean),  # every round-1 client replied: the init is all claimed
+        sites={client: Site(site.mean, site.precision, ACCEPTED_ROUND) for client, site in zip(clients, sites)},
+        membership=membership(clients, problem.sizes),
+    )
     return strategy, clients
 
 
@@ -240,8 +262,10 @@ def test_fedlap_cov_forgets_to_the_exact_posterior_when_the_curvature_is_diagona
     expected_mean, expected_precision = exact_posterior(sub_problem(problem, k), delta)
     torch.testing.assert_close(torch.from_numpy(forgotten.weights), expected_mean, rtol=1e-6, atol=0)
     torch.testing.assert_close(forgotten.state.global_precision, expected_precision, rtol=1e-6, atol=0)
-    closed_form = torch.distributions.kl_divergence(torch.distributions.Normal(full_mean, full_precision**-0.5),
-                                                    torch.distributions.Normal(expected_mean, expected_precision**-0.5))
+    closed_form = torch.distributions.kl_divergence(
+        torch.distributions.Normal(full_mean, full_precision**-0.5),
+        torch.distributions.Normal(expected_mean, expected_precision**-0.5),
+    )
     assert closed_form.sum().item() > 0.1
     assert forgotten.kl_before_after == pytest.approx(closed_form.sum().item(), rel=1e-4)
     remaining = without(clients, k)
@@ -252,8 +276,9 @@ def test_fedlap_cov_forgets_to_the_exact_posterior_when_the_curvature_is_diagona
     # Committed, the next ordinary round of the remaining clients (ρ_j = 1/(K−1)) leaves q_g where it is.
     strategy.commit(forgotten.state)
     new_sites, _, _ = fedlap_round(sub_problem(problem, k), list(strategy.state.sites.values()), delta, covariance=True)
-    torch.testing.assert_close(sum(site.mean for site in new_sites) / expected_precision, expected_mean, rtol=1e-6,
-                               atol=0)
+    torch.testing.assert_close(
+        sum(site.mean for site in new_sites) / expected_precision, expected_mean, rtol=1e-6, atol=0
+    )
     torch.testing.assert_close(delta + sum(site.precision for site in new_sites), expected_precision, rtol=1e-6, atol=0)
 
 
@@ -295,8 +320,11 @@ def feddyn_rounds(problem, global_, lambdas, alpha, wd, rounds):
         for j, size in enumerate(sizes):
             alpha_j = client_alpha(alpha, size, len(sizes), sum(sizes))
             anchor = (global_ - lambdas[j]).numpy()
-            locals_.append(torch.from_numpy(problem.solve_local(j, 1.0 / size, alpha_j + wd,
-                                                                alpha_j * anchor / (alpha_j + wd), global_.numpy())))
+            locals_.append(
+                torch.from_numpy(
+                    problem.solve_local(j, 1.0 / size, alpha_j + wd, alpha_j * anchor / (alpha_j + wd), global_.numpy())
+                )
+            )
         lambdas = [lambda_step(lam, local, global_) for lam, local in zip(lambdas, locals_)]
         global_ = feddyn_server_step(locals_, torch.stack(lambdas).sum(0), len(sizes))
     return global_, lambdas
@@ -315,9 +343,12 @@ def test_feddyn_forgets_by_its_first_server_step_without_the_client():
     assert relative_error(global_.numpy(), optimum) < 1e-9
 
     strategy = server("feddyn", {"weight": (1, problem.dim)}, **{"feddyn-alpha": alpha, "weight-decay": wd})
-    holding(strategy, global_=global_.float().double(),
-            lambdas={client: ClientLambda(lam, ACCEPTED_ROUND) for client, lam in zip(clients, lambdas)},
-            membership=membership(clients, sizes))
+    holding(
+        strategy,
+        global_=global_.float().double(),
+        lambdas={client: ClientLambda(lam, ACCEPTED_ROUND) for client, lam in zip(clients, lambdas)},
+        membership=membership(clients, sizes),
+    )
     before = snapshot(strategy)
     forgotten = strategy.forget(clients[k])
     assert_unchanged(strategy, before)
@@ -334,8 +365,14 @@ def test_feddyn_forgets_by_its_first_server_step_without_the_client():
     assert_forgotten_bookkeeping(strategy, forgotten, clients[k], without(clients, k))
 
     strategy.commit(forgotten.state)
-    refined, _ = feddyn_rounds(sub_problem(problem, k), strategy.global_,
-                               [entry.value for entry in strategy.state.lambdas.values()], alpha, wd, 120)
+    refined, _ = feddyn_rounds(
+        sub_problem(problem, k),
+        strategy.global_,
+        [entry.value for entry in strategy.state.lambdas.values()],
+        alpha,
+        wd,
+        120,
+    )
     assert relative_error(refined.numpy(), target) < 1e-6
 
 
@@ -358,15 +395,23 @@ def test_p_dsvgd_forgets_an_agent_on_the_server_towards_the_remaining_agents_pos
     settings = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.3, lr=0.05, distill_lr=0.05)
     prior_score, k = gaussian_prior_score(1 / PRIOR_VARIANCE), 2
     start = 2.0 * torch.randn(100, 1, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
-    local_sets = [agent_round(start, start.clone(), prior_score, gaussian_loss_gradient(mean, variance), settings)[1]
-                  for mean, variance in LIKELIHOODS]
+    local_sets = [
+        agent_round(start, start.clone(), prior_score, gaussian_loss_gradient(mean, variance), settings)[1]
+        for mean, variance in LIKELIHOODS
+    ]
     particles = server_distillation(start, local_sets, prior_score, 200, settings)
 
-    strategy = server("p-dsvgd", {"fc.weight": (1, 1)}, **{
-        "particles": 100, "kde-bandwidth": 0.3, "distill-lr": 0.05, "server-steps": 200, "prior-precision": 0.25})
+    strategy = server(
+        "p-dsvgd",
+        {"fc.weight": (1, 1)},
+        **{"particles": 100, "kde-bandwidth": 0.3, "distill-lr": 0.05, "server-steps": 200, "prior-precision": 0.25},
+    )
     clients = [f"agent-{j}" for j in range(len(LIKELIHOODS))]
-    holding(strategy, particles=particles.numpy().astype(np.float32),
-            local_particles={client: local.numpy().astype(np.float32) for client, local in zip(clients, local_sets)})
+    holding(
+        strategy,
+        particles=particles.numpy().astype(np.float32),
+        local_particles={client: local.numpy().astype(np.float32) for client, local in zip(clients, local_sets)},
+    )
     before = snapshot(strategy)
     forgotten = strategy.forget(clients[k])
     assert_unchanged(strategy, before)
@@ -416,19 +461,34 @@ def populated(name: str, clients: list[str]):
     zeros = torch.zeros(3, dtype=DTYPE)
     if name in ("bayesadmm", "bayesadmm-full"):
         precision = torch.eye(3, dtype=DTYPE) if name == "bayesadmm-full" else torch.ones(3, dtype=DTYPE)
-        holding(strategy, global_=Gaussian(zeros, precision * (1 + len(clients))),
-                duals={c: Duals(torch.arange(3, dtype=DTYPE), precision, ACCEPTED_ROUND) for c in clients})
+        holding(
+            strategy,
+            global_=Gaussian(zeros, precision * (1 + len(clients))),
+            duals={c: Duals(torch.arange(3, dtype=DTYPE), precision, ACCEPTED_ROUND) for c in clients},
+        )
     elif name == "fedlap-cov":
-        holding(strategy, global_mean=zeros, global_precision=torch.full_like(zeros, 1.0 + len(clients)),
-                unclaimed=zeros, membership=membership(clients, [10] * len(clients)),
-                sites={c: Site(torch.ones(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE), ACCEPTED_ROUND) for c in clients})
+        holding(
+            strategy,
+            global_mean=zeros,
+            global_precision=torch.full_like(zeros, 1.0 + len(clients)),
+            unclaimed=zeros,
+            membership=membership(clients, [10] * len(clients)),
+            sites={c: Site(torch.ones(3, dtype=DTYPE), torch.ones(3, dtype=DTYPE), ACCEPTED_ROUND) for c in clients},
+        )
     elif name == "feddyn":
-        holding(strategy, global_=zeros, membership=membership(clients, [10] * len(clients)),
-                lambdas={c: ClientLambda(torch.full_like(zeros, 0.1), ACCEPTED_ROUND) for c in clients})
+        holding(
+            strategy,
+            global_=zeros,
+            membership=membership(clients, [10] * len(clients)),
+            lambdas={c: ClientLambda(torch.full_like(zeros, 0.1), ACCEPTED_ROUND) for c in clients},
+        )
     else:  # p-dsvgd
         generator = np.random.default_rng(0)
-        holding(strategy, particles=generator.normal(size=(4, 3)).astype(np.float32),
-                local_particles={c: generator.normal(size=(4, 3)).astype(np.float32) for c in clients})
+        holding(
+            strategy,
+            particles=generator.normal(size=(4, 3)).astype(np.float32),
+            local_particles={c: generator.normal(size=(4, 3)).astype(np.float32) for c in clients},
+        )
     return strategy
 
 
@@ -458,8 +518,11 @@ def test_forget_computes_without_changing_the_strategy_and_refuses_unknown_and_l
 def test_strategies_without_per_client_factors_refuse_and_name_the_retraining(name):
     strategy = server(name, LAYOUT)
     before = snapshot(strategy)
-    with pytest.raises(ForgetRefused, match="no per-client factor.*retrain from the last checkpoint that predates the "
-                                            "client's first accepted round, or from scratch"):
+    with pytest.raises(
+        ForgetRefused,
+        match="no per-client factor.*retrain from the last checkpoint that predates the "
+        "client's first accepted round, or from scratch",
+    ):
         strategy.forget("client-a")
     assert_unchanged(strategy, before)
 
@@ -470,8 +533,12 @@ def test_feddyn_forget_under_a_robust_rule_takes_that_rule_over_the_remaining_la
     strategy = server("feddyn", LAYOUT, **{"robust-aggregation": "median"})
     clients = ["client-a", "client-b", "client-c", "client-d"]
     values = [[0.5, 5.0, -1.0], [0.25, -3.0, 0.0], [10.0, 0.0, 0.5], [0.75, 1.0, 1.0]]
-    holding(strategy, global_=torch.tensor([1.0, 2.0, 3.0], dtype=DTYPE), membership=membership(clients, [10, 20, 30, 40]),
-            lambdas={c: ClientLambda(torch.tensor(v, dtype=DTYPE), ACCEPTED_ROUND) for c, v in zip(clients, values)})
+    holding(
+        strategy,
+        global_=torch.tensor([1.0, 2.0, 3.0], dtype=DTYPE),
+        membership=membership(clients, [10, 20, 30, 40]),
+        lambdas={c: ClientLambda(torch.tensor(v, dtype=DTYPE), ACCEPTED_ROUND) for c, v in zip(clients, values)},
+    )
     forgotten = strategy.forget("client-c")
     np.testing.assert_array_equal(forgotten.weights, [1.5, 3.0, 3.0])
 
@@ -517,15 +584,18 @@ def test_gaussian_kl_matches_the_closed_forms_of_every_family():
     s0, s1 = a @ a.T + torch.eye(3, dtype=DTYPE), 2 * torch.eye(3, dtype=DTYPE) + 0.5 * torch.ones(3, 3, dtype=DTYPE)
     mvn = torch.distributions.MultivariateNormal
     assert kl_divergence(Gaussian(m0, s0), Gaussian(m1, s1)) == pytest.approx(
-        torch.distributions.kl_divergence(mvn(m0, precision_matrix=s0), mvn(m1, precision_matrix=s1)).item(), rel=1e-10)
+        torch.distributions.kl_divergence(mvn(m0, precision_matrix=s0), mvn(m1, precision_matrix=s1)).item(), rel=1e-10
+    )
     d0, d1 = torch.tensor([1.0, 4.0, 0.5], dtype=DTYPE), torch.tensor([2.0, 1.0, 3.0], dtype=DTYPE)
     normal = torch.distributions.Normal
     assert kl_divergence(Gaussian(m0, d0), Gaussian(m1, d1)) == pytest.approx(
-        torch.distributions.kl_divergence(normal(m0, d0**-0.5), normal(m1, d1**-0.5)).sum().item(), rel=1e-10)
+        torch.distributions.kl_divergence(normal(m0, d0**-0.5), normal(m1, d1**-0.5)).sum().item(), rel=1e-10
+    )
     i0, i1 = torch.tensor(2.0, dtype=DTYPE), torch.tensor(0.5, dtype=DTYPE)
     assert kl_divergence(Gaussian(m0, i0), Gaussian(m1, i1)) == pytest.approx(
         kl_divergence(Gaussian(m0, i0 * torch.eye(3, dtype=DTYPE)), Gaussian(m1, i1 * torch.eye(3, dtype=DTYPE))),
-        rel=1e-10)
+        rel=1e-10,
+    )
     assert kl_divergence(Gaussian(m0, s0), Gaussian(m0, s0)) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="between a diagonal and a full Gaussian"):
         kl_divergence(Gaussian(m0, d0), Gaussian(m1, s1))

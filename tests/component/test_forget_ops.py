@@ -27,13 +27,18 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode_header, encode, new_header
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.forget import (
-    AUDIT_LOG, AuditLog, ForgetError, ForgetRequest, RequestQueue, forget_command, rebuild, server_lock,
+    AUDIT_LOG,
+    AuditLog,
+    ForgetError,
+    ForgetRequest,
+    RequestQueue,
+    forget_command,
+    rebuild,
+    server_lock,
 )
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.round_core import RoundCore
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
-from tests.support import FakeGrid, no_metrics, round_of
+from tests.support import DEFAULTS, FakeGrid, InProcessFederation, no_metrics, round_of
 
 LEAVING = "leaving"
 
@@ -65,7 +70,9 @@ class ClientsGrid(FakeGrid):
             return leave_and_forget(message.content, runtime.node)
         if behaviour is not None:  # a LeaveAndForget claiming another client's id
             header = decode_header(message.content, "server")
-            return encode(pb.LeaveAndForget(header=new_header(header.federation, header.server_round, behaviour)), None, {})
+            return encode(
+                pb.LeaveAndForget(header=new_header(header.federation, header.server_round, behaviour)), None, {}
+            )
         return self.federation.answer(message)
 
 
@@ -91,12 +98,25 @@ class Federation:
         """run_rounds through `rounds` (resuming after the newest checkpoint); a fresh server half each time, as a
         restarted ServerApp has. Returns (its round core, arrays, results rows)."""
         core = RoundCore(self.clients.settings, type(self.clients.server)(self.clients.settings, self.clients.layout))
-        loop = LoopSettings(num_rounds=rounds, round_timeout=5.0, poll_interval=0.01, wait_for_clients=len(self.sizes),
-                            wait_for_clients_timeout=5.0, results_exists="append")
+        loop = LoopSettings(
+            num_rounds=rounds,
+            round_timeout=5.0,
+            poll_interval=0.01,
+            wait_for_clients=len(self.sizes),
+            wait_for_clients_timeout=5.0,
+            results_exists="append",
+        )
         initial = {name: self.clients.arrays[name].numpy() for name in self.clients.arrays}
         store = CheckpointStore(self.state_dir, "fed", self.run_config, initial_arrays=initial)
-        arrays = run_rounds(grid or ClientsGrid(self.clients), core, self.clients.arrays, loop, no_metrics,
-                            str(self.tmp_path / "results.jsonl"), store)
+        arrays = run_rounds(
+            grid or ClientsGrid(self.clients),
+            core,
+            self.clients.arrays,
+            loop,
+            no_metrics,
+            str(self.tmp_path / "results.jsonl"),
+            store,
+        )
         return core, arrays, self.rows()
 
     def rows(self) -> list[dict]:
@@ -114,8 +134,10 @@ class Federation:
 
     def snapshot(self) -> dict[str, str]:
         """Every checkpoint file's hash, by name."""
-        return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-                for path in sorted(self.directory.glob("checkpoint-*.safetensors"))}
+        return {
+            path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(self.directory.glob("checkpoint-*.safetensors"))
+        }
 
 
 @pytest.fixture
@@ -135,8 +157,9 @@ def test_an_operator_forget_on_a_stopped_federation(trained):
     record = trained.forget("client-3")
     after = trained.newest()
     assert after.server_round == 2 and sorted(after.core.strategy.state.duals) == ["client-1", "client-2"]
-    np.testing.assert_array_equal(flatten(after.arrays, after.core.strategy.layout),
-                                  np.asarray(expected.weights, dtype=np.float32))
+    np.testing.assert_array_equal(
+        flatten(after.arrays, after.core.strategy.layout), np.asarray(expected.weights, dtype=np.float32)
+    )
     identities = after.core.identities
     assert identities.ledger.revoked == {"client-3"} and "client-3" not in identities.node_of_client
     assert sorted(after.core.accepted_rounds) == ["client-1", "client-2"]
@@ -146,14 +169,15 @@ def test_an_operator_forget_on_a_stopped_federation(trained):
     assert record["asked_by"].startswith("operator ") and record["exact"] is False
     assert record["kl_before_after"] == pytest.approx(expected.kl_before_after) and record["kl_before_after"] > 0
     assert record["note"] == expected.note
-    CheckpointStore(trained.state_dir, "fed", trained.run_config,
-                    initial_arrays=before.arrays).load()  # same settings: a resume takes it
+    CheckpointStore(
+        trained.state_dir, "fed", trained.run_config, initial_arrays=before.arrays
+    ).load()  # same settings: a resume takes it
 
 
-def test_the_cli_prints_what_was_done_and_a_resume_runs_the_refinement_rounds_refusing_the_revoked_id(
-        trained, capsys):
-    code = main(["forget", str(trained.state_dir), "--federation", "fed", "--client", "client-3",
-                 "--refine-rounds", "2"])
+def test_the_cli_prints_what_was_done_and_a_resume_runs_the_refinement_rounds_refusing_the_revoked_id(trained, capsys):
+    code = main(
+        ["forget", str(trained.state_dir), "--federation", "fed", "--client", "client-3", "--refine-rounds", "2"]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "forgot client 'client-3' of federation 'fed' after round 2" in out
@@ -168,16 +192,22 @@ def test_the_cli_prints_what_was_done_and_a_resume_runs_the_refinement_rounds_re
 
 @pytest.mark.parametrize("case", ["unknown", "already-forgotten", "last-remaining", "fedavg"])
 def test_a_refused_request_changes_nothing_and_the_audit_says_why(tmp_path, case):
-    federation = Federation(tmp_path, strategy="fedavg" if case == "fedavg" else "bayesadmm",
-                            sizes=(12, 16) if case == "last-remaining" else (12, 16, 20))
+    federation = Federation(
+        tmp_path,
+        strategy="fedavg" if case == "fedavg" else "bayesadmm",
+        sizes=(12, 16) if case == "last-remaining" else (12, 16, 20),
+    )
     federation.run(2)
     if case in ("already-forgotten", "last-remaining"):
         federation.forget("client-2")
     before, audited = federation.snapshot(), len(federation.audit())
     client = {"unknown": "client-9", "fedavg": "client-1", "last-remaining": "client-1"}.get(case, "client-2")
-    problem = {"unknown": "client 'client-9' is unknown", "already-forgotten": "was already forgotten after round 2",
-               "last-remaining": "is the last remaining client",
-               "fedavg": "fedavg: the server keeps no per-client factor"}
+    problem = {
+        "unknown": "client 'client-9' is unknown",
+        "already-forgotten": "was already forgotten after round 2",
+        "last-remaining": "is the last remaining client",
+        "fedavg": "fedavg: the server keeps no per-client factor",
+    }
     with pytest.raises(ForgetError, match=problem[case]):
         federation.forget(client)
     assert federation.snapshot() == before
@@ -191,7 +221,8 @@ def test_a_checkpoint_of_another_federation_is_refused_before_anything_is_writte
     with pytest.raises(ForgetError, match="is a checkpoint of federation 'fed', not of 'other'"):
         forget_command(other, ForgetRequest.by_operator("other", "client-3"), 5.0)
     assert sorted(path.name for path in (trained.state_dir / "other").iterdir()) == sorted(
-        path.name for path in trained.directory.iterdir())  # no request, no audit line
+        path.name for path in trained.directory.iterdir()
+    )  # no request, no audit line
     assert not (trained.state_dir / "other" / AUDIT_LOG).exists()
 
 
@@ -227,8 +258,7 @@ def test_a_request_made_while_a_round_is_in_flight_waits_for_its_end(tmp_path):
         if server_round == 2 and not in_flight:
             with server_lock(federation.directory, wait=False) as free:
                 assert not free  # the running server holds the lock: a request is queued for it
-            RequestQueue(federation.directory / "forget-requests").submit(
-                ForgetRequest.by_operator("fed", "client-3"))
+            RequestQueue(federation.directory / "forget-requests").submit(ForgetRequest.by_operator("fed", "client-3"))
         if server_round == 2:
             in_flight.append((federation.audit(), federation.snapshot()))
 
@@ -269,7 +299,9 @@ def test_a_forget_request_from_another_node_is_refused_and_logged(tmp_path):
     (record,) = federation.audit()
     assert record["event"] == "refused" and record["asked_by"] == "client 'client-3' (node 2)"
     assert "node 2 asked to forget client 'client-3', which is bound to node 3" in record["reason"]
-    assert sorted(core.strategy.state.duals) == ["client-1", "client-2", "client-3"] and not core.identities.ledger.revoked
+    assert (
+        sorted(core.strategy.state.duals) == ["client-1", "client-2", "client-3"] and not core.identities.ledger.revoked
+    )
     assert "claiming to be client 'client-3'" in " ".join(core.round_report.rejected)
 
 
@@ -302,10 +334,16 @@ def clientapp_answer(tmp_path, forgotten: str, leave: bool):
 
     header = new_header("fed", 4)
     header.forgotten_client_id = forgotten
-    instruction = Message(encode(pb.Instruction(header=header), pb.FedAvgInstruction(), {}), dst_node_id=5,
-                          message_type="train")
-    node_config = {"client-id": "c1", "state-dir": str(tmp_path / "state"), "leave-and-forget": leave,
-                   "partition-id": 0, "num-partitions": 1}
+    instruction = Message(
+        encode(pb.Instruction(header=header), pb.FedAvgInstruction(), {}), dst_node_id=5, message_type="train"
+    )
+    node_config = {
+        "client-id": "c1",
+        "state-dir": str(tmp_path / "state"),
+        "leave-and-forget": leave,
+        "partition-id": 0,
+        "num-partitions": 1,
+    }
     context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(), run_config=DEFAULTS)
     return _train(instruction, context).content
 

@@ -10,7 +10,8 @@ import pytest
 
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import RunFailed
-from tests.support import FakeGrid, fedavg_reply, no_metrics, rows, run_loop as run, scripted
+from tests.support import FakeGrid, fedavg_reply, no_metrics, rows, scripted
+from tests.support import run_loop as run
 
 
 def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_path):
@@ -35,6 +36,7 @@ def test_a_run_with_fewer_rounds_than_max_failed_rounds_that_trains_nothing_fail
 def test_a_node_refused_round_after_round_is_quarantined_and_the_others_go_on(tmp_path):
     """Node 1's updates are absurd (1e30): refused by the screen in rounds 1-2, it sits out rounds 3-4 (not even
     sent work), and is asked again in round 5; node 2 trains in every round and the run never fails."""
+
     def reply(server_round, node):
         return fedavg_reply(f"client-{node}", server_round, value=1e30 if node == 1 else 1.0)
 
@@ -74,8 +76,8 @@ def test_a_bad_round_between_good_ones_does_not_stop_the_run(tmp_path):
 
 
 def test_a_strategy_failing_while_absorbing_leaves_its_state_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
-    """A bug (or a reply a strategy should have refused) that raises inside the round core's aggregate: that round changes
-    nothing and counts as failed; the server keeps running."""
+    """A bug (or a reply a strategy should have refused) that raises inside the round core's aggregate: that round
+    changes nothing and counts as failed; the server keeps running."""
     from fedbayes.bayes.params import weighted_mean
 
     calls = []
@@ -111,8 +113,16 @@ def test_each_row_says_where_the_round_went(tmp_path):
     written = rows(tmp_path)
     for row in written:
         phases = row["phase_seconds"]
-        assert {"wait_clients", "configure", "push", "first_reply", "last_reply", "previous_round", "aggregate",
-                "evaluate"} <= set(phases)
+        assert {
+            "wait_clients",
+            "configure",
+            "push",
+            "first_reply",
+            "last_reply",
+            "previous_round",
+            "aggregate",
+            "evaluate",
+        } <= set(phases)
         assert 0 <= phases["first_reply"] <= phases["last_reply"] <= row["round_seconds"]
         assert row["client_phase_seconds"] == {"setup": 0.75, "update": 2.0}  # medians; the NaN is dropped
         assert row["client_phase_max"] == {"setup": 1.0, "update": 2.0}  # the slowest client's
@@ -140,7 +150,9 @@ TIMING_KEYS = {"round_seconds", "wall_seconds", "phase_seconds", "client_phase_s
 def deterministic_run(tmp_path, pipeline):
     """Five rounds whose replies differ per round and client; the metrics depend on the evaluated arrays. With
     pipelining, round 1's evaluation holds on until round 2's instructions were pushed: it overlaps for sure."""
-    grid = FakeGrid([1, 2], scripted(lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=node, value=r * node)))
+    grid = FakeGrid(
+        [1, 2], scripted(lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=node, value=r * node))
+    )
     checkpoints = RecordingStore(tmp_path / "state", tmp_path / "r.jsonl")
 
     def evaluate(arrays, server_round):
@@ -184,7 +196,6 @@ def test_an_evaluation_that_fails_stops_the_run_with_its_error_and_no_row_or_che
     assert CheckpointStore(tmp_path / "state", "fed", {}).load().server_round == 1
 
 
-
 def test_instructions_name_the_accepted_rounds_of_a_checkpoint_on_disk(tmp_path):
     """Pipelined, round t+1's instructions name round t accepted while checkpoint t may still be unwritten, so
     they also name the accepted rounds of a checkpoint already on disk (Header.checkpointed_rounds): the rounds a
@@ -202,8 +213,9 @@ def test_instructions_name_the_accepted_rounds_of_a_checkpoint_on_disk(tmp_path)
         def push_messages(self, messages):
             for message in messages:
                 header = decode_header(message.content, "server")
-                sent.append((header.server_round, dict(header.accepted_rounds), dict(header.checkpointed_rounds),
-                             list(on_disk)))
+                sent.append(
+                    (header.server_round, dict(header.accepted_rounds), dict(header.checkpointed_rounds), list(on_disk))
+                )
             return super().push_messages(messages)
 
     on_disk, sent = [], []  # accepted rounds of each checkpoint written; per instruction: round, headers, on disk

@@ -18,19 +18,33 @@ from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import CONV_MODELS, build_model
-from tests.support import reply_message
-from tests.support import FakeGrid
-from tests.support import DEFAULTS
-from tests.support import client_runtime
-from tests.support import round_core
+from tests.support import DEFAULTS, FakeGrid, client_runtime, reply_message, round_core
 
 SHAPE, CLASSES = (3, 16, 16), 10  # CIFAR's channels at a quarter of the pixels: the smallest cnn-acar accepts
 TINY = {  # one short epoch, few particles and steps: the point is that every piece runs on these models
-    "local-epochs": 1, "batch-size": 8, "particles": 2, "local-steps": 2, "distill-steps": 2, "server-steps": 2,
-    "burn-in-rounds": 1, "samples": 2, "local-burnin-epochs": 0, "fraction-train": 1.0,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "particles": 2,
+    "local-steps": 2,
+    "distill-steps": 2,
+    "server-steps": 2,
+    "burn-in-rounds": 1,
+    "samples": 2,
+    "local-burnin-epochs": 0,
+    "fraction-train": 1.0,
 }
-STRATEGIES = ("fedavg", "fedprox", "bayesadmm", "fedadmm", "feddyn", "fedlap", "fedlap-cov", "fedpa", "dsvgd",
-              "p-dsvgd")
+STRATEGIES = (
+    "fedavg",
+    "fedprox",
+    "bayesadmm",
+    "fedadmm",
+    "feddyn",
+    "fedlap",
+    "fedlap-cov",
+    "fedpa",
+    "dsvgd",
+    "p-dsvgd",
+)
 
 
 def image_data(size: int, seed: int) -> Dataset:
@@ -45,8 +59,9 @@ def image_data(size: int, seed: int) -> Dataset:
 def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2):
     settings = run_settings({**DEFAULTS, **TINY, "model": model, "strategy": strategy})
     algorithm = get_algorithm(strategy)
-    runtimes = {node: client_runtime(settings, f"client-{node}", tmp_path, image_data(6 + 2 * node, node))
-                for node in (1, 2)}
+    runtimes = {
+        node: client_runtime(settings, f"client-{node}", tmp_path, image_data(6 + 2 * node, node)) for node in (1, 2)
+    }
     layout = runtimes[1].layout
     server = round_core(algorithm.build_server(settings, layout))
     torch.manual_seed(settings.seed)
@@ -54,8 +69,10 @@ def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2):
     arrays = ArrayRecord({name: Array(value) for name, value in initial.items()})
     for server_round in range(1, rounds + 1):
         messages = server.configure(server_round, arrays, FakeGrid(runtimes))
-        replies = [reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]),
-                                 m.metadata.dst_node_id) for m in messages]
+        replies = [
+            reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
+            for m in messages
+        ]
         updated, _ = server.aggregate(server_round, replies)
         assert updated is not None, f"{strategy} on {model}: round {server_round} was rejected"
         arrays = updated
@@ -176,7 +193,9 @@ def test_a_model_with_buffers_trains_and_the_core_averages_its_buffers(tmp_path,
     monkeypatch.setattr("fedbayes.client.runtime.build_model", lambda *args: BatchNormNet())
     settings = run_settings({**DEFAULTS, **TINY, "strategy": strategy, "burn-in-rounds": 0})
     algorithm = get_algorithm(strategy)
-    runtimes = {node: client_runtime(settings, f"client-{node}", tmp_path, image_data(6 + 2 * node, node)) for node in (1, 2)}
+    runtimes = {
+        node: client_runtime(settings, f"client-{node}", tmp_path, image_data(6 + 2 * node, node)) for node in (1, 2)
+    }
     for client in runtimes.values():
         torch.manual_seed(0)
         client.model = BatchNormNet()
@@ -187,8 +206,10 @@ def test_a_model_with_buffers_trains_and_the_core_averages_its_buffers(tmp_path,
     arrays = ArrayRecord({name: Array(value) for name, value in get_parameters(BatchNormNet()).items()})
     for server_round in (1, 2):
         messages = server.configure(server_round, arrays, FakeGrid(runtimes))
-        replies = [reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]),
-                                 m.metadata.dst_node_id) for m in messages]
+        replies = [
+            reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
+            for m in messages
+        ]
         arrays, _ = server.aggregate(server_round, replies)
         assert arrays is not None, f"{strategy}: round {server_round} was rejected"
         # what each client trained its buffers to, this round, weighted by its 8 and 10 examples

@@ -4,7 +4,6 @@ identical, and a real data set nobody tuned on (scikit-learn's 8x8 digits) train
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -12,8 +11,8 @@ from fedbayes.deploy.launcher import check_run_config
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.npzdata import NpzDataError, load_data_path
-from tests.support import settings, write_npz as write
-
+from tests.support import settings
+from tests.support import write_npz as write
 
 
 def images(rows: int, value: float = 0.5, shape=(1, 4, 4)) -> np.ndarray:
@@ -47,31 +46,69 @@ def test_flat_features_and_a_declared_class_count(tmp_path):
 GOOD = {"x": images(4), "y": labels(0, 1, 1, 0)}
 
 
-@pytest.mark.parametrize("files, clients, problem", [
-    ({"train.npz": GOOD}, 2, "test.npz: no such file"),
-    ({"train.npz": {"x": images(4)}, "test.npz": GOOD}, 2, "train.npz: has arrays ['x']; it needs 'x' (examples) and 'y'"),
-    ({"train.npz": {**GOOD, "images": images(4), "labels": labels(0, 1, 1, 0)}, "test.npz": GOOD}, 2,
-     "train.npz: has both x/y and images/labels"),
-    ({"train.npz": {**GOOD, "x": np.where(np.arange(4)[:, None, None, None] == 2, np.nan, images(4))},
-      "test.npz": GOOD}, 2, "train.npz: 'x' holds NaN or Inf (first in row 2)"),
-    ({"train.npz": {**GOOD, "x": images(4).astype(np.int32)}, "test.npz": GOOD}, 2,
-     "train.npz: 'x' has dtype int32; it must be uint8 (0-255) or float"),
-    ({"train.npz": {**GOOD, "y": np.array([0.0, 1.0, 1.0, 0.0])}, "test.npz": GOOD}, 2,
-     "train.npz: 'y' has dtype float64; labels must be integers"),
-    ({"train.npz": {**GOOD, "y": labels(0, -1, 1, 0)}, "test.npz": GOOD}, 2, "train.npz: 'y' has a negative label"),
-    ({"train.npz": {**GOOD, "y": labels(0, 1, 1)}, "test.npz": GOOD}, 2, "train.npz: 'y' has shape (3,), the examples need (4,)"),
-    ({"train.npz": {**GOOD, "num_classes": np.int64(1)}, "test.npz": GOOD}, 2,
-     "train.npz: label 1 is out of range for its num_classes=1"),
-    ({"train.npz": {**GOOD, "num_classes": np.int64(3)}, "test.npz": {**GOOD, "num_classes": np.int64(4)}}, 2,
-     "the files declare different num_classes [3, 4]"),
-    ({"train.npz": GOOD, "test.npz": {**GOOD, "x": images(4, shape=(1, 5, 5))}}, 2,
-     "examples have shape (1, 4, 4), but those of"),
-    ({"client-0.npz": GOOD, "client-1.npz": GOOD, "test.npz": GOOD}, 3,
-     "has 2 client files (client-<i>.npz) for a federation of 3 clients"),
-    ({"client-0.npz": GOOD, "client-2.npz": GOOD, "test.npz": GOOD}, 2, "lacks client-1.npz"),
-    ({"client-0.npz": GOOD, "train.npz": GOOD, "test.npz": GOOD}, 1, "holds both train.npz and client-<i>.npz"),
-    ({"test.npz": GOOD}, 2, "has no training data: add train.npz or client-0.npz ... client-1.npz"),
-])
+@pytest.mark.parametrize(
+    "files, clients, problem",
+    [
+        ({"train.npz": GOOD}, 2, "test.npz: no such file"),
+        (
+            {"train.npz": {"x": images(4)}, "test.npz": GOOD},
+            2,
+            "train.npz: has arrays ['x']; it needs 'x' (examples) and 'y'",
+        ),
+        (
+            {"train.npz": {**GOOD, "images": images(4), "labels": labels(0, 1, 1, 0)}, "test.npz": GOOD},
+            2,
+            "train.npz: has both x/y and images/labels",
+        ),
+        (
+            {
+                "train.npz": {**GOOD, "x": np.where(np.arange(4)[:, None, None, None] == 2, np.nan, images(4))},
+                "test.npz": GOOD,
+            },
+            2,
+            "train.npz: 'x' holds NaN or Inf (first in row 2)",
+        ),
+        (
+            {"train.npz": {**GOOD, "x": images(4).astype(np.int32)}, "test.npz": GOOD},
+            2,
+            "train.npz: 'x' has dtype int32; it must be uint8 (0-255) or float",
+        ),
+        (
+            {"train.npz": {**GOOD, "y": np.array([0.0, 1.0, 1.0, 0.0])}, "test.npz": GOOD},
+            2,
+            "train.npz: 'y' has dtype float64; labels must be integers",
+        ),
+        ({"train.npz": {**GOOD, "y": labels(0, -1, 1, 0)}, "test.npz": GOOD}, 2, "train.npz: 'y' has a negative label"),
+        (
+            {"train.npz": {**GOOD, "y": labels(0, 1, 1)}, "test.npz": GOOD},
+            2,
+            "train.npz: 'y' has shape (3,), the examples need (4,)",
+        ),
+        (
+            {"train.npz": {**GOOD, "num_classes": np.int64(1)}, "test.npz": GOOD},
+            2,
+            "train.npz: label 1 is out of range for its num_classes=1",
+        ),
+        (
+            {"train.npz": {**GOOD, "num_classes": np.int64(3)}, "test.npz": {**GOOD, "num_classes": np.int64(4)}},
+            2,
+            "the files declare different num_classes [3, 4]",
+        ),
+        (
+            {"train.npz": GOOD, "test.npz": {**GOOD, "x": images(4, shape=(1, 5, 5))}},
+            2,
+            "examples have shape (1, 4, 4), but those of",
+        ),
+        (
+            {"client-0.npz": GOOD, "client-1.npz": GOOD, "test.npz": GOOD},
+            3,
+            "has 2 client files (client-<i>.npz) for a federation of 3 clients",
+        ),
+        ({"client-0.npz": GOOD, "client-2.npz": GOOD, "test.npz": GOOD}, 2, "lacks client-1.npz"),
+        ({"client-0.npz": GOOD, "train.npz": GOOD, "test.npz": GOOD}, 1, "holds both train.npz and client-<i>.npz"),
+        ({"test.npz": GOOD}, 2, "has no training data: add train.npz or client-0.npz ... client-1.npz"),
+    ],
+)
 def test_a_bad_folder_is_refused_before_any_process_starts_naming_file_and_problem(tmp_path, files, clients, problem):
     for name, arrays in files.items():
         write(tmp_path / "data" / name, **arrays)
@@ -99,7 +136,7 @@ def test_a_data_path_file_with_an_npz_dataset_must_declare_its_classes(tmp_path)
     path = write(tmp_path / "mine.npz", **GOOD)
     with pytest.raises(NpzDataError, match="mine.npz: with dataset 'npz:/srv' .* must hold 'num_classes'"):
         load_data_path(path, "npz:/srv")
-    assert load_data_path(write(tmp_path / "declared.npz", **GOOD, num_classes=np.int64(3)), "npz:/srv").num_classes == 3
+    assert (
+        load_data_path(write(tmp_path / "declared.npz", **GOOD, num_classes=np.int64(3)), "npz:/srv").num_classes == 3
+    )
     assert load_data_path(path, "fmnist").num_classes == 10  # a built-in dataset's classes, as before
-
-

@@ -67,8 +67,15 @@ def test_the_server_carries_its_momentum_between_rounds(plugin_path, tmp_path):
 def test_its_generated_module_is_current(tmp_path):
     source = PLUGINS / "fedavgm_plugin" / "fedavgm.proto"
     well_known = protoc._get_resource_file_name("grpc_tools", "_proto")  # google/protobuf/any.proto
-    arguments = ["protoc", f"-I{PLUGINS}", f"-I{ROOT}", f"-I{well_known}", f"--python_out={tmp_path}",
-                 f"--pyi_out={tmp_path}", str(source)]
+    arguments = [
+        "protoc",
+        f"-I{PLUGINS}",
+        f"-I{ROOT}",
+        f"-I{well_known}",
+        f"--python_out={tmp_path}",
+        f"--pyi_out={tmp_path}",
+        str(source),
+    ]
     assert protoc.main(arguments) == 0
     for name in ("fedavgm_pb2.py", "fedavgm_pb2.pyi"):
         assert filecmp.cmp(tmp_path / "fedavgm_plugin" / name, source.parent / name, shallow=False), name

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from fedbayes import strategies
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.config import ConfigError
-from tests.support import LAYOUT, fedavg_reply, reply_message
-from tests.support import DEFAULTS
-from tests.support import round_core
+from tests.support import DEFAULTS, LAYOUT, fedavg_reply, reply_message, round_core
 
 REFERENCE = "fedmedian_plugin:FEDMEDIAN"
 
@@ -19,8 +16,10 @@ REFERENCE = "fedmedian_plugin:FEDMEDIAN"
 def test_a_strategy_by_module_and_attribute_aggregates_with_its_own_math(plugin_path):
     algorithm = get_algorithm(REFERENCE)
     core = round_core(algorithm.build_server(run_settings({**DEFAULTS, "strategy": REFERENCE}), LAYOUT))
-    replies = [reply_message(fedavg_reply(f"client-{node}", num_examples=10 * node, value=value), node)
-               for node, value in ((1, 1.0), (2, 5.0), (3, 100.0))]
+    replies = [
+        reply_message(fedavg_reply(f"client-{node}", num_examples=10 * node, value=value), node)
+        for node, value in ((1, 1.0), (2, 5.0), (3, 100.0))
+    ]
     arrays, _ = core.aggregate(1, replies)
     assert all((arrays[name].numpy() == 5.0).all() for name in LAYOUT)  # the median, not FedAvg's 62.5
     assert core.round_report.accepted == ["client-1", "client-2", "client-3"]
@@ -32,14 +31,15 @@ def test_an_installed_strategy_is_found_by_its_entry_point_name(plugin_path, mon
     assert "fedmedian" in strategies.algorithm_names()
 
 
-@pytest.mark.parametrize("reference, words", [
-    ("no_such_module:X", "cannot load 'no_such_module:X'"),
-    ("fedbayes.strategies.fedavg.server:FedAvg", "FedAvg'>, not a fedbayes.strategies.Algorithm"),
-    ("fedmedian", "must be one of fedavg"),
-])
+@pytest.mark.parametrize(
+    "reference, words",
+    [
+        ("no_such_module:X", "cannot load 'no_such_module:X'"),
+        ("fedbayes.strategies.fedavg.server:FedAvg", "FedAvg'>, not a fedbayes.strategies.Algorithm"),
+        ("fedmedian", "must be one of fedavg"),
+    ],
+)
 def test_a_strategy_that_is_not_there_is_refused_naming_the_key(reference, words):
     with pytest.raises(ConfigError, match="run config 'strategy'") as error:
         get_algorithm(reference)
     assert words in str(error.value)
-
-

@@ -10,12 +10,12 @@ import torchvision.datasets
 
 from fedbayes.deploy.launcher import _line_count, _read_rows
 from fedbayes.server.loop import ResultsLog
+from fedbayes.server.preflight import check_model_and_strategy
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.preflight import (
     CLIENT_MEMORY,
     TORCHVISION_FILES,
     check_dataset_files,
-    check_model_and_strategy,
     check_output_paths,
     check_split_file,
     unwritable,
@@ -24,11 +24,12 @@ from fedbayes.tasks.runlog import failure_reason, new_federation, new_federation
 from tests.support import settings
 
 
-
 def torchvision_files(dataset: str) -> tuple[str, set[str]]:
     """The folder under the root and the files in it that torchvision itself checks for."""
-    cls = getattr(torchvision.datasets, {"fmnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10",
-                                         "cifar100": "CIFAR100"}[dataset])
+    cls = getattr(
+        torchvision.datasets,
+        {"fmnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}[dataset],
+    )
     if hasattr(cls, "resources"):  # MNIST-style: the un-gzipped files in <root>/<class>/raw
         return f"{cls.__name__}/raw", {os.path.splitext(os.path.basename(url))[0] for url, _ in cls.resources}
     return cls.base_folder, {name for name, _ in cls.train_list + cls.test_list} | {cls.meta["filename"]}
@@ -80,25 +81,41 @@ def test_a_writable_path_is_found_by_a_probe_that_leaves_nothing_behind(tmp_path
     assert unwritable(tmp_path / "new" / "deeper" / "rows.jsonl", directory=False) is None
     assert unwritable(tmp_path / "state", directory=True) is None
     assert unwritable(tmp_path, directory=True) is None
-    assert [path.name for path in tmp_path.iterdir()] == ["rows.jsonl"] and (tmp_path / "rows.jsonl").read_text() == "mine\n"
+    assert [path.name for path in tmp_path.iterdir()] == ["rows.jsonl"] and (
+        tmp_path / "rows.jsonl"
+    ).read_text() == "mine\n"
 
 
 def test_an_unwritable_path_says_why(tmp_path):
     (tmp_path / "file").write_text("")
     assert unwritable(tmp_path, directory=False) == f"{tmp_path} is a directory, not a file"
     assert unwritable(tmp_path / "file", directory=True) == f"{tmp_path / 'file'} is not a directory"
-    assert unwritable(tmp_path / "file" / "x", directory=True) == \
-        f"{tmp_path / 'file' / 'x'} cannot be made: {tmp_path / 'file'} is not a directory"
+    assert (
+        unwritable(tmp_path / "file" / "x", directory=True)
+        == f"{tmp_path / 'file' / 'x'} cannot be made: {tmp_path / 'file'} is not a directory"
+    )
     assert unwritable(UNWRITABLE / "state", directory=True).startswith(
-        f"{UNWRITABLE / 'state'} is not writable by this user: /sys: ")
+        f"{UNWRITABLE / 'state'} is not writable by this user: /sys: "
+    )
 
 
-@pytest.mark.parametrize(("key", "path", "message"), [
-    ("server-state-dir", "{tmp}/file", "run config 'server-state-dir': {tmp}/file is not a directory"),
-    ("server-state-dir", str(UNWRITABLE), f"run config 'server-state-dir': {UNWRITABLE} is not writable by this user"),
-    ("results-path", "{tmp}", "run config 'results-path': {tmp} is a directory, not a file"),
-    ("results-path", str(UNWRITABLE / "r.jsonl"), f"run config 'results-path': {UNWRITABLE / 'r.jsonl'} is not writable"),
-])
+@pytest.mark.parametrize(
+    ("key", "path", "message"),
+    [
+        ("server-state-dir", "{tmp}/file", "run config 'server-state-dir': {tmp}/file is not a directory"),
+        (
+            "server-state-dir",
+            str(UNWRITABLE),
+            f"run config 'server-state-dir': {UNWRITABLE} is not writable by this user",
+        ),
+        ("results-path", "{tmp}", "run config 'results-path': {tmp} is a directory, not a file"),
+        (
+            "results-path",
+            str(UNWRITABLE / "r.jsonl"),
+            f"run config 'results-path': {UNWRITABLE / 'r.jsonl'} is not writable",
+        ),
+    ],
+)
 def test_output_paths_the_server_cannot_write_are_refused_by_key(tmp_path, key, path, message):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError) as refusal:
@@ -111,8 +128,9 @@ def test_a_new_federation_refuses_a_results_file_that_holds_rows_unless_told_to_
     results.write_text('{"round": 1}\n')
     with pytest.raises(ConfigError) as refusal:
         check_output_paths(settings(results_path=str(results)), new_federation=True)
-    assert str(refusal.value).startswith(f"run config 'results-path': {results} is not empty and results-exists is "
-                                         "'refuse' (the file was left as it is)")
+    assert str(refusal.value).startswith(
+        f"run config 'results-path': {results} is not empty and results-exists is 'refuse' (the file was left as it is)"
+    )
     for told in ("append", "replace"):
         check_output_paths(settings(results_path=str(results), results_exists=told), new_federation=True)
     check_output_paths(settings(results_path=str(results), federation="fed"), new_federation=False)  # a resume
@@ -132,19 +150,23 @@ def test_a_split_file_that_cannot_be_read_is_refused_by_key(tmp_path):
     check_split_file("")  # none: every client draws the split
 
 
-@pytest.mark.parametrize(("strategy", "values"), [
-    ("fedavg", 178_110),  # the weights, P (784-200-100-10 MLP)
-    ("bayesadmm", 4 * 178_110),  # local mean and precision, dual mean and precision
-    ("dsvgd", 20 * 178_110),  # the particles, N x P
-])
+@pytest.mark.parametrize(
+    ("strategy", "values"),
+    [
+        ("fedavg", 178_110),  # the weights, P (784-200-100-10 MLP)
+        ("bayesadmm", 4 * 178_110),  # local mean and precision, dual mean and precision
+        ("dsvgd", 20 * 178_110),  # the particles, N x P
+    ],
+)
 def test_max_payload_mb_below_one_reply_is_refused_with_the_replys_size(strategy, values):
     fits = values * 4 / 2**20
     check_model_and_strategy(settings(strategy=strategy, max_payload_mb=fits))
     with pytest.raises(ConfigError) as refusal:
         check_model_and_strategy(settings(strategy=strategy, max_payload_mb=0.99 * fits))
     message = str(refusal.value)
-    assert message.startswith(f"run config 'max-payload-mb' ({0.99 * fits:g}) is below one reply of {values:,} "
-                              "float32 values"), message
+    assert message.startswith(
+        f"run config 'max-payload-mb' ({0.99 * fits:g}) is below one reply of {values:,} float32 values"
+    ), message
     assert "an estimate from the parameter count, a lower bound" in message and f"'strategy' ({strategy})" in message
 
 

@@ -11,17 +11,32 @@ import pytest
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from fedbayes.protos.codec import ENVELOPE_KEY, PACKED_ARRAY, TENSORS_KEY, encode, with_envelope
-from tests.support import declared_payload, reply_message
-from tests.support import FakeGrid, InProcessFederation
-from tests.support.rogue import ROGUE_NODE, SIZES, RogueRound, assert_rejected_without_trace, envelope_message, overrides
-from tests.support.rogue import assert_same_state
 from fedbayes.strategies.bayesadmm.server import BayesADMMState
 from fedbayes.strategies.feddyn.server import FedDynState
 from fedbayes.strategies.fedlap.server import FedLapState
-from tests.support import envelope_of
+from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message
+from tests.support.rogue import (
+    ROGUE_NODE,
+    SIZES,
+    RogueRound,
+    assert_rejected_without_trace,
+    assert_same_state,
+    envelope_message,
+    overrides,
+)
 
-STRATEGIES = ["fedavg", "fedprox", "bayesadmm", "fedadmm", "bayesadmm-full", "feddyn", "fedlap", "fedlap-cov",
-              "fedpa", "p-dsvgd"]
+STRATEGIES = [
+    "fedavg",
+    "fedprox",
+    "bayesadmm",
+    "fedadmm",
+    "bayesadmm-full",
+    "feddyn",
+    "fedlap",
+    "fedlap-cov",
+    "fedpa",
+    "p-dsvgd",
+]
 
 
 def with_header(content, message_type, **fields):
@@ -44,33 +59,47 @@ def with_array_bytes(content, data_of):
     `data_of(shape)` returns: what a hostile sender controls."""
     shape = tuple(content[TENSORS_KEY][PACKED_ARRAY].shape)
     packed = Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=data_of(shape))
-    return RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: packed}),
-                       ENVELOPE_KEY: content.config_records[ENVELOPE_KEY]})
+    return RecordDict(
+        {TENSORS_KEY: ArrayRecord({PACKED_ARRAY: packed}), ENVELOPE_KEY: content.config_records[ENVELOPE_KEY]}
+    )
 
 
 ATTACKS = {
     # name: (how the rogue reply is made from client-1's honest reply, words the rejection must contain)
     "unicode bytes declared float32": (
-        lambda content, t: with_array_bytes(content, lambda shape: npy_bytes(np.full(shape, "x"))), "dtype <U1"),
+        lambda content, t: with_array_bytes(content, lambda shape: npy_bytes(np.full(shape, "x"))),
+        "dtype <U1",
+    ),
     "complex bytes declared float32": (
         lambda content, t: with_array_bytes(content, lambda shape: npy_bytes(np.zeros(shape, np.complex64))),
-        "dtype complex64"),
+        "dtype complex64",
+    ),
     "bool bytes declared float32": (
-        lambda content, t: with_array_bytes(content, lambda shape: npy_bytes(np.zeros(shape, bool))), "dtype bool"),
-    "npz bytes": (lambda content, t: with_array_bytes(content, lambda shape: b"PK\x03\x04" + b"\x00" * 40),
-                  "unreadable array data"),
-    "NaN": (lambda content, t: with_array_bytes(content, lambda shape: npy_bytes(np.full(shape, np.nan, np.float32))),
-            "NaN or Inf"),
+        lambda content, t: with_array_bytes(content, lambda shape: npy_bytes(np.zeros(shape, bool))),
+        "dtype bool",
+    ),
+    "npz bytes": (
+        lambda content, t: with_array_bytes(content, lambda shape: b"PK\x03\x04" + b"\x00" * 40),
+        "unreadable array data",
+    ),
+    "NaN": (
+        lambda content, t: with_array_bytes(content, lambda shape: npy_bytes(np.full(shape, np.nan, np.float32))),
+        "NaN or Inf",
+    ),
     "zero examples": (lambda content, t: with_header(content, t, num_examples=0), "'num_examples': 0 is not in"),
-    "2^64-1 examples": (lambda content, t: with_header(content, t, num_examples=2**64 - 1),
-                        "'num_examples': 18446744073709551615 is not in"),
+    "2^64-1 examples": (
+        lambda content, t: with_header(content, t, num_examples=2**64 - 1),
+        "'num_examples': 18446744073709551615 is not in",
+    ),
     "wrong federation": (lambda content, t: with_header(content, t, federation="other"), "'header.federation'"),
     "server-only header field": (
         lambda content, t: _with_server_field(content, t, "accepted_rounds"),
-        "'header.accepted_rounds': only the server sets it"),
+        "'header.accepted_rounds': only the server sets it",
+    ),
     "server-only header field (checkpoint)": (
         lambda content, t: _with_server_field(content, t, "checkpointed_rounds"),
-        "'header.checkpointed_rounds': only the server sets it"),
+        "'header.checkpointed_rounds': only the server sets it",
+    ),
     "path in client id": (lambda content, t: with_header(content, t, client_id="../../etc"), "is not a client id"),
 }
 
@@ -103,16 +132,28 @@ def test_a_spoofed_client_id_is_refused_and_the_honest_client_keeps_its_state(tm
     game = RogueRound(tmp_path, strategy)
     server, result, expected = game.aggregate({ROGUE_NODE: game.replies[1]}, honest_nodes=[2, 3])
     game_label = "client 'client-1' (node 99)"
-    assert_rejected_without_trace(server, result, expected, game.control, game_label,
-                                  "client id 'client-1' is bound to node 1; node 99 may not use it")
+    assert_rejected_without_trace(
+        server,
+        result,
+        expected,
+        game.control,
+        game_label,
+        "client id 'client-1' is bound to node 1; node 99 may not use it",
+    )
 
 
 def test_a_spoofer_is_named_as_one_when_its_reply_comes_after_the_real_clients(tmp_path):
     """The refusal must not depend on arrival order (a real federation's replies come in any order)."""
     game = RogueRound(tmp_path, "bayesadmm")
     server, result, expected = game.aggregate({ROGUE_NODE: game.replies[1]})  # after node 1's own reply
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 99)",
-                                  "client id 'client-1' is bound to node 1; node 99 may not use it")
+    assert_rejected_without_trace(
+        server,
+        result,
+        expected,
+        game.control,
+        "client 'client-1' (node 99)",
+        "client id 'client-1' is bound to node 1; node 99 may not use it",
+    )
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "bayesadmm", "feddyn", "p-dsvgd"])
@@ -121,13 +162,20 @@ def test_a_node_cannot_rename_itself_nor_count_past_max_clients(tmp_path, strate
     game = RogueRound(tmp_path, strategy, **{"max-clients": 3})
     renamed = with_header(game.replies[3], game.reply_type, client_id="client-3b")
     server, result, expected = game.aggregate({3: renamed}, honest_nodes=[1, 2])
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-3' (node 3) claiming to "
-                                  "be client 'client-3b'", "node 3 is client 'client-3'; it may not speak as 'client-3b'")
+    assert_rejected_without_trace(
+        server,
+        result,
+        expected,
+        game.control,
+        "client 'client-3' (node 3) claiming to be client 'client-3b'",
+        "node 3 is client 'client-3'; it may not speak as 'client-3b'",
+    )
     game = RogueRound(tmp_path / "again", strategy, **{"max-clients": 3})
     newcomer = with_header(game.replies[1], game.reply_type, client_id="client-4")
     server, result, expected = game.aggregate({ROGUE_NODE: newcomer})
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-4' (node 99)",
-                                  "already counts max-clients=3 clients")
+    assert_rejected_without_trace(
+        server, result, expected, game.control, "client 'client-4' (node 99)", "already counts max-clients=3 clients"
+    )
 
 
 def test_two_replies_for_one_client_id_in_a_round_the_second_is_refused(tmp_path):
@@ -143,8 +191,9 @@ def test_a_reply_from_an_earlier_round_is_rejected(tmp_path, strategy):
     game = RogueRound(tmp_path, strategy)
     stale = with_header(game.replies[1], game.reply_type, server_round=1)
     server, result, expected = game.aggregate({1: stale}, honest_nodes=[2, 3])
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
-                                  "the reply is for round 1, not 2")
+    assert_rejected_without_trace(
+        server, result, expected, game.control, "client 'client-1' (node 1)", "the reply is for round 1, not 2"
+    )
 
 
 def test_a_negative_dual_precision_is_rejected_not_a_server_crash(tmp_path):
@@ -152,13 +201,20 @@ def test_a_negative_dual_precision_is_rejected_not_a_server_crash(tmp_path):
     game = RogueRound(tmp_path, "bayesadmm")
     message = envelope_message(game.replies[1], game.reply_type)
     tensors = declared_payload(game.replies[1], game.reply_type).tensors
-    tensors["dual_precision"] = {name: np.full(value.shape, -1e9, np.float32)
-                                 for name, value in tensors["dual_precision"].items()}
+    tensors["dual_precision"] = {
+        name: np.full(value.shape, -1e9, np.float32) for name, value in tensors["dual_precision"].items()
+    }
     rogue = encode(envelope_of(game.replies[1]), message, tensors)
     assert envelope_of(rogue).header.client_id == "client-1"
     server, result, expected = game.aggregate({1: rogue}, honest_nodes=[2, 3])
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
-                                  "field 'dual_precision': differs from the server's replay")
+    assert_rejected_without_trace(
+        server,
+        result,
+        expected,
+        game.control,
+        "client 'client-1' (node 1)",
+        "field 'dual_precision': differs from the server's replay",
+    )
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "bayesadmm", "feddyn", "fedlap-cov", "fedpa", "p-dsvgd"])
@@ -188,14 +244,19 @@ def assert_server_matches_clients(federation):
     """Every client the server accepted a round from will start its next round from the state the server
     holds for it (float32 wire rounding aside)."""
     core = federation.core
-    for node, runtime in federation.runtimes.items():
+    for runtime in federation.runtimes.values():
         client = runtime.node.client_id
         if client not in core.accepted_rounds:
             continue
         stored = runtime.state_store("fed").load(core.accepted_rounds[client], for_round=0)
         for name, mirror in server_mirror(core.strategy.state, client).items():
-            np.testing.assert_allclose(np.asarray(stored.tensors[name], np.float64), np.asarray(mirror, np.float64),
-                                       rtol=1e-6, atol=1e-9, err_msg=f"{client} {name}")
+            np.testing.assert_allclose(
+                np.asarray(stored.tensors[name], np.float64),
+                np.asarray(mirror, np.float64),
+                rtol=1e-6,
+                atol=1e-9,
+                err_msg=f"{client} {name}",
+            )
 
 
 @pytest.mark.parametrize("strategy", ["bayesadmm", "fedadmm", "feddyn", "fedlap", "fedlap-cov", "p-dsvgd"])
@@ -206,8 +267,12 @@ def test_a_dropped_and_a_late_reply_leave_client_and_server_in_step(tmp_path, st
     held_back = None
     for server_round in (2, 3, 4):
         messages = core.configure(server_round, federation.arrays, FakeGrid(nodes))
-        replies = {m.metadata.dst_node_id: reply_message(federation.client_update(
-            m.content, federation.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id) for m in messages}
+        replies = {
+            m.metadata.dst_node_id: reply_message(
+                federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
+            )
+            for m in messages
+        }
         if server_round == 2:  # client-1 trained and stored round 2, but its reply is lost in transit
             held_back = replies.pop(1)
         delivered = list(replies.values()) + ([held_back] if server_round == 3 else [])  # ...and turns up late

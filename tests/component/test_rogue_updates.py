@@ -14,16 +14,18 @@ from flwr.app import Error
 from flwr.common.constant import ErrorCode
 
 from fedbayes.protos.codec import encode
+from fedbayes.server.round_core import CORE_STATE_KEY
 from fedbayes.strategies.feddyn import client as feddyn_client
 from fedbayes.strategies.feddyn import math as feddyn
-from tests.support import declared_payload, reply_message
-from tests.support import FakeGrid, InProcessFederation
-from tests.support import rogue
-from tests.support.rogue import UPDATE_GROUP
-from tests.support.rogue import RogueRound, SIZES, assert_rejected_without_trace, envelope_message, overrides
-from tests.support import round_core
-from fedbayes.server.round_core import CORE_STATE_KEY
-from tests.support import envelope_of
+from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message, rogue, round_core
+from tests.support.rogue import (
+    SIZES,
+    UPDATE_GROUP,
+    RogueRound,
+    assert_rejected_without_trace,
+    envelope_message,
+    overrides,
+)
 
 STRATEGIES = [name for name in UPDATE_GROUP if "dsvgd" not in name] + ["p-dsvgd"]
 
@@ -44,18 +46,21 @@ def scaled_update(game: RogueRound, node: int, factor: float):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_an_update_of_1e30_is_refused_by_the_screen_and_the_round_goes_on(tmp_path, strategy):
     game = RogueRound(tmp_path, strategy)
-    server, result, expected = game.aggregate({1: consistent_reply(game, 1, rogue.filled(UPDATE_GROUP[strategy], 1e30))},
-                                              honest_nodes=[2, 3])
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
-                                  "refused by the screen")
+    server, result, expected = game.aggregate(
+        {1: consistent_reply(game, 1, rogue.filled(UPDATE_GROUP[strategy], 1e30))}, honest_nodes=[2, 3]
+    )
+    assert_rejected_without_trace(
+        server, result, expected, game.control, "client 'client-1' (node 1)", "refused by the screen"
+    )
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "feddyn", "fedpa", "bayesadmm", "fedlap-cov", "p-dsvgd"])
 def test_an_ordinary_update_scaled_a_millionfold_is_refused_by_the_screen(tmp_path, strategy):
     game = RogueRound(tmp_path, strategy)
     server, result, expected = game.aggregate({1: scaled_update(game, 1, 1e6)}, honest_nodes=[2, 3])
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
-                                  "refused by the screen")
+    assert_rejected_without_trace(
+        server, result, expected, game.control, "client 'client-1' (node 1)", "refused by the screen"
+    )
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -76,8 +81,14 @@ def test_the_dual_replay_is_checked_per_entry_so_one_huge_entry_hides_nothing(tm
     tensors["dual_precision"][first].flat[0] = 3e38 * 2e-4  # about γ·3e38: any value, the check is per entry
     tensors["dual_mean"][first].flat[1] += 1e3  # far outside its own entry's tolerance
     server, result, expected = game.aggregate({1: encode(envelope_of(honest), message, tensors)}, honest_nodes=[2, 3])
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
-                                  "field 'dual_mean': differs from the server's replay")
+    assert_rejected_without_trace(
+        server,
+        result,
+        expected,
+        game.control,
+        "client 'client-1' (node 1)",
+        "field 'dual_mean': differs from the server's replay",
+    )
 
 
 def test_a_global_precision_that_is_not_positive_definite_is_a_rejected_round_not_a_linalg_error(tmp_path):
@@ -94,17 +105,22 @@ def test_a_global_precision_that_is_not_positive_definite_is_a_rejected_round_no
         server.absorb([payload], 2)
 
 
-@pytest.mark.parametrize("strategy, group, value, extra", [
-    ("fedlap", "site_mean", 3.4e38, {"prior-precision": 0.5}),  # float64 finite, inf once stored as float32
-    ("fedpa", "delta", -3.4e38, {"server-lr": 10.0}),
-    ("p-dsvgd", "local_particles", 1e30, {}),
-])
+@pytest.mark.parametrize(
+    "strategy, group, value, extra",
+    [
+        ("fedlap", "site_mean", 3.4e38, {"prior-precision": 0.5}),  # float64 finite, inf once stored as float32
+        ("fedpa", "delta", -3.4e38, {"server-lr": 10.0}),
+        ("p-dsvgd", "local_particles", 1e30, {}),
+    ],
+)
 def test_nothing_non_finite_is_committed_when_the_screen_lets_it_through(tmp_path, strategy, group, value, extra):
     game = RogueRound(tmp_path, strategy, **{"screen-ratio": 1e300, **extra})
-    server, result, expected = game.aggregate({1: consistent_reply(game, 1, rogue.filled(group, value))},
-                                              honest_nodes=[2, 3])
-    assert_rejected_without_trace(server, result, expected, game.control, "client 'client-1' (node 1)",
-                                  "would be unusable")
+    server, result, expected = game.aggregate(
+        {1: consistent_reply(game, 1, rogue.filled(group, value))}, honest_nodes=[2, 3]
+    )
+    assert_rejected_without_trace(
+        server, result, expected, game.control, "client 'client-1' (node 1)", "would be unusable"
+    )
     state = server.state_dict()
     assert all(np.isfinite(tensor).all() for tensor in state.tensors.values())
 
@@ -127,8 +143,13 @@ def model_move(tmp_path, strategy: str, factor: float, **config) -> float:
     clients 2-3 are honest."""
     game = RogueRound(tmp_path, strategy, **config)
     before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
-    arrays, _ = game.federation.core.aggregate(2, [
-        reply_message(scaled_update(game, 1, factor), 1), *(reply_message(game.replies[node], node) for node in (2, 3))])
+    arrays, _ = game.federation.core.aggregate(
+        2,
+        [
+            reply_message(scaled_update(game, 1, factor), 1),
+            *(reply_message(game.replies[node], node) for node in (2, 3)),
+        ],
+    )
     assert game.federation.core.round_report.accepted == ["client-1", "client-2", "client-3"]
     return sum(float(np.abs(arrays[name].numpy() - before[name]).sum()) for name in before)
 
@@ -139,18 +160,21 @@ def test_robust_rules_bound_an_update_the_screen_lets_through(tmp_path, strategy
     """A rogue scaling its update 50x (under the screen's 100x): with a robust rule the new global model stays
     near where the honest updates put it, unlike with the plain mean."""
     trim = {"trim-fraction": 0.34}  # 3 replies: trim one a side
-    assert model_move(tmp_path / rule, strategy, 50.0, **{"robust-aggregation": rule, **trim}) < \
-        0.5 * model_move(tmp_path / "none", strategy, 50.0, **trim)
+    assert model_move(tmp_path / rule, strategy, 50.0, **{"robust-aggregation": rule, **trim}) < 0.5 * model_move(
+        tmp_path / "none", strategy, 50.0, **trim
+    )
 
 
 @pytest.mark.parametrize("strategy", ["bayesadmm", "fedlap-cov"])
 def test_bounded_influence_tempers_a_site_or_dual_the_screen_lets_through(tmp_path, strategy):
-    assert model_move(tmp_path / "clip", strategy, 30.0, **{"robust-aggregation": "clip", "clip-ratio": 1.0}) < \
-        0.5 * model_move(tmp_path / "none", strategy, 30.0)
+    assert model_move(
+        tmp_path / "clip", strategy, 30.0, **{"robust-aggregation": "clip", "clip-ratio": 1.0}
+    ) < 0.5 * model_move(tmp_path / "none", strategy, 30.0)
 
 
-@pytest.mark.parametrize("strategy, rule", [("bayesadmm", "median"), ("fedlap", "trimmed-mean"),
-                                            ("dsvgd", "clip"), ("p-dsvgd", "median")])
+@pytest.mark.parametrize(
+    "strategy, rule", [("bayesadmm", "median"), ("fedlap", "trimmed-mean"), ("dsvgd", "clip"), ("p-dsvgd", "median")]
+)
 def test_a_robust_rule_a_strategy_does_not_implement_is_refused_at_construction(tmp_path, strategy, rule):
     from fedbayes.tasks.config import ConfigError
 
@@ -170,8 +194,10 @@ def test_feddyn_refuses_a_client_whose_lambda_differs_from_the_servers_replay(tm
     federation.round(2, [1, 2, 3])
     report = federation.core.round_report
     assert report.accepted == ["client-2", "client-3"]
-    assert "field 'lambda_sketch': the client's λ_k differs from the server's replay" in \
-        report.rejected["client 'client-1' (node 1)"]
+    assert (
+        "field 'lambda_sketch': the client's λ_k differs from the server's replay"
+        in report.rejected["client 'client-1' (node 1)"]
+    )
 
 
 def test_feddyn_sketches_agree_bit_for_bit_over_rounds(tmp_path):
@@ -192,8 +218,9 @@ def test_lambda_sketch_is_linear_and_seeded(tmp_path):
 def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
     """Node 99 replies every time it is scheduled, always refused: it is scheduled once as new, then takes its turn
     after the known clients, then sits out its quarantine; clients 1-3 keep their turns."""
-    federation = InProcessFederation(tmp_path, {**overrides("dsvgd"), "max-client-rejections": 2,
-                                                "quarantine-rounds": 3}, sizes=SIZES)
+    federation = InProcessFederation(
+        tmp_path, {**overrides("dsvgd"), "max-client-rejections": 2, "quarantine-rounds": 3}, sizes=SIZES
+    )
     core, schedule = federation.core, []
     for server_round in range(1, 11):
         messages = core.configure(server_round, federation.arrays, FakeGrid([1, 2, 3, 99]))
@@ -207,9 +234,9 @@ def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
         arrays, _ = core.aggregate(server_round, [reply_message(reply, node)])
         federation.arrays = arrays if arrays is not None else federation.arrays
     assert schedule[:3] == [1, 2, 3]  # new nodes first, in node order
-    assert schedule.count(99) == 2 and 99 not in schedule[schedule.index(99) + 1:][:1]
+    assert schedule.count(99) == 2 and 99 not in schedule[schedule.index(99) + 1 :][:1]
     second = [i for i, node in enumerate(schedule) if node == 99][1]
-    assert 99 not in schedule[second + 1:second + 4]  # quarantined for 3 rounds after its second refusal
+    assert 99 not in schedule[second + 1 : second + 4]  # quarantined for 3 rounds after its second refusal
     assert all(schedule.count(node) >= 2 for node in (1, 2, 3))
 
 
@@ -224,8 +251,9 @@ def test_the_quarantine_survives_a_server_restart(tmp_path):
     assert 1 not in restarted.node_pool(FakeGrid([1, 2, 3]), 3).eligible
 
 
-@pytest.mark.parametrize("code, quarantined", [(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, True),
-                                               (ErrorCode.NODE_UNAVAILABLE, False)])
+@pytest.mark.parametrize(
+    "code, quarantined", [(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, True), (ErrorCode.NODE_UNAVAILABLE, False)]
+)
 def test_a_node_that_is_offline_is_absent_not_refused(tmp_path, code, quarantined):
     """Three rounds of error replies: a client's own errors quarantine its node; the SuperLink's word that the node
     is offline (its SuperNode restarting) does not."""
@@ -234,7 +262,11 @@ def test_a_node_that_is_offline_is_absent_not_refused(tmp_path, code, quarantine
     for server_round in (1, 2, 3):
         messages = core.configure(server_round, federation.arrays, FakeGrid([1, 2, 3]))
         replies = [reply_message(None, 1, Error(code=code, reason="gone"))] + [
-            reply_message(federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]),
-                          m.metadata.dst_node_id) for m in messages if m.metadata.dst_node_id != 1]
+            reply_message(
+                federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
+            )
+            for m in messages
+            if m.metadata.dst_node_id != 1
+        ]
         federation.arrays, _ = core.aggregate(server_round, replies)
     assert bool(core.round_report.quarantined) == quarantined

@@ -110,8 +110,9 @@ class FakeRuntimeApi:
 
         message.metadata.__dict__["_message_id"] = message.object_id  # as the SuperLink stores it
         self.objects = {object_id: item.deflate() for object_id, item in get_all_nested_objects(message).items()}
-        self.response = PullAppMessagesResponse(messages_list=[message_to_proto(message)],
-                                                message_object_trees=[get_object_tree(message)])
+        self.response = PullAppMessagesResponse(
+            messages_list=[message_to_proto(message)], message_object_trees=[get_object_tree(message)]
+        )
         self.pulled_bytes, self.confirmed = 0, []
 
     def PullMessages(self, request):
@@ -136,8 +137,8 @@ def grid_holding_reply(padding_mb: float):
     float32 (several 5 MiB chunks); (grid, fake API)."""
     import numpy as np
     from flwr.app import Array, ArrayRecord, Message, RecordDict
-    from flwr.superlink.grid.http_grid import HttpGrid
     from flwr.supercore.run import Run
+    from flwr.superlink.grid.http_grid import HttpGrid
 
     instruction = Message(RecordDict(), dst_node_id=5, message_type="train")
     instruction.metadata.__dict__["_message_id"] = INSTRUCTION_ID

@@ -5,6 +5,7 @@ is down or hangs neither stops nor slows the run, and says so once."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -26,13 +27,12 @@ from fedbayes.server import tracking
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.tracking import posterior_export, row_metrics, tracked_run
+from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.strategies.fedavg.server import FedAvg
 from fedbayes.tasks.config import ConfigError
-from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.tasks.preflight import check_tracking
 from fedbayes.tasks.report import PLOTS, read_rows
-from tests.support import FakeGrid, improving_metrics, scripted
-from tests.support import round_core
+from tests.support import FakeGrid, improving_metrics, round_core, scripted
 
 LOGREG = {"1.weight": (10, 784), "1.bias": (10,)}  # model=logreg on Fashion-MNIST: the export rebuilds it
 ROUNDS = 4
@@ -48,26 +48,45 @@ def tracked_federation(tmp_path: Path, tracking_value: str, rounds: int = ROUNDS
     """A FedAvg federation of two scripted clients through run_rounds, tracked as the ServerApp tracks it
     (server/app.py); its run config and the seconds it took."""
     federation = tmp_path.name.replace("[", "-").replace("]", "")
-    run_config = {**default_run_config(), "federation": federation, "model": "logreg", "tracking": tracking_value,
-                  "num-server-rounds": rounds, "results-path": str(tmp_path / "r.jsonl"),
-                  "server-state-dir": str(tmp_path / "state")}
+    run_config = {
+        **default_run_config(),
+        "federation": federation,
+        "model": "logreg",
+        "tracking": tracking_value,
+        "num-server-rounds": rounds,
+        "results-path": str(tmp_path / "r.jsonl"),
+        "server-state-dir": str(tmp_path / "state"),
+    }
     settings = run_settings(run_config)
     core = round_core(FedAvg(settings, LOGREG))
     initial = ArrayRecord({name: Array(np.zeros(shape, np.float32)) for name, shape in LOGREG.items()})
-    loop = LoopSettings(num_rounds=rounds, round_timeout=5.0, poll_interval=0.01, wait_for_clients=2,
-                        wait_for_clients_timeout=5)
+    loop = LoopSettings(
+        num_rounds=rounds, round_timeout=5.0, poll_interval=0.01, wait_for_clients=2, wait_for_clients_timeout=5
+    )
     store = CheckpointStore(settings.server_state_dir, federation, run_config)
     started = time.monotonic()
-    with tracked_run(settings.tracking, federation, run_config,
-                     posterior_export(settings.server_state_dir, federation, run_config)) as sinks:
-        run_rounds(FakeGrid([1, 2], scripted(lambda r, node: logreg_reply(r, node, federation))), core, initial, loop,
-                   improving_metrics, settings.results_path, store, sinks)
+    with tracked_run(
+        settings.tracking, federation, run_config, posterior_export(settings.server_state_dir, federation, run_config)
+    ) as sinks:
+        run_rounds(
+            FakeGrid([1, 2], scripted(lambda r, node: logreg_reply(r, node, federation))),
+            core,
+            initial,
+            loop,
+            improving_metrics,
+            settings.results_path,
+            store,
+            sinks,
+        )
     return run_config, time.monotonic() - started
 
 
 def tracking_warnings(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records
-            if record.levelno == logging.WARNING and record.getMessage().startswith("tracking")]
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno == logging.WARNING and record.getMessage().startswith("tracking")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +97,24 @@ def mlflow_server(tmp_path_factory):
     log_path = directory / "server.log"
     with log_path.open("w") as log_file:
         server = subprocess.Popen(
-            [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-             f"sqlite:///{directory}/runs.sqlite", "--artifacts-destination", str(directory / "artifacts"),
-             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)  # its workers stop with its group
+            [
+                str(Path(sys.executable).parent / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{directory}/runs.sqlite",
+                "--artifacts-destination",
+                str(directory / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # its workers stop with its group
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(uri, server, log_path)
@@ -129,8 +162,9 @@ def test_tensorboard_event_files_hold_the_run_config_metrics_and_figures(tmp_pat
     events.Reload()
     rows = read_rows(Path(run_config["results-path"]))
     for key in ("accuracy", "ece_ensemble", "clients", "phase_seconds/evaluate"):
-        assert [(event.step, event.value) for event in events.Scalars(key)] == \
-            [(row["round"], pytest.approx(row_metrics(row)[key], rel=1e-6)) for row in rows], key
+        assert [(event.step, event.value) for event in events.Scalars(key)] == [
+            (row["round"], pytest.approx(row_metrics(row)[key], rel=1e-6)) for row in rows
+        ], key
     assert sorted(events.Tags()["images"]) == sorted(f"report/{Path(plot.file).stem}" for plot in PLOTS)
     assert all(image.width >= 900 for image in events.Images("report/metrics"))
     hparams = HParamsPluginData.FromString(events.PluginTagToContent("hparams")["_hparams_/session_start_info"])
@@ -167,14 +201,18 @@ def test_a_tracking_server_that_never_answers_costs_the_run_at_most_the_close_ti
     assert tracked < untracked + tracking.CLOSE_TIMEOUT + 3.0, (tracked, untracked)
     assert len(read_rows(tmp_path / "silent" / "r.jsonl")) == ROUNDS
     (warning,) = tracking_warnings(caplog)
-    assert "falls behind: 2 rows wait for it; round 3's row and any that come while they wait are not tracked" \
-        in warning
+    assert (
+        "falls behind: 2 rows wait for it; round 3's row and any that come while they wait are not tracked" in warning
+    )
 
 
 def test_a_missing_extra_or_a_bad_value_is_refused_before_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None if name == "mlflow" else object())
-    with pytest.raises(ConfigError, match=r"^run config 'tracking' is 'mlflow:http://x', but mlflow is not installed "
-                                          r"for this Python: pip install 'fedbayes\[mlflow\]'$"):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "mlflow" else object())
+    with pytest.raises(
+        ConfigError,
+        match=r"^run config 'tracking' is 'mlflow:http://x', but mlflow is not installed "
+        r"for this Python: pip install 'fedbayes\[mlflow\]'$",
+    ):
         check_tracking("mlflow:http://x")
     check_tracking("tensorboard:" + str(tmp_path))  # installed here, and writable
     (tmp_path / "file").write_text("")
@@ -186,6 +224,13 @@ def test_a_missing_extra_or_a_bad_value_is_refused_before_the_run(tmp_path, monk
 
 
 def test_a_rows_numbers_become_metrics():
-    row = {"round": 3, "accuracy": 0.5, "train_loss": None, "quarantined": ["node 1", "node 2"], "clients": 2,
-           "phase_seconds": {"push": 0.25, "previous_checkpoint": None}, "reliability": {"count": [1, 2]}}
+    row = {
+        "round": 3,
+        "accuracy": 0.5,
+        "train_loss": None,
+        "quarantined": ["node 1", "node 2"],
+        "clients": 2,
+        "phase_seconds": {"push": 0.25, "previous_checkpoint": None},
+        "reliability": {"count": [1, 2]},
+    }
     assert row_metrics(row) == {"accuracy": 0.5, "quarantined": 2.0, "clients": 2.0, "phase_seconds/push": 0.25}

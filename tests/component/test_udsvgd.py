@@ -6,10 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedbayes.strategies.dsvgd.math import SVGDSettings, Visit, agent_round, gaussian_prior_score, unconstrained_tilted_update
+from fedbayes.strategies.dsvgd.math import (
+    SVGDSettings,
+    Visit,
+    agent_round,
+    gaussian_prior_score,
+    unconstrained_tilted_update,
+)
 from tests.component.test_dsvgd_federation import federation, run_round
-from tests.support.problems import gaussian_loss_gradient
 from tests.support import newest_state
+from tests.support.problems import gaussian_loss_gradient
 
 SETTINGS = SVGDSettings(local_steps=200, distill_steps=200, kde_bandwidth=0.55, lr=0.05, distill_lr=0.05)
 PRIOR_VARIANCE, LIKELIHOODS = 4.0, [(1.0, 2.0), (-0.5, 3.0)]  # p_0 = N(0, 4); agent k: N(θ; mean_k, var_k)
@@ -18,7 +24,9 @@ POSTERIOR_MEAN = POSTERIOR_VARIANCE * (1 / 2 - 0.5 / 3)  # 0.3077
 
 
 def start(count=100, seed=0):
-    return PRIOR_VARIANCE**0.5 * torch.randn(count, 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return PRIOR_VARIANCE**0.5 * torch.randn(
+        count, 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
 
 
 def run_udsvgd(likelihoods, rounds):
@@ -27,8 +35,14 @@ def run_udsvgd(likelihoods, rounds):
     for i in range(rounds):
         k = i % len(likelihoods)
         initial = i == 0
-        updated = unconstrained_tilted_update(particles, initial, visits[k], gaussian_prior_score(1 / PRIOR_VARIANCE),
-                                              gaussian_loss_gradient(*likelihoods[k]), SETTINGS)
+        updated = unconstrained_tilted_update(
+            particles,
+            initial,
+            visits[k],
+            gaussian_prior_score(1 / PRIOR_VARIANCE),
+            gaussian_loss_gradient(*likelihoods[k]),
+            SETTINGS,
+        )
         visits[k].append(Visit(None if initial else particles, updated))
         particles = updated
         history.append(particles)
@@ -40,8 +54,13 @@ def run_dsvgd(likelihoods, rounds):
     local, history = [particles.clone() for _ in likelihoods], []
     for i in range(rounds):
         k = i % len(likelihoods)
-        particles, local[k] = agent_round(particles, local[k], gaussian_prior_score(1 / PRIOR_VARIANCE),
-                                          gaussian_loss_gradient(*likelihoods[k]), SETTINGS)
+        particles, local[k] = agent_round(
+            particles,
+            local[k],
+            gaussian_prior_score(1 / PRIOR_VARIANCE),
+            gaussian_loss_gradient(*likelihoods[k]),
+            SETTINGS,
+        )
         history.append(particles)
     return history
 

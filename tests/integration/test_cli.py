@@ -9,17 +9,17 @@ import torch
 
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 from tests.support import ROOT
-from tests.support.processes import fedbayes
-from tests.support.processes import LOCAL
-
+from tests.support.processes import LOCAL, fedbayes
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--dataset", "cifar10"], "run config 'data-root' is empty, and dataset 'cifar10' has no default location"),
-        (["--dataset", "cifar100", "--data-root", "{empty}"],
-         "run config 'data-root': dataset 'cifar100' is not under {empty} (missing cifar-100-python/train"),
+        (
+            ["--dataset", "cifar100", "--data-root", "{empty}"],
+            "run config 'data-root': dataset 'cifar100' is not under {empty} (missing cifar-100-python/train",
+        ),
         (["--set", "hidden=abc"], "run config 'hidden': hidden must be comma-separated positive integers"),
         (["--set", "pool=64"], "run config 'pool' (64) does not fit the 28x28 images of 'fmnist'"),
         (["--set", "min-clients=3"], "run config 'min-clients' is 3, more than the federation's 2 clients"),
@@ -30,8 +30,10 @@ from tests.support.processes import LOCAL
         (["--set", "seed=-1"], "run config 'seed' must be in [0, 2^32)"),
         (["--set", "wait-for-clients-timeout=-1"], "run config 'wait-for-clients-timeout' must be >= 0"),
         (["--set", "max-payload-mb=1e-9"], "run config 'max-payload-mb' (1e-09) is below one reply of 178,110 float32"),
-        (["--set", "split-file=no-such-split.json"],  # relative: made absolute, as the processes run in the workdir
-         "run config 'split-file': cannot read {root}/no-such-split.json (No such file or directory)"),
+        (
+            ["--set", "split-file=no-such-split.json"],  # relative: made absolute, as the processes run in the workdir
+            "run config 'split-file': cannot read {root}/no-such-split.json (No such file or directory)",
+        ),
         (["--set", "server-state-dir=/sys/fedbayes"], "run config 'server-state-dir': /sys/fedbayes is not writable"),
         (["--results", "{empty}"], "run config 'results-path': {empty} is a directory, not a file"),
         (["--workdir", "/sys/fedbayes-run"], "--workdir: /sys/fedbayes-run is not writable by this user: /sys: "),
@@ -92,18 +94,25 @@ def test_a_results_file_the_user_made_is_refused_and_kept(tmp_path):
     results.write_text('{"round": 1, "mine": true}\n')
     result = fedbayes([*LOCAL, "--workdir", str(tmp_path / "run"), "--results", str(results)])
     assert result.returncode == 1, result.stdout + result.stderr
-    assert result.last_error_line.startswith(f"fedbayes: error: run config 'results-path': {results} is not empty "
-                                             "and results-exists is 'refuse' (the file was left as it is)")
+    assert result.last_error_line.startswith(
+        f"fedbayes: error: run config 'results-path': {results} is not empty "
+        "and results-exists is 'refuse' (the file was left as it is)"
+    )
     assert "--set results-exists=append" in result.last_error_line
     assert results.read_text() == '{"round": 1, "mine": true}\n'
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("args", "names"), [
-    (["--strategy", "dsvgd", "--set", "particles=100000000"], "run config 'strategy' (dsvgd), 'model' (mlp), "
-                                                              "'particles' (100000000): the server holds 3 copies"),
-    (["--clients", "1000000"], "1000000 clients (fedbayes local: --clients) take 90 MiB each"),
-])
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (
+            ["--strategy", "dsvgd", "--set", "particles=100000000"],
+            "run config 'strategy' (dsvgd), 'model' (mlp), 'particles' (100000000): the server holds 3 copies",
+        ),
+        (["--clients", "1000000"], "1000000 clients (fedbayes local: --clients) take 90 MiB each"),
+    ],
+)
 def test_a_run_larger_than_this_machines_memory_is_refused_naming_what_takes_it(tmp_path, args, names):
     result = fedbayes([*LOCAL, "--workdir", str(tmp_path / "run"), *args])
     assert result.returncode == 1, result.stdout + result.stderr
@@ -120,5 +129,3 @@ def client_files(tmp_path):
     np.savez(tmp_path / "data.npz", x=np.zeros((4, 1, 28, 28), np.uint8), y=np.arange(4))
     (tmp_path / "file").write_text("not a certificate, key or .npz")
     return tmp_path
-
-

@@ -8,14 +8,15 @@ import os
 import signal
 import time
 from datetime import timedelta
+
 import pytest
 from flwr.client.grpc_rere_client import node_auth_client_interceptor
 from flwr.common.constant import HEARTBEAT_MIN_INTERVAL, HEARTBEAT_PATIENCE
 from flwr.supercore.date import now
 
 from fedbayes.deploy.cli import main as fedbayes
-from fedbayes.deploy.fleet_probe import FleetTarget, activate, fleet_stub, load_private_key
 from fedbayes.deploy.control import list_nodes
+from fedbayes.deploy.fleet_probe import FleetTarget, activate, fleet_stub, load_private_key
 from fedbayes.deploy.launcher import CONNECTION, LocalFederation, console_script
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 
@@ -32,7 +33,9 @@ def federation(tmp_path_factory):
     tls = init_pki(directory / "pki", names=["fl.example.org"])
     keys = {name: make_supernode_key(directory / "pki" / "supernodes", name) for name in KEYS}
     init_pki(directory / "other-ca")
-    assert fedbayes(["export-partitions", "--clients", "2", "--fraction", "0.02", "--out", str(directory / "data")]) == 0
+    assert (
+        fedbayes(["export-partitions", "--clients", "2", "--fraction", "0.02", "--out", str(directory / "data")]) == 0
+    )
     with LocalFederation(directory / "fed", tls=tls, node_auth=True) as running:
         node_ids = {name: running.register(keys[name].public) for name in KEYS if name != "stranger"}
         previous_home = os.environ.get("FLWR_HOME")
@@ -47,16 +50,37 @@ def federation(tmp_path_factory):
 
 def check(federation, key: str, superlink: str | None = None, ca: str = "pki") -> list[str]:
     running, directory, _ = federation
-    return ["client", "--check", "--superlink", superlink or running.fleet_address,
-            "--ca", str(directory / ca / "ca.crt"), "--key", str(directory / "pki" / "supernodes" / key)]
+    return [
+        "client",
+        "--check",
+        "--superlink",
+        superlink or running.fleet_address,
+        "--ca",
+        str(directory / ca / "ca.crt"),
+        "--key",
+        str(directory / "pki" / "supernodes" / key),
+    ]
 
 
 def join(federation, key: str, *extra: str) -> list[str]:
     running, directory, _ = federation
-    return [console_script("fedbayes"), "client", "--superlink", running.fleet_address,
-            "--ca", str(directory / "pki" / "ca.crt"), "--key", str(directory / "pki" / "supernodes" / key),
-            "--client-id", key, "--data", str(directory / "data" / "client-0.npz"),
-            "--state-dir", str(directory / "state"), *extra]
+    return [
+        console_script("fedbayes"),
+        "client",
+        "--superlink",
+        running.fleet_address,
+        "--ca",
+        str(directory / "pki" / "ca.crt"),
+        "--key",
+        str(directory / "pki" / "supernodes" / key),
+        "--client-id",
+        key,
+        "--data",
+        str(directory / "data" / "client-0.npz"),
+        "--state-dir",
+        str(directory / "state"),
+        *extra,
+    ]
 
 
 def status(federation, key: str) -> str:
@@ -85,13 +109,16 @@ def test_check_reports_the_node_without_joining(federation, capsys):
     assert status(federation, "checked") == "offline"  # activated and signed off again: never joined a run
 
 
-@pytest.mark.parametrize("problem, arguments, message", [
-    ("unregistered key", {"key": "stranger"}, "refuses this key (Flower code 2004). Either it is not registered"),
-    ("another federation's CA", {"ca": "other-ca"}, "is not signed by"),
-    ("a name nobody resolves", {"superlink": "fl.example.org:{port}"}, "cannot resolve 'fl.example.org'"),
-    ("nothing on that port", {"superlink": "127.0.0.1:1"}, "no connection to the SuperLink at 127.0.0.1:1"),
-    ("the public key for the private one", {"key": "checked.pub"}, "is not an unencrypted OpenSSH private key"),
-])
+@pytest.mark.parametrize(
+    "problem, arguments, message",
+    [
+        ("unregistered key", {"key": "stranger"}, "refuses this key (Flower code 2004). Either it is not registered"),
+        ("another federation's CA", {"ca": "other-ca"}, "is not signed by"),
+        ("a name nobody resolves", {"superlink": "fl.example.org:{port}"}, "cannot resolve 'fl.example.org'"),
+        ("nothing on that port", {"superlink": "127.0.0.1:1"}, "no connection to the SuperLink at 127.0.0.1:1"),
+        ("the public key for the private one", {"key": "checked.pub"}, "is not an unencrypted OpenSSH private key"),
+    ],
+)
 def test_check_names_the_problem(federation, capsys, problem, arguments, message):
     running, _, _ = federation
     superlink = arguments.get("superlink", "").format(port=running.fleet_port) or None

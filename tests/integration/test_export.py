@@ -19,9 +19,8 @@ from fedbayes.tasks.config import round_seed
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model
 from fedbayes.tasks.npzdata import write_npz
+from tests.support import DEFAULTS, InProcessFederation
 from tests.support.processes import fedbayes
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
 
 DSVGD = {"particles": 3, "local-steps": 2, "distill-steps": 2, "server-steps": 2}
 
@@ -37,8 +36,15 @@ class Trained:
         x = rng.normal(size=(60, 1, 1, 5)).astype(np.float32)
         np.savez(data / "test.npz", x=x, y=(x.reshape(60, 5) @ rng.normal(size=5) > 0).astype(np.int64))
         self.x, self.data = x, data
-        self.overrides = {"strategy": strategy, "dataset": f"npz:{data}", "ensemble-samples": 3, "seed": 5,
-                          "eval-batch-size": 16, **(DSVGD if strategy.endswith("dsvgd") else {}), **overrides}
+        self.overrides = {
+            "strategy": strategy,
+            "dataset": f"npz:{data}",
+            "ensemble-samples": 3,
+            "seed": 5,
+            "eval-batch-size": 16,
+            **(DSVGD if strategy.endswith("dsvgd") else {}),
+            **overrides,
+        }
         self.federation = InProcessFederation(tmp_path, self.overrides, sizes=[10, 14])
         self.state_dir = tmp_path / "server-state"
         store = CheckpointStore(self.state_dir, "fed", {**DEFAULTS, "model": "logreg", **self.overrides})
@@ -81,8 +87,25 @@ def test_a_real_bayesadmm_federation_exported_and_predicted_as_its_server_evalua
     """`fedbayes local` (logreg, 2 clients, 2 rounds, 4-sample ensemble), `fedbayes export` of round 2 and
     `fedbayes predict` on the FMNIST test set give round 2's row: at the mean and as the ensemble, bit for bit."""
     workdir = tmp_path / "run"
-    result = fedbayes(["local", "--strategy", "bayesadmm", "--clients", "2", "--rounds", "2", "--fraction", "0.02",
-                       "--workdir", str(workdir), "--set", "model=logreg", "--set", "ensemble-samples=4"])
+    result = fedbayes(
+        [
+            "local",
+            "--strategy",
+            "bayesadmm",
+            "--clients",
+            "2",
+            "--rounds",
+            "2",
+            "--fraction",
+            "0.02",
+            "--workdir",
+            str(workdir),
+            "--set",
+            "model=logreg",
+            "--set",
+            "ensemble-samples=4",
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     row = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()][-1]
     assert row["round"] == 2
@@ -94,8 +117,9 @@ def test_a_real_bayesadmm_federation_exported_and_predicted_as_its_server_evalua
         preds = tmp_path / f"preds-{samples}.npz"
         result = fedbayes(["predict", str(exported), str(test_npz), "--samples", samples, "--out", str(preds)])
         assert result.returncode == 0, result.stderr[-3000:]
-        metrics = classification_metrics(torch.from_numpy(np.load(preds)["probs"]),
-                                         load_dataset("fmnist", train=False).labels)
+        metrics = classification_metrics(
+            torch.from_numpy(np.load(preds)["probs"]), load_dataset("fmnist", train=False).labels
+        )
         for key in ("accuracy", "nll", "ece"):
             assert metrics[key] == row[f"{key}{suffix}"], (key, suffix, metrics, row)
     assert tomllib.loads((workdir / "run-config.toml").read_text())["federation"] == load(exported).header.federation

@@ -26,15 +26,17 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode_header, encode, new_header
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.forget import (
-    AUDIT_LOG, AuditLog, ForgetError, ForgetRequest, forget_command, rebuild,
+    AUDIT_LOG,
+    AuditLog,
+    ForgetError,
+    ForgetRequest,
+    forget_command,
+    rebuild,
 )
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.round_core import RoundCore
-from tests.support.processes import cli_env
-from tests.support.processes import run_loopback, stall_env, wait_for_file
-from tests.support import InProcessFederation
-from tests.support import DEFAULTS
-from tests.support import ROOT, FakeGrid, no_metrics, round_of
+from tests.support import DEFAULTS, ROOT, FakeGrid, InProcessFederation, no_metrics, round_of
+from tests.support.processes import cli_env, run_loopback, stall_env, wait_for_file
 
 LEAVING = "leaving"
 
@@ -66,7 +68,9 @@ class ClientsGrid(FakeGrid):
             return leave_and_forget(message.content, runtime.node)
         if behaviour is not None:  # a LeaveAndForget claiming another client's id
             header = decode_header(message.content, "server")
-            return encode(pb.LeaveAndForget(header=new_header(header.federation, header.server_round, behaviour)), None, {})
+            return encode(
+                pb.LeaveAndForget(header=new_header(header.federation, header.server_round, behaviour)), None, {}
+            )
         return self.federation.answer(message)
 
 
@@ -92,12 +96,25 @@ class Federation:
         """run_rounds through `rounds` (resuming after the newest checkpoint); a fresh server half each time, as a
         restarted ServerApp has. Returns (its round core, arrays, results rows)."""
         core = RoundCore(self.clients.settings, type(self.clients.server)(self.clients.settings, self.clients.layout))
-        loop = LoopSettings(num_rounds=rounds, round_timeout=5.0, poll_interval=0.01, wait_for_clients=len(self.sizes),
-                            wait_for_clients_timeout=5.0, results_exists="append")
+        loop = LoopSettings(
+            num_rounds=rounds,
+            round_timeout=5.0,
+            poll_interval=0.01,
+            wait_for_clients=len(self.sizes),
+            wait_for_clients_timeout=5.0,
+            results_exists="append",
+        )
         initial = {name: self.clients.arrays[name].numpy() for name in self.clients.arrays}
         store = CheckpointStore(self.state_dir, "fed", self.run_config, initial_arrays=initial)
-        arrays = run_rounds(grid or ClientsGrid(self.clients), core, self.clients.arrays, loop, no_metrics,
-                            str(self.tmp_path / "results.jsonl"), store)
+        arrays = run_rounds(
+            grid or ClientsGrid(self.clients),
+            core,
+            self.clients.arrays,
+            loop,
+            no_metrics,
+            str(self.tmp_path / "results.jsonl"),
+            store,
+        )
         return core, arrays, self.rows()
 
     def rows(self) -> list[dict]:
@@ -115,8 +132,10 @@ class Federation:
 
     def snapshot(self) -> dict[str, str]:
         """Every checkpoint file's hash, by name."""
-        return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-                for path in sorted(self.directory.glob("checkpoint-*.safetensors"))}
+        return {
+            path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(self.directory.glob("checkpoint-*.safetensors"))
+        }
 
 
 @pytest.fixture
@@ -163,8 +182,12 @@ sys.exit(main(sys.argv[1:]))
 
 
 # what each kill leaves: (the checkpoint is the new one, checkpoint-1 still there, the forget audited)
-LEFT_BEHIND = {"mid-checkpoint-write": (False, True, False), "after-checkpoint": (True, True, False),
-               "after-older-checkpoints-deleted": (True, False, False), "after-audit": (True, False, True)}
+LEFT_BEHIND = {
+    "mid-checkpoint-write": (False, True, False),
+    "after-checkpoint": (True, True, False),
+    "after-older-checkpoints-deleted": (True, False, False),
+    "after-audit": (True, False, True),
+}
 
 
 @pytest.mark.parametrize("point", list(KILL_AT))
@@ -173,14 +196,22 @@ def test_a_forget_killed_at_any_step_leaves_the_old_or_the_new_state_and_an_audi
     the checkpoint holds, not yet audited), never lead; the next settle finishes the job."""
     old = trained.snapshot()
     script = RUNNER.format(inject=KILL_AT[point])
-    killed = subprocess.run([sys.executable, "-c", script, "forget", str(trained.state_dir), "--federation", "fed",
-                             "--client", "client-3"], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
-                            timeout=120)
+    killed = subprocess.run(
+        [sys.executable, "-c", script, "forget", str(trained.state_dir), "--federation", "fed", "--client", "client-3"],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert killed.returncode == -9, killed.stderr
     newest = trained.newest()
     records = list(newest.core.identities.ledger.records)
-    left = ("client-3" in newest.core.identities.ledger.revoked, "checkpoint-1.safetensors" in trained.snapshot(),
-            [r for r in trained.audit() if r["event"] == "forgotten"] == records != [])
+    left = (
+        "client-3" in newest.core.identities.ledger.revoked,
+        "checkpoint-1.safetensors" in trained.snapshot(),
+        [r for r in trained.audit() if r["event"] == "forgotten"] == records != [],
+    )
     assert left == LEFT_BEHIND[point]
     if left[0]:
         assert sorted(newest.core.strategy.state.duals) == ["client-1", "client-2"]
@@ -212,20 +243,45 @@ def test_a_loopback_federation_forgets_a_client_between_rounds_and_keeps_trainin
         if row["round"] != 1:
             return
         wait_for_file(Path(f"{marker}-r2"), "client-0 never reached round 2")
-        asked.append(subprocess.Popen([sys.executable, "-m", "fedbayes.deploy.cli", "forget", str(workdir), "--client",
-                                       "client-2", "--wait", "120"], cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        asked.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "fedbayes.deploy.cli",
+                    "forget",
+                    str(workdir),
+                    "--client",
+                    "client-2",
+                    "--wait",
+                    "120",
+                ],
+                cwd=ROOT,
+                env=cli_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         deadline = time.monotonic() + 60
         while not (queued.is_dir() and any(queued.iterdir())):
             assert time.monotonic() < deadline and asked[0].poll() is None, asked[0].communicate()
             time.sleep(0.1)
         Path(f"{release}-r2").touch()  # round 2 may end now: the request waits for it
 
-    config = {"strategy": "bayesadmm", "num-server-rounds": 4, "fraction": 0.02, "model": "logreg",
-              "results-path": str(workdir / "results.jsonl"), "federation": "itest-forget", "wait-for-clients": 3,
-              "round-timeout": 60.0}
-    run = run_loopback(workdir, config, 4, clients=3, node_env={0: stall_env("2", marker, release)},
-                       on_row=ask_during_round_2)
+    config = {
+        "strategy": "bayesadmm",
+        "num-server-rounds": 4,
+        "fraction": 0.02,
+        "model": "logreg",
+        "results-path": str(workdir / "results.jsonl"),
+        "federation": "itest-forget",
+        "wait-for-clients": 3,
+        "round-timeout": 60.0,
+    }
+    run = run_loopback(
+        workdir, config, 4, clients=3, node_env={0: stall_env("2", marker, release)}, on_row=ask_during_round_2
+    )
     out, err = asked[0].communicate(timeout=120)
     assert asked[0].returncode == 0, err
     assert "is running: request" in out and "forgot client 'client-2' of federation 'itest-forget' after round 2" in out
@@ -241,5 +297,3 @@ def test_a_loopback_federation_forgets_a_client_between_rounds_and_keeps_trainin
 
 
 # ---- the client's side -------------------------------------------------------------------------------------------
-
-

@@ -12,10 +12,8 @@ import pytest
 
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.processes import command_line
-from tests.support.processes import run_loopback
 from tests.support import ROOT
-from tests.support.processes import processes_of, with_pythonpath
-from tests.support.processes import fault_env
+from tests.support.processes import fault_env, processes_of, run_loopback, with_pythonpath
 
 pytestmark = pytest.mark.integration
 
@@ -88,10 +86,30 @@ def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     results_path = tmp_path / "out.jsonl"  # an earlier run's, appended to: must not be read as this run's
     results_path.write_text("".join(json.dumps({"round": r, "stale": True}) + "\n" for r in range(1, 51)))
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "fedbayes.deploy.cli", "local", "--strategy", "fedavg", "--clients", "2", "--rounds", "50",
-         "--fraction", "0.05", "--workdir", str(workdir), "--results", str(results_path),
-         "--set", "results-exists=append"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "fedbayes.deploy.cli",
+            "local",
+            "--strategy",
+            "fedavg",
+            "--clients",
+            "2",
+            "--rounds",
+            "50",
+            "--fraction",
+            "0.05",
+            "--workdir",
+            str(workdir),
+            "--results",
+            str(results_path),
+            "--set",
+            "results-exists=append",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + 120
     lines = []
@@ -132,18 +150,36 @@ def test_the_warm_executor_wants_one_parent_pid_per_supernode():
     from fedbayes.deploy.cli import main
 
     with pytest.raises(SystemExit, match="one --parent-pid per --runtime-api-address"):
-        main(["superexec", "--insecure", "--runtime-api-address", "127.0.0.1:1", "--runtime-api-address", "127.0.0.1:2",
-              "--parent-pid", "1"])
+        main(
+            [
+                "superexec",
+                "--insecure",
+                "--runtime-api-address",
+                "127.0.0.1:1",
+                "--runtime-api-address",
+                "127.0.0.1:2",
+                "--parent-pid",
+                "1",
+            ]
+        )
 
 
 def test_the_warm_executor_refuses_a_bad_setting_before_it_preloads():
     """A CA file that does not exist, a poll interval that is no number: named at once, exit code 1."""
     served = ["--runtime-api-address", "127.0.0.1:1", "--parent-pid", str(os.getpid())]
     command = [sys.executable, "-m", "fedbayes.deploy.cli", "superexec", *served]
-    missing_ca = subprocess.run([*command, "--root-certificates", "/nonexistent/ca.pem"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=60)
-    assert missing_ca.returncode == 1 and "`--root-certificates` does not point to a file" in missing_ca.stderr, \
+    missing_ca = subprocess.run(
+        [*command, "--root-certificates", "/nonexistent/ca.pem"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert missing_ca.returncode == 1 and "`--root-certificates` does not point to a file" in missing_ca.stderr, (
         missing_ca.stderr[-2000:]
-    bad_poll = subprocess.run([*command, "--insecure"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "soon"})
+    )
+    bad_poll = subprocess.run(
+        [*command, "--insecure"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "soon"},
+    )
     assert bad_poll.returncode == 1 and "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" in bad_poll.stderr, bad_poll.stderr[-2000:]

@@ -11,11 +11,15 @@ import torch
 from safetensors.numpy import load_file
 
 from fedbayes.client.state import ClientStateStore
-from tests.support.processes import processes_with_env
 from fedbayes.server.checkpoint import CheckpointStore
-from tests.support.processes import restart_client_1_after_round_1, run_loopback, stall_env
 from tests.support import newest_state
-from tests.support.processes import BreakableFederation
+from tests.support.processes import (
+    BreakableFederation,
+    processes_with_env,
+    restart_client_1_after_round_1,
+    run_loopback,
+    stall_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -24,9 +28,18 @@ def test_client_restart_keeps_its_duals(tmp_path):
     workdir = tmp_path / "fed"
     results = workdir / "results.jsonl"
     config = {
-        "strategy": "bayesadmm", "num-server-rounds": 3, "fraction": 0.05, "local-epochs": 1, "lr": 5e-5,
-        "input-scale": 255.0, "ensemble-samples": 4, "results-path": str(results), "federation": "restart",
-        "wait-for-clients": 2, "min-clients": 2, "round-timeout": 120.0,
+        "strategy": "bayesadmm",
+        "num-server-rounds": 3,
+        "fraction": 0.05,
+        "local-epochs": 1,
+        "lr": 5e-5,
+        "input-scale": 255.0,
+        "ensemble-samples": 4,
+        "results-path": str(results),
+        "federation": "restart",
+        "wait-for-clients": 2,
+        "min-clients": 2,
+        "round-timeout": 120.0,
     }
     # Rounds take seconds: round 2 may be on its way to the old client-1, or done, when it stops. With
     # min-clients=2, round 3 waits for the restarted one, which must then go on from its stored duals.
@@ -50,9 +63,21 @@ def test_full_covariance_bayesadmm_over_grpc(tmp_path):
     workdir = tmp_path / "fed"
     results = workdir / "results.jsonl"
     config = {
-        "strategy": "bayesadmm-full", "model": "logreg", "pool": 4, "num-server-rounds": 2, "fraction": 0.05,
-        "local-epochs": 4, "lr": 1.0, "temperature": 1.0, "rho": 0.5, "dual-damping": 0.2, "ensemble-samples": 4,
-        "results-path": str(results), "federation": "full", "wait-for-clients": 2, "round-timeout": 120.0,
+        "strategy": "bayesadmm-full",
+        "model": "logreg",
+        "pool": 4,
+        "num-server-rounds": 2,
+        "fraction": 0.05,
+        "local-epochs": 4,
+        "lr": 1.0,
+        "temperature": 1.0,
+        "rho": 0.5,
+        "dual-damping": 0.2,
+        "ensemble-samples": 4,
+        "results-path": str(results),
+        "federation": "full",
+        "wait-for-clients": 2,
+        "round-timeout": 120.0,
     }
     run = run_loopback(workdir, config, 2)
     rows, server_log = run.rows, run.server_log
@@ -62,8 +87,11 @@ def test_full_covariance_bayesadmm_over_grpc(tmp_path):
 
 
 def serverapp_pids(flwr_home) -> list[int]:
-    return [pid for pid in processes_with_env("FLWR_HOME", str(flwr_home))
-            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return [
+        pid
+        for pid in processes_with_env("FLWR_HOME", str(flwr_home))
+        if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
 
 
 def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
@@ -73,8 +101,15 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path)
     again and the clients start it from their state before it) and ends with the same global posterior."""
     workdir = tmp_path / "fed"
     base = {
-        "strategy": "bayesadmm", "num-server-rounds": 3, "fraction": 0.05, "local-epochs": 1, "lr": 5e-5,
-        "input-scale": 255.0, "ensemble-samples": 2, "wait-for-clients": 2, "min-clients": 2,
+        "strategy": "bayesadmm",
+        "num-server-rounds": 3,
+        "fraction": 0.05,
+        "local-epochs": 1,
+        "lr": 5e-5,
+        "input-scale": 255.0,
+        "ensemble-samples": 2,
+        "wait-for-clients": 2,
+        "min-clients": 2,
         "round-timeout": 120.0,
     }
     straight = {**base, "federation": "straight", "results-path": str(workdir / "straight.jsonl")}

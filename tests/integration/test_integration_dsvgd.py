@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from fedbayes.client.state import ClientStateStore
-from tests.support.processes import processes_with_env
-from tests.support.processes import run_loopback
 from tests.support import newest_state
+from tests.support.processes import processes_with_env, run_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -18,10 +17,22 @@ def test_restarted_client_continues_from_its_local_particles(tmp_path):
     workdir = tmp_path / "fed"
     results = workdir / "results.jsonl"
     config = {
-        "strategy": "dsvgd", "model": "logreg", "pool": 4, "num-server-rounds": 3, "fraction": 0.05,
-        "particles": 5, "local-steps": 30, "distill-steps": 30, "svgd-lr": 0.01, "distill-lr": 0.01,
-        "batch-size": 50, "results-path": str(results), "federation": "dsvgd-restart", "wait-for-clients": 2,
-        "min-clients": 2, "round-timeout": 60.0,
+        "strategy": "dsvgd",
+        "model": "logreg",
+        "pool": 4,
+        "num-server-rounds": 3,
+        "fraction": 0.05,
+        "particles": 5,
+        "local-steps": 30,
+        "distill-steps": 30,
+        "svgd-lr": 0.01,
+        "distill-lr": 0.01,
+        "batch-size": 50,
+        "results-path": str(results),
+        "federation": "dsvgd-restart",
+        "wait-for-clients": 2,
+        "min-clients": 2,
+        "round-timeout": 60.0,
     }
     stores = {index: ClientStateStore(workdir / "client-state", "dsvgd-restart", f"client-{index}") for index in (0, 1)}
     restarted = []

@@ -8,8 +8,8 @@ from safetensors.numpy import load_file
 from fedbayes.client.state import ClientStateStore
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.strategies.feddyn.client import LAMBDA_KEY
-from tests.support.processes import restart_client_1_after_round_1, run_loopback
 from tests.support import newest_state
+from tests.support.processes import restart_client_1_after_round_1, run_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -18,9 +18,18 @@ def test_a_restarted_client_continues_with_its_lambda(tmp_path):
     workdir = tmp_path / "fed"
     results = workdir / "results.jsonl"
     config = {
-        "strategy": "feddyn", "num-server-rounds": 3, "fraction": 0.05, "local-epochs": 1, "feddyn-alpha": 0.1,
-        "weight-decay": 1e-4, "max-grad-norm": 10.0, "results-path": str(results), "federation": "restart",
-        "wait-for-clients": 2, "min-clients": 2, "round-timeout": 120.0,
+        "strategy": "feddyn",
+        "num-server-rounds": 3,
+        "fraction": 0.05,
+        "local-epochs": 1,
+        "feddyn-alpha": 0.1,
+        "weight-decay": 1e-4,
+        "max-grad-norm": 10.0,
+        "results-path": str(results),
+        "federation": "restart",
+        "wait-for-clients": 2,
+        "min-clients": 2,
+        "round-timeout": 120.0,
     }
     stores = [ClientStateStore(workdir / "client-state", "restart", f"client-{index}") for index in range(2)]
 

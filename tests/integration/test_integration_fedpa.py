@@ -13,10 +13,23 @@ def test_fedpa_burn_in_then_sampling_over_grpc(tmp_path):
     workdir = tmp_path / "fed"
     results = workdir / "results.jsonl"
     config = {
-        "strategy": "fedpa", "model": "logreg", "num-server-rounds": 2, "fraction": 0.05, "local-epochs": 2,
-        "lr": 0.01, "burn-in-rounds": 1, "samples": 2, "local-burnin-epochs": 1, "shrinkage": 0.1,
-        "server-optimizer": "sgd", "server-lr": 1.0, "server-momentum": 0.5, "results-path": str(results),
-        "federation": "fedpa", "wait-for-clients": 2, "round-timeout": 120.0,
+        "strategy": "fedpa",
+        "model": "logreg",
+        "num-server-rounds": 2,
+        "fraction": 0.05,
+        "local-epochs": 2,
+        "lr": 0.01,
+        "burn-in-rounds": 1,
+        "samples": 2,
+        "local-burnin-epochs": 1,
+        "shrinkage": 0.1,
+        "server-optimizer": "sgd",
+        "server-lr": 1.0,
+        "server-momentum": 0.5,
+        "results-path": str(results),
+        "federation": "fedpa",
+        "wait-for-clients": 2,
+        "round-timeout": 120.0,
     }
     run = run_loopback(workdir, config, 2)
     rows, server_log = run.rows, run.server_log

@@ -13,10 +13,16 @@ import pytest
 
 from fedbayes.deploy.launcher import RunFailed
 from fedbayes.deploy.processes import command_line
-from tests.support.processes import cli_env, fedbayes, is_table_row, read_until, start_fedbayes
-from tests.support.processes import run_loopback
-from tests.support.processes import processes_with_env
-from tests.support.processes import fault_env
+from tests.support.processes import (
+    cli_env,
+    fault_env,
+    fedbayes,
+    is_table_row,
+    processes_with_env,
+    read_until,
+    run_loopback,
+    start_fedbayes,
+)
 
 pytestmark = pytest.mark.integration
 LOCAL = ["local", "--strategy", "fedavg", "--clients", "2", "--fraction", "0.05"]
@@ -46,8 +52,9 @@ def test_a_killed_serverapp_ends_the_run_non_zero_at_once(tmp_path):
     workdir = tmp_path / "fed"
     launcher = start_fedbayes([*LOCAL, "--rounds", "20", "--workdir", str(workdir)])
     read_until(launcher, is_table_row(1))
-    serverapps = [pid for pid in processes_of(workdir)
-                  if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))]
+    serverapps = [
+        pid for pid in processes_of(workdir) if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))
+    ]
     assert len(serverapps) == 1, serverapps
     os.kill(serverapps[0], signal.SIGKILL)
     killed = time.monotonic()
@@ -63,8 +70,15 @@ def test_a_config_the_serverapp_refuses_fails_the_run_with_its_reason(tmp_path):
     """Submitted past the launcher's checks, a bad model spec is refused by the ServerApp's own preflight,
     and the reason comes back as one line with the exception's type."""
     workdir = tmp_path / "fed"
-    config = {"strategy": "fedavg", "num-server-rounds": 1, "fraction": 0.05, "hidden": "abc",
-              "results-path": str(workdir / "results.jsonl"), "federation": "bad", "wait-for-clients": 2}
+    config = {
+        "strategy": "fedavg",
+        "num-server-rounds": 1,
+        "fraction": 0.05,
+        "hidden": "abc",
+        "results-path": str(workdir / "results.jsonl"),
+        "federation": "bad",
+        "wait-for-clients": 2,
+    }
     with pytest.raises(RunFailed, match=r"^fedbayes run failed: ConfigError: run config 'hidden': hidden must be"):
         run_loopback(workdir, config, rounds=1)
     assert processes_of(workdir) == []
@@ -77,10 +91,19 @@ def test_a_new_federation_leaves_a_results_file_it_finds_as_it_is(tmp_path):
     workdir = tmp_path / "fed"
     results = tmp_path / "mine.jsonl"
     results.write_text('{"round": 1, "mine": true}\n')
-    config = {"strategy": "fedavg", "num-server-rounds": 1, "fraction": 0.05, "results-path": str(results),
-              "federation": "new", "wait-for-clients": 2}
-    with pytest.raises(RunFailed, match=r"^fedbayes run failed: ConfigError: run config 'results-path': .* is not "
-                                        r"empty and results-exists is 'refuse'"):
+    config = {
+        "strategy": "fedavg",
+        "num-server-rounds": 1,
+        "fraction": 0.05,
+        "results-path": str(results),
+        "federation": "new",
+        "wait-for-clients": 2,
+    }
+    with pytest.raises(
+        RunFailed,
+        match=r"^fedbayes run failed: ConfigError: run config 'results-path': .* is not "
+        r"empty and results-exists is 'refuse'",
+    ):
         run_loopback(workdir, config, rounds=1)
     assert results.read_text() == '{"round": 1, "mine": true}\n'
     assert processes_of(workdir) == []

@@ -8,24 +8,24 @@ from safetensors.numpy import load_file
 
 from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.deploy.launcher import check_run_config
-from tests.support.processes import cli_env
+from tests.support import PLUGINS, write_digits
+from tests.support.processes import LOCAL, cli_env, run_loopback, with_pythonpath
 from tests.support.processes import fedbayes as fedbayes_command
-from tests.support.processes import run_loopback
-from tests.support.processes import LOCAL
-from tests.support.processes import with_pythonpath
-from tests.support import write_digits
-from tests.support import PLUGINS
 
 REFERENCE = "user_model:small_cnn"
 
 
 def test_fedbayes_local_refuses_a_model_that_does_not_build(tmp_path):
-    result = fedbayes_command([*LOCAL, "--workdir", str(tmp_path / "run"), "--set", "model=user_model:returns_a_tensor"],
-                              env=cli_env(PYTHONPATH=with_pythonpath(PLUGINS)))
+    result = fedbayes_command(
+        [*LOCAL, "--workdir", str(tmp_path / "run"), "--set", "model=user_model:returns_a_tensor"],
+        env=cli_env(PYTHONPATH=with_pythonpath(PLUGINS)),
+    )
     assert result.returncode == 1
-    assert result.last_error_line.startswith("fedbayes: error: run config 'model' ('user_model:returns_a_tensor') does "
-                                             "not fit the 28x28 images of 'fmnist': 'user_model:returns_a_tensor' "
-                                             "returned Tensor, not a torch.nn.Module")
+    assert result.last_error_line.startswith(
+        "fedbayes: error: run config 'model' ('user_model:returns_a_tensor') does "
+        "not fit the 28x28 images of 'fmnist': 'user_model:returns_a_tensor' "
+        "returned Tensor, not a torch.nn.Module"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -36,9 +36,17 @@ def test_a_user_model_trains_over_loopback_on_pre_partitioned_files(plugin_path,
     exported = tmp_path / "exported"
     assert fedbayes(["export-partitions", "--dataset", f"npz:{digits}", "--clients", "2", "--out", str(exported)]) == 0
     workdir = tmp_path / "fed"
-    config = {"strategy": "fedavg", "num-server-rounds": 2, "federation": "own-model", "model": REFERENCE,
-              "dataset": f"npz:{exported}", "input-scale": 1 / 16, "local-epochs": 3, "wait-for-clients": 2,
-              "results-path": str(workdir / "results.jsonl")}
+    config = {
+        "strategy": "fedavg",
+        "num-server-rounds": 2,
+        "federation": "own-model",
+        "model": REFERENCE,
+        "dataset": f"npz:{exported}",
+        "input-scale": 1 / 16,
+        "local-epochs": 3,
+        "wait-for-clients": 2,
+        "results-path": str(workdir / "results.jsonl"),
+    }
     check_run_config(config, 2)
     run = run_loopback(workdir, config, rounds=2, clients=2)
     assert [row["clients"] for row in run.rows] == [2, 2]

@@ -1,12 +1,15 @@
 """deploy/pki.py: what it writes is what Flower's TLS and node authentication accept."""
 
-
 import pytest
 
 from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.deploy.launcher import Host, LocalFederation
 from fedbayes.deploy.pki import (
-    forget_client, init_pki, make_supernode_key, read_client_registry, record_client,
+    forget_client,
+    init_pki,
+    make_supernode_key,
+    read_client_registry,
+    record_client,
 )
 
 
@@ -41,8 +44,19 @@ def test_register_is_idempotent_and_records_the_client_id(tmp_path):
     with LocalFederation(tmp_path / "fed", tls=tls, node_auth=True) as federation:
         node_id = federation.register(key.public)
         assert federation.register(key.public) == node_id
-        command = ["pki", "register", "--superlink", f"127.0.0.1:{federation.control_port}", "--ca", str(tls.ca_cert),
-                   "--registry", str(registry), "--client-id", "hospital-a", str(key.public)]
+        command = [
+            "pki",
+            "register",
+            "--superlink",
+            f"127.0.0.1:{federation.control_port}",
+            "--ca",
+            str(tls.ca_cert),
+            "--registry",
+            str(registry),
+            "--client-id",
+            "hospital-a",
+            str(key.public),
+        ]
         assert fedbayes(command) == 0 and fedbayes(command) == 0
         assert read_client_registry(registry) == {"hospital-a": node_id}
         other = make_supernode_key(tmp_path / "pki" / "supernodes", "hospital-b")

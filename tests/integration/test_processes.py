@@ -14,12 +14,15 @@ from fedbayes.deploy.processes import ProcessGroup, free_ports, stop_processes_w
 from tests.support import ROOT
 from tests.support.processes import descendants, processes_with_env
 
-
 VARIABLE = "FEDBAYES_TEST_MARKER"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 # A child started with an empty environment, as Ray starts its agents: it no longer carries the marker.
-SPAWNS_UNMARKED_CHILD = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
-                         "'-c', 'import time; time.sleep(600)'], env={}); time.sleep(600)"]
+SPAWNS_UNMARKED_CHILD = [
+    sys.executable,
+    "-c",
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+    "'-c', 'import time; time.sleep(600)'], env={}); time.sleep(600)",
+]
 
 
 def alive(pid: int) -> bool:
@@ -79,10 +82,12 @@ def test_stopping_a_group_reaches_the_processes_of_a_group_started_inside_it_aft
     """`fedbayes client` under a test's federation: the outer group's process runs a group of its own, whose
     processes lead their own sessions. If the middle process is killed before it stops them (SIGKILL after the
     stop timeout), the outer group must still reach them: they carry both markers."""
-    inner = ("import sys, time; sys.path.insert(0, {root!r}); from fedbayes.deploy.processes import ProcessGroup; "
-             "import os; group = ProcessGroup(None, dict(os.environ)); "
-             "child = group.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(600)']); "
-             "open({pid_file!r}, 'w').write(str(child.popen.pid)); time.sleep(600)")
+    inner = (
+        "import sys, time; sys.path.insert(0, {root!r}); from fedbayes.deploy.processes import ProcessGroup; "
+        "import os; group = ProcessGroup(None, dict(os.environ)); "
+        "child = group.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(600)']); "
+        "open({pid_file!r}, 'w').write(str(child.popen.pid)); time.sleep(600)"
+    )
     pid_file = tmp_path / "grandchild.pid"
     with ProcessGroup(None, dict(os.environ)) as outer:
         middle = outer.start("middle", [sys.executable, "-c", inner.format(root=str(ROOT), pid_file=str(pid_file))])

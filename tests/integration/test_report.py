@@ -16,11 +16,9 @@ import pytest
 from fedbayes.deploy.flower_app import toml_value
 from fedbayes.deploy.launcher import RUN_CONFIG_FILE
 from fedbayes.tasks.report import PLOTS, load_runs
-from tests.support import ROOT
-from tests.support.processes import cli_env, fedbayes
-from tests.support import fedavg_reply
+from tests.support import LABELS, ROOT, fedavg_reply, improving_metrics
 from tests.support import run_loop as run
-from tests.support import LABELS, improving_metrics
+from tests.support.processes import cli_env, fedbayes
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -41,7 +39,8 @@ def local_workdir(directory: Path, config: dict) -> Path:
     """A directory laid out as `fedbayes local` leaves its workdir: the run config it submitted and its results."""
     results = results_of_a_run(directory / "rows")
     directory.joinpath(RUN_CONFIG_FILE).write_text(
-        "".join(f"{key} = {toml_value(value)}\n" for key, value in {**config, "results-path": str(results)}.items()))
+        "".join(f"{key} = {toml_value(value)}\n" for key, value in {**config, "results-path": str(results)}.items())
+    )
     return directory
 
 
@@ -52,8 +51,9 @@ def report(tmp_path_factory):
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as conftest's, for a module fixture
     base = tmp_path_factory.mktemp("report")
-    workdir = local_workdir(base / "fedavg-run", {"strategy": "fedavg", "num-server-rounds": 5, "fraction": 0.02,
-                                                  "model": "logreg"})
+    workdir = local_workdir(
+        base / "fedavg-run", {"strategy": "fedavg", "num-server-rounds": 5, "fraction": 0.02, "model": "logreg"}
+    )
     bare = results_of_a_run(base / "bare", rogue=True)
     out = base / "out"
     finished = fedbayes(["report", str(workdir), str(bare), "--out", str(out)])
@@ -91,7 +91,10 @@ def image_sizes_in_chromium(page: Path, profile: Path) -> dict[str, str]:
     """Each <img> of `page` as Chromium loaded it, "WxH" (0x0: it did not load): a copy of the page with a script
     that writes the sizes into the DOM once everything loaded, dumped by headless Chromium."""
     probe = page.with_name("probe.html")
-    probe.write_text(page.read_text().replace("</body>", """<script>
+    probe.write_text(
+        page.read_text().replace(
+            "</body>",
+            """<script>
 window.addEventListener("load", () => {
   const sizes = document.createElement("pre");
   sizes.id = "image-sizes";
@@ -99,7 +102,9 @@ window.addEventListener("load", () => {
     .join(" ");
   document.body.appendChild(sizes);
 });
-</script></body>"""))
+</script></body>""",
+        )
+    )
     dom = chromium(profile, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()).stdout
     found = re.search(r'<pre id="image-sizes">(.*?)</pre>', dom)
     assert found, f"Chromium's DOM has no image sizes:\n{dom[-2000:]}"
@@ -108,14 +113,31 @@ window.addEventListener("load", () => {
 
 def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={profile}", *args],
-        capture_output=True, text=True, timeout=120, check=True)
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: install Debian's chromium (make test does, "
-                    "as root) to check the report's page in a headless browser")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="no /usr/bin/chromium: install Debian's chromium (make test does, "
+    "as root) to check the report's page in a headless browser",
+)
 def test_the_index_shows_every_plot_in_a_real_browser(report, tmp_path):
     from PIL import Image
 
@@ -123,7 +145,9 @@ def test_the_index_shows_every_plot_in_a_real_browser(report, tmp_path):
     page = tmp_path / "page"
     shutil.copytree(out, page)
     screenshot = tmp_path / "screenshot.png"
-    chromium(tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1200,2000", (page / "index.html").as_uri())
+    chromium(
+        tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1200,2000", (page / "index.html").as_uri()
+    )
     pixels = np.asarray(Image.open(screenshot).convert("L"), dtype=float)
     assert pixels.shape == (2000, 1200)
     assert pixels.std() > 20, "the screenshot is blank"  # text, tables and plots on white
@@ -150,15 +174,19 @@ def test_what_is_no_run_is_refused_by_name(tmp_path):
     (tmp_path / "not-a-workdir").mkdir()
     finished = fedbayes(["report", str(tmp_path / "not-a-workdir"), "--out", str(tmp_path / "out")])
     assert finished.returncode == 1
-    assert f"{tmp_path / 'not-a-workdir'} is no `fedbayes local` workdir: it has no {RUN_CONFIG_FILE}" \
+    assert (
+        f"{tmp_path / 'not-a-workdir'} is no `fedbayes local` workdir: it has no {RUN_CONFIG_FILE}"
         in finished.last_error_line
+    )
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({"round": 1, "accuracy": 0.5, "nll": 1.0, "ece": 0.1}) + "\n{not json\n")
     finished = fedbayes(["report", str(broken), "--out", str(tmp_path / "out")])
     assert f"{broken}:2: not a JSON row" in finished.last_error_line
     broken.write_text(json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
-    assert f"{broken}:1: not a results row (no nll, ece)" in fedbayes(
-        ["report", str(broken), "--out", str(tmp_path / "out")]).last_error_line
+    assert (
+        f"{broken}:1: not a results row (no nll, ece)"
+        in fedbayes(["report", str(broken), "--out", str(tmp_path / "out")]).last_error_line
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -172,9 +200,12 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path):
         "            raise ModuleNotFoundError(f'No module named {name!r}', name='matplotlib')\n"
         "sys.meta_path.insert(0, NoMatplotlib())\n"
         "from fedbayes.deploy.cli import main\n"
-        f"sys.exit(main(['report', {str(results)!r}, '--out', {str(tmp_path / 'out')!r}]))\n")
-    finished = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
-                              timeout=300)
+        f"sys.exit(main(['report', {str(results)!r}, '--out', {str(tmp_path / 'out')!r}]))\n"
+    )
+    finished = subprocess.run(
+        [sys.executable, "-c", blocked], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300
+    )
     assert finished.returncode == 1
     assert finished.stderr.strip().splitlines()[-1] == (
-        "fedbayes: error: fedbayes report needs matplotlib, which is not installed: pip install 'fedbayes[report]'")
+        "fedbayes: error: fedbayes report needs matplotlib, which is not installed: pip install 'fedbayes[report]'"
+    )

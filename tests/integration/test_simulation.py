@@ -14,8 +14,7 @@ import pytest
 
 from fedbayes.deploy.processes import command_line
 from tests.support import ROOT
-from tests.support.processes import cli_env, fedbayes, read_until
-from tests.support.processes import processes_with_env
+from tests.support.processes import cli_env, fedbayes, processes_with_env, read_until
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.integration
 def readme_command(section: str) -> str:
     """The shell commands of the first ```sh block after README heading `section`."""
     readme = (ROOT / "README.md").read_text()
-    after = readme[readme.index(f"\n{section}\n"):]
+    after = readme[readme.index(f"\n{section}\n") :]
     return re.search(r"```sh\n(.*?)```", after, re.DOTALL).group(1)
 
 
@@ -36,8 +35,9 @@ def simulation_command(runs: Path) -> str:
 
 
 def run_shell(command: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=simulation_env(tmp_path), capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=simulation_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
 
 
 def simulation_env(tmp_path: Path) -> dict[str, str]:
@@ -83,9 +83,14 @@ def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_
     command = simulation_command(runs).replace("num-server-rounds=5", "num-server-rounds=3")
     named = f"{command} -c 'federation=\"kept\"'"
     # exec: the signal below goes to `fedbayes run` itself, as a Ctrl-C or `kill` would
-    interrupted = subprocess.Popen(["bash", "-c", named.replace("fedbayes run ", "exec fedbayes run ")], cwd=ROOT,
-                                   env=simulation_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True)
+    interrupted = subprocess.Popen(
+        ["bash", "-c", named.replace("fedbayes run ", "exec fedbayes run ")],
+        cwd=ROOT,
+        env=simulation_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     read_until(interrupted, lambda line: "round   1/3 |" in line)
     interrupted.send_signal(signal.SIGTERM)
     assert interrupted.wait(timeout=120) == 143
@@ -94,8 +99,10 @@ def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_
     refused = run_shell(f"{named} -c 'model=\"logreg\"'", tmp_path)
     assert refused.returncode == 1
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.startswith("fedbayes run failed: CheckpointError: federation checkpoint") and \
-        "(model: 'mlp' -> 'logreg')" in last, refused.stderr[-3000:]
+    assert (
+        last.startswith("fedbayes run failed: CheckpointError: federation checkpoint")
+        and "(model: 'mlp' -> 'logreg')" in last
+    ), refused.stderr[-3000:]
     assert processes_of(runs / "sim-home") == []
 
     resumed = run_shell(named, tmp_path)

@@ -36,8 +36,10 @@ def start_holder(slots: Path, count: int, log: Path, hold: float) -> subprocess.
 
 
 def most_at_once(log: Path) -> int:
-    events = sorted((float(stamp), 1 if kind == "in" else -1)
-                    for kind, stamp in (line.split() for line in log.read_text().splitlines()))
+    events = sorted(
+        (float(stamp), 1 if kind == "in" else -1)
+        for kind, stamp in (line.split() for line in log.read_text().splitlines())
+    )
     running = peak = 0
     for _, change in events:
         running += change
@@ -81,7 +83,9 @@ def test_no_slots_no_limit_and_a_bad_value_is_named(tmp_path, monkeypatch):
 def test_a_local_federation_has_one_slot_per_core_by_default_and_never_an_enclosing_ones(tmp_path):
     outer = {SLOTS_ENV: "9:/elsewhere", "PATH": "/bin"}
     assert with_compute_slots(outer, tmp_path / "slots", None) == {
-        SLOTS_ENV: f"{len(os.sched_getaffinity(0))}:{tmp_path / 'slots'}", "PATH": "/bin"}
+        SLOTS_ENV: f"{len(os.sched_getaffinity(0))}:{tmp_path / 'slots'}",
+        "PATH": "/bin",
+    }
     assert (tmp_path / "slots").is_dir()
     assert with_compute_slots(outer, tmp_path / "slots", 3)[SLOTS_ENV] == f"3:{tmp_path / 'slots'}"
     assert with_compute_slots(outer, tmp_path / "none", 0) == {"PATH": "/bin"}

@@ -3,7 +3,6 @@
 
 import json
 
-
 from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.partitions import partition_dataset

@@ -11,7 +11,6 @@ import torch
 from fedbayes.client.state import ClientStateStore
 from tests.support import ROOT, newest_state
 
-
 WRITER = """
 import sys, torch
 from fedbayes.client.state import ClientState, ClientStateStore
@@ -28,7 +27,9 @@ def test_state_survives_a_crash_mid_write(tmp_path):
     """SIGKILL a process that keeps rewriting its state; a restarted process reads a complete version."""
     for attempt in range(3):
         writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+            [sys.executable, "-c", WRITER, str(tmp_path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
         )
         assert writer.stdout.readline().strip() == b"ready"
@@ -39,5 +40,3 @@ def test_state_survives_a_crash_mid_write(tmp_path):
         assert state is not None
         version = float(state.round)
         assert torch.all(state.tensors["dual"] == version), "a torn write became visible"
-
-

@@ -8,7 +8,6 @@ import os
 import pytest
 
 
-
 @pytest.fixture
 def pull_defaults():
     """Flower's object-pull keyword defaults, restored after the test."""
@@ -77,8 +76,9 @@ def stand_in(port: int):
     import subprocess
     import sys
 
-    process = subprocess.Popen([sys.executable, "-c", STAND_IN, str(port)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", STAND_IN, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline() == "ready\n"
     return process
 
@@ -101,8 +101,9 @@ def test_the_executor_asks_when_the_bell_rings_and_stops_serving_a_supernode_tha
 
     (port,) = free_ports(1)
     supernode_process = stand_in(port)
-    node = warm_executor.ServedSuperNode(f"127.0.0.1:{port}", supernode_process.pid, insecure=True,
-                                         root_certificates=None, poll=0.2)
+    node = warm_executor.ServedSuperNode(
+        f"127.0.0.1:{port}", supernode_process.pid, insecure=True, root_certificates=None, poll=0.2
+    )
     asked, acquire = [], node.client.AcquireTask
     node.client.AcquireTask = lambda request: (asked.append(time.monotonic()), acquire(request))[1]
     threading.Timer(0.5, tell, (supernode_process, "ring")).start()
@@ -139,12 +140,16 @@ def test_a_process_ringing_in_a_loop_does_not_make_the_executor_spin(monkeypatch
     (port,) = free_ports(1)
     supernode_process, stranger = stand_in(port), stand_in(port)
     # poll=5: no ask is due in this test but the first, so every other ask answers a ring
-    node = warm_executor.ServedSuperNode(f"127.0.0.1:{port}", supernode_process.pid, insecure=True,
-                                         root_certificates=None, poll=5.0)
+    node = warm_executor.ServedSuperNode(
+        f"127.0.0.1:{port}", supernode_process.pid, insecure=True, root_certificates=None, poll=5.0
+    )
     asks, wakes = [], []
     node.client.AcquireTask = lambda request: (asks.append(time.monotonic()), AcquireTaskResponse())[1]
-    monkeypatch.setattr(warm_executor, "select", SimpleNamespace(
-        select=lambda *args: (wakes.append(time.monotonic()), select.select(*args))[1]))
+    monkeypatch.setattr(
+        warm_executor,
+        "select",
+        SimpleNamespace(select=lambda *args: (wakes.append(time.monotonic()), select.select(*args))[1]),
+    )
     tell(supernode_process if ringer == "supernode" else stranger, "loop 1.0")
     threading.Timer(1.2, supernode_process.stdin.close).start()
     started = time.monotonic()
@@ -158,11 +163,11 @@ def test_a_process_ringing_in_a_loop_does_not_make_the_executor_spin(monkeypatch
     if ringer == "stranger":
         assert len(asks) == 1  # the first ask only
         assert log.count("rang the doorbell") == 1
-        assert f"process {stranger.pid} rang the doorbell of the SuperNode at 127.0.0.1:{port}, which is process " \
-               f"{supernode_process.pid}" in log
+        assert (
+            f"process {stranger.pid} rang the doorbell of the SuperNode at 127.0.0.1:{port}, which is process "
+            f"{supernode_process.pid}" in log
+        )
     else:
         assert 3 <= len(asks) <= 2 + seconds / RING_INTERVAL, (len(asks), seconds)
         assert all(later - earlier >= RING_INTERVAL for earlier, later in zip(asks[1:], asks[2:])), asks
         assert "rang the doorbell" not in log
-
-

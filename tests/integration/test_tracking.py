@@ -25,11 +25,10 @@ from fedbayes.server import tracking
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.tracking import posterior_export, row_metrics, tracked_run
-from fedbayes.strategies.fedavg.server import FedAvg
 from fedbayes.strategies import default_run_config, run_settings
+from fedbayes.strategies.fedavg.server import FedAvg
 from fedbayes.tasks.report import PLOTS, read_rows
-from tests.support import FakeGrid, improving_metrics, scripted
-from tests.support import round_core
+from tests.support import FakeGrid, improving_metrics, round_core, scripted
 
 LOGREG = {"1.weight": (10, 784), "1.bias": (10,)}  # model=logreg on Fashion-MNIST: the export rebuilds it
 ROUNDS = 4
@@ -45,26 +44,45 @@ def tracked_federation(tmp_path: Path, tracking_value: str, rounds: int = ROUNDS
     """A FedAvg federation of two scripted clients through run_rounds, tracked as the ServerApp tracks it
     (server/app.py); its run config and the seconds it took."""
     federation = tmp_path.name.replace("[", "-").replace("]", "")
-    run_config = {**default_run_config(), "federation": federation, "model": "logreg", "tracking": tracking_value,
-                  "num-server-rounds": rounds, "results-path": str(tmp_path / "r.jsonl"),
-                  "server-state-dir": str(tmp_path / "state")}
+    run_config = {
+        **default_run_config(),
+        "federation": federation,
+        "model": "logreg",
+        "tracking": tracking_value,
+        "num-server-rounds": rounds,
+        "results-path": str(tmp_path / "r.jsonl"),
+        "server-state-dir": str(tmp_path / "state"),
+    }
     settings = run_settings(run_config)
     core = round_core(FedAvg(settings, LOGREG))
     initial = ArrayRecord({name: Array(np.zeros(shape, np.float32)) for name, shape in LOGREG.items()})
-    loop = LoopSettings(num_rounds=rounds, round_timeout=5.0, poll_interval=0.01, wait_for_clients=2,
-                        wait_for_clients_timeout=5)
+    loop = LoopSettings(
+        num_rounds=rounds, round_timeout=5.0, poll_interval=0.01, wait_for_clients=2, wait_for_clients_timeout=5
+    )
     store = CheckpointStore(settings.server_state_dir, federation, run_config)
     started = time.monotonic()
-    with tracked_run(settings.tracking, federation, run_config,
-                     posterior_export(settings.server_state_dir, federation, run_config)) as sinks:
-        run_rounds(FakeGrid([1, 2], scripted(lambda r, node: logreg_reply(r, node, federation))), core, initial, loop,
-                   improving_metrics, settings.results_path, store, sinks)
+    with tracked_run(
+        settings.tracking, federation, run_config, posterior_export(settings.server_state_dir, federation, run_config)
+    ) as sinks:
+        run_rounds(
+            FakeGrid([1, 2], scripted(lambda r, node: logreg_reply(r, node, federation))),
+            core,
+            initial,
+            loop,
+            improving_metrics,
+            settings.results_path,
+            store,
+            sinks,
+        )
     return run_config, time.monotonic() - started
 
 
 def tracking_warnings(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records
-            if record.levelno == logging.WARNING and record.getMessage().startswith("tracking")]
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno == logging.WARNING and record.getMessage().startswith("tracking")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +93,24 @@ def mlflow_server(tmp_path_factory):
     log_path = directory / "server.log"
     with log_path.open("w") as log_file:
         server = subprocess.Popen(
-            [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-             f"sqlite:///{directory}/runs.sqlite", "--artifacts-destination", str(directory / "artifacts"),
-             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)  # its workers stop with its group
+            [
+                str(Path(sys.executable).parent / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{directory}/runs.sqlite",
+                "--artifacts-destination",
+                str(directory / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # its workers stop with its group
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(uri, server, log_path)
@@ -115,8 +147,7 @@ def wait_until_healthy(uri: str, server: subprocess.Popen, log_path: Path, timeo
     pytest.fail(f"mlflow server not healthy within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
 
 
-def test_mlflow_gets_the_run_config_every_rounds_metrics_the_figures_and_the_posterior(mlflow_server, tmp_path,
-                                                                                        caplog):
+def test_mlflow_gets_the_run_config_every_rounds_metrics_the_figures_and_the_posterior(mlflow_server, tmp_path, caplog):
     from mlflow.tracking import MlflowClient
 
     from fedbayes.posterior import load
@@ -125,14 +156,22 @@ def test_mlflow_gets_the_run_config_every_rounds_metrics_the_figures_and_the_pos
     assert tracking_warnings(caplog) == []
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
-    (run,) = client.search_runs([experiment.experiment_id],
-                                filter_string=f"tags.`{tracking.FEDERATION_TAG}` = '{run_config['federation']}'")
+    (run,) = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`{tracking.FEDERATION_TAG}` = '{run_config['federation']}'"
+    )
     assert run.info.status == "FINISHED" and run.info.run_name == run_config["federation"]
     assert run.data.params == {key: str(value) for key, value in run_config.items()}
 
     rows = read_rows(Path(run_config["results-path"]))
-    for key in ("accuracy", "nll_ensemble", "clients", "clients_rejected", "quarantined", "phase_seconds/aggregate",
-                "round_seconds"):
+    for key in (
+        "accuracy",
+        "nll_ensemble",
+        "clients",
+        "clients_rejected",
+        "quarantined",
+        "phase_seconds/aggregate",
+        "round_seconds",
+    ):
         history = sorted((metric.step, metric.value) for metric in client.get_metric_history(run.info.run_id, key))
         assert history == [(row["round"], pytest.approx(row_metrics(row)[key])) for row in rows], key
 
@@ -142,5 +181,3 @@ def test_mlflow_gets_the_run_config_every_rounds_metrics_the_figures_and_the_pos
     exported = load(posterior)
     assert exported.header.round == ROUNDS and exported.header.federation == run_config["federation"]
     assert (exported.mean["1.bias"] == np.float32(0.01 * ROUNDS)).all()  # the last round's global model
-
-

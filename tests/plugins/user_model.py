@@ -12,7 +12,10 @@ def small_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Conv(C->8, 3, pad 1)-ReLU-MaxPool2-Flatten-Linear: parameters only (no BatchNorm buffers)."""
     channels, height, width = input_shape
     return nn.Sequential(
-        nn.Conv2d(channels, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Conv2d(channels, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
         nn.Linear(8 * (height // 2) * (width // 2), num_classes),
     )
 

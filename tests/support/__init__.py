@@ -24,7 +24,15 @@ from fedbayes.bayes.params import get_parameters, parameter_layout
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
-    ENVELOPE_KEY, ENVELOPES, Payload, decode, decode_header, encode, envelope_type, new_header, tensor_group_fields,
+    ENVELOPE_KEY,
+    ENVELOPES,
+    Payload,
+    decode,
+    decode_header,
+    encode,
+    envelope_type,
+    new_header,
+    tensor_group_fields,
 )
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
@@ -61,11 +69,16 @@ def weights(value: float = 0.5) -> dict[str, np.ndarray]:
     return {name: np.full(shape, value, dtype=np.float32) for name, shape in LAYOUT.items()}
 
 
-def reply_envelope(client_id: str = "client-0", server_round: int = 1, num_examples: int = 10,
-                   resumed_from_round: int = 0) -> pb.Reply:
+def reply_envelope(
+    client_id: str = "client-0", server_round: int = 1, num_examples: int = 10, resumed_from_round: int = 0
+) -> pb.Reply:
     """The envelope of a client's reply, as a client's round core fills it in."""
-    return pb.Reply(header=new_header("fed", server_round, client_id), num_examples=num_examples, train_loss=0.3,
-                    resumed_from_round=resumed_from_round)
+    return pb.Reply(
+        header=new_header("fed", server_round, client_id),
+        num_examples=num_examples,
+        train_loss=0.3,
+        resumed_from_round=resumed_from_round,
+    )
 
 
 def fedavg_reply(client_id: str = "client-0", server_round: int = 1, num_examples: int = 10, value: float = 0.5):
@@ -83,16 +96,27 @@ def declared_payload(content: RecordDict, message_type: type) -> Payload:
     envelope = envelope_of(content)
     message = message_type()
     envelope.body.Unpack(message)
-    layouts = {group: {spec.name: tuple(spec.shape) for spec in getattr(part, group).tensors}
-               for part in (message, envelope) for group in tensor_group_fields(type(part))}
+    layouts = {
+        group: {spec.name: tuple(spec.shape) for spec in getattr(part, group).tensors}
+        for part in (message, envelope)
+        for group in tensor_group_fields(type(part))
+    }
     return decode(content, type(envelope), message_type, layouts, sender="test")
 
 
 def reply_message(content: RecordDict | None, node_id: int, error=None, reply_to: str | None = None) -> Message:
     """A reply as the ServerApp receives it from node `node_id` (no Flower run needed)."""
-    metadata = Metadata(run_id=1, message_id=f"reply-{node_id}", src_node_id=node_id, dst_node_id=0,
-                        reply_to_message_id=reply_to or f"instruction-{node_id}", group_id="1",
-                        created_at=time.time(), ttl=60.0, message_type="train")
+    metadata = Metadata(
+        run_id=1,
+        message_id=f"reply-{node_id}",
+        src_node_id=node_id,
+        dst_node_id=0,
+        reply_to_message_id=reply_to or f"instruction-{node_id}",
+        group_id="1",
+        created_at=time.time(),
+        ttl=60.0,
+        message_type="train",
+    )
     if error is not None:
         return make_message(metadata=metadata, error=error)
     return make_message(metadata=metadata, content=content)
@@ -167,8 +191,9 @@ def client_runtime(run: RunSettings, client_id: str, state_dir: Path, data: Data
     return ClientRuntime(run, node, data, model, parameter_layout(model), torch.device("cpu"))
 
 
-def partition_runtime(run: RunSettings, state_dir: Path, partition: int = 0, partitions: int = 10,
-                      client_id: str | None = None) -> ClientRuntime:
+def partition_runtime(
+    run: RunSettings, state_dir: Path, partition: int = 0, partitions: int = 10, client_id: str | None = None
+) -> ClientRuntime:
     """A client as a SuperNode's node config makes it: partition `partition` of the run's split of its dataset."""
     config = {"partition-id": partition, "num-partitions": partitions, "state-dir": str(state_dir)}
     node = NodeSettings.from_node_config(config | ({"client-id": client_id} if client_id else {}), default_device="cpu")
@@ -191,9 +216,10 @@ class InProcessFederation:
         self.settings = run_settings({**DEFAULTS, "model": "logreg", "federation": "fed", **overrides})
         algorithm = get_algorithm(self.settings.strategy)
         self.client_update = algorithm.client_half()
-        self.runtimes = {node: client_runtime(self.settings, f"client-{node}", tmp_path / "state",
-                                              synthetic_data(size, node))
-                         for node, size in enumerate(sizes, start=1)}
+        self.runtimes = {
+            node: client_runtime(self.settings, f"client-{node}", tmp_path / "state", synthetic_data(size, node))
+            for node, size in enumerate(sizes, start=1)
+        }
         self.layout = next(iter(self.runtimes.values())).layout
         self.server = algorithm.build_server(self.settings, self.layout)
         self.core = RoundCore(self.settings, self.server)
@@ -219,19 +245,41 @@ def no_metrics(arrays, server_round: int) -> dict[str, float]:
     return {"accuracy": 0.0, "nll": 0.0, "ece": 0.0}
 
 
-def run_loop(tmp_path: Path, reply, rounds: int = 5, evaluate=no_metrics, pipeline: bool = True,
-             grid: FakeGrid | None = None, checkpoints: CheckpointStore | None = None, round_timeout: float = 0.5,
-             **overrides: Any):
+def run_loop(
+    tmp_path: Path,
+    reply,
+    rounds: int = 5,
+    evaluate=no_metrics,
+    pipeline: bool = True,
+    grid: FakeGrid | None = None,
+    checkpoints: CheckpointStore | None = None,
+    round_timeout: float = 0.5,
+    **overrides: Any,
+):
     """A FedAvg server on LAYOUT run by the real round loop for `rounds` rounds against nodes 1 and 2, which answer
     `reply(round, node)` (or `grid`'s way); rows in <tmp_path>/r.jsonl. Returns (round core, final arrays)."""
     run_settings = settings(**overrides)
     core = RoundCore(run_settings, FedAvg(run_settings, LAYOUT))
     initial = ArrayRecord({name: Array(value) for name, value in weights(0.0).items()})
-    loop = LoopSettings(num_rounds=rounds, round_timeout=round_timeout, poll_interval=0.01, wait_for_clients=2,
-                        wait_for_clients_timeout=5, max_failed_rounds=run_settings.max_failed_rounds,
-                        pipeline_evaluation=pipeline, straggler_wait=run_settings.straggler_wait)
-    return core, run_rounds(grid or FakeGrid([1, 2], scripted(reply)), core, initial, loop, evaluate,
-                            str(tmp_path / "r.jsonl"), checkpoints or CheckpointStore(tmp_path / "state", "fed", {}))
+    loop = LoopSettings(
+        num_rounds=rounds,
+        round_timeout=round_timeout,
+        poll_interval=0.01,
+        wait_for_clients=2,
+        wait_for_clients_timeout=5,
+        max_failed_rounds=run_settings.max_failed_rounds,
+        pipeline_evaluation=pipeline,
+        straggler_wait=run_settings.straggler_wait,
+    )
+    return core, run_rounds(
+        grid or FakeGrid([1, 2], scripted(reply)),
+        core,
+        initial,
+        loop,
+        evaluate,
+        str(tmp_path / "r.jsonl"),
+        checkpoints or CheckpointStore(tmp_path / "state", "fed", {}),
+    )
 
 
 def rows(directory: Path, name: str = "r.jsonl") -> list[dict[str, Any]]:
@@ -261,8 +309,10 @@ def checkpoint(server_round: int = 3, arrays=None, strategy_tensors=None) -> Che
     return Checkpoint(
         server_round,
         model_arrays() if arrays is None else arrays,
-        ServerState({"duals/a/mean": np.linspace(0, 1, 5)} if strategy_tensors is None else strategy_tensors,
-                    {"dual_rounds": json.dumps({"a": 2})}),
+        ServerState(
+            {"duals/a/mean": np.linspace(0, 1, 5)} if strategy_tensors is None else strategy_tensors,
+            {"dual_rounds": json.dumps({"a": 2})},
+        ),
         wall_seconds=12.5,
     )
 

@@ -45,14 +45,21 @@ class Problem:
     def solve_local(self, k: int, scale: float, weight, anchor: np.ndarray, start: np.ndarray) -> np.ndarray:
         """argmin scale·ℓ_k(w) + ½ Σ_j weight_j (w_j − anchor_j)²  (exact: damped Newton to round-off)."""
         weight = np.broadcast_to(np.asarray(weight, dtype=float), (self.dim,))
-        return newton(lambda w: (scale * self.grad(k, w) + weight * (w - anchor),
-                                 scale * self.hess(k, w) + np.diag(weight)), start)
+        return newton(
+            lambda w: (scale * self.grad(k, w) + weight * (w - anchor), scale * self.hess(k, w) + np.diag(weight)),
+            start,
+        )
 
     def optimum(self, delta: float) -> np.ndarray:
         """w*(δ) = argmin Σ_k ℓ_k(w) + (δ/2)‖w‖², computed centrally."""
         ks = range(len(self.xs))
-        return newton(lambda w: (sum(self.grad(k, w) for k in ks) + delta * w,
-                                 sum(self.hess(k, w) for k in ks) + delta * np.eye(self.dim)), np.zeros(self.dim))
+        return newton(
+            lambda w: (
+                sum(self.grad(k, w) for k in ks) + delta * w,
+                sum(self.hess(k, w) for k in ks) + delta * np.eye(self.dim),
+            ),
+            np.zeros(self.dim),
+        )
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -104,8 +111,9 @@ def ridge_problem(clients=3, features=4, per_client=20, seed=0):
     data = []
     for k in range(clients):
         x = torch.randn(per_client, features, generator=generator, dtype=torch.float64) + k  # heterogeneous clients
-        y = (x @ torch.linspace(-1, 1, features, dtype=torch.float64)
-             + 0.3 * torch.randn(per_client, generator=generator, dtype=torch.float64))
+        y = x @ torch.linspace(-1, 1, features, dtype=torch.float64) + 0.3 * torch.randn(
+            per_client, generator=generator, dtype=torch.float64
+        )
         data.append((x, y))
     return data
 
@@ -125,14 +133,16 @@ def initial_sites(problem, delta, w0):
 def fedlap_round(problem, sites, delta, covariance, server_round=1):
     """One round, every client: exact local solve of ℓ_k + ½(w − m_k)·P_k(w − m_k), H_k = diag Hessian (Cov)."""
     total, count = sum(problem.sizes), len(problem.sizes)
-    global_mean, global_precision = global_from_sites(torch.stack([s.mean for s in sites]).sum(0),
-                                                      torch.stack([s.precision for s in sites]).sum(0), delta)
+    global_mean, global_precision = global_from_sites(
+        torch.stack([s.mean for s in sites]).sum(0), torch.stack([s.precision for s in sites]).sum(0), delta
+    )
     new_sites, locals_, local_precisions = [], [], []
     for k, site in enumerate(sites):
         anchor, precision = cavity(global_mean, global_precision, site, delta)
         local = torch.from_numpy(problem.solve_local(k, 1.0, precision.numpy(), anchor.numpy(), global_mean.numpy()))
-        curvature = torch.from_numpy(np.diag(problem.hess(k, local.numpy())).copy()) if covariance \
-            else torch.zeros_like(local)
+        curvature = (
+            torch.from_numpy(np.diag(problem.hess(k, local.numpy())).copy()) if covariance else torch.zeros_like(local)
+        )
         rho = client_damping(covariance, problem.sizes[k], count, total)
         new_sites.append(site_step(site, local, curvature, global_mean, global_precision, rho, server_round))
         locals_.append(local)
@@ -145,8 +155,9 @@ def run_fedlap(problem, delta, covariance, rounds, seed=0):
     sites = initial_sites(problem, delta, w0)
     for server_round in range(1, rounds + 1):
         sites, locals_, _ = fedlap_round(problem, sites, delta, covariance, server_round)
-    mean, precision = global_from_sites(torch.stack([s.mean for s in sites]).sum(0),
-                                        torch.stack([s.precision for s in sites]).sum(0), delta)
+    mean, precision = global_from_sites(
+        torch.stack([s.mean for s in sites]).sum(0), torch.stack([s.precision for s in sites]).sum(0), delta
+    )
     return mean, precision, sites, locals_
 
 

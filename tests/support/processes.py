@@ -94,7 +94,6 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-
 class BreakableFederation(LocalFederation):
     """A LocalFederation whose machines a test can stop or kill: a client restarted, a client or the server machine
     that dies mid-run, a run stopped at once."""
@@ -122,8 +121,14 @@ class BreakableFederation(LocalFederation):
     def stop_run(self, run_id: int) -> None:
         """`flwr stop`: the SuperLink marks the run stopped at once (after a ServerApp crash it would
         take Flower's heartbeat timeout, up to 60 s, during which SuperNodes hold the dead run's messages)."""
-        subprocess.run(self.server.command([console_script("flwr"), "stop", str(run_id), CONNECTION]), cwd=self.workdir,
-                       env=self.processes.env, check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            self.server.command([console_script("flwr"), "stop", str(run_id), CONNECTION]),
+            cwd=self.workdir,
+            env=self.processes.env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
 
 # ---- loopback federations -----------------------------------------------------------------------------------------
@@ -135,7 +140,11 @@ class LoopbackRun:
 
 
 def run_loopback(
-    workdir: Path, config: dict[str, Any], rounds: int, clients: int = 2, executor: str = "shared",
+    workdir: Path,
+    config: dict[str, Any],
+    rounds: int,
+    clients: int = 2,
+    executor: str = "shared",
     node_env: dict[int, dict[str, str]] | None = None,
     on_row: Callable[[LocalFederation, dict[str, Any]], None] | None = None,
 ) -> LoopbackRun:
@@ -144,8 +153,12 @@ def run_loopback(
     with BreakableFederation(workdir, executor) as federation:
         for index in range(clients):
             federation.start_supernode(index, clients, extra_env=(node_env or {}).get(index))
-        rows = federation.follow(Path(config["results-path"]), federation.submit(config), rounds,
-                                 on_row=lambda row: on_row and on_row(federation, row))
+        rows = federation.follow(
+            Path(config["results-path"]),
+            federation.submit(config),
+            rounds,
+            on_row=lambda row: on_row and on_row(federation, row),
+        )
         server_log = (federation.log_dir / "flwr-run.log").read_text()
     return LoopbackRun(rows, server_log, federation.flwr_home)
 
@@ -154,6 +167,7 @@ def restart_client_1_after_round_1(store) -> Callable[[LocalFederation, dict[str
     """An `on_row` for run_loopback: once round 1's row is out, stop client-1's SuperNode and start it again. The
     row is written when round 1's evaluation is done, which runs while round 2 trains: by then client-1 (its
     state in `store`) may have trained and saved round 2 too."""
+
     def restart(federation: LocalFederation, row: dict[str, Any]) -> None:
         if row["round"] == 1:
             assert newest_state(store).round in (1, 2)
@@ -185,15 +199,27 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def fedbayes(args: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> Finished:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "fedbayes.deploy.cli", *args], cwd=ROOT, env=env or cli_env(),
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "fedbayes.deploy.cli", *args],
+        cwd=ROOT,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Finished(result.returncode, result.stdout, result.stderr, time.monotonic() - started)
 
 
 def start_fedbayes(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     """`fedbayes ARGS` in the background, its stdout (stderr folded in) readable line by line."""
-    return subprocess.Popen([sys.executable, "-m", "fedbayes.deploy.cli", *args], cwd=ROOT, env=env or cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedbayes.deploy.cli", *args],
+        cwd=ROOT,
+        env=env or cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def read_until(process: subprocess.Popen, wanted: Callable[[str], bool]) -> list[str]:

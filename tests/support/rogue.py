@@ -5,30 +5,38 @@ benchmarks/attack_matrix.py, benchmarks/robust_aggregation.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import copy
 import json
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import RecordDict
 
 from fedbayes.bayes.params import unflatten
 from fedbayes.protos.codec import PayloadError, encode
-from fedbayes.strategies.feddyn import math as feddyn
 from fedbayes.server.round_core import CORE_STATE_KEY
 from fedbayes.strategies.bayesadmm.math import Duals, dual_step
 from fedbayes.strategies.bayesadmm.server import BayesADMM
 from fedbayes.strategies.dsvgd.server import DSVGD
 from fedbayes.strategies.fedavg.server import FedAvg
+from fedbayes.strategies.feddyn import math as feddyn
 from fedbayes.strategies.feddyn.server import FedDyn
 from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message
 
 # The reply's tensor group that carries the strategy's update.
 UPDATE_GROUP = {
-    "fedavg": "weights", "fedprox": "weights", "feddyn": "weights", "fedpa": "delta", "fedlap": "site_mean",
-    "fedlap-cov": "site_mean", "p-dsvgd": "local_particles", "dsvgd": "particles", "u-dsvgd": "particles",
-    "bayesadmm": "local_mean", "fedadmm": "local_mean", "bayesadmm-full": "local_mean",
+    "fedavg": "weights",
+    "fedprox": "weights",
+    "feddyn": "weights",
+    "fedpa": "delta",
+    "fedlap": "site_mean",
+    "fedlap-cov": "site_mean",
+    "p-dsvgd": "local_particles",
+    "dsvgd": "particles",
+    "u-dsvgd": "particles",
+    "bayesadmm": "local_mean",
+    "fedadmm": "local_mean",
+    "bayesadmm-full": "local_mean",
 }
 Change = Callable[[str, str, np.ndarray], np.ndarray]  # (group, tensor name, array) -> the array the rogue sends
 
@@ -42,8 +50,10 @@ def consistent_reply(server, content: RecordDict, change: Change, server_round: 
     except PayloadError:
         return content
     message = payload.message
-    tensors = {group: {name: change(group, name, np.array(value)) for name, value in arrays.items()}
-               for group, arrays in payload.tensors.items()}
+    tensors = {
+        group: {name: change(group, name, np.array(value)) for name, value in arrays.items()}
+        for group, arrays in payload.tensors.items()
+    }
     changed = type(payload)(payload.envelope, message, tensors)
     if isinstance(server, BayesADMM):  # the duals are the dual step from the (changed) local posterior
         previous = server.state.duals.get(payload.header.client_id) if payload.reply.resumed_from_round else None
@@ -63,10 +73,12 @@ def consistent_reply(server, content: RecordDict, change: Change, server_round: 
 
 def scaled_update(reference: dict[str, np.ndarray], group: str, factor: float) -> Change:
     """A `Change`: group `group`'s tensors moved to reference + factor x (tensor − reference)."""
+
     def change(tensor_group: str, name: str, array: np.ndarray) -> np.ndarray:
         if tensor_group != group:
             return array
         return (reference[name] + factor * (array.astype(np.float64) - reference[name])).astype(np.float32)
+
     return change
 
 
@@ -98,8 +110,16 @@ ROGUE_NODE = 99
 
 
 def overrides(strategy: str) -> dict:
-    extra = {"strategy": strategy, "local-epochs": 1, "particles": 3, "local-steps": 2, "distill-steps": 2,
-             "server-steps": 2, "burn-in-rounds": 1, "samples": 2}
+    extra = {
+        "strategy": strategy,
+        "local-epochs": 1,
+        "particles": 3,
+        "local-steps": 2,
+        "distill-steps": 2,
+        "server-steps": 2,
+        "burn-in-rounds": 1,
+        "samples": 2,
+    }
     if strategy == "bayesadmm-full":
         extra |= {"temperature": 1.0, "lr": 1.0}
     return extra

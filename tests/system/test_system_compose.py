@@ -51,7 +51,9 @@ def run(command: list[str], timeout: float, env: dict[str, str] | None = None, w
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     print(f"[{time.monotonic() - started:6.1f} s] {what or ' '.join(command)}")
     if result.returncode != 0:
-        pytest.fail(f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        pytest.fail(
+            f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
     return result.stdout
 
 
@@ -64,8 +66,24 @@ def image() -> str:
     run(["deploy/docker/host-setup.sh"], 900, what="Docker engine + Compose v2")
     run(["deploy/docker/make-base-image.sh", BASE_IMAGE], 900, what="base image (mmdebstrap + docker import)")
     run(["deploy/docker/make-wheelhouse.sh", CPU_TORCH], 900, what="host-side wheelhouse")
-    run(["docker", "build", "-q", "-f", "deploy/docker/Dockerfile", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-         "--build-arg", f"TORCH={CPU_TORCH}", "-t", IMAGE, "."], 900, what="docker build")
+    run(
+        [
+            "docker",
+            "build",
+            "-q",
+            "-f",
+            "deploy/docker/Dockerfile",
+            "--build-arg",
+            f"BASE_IMAGE={BASE_IMAGE}",
+            "--build-arg",
+            f"TORCH={CPU_TORCH}",
+            "-t",
+            IMAGE,
+            ".",
+        ],
+        900,
+        what="docker build",
+    )
     return IMAGE
 
 
@@ -76,9 +94,15 @@ class Federation:
         self.certs, self.data, self.output = tmp_path / "certs", tmp_path / "data", tmp_path / "output"
         self.tag = f"fedbayes-test-{uuid.uuid4().hex[:8]}"
         self.fleet_port, control_port = free_ports(2)
-        self.env = {**os.environ, "FEDBAYES_IMAGE": image, "FEDBAYES_CERTS": str(self.certs),
-                    "FEDBAYES_DATA": str(self.data), "FEDBAYES_OUTPUT": str(self.output),
-                    "FEDBAYES_FLEET_PORT": str(self.fleet_port), "FEDBAYES_CONTROL_PORT": str(control_port)}
+        self.env = {
+            **os.environ,
+            "FEDBAYES_IMAGE": image,
+            "FEDBAYES_CERTS": str(self.certs),
+            "FEDBAYES_DATA": str(self.data),
+            "FEDBAYES_OUTPUT": str(self.output),
+            "FEDBAYES_FLEET_PORT": str(self.fleet_port),
+            "FEDBAYES_CONTROL_PORT": str(control_port),
+        }
         self.compose = ["docker", "compose", "-p", self.tag, "-f", "docker-compose.yml", "-f", "deploy/compose.cpu.yml"]
         self.image = image
 
@@ -94,52 +118,137 @@ class Federation:
         container, as the READMEs document it; its output in <output>/<name>.log."""
         config = RUN_CONFIG.format(name=name, rounds=rounds)
         with (self.output / f"{name}.log").open("wb") as log:
-            return subprocess.Popen([*self.compose, "run", "--rm", "operator", "fedbayes", "run", "/app", "fedbayes",
-                                     "-c", config], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                [*self.compose, "run", "--rm", "operator", "fedbayes", "run", "/app", "fedbayes", "-c", config],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def register_remote_client(self) -> None:
         """What the operator does with the .pub file a client sends (deploy/README.md)."""
-        run([*self.compose, "run", "--rm", "-v", f"{self.certs}/supernodes/{REMOTE}.pub:/keys/{REMOTE}.pub:ro",
-             "register-supernodes", "fedbayes", "pki", "register", "--superlink", "superlink:9093",
-             "--ca", "/run/secrets/ca_cert", "--registry", "/registry/clients.json", "--client-id", REMOTE,
-             f"/keys/{REMOTE}.pub"], 180, self.env, what=f"register {REMOTE}'s key")
+        run(
+            [
+                *self.compose,
+                "run",
+                "--rm",
+                "-v",
+                f"{self.certs}/supernodes/{REMOTE}.pub:/keys/{REMOTE}.pub:ro",
+                "register-supernodes",
+                "fedbayes",
+                "pki",
+                "register",
+                "--superlink",
+                "superlink:9093",
+                "--ca",
+                "/run/secrets/ca_cert",
+                "--registry",
+                "/registry/clients.json",
+                "--client-id",
+                REMOTE,
+                f"/keys/{REMOTE}.pub",
+            ],
+            180,
+            self.env,
+            what=f"register {REMOTE}'s key",
+        )
 
     def start_remote_client(self) -> None:
         """deploy/CLIENT.md's container command, on a Docker network of its own (another network namespace,
         not the compose network): it reaches the SuperLink through the host's published Fleet port."""
         run(["docker", "network", "create", self.tag], 60, what="the remote client's network")
-        run(["docker", "run", "-d", "--init", "--name", f"{self.tag}-{REMOTE}", "--network", self.tag,
-             "--add-host", f"{PUBLIC_NAME}:host-gateway",
-             "-v", f"{self.certs}/ca.crt:/certs/ca.crt:ro", "-v", f"{self.certs}/supernodes/{REMOTE}:/certs/key:ro",
-             "-v", f"{self.data}/client-3.npz:/data/client.npz:ro", "-v", f"{self.tag}-{REMOTE}:/state",
-             self.image, "fedbayes", "client", "--superlink", f"{PUBLIC_NAME}:{self.fleet_port}", "--ca", "/certs/ca.crt",
-             "--key", "/certs/key", "--client-id", REMOTE, "--data", "/data/client.npz", "--state-dir", "/state"],
-            60, what=f"docker run {REMOTE}")
+        run(
+            [
+                "docker",
+                "run",
+                "-d",
+                "--init",
+                "--name",
+                f"{self.tag}-{REMOTE}",
+                "--network",
+                self.tag,
+                "--add-host",
+                f"{PUBLIC_NAME}:host-gateway",
+                "-v",
+                f"{self.certs}/ca.crt:/certs/ca.crt:ro",
+                "-v",
+                f"{self.certs}/supernodes/{REMOTE}:/certs/key:ro",
+                "-v",
+                f"{self.data}/client-3.npz:/data/client.npz:ro",
+                "-v",
+                f"{self.tag}-{REMOTE}:/state",
+                self.image,
+                "fedbayes",
+                "client",
+                "--superlink",
+                f"{PUBLIC_NAME}:{self.fleet_port}",
+                "--ca",
+                "/certs/ca.crt",
+                "--key",
+                "/certs/key",
+                "--client-id",
+                REMOTE,
+                "--data",
+                "/data/client.npz",
+                "--state-dir",
+                "/state",
+            ],
+            60,
+            what=f"docker run {REMOTE}",
+        )
 
     def registry(self) -> dict[str, int]:
-        return json.loads(run([*self.compose, "run", "--rm", "register-supernodes", "cat", "/registry/clients.json"],
-                              120, self.env, what="read the client registry"))
+        return json.loads(
+            run(
+                [*self.compose, "run", "--rm", "register-supernodes", "cat", "/registry/clients.json"],
+                120,
+                self.env,
+                what="read the client registry",
+            )
+        )
 
     def node_ids(self) -> set[int]:
-        listing = run([*self.compose, "run", "--rm", "operator", "flwr", "supernode", "list", "fedbayes", "--format", "json"],
-                      120, self.env, what="flwr supernode list")
-        return {int(node["node-id"]) for node in json.loads(listing[listing.index("{"):])["nodes"]}
+        listing = run(
+            [*self.compose, "run", "--rm", "operator", "flwr", "supernode", "list", "fedbayes", "--format", "json"],
+            120,
+            self.env,
+            what="flwr supernode list",
+        )
+        return {int(node["node-id"]) for node in json.loads(listing[listing.index("{") :])["nodes"]}
 
     def logs(self) -> str:
-        compose = subprocess.run([*self.compose, "logs", "--no-color", "--tail", "60"], cwd=REPO, env=self.env,
-                                 capture_output=True, text=True, timeout=120)
-        remote = subprocess.run(["docker", "logs", "--tail", "60", f"{self.tag}-{REMOTE}"], capture_output=True,
-                                text=True, timeout=60)
+        compose = subprocess.run(
+            [*self.compose, "logs", "--no-color", "--tail", "60"],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        remote = subprocess.run(
+            ["docker", "logs", "--tail", "60", f"{self.tag}-{REMOTE}"], capture_output=True, text=True, timeout=60
+        )
         return compose.stdout[-20000:] + f"\n---- {REMOTE} ----\n" + remote.stdout + remote.stderr
 
     def tear_down(self) -> None:
-        for command in (["docker", "rm", "-f", f"{self.tag}-{REMOTE}"], ["docker", "network", "rm", self.tag],
-                        ["docker", "volume", "rm", f"{self.tag}-{REMOTE}"]):
+        for command in (
+            ["docker", "rm", "-f", f"{self.tag}-{REMOTE}"],
+            ["docker", "network", "rm", self.tag],
+            ["docker", "volume", "rm", f"{self.tag}-{REMOTE}"],
+        ):
             subprocess.run(command, capture_output=True, timeout=120)
-        run([*self.compose, "down", "-v", "--remove-orphans", "--timeout", "10"], 300, self.env, what="docker compose down -v")
+        run(
+            [*self.compose, "down", "-v", "--remove-orphans", "--timeout", "10"],
+            300,
+            self.env,
+            what="docker compose down -v",
+        )
 
 
-def follow(federation: Federation, submit: subprocess.Popen, name: str, timeout: float = 600) -> tuple[list[dict], float]:
+def follow(
+    federation: Federation, submit: subprocess.Popen, name: str, timeout: float = 600
+) -> tuple[list[dict], float]:
     """Rows of a run once its CLI exits, and when (time.monotonic) its first row appeared."""
     started = time.monotonic()
     results, first_row_at, deadline = federation.output / f"{name}.jsonl", None, started + timeout

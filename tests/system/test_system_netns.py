@@ -23,9 +23,8 @@ from fedbayes.deploy.cli import main as fedbayes
 from fedbayes.deploy.launcher import LocalFederation, console_script
 from fedbayes.deploy.pki import init_pki, list_supernodes, make_supernode_key
 from fedbayes.server.checkpoint import CheckpointStore
-from tests.support.processes import stall_env, wait_for_file
 from tests.support.netns import NetnsLab
-from tests.support.processes import BreakableFederation
+from tests.support.processes import BreakableFederation, stall_env, wait_for_file
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +32,15 @@ pytestmark = pytest.mark.integration
 # seen under a load average of 20) plus the time round 3 is held open while a killed client comes back.
 ROUND_TIMEOUT = 150.0
 BAYESADMM = {
-    "strategy": "bayesadmm", "fraction": 0.05, "local-epochs": 1, "lr": 5e-5, "input-scale": 255.0,
-    "ensemble-samples": 0, "min-clients": 2, "wait-for-clients": 2, "wait-for-clients-timeout": 90.0,
+    "strategy": "bayesadmm",
+    "fraction": 0.05,
+    "local-epochs": 1,
+    "lr": 5e-5,
+    "input-scale": 255.0,
+    "ensemble-samples": 0,
+    "min-clients": 2,
+    "wait-for-clients": 2,
+    "wait-for-clients-timeout": 90.0,
 }
 TRUSTED = ("client-0", "client-1", "client-2")
 
@@ -63,8 +69,9 @@ def secured_federation(workdir: Path, lab: NetnsLab, credentials) -> tuple[Break
 
 
 def start_client(federation: LocalFederation, lab: NetnsLab, credentials, index: int, extra_env=None):
-    return federation.start_supernode(index, 3, host=lab[f"c{index}"], auth_key=credentials[1][f"client-{index}"].private,
-                                      extra_env=extra_env)
+    return federation.start_supernode(
+        index, 3, host=lab[f"c{index}"], auth_key=credentials[1][f"client-{index}"].private, extra_env=extra_env
+    )
 
 
 def node_status(federation: LocalFederation) -> dict[int, str]:
@@ -97,11 +104,18 @@ def test_joins_and_a_killed_client_over_tls(lab, credentials, tmp_path):
     workdir = tmp_path / "fed"
     results = workdir / "results.jsonl"
     data = tmp_path / "data"  # partition 2 of the run's split, as client-2's own data file
-    assert fedbayes(["export-partitions", "--clients", "3", "--fraction", str(BAYESADMM["fraction"]),
-                     "--out", str(data)]) == 0
+    assert (
+        fedbayes(["export-partitions", "--clients", "3", "--fraction", str(BAYESADMM["fraction"]), "--out", str(data)])
+        == 0
+    )
     held, release, hung = tmp_path / "client-0-in", tmp_path / "client-0-go", tmp_path / "client-1-in"
-    config = {**BAYESADMM, "num-server-rounds": 4, "federation": "members", "results-path": str(results),
-              "round-timeout": ROUND_TIMEOUT}
+    config = {
+        **BAYESADMM,
+        "num-server-rounds": 4,
+        "federation": "members",
+        "results-path": str(results),
+        "round-timeout": ROUND_TIMEOUT,
+    }
     federation, node_ids = secured_federation(workdir, lab, credentials)
 
     def wait_for_status(client: str, status: str) -> None:
@@ -115,11 +129,27 @@ def test_joins_and_a_killed_client_over_tls(lab, credentials, tmp_path):
         start_client(federation, lab, credentials, 1, extra_env=stall_env("3", hung))
         submit = federation.submit(config)
         wait_for_file(Path(f"{held}-r1"), "client-0 never started round 1")
-        federation.processes.start("fedbayes-client-2", lab["c2"].command([
-            console_script("fedbayes"), "client", "--superlink", federation.fleet_address,
-            "--ca", str(credentials[0].ca_cert), "--key", str(credentials[1]["client-2"].private),
-            "--client-id", "client-2", "--data", str(data / "client-2.npz"),
-            "--state-dir", str(workdir / "client-state")]))
+        federation.processes.start(
+            "fedbayes-client-2",
+            lab["c2"].command(
+                [
+                    console_script("fedbayes"),
+                    "client",
+                    "--superlink",
+                    federation.fleet_address,
+                    "--ca",
+                    str(credentials[0].ca_cert),
+                    "--key",
+                    str(credentials[1]["client-2"].private),
+                    "--client-id",
+                    "client-2",
+                    "--data",
+                    str(data / "client-2.npz"),
+                    "--state-dir",
+                    str(workdir / "client-state"),
+                ]
+            ),
+        )
         wait_for_status("client-2", "online")
         Path(f"{release}-r1").touch()
 
@@ -139,7 +169,9 @@ def test_joins_and_a_killed_client_over_tls(lab, credentials, tmp_path):
     finally:
         federation.__exit__(None, None, None)
     assert [row["round"] for row in rows] == [1, 2, 3, 4], server_log[-3000:]
-    assert [(row["clients"], row["clients_sent"]) for row in rows] == [(2, 2), (3, 3), (2, 3), (3, 3)], server_log[-3000:]
+    assert [(row["clients"], row["clients_sent"]) for row in rows] == [(2, 2), (3, 3), (2, 3), (3, 3)], server_log[
+        -3000:
+    ]
     assert [row["known_clients"] for row in rows] == [2, 3, 3, 3]  # BayesADMM's K: clients that ever replied
     assert rows[2]["round_seconds"] < ROUND_TIMEOUT + 30, rows[2]
     # The restarted client-1 is online under the node id its key was registered with; no other node appeared.
@@ -155,8 +187,13 @@ def test_a_dead_server_machine_resumes_and_loses_nothing(lab, credentials, tmp_p
     SuperNodes reconnect by themselves; the run submitted again resumes from the checkpoint and ends
     with the same global posterior and client duals as the uninterrupted run."""
     workdir = tmp_path / "fed"
-    straight = {**BAYESADMM, "num-server-rounds": 3, "federation": "straight", "round-timeout": 120.0,
-                "results-path": str(workdir / "straight.jsonl")}
+    straight = {
+        **BAYESADMM,
+        "num-server-rounds": 3,
+        "federation": "straight",
+        "round-timeout": 120.0,
+        "results-path": str(workdir / "straight.jsonl"),
+    }
     resumed = {**straight, "federation": "resumed", "results-path": str(workdir / "resumed.jsonl")}
     # client-0 holds round 3 of the run to be killed open until the kill: round 2's row is written while round 3
     # trains, and a fast round 3 could otherwise finish before the kill.
@@ -193,7 +230,9 @@ def test_a_dead_server_machine_resumes_and_loses_nothing(lab, credentials, tmp_p
     assert "lost its" not in server_log and "differs from the server's replay" not in server_log
     rows = [json.loads(line) for line in (workdir / "resumed.jsonl").read_text().splitlines()]
     assert [row["round"] for row in rows] == [1, 2, 3] and all(row["clients"] == 2 for row in rows)
-    final = {name: load_file(CheckpointStore(workdir / "server-state", name, {}).path) for name in ("straight", "resumed")}
+    final = {
+        name: load_file(CheckpointStore(workdir / "server-state", name, {}).path) for name in ("straight", "resumed")
+    }
     assert final["straight"].keys() == final["resumed"].keys()
     max_abs_diff = max(float(np.max(np.abs(final["resumed"][k] - v))) for k, v in final["straight"].items())
     print(f"resume equivalence: max |resumed - straight| over {len(final['straight'])} tensors = {max_abs_diff:.3e}")

@@ -18,8 +18,7 @@ from fedbayes.client.state import ClientStateStore
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 from fedbayes.server.round_core import CORE_STATE_KEY
-from tests.support.processes import processes_of
-from tests.support.processes import fault_env
+from tests.support.processes import fault_env, processes_of
 
 pytestmark = pytest.mark.integration
 
@@ -38,18 +37,34 @@ def test_rogue_clients_over_tls_with_node_auth(tmp_path):
     tls = init_pki(tmp_path / "pki", ips=["127.0.0.1"])
     clients = range(8)
     keys = {index: make_supernode_key(tmp_path / "pki" / "supernodes", f"client-{index}") for index in clients}
-    config = {"strategy": "bayesadmm", "num-server-rounds": 4, "federation": "rogues", "fraction": 0.05,
-              "local-epochs": 1, "lr": 5e-5, "input-scale": 255.0, "ensemble-samples": 0, "model": "logreg",
-              "results-path": str(results), "wait-for-clients": 8, "round-timeout": ROUND_TIMEOUT}
+    config = {
+        "strategy": "bayesadmm",
+        "num-server-rounds": 4,
+        "federation": "rogues",
+        "fraction": 0.05,
+        "local-epochs": 1,
+        "lr": 5e-5,
+        "input-scale": 255.0,
+        "ensemble-samples": 0,
+        "model": "logreg",
+        "results-path": str(results),
+        "wait-for-clients": 8,
+        "round-timeout": ROUND_TIMEOUT,
+    }
     # Eight organisations' machines, on one: no compute slots shared between them (the late one sleeps in its own).
     with LocalFederation(workdir, tls=tls, node_auth=True, parallel_tasks=0) as federation:
         registry = {f"client-{index}": federation.register(keys[index].public) for index in clients}
         (tmp_path / "registry.json").write_text(json.dumps(registry))
         for index in clients:
-            federation.start_supernode(index, 8, auth_key=keys[index].private,
-                                       extra_env=rogue_env(index) if index in ATTACKS else None)
-        rows = federation.follow(results, federation.submit({**config, "client-registry": str(tmp_path / "registry.json")}),
-                                 4, on_row=lambda row: None)
+            federation.start_supernode(
+                index, 8, auth_key=keys[index].private, extra_env=rogue_env(index) if index in ATTACKS else None
+            )
+        rows = federation.follow(
+            results,
+            federation.submit({**config, "client-registry": str(tmp_path / "registry.json")}),
+            4,
+            on_row=lambda row: None,
+        )
         server_log = (federation.log_dir / "flwr-run.log").read_text()
     assert [row["round"] for row in rows] == [1, 2, 3, 4], "the server must keep running"
     # The rogues are refused in rounds 1-3 (max-client-rejections=3): round 4 goes to the honest three only.
@@ -60,12 +75,14 @@ def test_rogue_clients_over_tls_with_node_auth(tmp_path):
     nll = [row["nll"] for row in rows]
     assert all(later < earlier for earlier, later in zip(nll, nll[1:])), f"the honest updates move the model: {nll}"
     node = registry  # client id -> node id
-    for words in (f"node {node['client-2']} is client 'client-2'; it may not speak as 'client-0'",
-                  f"node {node['client-3']} is client 'client-3'; it may not speak as 'client-3-r1'",
-                  "field 'fedbayes-tensors': array data has dtype <U1, not float32",
-                  "field 'num_examples': 18446744073709551615 is not in [1, max-client-examples",
-                  f"client 'client-{SCALED}' (node {node[f'client-{SCALED}']}): refused by the screen",
-                  f"node {node['client-6']}: no reply within round-timeout"):
+    for words in (
+        f"node {node['client-2']} is client 'client-2'; it may not speak as 'client-0'",
+        f"node {node['client-3']} is client 'client-3'; it may not speak as 'client-3-r1'",
+        "field 'fedbayes-tensors': array data has dtype <U1, not float32",
+        "field 'num_examples': 18446744073709551615 is not in [1, max-client-examples",
+        f"client 'client-{SCALED}' (node {node[f'client-{SCALED}']}): refused by the screen",
+        f"node {node['client-6']}: no reply within round-timeout",
+    ):
         assert words in server_log, words
 
     # No trace of a rogue in the server's checkpoint; the late client's duals are what it will start from.

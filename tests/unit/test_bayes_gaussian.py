@@ -6,8 +6,6 @@ import torch
 from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
 
 
-
-
 def random_spd(size, generator):
     a = torch.randn(size, size, generator=generator, dtype=torch.float64)
     return a @ a.T + size * torch.eye(size, dtype=torch.float64)

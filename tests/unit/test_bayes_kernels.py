@@ -51,11 +51,17 @@ def test_log_kde_is_the_mixture_density_and_its_gradient_matches_autograd():
     centres = torch.randn(5, 2, generator=generator, dtype=torch.float64)
     points = torch.randn(4, 2, generator=generator, dtype=torch.float64)
     bandwidth = 0.55
-    direct = torch.stack([
-        torch.stack([torch.exp(-(p - c).square().sum() / (2 * bandwidth**2)) / (2 * math.pi * bandwidth**2)
-                     for c in centres]).mean()
-        for p in points
-    ]).log()
+    direct = torch.stack(
+        [
+            torch.stack(
+                [
+                    torch.exp(-(p - c).square().sum() / (2 * bandwidth**2)) / (2 * math.pi * bandwidth**2)
+                    for c in centres
+                ]
+            ).mean()
+            for p in points
+        ]
+    ).log()
     torch.testing.assert_close(log_kde(points, centres, bandwidth), direct, rtol=1e-12, atol=1e-12)
     moving = points.clone().requires_grad_(True)
     (expected,) = torch.autograd.grad(log_kde(moving, centres, bandwidth).sum(), moving)

@@ -53,7 +53,9 @@ def federated_admm_reference(data, rho, delta, rounds):
         thetas = []
         for k, (x, y) in enumerate(data):
             # Eq. 21: argmin ½‖Xθ - y‖² + v·θ + ρ/2 ‖θ - θ̄‖²
-            theta = torch.linalg.solve(x.T @ x + rho * torch.eye(features, dtype=DTYPE), x.T @ y - v[k] + rho * theta_bar)
+            theta = torch.linalg.solve(
+                x.T @ x + rho * torch.eye(features, dtype=DTYPE), x.T @ y - v[k] + rho * theta_bar
+            )
             v[k] = v[k] + rho * (theta - theta_bar)  # Eq. 22
             thetas.append(theta)
         # Eq. 23: argmin δ/2‖θ̄‖² + Σ ρ/2‖θ̄ - θ_k‖² - v_k·θ̄
@@ -78,7 +80,9 @@ def test_isotropic_family_is_federated_admm_step_by_step(delta):
         torch.testing.assert_close(global_.mean, theta_bar)
     if delta == 1.0:  # Eq. 25 literally: θ̄ = (1-α) Mean(θ_k) + α Sum(v_k)
         alpha = 1 / (1 + rho * len(data))
-        torch.testing.assert_close(global_.mean, (1 - alpha) * torch.stack(thetas).mean(0) + alpha * torch.stack(v).sum(0))
+        torch.testing.assert_close(
+            global_.mean, (1 - alpha) * torch.stack(thetas).mean(0) + alpha * torch.stack(v).sum(0)
+        )
 
 
 def test_plain_federated_admm_is_not_exact_after_one_round():
@@ -108,7 +112,9 @@ def test_dual_step_and_server_step_signs_and_units_on_two_clients():
     rho, delta = 0.5, 1.0
     updated = server_step([local_a, local_b], [dual_a, dual_b], rho, delta)
     alpha = 1 / (1 + rho * 2)  # = 0.5
-    precision = (1 - alpha) * torch.tensor([7.0, 7.0], dtype=DTYPE) + alpha * (delta + torch.tensor([5.0, 3.0], dtype=DTYPE))
+    precision = (1 - alpha) * torch.tensor([7.0, 7.0], dtype=DTYPE) + alpha * (
+        delta + torch.tensor([5.0, 3.0], dtype=DTYPE)
+    )
     eta = (1 - alpha) * torch.tensor([10.0, -1.0], dtype=DTYPE) + alpha * torch.tensor([8.0, -1.0], dtype=DTYPE)
     torch.testing.assert_close(updated.precision, precision)
     torch.testing.assert_close(updated.mean, eta / precision)

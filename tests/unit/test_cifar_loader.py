@@ -16,8 +16,13 @@ from fedbayes.tasks.datasets import DatasetNotFoundError, load_dataset
 from fedbayes.tasks.models import build_model
 
 LAYOUTS = {  # torchvision's folder, files and label key of each dataset
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "labels",
-                ("batches.meta", "label_names")),
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        ["test_batch"],
+        "labels",
+        ("batches.meta", "label_names"),
+    ),
     "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels", ("meta", "fine_label_names")),
 }
 CLASSES = {"cifar10": 10, "cifar100": 100}

@@ -1,10 +1,9 @@
 """The wire codec accepts exactly what protos/common.proto and protos/payloads.proto describe and rejects the rest."""
 
-from grpc_tools import protoc
-
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from grpc_tools import protoc
 
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
@@ -46,7 +45,9 @@ def test_every_tensor_rides_in_one_array_in_manifest_order():
     """Flower moves each Array as an object of its own, one request per hop: a payload is one Array, however many
     tensors and groups it has."""
     mean, precision = weights(0.25), weights(2.0)
-    content = encode(reply_envelope("client-7", 3, 4), pb.BayesADMMReply(), {"local_mean": mean, "dual_precision": precision})
+    content = encode(
+        reply_envelope("client-7", 3, 4), pb.BayesADMMReply(), {"local_mean": mean, "dual_precision": precision}
+    )
     assert list(content.array_records) == [TENSORS_KEY] and list(content[TENSORS_KEY]) == [PACKED_ARRAY]
     expected = np.concatenate([value.ravel() for value in (*mean.values(), *precision.values())])
     np.testing.assert_array_equal(content[TENSORS_KEY][PACKED_ARRAY].numpy(), expected)
@@ -80,7 +81,7 @@ def with_value(content, name, value):
     """`content` with tensor `name` of group `weights` holding `value` (same size) in the packed Array."""
     packed = content[TENSORS_KEY][PACKED_ARRAY].numpy().copy()
     offset = 0 if name == "fc.weight" else 12  # LAYOUT: fc.weight (3, 4), then fc.bias (3,)
-    packed[offset:offset + value.size] = value.ravel()
+    packed[offset : offset + value.size] = value.ravel()
     return replace_packed(content, packed)
 
 
@@ -157,12 +158,23 @@ def drop(key):
         (lambda c: set_envelope(c, message=b"\xff\xff\xff"), "message", "malformed"),
         (with_envelope_fields(schema_version=8), "header.schema_version", "expected 7, got 8"),
         (with_envelope_fields(train_loss=float("nan")), "train_loss", "must be finite"),
-        (lambda c: with_body_type(c, pb.FedPAReply()), "body", "expected fedbayes.v1.FedAvgReply, got 'fedbayes.v1.FedPAReply'"),
-        (lambda c: with_body_type(c, pb.Header()), "body", "'fedbayes.v1.Header' is no message type this process knows"),
+        (
+            lambda c: with_body_type(c, pb.FedPAReply()),
+            "body",
+            "expected fedbayes.v1.FedAvgReply, got 'fedbayes.v1.FedPAReply'",
+        ),
+        (
+            lambda c: with_body_type(c, pb.Header()),
+            "body",
+            "'fedbayes.v1.Header' is no message type this process knows",
+        ),
         # the manifest: what the sender declares each tensor to be
         (lambda c: with_manifest(c, "fc.bias", shape=[4]), "weights/fc.bias", "shape must be (3,), got (4,)"),
-        (lambda c: with_manifest(c, "fc.bias", dtype=pb.FLOAT64), "weights/fc.bias",
-         "dtype must be float32, got FLOAT64"),
+        (
+            lambda c: with_manifest(c, "fc.bias", dtype=pb.FLOAT64),
+            "weights/fc.bias",
+            "dtype must be float32, got FLOAT64",
+        ),
         (lambda c: with_manifest(c, "fc.bias", dtype=9), "weights/fc.bias", "dtype must be float32, got 9"),
         (lambda c: with_manifest(c, "extra"), "weights", "do not match expected"),
         # the packed Array: as declared, and as its .npy bytes really are
@@ -208,11 +220,24 @@ def test_encode_refuses_unknown_dtypes_and_groups():
 
 def test_a_payload_of_an_older_fedbayes_is_refused_by_its_schema_version():
     """Schema version 6 sent a strategy's message bare (its header in field 1), not in an envelope: told so."""
-    old = RecordDict({ENVELOPE_KEY: ConfigRecord({"type": "fedbayes.v1.FedAvgReply", "message": pb.LeaveAndForget(
-        header=pb.Header(schema_version=6, federation="fed", server_round=1, client_id="client-7")).SerializeToString()})})
+    old = RecordDict(
+        {
+            ENVELOPE_KEY: ConfigRecord(
+                {
+                    "type": "fedbayes.v1.FedAvgReply",
+                    "message": pb.LeaveAndForget(
+                        header=pb.Header(schema_version=6, federation="fed", server_round=1, client_id="client-7")
+                    ).SerializeToString(),
+                }
+            )
+        }
+    )
     for read in (decode_reply, lambda content: decode_header(content, "client 'client-7' (node 42)")):
-        with pytest.raises(PayloadError, match="field 'header.schema_version': 6, but this fedbayes speaks schema version "
-                                               "7, whose payloads are envelopes .*run the same fedbayes"):
+        with pytest.raises(
+            PayloadError,
+            match="field 'header.schema_version': 6, but this fedbayes speaks schema version "
+            "7, whose payloads are envelopes .*run the same fedbayes",
+        ):
             read(old)
 
 
@@ -221,8 +246,12 @@ def ping_type(package: str):
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     proto = descriptor_pb2.FileDescriptorProto(name=f"{package}/ping.proto", package=package, syntax="proto3")
-    proto.message_type.add(name="Ping").field.add(name="level", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
-                                                  label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    proto.message_type.add(name="Ping").field.add(
+        name="level",
+        number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Ping"))
@@ -254,24 +283,39 @@ def _renamed_file(message_type):
 
 def test_generated_code_is_current(tmp_path):
     protos = ["fedbayes/protos/common.proto", "fedbayes/protos/payloads.proto"]
-    assert protoc.main(["protoc", f"-I{ROOT}", f"-I{protoc._get_resource_file_name('grpc_tools', '_proto')}",
-                        f"--python_out={tmp_path}", f"--pyi_out={tmp_path}", *(str(ROOT / p) for p in protos)]) == 0
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{ROOT}",
+                f"-I{protoc._get_resource_file_name('grpc_tools', '_proto')}",
+                f"--python_out={tmp_path}",
+                f"--pyi_out={tmp_path}",
+                *(str(ROOT / p) for p in protos),
+            ]
+        )
+        == 0
+    )
     for proto in protos:
         for generated in (proto.replace(".proto", "_pb2.py"), proto.replace(".proto", "_pb2.pyi")):
             assert (tmp_path / generated).read_text() == (ROOT / generated).read_text(), (
-                f"{generated} is stale: run `make protos`")
+                f"{generated} is stale: run `make protos`"
+            )
 
 
 def test_payload_size_counts_every_record_value_and_key():
     from fedbayes.protos.codec import payload_bytes
 
     array = Array(np.zeros(15, np.float32))
-    content = RecordDict({
-        "t": ArrayRecord({"a": array}),
-        "c": ConfigRecord({"b": b"xyz", "s": "h\u00e9", "n": 3, "f": 0.5, "y": True, "l": [b"ab", b"c"],
-                           "w": ["\u00e9"]}),
-        "m": MetricRecord({"x": 1.5, "v": [1, 2, 3]}),
-    })
+    content = RecordDict(
+        {
+            "t": ArrayRecord({"a": array}),
+            "c": ConfigRecord(
+                {"b": b"xyz", "s": "h\u00e9", "n": 3, "f": 0.5, "y": True, "l": [b"ab", b"c"], "w": ["\u00e9"]}
+            ),
+            "m": MetricRecord({"x": 1.5, "v": [1, 2, 3]}),
+        }
+    )
     array_bytes = len(array.data) + len("float32") + len(array.stype) + 8  # data, dtype, stype, one dimension
     config_bytes = 7 + 3 + 3 + 8 + 8 + 8 + 3 + 2  # keys, then values: 'hé' is 3 UTF-8 bytes, numbers 8 each
     metric_bytes = 2 + 8 + 3 * 8
@@ -290,19 +334,26 @@ def test_payload_size_refuses_a_fedavg_reply_only_over_the_limit():
 PAD = 2 * 2**20  # bytes: over a 1 MiB limit, wherever it rides
 
 
-@pytest.mark.parametrize("pad", [
-    lambda c: c.__setitem__("extra", ConfigRecord({"pad": b"\0" * PAD})),
-    lambda c: c[ENVELOPE_KEY].__setitem__("pad", "x" * PAD),  # an extra key of the envelope
-    lambda c: c.__setitem__(TIMINGS_KEY, ConfigRecord({"setup": 0.1, "pad": b"\0" * PAD})),
-    lambda c: c.__setitem__("metrics", MetricRecord({"pad": [0.0] * (PAD // 8)})),
-    lambda c: c.__setitem__("extra", ArrayRecord({"pad": Array(np.zeros(PAD // 4, np.float32))})),
-], ids=["config-record", "envelope-key", "timings", "metric-record", "array-record"])
+@pytest.mark.parametrize(
+    "pad",
+    [
+        lambda c: c.__setitem__("extra", ConfigRecord({"pad": b"\0" * PAD})),
+        lambda c: c[ENVELOPE_KEY].__setitem__("pad", "x" * PAD),  # an extra key of the envelope
+        lambda c: c.__setitem__(TIMINGS_KEY, ConfigRecord({"setup": 0.1, "pad": b"\0" * PAD})),
+        lambda c: c.__setitem__("metrics", MetricRecord({"pad": [0.0] * (PAD // 8)})),
+        lambda c: c.__setitem__("extra", ArrayRecord({"pad": Array(np.zeros(PAD // 4, np.float32))})),
+    ],
+    ids=["config-record", "envelope-key", "timings", "metric-record", "array-record"],
+)
 def test_a_pad_in_any_record_counts_toward_the_limit(pad):
     from fedbayes.protos.codec import check_payload_size
 
     content = fedavg_reply()
     check_payload_size(content, max_mb=1.0, sender="client 'client-7' (node 42)")
     pad(content)
-    with pytest.raises(PayloadError, match=r"client 'client-7' \(node 42\): payload is 2\.0 MiB, over the limit "
-                                           r"max-payload-mb=1$"):
+    with pytest.raises(
+        PayloadError,
+        match=r"client 'client-7' \(node 42\): payload is 2\.0 MiB, over the limit "
+        r"max-payload-mb=1$",
+    ):
         check_payload_size(content, max_mb=1.0, sender="client 'client-7' (node 42)")

@@ -19,9 +19,17 @@ MUTATIONS = 6_000
 LAYOUT = {"fc.weight": (3, 4), "fc.bias": (3,)}
 BAYES_LAYOUTS = {group: LAYOUT for group in ("local_mean", "local_precision", "dual_mean", "dual_precision")}
 STRANGE_ARRAYS = [
-    np.full((3,), "x"), np.zeros((3,), np.complex64), np.zeros((3,), bool), np.zeros((3,), np.int64),
-    np.zeros((3,), np.float16), np.zeros((3,), ">f4"), np.zeros((3,), [("a", "<f4")]), np.zeros((3, 4), np.float32),
-    np.zeros((), np.float32), np.zeros((0,), np.float32), np.full((3,), np.inf, np.float32),
+    np.full((3,), "x"),
+    np.zeros((3,), np.complex64),
+    np.zeros((3,), bool),
+    np.zeros((3,), np.int64),
+    np.zeros((3,), np.float16),
+    np.zeros((3,), ">f4"),
+    np.zeros((3,), [("a", "<f4")]),
+    np.zeros((3, 4), np.float32),
+    np.zeros((), np.float32),
+    np.zeros((0,), np.float32),
+    np.full((3,), np.inf, np.float32),
 ]
 
 
@@ -48,7 +56,7 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
         elif kind == 1:
             data[position:position] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
         elif kind == 2:
-            del data[position:position + rng.randint(1, 16)]
+            del data[position : position + rng.randint(1, 16)]
         else:
             data = data[:position]
     return bytes(data)
@@ -66,15 +74,20 @@ def mutate(content: RecordDict, rng: random.Random) -> RecordDict:
     if kind == 0:  # the protobuf bytes
         envelope["message"] = mutate_bytes(envelope["message"], rng)
     elif kind == 1:  # the .npy bytes of one tensor
-        arrays[name] = Array(dtype=array.dtype, shape=tuple(array.shape), stype=array.stype,
-                             data=mutate_bytes(array.data, rng))
+        arrays[name] = Array(
+            dtype=array.dtype, shape=tuple(array.shape), stype=array.stype, data=mutate_bytes(array.data, rng)
+        )
     elif kind == 2:  # other bytes under an honest declaration
-        arrays[name] = Array(dtype="float32", shape=tuple(array.shape), stype="numpy.ndarray",
-                             data=npy(rng.choice(STRANGE_ARRAYS)))
+        arrays[name] = Array(
+            dtype="float32", shape=tuple(array.shape), stype="numpy.ndarray", data=npy(rng.choice(STRANGE_ARRAYS))
+        )
     elif kind == 3:  # a lying declaration
-        arrays[name] = Array(dtype=rng.choice(["float64", "int8", "<U1", "float32"]),
-                             shape=tuple(rng.choice([(), (3,), (3, 4), (4, 3), (12,)])),
-                             stype=rng.choice(["numpy.ndarray", "torch.Tensor", ""]), data=array.data)
+        arrays[name] = Array(
+            dtype=rng.choice(["float64", "int8", "<U1", "float32"]),
+            shape=tuple(rng.choice([(), (3,), (3, 4), (4, 3), (12,)])),
+            stype=rng.choice(["numpy.ndarray", "torch.Tensor", ""]),
+            data=array.data,
+        )
     elif kind == 4:  # a missing or extra tensor
         if rng.random() < 0.5:
             del arrays[name]

@@ -7,8 +7,8 @@ import pytest
 from fedbayes.client.runtime import NodeSettings
 from fedbayes.deploy.flower_app import app_pyproject
 from fedbayes.deploy.launcher import LocalRun, run_local
-from fedbayes.tasks.config import ConfigError
 from fedbayes.strategies import default_run_config, run_settings
+from fedbayes.tasks.config import ConfigError
 from tests.support import DEFAULTS, pyproject_run_config
 
 
@@ -79,8 +79,11 @@ def test_set_overrides_are_typed_and_accept_underscores():
 
 @pytest.mark.parametrize(
     ("strategy", "overrides", "message"),
-    [("nope", {}, "'strategy' must be one of"), ("fedavg", {"lr": -1.0}, "'lr' must be > 0"),
-     ("fedavg", {"lrr": 1.0}, "unknown run-config key.* lrr")],
+    [
+        ("nope", {}, "'strategy' must be one of"),
+        ("fedavg", {"lr": -1.0}, "'lr' must be > 0"),
+        ("fedavg", {"lrr": 1.0}, "unknown run-config key.* lrr"),
+    ],
 )
 def test_fedbayes_local_refuses_a_bad_run_config_before_starting_anything(tmp_path, strategy, overrides, message):
     spec = LocalRun(strategy=strategy, clients=1, rounds=1, workdir=tmp_path / "run", overrides=overrides, quiet=True)
@@ -108,8 +111,9 @@ def test_the_checkout_pyproject_lists_exactly_the_declared_keys_and_defaults():
     declared = default_run_config()
     listed = pyproject_run_config()
     assert sorted(listed) == sorted(declared)
-    assert {key: (value, type(value)) for key, value in listed.items()} == \
-        {key: (value, type(value)) for key, value in declared.items()}
+    assert {key: (value, type(value)) for key, value in listed.items()} == {
+        key: (value, type(value)) for key, value in declared.items()
+    }
 
 
 def test_a_written_app_lists_every_key_and_an_out_of_tree_strategys_own(tmp_path, monkeypatch):
@@ -125,7 +129,8 @@ def test_a_written_app_lists_every_key_and_an_out_of_tree_strategys_own(tmp_path
         "    trim_share: float = key(0.1, 'the share trimmed')\n"
         "class Trimmed(FedAvg):\n"
         "    settings_type = TrimSettings\n"
-        "KEYED = Algorithm(Trimmed, client_update, TrimSettings)\n")
+        "KEYED = Algorithm(Trimmed, client_update, TrimSettings)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     app = tomllib.loads(app_pyproject("keyed_plugin:KEYED"))["tool"]["flwr"]["app"]
     assert app["components"] == {"serverapp": "fedbayes.server.app:app", "clientapp": "fedbayes.client.app:app"}
@@ -140,7 +145,9 @@ def test_a_strategy_declaring_its_keys_the_old_way_is_told_what_replaced_it():
     from fedbayes.strategies import Algorithm
     from fedbayes.tasks.config import Key
 
-    with pytest.raises(TypeError, match="`settings` is now a frozen dataclass whose fields declare the strategy's keys"):
+    with pytest.raises(
+        TypeError, match="`settings` is now a frozen dataclass whose fields declare the strategy's keys"
+    ):
         Algorithm("plugin:Server", "plugin:client", (Key("trim-share", 0.1, "the share trimmed"),))
 
 

@@ -38,8 +38,9 @@ def idealised_variances(rounds, prior_variance, likelihood_variances, bandwidth)
 
 def test_a_conjugate_gaussian_two_agents():
     """Prior N(0, 4), agents' likelihoods N(θ; 1, 2) and N(θ; -0.5, 3): posterior N(0.3077, 0.9231)."""
-    history = run_dsvgd([gaussian_loss_gradient(1.0, 2.0), gaussian_loss_gradient(-0.5, 3.0)],
-                        gaussian_prior_score(0.25), 2.0, rounds=8)
+    history = run_dsvgd(
+        [gaussian_loss_gradient(1.0, 2.0), gaussian_loss_gradient(-0.5, 3.0)], gaussian_prior_score(0.25), 2.0, rounds=8
+    )
     first = history[0]  # round 1 = SVGD on agent 1's local posterior N(2/3, 4/3)
     assert abs(first.mean().item() - 2 / 3) < 0.1
     assert 0.85 * 4 / 3 < first.var().item() < 1.15 * 4 / 3
@@ -67,6 +68,7 @@ def test_b_one_agent_round_one_is_svgd_on_its_posterior_and_later_rounds_drift_a
 
 def mixture_problem():
     """Spec §7.3 (paper Fig. 9): p_0 = N(0, 1), p_1 ∝ p_0 N(θ|1, 4), p_2 ∝ p_0 (N(θ|-3, 1) + N(θ|3, 2))."""
+
     def log_normal(theta, mean, variance):
         return -0.5 * (theta - mean) ** 2 / variance - 0.5 * math.log(2 * math.pi * variance)
 
@@ -94,7 +96,7 @@ def kl_to_target(log_q, grid, log_target):
 
 
 def kde_log_density(particles, grid, bandwidth=0.55):
-    return torch.logsumexp(-(grid[:, None] - particles[:, 0][None, :]) ** 2 / (2 * bandwidth**2), dim=1)
+    return torch.logsumexp(-((grid[:, None] - particles[:, 0][None, :]) ** 2) / (2 * bandwidth**2), dim=1)
 
 
 def best_gaussian_kl(grid, log_target):
@@ -133,8 +135,10 @@ def test_p_dsvgd_server_distils_the_product_of_local_factors():
     local_sets = []
     for mean, variance in [(1.0, 2.0), (-0.5, 3.0)]:
         local_variance = 1 / (prior_precision + 1 / variance)
-        local_sets.append(local_variance * mean / variance
-                          + math.sqrt(local_variance) * torch.randn(300, 1, generator=generator, dtype=torch.float64))
+        local_sets.append(
+            local_variance * mean / variance
+            + math.sqrt(local_variance) * torch.randn(300, 1, generator=generator, dtype=torch.float64)
+        )
     start = 2.0 * torch.randn(100, 1, generator=generator, dtype=torch.float64)
     settings = SVGDSettings(0, 0, kde_bandwidth=bandwidth, lr=0.05, distill_lr=0.05)
     particles = server_distillation(start, local_sets, gaussian_prior_score(prior_precision), 300, settings)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, global_from_sites
-from tests.support.problems import make_problem, relative_error
-from tests.support.problems import fedlap_round, run_fedlap
+from tests.support.problems import fedlap_round, make_problem, relative_error, run_fedlap
 
 
 @pytest.mark.parametrize(("covariance", "rounds"), [(False, 250), (True, 80)])
@@ -33,8 +32,9 @@ def test_fedlap_server_step_is_the_weighted_average_when_the_dampings_sum_to_one
     new_sites, locals_, _ = fedlap_round(problem, sites, delta, covariance=False)
     rhos = [client_damping(False, size, 4, sum(problem.sizes)) for size in problem.sizes]
     assert sum(rhos) == pytest.approx(1.0)
-    new_mean, new_precision = global_from_sites(torch.stack([s.mean for s in new_sites]).sum(0),
-                                                torch.stack([s.precision for s in new_sites]).sum(0), delta)
+    new_mean, new_precision = global_from_sites(
+        torch.stack([s.mean for s in new_sites]).sum(0), torch.stack([s.precision for s in new_sites]).sum(0), delta
+    )
     torch.testing.assert_close(new_mean, sum(rho * local for rho, local in zip(rhos, locals_)), rtol=1e-12, atol=1e-12)
     assert torch.all(new_precision == delta)
 
@@ -43,12 +43,14 @@ def test_fedlap_cov_server_step_is_precision_weighted_averaging_with_rho_one_ove
     problem, delta = make_problem("ridge", seed=5), 1.0
     _, _, sites, _ = run_fedlap(problem, delta, covariance=True, rounds=2)
     new_sites, locals_, local_precisions = fedlap_round(problem, sites, delta, covariance=True)
-    new_mean, new_precision = global_from_sites(torch.stack([s.mean for s in new_sites]).sum(0),
-                                                torch.stack([s.precision for s in new_sites]).sum(0), delta)
+    new_mean, new_precision = global_from_sites(
+        torch.stack([s.mean for s in new_sites]).sum(0), torch.stack([s.precision for s in new_sites]).sum(0), delta
+    )
     stacked = torch.stack(local_precisions)
     torch.testing.assert_close(new_precision, stacked.mean(0), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(new_mean, (stacked * torch.stack(locals_)).sum(0) / stacked.sum(0), rtol=1e-10,
-                               atol=1e-12)
+    torch.testing.assert_close(
+        new_mean, (stacked * torch.stack(locals_)).sum(0) / stacked.sum(0), rtol=1e-10, atol=1e-12
+    )
     assert all((site.precision >= 0).all() for site in new_sites) and (stacked > 0).all()
 
 

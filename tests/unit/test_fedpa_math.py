@@ -2,19 +2,20 @@
 against a dense solve (T1), exact-delta FedPA and GD-FedAvg on federated least squares (T2),
 exact-sampler FedPA (T3), and IASG FedPA end to end (T4)."""
 
-
 import numpy as np
 import pytest
 import torch
 
-from fedbayes.strategies.fedpa.client import IASG
-from fedbayes.strategies.fedpa.server import ServerOptimizer
-from fedbayes.strategies.fedpa.math import ShrinkageDelta, weighted_mean_delta
-from tests.support.problems import ExactGaussianSampler
 from fedbayes.strategies import run_settings
+from fedbayes.strategies.fedpa.client import IASG
+from fedbayes.strategies.fedpa.math import ShrinkageDelta, weighted_mean_delta
+from fedbayes.strategies.fedpa.server import ServerOptimizer
+from fedbayes.strategies.fedpa.settings import FedPASettings
 from fedbayes.tasks.datasets import Dataset
 from tests.support import DEFAULTS
-from fedbayes.strategies.fedpa.settings import FedPASettings
+from tests.support.problems import ExactGaussianSampler
+
+
 def dense_delta(x0: np.ndarray, samples: np.ndarray, shrinkage: float) -> np.ndarray:
     """Σ̂ = ρ_ℓ I + (1 - ρ_ℓ) cov(X, ddof=1), Δ = Σ̂⁻¹(x0 - x̄) (Eq. 10, Thm 3), float64."""
     count, size = samples.shape
@@ -118,7 +119,9 @@ def fedavg_fixed_point(hessians, optima, steps, step_size):
 
 
 def server(**overrides) -> ServerOptimizer:
-    return ServerOptimizer(run_settings({**DEFAULTS, "strategy": "fedpa", **overrides}).hyperparameters(FedPASettings), 5)
+    return ServerOptimizer(
+        run_settings({**DEFAULTS, "strategy": "fedpa", **overrides}).hyperparameters(FedPASettings), 5
+    )
 
 
 def run_rounds(server_optimizer: ServerOptimizer, client_deltas, rounds: int, theta=None) -> list[torch.Tensor]:
@@ -137,8 +140,9 @@ def test_exact_delta_fedpa_finds_the_optimum_and_fedavg_drifts_with_local_steps(
     problem = make_problem(1)
     hessians, optima = hessians_and_optima(problem)
     optimum = global_optimum(problem)
-    np.testing.assert_allclose(np.linalg.solve(hessians.mean(0), np.einsum("nij,nj->i", hessians, optima) / 8),
-                               optimum, rtol=1e-10)  # Eq. 3 with Σ_i⁻¹ = A_i is the pooled least squares
+    np.testing.assert_allclose(
+        np.linalg.solve(hessians.mean(0), np.einsum("nij,nj->i", hessians, optima) / 8), optimum, rtol=1e-10
+    )  # Eq. 3 with Σ_i⁻¹ = A_i is the pooled least squares
     assert np.linalg.norm(optimum - optima.mean(0)) == pytest.approx(0.924, abs=1e-3)  # the spec's seed-1 numbers
     a, mu = torch.from_numpy(hessians), torch.from_numpy(optima)
 
@@ -151,6 +155,7 @@ def test_exact_delta_fedpa_finds_the_optimum_and_fedavg_drifts_with_local_steps(
 
     distances = []
     for local_steps, rounds in ((10, 200), (100, 40), (1000, 15)):
+
         def fedavg_deltas(theta, _, local_steps=local_steps):  # K full-batch GD steps at α = 0.05 on each client
             local = theta.expand(8, 5).clone()
             for _ in range(local_steps):
@@ -203,8 +208,10 @@ def half_squared_error(output: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 def iasg_fedpa_distance(problem, rounds: int, shrinkage: float, server_lr: float, batch_size: int, epochs: int):
     """Each client: IASG (SGD α = 0.1, one discarded epoch, then one sample per epoch) from θ, the App. C
     delta; server SGD. Returns the distance of the mean of the last third of the iterates to θ*."""
-    clients = [Dataset("lsq", torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32), 0, 1.0)
-               for x, y in problem]
+    clients = [
+        Dataset("lsq", torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32), 0, 1.0)
+        for x, y in problem
+    ]
     model = torch.nn.Linear(5, 1, bias=False)
 
     def iasg_deltas(theta, server_round):
@@ -213,14 +220,22 @@ def iasg_fedpa_distance(problem, rounds: int, shrinkage: float, server_lr: float
             with torch.no_grad():
                 model.weight.copy_(theta.view(1, 5))
             estimate = ShrinkageDelta(theta.float(), shrinkage, capacity=epochs - 1)
-            IASG(model, data, torch.optim.SGD(model.parameters(), lr=0.1), batch_size, torch.device("cpu"),
-                 seed=server_round * 100 + index, burnin_epochs=1, samples=epochs - 1,
-                 loss_fn=half_squared_error)(estimate.add_sample)
+            IASG(
+                model,
+                data,
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                batch_size,
+                torch.device("cpu"),
+                seed=server_round * 100 + index,
+                burnin_epochs=1,
+                samples=epochs - 1,
+                loss_fn=half_squared_error,
+            )(estimate.add_sample)
             deltas.append(estimate.delta().double())
         return deltas
 
     iterates = run_rounds(server(**{"server-lr": server_lr}), iasg_deltas, rounds)
-    return float(np.linalg.norm(torch.stack(iterates[-rounds // 3:]).mean(0).numpy() - global_optimum(problem)))
+    return float(np.linalg.norm(torch.stack(iterates[-rounds // 3 :]).mean(0).numpy() - global_optimum(problem)))
 
 
 def test_iasg_fedpa_beats_fedavg_on_least_squares():

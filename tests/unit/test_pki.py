@@ -13,7 +13,11 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.cli.supernode.register import try_load_public_key
 
 from fedbayes.deploy.pki import (
-    connection_config, init_pki, make_supernode_key, read_client_registry, record_client,
+    connection_config,
+    init_pki,
+    make_supernode_key,
+    read_client_registry,
+    record_client,
     server_certificate_names,
 )
 
@@ -21,7 +25,11 @@ from fedbayes.deploy.pki import (
 def test_server_certificate_is_signed_by_the_ca_for_every_name_clients_use(tmp_path):
     files = init_pki(tmp_path, names=["fl.example.org"], ips=["10.1.2.3"])
     assert server_certificate_names(files.server_cert) == [
-        "superlink", "localhost", "fl.example.org", "127.0.0.1", "10.1.2.3"
+        "superlink",
+        "localhost",
+        "fl.example.org",
+        "127.0.0.1",
+        "10.1.2.3",
     ]
     ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
     server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
@@ -82,8 +90,11 @@ def test_the_registry_refuses_to_rebind_an_id_or_a_node(tmp_path):
 
 def test_a_broken_registry_is_named_and_left_alone(tmp_path):
     registry = tmp_path / "clients.json"
-    for text, problem in (("{not json", "not valid JSON"), ('["a", 1]', "must be a JSON object"),
-                          ('{"a": "12"}', "must be a JSON object")):
+    for text, problem in (
+        ("{not json", "not valid JSON"),
+        ('["a", 1]', "must be a JSON object"),
+        ('{"a": "12"}', "must be a JSON object"),
+    ):
         registry.write_text(text)
         with pytest.raises(ValueError, match=problem):
             record_client(registry, "hospital-a", 11)
@@ -104,5 +115,3 @@ def test_concurrent_registrations_lose_no_entry(tmp_path):
         writer.join(timeout=60)
         assert writer.exitcode == 0
     assert len(read_client_registry(registry)) == 4 * 25
-
-

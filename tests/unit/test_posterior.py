@@ -54,8 +54,9 @@ def test_member_probabilities_must_be_three_dimensional():
         predictive(torch.rand(4, 3))
 
 
-def write_file(path, kind="gaussian-diagonal", precision=4.0, input_scale=1.0, pixel_scale=1.0, particles=0,
-               extra=None):
+def write_file(
+    path, kind="gaussian-diagonal", precision=4.0, input_scale=1.0, pixel_scale=1.0, particles=0, extra=None
+):
     rng = np.random.default_rng(0)
     mean = {name: rng.normal(size=shape).astype(np.float32) for name, shape in LAYOUT.items()}
     tensors = {f"mean/{name}": value for name, value in mean.items()}
@@ -63,10 +64,24 @@ def write_file(path, kind="gaussian-diagonal", precision=4.0, input_scale=1.0, p
         tensors |= {f"precision/{name}": np.full(shape, precision) for name, shape in LAYOUT.items()}
     tensors |= extra or {}
     header = Header(
-        strategy="bayesadmm", kind=kind, note="a test posterior", model=ModelSpec("logreg", (), "sigmoid", 1),
-        input_shape=(1, 1, 3), num_classes=2, input_scale=input_scale, pixel_scale=pixel_scale, dataset="npz:/data",
-        round=7, federation="fed", seed=3, ensemble_samples=4, eval_batch_size=100, parameters=LAYOUT, buffers={},
-        particles=particles, fedbayes_version="test",
+        strategy="bayesadmm",
+        kind=kind,
+        note="a test posterior",
+        model=ModelSpec("logreg", (), "sigmoid", 1),
+        input_shape=(1, 1, 3),
+        num_classes=2,
+        input_scale=input_scale,
+        pixel_scale=pixel_scale,
+        dataset="npz:/data",
+        round=7,
+        federation="fed",
+        seed=3,
+        ensemble_samples=4,
+        eval_batch_size=100,
+        parameters=LAYOUT,
+        buffers={},
+        particles=particles,
+        fedbayes_version="test",
     )
     write_posterior_file(path, header, tensors)
     return mean
@@ -78,7 +93,8 @@ def test_samples_are_drawn_as_the_server_draws_them(tmp_path):
     posterior = load(tmp_path / "q.safetensors")
     flat_mean = torch.cat([torch.from_numpy(mean[name]).double().ravel() for name in LAYOUT])
     expected = Gaussian(flat_mean, torch.full_like(flat_mean, 4.0)).sample(
-        4, torch.Generator().manual_seed(round_seed(3, 7)))
+        4, torch.Generator().manual_seed(round_seed(3, 7))
+    )
     drawn = posterior.members(4)
     assert len(drawn) == 4
     for draw, sample in zip(drawn, expected):
@@ -115,8 +131,9 @@ def test_particles_are_all_used_whatever_the_samples(tmp_path):
     mean = write_file(tmp_path / "unused.safetensors")
     shift = {"1.weight": np.array([[1.0], [-1.0]]), "1.bias": np.array([1.0, -1.0])}
     offsets = (0.0, 1.0, -1.0)
-    moved = [{name: (value + offset * shift[name]).astype(np.float32) for name, value in mean.items()}
-             for offset in offsets]
+    moved = [
+        {name: (value + offset * shift[name]).astype(np.float32) for name, value in mean.items()} for offset in offsets
+    ]
     particles = {f"particles/{name}": np.stack([particle[name] for particle in moved]) for name in LAYOUT}
     write_file(tmp_path / "p.safetensors", kind="particles", particles=3, extra=particles)
     posterior = load(tmp_path / "p.safetensors")

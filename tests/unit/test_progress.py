@@ -11,13 +11,20 @@ import pty
 import struct
 import termios
 
-
 from fedbayes.deploy.launcher import TABLE_HEADER, format_row, show_row
 from fedbayes.deploy.progress import Progress, RoundDone, parse_round_log_line
 from fedbayes.server.loop import progress_line
 
-ROW = {"round": 1, "accuracy": 0.6356, "nll": 1.7689, "ece": 0.2187, "clients": 2, "clients_sent": 3,
-       "round_seconds": 2.7, "wall_seconds": 2.7}
+ROW = {
+    "round": 1,
+    "accuracy": 0.6356,
+    "nll": 1.7689,
+    "ece": 0.2187,
+    "clients": 2,
+    "clients_sent": 3,
+    "round_seconds": 2.7,
+    "wall_seconds": 2.7,
+}
 
 
 class Clock:
@@ -45,7 +52,7 @@ def rendered(output: str) -> list[str]:
             lines.append(line)
             line, column = "", 0
         else:
-            line = line[:column] + char + line[column + 1:]
+            line = line[:column] + char + line[column + 1 :]
             column += 1
     return lines + ([line] if line else [])
 
@@ -126,5 +133,3 @@ def test_the_serverapps_round_line_is_read_as_it_logs_it():
 
 
 # A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s.
-
-

@@ -43,11 +43,13 @@ def test_robust_means_match_their_closed_forms():
     np.testing.assert_allclose(robust_mean(updates, weights, "none", 3.0, 0.2), weights @ stacked / weights.sum())
     np.testing.assert_allclose(robust_mean(updates, weights, "median", 3.0, 0.2), np.median(stacked, axis=0))
     for fraction in (0.0, 0.15, 0.3, 0.45):
-        np.testing.assert_allclose(robust_mean(updates, weights, "trimmed-mean", 3.0, fraction),
-                                   trim_mean(stacked, fraction, axis=0))
+        np.testing.assert_allclose(
+            robust_mean(updates, weights, "trimmed-mean", 3.0, fraction), trim_mean(stacked, fraction, axis=0)
+        )
     factors = clip_factors(norms(updates), 1.0)
-    np.testing.assert_allclose(robust_mean(updates, weights, "clip", 1.0, 0.2),
-                               (weights * factors) @ stacked / weights.sum())
+    np.testing.assert_allclose(
+        robust_mean(updates, weights, "clip", 1.0, 0.2), (weights * factors) @ stacked / weights.sum()
+    )
     with pytest.raises(ValueError, match="unknown robust aggregation rule 'mean'"):
         robust_mean(updates, weights, "mean", 3.0, 0.2)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from fedbayes.client.runtime import NodeSettings, load_client_data
-from fedbayes.tasks.config import ConfigError
 from fedbayes.strategies import run_settings
+from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.partitions import partition_dataset, read_split_file, write_split_file
 from tests.support import DEFAULTS
@@ -28,16 +28,19 @@ def test_written_split_reads_back_equal(tmp_path):
     assert len(again) == 5 and all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(ours, again))
 
 
-@pytest.mark.parametrize("clients, message", [
-    ([[0, 1], [2, 10]], r"client 1 has row index 10 outside \[0, 10\)"),
-    ([[0, 1], [-1]], r"client 1 has row index -1"),
-    ([[0, 1], []], "client 1 has no rows"),
-    ([[0, 1], [1, 2]], "1 rows belong to more than one client"),
-    ([[0, 0], [2]], "client 0 lists 1 rows twice"),
-    ([[0, 1.5], [2]], "client 0 has a row index that is not an integer"),
-    ([[0, 1]], "has 1 clients, the federation has 2"),
-    ({"0": [1]}, "must be a JSON list"),
-])
+@pytest.mark.parametrize(
+    "clients, message",
+    [
+        ([[0, 1], [2, 10]], r"client 1 has row index 10 outside \[0, 10\)"),
+        ([[0, 1], [-1]], r"client 1 has row index -1"),
+        ([[0, 1], []], "client 1 has no rows"),
+        ([[0, 1], [1, 2]], "1 rows belong to more than one client"),
+        ([[0, 0], [2]], "client 0 lists 1 rows twice"),
+        ([[0, 1.5], [2]], "client 0 has a row index that is not an integer"),
+        ([[0, 1]], "has 1 clients, the federation has 2"),
+        ({"0": [1]}, "must be a JSON list"),
+    ],
+)
 def test_bad_split_files_are_refused_by_name(tmp_path, clients, message):
     with pytest.raises(ValueError, match=message):
         read_split_file(write(tmp_path, clients), num_examples=10, num_clients=2)
@@ -68,5 +71,3 @@ def test_a_client_loads_its_rows_of_the_file(tmp_path):
 def test_split_file_with_a_fraction_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="'fraction' must be 1 with a split-file"):
         run_settings({**DEFAULTS, "split-file": "split.json", "fraction": 0.1})
-
-

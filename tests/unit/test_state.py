@@ -1,6 +1,5 @@
 """The durable client state store: round trips, restarts, and crashes in the middle of a write."""
 
-
 import pytest
 import torch
 
@@ -8,11 +7,12 @@ from fedbayes.client.state import MAX_UNCONFIRMED, ClientState, ClientStateStore
 from tests.support import newest_state
 
 
-
 def test_round_trip_and_keying(tmp_path):
     store = ClientStateStore(tmp_path, "fed-a", "client-1")
     assert newest_state(store) is None and store.load(accepted_round=0, for_round=1) is None
-    store.save(ClientState({"dual_mean": torch.arange(6.0).view(2, 3)}, {"note": "x"}), server_round=4, accepted_round=0)
+    store.save(
+        ClientState({"dual_mean": torch.arange(6.0).view(2, 3)}, {"note": "x"}), server_round=4, accepted_round=0
+    )
     loaded = ClientStateStore(tmp_path, "fed-a", "client-1").load(accepted_round=4, for_round=5)
     assert torch.equal(loaded.tensors["dual_mean"], torch.arange(6.0).view(2, 3))
     assert loaded.metadata == {"note": "x"} and loaded.round == 4

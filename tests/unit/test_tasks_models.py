@@ -59,8 +59,9 @@ def test_parse_hidden():
 CIFAR10, FMNIST = ((3, 32, 32), 10), ((1, 28, 28), 10)
 
 
-@pytest.mark.parametrize("name,parameters", [("cnn-zenke", 1250858), ("cnn-acar", 797962), ("resnet20", 270410),
-                                             ("resnet20-gn", 269722)])
+@pytest.mark.parametrize(
+    "name,parameters", [("cnn-zenke", 1250858), ("cnn-acar", 797962), ("resnet20", 270410), ("resnet20-gn", 269722)]
+)
 def test_the_papers_conv_models_have_their_parameter_counts_and_no_buffers(name, parameters):
     model = build_model(name, *CIFAR10)
     assert count_parameters(model) == parameters  # Zenke 2304-512 head; Acar 1600-384-192; ResNet-20 ~0.27M

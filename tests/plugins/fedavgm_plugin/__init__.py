@@ -44,8 +44,9 @@ class FedAvgM(ServerStrategy[np.ndarray]):
     def initial_state(self) -> np.ndarray:
         return np.zeros(sum(int(np.prod(shape)) for shape in self.layout.values()))
 
-    def instruction(self, server_round: int, arrays: ArrayRecord,
-                    nodes: Sequence[int]) -> tuple[fedavgm_pb2.FedAvgMInstruction, TensorGroups]:
+    def instruction(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
+    ) -> tuple[fedavgm_pb2.FedAvgMInstruction, TensorGroups]:
         weights = {name: arrays[name].numpy() for name in self.layout}
         self.global_weights = flatten(weights, self.layout)
         training = local_training(self.settings, server_round)
@@ -55,8 +56,9 @@ class FedAvgM(ServerStrategy[np.ndarray]):
         return {"delta": self.layout}
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[np.ndarray]:
-        mean_delta = weighted_mean([flatten(p.tensors["delta"], self.layout) for p in payloads],
-                                   [p.reply.num_examples for p in payloads])
+        mean_delta = weighted_mean(
+            [flatten(p.tensors["delta"], self.layout) for p in payloads], [p.reply.num_examples for p in payloads]
+        )
         momentum = self.hyperparameters.fedavgm_momentum * self.state + mean_delta
         weights = self.global_weights + self.hyperparameters.fedavgm_lr * momentum
         return Update(weights.astype(np.float32), momentum, {"momentum_norm": float(np.linalg.norm(momentum))})
@@ -78,5 +80,6 @@ def local_update(local: LocalRound) -> LocalResult:
     return LocalResult(fedavgm_pb2.FedAvgMReply(), {"delta": delta}, train_loss, compute_seconds)
 
 
-FEDAVGM = Algorithm(FedAvgM, ClientHalf(fedavgm_pb2.FedAvgMInstruction, local_update, model_layouts("weights")),
-                    FedAvgMSettings)
+FEDAVGM = Algorithm(
+    FedAvgM, ClientHalf(fedavgm_pb2.FedAvgMInstruction, local_update, model_layouts("weights")), FedAvgMSettings
+)

@@ -33,7 +33,9 @@ def inject_nan() -> None:
     from fedbayes.protos.codec import encode
 
     def poisoned_encode(envelope, message, tensors):
-        tensors = {group: {name: np.full_like(v, np.nan) for name, v in arrays.items()} for group, arrays in tensors.items()}
+        tensors = {
+            group: {name: np.full_like(v, np.nan) for name, v in arrays.items()} for group, arrays in tensors.items()
+        }
         return encode(envelope, message, tensors)
 
     core.encode = poisoned_encode  # the client's round core encodes every strategy's reply
@@ -45,8 +47,9 @@ def inject_raise() -> None:
     def failing_local_update(local):
         raise RuntimeError("injected fault: this client cannot train")
 
-    fedavg.client_update = fedavg.ClientHalf(fedavg.client_update.instruction_type, failing_local_update,
-                                             fedavg.client_update.layouts)
+    fedavg.client_update = fedavg.ClientHalf(
+        fedavg.client_update.instruction_type, failing_local_update, fedavg.client_update.layouts
+    )
 
 
 def inject_stall() -> None:

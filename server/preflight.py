@@ -1,0 +1,67 @@
+"""The checks made before anything starts (tasks/preflight.py), and the one that needs the strategy registry.
+
+`fedbayes local` runs `preflight` before it starts a single process, and the ServerApp at its start. The checks that
+need no strategy are tasks/preflight.py's; `check_model_and_strategy` builds the model and the strategy's server half,
+so it lives here, above fedbayes.strategies, and fedbayes.tasks imports no strategy.
+"""
+
+from __future__ import annotations
+
+from fedbayes.tasks.config import ConfigError, RunSettings
+from fedbayes.tasks.preflight import (
+    check_client_counts,
+    check_dataset_files,
+    check_device,
+    check_memory,
+    check_output_paths,
+    check_payload_limit,
+    check_split_file,
+    check_tracking,
+    input_shape_and_classes,
+    reply_size,
+)
+
+
+def preflight(settings: RunSettings, clients: int | None = None, new_federation: bool = False) -> None:
+    """Refuse (ConfigError naming the key) what the ServerApp or the clients would fail on later.
+    `clients`: how many clients the caller starts on this machine (`fedbayes local`), where it does: their count,
+    their files and their memory are checked too. `new_federation`: the caller knows the run starts a new
+    federation (a run config that names none always does), so a results file holding rows is refused."""
+    if clients is not None:
+        check_client_counts(settings, clients)
+        check_split_file(settings.split_file)
+    check_output_paths(settings, new_federation)
+    check_tracking(settings.tracking)
+    check_dataset_files(settings, clients)
+    check_device(settings.device)
+    check_model_and_strategy(settings, clients)
+
+
+def check_model_and_strategy(settings: RunSettings, clients: int | None = None) -> None:
+    """The model the settings describe builds, the strategy accepts it (e.g. bayesadmm-full's size cap), this
+    machine's memory holds what the run needs (`clients`: those started here too), and a reply fits
+    max-payload-mb."""
+    from fedbayes.bayes.params import buffer_layout, parameter_layout
+    from fedbayes.strategies import get_algorithm
+    from fedbayes.tasks.models import build_model, parse_hidden
+
+    try:
+        hidden = parse_hidden(settings.hidden)
+    except ValueError as error:
+        raise ConfigError(f"run config 'hidden': {error}") from None
+    shape, num_classes = input_shape_and_classes(settings.dataset)
+    try:
+        model = build_model(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
+    except (RuntimeError, ValueError) as error:  # e.g. a pooling window larger than the image, pool on a CNN
+        key, value = ("pool", settings.pool) if settings.pool > 1 else ("model", repr(settings.model))
+        examples = f"{shape[1]}x{shape[2]} images" if len(shape) == 3 else f"examples of shape {shape}"
+        raise ConfigError(
+            f"run config '{key}' ({value}) does not fit the {examples} of {settings.dataset!r}: "
+            f"{' '.join(str(error).split())}"
+        ) from None
+    algorithm = get_algorithm(settings.strategy)
+    # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
+    strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
+    reply = reply_size(settings, algorithm, strategy, buffer_layout(model))
+    check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
+    check_payload_limit(reply, settings.max_payload_mb)
