@@ -32,13 +32,13 @@ $(FMNIST):
 		exit 1; \
 	fi
 
-# The headless browser tests/test_report.py checks `fedbayes report`'s page with; only the tests need it (without
+# The headless browser tests/integration/test_report.py checks `fedbayes report`'s page with; only the tests need it (without
 # root it is not installed, and that test is skipped).
 $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else \
-		echo "Chromium is missing: tests/test_report.py skips its browser check (as root: apt-get install chromium)"; \
+		echo "Chromium is missing: tests/integration/test_report.py skips its browser check (as root: apt-get install chromium)"; \
 	fi
 
 # Each demo is a new federation in its own runs/<time>-fedavg (an existing workdir is never reused unasked).
@@ -58,7 +58,7 @@ lint: install
 test: install $(CHROMIUM) lint
 	$(BIN)/python -m pytest -q tests
 
-# The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is): a few minutes.
+# The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is): about a minute and a half.
 test-fast: install lint
 	$(BIN)/python -m pytest -q tests/unit tests/component
 

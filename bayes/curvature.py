@@ -2,7 +2,7 @@
 
   diag GGN = Σ_i diag(J_iᵀ (diag p_i − p_i p_iᵀ) J_i) = Σ_i Σ_c (J_iᵀ b_ic)²,   b_ic = √p_ic (e_c − p_i)
 (B_i = [b_i1 … b_iC] has B_i B_iᵀ = diag p_i − p_i p_iᵀ because Σ_c p_ic = 1), J_i the Jacobian of the logits at
-input i. Exact (no sampling), always ≥ 0. FedLap-Cov's H_k (../shared/specs/feddyn-fedlap-splits.md §3.2, §9 P7):
+input i. Exact (no sampling), always ≥ 0. FedLap-Cov's H_k (docs/algorithms/fedlap.md):
 summed over the client's data, in eval mode.
 
 Per-example squares without per-example backward passes: at a layer y = W a + b, the gradient of b_icᵀ f is

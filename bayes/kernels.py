@@ -1,6 +1,6 @@
 """Particle methods: SVGD on (N, d) particle sets and Gaussian kernel density estimates of them.
 
-Two different kernels (../shared/specs/dsvgd.md §2):
+Two different kernels (docs/algorithms/dsvgd.md):
 - the SVGD kernel k(x, x') = exp(-‖x - x'‖² / h), h = med² / log(N + 1) (median heuristic; med² is the
   median of all N x N squared distances, zero diagonal included, as in the reference code; recomputed
   from the particles being moved at every step);

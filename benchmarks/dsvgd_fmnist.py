@@ -2,7 +2,7 @@
 federation (a SuperLink and one SuperNode process per client, gRPC on loopback): accuracy, NLL and ECE of
 the global model after every round.
 
-The paper's setting (Kassab & Simeone Sec. 7 / App. C; ../shared/specs/dsvgd.md §6.6-6.7): an MLP 784-100-10
+The paper's setting (Kassab & Simeone Sec. 7 / App. C; docs/algorithms/dsvgd.md): an MLP 784-100-10
 with ReLU, prior N(0, I/e), N = 20 particles, KDE bandwidth 0.55, AdaGrad-with-momentum lr 1e-3, batch 100,
 ONE client per round (round-robin); FedAvg likewise schedules one client per round (`fraction-train=0.1`)
 and trains Adam 1e-3 on its data. DSVGD is evaluated as the particle-averaged predictive (the `_ensemble`

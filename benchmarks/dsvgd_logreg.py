@@ -6,7 +6,7 @@ Twonorm is defined by a formula (Breiman 1996): 20 dimensions, y = ±1 equally l
 7,400 points as in Gershman et al. (2012), a random 80/20 train/test split per trial, the training set split into K
 equal random parts. Its Bayes accuracy is Φ(2) = 97.7%.
 Model (Gershman et al.): θ = [w, log ξ], p_0(w | ξ) = N(0, ξ⁻¹ I), p_0(ξ) = Gamma(1, 0.01) read as the authors'
-code does (../shared/specs/dsvgd.md §6.4: shape 1, rate b0 = 100 in the initialisation and the score, E[ξ] = 0.01, so
+code does (docs/algorithms/dsvgd.md: shape 1, rate b0 = 100 in the initialisation and the score, E[ξ] = 0.01, so
 the initial weights have std ≈ 10); L_k = Σ log(1 + exp(-y w·x)) over agent k's data, estimated on a minibatch of 10
 (the paper's Table 2) x |D_k|/10. DSVGD: L = L' = 200, KDE bandwidth 0.55, AdaGrad-with-momentum lr 0.05, β 0.9,
 fudge 1e-9 (the paper's Table 3); decisions from the particle-averaged predictive. FedAvg: the scheduled agent runs

@@ -1,5 +1,5 @@
-"""Forgetting a client against retraining without it (issue 28; ../shared/specs/forget.md, "What forgotten is
-measured against"): FMNIST-10 % heterogeneous (Dirichlet), 10 clients.
+"""Forgetting a client against retraining without it (issue 28; docs/guides/forgetting.md, "How close it
+comes"): FMNIST-10 % heterogeneous (Dirichlet), 10 clients.
 
 Per strategy (BayesADMM, FedLap-Cov, FedDyn, FedAvg: the MLP with their Table 1 settings, benchmarks/reproduce_table1.py
 PRESETS; DSVGD: the README's FMNIST setting, MLP 784-100-10 ReLU, 10 particles, one client per round), three phases:

@@ -12,7 +12,7 @@ and NLL against the round.
 Tuning runs (`--tag NAME --set key=value ...`, the overrides on top of the presets) go to
 benchmarks/results/table1/tuning/ with their own summary, so they never replace the reference runs.
 
-FedDyn, FedLap and FedLap-Cov (../shared/specs/feddyn-fedlap-splits.md) run with Adam 1e-3 and 5 local epochs
+FedDyn, FedLap and FedLap-Cov (docs/algorithms/feddyn.md) run with Adam 1e-3 and 5 local epochs
 like FedAvg; FedDyn α = 1e-2, wd = 1e-4; FedLap/FedLap-Cov δ = 1 (one point of [P]'s grids each, not swept):
 
     python benchmarks/reproduce_table1.py --splits dirichlet,iid --strategies feddyn,fedlap-cov,fedlap
@@ -21,7 +21,7 @@ BayesADMM runs with the run config's default `noise=shared` (every client draws 
 minibatch order from the run seed in every round, as the reference code does); the earlier rows with fresh numbers
 per client and round are `--tag independent --set noise=independent`.
 
-Hyperparameters: BayesADMM uses the reference configuration (../shared/specs/bayesadmm.md §2),
+Hyperparameters: BayesADMM uses the reference configuration (docs/algorithms/bayesadmm.md),
 which feeds raw 0-255 pixels (input-scale=255); FedAvg/FedProx use Adam 1e-3 on [0, 1] pixels with
 5 local epochs, their usual good setting, not tuned down. FedPA (heterogeneous split only) uses
 FedAvg's client and server setting, with 10 burn-in rounds and shrinkage ρ = 0.1 (spec fedpa.md §6.3).
@@ -254,7 +254,7 @@ CNN_PRESETS["fmnist-acar"] = {
     },
 }
 
-# The 100-client FMNIST row: the authors' configuration for it (../shared/specs/bayesadmm.md §2: h0 5e-4, δ 0.1,
+# The 100-client FMNIST row: the authors' configuration for it (docs/algorithms/bayesadmm.md: h0 5e-4, δ 0.1,
 # ρ 0.1, β2 0.9999, cosine; 10 local epochs on raw pixels) and FedAvg's 10-client setting.
 PRESETS_100 = {
     ("bayesadmm", "dirichlet"): {

@@ -91,7 +91,7 @@ def train_epochs(
 def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> ExtraLoss:
     """½ Σ_j weight_j (θ_j − anchor_j)² over the flattened parameters θ (in `model.parameters()` order):
     the cavity/proximal term FedDyn, FedLap and FedLap-Cov add to the mean minibatch loss
-    (../shared/specs/feddyn-fedlap-splits.md §1.7). `weight` is a scalar or one value per parameter,
+    (docs/algorithms/fedlap.md). `weight` is a scalar or one value per parameter,
     already in mean-loss units; both tensors must be on the model's device."""
 
     def penalty(model: torch.nn.Module) -> torch.Tensor:

@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--client-id", help="stable identity, [A-Za-z0-9._-]+ (required unless --check)")
     parser.add_argument(
-        "--data", type=Path, help='.npz with `x` and `y` (README "Bring your own data"; required unless --check)'
+        "--data", type=Path, help=".npz with `x` and `y` (docs/extending/data.md; required unless --check)"
     )
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="durable client state")
     parser.add_argument("--log-dir", type=Path, help="write the two processes' logs here (default: this terminal)")

@@ -117,8 +117,8 @@ def render() -> str:
         "",
         f"Every run-config key a run may set: {len(CORE_KEYS)} core keys that every run has, and each strategy's "
         "own. The code declares each key once, with its type, default, check and meaning "
-        "(`fedbayes.tasks.config.CORE_KEYS`, each strategy's `HYPERPARAMETERS`); this page is generated from "
-        "those declarations. `fedbayes strategies [NAME]` prints the same from the installed package.",
+        "(`fedbayes.tasks.config.CORE_KEYS`, each strategy's settings dataclass of `key` fields); this page is "
+        "generated from those declarations. `fedbayes strategies [NAME]` prints the same from the installed package.",
         "",
         "Set a key with `fedbayes local --set key=value`, or with `fedbayes run ... -c 'key=value'` "
         "(`flwr run`'s TOML syntax: strings in double quotes, `-c 'strategy=\"bayesadmm\" rho=0.5'`). "

@@ -29,8 +29,9 @@ class Prediction:
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """−Σ_c p_c log p_c over the last dimension, in float64, with 0 log 0 = 0.
 
-    >>> entropy(torch.tensor([[0.5, 0.5], [1.0, 0.0]]))  # log 2 nats, and none for a sure class
-    tensor([0.6931, 0.0000], dtype=torch.float64)
+    Examples:
+        >>> entropy(torch.tensor([[0.5, 0.5], [1.0, 0.0]]))  # log 2 nats, and none for a sure class
+        tensor([0.6931, 0.0000], dtype=torch.float64)
     """
     return torch.special.entr(probs.double()).sum(-1)
 
@@ -38,11 +39,13 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 def predictive(member_probs: torch.Tensor) -> Prediction:
     """The predictive of S members' class probabilities `member_probs` (S, N, C) and its uncertainty.
 
-    Two members sure of opposite classes: the predictive is 50/50, and all of its uncertainty is their disagreement.
+    Examples:
+        Two members sure of opposite classes: the predictive is 50/50, and all of its uncertainty is their
+        disagreement.
 
-    >>> p = predictive(torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]]))
-    >>> p.probs, p.expected_entropy, p.mutual_information
-    (tensor([[0.5000, 0.5000]]), tensor([0.], dtype=torch.float64), tensor([0.6931], dtype=torch.float64))
+        >>> p = predictive(torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]]))
+        >>> p.probs, p.expected_entropy, p.mutual_information
+        (tensor([[0.5000, 0.5000]]), tensor([0.], dtype=torch.float64), tensor([0.6931], dtype=torch.float64))
     """
     if member_probs.ndim != 3:
         raise ValueError(f"member probabilities must be (S, N, C), got {tuple(member_probs.shape)}")

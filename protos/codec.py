@@ -187,19 +187,20 @@ def decode(
     tensor group of the message and the envelope (one it leaves out must be empty), or computes it from the parsed
     message (when a scalar in it, e.g. a family or a particle count, decides the shapes).
 
-    A FedAvg instruction there and back, then refused where the receiver expects another shape:
+    Examples:
+        A FedAvg instruction there and back, then refused where the receiver expects another shape:
 
-    >>> w = {"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}
-    >>> content = encode(pb.Instruction(header=new_header("demo", 1)), pb.FedAvgInstruction(), {"weights": w})
-    >>> layout = {"weights": {"fc.weight": (2, 3), "fc.bias": (2,)}}
-    >>> payload = decode(content, pb.Instruction, pb.FedAvgInstruction, layout, sender="server")
-    >>> payload.header.server_round, payload.tensors["weights"]["fc.weight"].shape
-    (1, (2, 3))
-    >>> decode(content, pb.Instruction, pb.FedAvgInstruction, {"weights": {"fc.weight": (2, 3)}}, sender="server")
-    Traceback (most recent call last):
-    ...
-    fedbayes.protos.codec.PayloadError: server: field 'weights': tensor names ['fc.weight', 'fc.bias'] do not match
-    expected ['fc.weight']
+        >>> w = {"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}
+        >>> content = encode(pb.Instruction(header=new_header("demo", 1)), pb.FedAvgInstruction(), {"weights": w})
+        >>> layout = {"weights": {"fc.weight": (2, 3), "fc.bias": (2,)}}
+        >>> payload = decode(content, pb.Instruction, pb.FedAvgInstruction, layout, sender="server")
+        >>> payload.header.server_round, payload.tensors["weights"]["fc.weight"].shape
+        (1, (2, 3))
+        >>> decode(content, pb.Instruction, pb.FedAvgInstruction, {"weights": {"fc.weight": (2, 3)}}, sender="server")
+        Traceback (most recent call last):
+        ...
+        fedbayes.protos.codec.PayloadError: server: field 'weights': tensor names ['fc.weight', 'fc.bias'] do not match
+        expected ['fc.weight']
     """
     envelope = _parse_envelope(content, envelope_type, sender)
     message = envelope if message_type is None else _body(envelope, message_type, sender)

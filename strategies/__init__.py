@@ -125,13 +125,14 @@ def declared_keys(strategy: str = "") -> dict[str, Key]:
     """Every run-config key by name: the core's, every built-in strategy's, and `strategy`'s when it is one from
     elsewhere.
 
-    >>> rho = declared_keys()["rho"]
-    >>> rho.default, rho.parse(2)  # an int where a float is declared is that float
-    (0.2, 2.0)
-    >>> rho.parse(-1)
-    Traceback (most recent call last):
-    ...
-    fedbayes.tasks.config.ConfigError: run config 'rho' must be > 0
+    Examples:
+        >>> rho = declared_keys()["rho"]
+        >>> rho.default, rho.parse(2)  # an int where a float is declared is that float
+        (0.2, 2.0)
+        >>> rho.parse(-1)
+        Traceback (most recent call last):
+        ...
+        fedbayes.tasks.config.ConfigError: run config 'rho' must be > 0
     """
     return config.merge_keys(algorithm_keys(strategy))
 
@@ -172,13 +173,14 @@ def load_algorithm(reference: str) -> Algorithm:
 def get_algorithm(name: str) -> Algorithm:
     """The strategy called `name`: a built-in one, an installed package's (entry point), or "<module>:<attribute>".
 
-    >>> algorithm = get_algorithm("bayesadmm")
-    >>> [key.name for key in algorithm.hyperparameters][:3]
-    ['rho', 'dual-damping', 'temperature']
-    >>> get_algorithm("fedsgd")
-    Traceback (most recent call last):
-    ...
-    fedbayes.tasks.config.ConfigError: run config 'strategy' must be one of fedavg, ... got 'fedsgd'
+    Examples:
+        >>> algorithm = get_algorithm("bayesadmm")
+        >>> [key.name for key in algorithm.hyperparameters][:3]
+        ['rho', 'dual-damping', 'temperature']
+        >>> get_algorithm("fedsgd")
+        Traceback (most recent call last):
+        ...
+        fedbayes.tasks.config.ConfigError: run config 'strategy' must be one of fedavg, ... got 'fedsgd'
     """
     if name in BUILTIN:
         return BUILTIN[name]
@@ -195,7 +197,8 @@ def get_algorithm(name: str) -> Algorithm:
 def algorithm_names() -> list[str]:
     """The built-in strategies, then those installed packages declare.
 
-    >>> algorithm_names()[:4]
-    ['fedavg', 'fedprox', 'bayesadmm', 'fedadmm']
+    Examples:
+        >>> algorithm_names()[:4]
+        ['fedavg', 'fedprox', 'bayesadmm', 'fedadmm']
     """
     return [*BUILTIN, *_installed()]

@@ -155,8 +155,9 @@ class ServerStrategy(ABC, Generic[S]):
     """A strategy's server half (module docstring). `settings` are the run's core settings, `hyperparameters` the
     strategy's own (an instance of `settings_type`), `layout` the model's parameters (what the algorithm's math works
     on), `buffer_layout` the rest of the model's state (BatchNorm statistics, which the core averages), `state` what
-    the strategy carries from round to round (the type it declares as S; replaced by `commit`, never edited in
-    place: a state handed to a checkpoint stays as it was).
+    the strategy carries from round to round (the type it declares as S; replaced by `commit`, or by the strategy
+    itself where its first `instruction` builds it from the initial model; never edited in place: a state handed to a
+    checkpoint stays as it was).
 
     `reply_type`: the protobuf message its clients reply with (the body of their Reply envelopes; registered with the
     codec when the class is defined). `robust_rules`: the run-config `robust-aggregation` rules it implements (others
@@ -291,7 +292,7 @@ class StatelessStrategy(ServerStrategy[None]):
 
 
 def __getattr__(name: str) -> Any:
-    """Names of fedbayes 0.1's strategy API, refused with what replaces them."""
+    """Names of the strategy API before ServerStrategy, refused with what replaces them."""
     if name == "WireStrategy":
         raise ImportError(
             "fedbayes.strategies.base.WireStrategy was replaced by ServerStrategy (an abstract base class "

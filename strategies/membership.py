@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 @dataclass
 class Membership:
     """The clients a server has accepted a reply from: each one's N_k and the last round it replied in.
-    FedDyn and FedLap take K and N from here (../shared/specs/feddyn-fedlap-splits.md §9 P14: "the server
-    learns N_k from num_examples"), so K grows when a client joins and never shrinks when one vanishes."""
+    FedDyn and FedLap take K and N from here (the server learns N_k from each reply's num_examples), so K grows
+    when a client joins and never shrinks when one vanishes."""
 
     examples: dict[str, int] = field(default_factory=dict)
     last_round: dict[str, int] = field(default_factory=dict)

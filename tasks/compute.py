@@ -1,7 +1,7 @@
 """Compute resources of one process: thread count and device.
 
 On 2-core machines several federated processes share the cores; more than one compute thread per
-process oversubscribes them and runs 10-100x slower (../shared/specs/environment.md §5).
+process oversubscribes them and runs 10-100x slower (docs/results/performance.md).
 """
 
 from __future__ import annotations

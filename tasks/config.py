@@ -98,17 +98,18 @@ def keys_of(settings_type: type) -> tuple[Key, ...]:
     """The run-config keys a settings dataclass declares with `key` fields. A field whose default is not of its
     declared type is an error here, where the class is registered, not when a run config is parsed.
 
-    What a plugin strategy writes (docs/extending/strategy.md):
+    Examples:
+        What a plugin strategy writes (docs/extending/strategy.md):
 
-    >>> @dataclass(frozen=True)
-    ... class MomentumSettings:
-    ...     server_momentum: float = key(0.9, "the server's momentum", MOMENTUM)
-    >>> [(k.name, k.default, k.doc) for k in keys_of(MomentumSettings)]
-    [('server-momentum', 0.9, "the server's momentum")]
-    >>> keys_of(MomentumSettings)[0].parse(1.5)
-    Traceback (most recent call last):
-    ...
-    fedbayes.tasks.config.ConfigError: run config 'server-momentum' must be in [0, 1)
+        >>> @dataclass(frozen=True)
+        ... class MomentumSettings:
+        ...     server_momentum: float = key(0.9, "the server's momentum", MOMENTUM)
+        >>> [(k.name, k.default, k.doc) for k in keys_of(MomentumSettings)]
+        [('server-momentum', 0.9, "the server's momentum")]
+        >>> keys_of(MomentumSettings)[0].parse(1.5)
+        Traceback (most recent call last):
+        ...
+        fedbayes.tasks.config.ConfigError: run config 'server-momentum' must be in [0, 1)
     """
     keys = []
     for item in fields(settings_type):

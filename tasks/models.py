@@ -11,7 +11,7 @@ convolutional models (App. G; the authors' code, team-approx-bayes/bayes-admm `m
   resnet20    ResNet-20 (He et al. 2016, option-A shortcuts) with filter response normalisation (FRN, Singh &
               Krishnan 2020) in place of batch norm, the authors' option: no running statistics to federate
   resnet20-gn the same with GroupNorm(2 groups), the authors' default normalisation
-  <module>:<callable>  a user's own model (README "Bring your own model"): callable(input_shape, num_classes)
+  <module>:<callable>  a user's own model (docs/extending/model.md): callable(input_shape, num_classes)
 
 Shape-generic: the convolutional models take the channel count from the input and size their first Linear layer
 by a dry run, so FMNIST (1x28x28, unpadded) works as well as CIFAR (3x32x32): on 28x28 cnn-zenke's first Linear

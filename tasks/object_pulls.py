@@ -21,8 +21,8 @@ the ServerApp may still hold the limit plus the objects in flight (FLWR_PRIVATE_
 at most an array chunk (5 MiB) from an honest Flower sender, but up to the Fleet API's 2 GiB gRPC limit from a
 rogue one (or a ConfigRecord, which is one object however large).
 
-It lives in fedbayes.tasks, below both its users, so the ServerApp need not import fedbayes.deploy;
-`fedbayes.deploy.object_pulls` names the same functions.
+It lives in fedbayes.tasks, below both its users (the SuperNode and the ServerApp's round loop), so the ServerApp
+need not import fedbayes.deploy.
 """
 
 from __future__ import annotations

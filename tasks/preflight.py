@@ -48,9 +48,9 @@ _DEBIAN_FMNIST_FILES = (
     "t10k-images-idx3-ubyte.gz",
     "t10k-labels-idx1-ubyte.gz",
 )
-# Memory a federation takes at the least, as benchmarks/memory.py measured it (README "Memory"): ~96 MiB PSS per
-# idle client (its SuperNode), and once per machine ~680 MiB for the warm ClientApp executor and ~670 MiB for the
-# ServerApp. Rounded down: the memory check is a lower bound, so it never refuses a run that fits.
+# Memory a federation takes at the least, as benchmarks/memory.py measured it (docs/results/performance.md): ~96 MiB
+# PSS per idle client (its SuperNode), and once per machine ~680 MiB for the warm ClientApp executor and ~670 MiB for
+# the ServerApp. Rounded down: the memory check is a lower bound, so it never refuses a run that fits.
 CLIENT_MEMORY = 90 * 2**20
 MACHINE_MEMORY = 2**30
 # Copies of one reply's tensors held at once, at the least: by the server its state, the round's instruction and a

@@ -9,8 +9,8 @@ one run per federation. Every figure shows every run, side by side:
 - reliability.png: each run's last round as a reliability diagram, from the row's per-bin data (`reliability`,
   bayes/metrics.py);
 - clients.png: replies accepted and rejected, work sent, and nodes quarantined, per round;
-- phases.png: where each round's time went, the server's phases and the clients' medians (README "How it is
-  built", Round loop);
+- phases.png: where each round's time went, the server's phases and the clients' medians (docs/architecture.md,
+  the data path of one round);
 - index.html: the figures and each run's summary and settings (its run config; "settings unknown" for a bare
   results file).
 

@@ -198,7 +198,7 @@ def test_the_site_builds_strictly_with_every_page_and_the_api_reference(tmp_path
     assert all(f"<code>{name}</code>" in configuration for name in declared_keys())
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     for identifier in (
-        "fedbayes.strategies.base.WireStrategy",
+        "fedbayes.strategies.base.ServerStrategy",
         "fedbayes.protos.codec.decode",
         "fedbayes.posterior.load",
         "fedbayes.client.core.ClientHalf",

@@ -33,7 +33,7 @@ natural parameters are moved towards q̄'s to at most `clip-ratio` x the median 
 a reply's update as (m_k − m̄, log S_k − log S̄): honest local precisions span many orders of magnitude (a small
 client's CNN: 1e2 to 1e18), which a norm in natural parameters would mistake for an attack.
 
-Forgetting a client (`forget`, ../shared/specs/forget.md): Eq. 36 stands still only where every S_k = S̄ and S_k m_k =
+Forgetting a client (`forget`, docs/guides/forgetting.md): Eq. 36 stands still only where every S_k = S̄ and S_k m_k =
 S̄ m̄, and there Eqs. 37-38 read S̄ = δI + Σ_k U_k, S̄ m̄ = Σ_k v_k (`fixed_point_natural`): the duals are the clients'
 sites. The server drops client k's duals and rebuilds q̄ from the others; K - 1 (and α) follow, since they are counted
 from the duals held. What that is, per family, at the fixed point:

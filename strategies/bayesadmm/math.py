@@ -61,7 +61,7 @@ def server_step(locals_: list[Gaussian], all_duals: list[Duals], rho: float, pri
 def fixed_point_natural(
     all_duals: list[Duals], prior_precision: float, like: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eqs. 37-38 at the fixed point (../shared/specs/forget.md): where Eq. 36 stands still, every S_k = S̄ and
+    """Eqs. 37-38 at the fixed point (docs/guides/forgetting.md): where Eq. 36 stands still, every S_k = S̄ and
     S_k m_k = S̄ m̄, so S̄ = (1-α) S̄ + α [δI + Σ U_k] whatever α: (S̄ m̄, S̄) = (Σ_k v_k, δI + Σ_k U_k) over
     `all_duals`. `like`: a precision of the family's shape."""
     sum_v = torch.stack([d.mean for d in all_duals]).sum(0)

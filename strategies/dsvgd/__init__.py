@@ -1,5 +1,5 @@
 """DSVGD (Kassab & Simeone, "Federated Generalized Bayesian Learning via Distributed Stein Variational
-Gradient Descent"), and its parallel variant P-DSVGD (App. A.5, Alg. 5). Spec: ../shared/specs/dsvgd.md.
+Gradient Descent"), and its parallel variant P-DSVGD (App. A.5, Alg. 5). Spec: docs/algorithms/dsvgd.md.
 
 The server holds N global particles Θ (N x P, all model parameters of each particle); their KDE is the
 global posterior q. Each round it schedules ONE client (round-robin over stable client ids by default)
@@ -40,7 +40,7 @@ go past `udsvgd-max-visits` visits (run config), naming the key. With K = 1 it i
 Evaluation: the server's predictive averages the N particles (eq. 27) and is reported under the
 `*_ensemble` keys; the plain keys evaluate the particle mean, which for a network is no meaningful model.
 
-Forgetting a client (`forget`, ../shared/specs/forget.md; Forget-SVGD: Gong, Simeone, Kassab & Kang, arXiv 2111.12056,
+Forgetting a client (`forget`, docs/guides/forgetting.md; Forget-SVGD: Gong, Simeone, Kassab & Kang, arXiv 2111.12056,
 built on this paper's tilted update, eqs. 13-14): q ≈ p_0 Π_k t_k, and forgetting agent k is SVGD from the current
 particles towards q/t_k = p_0 Π_{j≠k} t_j. Where t_k lives decides who can run it:
   p-dsvgd   the server keeps every client's latest local particles (t_k = KDE(Θ_k)/p_0, convention B), so it runs its

@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al., 2021) in the official code's form (../shared/specs/feddyn-fedlap-splits.md §2.2).
+"""FedDyn (Acar et al., 2021) in the official code's form (docs/algorithms/feddyn.md).
 
   client k:  w_k ← argmin_w  L_k(w) + (α_k/2)‖w − (w_g − λ_k)‖² + (wd/2)‖w‖²,   α_k = α·N/(K·N_k)
              λ_k ← λ_k + (w_k − w_g)                                         ("local_param_list += curr − cld")
@@ -18,7 +18,7 @@ Robust aggregation (run config `robust-aggregation`): w_g ← w_g + R_k(w_k − 
 median or trimmed-mean of bayes/robust.py over this round's replies and over every known λ_k; `none` is the
 plain means above.
 
-Membership (strategies/base.py Membership): K and N count the clients the server has heard from. Partial
+Membership (strategies/membership.py): K and N count the clients the server has heard from. Partial
 participation (`fraction-train` < 1): the mean runs over this round's repliers, Λ over every known client's λ_k,
 as in FedDyn's Alg. 1. In round 1 the server knows no sizes, so every client uses α_k = α. A client joining
 mid-run starts at λ_k = 0 and the current w_g, and counts itself into K and N for its α_k; from its first reply
@@ -26,7 +26,7 @@ on it is in the server's K and N, which moves every α_k a little (the fixed poi
 α_k). A client that lost its state (it reports resumed_from_round 0 but the server knows it) starts again from
 λ_k = 0; the server resets its replay of that λ_k too, so Λ stays the sum of the clients' actual λ_k.
 
-Forgetting a client (`forget`, ../shared/specs/forget.md): λ_k is a gradient correction, not a probabilistic factor,
+Forgetting a client (`forget`, docs/guides/forgetting.md): λ_k is a gradient correction, not a probabilistic factor,
 and the server does not store the clients' last models. At the fixed point every w_j = w_g, Σ_j λ_j = 0 and
 α_j λ_j = −(∇L_j(w*) + wd·w*); a remaining client whose w_g and λ_j did not change replies w_g, so the first server
 step without k needs no client work: w_g' = w_g + Σ_{j≠k} λ_j/(K−1) = w_g − λ_k/(K−1) (`server_step_without`). As

@@ -1,4 +1,4 @@
-"""FedLap and FedLap-Cov (Swaroop et al., ICLR 2025; ../shared/specs/feddyn-fedlap-splits.md §1.7, §3).
+"""FedLap and FedLap-Cov (Swaroop et al., ICLR 2025; docs/algorithms/fedlap.md).
 
 Both keep, per client, a Gaussian site t̂_k ∝ exp(v_k·w − ½ w·diag(V_k) w) (v_k natural: precision times mean),
 and the server's global q_g = N(w_g, diag(S_g)^-1) ∝ p_0 Π_k t̂_k with p_0 = N(0, I/δ):
@@ -32,7 +32,7 @@ joining after round 1 starts with a flat site (v_k = V_k = 0) and counts itself 
 ρ_k then makes Σ_k ρ_k exceed 1 for that round, which only affects the transient. Partial participation
 (`fraction-train` < 1): non-sampled clients keep their sites, as in PVI.
 
-Forgetting a client (`forget`, ../shared/specs/forget.md): q_g ∝ p_0 Π_k t̂_k at every step, so the server drops
+Forgetting a client (`forget`, docs/guides/forgetting.md): q_g ∝ p_0 Π_k t̂_k at every step, so the server drops
 client k's site and rebuilds q_g from the others (`global_from_sites`); K and N (hence every ρ_j) stop counting k.
 The unclaimed natural mean stays: it is what no client claimed of the init; the share k claimed is in its site and
 goes with it. At the fixed point every site is its client's loss linearised at w* (v_j = V_j w* − ∇ℓ_j(w*), V_j =

@@ -1,5 +1,5 @@
 """FedPA (Al-Shedivat et al., "Federated Learning via Posterior Averaging", ICLR 2021) over the fedbayes
-wire schema; the spec is ../shared/specs/fedpa.md.
+wire schema; the spec is docs/algorithms/fedpa.md.
 
 Server half (Alg. 1): Δ = Σ n_i Δ_i / Σ n_i, the example-weighted mean of the client deltas, is the
 gradient of a torch optimizer over the flat global model (SERVEROPT: SGD with momentum, Adam or

@@ -1,4 +1,4 @@
-"""Forgetting a client (issue 28, ../shared/specs/forget.md) against closed forms: each strategy's `forget` on a state
+"""Forgetting a client (issue 28, docs/guides/forgetting.md) against closed forms: each strategy's `forget` on a state
 that its own update rules brought to the fixed point (driven through the math functions, exact local solves), with no
 client work, compared with the posterior or optimum of the data without the client; then the refusals, and that
 `forget` changes nothing until the caller commits its state."""

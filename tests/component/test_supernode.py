@@ -1,5 +1,5 @@
 """`fedbayes supernode`: Flower's SuperNode loop with its fixed waits shortened, and nothing else changed; Flower's
-object pulls with a short first back-off (deploy/object_pulls.py)."""
+object pulls with a short first back-off (tasks/object_pulls.py)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def pull_defaults():
 def test_object_pulls_retry_after_the_configured_backoff_not_1_s(monkeypatch, pull_defaults):
     from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
 
-    from fedbayes.deploy import object_pulls
+    from fedbayes.tasks import object_pulls
 
     monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "0.01")
     assert object_pulls.shorten_pull_backoff()
@@ -88,7 +88,7 @@ def test_object_pulls_retry_after_the_configured_backoff_not_1_s(monkeypatch, pu
 def test_object_pulls_are_left_alone_on_another_flower_and_a_bad_backoff_is_refused(monkeypatch, pull_defaults):
     import flwr
 
-    from fedbayes.deploy import object_pulls
+    from fedbayes.tasks import object_pulls
 
     before = [function.__kwdefaults__["initial_backoff"] for function in pull_defaults]
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
@@ -160,7 +160,7 @@ def grid_pulls(monkeypatch):
 
 
 def test_the_serverapp_stops_pulling_a_reply_over_the_payload_limit_and_releases_it(grid_pulls):
-    from fedbayes.deploy import object_pulls
+    from fedbayes.tasks import object_pulls
 
     grid, api = grid_holding_reply(padding_mb=40)
     assert object_pulls.bound_reply_pulls(grid, 1.0)
@@ -181,7 +181,7 @@ def test_the_serverapp_stops_pulling_a_reply_over_the_payload_limit_and_releases
 def test_reply_pulls_are_left_alone_on_another_flower_or_grid(monkeypatch, grid_pulls):
     import flwr
 
-    from fedbayes.deploy import object_pulls
+    from fedbayes.tasks import object_pulls
 
     pull_objects = grid_pulls.pull_objects
     assert not object_pulls.bound_reply_pulls(object(), 1.0)  # e.g. simulation's in-memory grid

@@ -45,12 +45,14 @@ def test_client_restart_keeps_its_duals(tmp_path):
     # min-clients=2, round 3 waits for the restarted one, which must then go on from its stored duals.
     store = ClientStateStore(workdir / "client-state", "restart", "client-1")
     run = run_loopback(workdir, config, 3, on_row=restart_client_1_after_round_1(store))
-    rows, server_log = run.rows, run.server_log
+    rows = run.rows
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows
     assert rows[-1]["accuracy"] > 0.25 and "accuracy_ensemble" in rows[-1]  # chance is 0.1
-    # The restarted client resumed from its own state: no lost-state or replay mismatch on the server.
-    assert "lost its" not in server_log and "differs from the server's replay" not in server_log
+    # The restarted client resumed from its own state: no fresh start, no reply refused by the server's replay.
+    assert not any(row["fresh_starts"] for row in rows) and not any(
+        "replay" in reason for row in rows for reason in row["rejected"].values()
+    ), rows
     state = newest_state(store)
     assert state.round == 3
     assert torch.isfinite(state.tensors["dual_mean"]).all() and state.tensors["dual_mean"].abs().sum() > 0
@@ -83,7 +85,7 @@ def test_full_covariance_bayesadmm_over_grpc(tmp_path):
     rows, server_log = run.rows, run.server_log
     assert [row["clients"] for row in rows] == [2, 2], server_log[-3000:]
     assert rows[-1]["accuracy"] > 0.5 and rows[-1]["accuracy_ensemble"] > 0.5, rows  # chance is 0.1
-    assert "differs from the server's replay" not in server_log
+    assert not any("replay" in reason for row in rows for reason in row["rejected"].values()), rows
 
 
 def serverapp_pids(flwr_home) -> list[int]:
@@ -140,8 +142,10 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path)
         federation.follow(workdir / "resumed.jsonl", second, 3, on_row=lambda row: None)
         server_log = (federation.log_dir / "flwr-run.log").read_text()
     assert "resuming after round" in server_log
-    assert "lost its" not in server_log and "differs from the server's replay" not in server_log
     rows = [json.loads(line) for line in (workdir / "resumed.jsonl").read_text().splitlines()]
+    assert not any(row["fresh_starts"] for row in rows) and not any(
+        "replay" in reason for row in rows for reason in row["rejected"].values()
+    ), rows
     assert [row["round"] for row in rows] == [1, 2, 3] and all(row["clients"] == 2 for row in rows)
     final = {name: CheckpointStore(workdir / "server-state", name, {}).path for name in ("straight", "resumed")}
     straight_state, resumed_state = (load_file(path) for path in final.values())

@@ -1,4 +1,4 @@
-"""A model defined outside fedbayes, written as a user would write one (README "Bring your own model"): a small
+"""A model defined outside fedbayes, written as a user would write one (docs/extending/model.md): a small
 CNN for any (C, H, W) input. Not part of fedbayes: the tests put this folder on PYTHONPATH and name it as
 `model = "user_model:small_cnn"`."""
 

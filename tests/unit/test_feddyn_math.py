@@ -1,4 +1,4 @@
-"""FedDyn's update rules against closed forms (../shared/specs/feddyn-fedlap-splits.md §2.3, §7 T6-T8): with exact
+"""FedDyn's update rules against closed forms (docs/algorithms/feddyn.md): with exact
 local solves it converges to argmin Σ_k ℓ_k + (N·wd/2)‖w‖² computed centrally; FedAvg does not."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""FedLap and FedLap-Cov update rules against closed forms (../shared/specs/feddyn-fedlap-splits.md §1.7, §7
+"""FedLap and FedLap-Cov update rules against closed forms (docs/algorithms/fedlap.md
 T1, T2, T5, T6), with exact local solves on the shared convex problem and a random (non-zero) w_0."""
 
 import numpy as np

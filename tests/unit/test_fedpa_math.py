@@ -1,4 +1,4 @@
-"""FedPA's math against closed forms (../shared/specs/fedpa.md §5.2-5.3): the App. C dynamic programme
+"""FedPA's math against closed forms (docs/algorithms/fedpa.md): the App. C dynamic programme
 against a dense solve (T1), exact-delta FedPA and GD-FedAvg on federated least squares (T2),
 exact-sampler FedPA (T3), and IASG FedPA end to end (T4)."""
 
