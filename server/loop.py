@@ -29,7 +29,7 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -151,17 +151,18 @@ def exchange(
     poll_interval: float,
     phases: dict[str, float],
     straggler_wait: float = 0.0,
-) -> tuple[list[Message], dict[int, str]]:
+) -> tuple[list[Message], dict[int, str], dict[int, Error]]:
     """Send `messages` and collect replies until all arrived, `timeout` passed, or the straggler deadline
-    (`straggler_deadline`) passed; (replies, silent node -> why). A reply that comes later is never pulled: the
-    server does not use it, and its client rolls back. Records in `phases` the seconds the push took and, from
-    the push, until the first and the last reply."""
+    (`straggler_deadline`) passed; (replies, silent node -> why, node -> the error it answered with). A reply that
+    comes later is never pulled: the server does not use it, and its client rolls back. Records in `phases` the
+    seconds the push took and, from the push, until the first and the last reply."""
     pushed = time.perf_counter()
     message_ids = list(grid.push_messages(messages))
     phases["push"] = time.perf_counter() - pushed
     destination = {mid: msg.metadata.dst_node_id for mid, msg in zip(message_ids, messages) if mid}
     pending = set(destination)
     replies: list[Message] = []
+    errors: dict[int, Error] = {}
     started = time.monotonic()
     deadline, why_late = started + timeout, f"no reply within round-timeout ({timeout:.0f} s)"
     while pending and time.monotonic() < deadline:
@@ -177,22 +178,26 @@ def exchange(
             phases["last_reply"] = time.perf_counter() - pushed
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error():
-                # SuperLink-made errors (node unavailable) come from node 1: name the real node.
-                reply.metadata.__dict__["_src_node_id"] = destination.get(
-                    reply.metadata.reply_to_message_id, reply.metadata.src_node_id
-                )
-            replies.append(reply)
+                # SuperLink-made errors (node unavailable) come from node 1: the node is the one the instruction
+                # went to.
+                errors[destination.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)] = reply.error
+            else:
+                replies.append(reply)
         if pending:
             time.sleep(poll_interval)
     silent = {destination[message_id]: why_late for message_id in pending}
     for node in silent:
         log(WARNING, "node %d: %s; the round goes on without it", node, why_late)
-    return replies, silent
+    return replies, silent, errors
 
 
-def aggregate(core: RoundCore, server_round: int, replies: list[Message], silent: dict[int, str]):
+def aggregate(
+    core: RoundCore, server_round: int, replies: list[Message], silent: dict[int, str], errors: dict[int, Error]
+):
     """The round core's aggregate, guarded: an error while absorbing the round (a reply the strategy should have
     refused, or a bug) leaves the state as it was (the core commits last), and the round goes on."""
+    for node, error in errors.items():  # before the round's quarantine is decided: a client error is a refusal
+        core.client_error(node, error)
     try:
         new_arrays, metrics = core.aggregate(server_round, replies)
     except Exception as error:
@@ -453,13 +458,13 @@ def train_round(
         messages = core.configure(server_round, arrays, grid)
     for message in messages:  # too big for the clients' limit: every one of them would refuse it
         check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
-    replies, silent = exchange(
+    replies, silent, errors = exchange(
         grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds, settings.straggler_wait
     )
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
-        new_arrays, train_metrics = aggregate(core, server_round, replies, silent)
+        new_arrays, train_metrics = aggregate(core, server_round, replies, silent, errors)
     if new_arrays is None:
         log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
     report: RoundReport = core.round_report

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord
+from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -218,13 +218,8 @@ class RoundCore:
         claimed: dict[str, int] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
-            if reply.has_error():  # a node the SuperLink saw go offline is absent, not refused (no quarantine)
-                self._reject(
-                    self.node_label(node),
-                    f"client error: {reply.error.reason}",
-                    node,
-                    refused=reply.error.code != ErrorCode.NODE_UNAVAILABLE,
-                )
+            if reply.has_error():
+                self.client_error(node, reply.error)
                 continue
             if envelope_type(reply.content) == pb.LeaveAndForget.DESCRIPTOR.full_name:
                 self._leave_request(reply, server_round)
@@ -401,6 +396,16 @@ class RoundCore:
         committed, and the report says why."""
         self.round_report.accepted.clear()
         self.round_report.rejected["round"] = reason
+
+    def client_error(self, node: int, error: Error) -> None:
+        """`node` answered with an error instead of a reply. One the SuperLink made for a node it saw go offline
+        (NODE_UNAVAILABLE) is absence, not a refusal: it does not count towards the node's quarantine."""
+        self._reject(
+            self.node_label(node),
+            f"client error: {error.reason}",
+            node,
+            refused=error.code != ErrorCode.NODE_UNAVAILABLE,
+        )
 
     def absent(self, node: int, why: str) -> None:
         """`node` sent nothing usable in time (round-timeout, straggler-wait)."""

@@ -235,3 +235,41 @@ def test_instructions_name_the_accepted_rounds_of_a_checkpoint_on_disk(tmp_path)
         if server_round == 2:  # round 1 accepted, its checkpoint not yet written: nothing durable to keep
             assert len(accepted) == 1 and checkpointed == {}
     assert all(checkpointed for r, _, checkpointed, _ in sent if r == 4)  # checkpoint 2 at least is on disk by then
+
+
+def test_an_error_from_the_superlink_names_the_node_the_instruction_went_to(tmp_path):
+    """For a node it saw go offline, Flower's SuperLink answers with an error from its own node id (1): the exchange
+    names the node the instruction went to, keeps the error out of the replies, and the round reports that node as
+    absent, not refused (no quarantine), while the others' replies are used."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    from fedbayes.server.loop import aggregate, exchange
+    from tests.support import InProcessFederation, reply_message
+
+    federation = InProcessFederation(tmp_path, {"strategy": "fedavg", "lr": 0.05}, [40, 60, 80])
+    offline = 3
+
+    class OfflineGrid(FakeGrid):
+        def pull_messages(self, message_ids):
+            replies = []
+            for message_id in list(message_ids):
+                message = self.pushed.pop(message_id)
+                node = message.metadata.dst_node_id
+                if node == offline:
+                    error = Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node offline")
+                    replies.append(reply_message(None, 1, error, reply_to=message_id))
+                else:
+                    replies.append(reply_message(federation.answer(message), node, reply_to=message_id))
+            return replies
+
+    grid = OfflineGrid([1, 2, offline])
+    messages = federation.core.configure(1, federation.arrays, grid)
+    replies, silent, errors = exchange(grid, messages, 10.0, 0.01, {})
+    assert silent == {} and set(errors) == {offline} and errors[offline].code == ErrorCode.NODE_UNAVAILABLE
+    assert sorted(reply.metadata.src_node_id for reply in replies) == [1, 2]
+    arrays, _ = aggregate(federation.core, 1, replies, silent, errors)
+    report = federation.core.round_report
+    assert arrays is not None and len(report.accepted) == 2
+    assert report.rejected == {f"node {offline}": "client error: node offline"}
+    assert federation.core._refused_nodes == set()
