@@ -40,11 +40,6 @@ class Gaussian:
     def natural(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.precision_times(self.mean), -0.5 * self.precision
 
-    @classmethod
-    def from_natural(cls, eta1: torch.Tensor, eta2: torch.Tensor) -> Gaussian:
-        precision = -2.0 * eta2
-        return cls(solve(precision, eta1), precision)
-
     def expectation(self) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.mean
         if self.kind == "full":
@@ -52,14 +47,6 @@ class Gaussian:
         if self.kind == "diagonal":
             return m, m.square() + 1.0 / self.precision
         return m, m.square().sum() + m.numel() / self.precision
-
-    @classmethod
-    def from_expectation(cls, mu1: torch.Tensor, mu2: torch.Tensor) -> Gaussian:
-        if mu2.ndim == 2:
-            return cls(mu1, torch.linalg.inv(mu2 - torch.outer(mu1, mu1)))
-        if mu2.ndim == 1:
-            return cls(mu1, 1.0 / (mu2 - mu1.square()))
-        return cls(mu1, mu1.numel() / (mu2 - mu1.square().sum()))
 
     def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """`count` draws, shape (count, P)."""

@@ -47,14 +47,6 @@ def svgd_direction(particles: torch.Tensor, scores: torch.Tensor) -> torch.Tenso
     return (kernel @ scores + repulsion) / particles.shape[0]
 
 
-def log_kde(points: torch.Tensor, centres: torch.Tensor, bandwidth: float) -> torch.Tensor:
-    """log (1/N) Σ_n 𝒩(points_m | centres_n, λ² I) for each of the M points."""
-    dimension = centres.shape[1]
-    exponents = -squared_distances(points, centres) / (2 * bandwidth**2)
-    normaliser = math.log(centres.shape[0]) + 0.5 * dimension * math.log(2 * math.pi * bandwidth**2)
-    return torch.logsumexp(exponents, dim=1) - normaliser
-
-
 def grad_log_kde(points: torch.Tensor, centres: torch.Tensor, bandwidth: float) -> torch.Tensor:
     """∇_θ log KDE(θ) = Σ_n w_n(θ) (c_n - θ) / λ², w = softmax_n(-‖θ - c_n‖² / 2λ²); centres are constants."""
     weights = torch.softmax(-squared_distances(points, centres) / (2 * bandwidth**2), dim=1)

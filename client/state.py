@@ -99,11 +99,6 @@ class ClientStateStore:
             )
         return self._read(accepted_round)
 
-    def latest(self) -> ClientState | None:
-        """The newest saved state, whether or not the server accepted it (for inspection)."""
-        rounds = self.saved_rounds()
-        return self._read(rounds[-1]) if rounds else None
-
     def _read(self, server_round: int) -> ClientState:
         path = self.path(server_round)
         try:

@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from flwr.common.constant import PUBLIC_KEY_ALREADY_IN_USE_MESSAGE
 
-from fedbayes.tasks.storage import is_safe_name
+from fedbayes.tasks.storage import is_safe_name, write_atomically
 
 DEFAULT_SERVER_NAMES = ("superlink", "localhost")
 DEFAULT_SERVER_IPS = ("127.0.0.1",)
@@ -254,7 +254,7 @@ def _locked(registry: Path) -> Iterator[dict[str, int]]:
 
 def _write_registry(registry: Path, entries: dict[str, int]) -> None:
     """Replaced atomically: a reader (the ServerApp re-reads it every round) sees the old or the new file."""
-    _write_atomically(registry, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
+    write_atomically(registry, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
 
 
 def list_supernodes(
@@ -331,17 +331,8 @@ def _pem_private(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write_private(path: Path, payload: bytes) -> None:
-    """Created 0600 from the start (mkstemp's mode: never world-readable, not even briefly)."""
-    _write_atomically(path, payload)
-
-
-def _write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
-    """Written to a temporary file beside `path` (created 0600), set to `mode`, then renamed into place."""
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(handle, "wb") as file:
-        file.write(payload)
-        os.fchmod(file.fileno(), mode)
-    os.replace(temp_name, path)
+    """Created 0600 from the start: never world-readable, not even briefly."""
+    write_atomically(path, payload)
 
 
 def _unique(items: Iterable[str]) -> list[str]:

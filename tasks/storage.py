@@ -15,15 +15,16 @@ import numpy as np
 CHECKSUM_KEY = "checksum"  # the metadata entry that holds the file's `checksum`
 
 
-def write_atomically(path: Path, payload: bytes) -> None:
+def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
     """Replace `path` with `payload` so that a crash at any moment leaves either the old or the new
-    file, never a torn one: write a temp file in the same directory, fsync it, rename it over `path`,
-    fsync the directory."""
+    file, never a torn one: write a temp file in the same directory (created 0600, so never readable by others,
+    not even briefly; then set to `mode`), fsync it, rename it over `path`, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as temp_file:
             temp_file.write(payload)
+            os.fchmod(temp_file.fileno(), mode)
             temp_file.flush()
             os.fsync(temp_file.fileno())
         os.replace(temp_name, path)

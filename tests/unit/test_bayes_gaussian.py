@@ -21,14 +21,20 @@ def families(generator):
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
-def test_natural_and_expectation_round_trips(index):
+def test_natural_and_expectation_parameters_against_the_dense_gaussian(index):
+    """η = (S m, −S/2) and μ = (m, E[x xᵀ] = m mᵀ + S⁻¹), summed to what each family keeps (its diagonal, its trace)."""
     q = families(torch.Generator().manual_seed(index))[index]
-    back = Gaussian.from_natural(*q.natural())
-    torch.testing.assert_close(back.mean, q.mean)
-    torch.testing.assert_close(back.precision, q.precision)
-    back = Gaussian.from_expectation(*q.expectation())
-    torch.testing.assert_close(back.mean, q.mean)
-    torch.testing.assert_close(back.precision, q.precision)
+    size = q.mean.numel()
+    dense = q.precision * torch.eye(size, dtype=torch.float64) if q.precision.ndim < 2 else q.precision
+    dense = torch.diag(q.precision) if q.precision.ndim == 1 else dense
+    second_moment = torch.outer(q.mean, q.mean) + torch.linalg.inv(dense)
+    eta1, eta2 = q.natural()
+    torch.testing.assert_close(eta1, dense @ q.mean)
+    torch.testing.assert_close(eta2, -0.5 * q.precision)
+    mu1, mu2 = q.expectation()
+    torch.testing.assert_close(mu1, q.mean)
+    expected = {0: second_moment.trace(), 1: second_moment.diagonal(), 2: second_moment}[index]
+    torch.testing.assert_close(mu2, expected)
 
 
 def test_natural_parameters_by_hand():

@@ -5,7 +5,16 @@ import math
 import numpy as np
 import torch
 
-from fedbayes.bayes.kernels import AdaGradMomentum, grad_log_kde, log_kde, rbf_kernel, svgd, svgd_direction
+from fedbayes.bayes.kernels import AdaGradMomentum, grad_log_kde, rbf_kernel, squared_distances, svgd, svgd_direction
+
+
+def log_kde(points: torch.Tensor, centres: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    """log (1/N) Σ_n 𝒩(points_m | centres_n, λ² I) for each of the M points: the density whose gradient
+    grad_log_kde is, differentiated by autograd below."""
+    dimension = centres.shape[1]
+    exponents = -squared_distances(points, centres) / (2 * bandwidth**2)
+    normaliser = math.log(centres.shape[0]) + 0.5 * dimension * math.log(2 * math.pi * bandwidth**2)
+    return torch.logsumexp(exponents, dim=1) - normaliser
 
 
 def test_median_heuristic_matches_numpy_over_all_squared_distances():
