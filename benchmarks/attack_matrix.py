@@ -1,5 +1,6 @@
 """Attack -> outcome for every strategy: the red team's well-formed attacks, in one process, through the real
-server halves and client halves (tests/inprocess.py: 3 logistic-regression clients of 12/30/20 synthetic points).
+server halves and client halves (tests/support InProcessFederation: 3 logistic-regression clients of 12/30/20
+synthetic points).
 
 Each cell runs round 1 honestly, then `ROGUE_ROUNDS` rounds in which client-1 (node 1, a registered client) sends
 the attack and clients 2-3 stay honest (DSVGD and U-DSVGD schedule one client a round: every round the rogue is
@@ -74,7 +75,7 @@ ATTACKS = {
 
 
 def rogue_reply(federation: InProcessFederation, content, attack: str, server_round: int):
-    """client-1's reply as the attack makes it (tests/rogue.py: consistent with what the server replays)."""
+    """client-1's reply as the attack makes it (tests/support/rogue.py: consistent with what the server replays)."""
     server, strategy = federation.server, federation.settings.strategy
     make = ATTACKS[attack][0]
     if make == "scaled":

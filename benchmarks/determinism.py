@@ -1,8 +1,8 @@
 """Per-round numbers of short deterministic runs of every strategy, to show that a refactor changed no number.
 
 Each strategy runs 4 rounds with 3 in-process clients (real encoded payloads, durable client stores; the
-harness of tests/inprocess.py) on synthetic logistic-regression data. Per round it prints the training loss
-and a SHA-256 of the global arrays, bit for bit.
+harness of tests/support InProcessFederation) on synthetic logistic-regression data. Per round it prints the
+training loss and a SHA-256 of the global arrays, bit for bit.
 
     python benchmarks/determinism.py --write before.json        # on the old code
     python benchmarks/determinism.py --compare before.json      # on the new code: exits 1 on any difference

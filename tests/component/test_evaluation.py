@@ -201,7 +201,7 @@ def test_the_evaluation_runs_on_eval_threads_and_gives_the_others_back():
 
 
 class Tiny(nn.Module):
-    """tests/helpers.py LAYOUT as a model: fc.weight (3, 4), fc.bias (3,)."""
+    """tests/support LAYOUT as a model: fc.weight (3, 4), fc.bias (3,)."""
 
     def __init__(self):
         super().__init__()

@@ -31,7 +31,8 @@ STRATEGIES = [name for name in UPDATE_GROUP if "dsvgd" not in name] + ["p-dsvgd"
 
 
 def consistent_reply(game: RogueRound, node: int, change) -> object:
-    """Node `node`'s honest round-2 reply with `change(group, name, array)` applied, consistently (tests/rogue.py)."""
+    """Node `node`'s honest round-2 reply with `change(group, name, array)` applied, consistently
+    (tests/support/rogue.py)."""
     return rogue.consistent_reply(game.federation.server, game.replies[node], change, 2)
 
 
