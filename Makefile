@@ -58,7 +58,8 @@ lint: install
 test: install $(CHROMIUM) lint
 	$(BIN)/python -m pytest -q tests
 
-# The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is): about a minute and a half.
+# The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is), after
+# make lint: about two minutes.
 test-fast: install lint
 	$(BIN)/python -m pytest -q tests/unit tests/component
 
