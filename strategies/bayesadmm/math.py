@@ -1,11 +1,13 @@
 """BayesADMM's math, shared by both halves: the dual step, the server step, the client's Newton step, bounded
-influence, forgetting at the fixed point, and how a family's precision is shaped on the wire."""
+influence, forgetting (at the fixed point, and by redoing the last server step without the client), and how a
+family's precision is shaped on the wire."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,6 +27,23 @@ class Duals:
     mean: torch.Tensor  # v_k, shaped like a mean
     precision: torch.Tensor  # U_k, shaped like the family's precision
     round: int = 0  # last round these duals were updated in
+
+
+@dataclass
+class LocalPosterior:
+    """Client k's local posterior q_k = N(m_k, S_k⁻¹) as the server step of its last accepted round used it (moved
+    towards q̄ where the `clip` rule moved it), and that round: what `server_natural_without` redoes the step with."""
+
+    mean: torch.Tensor
+    precision: torch.Tensor  # shaped like the family's precision
+    round: int = 0  # the round of the reply it came from
+
+    @classmethod
+    def held(cls, q: Gaussian, server_round: int) -> LocalPosterior:
+        return cls(q.mean, q.precision, server_round)
+
+    def gaussian(self) -> Gaussian:
+        return Gaussian(self.mean, self.precision)
 
 
 def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, server_round: int) -> Duals:
@@ -67,6 +86,48 @@ def fixed_point_natural(
     sum_v = torch.stack([d.mean for d in all_duals]).sum(0)
     sum_u = torch.stack([d.precision for d in all_duals]).sum(0)
     return sum_v, scaled_identity(like, prior_precision) + sum_u
+
+
+class RedoneStep(NamedTuple):
+    """A server step redone without a client (`server_natural_without`)."""
+
+    round: int  # the round whose step it redoes
+    repliers: int  # how many local posteriors its Mean(...) took
+    eta: torch.Tensor  # S̄' m̄'
+    precision: torch.Tensor  # S̄'
+
+
+def server_natural_without(
+    client: str,
+    held_locals: Mapping[str, LocalPosterior],
+    all_duals: Mapping[str, Duals],
+    rho: float,
+    prior_precision: float,
+    clip_ratio: float | None = None,
+) -> RedoneStep | None:
+    """Alg. 1 lines 9-11 / Eqs. 37-38 redone without client k, in natural parameters (S̄' m̄', S̄'):
+    S̄' = (1-α') Mean_{j≠k}(S_j) + α' [δI + Σ_{j≠k} U_j],  S̄' m̄' = (1-α') Mean_{j≠k}(S_j m_j) + α' Σ_{j≠k} v_j,
+    α' = 1/(1 + ρ(K-1)): k's local posterior out of the mean, its duals out of the sums, K - 1 clients.
+
+    The step redone is the last one a remaining client replied in: Mean(...) runs over the `held_locals` of the latest
+    round among the remaining clients (that round's repliers, as Eq. 37 took them), Σ over every remaining client's
+    duals. Where k alone replied in the rounds after it, those rounds without k have no reply and leave q̄ as it was;
+    nothing of the remaining clients changed since (a reply updates a client's duals and local posterior together).
+    `clip_ratio`: the `clip` rule's, which tempers the remaining duals among themselves as the server step does (the
+    held local posteriors stay as that step moved them). None where no remaining client's local posterior is held.
+
+    At the fixed point (every S_j = S̄ = δI + Σ_j U_j, S_j m_j = S̄ m̄ = Σ_j v_j) this is S̄' = S̄ - α' U_k and
+    S̄' m̄' = S̄ m̄ - α' v_k: only α' of k's site leaves q̄, not all of it as in `fixed_point_natural`, since the
+    remaining local posteriors were fitted against a q̄ that held k."""
+    remaining = {c: q for c, q in held_locals.items() if c != client}
+    if not remaining:
+        return None
+    last_round = max(q.round for q in remaining.values())
+    step_locals = [q.gaussian() for q in remaining.values() if q.round == last_round]
+    duals = [d for c, d in all_duals.items() if c != client]
+    if clip_ratio is not None:
+        duals = tempered_duals(duals, clip_ratio)
+    return RedoneStep(last_round, len(step_locals), *server_natural(step_locals, duals, rho, prior_precision))
 
 
 def fixed_point_residual(global_: Gaussian, all_duals: list[Duals], prior_precision: float) -> float:
