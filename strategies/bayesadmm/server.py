@@ -199,7 +199,7 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         estimates = [self._at_fixed_point(client), self._redone_step(client)]
         if residual > FIXED_POINT_TOLERANCE:
             estimates.reverse()
-        failures = []
+        failures: list[str] = []
         for estimate in estimates:
             forgotten, failure = self._posterior_of(estimate)
             if forgotten is not None:

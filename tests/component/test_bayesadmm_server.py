@@ -1,4 +1,5 @@
-"""The networked BayesADMM server half: membership semantics and the dual consistency check."""
+"""The networked BayesADMM server half: membership semantics, the dual consistency check, and the local posteriors it
+keeps for `forget` (as its step used them, through a checkpoint file)."""
 
 import logging
 
@@ -10,8 +11,9 @@ from flwr.app import Array, ArrayRecord
 from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import encode
+from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.strategies import run_settings
-from fedbayes.strategies.bayesadmm.math import Duals, dual_step, server_step
+from fedbayes.strategies.bayesadmm.math import Duals, bounded_influence, dual_step, server_step, tempered_duals
 from fedbayes.strategies.bayesadmm.server import BayesADMM
 from tests.support import DEFAULTS, FakeGrid, reply_envelope, reply_message, round_core
 
@@ -152,3 +154,92 @@ def test_full_covariance_refuses_models_it_cannot_carry(overrides, problem):
     model = build_model(settings.model, (1, 28, 28), 10, pool=settings.pool)
     with pytest.raises(ConfigError, match=problem):
         get_algorithm("bayesadmm-full").build_server(settings, parameter_layout(model))
+
+
+def two_rounds_with_a_join():
+    """Round 1: a and b reply; round 2: a and c (c joins), b does not. Returns the round core and each reply's local
+    posterior as sent (float32 values)."""
+    server, _ = strategy()
+    global_1 = server.strategy.global_
+    a1, local_a1, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
+    b1, local_b1, _ = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
+    server.aggregate(1, [reply_message(a1, 1), reply_message(b1, 2)])
+    global_2 = server.strategy.global_
+    a2, local_a2, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], global_2, 1, previous=duals_a1)
+    c2, local_c2, _ = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
+    server.aggregate(2, [reply_message(a2, 1), reply_message(c2, 3)])
+    assert server.round_report.rejected == {}
+    return server, {"a": (local_a2, 2), "b": (local_b1, 1), "c": (local_c2, 2)}
+
+
+def test_the_server_keeps_each_clients_last_local_posterior_and_its_round():
+    """What `forget` redoes the last server step with: every client's local posterior of its last accepted round,
+    exactly as the server step used it (no `clip` here: as the client sent it), with that round; a client that did
+    not reply keeps its older one. Redone with nobody left out, round 2's step gives q̄ again."""
+    server, expected = two_rounds_with_a_join()
+    held = server.strategy.state.local_posteriors
+    assert sorted(held) == ["a", "b", "c"]
+    for client, (local, server_round) in expected.items():
+        assert torch.equal(held[client].mean, local.mean) and torch.equal(held[client].precision, local.precision)
+        assert held[client].round == server_round == server.strategy.state.duals[client].round
+    settings = server.strategy.hyperparameters
+    redone = server_step(
+        [held["a"].gaussian(), held["c"].gaussian()],
+        list(server.strategy.state.duals.values()),
+        settings.rho,
+        settings.prior_precision,
+    )
+    torch.testing.assert_close(server.strategy.global_.mean, redone.mean, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(server.strategy.global_.precision, redone.precision, rtol=1e-6, atol=0)
+
+
+def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them():
+    """`robust-aggregation = clip` moves each local posterior towards q̄ before the server step (bounded_influence):
+    the server keeps the moved one, so the step redone from what it keeps (with the duals tempered as it tempers
+    them) gives q̄ again; an outlier's kept local is not the one it sent."""
+    settings = run_settings({**DEFAULTS, "robust-aggregation": "clip", "clip-ratio": 1.0})
+    server = round_core(BayesADMM(settings, LAYOUT))
+    server.configure(1, ArrayRecord({"w": Array(np.array([0.5, -0.5], np.float32))}), FakeGrid([1, 2, 3]))
+    global_1 = server.strategy.global_
+    sent = {
+        "a": reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0),
+        "b": reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0),
+        "c": reply("c", 1, [40.0, -30.0], [9.0, 3.0], global_1, 0),  # far from the others
+    }
+    server.aggregate(1, [reply_message(content, node) for node, (content, _, _) in enumerate(sent.values(), 1)])
+    assert server.round_report.accepted == ["a", "b", "c"]
+    held = server.strategy.state.local_posteriors
+    moved, _ = bounded_influence(
+        [local for _, local, _ in sent.values()], [duals for _, _, duals in sent.values()], global_1, 1.0
+    )
+    for client, local in zip(sent, moved):
+        torch.testing.assert_close(held[client].mean, local.mean, rtol=1e-6, atol=1e-7)
+    assert (held["c"].mean - sent["c"][1].mean).abs().max() > 1.0
+    hp = server.strategy.hyperparameters
+    redone = server_step(
+        [q.gaussian() for q in held.values()],
+        tempered_duals(list(server.strategy.state.duals.values()), 1.0),
+        hp.rho,
+        hp.prior_precision,
+    )
+    torch.testing.assert_close(server.strategy.global_.mean, redone.mean, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(server.strategy.global_.precision, redone.precision, rtol=1e-6, atol=0)
+
+
+def test_the_local_posteriors_survive_a_checkpoint_file_and_forget_gives_the_same_after_it(tmp_path):
+    """Through a real checkpoint file (safetensors, checksum): every client's local posterior and round back as they
+    were, and `forget` on the restored server gives the original's result, bit for bit."""
+    original, _ = two_rounds_with_a_join()
+    weights = original.strategy.global_.mean.numpy().astype(np.float32)
+    CheckpointStore(tmp_path, "fed", DEFAULTS).save(Checkpoint(2, {"w": weights}, original.state_dict(), 1.0))
+    restored = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
+    restored.load_state_dict(CheckpointStore(tmp_path, "fed", DEFAULTS).load().strategy_state)
+    mine, theirs = original.strategy.state.local_posteriors, restored.strategy.state.local_posteriors
+    assert mine.keys() == theirs.keys() == {"a", "b", "c"}
+    for client in mine:
+        assert torch.equal(mine[client].mean, theirs[client].mean)
+        assert torch.equal(mine[client].precision, theirs[client].precision)
+        assert mine[client].round == theirs[client].round
+    before, after = original.strategy.forget("a"), restored.strategy.forget("a")
+    np.testing.assert_array_equal(before.weights, after.weights)
+    assert before.note == after.note and before.note.startswith("round 2's server step (Eqs. 37-38) redone")

@@ -14,13 +14,16 @@ from fedbayes.bayes.gaussian import Gaussian, kl_divergence
 from fedbayes.bayes.params import unflatten
 from fedbayes.server.round_core import Change
 from fedbayes.strategies import get_algorithm, run_settings
-from fedbayes.strategies.base import ForgetRefused
+from fedbayes.strategies.base import ForgetRefused, ServerState
 from fedbayes.strategies.bayesadmm.math import (
     Duals,
+    LocalPosterior,
     as_sent,
     dual_step,
+    fixed_point_natural,
     fixed_point_residual,
     newton_client_step,
+    server_natural_without,
     server_step,
 )
 from fedbayes.strategies.dsvgd.math import (
@@ -94,18 +97,28 @@ def tempered_squared_loss(x, y, tau):
     return lambda theta: 0.5 * (x @ theta - y).square().sum() / tau
 
 
-def admm_round(data, global_, duals, rho, delta, tau, server_round):
+def admm_step(data, global_, duals, rho, delta, tau, server_round, gamma):
     """Alg. 1 with every client: one VON step solves the client's subproblem exactly on a quadratic loss (Prop. 3.2),
-    the dual step with γ = ρ (Eq. 36), the server step (Eqs. 37-38). Updates `duals` in place."""
+    the dual step γ (Eq. 36), the server step (Eqs. 37-38). Updates `duals` in place; returns q̄ and the locals."""
     locals_ = []
     for j, (x, y) in enumerate(data):
         local = newton_client_step(tempered_squared_loss(x, y, tau), global_, duals[j], rho, start=global_)
-        duals[j] = dual_step(duals[j], local, global_, rho, server_round)
+        duals[j] = dual_step(duals[j], local, global_, gamma, server_round)
         locals_.append(local)
     updated = server_step(locals_, duals, rho, delta)
     if global_.kind == "isotropic":  # federated ADMM: the covariance stays the identity
-        return Gaussian(updated.mean, global_.precision)
-    return updated
+        return Gaussian(updated.mean, global_.precision), locals_
+    return updated, locals_
+
+
+def admm_round(data, global_, duals, rho, delta, tau, server_round):
+    """`admm_step` with γ = ρ (after one round the duals are the exact sites of a quadratic loss); q̄ alone."""
+    return admm_step(data, global_, duals, rho, delta, tau, server_round, gamma=rho)[0]
+
+
+def held(clients, locals_, server_round) -> dict[str, LocalPosterior]:
+    """The local posteriors as the server keeps them after a round they all replied in (BayesADMM.absorb)."""
+    return {client: LocalPosterior.held(q, server_round) for client, q in zip(clients, locals_)}
 
 
 def zero_duals(data, family: str) -> list[Duals]:
@@ -126,20 +139,29 @@ def test_bayesadmm_full_forgets_to_the_exact_posterior_of_the_remaining_data():
     """Linear-Gaussian: loss_k = ½‖X_k θ − y_k‖², temperature τ = 0.5, prior N(0, I/δ) (δ = prior-precision). Then
     forget.md's tempered posterior p_0 Π_k exp(−loss_k/τ) is the Bayesian linear-regression posterior with known
     noise variance τ, and Alg. 1's fixed point is that posterior, its duals the sites (X_kᵀX_k/τ, X_kᵀy_k/τ).
-    Forgetting client k from the server's state alone must give the posterior of the data without k, to 1e-6."""
+    Forgetting client k from the server's state alone must give the posterior of the data without k, to 1e-6.
+
+    With the local posteriors held too, redoing the last server step without k is not that: there every S_j = S̄, so
+    it gives S̄ - α' U_k, S̄ m̄ - α' v_k (α' = 1/(1 + ρ(K-1))) and keeps 1 - α' of k's site. `forget` takes the
+    fixed-point formula, as q̄ is at its duals' fixed point."""
     data = ridge_problem(clients=4, features=4, per_client=15)
     delta, tau, rho, k = 0.7, 0.5, 0.4, 1
     global_ = Gaussian(torch.zeros(4, dtype=DTYPE), delta * torch.eye(4, dtype=DTYPE))
     duals = zero_duals(data, "full")
     for server_round in range(1, 71):
-        global_ = admm_round(data, global_, duals, rho, delta, tau, server_round)
+        global_, locals_ = admm_step(data, global_, duals, rho, delta, tau, server_round, gamma=rho)
     assert fixed_point_residual(global_, duals, delta) < 1e-12
     full = linear_gaussian_posterior(data, delta, tau)
     torch.testing.assert_close(global_.mean, full.mean, rtol=1e-9, atol=0)
 
     strategy = server("bayesadmm-full", {"weight": (1, 4)}, **{"prior-precision": delta, "rho": rho})
     clients = [f"client-{j}" for j in range(len(data))]
-    holding(strategy, global_=as_sent(global_), duals=dict(zip(clients, duals)))
+    local_posteriors = held(clients, locals_, 70)
+    holding(strategy, global_=as_sent(global_), duals=dict(zip(clients, duals)), local_posteriors=local_posteriors)
+    redone = server_natural_without(clients[k], local_posteriors, dict(zip(clients, duals)), rho, delta)
+    alpha = 1 / (1 + rho * (len(data) - 1))
+    torch.testing.assert_close(redone.precision, global_.precision - alpha * duals[k].precision, rtol=1e-9, atol=0)
+    torch.testing.assert_close(redone.eta, global_.natural()[0] - alpha * duals[k].mean, rtol=1e-9, atol=1e-9)
     before = snapshot(strategy)
     forgotten = strategy.forget(clients[k])
     assert_unchanged(strategy, before)
@@ -153,9 +175,10 @@ def test_bayesadmm_full_forgets_to_the_exact_posterior_of_the_remaining_data():
     ).item()
     assert closed_form > 0.1  # client k mattered, so the checks above can fail
     assert forgotten.kl_before_after == pytest.approx(closed_form, rel=1e-4)
-    assert sorted(forgotten.state.duals) == without(clients, k)
+    assert sorted(forgotten.state.duals) == sorted(forgotten.state.local_posteriors) == without(clients, k)
     assert_forgotten_bookkeeping(strategy, forgotten, clients[k], without(clients, k))
     assert forgotten.exact is False  # guaranteed for a quadratic loss only; the full family's clients train CE
+    assert forgotten.note.startswith("q̄ from the 3 remaining clients' duals at the fixed point")
 
     # Committed, the next ordinary round of the remaining clients leaves q̄ where it is: the fixed point without k.
     strategy.commit(forgotten.state)
@@ -201,6 +224,168 @@ def test_federated_admm_forgets_by_one_gradient_step_and_its_rounds_go_on_to_the
     for server_round in range(1, 151):
         global_ = admm_round(remaining, global_, duals, rho, delta, 1.0, server_round)
     assert relative_error(global_.mean.numpy(), target.numpy()) < 1e-6
+
+
+def test_bayesadmm_far_from_the_fixed_point_forgets_by_redoing_the_last_server_step_without_k():
+    """The linear-Gaussian problem above with the dual step damped (γ = ρ/100, as the default dual-damping damps it),
+    after 10 rounds: q̄ is far from its duals' fixed point (the duals are not yet sites), so the fixed-point formula's
+    precision is 90% off the posterior's without k. `forget` redoes round 10's server step without k instead: k's local
+    posterior out of the mean, its duals out of the sums, α with K - 1, equal to `server_step` by hand to 1e-6. An
+    estimate (the remaining local posteriors were fitted against a q̄ that held k), closer here to the posterior
+    without k than q̄ was."""
+    data = ridge_problem(clients=4, features=4, per_client=15)
+    delta, tau, rho, k = 0.7, 0.5, 0.4, 1
+    global_ = Gaussian(torch.zeros(4, dtype=DTYPE), delta * torch.eye(4, dtype=DTYPE))
+    duals = zero_duals(data, "full")
+    for server_round in range(1, 11):
+        global_, locals_ = admm_step(data, global_, duals, rho, delta, tau, server_round, gamma=rho / 100)
+    assert fixed_point_residual(global_, duals, delta) > 0.5
+
+    strategy = server("bayesadmm-full", {"weight": (1, 4)}, **{"prior-precision": delta, "rho": rho})
+    clients = [f"client-{j}" for j in range(len(data))]
+    holding(
+        strategy,
+        global_=as_sent(global_),
+        duals=dict(zip(clients, duals)),
+        local_posteriors=held(clients, locals_, 10),
+    )
+    before = snapshot(strategy)
+    forgotten = strategy.forget(clients[k])
+    assert_unchanged(strategy, before)
+
+    by_hand = server_step(without(locals_, k), without(duals, k), rho, delta)  # K - 1 = 3 duals: α = 1/(1 + 3ρ)
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), by_hand.mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(forgotten.state.global_.precision, by_hand.precision, rtol=1e-6, atol=0)
+    expected = linear_gaussian_posterior(without(data, k), delta, tau)
+    old_eta, old_precision = fixed_point_natural(without(duals, k), delta, global_.precision)
+    old = Gaussian(torch.linalg.solve(old_precision, old_eta), old_precision)
+    # KL(posterior without k ‖ ·): 2.8 for the fixed-point formula, 0.16 for q̄ before, 0.054 for the redone step
+    assert kl_divergence(expected, old) > 1.0
+    assert kl_divergence(expected, forgotten.state.global_) < 0.5 * kl_divergence(expected, global_)
+    assert forgotten.note.startswith(
+        "round 10's server step (Eqs. 37-38) redone without 'client-1': the mean of its 3 remaining local posteriors"
+    )
+    assert "q̄ was 0.9 from its duals' fixed point" in forgotten.note
+    assert forgotten.exact is False and forgotten.kl_before_after > 0
+    assert sorted(forgotten.state.duals) == sorted(forgotten.state.local_posteriors) == without(clients, k)
+
+
+DIAGONAL = {"weight": (1, 3)}
+
+
+def diagonal_state(rng, clients: dict[str, int]) -> dict:
+    """A diagonal BayesADMM state far from its duals' fixed point: q̄ with precision 10, each client's duals (U_k =
+    0.5) and local posterior of the round `clients` names."""
+
+    def vector(low, high):
+        return torch.from_numpy(rng.uniform(low, high, 3))
+
+    return {
+        "global_": Gaussian(vector(-1, 1), torch.full((3,), 10.0, dtype=DTYPE)),
+        "duals": {c: Duals(vector(-1, 1), torch.full((3,), 0.5, dtype=DTYPE), r) for c, r in clients.items()},
+        "local_posteriors": {c: LocalPosterior(vector(-1, 1), vector(5, 15), r) for c, r in clients.items()},
+    }
+
+
+@pytest.mark.parametrize(
+    ("rounds", "forgotten_client", "step_round", "repliers"),
+    [
+        ({"a": 8, "b": 8, "c": 5}, "c", 8, ["a", "b"]),  # c did not reply in the last round
+        ({"a": 8, "b": 8, "c": 8, "d": 5}, "a", 8, ["b", "c"]),  # d's local of round 5 is not in round 8's mean
+        ({"a": 6, "b": 6, "c": 7}, "c", 6, ["a", "b"]),  # c alone replied in round 7: round 6 is the last step
+    ],
+)
+def test_bayesadmm_redoes_the_last_step_a_remaining_client_replied_in(rounds, forgotten_client, step_round, repliers):
+    """Partial participation: the mean of the locals runs over the last round's repliers (those of the latest round
+    among the remaining clients), the sums over every remaining client's duals."""
+    state = diagonal_state(np.random.default_rng(0), rounds)
+    strategy = server("bayesadmm", DIAGONAL)
+    holding(strategy, **state)
+    forgotten = strategy.forget(forgotten_client)
+    hp = strategy.hyperparameters
+    remaining = [c for c in rounds if c != forgotten_client]
+    by_hand = server_step(
+        [state["local_posteriors"][c].gaussian() for c in repliers],
+        [state["duals"][c] for c in remaining],
+        hp.rho,
+        hp.prior_precision,
+    )
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), by_hand.mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(forgotten.state.global_.precision, by_hand.precision, rtol=1e-6, atol=0)
+    assert forgotten.note.startswith(
+        f"round {step_round}'s server step (Eqs. 37-38) redone without {forgotten_client!r}: the mean of its "
+        f"{len(repliers)} remaining local posteriors with the prior and the {len(remaining)} remaining clients' duals"
+    )
+    assert sorted(forgotten.state.local_posteriors) == remaining
+
+
+def test_bayesadmm_forgets_where_the_fixed_point_formula_would_have_refused():
+    """Early diagonal duals are differences of precisions and can be negative: without client a, δ + U_b = 1 - 2 is no
+    precision, which the fixed-point formula alone refused. Redoing the last server step without a, with K - 1 = 1
+    (α' = 1/(1 + ρ)), keeps b's local posterior: S̄' = (1 - α') S_b + α' (δ + U_b) > 0, in closed form. Where b's local
+    precision is too small for that too, the refusal names both estimates."""
+    strategy = server("bayesadmm", DIAGONAL)
+    hp = strategy.hyperparameters
+    a = Duals(torch.zeros(3, dtype=DTYPE), torch.full((3,), 2.5, dtype=DTYPE), ACCEPTED_ROUND)
+    b = Duals(torch.tensor([0.5, -1.0, 2.0], dtype=DTYPE), torch.full((3,), -2.0, dtype=DTYPE), ACCEPTED_ROUND)
+    old_eta, old_precision = fixed_point_natural([b], hp.prior_precision, torch.ones(3, dtype=DTYPE))
+    assert (old_precision <= 0).all()
+    local_b = LocalPosterior(torch.tensor([1.0, 2.0, -1.0], dtype=DTYPE), torch.tensor([30.0, 12.0, 6.0]), 7)
+    local_a = LocalPosterior(torch.zeros(3, dtype=DTYPE), torch.full((3,), 20.0, dtype=DTYPE), 7)
+    holding(
+        strategy,
+        global_=Gaussian(torch.zeros(3, dtype=DTYPE), torch.full((3,), 4.0, dtype=DTYPE)),
+        duals={"client-a": a, "client-b": b},
+        local_posteriors={"client-a": local_a, "client-b": local_b},
+    )
+    forgotten = strategy.forget("client-a")
+    alpha = 1 / (1 + hp.rho)
+    precision = (1 - alpha) * local_b.precision + alpha * (hp.prior_precision + b.precision)
+    assert (precision > 0).all()
+    mean = ((1 - alpha) * local_b.precision * local_b.mean + alpha * b.mean) / precision
+    torch.testing.assert_close(forgotten.state.global_.precision, precision, rtol=1e-6, atol=0)
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), mean, rtol=1e-6, atol=0)
+    assert forgotten.note.startswith("round 7's server step (Eqs. 37-38) redone without 'client-a'")
+
+    too_small = LocalPosterior(local_b.mean, torch.tensor([30.0, 12.0, 0.5], dtype=DTYPE), 7)
+    holding(strategy, local_posteriors={"client-a": local_a, "client-b": too_small})
+    before = snapshot(strategy)
+    with pytest.raises(
+        ForgetRefused,
+        match="without client 'client-a' no estimate makes a posterior .*: the last server step without it: 1 global "
+        "precisions would be <= 0; the fixed point of the remaining duals: 3 global precisions would be <= 0: the "
+        "remaining duals are not yet sites; run more rounds first, or retrain",
+    ):
+        strategy.forget("client-a")
+    assert_unchanged(strategy, before)
+
+
+def test_bayesadmm_state_without_local_posteriors_forgets_at_the_fixed_point_and_says_why():
+    """A checkpoint from before the server kept local posteriors loads with none (BayesADMM.load_state): the last
+    server step cannot be redone, so `forget` takes the fixed-point formula, S̄' = δI + Σ_{j≠k} U_j, m̄' =
+    S̄'⁻¹ Σ_{j≠k} v_j, whatever the residual, and the note says why (the refusal where that fails: the test above)."""
+    strategy = server("bayesadmm", DIAGONAL)
+    state = diagonal_state(np.random.default_rng(1), {"a": 4, "b": 4, "c": 4})
+    holding(strategy, **state)
+    saved = strategy.save_state(strategy.state)
+    old = ServerState(
+        {name: value for name, value in saved.tensors.items() if not name.startswith("local_posteriors/")},
+        {name: value for name, value in saved.metadata.items() if name != "local_posteriors"},
+    )
+    assert old.tensors.keys() < saved.tensors.keys()
+    strategy.commit(strategy.load_state(old))
+    assert strategy.state.local_posteriors == {} and sorted(strategy.state.duals) == ["a", "b", "c"]
+    forgotten = strategy.forget("b")
+    eta, precision = fixed_point_natural(
+        [state["duals"][c] for c in ("a", "c")], strategy.hyperparameters.prior_precision, torch.ones(3, dtype=DTYPE)
+    )
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), eta / precision, rtol=1e-6, atol=0)
+    torch.testing.assert_close(forgotten.state.global_.precision, precision, rtol=1e-6, atol=0)
+    assert forgotten.note.startswith(
+        "q̄ from the 2 remaining clients' duals at the fixed point (the sites of IVON's approximate fixed point: an "
+        "estimate) (not the last server step without it: no remaining client's local posterior is held (a "
+        "checkpoint from before the server kept them, and since then only 'b' replied))"
+    )
 
 
 # ---- FedLap / FedLap-Cov ------------------------------------------------------------------------------------------
