@@ -61,8 +61,8 @@ FIXED_POINT_TOLERANCE = 1e-2
 class BayesADMMState:
     """q̄ as the clients receive it (None until round 1 sets it from the initial model), every known client's duals
     after its last accepted round, and its local posterior of that round as the server step used it (with the round;
-    what `forget` redoes the last server step with). A checkpoint from before the local posteriors were kept has
-    none: its clients' come with their next replies."""
+    what `forget` redoes the last server step with; they double the per-client state). A checkpoint from before the
+    local posteriors were kept has none: its clients' come with their next replies."""
 
     global_: Gaussian | None = None
     duals: dict[str, Duals] = field(default_factory=dict)
