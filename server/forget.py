@@ -31,8 +31,15 @@ audit log; a client asks again every round until it is confirmed.
 Refused, with a reason in the audit log and nothing else changed: a request for another federation, an id that is
 not a client id, an id already forgotten (readmit it first), a readmission of an id that is not revoked, a client's
 request from another node than its own, and whatever the strategy refuses (ForgetRefused: an unknown id, the last
-remaining client, strategies that cannot: FedAvg, FedProx and FedPA keep no per-client factor, DSVGD's and U-DSVGD's
-lives on the client).
+remaining client, strategies that cannot: FedAvg, FedProx and FedPA keep no per-client factor), and, for a strategy
+whose factor lives on the client (DSVGD, U-DSVGD: `forget` returns a ClientForget), a federation that is stopped or a
+client that is not connected, and a client's part that is missing or fails the checks any reply meets.
+
+The client's part (ClientForget). The server cannot compute such a forget alone: a running server asks the node the
+client id is bound to, between rounds, in a one-message exchange of its own (ClientLink, built by server/loop.py on its
+grid, bounded by round-timeout), checks the answer as a round's reply (RoundCore.checked_forget_reply), and commits it
+as any forget; then it tells the node at once that its client is forgotten. See Forgetting._with_client_part for why
+it happens there and not inside a round.
 
 Refinement. `refine_rounds` R: the federation runs at least R ordinary rounds among the remaining clients after the
 round t the forget was applied after. The rounds a running federation has left count; a federation resumed before
