@@ -7,7 +7,8 @@ PRESETS; DSVGD: the README's FMNIST setting, MLP 784-100-10 ReLU, 10 particles, 
   forget    after round R, the client with the most examples forgotten through the operator's path (server/forget.py
             Forgetting: the strategy's `forget`, committed, checkpointed, audited), then --refine-rounds ordinary rounds
             among the other 9. A strategy that refuses (ForgetRefused: FedAvg keeps no per-client factor; DSVGD's factor
-            lives on the client) is retrained from scratch instead, as the refusal says: its forget costs a retrain.
+            lives on the client, which this offline forget cannot ask) is retrained from scratch instead, as the
+            refusal says: its forget costs a retrain.
   retrain   a new federation of the other 9, same seeds, R rounds
 and, for the forgotten model right after the forget (refine 0), after refinement, and the retrained one:
   (a) test accuracy and NLL of the predictive (the posterior's samples where the strategy has them: BayesADMM's and

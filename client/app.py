@@ -20,6 +20,7 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size, decode_header, encode, new_header
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads
+from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.slots import compute_slot
 
 app = ClientApp()
@@ -36,8 +37,9 @@ def _train(message: Message, context: Context) -> Message:
     settings = run_settings(context.run_config)
     node = NodeSettings.from_node_config(context.node_config, default_device=settings.device)
     check_payload_size(message.content, settings.max_payload_mb, sender="server")
-    if node.leave_and_forget:
-        return Message(leave_and_forget(message.content, node), reply_to=message)
+    answer = answer_without_training(message.content, node, settings)
+    if answer is not None:
+        return Message(answer, reply_to=message)
     forgotten = decode_header(message.content, sender="server").forgotten_client_id
     if forgotten == node.client_id:  # every reply would be refused: say why here, where the client's operator looks
         raise RuntimeError(
@@ -55,6 +57,19 @@ def _train(message: Message, context: Context) -> Message:
     reply[TIMINGS_KEY] = ConfigRecord({"setup": setup, "update": time.perf_counter() - started, **runtime.timings})
     check_payload_size(reply, settings.max_payload_mb, sender=f"this client's ({node.client_id}) reply")
     return Message(reply, reply_to=message)
+
+
+def answer_without_training(content: RecordDict, node: NodeSettings, settings: RunSettings) -> RecordDict | None:
+    """What this client answers without data or training (None: it trains): its part of its own forget, where the
+    server asks for it (a strategy whose factor lives on the client, client/core.py ForgetHalf; whether this client
+    leaves or the operator asked), else, when it is leaving (`--leave --forget`), a LeaveAndForget."""
+    forget = getattr(get_algorithm(settings.strategy).client_half(), "forget", None)
+    if forget is not None and forget.asks(content):
+        log(INFO, "%s: computing this client's part of its forget from its durable state", node.client_id)
+        return forget(content, node)
+    if node.leave_and_forget:
+        return leave_and_forget(content, node)
+    return None
 
 
 def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:

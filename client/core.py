@@ -2,7 +2,8 @@
 model, load the durable state the server's accepted rounds point to, run the algorithm's `local_update`, commit
 the new state, and wrap its reply in a Reply envelope (header, num_examples, train_loss, compute_seconds,
 resumed_from_round, the model's buffers). The algorithm supplies only `local_update`, from what the instruction
-says: a client never reads the run config to learn what the server meant."""
+says: a client never reads the run config to learn what the server meant. Where a strategy's forget needs the
+client's own part (its factor lives only here), `ForgetHalf` answers that request from the durable state alone."""
 
 from __future__ import annotations
 
@@ -15,10 +16,18 @@ from flwr.app import RecordDict
 from google.protobuf.message import Message as ProtoMessage
 
 from fedbayes.bayes.params import TensorLayout, get_parameters, set_parameters
-from fedbayes.client.runtime import ClientRuntime
-from fedbayes.client.state import ClientState
+from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.client.state import ClientState, ClientStateStore
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import decode, encode, new_header, register_message_types
+from fedbayes.protos.codec import (
+    decode,
+    decode_header,
+    encode,
+    instruction_body_type,
+    new_header,
+    register_message_types,
+)
+from fedbayes.tasks.compute import resolve_device
 
 
 @dataclass
@@ -55,6 +64,75 @@ class LocalResult:
     state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class ForgetRound:
+    """What a strategy's `forget_step` works from: the server's request (the strategy's message) and its tensors, its
+    envelope's header, this client's durable state after its last accepted round (its factor), and the device the
+    node config names. No data and no model: a leaving client has neither."""
+
+    instruction: ProtoMessage
+    tensors: Mapping[str, Mapping[str, np.ndarray]]
+    header: pb.Header
+    stored: ClientState
+    device: torch.device
+
+
+@dataclass
+class ForgetResult:
+    """`forget_step`'s answer: the strategy's reply message, its tensor groups, the seconds of compute."""
+
+    reply: ProtoMessage
+    tensors: Mapping[str, Mapping[str, np.ndarray]]
+    compute_seconds: float
+
+
+@dataclass(frozen=True)
+class ForgetHalf:
+    """A strategy's client half of forgetting its own client, where the client's factor lives only in its durable store
+    (DSVGD, U-DSVGD; the server's half is strategies/base.py ClientForget). The server asks between rounds with an
+    `instruction_type` message; `forget_step` answers it from the state of the client's last accepted round alone,
+    which stays as it is (the server may refuse the answer, and the client asks again). `layouts`: (instruction,
+    stored state) -> the layout of every tensor group of the instruction (the state fixes the sizes: a leaving
+    client has no model to read them from).
+
+    The reply is a Reply envelope whose resumed_from_round names the round of the state used, num_examples 0 (no
+    data is used)."""
+
+    instruction_type: type[ProtoMessage]
+    forget_step: Callable[[ForgetRound], ForgetResult]
+    layouts: Callable[[ProtoMessage, ClientState], Mapping[str, TensorLayout]]
+
+    def __post_init__(self) -> None:
+        register_message_types(self.instruction_type)
+
+    def asks(self, content: RecordDict) -> bool:
+        """Whether `content` is this half's request (by its body's declared type; decoding checks the rest)."""
+        return instruction_body_type(content) == self.instruction_type.DESCRIPTOR.full_name
+
+    def __call__(self, content: RecordDict, node: NodeSettings) -> RecordDict:
+        header = decode_header(content, sender="server")
+        store = ClientStateStore(node.state_dir, header.federation, node.client_id)
+        stored = store.load(header.accepted_rounds.get(node.client_id, 0), header.server_round)
+        if stored is None:
+            raise ValueError(
+                f"{node.client_id}: the server asks for this client's part of its forget but names no accepted round "
+                "of it: this client holds no factor the server's state has"
+            )
+        payload = decode(
+            content, pb.Instruction, self.instruction_type, lambda message: self.layouts(message, stored), "server"
+        )
+        result = self.forget_step(
+            ForgetRound(payload.message, payload.tensors, header, stored, resolve_device(node.device))
+        )
+        envelope = pb.Reply(
+            header=new_header(header.federation, header.server_round, node.client_id),
+            num_examples=0,
+            compute_seconds=result.compute_seconds,
+            resumed_from_round=stored.round,
+        )
+        return encode(envelope, result.reply, result.tensors)
+
+
 @dataclass(frozen=True)
 class ClientHalf:
     """A strategy's client half: `ClientHalf(...)(content, runtime)` turns an instruction into a reply.
@@ -63,6 +141,8 @@ class ClientHalf:
     local_update      LocalRound -> LocalResult: the algorithm's local step
     layouts           (instruction, model layout) -> the layout of every tensor group of the instruction
     stateful          the half keeps durable state between rounds (client/state.py)
+    forget            where the client's factor lives only in its durable store: the half that computes the client's
+                      part of its own forget (ForgetHalf; None: the server forgets without the client)
 
     The model's buffers (BatchNorm statistics) are the core's: it loads the global ones before `local_update`
     and returns the model's after it; `runtime.layout` and the algorithm's math are the parameters alone.
@@ -72,6 +152,7 @@ class ClientHalf:
     local_update: Callable[[LocalRound], LocalResult]
     layouts: Callable[[ProtoMessage, TensorLayout], Mapping[str, TensorLayout]]
     stateful: bool = False
+    forget: ForgetHalf | None = None
 
     def __post_init__(self) -> None:
         register_message_types(self.instruction_type)

@@ -322,6 +322,18 @@ def envelope_type(content: RecordDict) -> str | None:
     return declared if isinstance(declared, str) else None
 
 
+def instruction_body_type(content: RecordDict) -> str | None:
+    """The full name of the body an Instruction declares, unchecked (None: no Instruction, or one without a body): what
+    a client reads to tell which of its halves answers it."""
+    if envelope_type(content) != pb.Instruction.DESCRIPTOR.full_name:
+        return None
+    try:
+        declared = pb.Instruction.FromString(content.config_records[ENVELOPE_KEY]["message"]).body.TypeName()
+    except Exception:  # any malformation: `decode` names it once the receiver decodes the payload
+        return None
+    return declared or None
+
+
 def decode_header(content: RecordDict, sender: str) -> pb.Header:
     """The header of a payload in any envelope, checked as `decode` checks it (schema version, a known envelope),
     without its body or tensors: for a receiver that answers without reading them."""

@@ -218,3 +218,31 @@ class PDSVGDReply(_message.Message):
     LOCAL_PARTICLES_FIELD_NUMBER: _ClassVar[int]
     local_particles: _common_pb2.TensorGroup
     def __init__(self, local_particles: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ...) -> None: ...
+
+class DSVGDForgetInstruction(_message.Message):
+    __slots__ = ("particles", "variant", "particle_count", "steps", "kde_bandwidth", "step_size", "beta", "fudge", "prior_precision")
+    PARTICLES_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    PARTICLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    KDE_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    STEP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    FUDGE_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    particles: _common_pb2.TensorGroup
+    variant: str
+    particle_count: int
+    steps: int
+    kde_bandwidth: float
+    step_size: float
+    beta: float
+    fudge: float
+    prior_precision: float
+    def __init__(self, particles: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., variant: _Optional[str] = ..., particle_count: _Optional[int] = ..., steps: _Optional[int] = ..., kde_bandwidth: _Optional[float] = ..., step_size: _Optional[float] = ..., beta: _Optional[float] = ..., fudge: _Optional[float] = ..., prior_precision: _Optional[float] = ...) -> None: ...
+
+class DSVGDForgetReply(_message.Message):
+    __slots__ = ("particles",)
+    PARTICLES_FIELD_NUMBER: _ClassVar[int]
+    particles: _common_pb2.TensorGroup
+    def __init__(self, particles: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ...) -> None: ...

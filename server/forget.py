@@ -31,8 +31,15 @@ audit log; a client asks again every round until it is confirmed.
 Refused, with a reason in the audit log and nothing else changed: a request for another federation, an id that is
 not a client id, an id already forgotten (readmit it first), a readmission of an id that is not revoked, a client's
 request from another node than its own, and whatever the strategy refuses (ForgetRefused: an unknown id, the last
-remaining client, strategies that cannot: FedAvg, FedProx and FedPA keep no per-client factor, DSVGD's and U-DSVGD's
-lives on the client).
+remaining client, strategies that cannot: FedAvg, FedProx and FedPA keep no per-client factor), and, for a strategy
+whose factor lives on the client (DSVGD, U-DSVGD: `forget` returns a ClientForget), a federation that is stopped or a
+client that is not connected, and a client's part that is missing or fails the checks any reply meets.
+
+The client's part (ClientForget). The server cannot compute such a forget alone: a running server asks the node the
+client id is bound to, between rounds, in a one-message exchange of its own (ClientLink, built by server/loop.py on its
+grid, bounded by round-timeout), checks the answer as a round's reply (RoundCore.checked_forget_reply), and commits it
+as any forget; then it tells the node at once that its client is forgotten. See Forgetting._with_client_part for why
+it happens there and not inside a round.
 
 Refinement. `refine_rounds` R: the federation runs at least R ordinary rounds among the remaining clients after the
 round t the forget was applied after. The rounds a running federation has left count; a federation resumed before
@@ -48,7 +55,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -57,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Message
 from flwr.common import log
 
 from fedbayes.bayes.params import buffer_layout, parameter_layout, unflatten
@@ -66,7 +73,7 @@ from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH
 from fedbayes.server.round_core import Change, RoundCore, non_finite
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
-from fedbayes.strategies.base import ForgetRefused, Forgotten
+from fedbayes.strategies.base import ClientForget, ForgetRefused, Forgotten
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.storage import fsync_directory, is_safe_name, write_atomically
@@ -247,12 +254,25 @@ def server_lock(directory: Path, wait: bool = True) -> Iterator[bool]:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
+@dataclass(frozen=True)
+class ClientLink:
+    """How a running server reaches one node between rounds (server/loop.py builds it on its grid): the nodes
+    connected now, and `ask(message)`: the node's reply, or why none came (a client error, no reply within
+    round-timeout)."""
+
+    connected: Callable[[], Collection[int]]
+    ask: Callable[[Message], Message | str]
+
+
 class Forgetting:
     """One federation's forget requests, settled against a round core whose state is that of the newest checkpoint,
-    `store`'s: a running server's (server/loop.py), or one rebuilt from the checkpoint (`settle_stopped`)."""
+    `store`'s: a running server's (server/loop.py), or one rebuilt from the checkpoint (`settle_stopped`). `link`: a
+    running server's way to its nodes, for the strategies whose forget needs the client's own part (ClientForget);
+    None on a stopped federation, which refuses those."""
 
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: CheckpointStore, link: ClientLink | None = None) -> None:
         self.store = store
+        self.link = link
         self.federation = store.directory.name
         self.queue = RequestQueue(store.directory / REQUESTS_DIRECTORY)
         self.audit = AuditLog(store.directory / AUDIT_LOG)
@@ -326,9 +346,10 @@ class Forgetting:
     def _forget(
         self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int, wall_seconds: float
     ) -> Arrays:
-        forgotten = self._asked(core, request, server_round)
-        if forgotten is None:
+        asked = self._asked(core, request, server_round)
+        if asked is None:
             return arrays
+        forgotten, part_of = asked
         new_arrays = unflatten(np.asarray(forgotten.weights), core.strategy.layout) | {
             name: arrays[name] for name in core.buffer_layout
         }
@@ -349,13 +370,19 @@ class Forgetting:
             request.asked_by,
             "exact" if forgotten.exact else "an estimate",
         )
+        if part_of is not None:  # the client took part, and is connected: it need not wait for its next turn
+            self._confirm(core, part_of, server_round)
         return new_arrays
 
-    def _asked(self, core: RoundCore, request: ForgetRequest, server_round: int) -> Forgotten | None:
-        """The strategy's `forget`, or None once its refusal (or its failure: a bug must not stop the federation) is
-        decided."""
+    def _asked(self, core: RoundCore, request: ForgetRequest, server_round: int) -> tuple[Forgotten, int | None] | None:
+        """The strategy's `forget` (with the client's part, where the strategy needs it) and the node that computed
+        that part (None: the server alone), or None once its refusal (or its failure: a bug must not stop the
+        federation) is decided."""
         try:
-            return core.strategy.forget(request.client)
+            asked = core.strategy.forget(request.client)
+            if isinstance(asked, ClientForget):
+                return self._with_client_part(core, request, asked, server_round)
+            return asked, None
         except ForgetRefused as refused:
             reason = str(refused)
         except Exception as error:
@@ -363,6 +390,48 @@ class Forgetting:
             reason = f"{core.settings.strategy}'s forget failed: {type(error).__name__}: {error}"
         self._decided(request.refused(server_round, reason))
         return None
+
+    def _with_client_part(
+        self, core: RoundCore, request: ForgetRequest, asked: ClientForget, server_round: int
+    ) -> tuple[Forgotten, int]:
+        """A forget whose factor lives on the client (DSVGD, U-DSVGD): one exchange with the node the client id is
+        bound to, between rounds, as the forget's own step. Here, not in a round: a request is settled after a round
+        is committed and checkpointed and before the next is configured (module docstring), so the client works from
+        the state the checkpoint holds, no round's replies mix with its answer, and a refused or missing answer
+        leaves the federation as the last round left it. The client runs it from its durable store alone, so a
+        leaving client (which sends no updates) answers too. The reply is checked as any reply (RoundCore
+        checked_forget_reply); ForgetRefused for whatever is wrong with it, or when the node cannot be asked."""
+        client = request.client
+        core.strategy.check_forgettable(client, core.accepted_rounds)  # the server knows the holders by their rounds
+        node = core.identities.bound_node(client)
+        if self.link is None or node is None or node not in self.link.connected():
+            where = "the federation is stopped" if self.link is None else f"its node {node} is not connected"
+            raise ForgetRefused(
+                f"{core.settings.strategy}: client {client!r}'s factor t_k lives only in its own durable store "
+                f"({asked.factor}), so it must take part (Forget-SVGD), and {where}: the client asks itself, with "
+                "`fedbayes client ... --leave --forget`, while the federation runs (or the operator asks while it runs "
+                "and the client is connected); otherwise retrain from the last checkpoint that predates the client's "
+                "first accepted round, or from scratch"
+            )
+        log(INFO, "forget of client %r: asking node %d for its part (%s)", client, node, asked.factor)
+        reply = self.link.ask(core.forget_message(server_round, node, asked.instruction, asked.tensors))
+        if isinstance(reply, str):
+            raise ForgetRefused(f"client {client!r} (node {node}) sent no forget reply: {reply}")
+        return asked.finish(core.checked_forget_reply(reply, client, asked, server_round)), node
+
+    def _confirm(self, core: RoundCore, node: int, server_round: int) -> None:
+        """Tell `node` at once that its client is forgotten (Header.forgotten_client_id, the confirmation every later
+        instruction to it carries too): a leaving client deletes its state and leaves now, rather than at its next
+        turn. Its answer changes nothing; a missing one is logged."""
+        assert self.link is not None, "only a client part, asked through the link, is confirmed at once"
+        answer = self.link.ask(core.forget_message(server_round, node))
+        if isinstance(answer, str):
+            log(
+                INFO,
+                "node %d was not told at once that its client is forgotten (%s); its next instruction says so",
+                node,
+                answer,
+            )
 
     def _readmit(
         self, core: RoundCore, arrays: Arrays, request: ForgetRequest, server_round: int, wall_seconds: float

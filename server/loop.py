@@ -35,7 +35,7 @@ from flwr.serverapp import Grid
 
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
-from fedbayes.server.forget import Forgetting, server_lock
+from fedbayes.server.forget import ClientLink, Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
 from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
@@ -189,6 +189,22 @@ def exchange(
     for node in silent:
         log(WARNING, "node %d: %s; the round goes on without it", node, why_late)
     return replies, silent, errors
+
+
+def client_link(grid: Grid, settings: LoopSettings) -> ClientLink:
+    """One message to one node and its reply, between rounds (server/forget.py: a client's part of its own forget),
+    bounded by round-timeout like a round's exchange."""
+
+    def ask(message: Message) -> Message | str:
+        node = message.metadata.dst_node_id
+        replies, silent, errors = exchange(grid, [message], settings.round_timeout, settings.poll_interval, {})
+        if replies:
+            return replies[0]
+        if node in errors:
+            return f"client error: {errors[node].reason}"
+        return silent.get(node, "no reply")
+
+    return ClientLink(lambda: set(grid.get_node_ids()), ask)
 
 
 def aggregate(
@@ -383,7 +399,7 @@ def _run_rounds(
     shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (tasks/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
-    forgetting = Forgetting(checkpoints)
+    forgetting = Forgetting(checkpoints, client_link(grid, settings))
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord
+from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -48,7 +48,16 @@ from fedbayes.protos.codec import (
 )
 from fedbayes.server.identity import ClientIdentities, ForgetLedger
 from fedbayes.server.isolation import Quarantine, usable_subset
-from fedbayes.strategies.base import NodePool, RoundRejected, ServerState, ServerStrategy, TensorGroups, Update
+from fedbayes.strategies.base import (
+    ClientForget,
+    ForgetRefused,
+    NodePool,
+    RoundRejected,
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
+)
 from fedbayes.tasks.config import RunSettings, round_seed
 
 CORE_STATE_KEY = "fedbayes/wire"  # the core's part of a checkpoint's strategy metadata
@@ -168,20 +177,22 @@ class RoundCore:
         self.round_report = RoundReport(sent=len(nodes))
         self._refused_nodes, self.leave_requests = set(), []
         checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
-        messages = []
+        return [self._addressed(content, instruction, node, checkpointed) for node in nodes]
+
+    def _addressed(
+        self, content: RecordDict, instruction: pb.Instruction, node: int, checkpointed: Mapping[str, int]
+    ) -> Message:
+        """`content` as the message to `node`, its header telling that node's accepted and checkpointed rounds and
+        the forget of its client, if it asked for one (Header.forgotten_client_id)."""
         header = instruction.header
-        for node in nodes:
-            for field_, rounds in (
-                (header.accepted_rounds, self.accepted_rounds),
-                (header.checkpointed_rounds, checkpointed),
-            ):
-                field_.clear()
-                field_.update(self.identities.accepted_view(node, rounds, self.connected))
-            header.forgotten_client_id = self.identities.ledger.confirmation_for(node)
-            messages.append(
-                Message(with_envelope(content, instruction), dst_node_id=node, message_type=MessageType.TRAIN)
-            )
-        return messages
+        for field_, rounds in (
+            (header.accepted_rounds, self.accepted_rounds),
+            (header.checkpointed_rounds, checkpointed),
+        ):
+            field_.clear()
+            field_.update(self.identities.accepted_view(node, rounds, self.connected))
+        header.forgotten_client_id = self.identities.ledger.confirmation_for(node)
+        return Message(with_envelope(content, instruction), dst_node_id=node, message_type=MessageType.TRAIN)
 
     # ---- aggregate -------------------------------------------------------------------------------------------------
     def aggregate(
@@ -490,6 +501,65 @@ class RoundCore:
             self.accepted_rounds = dict(change.accepted_rounds)
         if change.strategy_state is not None:
             self.strategy.commit(change.strategy_state)
+
+    # ---- a client's part of its own forget (server/forget.py) -------------------------------------------------------
+    def forget_message(
+        self, server_round: int, node: int, body: ProtoMessage | None = None, tensors: TensorGroups | None = None
+    ) -> Message:
+        """A message to `node` between rounds, outside any round's bookkeeping: the strategy's request for the part of
+        a forget only the node's client can compute (ClientForget.instruction), or, with no body, the confirmation
+        that its client is forgotten. Its header is the one the node's instructions carry (the accepted round: the
+        state the client works from; a forget's confirmation), for round `server_round`, the round it follows."""
+        instruction = pb.Instruction(header=new_header(self.settings.federation, server_round))
+        content = encode(instruction, body, tensors or {})
+        return self._addressed(content, instruction, node, self.checkpointed_rounds)
+
+    def checked_forget_reply(
+        self, reply: Message, client: str, asked: ClientForget[Any], server_round: int
+    ) -> Payload[Any]:
+        """`client`'s reply to `asked` (its part of its forget), checked as a round's reply is (size, wire schema,
+        round, federation, the id and the node it is bound to, the strategy's checks), and also: it worked from the
+        state of its last accepted round (resumed_from_round), and its update passes the screen a lone reply meets
+        (screen-ratio x the larger of the state's norm and an RMS change of 1). ForgetRefused, with why, otherwise."""
+        label = self._claimed_label(reply)
+        try:
+            if reply.has_error():
+                raise PayloadError(f"client error: {reply.error.reason}")
+            check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
+            payload = decode(reply.content, pb.Reply, asked.reply_type, asked.reply_layouts, sender=label)
+            self._check_header(payload.header, server_round)
+            if payload.header.client_id != client:
+                raise PayloadError(f"field 'header.client_id': {payload.header.client_id[:64]!r} is not {client!r}")
+            self.identities.check(reply.metadata.src_node_id, client, self.connected, {})
+            self._check_forget_basis(payload, client)
+            self.strategy.check_reply(payload)
+            self._screen_alone(payload)
+        except Exception as error:  # the guard: no reply may stop the server
+            reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
+            raise ForgetRefused(
+                f"the forget reply of {label} was refused: {reason.removeprefix(f'{label}: ')}"
+            ) from None
+        return payload
+
+    def _check_forget_basis(self, payload: Payload[Any], client: str) -> None:
+        resumed, accepted = payload.reply.resumed_from_round, self.accepted_rounds.get(client, 0)
+        if resumed != accepted:
+            raise PayloadError(
+                f"field 'resumed_from_round': {resumed}, but the factor the server's state holds of client {client!r} "
+                f"is of round {accepted}"
+            )
+
+    def _screen_alone(self, payload: Payload[Any]) -> None:
+        update = self.strategy.update_of(payload)
+        if update is None:
+            return
+        (norm,) = norms([update])
+        (bound,) = screen_bounds(np.array([norm]), self.strategy.state_norm(), update.size, self.settings.screen_ratio)
+        if norm > bound:
+            raise PayloadError(
+                f"refused by the screen: its update's norm {norm:.3g} is over {bound:.3g} (screen-ratio="
+                f"{self.settings.screen_ratio:g} x the larger of the state's norm and an RMS change of 1)"
+            )
 
     def take_leave_requests(self) -> list[tuple[str, int]]:
         """This round's leave requests, handed over once: server/forget.py decides them."""

@@ -122,6 +122,23 @@ class Forgotten(Generic[S]):
 
 
 @dataclass(frozen=True)
+class ClientForget(Generic[S]):
+    """What `forget(client)` returns where the client's factor lives only on the client's machine (DSVGD, U-DSVGD):
+    the server cannot compute the state without it, so the client computes its part. The forget machinery
+    (server/forget.py) sends `instruction` with `tensors` to the client's node between rounds; the reply must be a
+    `reply_type` of `reply_layouts`, and once the round core has checked it as it checks any reply, `finish(payload)`
+    computes the Forgotten state from it (ForgetRefused where the reply is unusable), without changing the strategy.
+    `factor`: what of the client's the factor is, for messages ("its local particles")."""
+
+    instruction: ProtoMessage
+    tensors: TensorGroups
+    reply_type: type[ProtoMessage]
+    reply_layouts: Mapping[str, TensorLayout]
+    finish: Callable[[Payload[Any]], Forgotten[S]]
+    factor: str
+
+
+@dataclass(frozen=True)
 class NodePool:
     """What the round core knows of the nodes as a round is configured, for `select_nodes`: the nodes that may take
     part (connected, not quarantined), the seeded `fraction-train` sample of them (what most strategies send work
@@ -236,10 +253,11 @@ class ServerStrategy(ABC, Generic[S]):
         """The norm of the state in the parameters of `update_of`: the screen never refuses a shorter update."""
         return 0.0
 
-    def forget(self, client: str) -> Forgotten[S]:
-        """The state without `client`'s contribution, computed by the server alone (no client work) and without
-        changing the strategy. ForgetRefused, naming why, where the server cannot; here: the algorithm keeps no
-        per-client factor (FedAvg, FedProx, FedPA)."""
+    def forget(self, client: str) -> Forgotten[S] | ClientForget[S]:
+        """The state without `client`'s contribution, computed without changing the strategy: by the server alone
+        (Forgotten), or, where the client's factor lives only on its machine, with the client's part (ClientForget:
+        what to ask it, and how its reply becomes the Forgotten state). ForgetRefused, naming why, where neither
+        can; here: the algorithm keeps no per-client factor (FedAvg, FedProx, FedPA)."""
         raise ForgetRefused(
             f"{self.settings.strategy}: the server keeps no per-client factor to remove, only a global model that "
             f"every accepted round of client {client[:64]!r} went into; retrain from the last checkpoint that predates "

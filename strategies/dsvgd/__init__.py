@@ -48,7 +48,12 @@ particles towards q/t_k = p_0 Π_{j≠k} t_j. Where t_k lives decides who can ru
             particle estimate (KDE factors of width λ, N particles), not exact; refinement rounds go on from the
             remaining sets.
   dsvgd     t_k lives only in client k's durable store (its local particles; U-DSVGD: the particles of its visits) and
-  u-dsvgd   the server holds Θ alone: it cannot divide t_k out. In Forget-SVGD client k takes part: it runs SVGD from Θ
-            towards q/t_k (`tilted_update`, or `unconstrained_tilted_update`, with its loss left out) and uploads the
-            result. There is no instruction for that yet (a new message kind and client half), so `forget` refuses.
+  u-dsvgd   the server holds Θ alone: it cannot divide t_k out. In Forget-SVGD client k takes part: `forget` returns a
+            ClientForget (strategies/base.py), and between rounds the server sends client k a DSVGDForgetInstruction
+            with Θ; the client runs L SVGD steps from Θ towards q/t_k from its store alone (math.py `forget_update`,
+            `unconstrained_forget_update`: `tilted_update` and `unconstrained_tilted_update` with the loss left out, so
+            no data is needed and a leaving client can answer) and uploads Θ' in a DSVGDForgetReply; the server checks
+            it as any reply and adopts it as Θ, as it adopts a round's upload. A particle estimate: the KDE factors
+            widen each t_k by λ². The other clients' factors stay as they are; refinement rounds go on from Θ'. The
+            client must be connected to a running server (server/forget.py): a stopped federation refuses.
 """

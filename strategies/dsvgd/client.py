@@ -1,5 +1,5 @@
 """DSVGD's client half: loops 1 and 2 on this client's data; its local particles (U-DSVGD: visits) stay in the
-durable store."""
+durable store. Its forget half: the client's part of its own forget (Forget-SVGD), from that store alone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fedbayes.bayes.params import TensorLayout
-from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
+from fedbayes.client.core import ClientHalf, ForgetHalf, ForgetResult, ForgetRound, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
@@ -19,8 +19,10 @@ from fedbayes.strategies.dsvgd.math import (
     SVGDSettings,
     Visit,
     agent_round,
+    forget_update,
     gaussian_prior_score,
     initial_particles,
+    unconstrained_forget_update,
     unconstrained_tilted_update,
 )
 from fedbayes.tasks.datasets import Dataset
@@ -140,7 +142,57 @@ def local_update(local: LocalRound) -> LocalResult:
     )
 
 
-client_update = ClientHalf(pb.DSVGDInstruction, local_update, instruction_layouts, stateful=True)
+def forget_layouts(instruction: pb.DSVGDForgetInstruction, stored: ClientState) -> dict[str, TensorLayout]:
+    """The forget request's particles: N x P, P that of the factor this client stored."""
+    if instruction.variant not in ("dsvgd", "u-dsvgd"):
+        raise PayloadError(f"field 'variant': {instruction.variant[:32]!r} is not dsvgd or u-dsvgd")
+    factor = stored.tensors["visit_after" if instruction.variant == "u-dsvgd" else "local_particles"]
+    return {"particles": {"particles": (instruction.particle_count, factor.shape[-1])}}
+
+
+def forget_step(forget: ForgetRound) -> ForgetResult:
+    """This client's part of its forget (Forget-SVGD): SVGD from the global particles towards q/t_k, its factor t_k
+    from its durable store (DSVGD: its local particles; U-DSVGD: the particles of its visits), its loss left out: no
+    data. The store stays as it is until the server confirms the forget."""
+    instruction, device = forget.instruction, forget.device
+    settings = SVGDSettings(
+        instruction.steps,
+        0,
+        instruction.kde_bandwidth,
+        instruction.step_size,
+        instruction.step_size,
+        instruction.beta,
+        instruction.fudge,
+    )
+    particles = torch.from_numpy(forget.tensors["particles"]["particles"]).to(device)
+    shape, client = tuple(particles.shape), forget.header.client_id or "this client"
+    prior_score = gaussian_prior_score(instruction.prior_precision)
+    started = time.perf_counter()
+    if instruction.variant == "u-dsvgd":
+        visits = [
+            Visit(None if v.before is None else v.before.to(device), v.after.to(device))
+            for v in _stored_visits(forget.stored, shape, None, client)
+        ]
+        updated = unconstrained_forget_update(particles, visits, prior_score, settings)
+    else:
+        local = _local_particles_of(forget.stored, shape).to(device)
+        updated = forget_update(particles, local, prior_score, settings)
+    compute_seconds = time.perf_counter() - started
+    if not torch.isfinite(updated).all():
+        raise FloatingPointError(
+            f"{client}: the particles became non-finite while forgetting this client; lower svgd-lr or raise "
+            "kde-bandwidth"
+        )
+    return ForgetResult(pb.DSVGDForgetReply(), {"particles": {"particles": updated.cpu().numpy()}}, compute_seconds)
+
+
+client_update = ClientHalf(
+    pb.DSVGDInstruction,
+    local_update,
+    instruction_layouts,
+    stateful=True,
+    forget=ForgetHalf(pb.DSVGDForgetInstruction, forget_step, forget_layouts),
+)
 
 
 def _stored_local_particles(
@@ -151,6 +203,10 @@ def _stored_local_particles(
     again from Θ^(0) counts this client's earlier data twice (spec §4)."""
     if stored is None:
         return torch.from_numpy(initial_particles(layout, shape[0], initial_seed))
+    return _local_particles_of(stored, shape)
+
+
+def _local_particles_of(stored: ClientState, shape: tuple[int, ...]) -> torch.Tensor:
     local = stored.tensors["local_particles"]
     if tuple(local.shape) != shape:
         raise ValueError(f"stored local particles have shape {tuple(local.shape)}, this run needs {shape}")
@@ -169,15 +225,18 @@ def visits_state(visits: list[Visit]) -> dict[str, torch.Tensor]:
     }
 
 
-def _stored_visits(stored: ClientState | None, shape: tuple[int, ...], max_visits: int, client: str) -> list[Visit]:
+def _stored_visits(
+    stored: ClientState | None, shape: tuple[int, ...], max_visits: int | None, client: str
+) -> list[Visit]:
     """This U-DSVGD agent's buffer after the round of its last accepted update ([] at its first visit or when
-    lost); refuses to grow it past the instruction's `max_visits` (run config `udsvgd-max-visits`)."""
+    lost); refuses to grow it past the instruction's `max_visits` (run config `udsvgd-max-visits`; None: it will not
+    grow, as when the agent is forgotten)."""
     if stored is None:
         return []
     before, after, initial = (stored.tensors[name] for name in ("visit_before", "visit_after", "visit_initial"))
     if tuple(after.shape[1:]) != shape:
         raise ValueError(f"stored U-DSVGD particles have shape {tuple(after.shape[1:])}, this run needs {shape}")
-    if len(after) >= max_visits:
+    if max_visits is not None and len(after) >= max_visits:
         raise ValueError(
             f"{client}: U-DSVGD keeps the particles of {len(after)} visits (2 x {shape[0]} x {shape[1]} "
             f"float32 each) and run config 'udsvgd-max-visits' = {max_visits} allows no more; raise it, "

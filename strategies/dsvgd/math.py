@@ -1,4 +1,5 @@
-"""DSVGD's math: the two SVGD loops, U-DSVGD's update, P-DSVGD's server distillation, Θ^(0)."""
+"""DSVGD's math: the two SVGD loops, U-DSVGD's update, the forget steps (Forget-SVGD), P-DSVGD's server distillation,
+Θ^(0)."""
 
 from __future__ import annotations
 
@@ -117,6 +118,31 @@ def unconstrained_tilted_update(
         return current(theta) - log_factor - loss_gradient(theta) / settings.alpha
 
     return svgd(downloaded.clone(), score, settings.local_steps, settings.stepper(settings.lr))
+
+
+def no_loss(theta: torch.Tensor) -> torch.Tensor:
+    """∇L_k ≡ 0: a tilted update with the client's loss left out (forgetting needs no data)."""
+    return torch.zeros_like(theta)
+
+
+def forget_update(
+    particles: torch.Tensor, local: torch.Tensor, prior_score: Score, settings: SVGDSettings
+) -> torch.Tensor:
+    """Forget-SVGD for DSVGD (Gong, Simeone, Kassab & Kang, arXiv 2111.12056): L SVGD steps from the global particles Θ
+    towards q/t_k, the global posterior without client k's factor, run by client k from its stored local particles.
+    It is loop 1 (DSVGD eqs. 13-14, convention B) with the loss left out: q · p_0 / s_k with s_k = KDE(local) ≈ p_0·t_k
+    is q/t_k = p_0 Π_{j≠k} t_j. At DSVGD's fixed point t_k ∝ exp(-L_k/α), so this is also q·exp(L_k/α), the target
+    that would need the client's data; this one needs only its stored factor."""
+    return tilted_update(particles, local, prior_score, no_loss, settings)
+
+
+def unconstrained_forget_update(
+    particles: torch.Tensor, visits: list[Visit], prior_score: Score, settings: SVGDSettings
+) -> torch.Tensor:
+    """Forget-SVGD for U-DSVGD: L SVGD steps from Θ towards q/t_k with t_k = Π_{j∈I_k} q^(j)/q^(j-1) over the agent's
+    visits (eq. 10): U-DSVGD's update (Alg. 4, eqs. 13-14) with the loss left out. Θ is never Θ^(0) here (forgetting
+    needs an accepted round), so q is the KDE of Θ."""
+    return unconstrained_tilted_update(particles, False, visits, prior_score, no_loss, settings)
 
 
 def server_distillation(

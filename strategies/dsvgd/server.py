@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from logging import INFO
 from typing import ClassVar
 
@@ -19,6 +20,7 @@ from fedbayes.bayes.params import TensorLayout, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
 from fedbayes.strategies.base import (
+    ClientForget,
     ForgetRefused,
     Forgotten,
     GlobalPosterior,
@@ -161,18 +163,12 @@ class DSVGD(ServerStrategy[DSVGDState]):
         log_spread(server_round, particles)
         return Update(particles.astype(np.float64).mean(0), DSVGDState(particles, local_particles, last_scheduled))
 
-    def forget(self, client: str) -> Forgotten[DSVGDState]:
-        """Forget-SVGD's target q/t_k = p_0 Π_{j≠k} t_j: P-DSVGD's server distillation (eqs. 28-29) without client k's
-        local particles, from φ. DSVGD and U-DSVGD refuse: t_k is client-held (package docstring)."""
+    def forget(self, client: str) -> Forgotten[DSVGDState] | ClientForget[DSVGDState]:
+        """Forget-SVGD's target q/t_k = p_0 Π_{j≠k} t_j. P-DSVGD: the server's distillation (eqs. 28-29) without client
+        k's local particles, from φ. DSVGD and U-DSVGD: t_k is client-held (package docstring), so client k runs the
+        SVGD steps (`forget_update`, `unconstrained_forget_update`) and the server adopts what it uploads."""
         if not self.parallel:
-            held = "the particles of its visits" if self.variant == "u-dsvgd" else "its local particles"
-            raise ForgetRefused(
-                f"{self.variant}: client {client[:64]!r}'s factor t_k lives only in its own durable store ({held}); "
-                "the server holds the global particles alone and cannot divide t_k out of q. Forget-SVGD (arXiv "
-                "2111.12056) needs that client to take part, running SVGD from the global particles towards q/t_k, "
-                "and there is no instruction for it yet: retrain from the last checkpoint that predates the client's "
-                "first accepted round, or from scratch (p-dsvgd keeps the factors on the server and can forget)"
-            )
+            return self._client_forget(client)
         self.check_forgettable(client, self.state.local_particles)
         local_particles = {c: value for c, value in self.state.local_particles.items() if c != client}
         particles = self._server_distillation(local_particles)
@@ -184,6 +180,44 @@ class DSVGD(ServerStrategy[DSVGDState]):
             "go on from the remaining sets"
         )
         state = replace(self.state, particles=particles, local_particles=local_particles)
+        return Forgotten(particles.astype(np.float64).mean(0), state, exact=False, kl_before_after=None, note=note)
+
+    def _client_forget(self, client: str) -> ClientForget[DSVGDState]:
+        """What client k is asked for its forget: the global particles Θ and loop 1's step settings; it answers with
+        Θ' ≈ q/t_k from its durable store alone (strategies/dsvgd/client.py forget_step)."""
+        if self.state.particles is None:
+            raise ForgetRefused(f"client {client[:64]!r} is unknown: no round has been accepted yet")
+        hp = self.hyperparameters
+        instruction = pb.DSVGDForgetInstruction(
+            variant=self.variant,
+            particle_count=hp.particles,
+            steps=hp.local_steps,
+            kde_bandwidth=hp.kde_bandwidth,
+            step_size=hp.svgd_lr,
+            beta=hp.svgd_beta,
+            fudge=hp.svgd_fudge,
+            prior_precision=hp.prior_precision,
+        )
+        return ClientForget(
+            instruction,
+            {"particles": {"particles": self.particles}},
+            pb.DSVGDForgetReply,
+            {"particles": self.particle_layout},
+            partial(self._forgotten_by, client),
+            "the particles of its visits" if self.variant == "u-dsvgd" else "its local particles",
+        )
+
+    def _forgotten_by(self, client: str, payload: Payload) -> Forgotten[DSVGDState]:
+        """Client k's forget upload (checked by the round core: shape, finite, its accepted round, the screen) as the
+        new Θ, replacing the old as a round's upload does (Alg. 1 line 6)."""
+        particles = payload.tensors["particles"]["particles"].copy()  # the payload's array is a view of its buffer
+        note = (
+            f"client {client!r} ran {self.hyperparameters.local_steps} SVGD steps from the global particles towards "
+            f"q/t_k (Forget-SVGD: {self.variant}'s tilted update with its loss left out, its factor from its own "
+            "store) and the server adopted them: a particle estimate (KDE factors of width "
+            f"{self.hyperparameters.kde_bandwidth:g}, {len(particles)} particles); refinement rounds go on from them"
+        )
+        state = replace(self.state, particles=particles)
         return Forgotten(particles.astype(np.float64).mean(0), state, exact=False, kl_before_after=None, note=note)
 
     def _server_distillation(self, local_particles: dict[str, np.ndarray]) -> np.ndarray | None:

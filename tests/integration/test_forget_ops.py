@@ -186,4 +186,55 @@ def test_a_loopback_federation_forgets_a_client_between_rounds_and_keeps_trainin
     assert run.rows[-1]["accuracy"] > 0.15 and all(np.isfinite(row["nll"]) for row in run.rows)
 
 
+@pytest.mark.integration
+def test_a_loopback_dsvgd_federation_forgets_a_connected_client_with_its_part_between_rounds(tmp_path):
+    """SuperLink and 3 SuperNodes on loopback: DSVGD (one client a round, round-robin), FMNIST 2%, logistic regression,
+    few particles and steps. Once every client has had a turn (round 3's row), the operator runs `fedbayes forget
+    WORKDIR --client client-1`; the server asks client-1's node, between rounds, for its part (the real ClientApp
+    answers from its durable store), adopts the checked answer, and the federation trains on without it."""
+    workdir = tmp_path / "fed"
+    asked = []
+
+    def ask_after_round_3(federation, row):
+        if row["round"] != 3:
+            return
+        command = [sys.executable, "-m", "fedbayes.deploy.cli", "forget", str(workdir), "--client", "client-1"]
+        asked.append(
+            subprocess.Popen(
+                [*command, "--wait", "180"],
+                cwd=ROOT,
+                env=cli_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+
+    config = {
+        "strategy": "dsvgd",
+        "num-server-rounds": 6,
+        "fraction": 0.02,
+        "model": "logreg",
+        "particles": 5,
+        "local-steps": 20,
+        "distill-steps": 20,
+        "svgd-lr": 0.01,
+        "distill-lr": 0.01,
+        "results-path": str(workdir / "results.jsonl"),
+        "federation": "itest-forget-svgd",
+        "wait-for-clients": 3,
+        "round-timeout": 60.0,
+    }
+    run = run_loopback(workdir, config, 6, clients=3, on_row=ask_after_round_3)
+    out, err = asked[0].communicate(timeout=180)
+    assert asked[0].returncode == 0, err
+    assert "forgot client 'client-1' of federation 'itest-forget-svgd'" in out and "exact: no, an estimate" in out
+    (record,) = AuditLog(workdir / "server-state" / "itest-forget-svgd" / AUDIT_LOG).records()
+    assert record["event"] == "forgotten" and record["exact"] is False and "towards q/t_k" in record["note"]
+    assert record["round"] >= 3 and record["asked_by"].startswith("operator ")
+    assert "asking node" in run.server_log and "for its part (its local particles)" in run.server_log
+    assert all(row["clients"] == 1 for row in run.rows if row["round"] <= record["round"])
+    assert all(np.isfinite(row["nll"]) for row in run.rows)
+
+
 # ---- the client's side -------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, Metadata, RecordDict
 from flwr.app.message.message import make_message
 
 from fedbayes.bayes.metrics import classification_metrics
@@ -128,8 +128,8 @@ Answer = Callable[[Message], "RecordDict | None"]
 
 class FakeGrid:
     """Just enough of Flower's Grid for the server: the connected nodes and, for the round loop, the messages it is
-    pushed and the replies it is asked for. `answer(message)` is a pushed message's reply content, asked at every
-    pull until it gives one (None: its node is silent so far)."""
+    pushed and the replies it is asked for. `answer(message)` is a pushed message's reply content (or the Error its
+    ClientApp answered with), asked at every pull until it gives one (None: its node is silent so far)."""
 
     def __init__(self, nodes: Iterable[int], answer: Answer | None = None) -> None:
         self.nodes = list(nodes)
@@ -155,7 +155,9 @@ class FakeGrid:
             content = self.answer(message)
             if content is not None:
                 del self.pushed[message_id]
-                replies.append(reply_message(content, message.metadata.dst_node_id, reply_to=message_id))
+                error = content if isinstance(content, Error) else None  # a ClientApp's error
+                node = message.metadata.dst_node_id
+                replies.append(reply_message(None if error else content, node, error=error, reply_to=message_id))
         return replies
 
 

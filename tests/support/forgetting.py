@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from flwr.app import Error
+from flwr.common.constant import ErrorCode
 
-from fedbayes.client.app import leave_and_forget
+from fedbayes.client.app import answer_without_training
 from fedbayes.posterior.export import RunLocation
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode_header, encode, new_header
@@ -24,8 +27,9 @@ LEAVING = "leaving"
 
 
 class ClientsGrid(FakeGrid):
-    """The loop's grid with the in-process clients behind it: each instruction is answered by its node's client half,
-    or as `behaviour[node]` says: LEAVING (client/app.py leave_and_forget, as `fedbayes client --leave --forget`
+    """The loop's grid with the in-process clients behind it: each message is answered as client/app.py's ClientApp
+    answers it (a client's part of its forget without training, else its node's client half; what the ClientApp
+    raises comes back as a client error), or as `behaviour[node]` says: LEAVING (as `fedbayes client --leave --forget`
     answers), or a client id to claim in a LeaveAndForget (a spoof). `during_round(round, grid)` runs at every pull,
     while that round is in flight; `instructions[round, node]` is the header each node was sent."""
 
@@ -44,29 +48,39 @@ class ClientsGrid(FakeGrid):
     def reply(self, message):
         if self.during_round:
             self.during_round(round_of(message), self)
+        try:
+            return self.client_answer(message)
+        except Exception as error:  # Flower sends what a ClientApp raises back as an error
+            return Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(error).__name__}: {error}")
+
+    def client_answer(self, message):
         runtime = self.federation.runtimes[message.metadata.dst_node_id]
         behaviour = self.behaviour.get(message.metadata.dst_node_id)
         if behaviour == LEAVING:
-            return leave_and_forget(message.content, runtime.node)
+            return answer_without_training(
+                message.content, replace(runtime.node, leave_and_forget=True), runtime.settings
+            )
         if behaviour is not None:  # a LeaveAndForget claiming another client's id
             header = decode_header(message.content, "server")
             return encode(
                 pb.LeaveAndForget(header=new_header(header.federation, header.server_round, behaviour)), None, {}
             )
-        return self.federation.answer(message)
+        return answer_without_training(message.content, runtime.node, runtime.settings) or self.federation.answer(
+            message
+        )
 
 
 class Federation:
     """A BayesADMM federation of 3 in-process clients (nodes 1-3, ids client-1..3) run by the real round loop, with
     its checkpoints under <tmp>/server-state/fed."""
 
-    def __init__(self, tmp_path: Path, strategy: str = "bayesadmm", sizes=(12, 16, 20)):
+    def __init__(self, tmp_path: Path, strategy: str = "bayesadmm", sizes=(12, 16, 20), **overrides):
         data = tmp_path / "data"
         data.mkdir(exist_ok=True)
         rng = np.random.default_rng(7)
         x = rng.normal(size=(40, 1, 1, 5)).astype(np.float32)
         np.savez(data / "test.npz", x=x, y=(x.reshape(40, 5) @ rng.normal(size=5) > 0).astype(np.int64))
-        self.overrides = {"strategy": strategy, "dataset": f"npz:{data}", "local-epochs": 1, "seed": 3}
+        self.overrides = {"strategy": strategy, "dataset": f"npz:{data}", "local-epochs": 1, "seed": 3, **overrides}
         self.run_config = {**DEFAULTS, "model": "logreg", **self.overrides}
         self.tmp_path, self.sizes = tmp_path, sizes
         self.state_dir = tmp_path / "server-state"
