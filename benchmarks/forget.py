@@ -6,9 +6,12 @@ PRESETS; DSVGD: the README's FMNIST setting, MLP 784-100-10 ReLU, 10 particles, 
   full      R rounds with all 10 clients
   forget    after round R, the client with the most examples forgotten through the operator's path (server/forget.py
             Forgetting: the strategy's `forget`, committed, checkpointed, audited), then --refine-rounds ordinary rounds
-            among the other 9. A strategy that refuses (ForgetRefused: FedAvg keeps no per-client factor; DSVGD's factor
-            lives on the client, which this offline forget cannot ask) is retrained from scratch instead, as the
-            refusal says: its forget costs a retrain.
+            among the other 9. DSVGD's factor t_k lives on the client (its forget is a ClientForget): Forgetting asks
+            the forgotten client's node for its part between rounds, through a ClientLink to that client as the full
+            phase left it (its durable store, copied with the rest of the full phase's state), answered as its
+            ClientApp answers (tests/support/forgetting.py ClientsGrid: Forget-SVGD from its store alone, no data),
+            then tells it it is forgotten. A strategy that refuses (ForgetRefused: FedAvg keeps no per-client
+            factor) is retrained from scratch instead, as the refusal says: its forget costs a retrain.
   retrain   a new federation of the other 9, same seeds, R rounds
 and, for the forgotten model right after the forget (refine 0), after refinement, and the retrained one:
   (a) test accuracy and NLL of the predictive (the posterior's samples where the strategy has them: BayesADMM's and
@@ -19,13 +22,14 @@ and, for the forgotten model right after the forget (refine 0), after refinement
   (d) KL(forgotten ‖ retrained) where both are Gaussians, and ‖w_forgotten − w_retrained‖ / ‖w_retrained‖ of the
       global models (flat parameters);
   (e) cost: rounds, seconds and bytes (instructions + replies as encoded, protos/codec.py payload_bytes) of forget +
-      refinement against retraining.
+      refinement against retraining; the forget's bytes are its exchange with the client (DSVGD: the forget
+      instruction, the client's reply and the confirmation; 0 where the server forgets alone).
 
 Runs in one process through the real server and client halves (no network; per-round numbers as the network path's),
 one thread. Resumable per phase: a phase whose JSONL ends with its "done" row is not run again (scratch state under
 --workdir). Results: benchmarks/results/forget/<strategy>-<phase>-seed<seed>.jsonl, summary-seed<seed>.json and the
-table on stdout. `--smoke` runs tiny settings (2 % of the data, logistic regression, 2 + 1 rounds) into
-benchmarks/results/forget/smoke/ to show it works.
+table on stdout. `--smoke` runs tiny settings (2 % of the data, logistic regression, 2 + 1 rounds; DSVGD, one client
+a round, 10 + 1, so that the forgotten client has had its turn) into benchmarks/results/forget/smoke/ to show it works.
 
     python benchmarks/forget.py [--rounds 20] [--refine-rounds 5] [--seed 0] \
         [--strategies bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg]
@@ -47,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.reproduce_table1 import COMMON, PRESETS
@@ -57,13 +61,15 @@ from fedbayes.bayes.params import flatten, get_parameters, set_parameters
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos.codec import payload_bytes
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
-from fedbayes.server.forget import AuditLog, ForgetRequest, Forgetting
+from fedbayes.server.forget import AuditLog, ClientLink, ForgetRequest, Forgetting
+from fedbayes.server.loop import LoopSettings, client_link
 from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.tasks.config import RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from tests.support import FakeGrid, reply_message
+from tests.support.forgetting import ClientsGrid
 
 RESULTS = Path(__file__).resolve().parent / "results" / "forget"
 CLIENTS = 10
@@ -193,6 +199,40 @@ def client_runtime(settings: RunSettings, partition: int, directory: Path) -> Cl
     return ClientRuntime.create(settings, node)
 
 
+class ForgottenNode:
+    """The forgotten client's node alone, in this process, as tests/support/forgetting.py ClientsGrid wants the
+    clients behind it: its runtime by node id, and its client half's answer to an instruction (which ClientsGrid
+    asks only for what is not the client's part of its forget). The forget's confirmation that follows comes back as
+    a client error, as the ClientApp's does (there: "the server has forgotten client ..."; here: the client half's
+    refusal of an instruction with no body), which the server only logs."""
+
+    def __init__(self, settings: RunSettings, runtime: ClientRuntime) -> None:
+        self.runtimes = {runtime.node.partition_id + 1: runtime}
+        self.client_half = get_algorithm(settings.strategy).client_half()
+
+    def answer(self, message: Message) -> RecordDict:
+        return self.client_half(message.content, self.runtimes[message.metadata.dst_node_id])
+
+
+def forgotten_client_link(settings: RunSettings, runtime: ClientRuntime, spent: list[int]) -> ClientLink:
+    """How the forget phase's Forgetting reaches the forgotten client (`runtime`: its node, partition and durable
+    store as in the full phase): the running server's link (server/loop.py client_link) on a grid whose one node
+    answers as its ClientApp would; every message through it and every reply's bytes appended to `spent`."""
+    link = client_link(
+        ClientsGrid(ForgottenNode(settings, runtime)),
+        LoopSettings(
+            num_rounds=0, round_timeout=60.0, poll_interval=0.0, wait_for_clients=1, wait_for_clients_timeout=0.0
+        ),
+    )
+
+    def ask(message: Message) -> Message | str:
+        reply = link.ask(message)
+        spent.append(payload_bytes(message.content) + (0 if isinstance(reply, str) else payload_bytes(reply.content)))
+        return reply
+
+    return ClientLink(link.connected, ask)
+
+
 def example_losses(probabilities: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
     return -torch.log(probabilities[torch.arange(len(labels)), labels].clamp_min(1e-12)).numpy()
 
@@ -303,17 +343,22 @@ def run_forget(
     retrained = Federation(settings, remaining, retrain.directory, test)
     retrained.resume()
     client = f"client-{forgotten_partition}"
-    own = client_runtime(settings, forgotten_partition, phase.directory / "forgotten-client")
+    # The forgotten client as the full phase left it (node, partition, durable store, copied above): it answers its
+    # part of a forget whose factor lives on the client (DSVGD's ClientForget), and its data is (b)'s and (c)'s.
+    own = client_runtime(settings, forgotten_partition, phase.directory)
+    spent: list[int] = []
+    has_client_part = getattr(federation.algorithm.client_half(), "forget", None) is not None
+    link = forgotten_client_link(settings, own, spent) if has_client_part else None
     started = time.perf_counter()
     request = ForgetRequest.by_operator(FEDERATION, client, refine_rounds)
-    forgetting = Forgetting(federation.store)
+    forgetting = Forgetting(federation.store, link)
     federation.arrays = forgetting.settle(federation.server, federation.arrays, rounds, 0.0, own=(request,))
     record = AuditLog(forgetting.audit.path).find(request.id)
     phase.write(
         {
             "phase": "forget",
             "seconds": time.perf_counter() - started,
-            "bytes": 0,
+            "bytes": sum(spent),
             **{key: record.get(key) for key in ("event", "exact", "kl_before_after", "note", "reason")},
         }
     )
@@ -344,17 +389,20 @@ def run_strategy(strategy: str, args: argparse.Namespace, results: Path) -> dict
     test = load_dataset(settings.dataset, train=False).scaled(settings.input_scale)
     phases = {name: Phase(results, args.workdir, strategy, name, args.seed) for name in ("full", "retrain", "forget")}
     forgotten = client_with_most_examples(settings, phases["full"].directory.parent)
+    # DSVGD schedules one client a round: in the smoke's few rounds the forgotten client would not have had its turn
+    # (nothing of it to forget), so there every client gets one.
+    rounds = max(args.rounds, CLIENTS) if args.smoke and strategy == "dsvgd" else args.rounds
     if not phases["full"].done():
-        run_full(settings, phases["full"], args.rounds, test, forgotten)
+        run_full(settings, phases["full"], rounds, test, forgotten)
     if not phases["retrain"].done():
-        run_retrain(settings, phases["retrain"], args.rounds, test, forgotten)
+        run_retrain(settings, phases["retrain"], rounds, test, forgotten)
     if not phases["forget"].done():
         run_forget(
             settings,
             phases["forget"],
             phases["full"],
             phases["retrain"],
-            args.rounds,
+            rounds,
             args.refine_rounds,
             test,
             forgotten,
