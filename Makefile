@@ -54,9 +54,11 @@ lint: install
 	$(BIN)/mypy -p fedbayes
 	$(BIN)/lint-imports
 
-# Everything, system tests included (as root they install and start what they need: Docker, namespaces).
+# Everything, system tests included (as root they install and start what they need: Docker, namespaces), on every
+# core: most tests wait on the processes they start, so two workers on two cores finish in a little over half the
+# time (tests/conftest.py says what runs beside what).
 test: install $(CHROMIUM) lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup tests
 
 # The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is), after
 # make lint: about two minutes.

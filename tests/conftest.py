@@ -35,6 +35,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for marker in TIERS.get(item.path.relative_to(TESTS).parts[0], ()):
             item.add_marker(marker)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: SCHEDULE.index(tier(item)) if tier(item) in SCHEDULE else len(SCHEDULE))
+
+
+# `make test` runs the suite on every core (pytest-xdist, `--dist loadgroup`): a group runs on one worker, in order.
+# A module is a group, so its module-scoped fixtures (an image build, a tracking server) are set up once; the system
+# tests are one group, so the Docker engine, the namespaces and the fresh install never run beside each other. Under
+# xdist the longest tiers are handed out first, so the system group does not start last and leave one core idle.
+SCHEDULE = ("system", "integration", "component", "unit")
+
+
+def tier(item: pytest.Item) -> str:
+    return item.path.relative_to(TESTS).parts[0]
+
+
+def xdist_group(item: pytest.Item) -> str:
+    return "system" if tier(item) == "system" else str(item.path.relative_to(TESTS))
 
 
 @pytest.fixture(autouse=True)
