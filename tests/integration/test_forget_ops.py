@@ -20,6 +20,7 @@ import pytest
 
 from fedbayes.server.forget import (
     AUDIT_LOG,
+    REQUESTS_DIRECTORY,
     AuditLog,
     ForgetError,
 )
@@ -119,6 +120,27 @@ def test_a_forget_killed_at_any_step_leaves_the_old_or_the_new_state_and_an_audi
 
 
 # ---- a real federation ---------------------------------------------------------------------------------------------
+def ask_while_held(
+    workdir: Path, federation: str, client: str, marker: Path, release: Path, held_round: int
+) -> subprocess.Popen:
+    """The operator's `fedbayes forget WORKDIR --client CLIENT` against a running federation whose round `held_round`
+    a client holds open (stall_env(marker, release)): started once that round is in flight, and the round released
+    only once the command has found the server running and queued its request, which the server then settles after
+    that round."""
+    wait_for_file(Path(f"{marker}-r{held_round}"), f"no client reached round {held_round}")
+    command = [sys.executable, "-m", "fedbayes.deploy.cli", "forget", str(workdir), "--client", client, "--wait", "180"]
+    asked = subprocess.Popen(
+        command, cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    queued = workdir / "server-state" / federation / REQUESTS_DIRECTORY
+    deadline = time.monotonic() + 60
+    while not (queued.is_dir() and any(queued.iterdir())):
+        assert time.monotonic() < deadline and asked.poll() is None, asked.communicate()
+        time.sleep(0.1)
+    Path(f"{release}-r{held_round}").touch()
+    return asked
+
+
 @pytest.mark.integration
 def test_a_loopback_federation_forgets_a_client_between_rounds_and_keeps_training(tmp_path):
     """SuperLink and 3 SuperNodes on loopback (as `fedbayes local` runs them): BayesADMM, FMNIST 2%, logistic
@@ -126,38 +148,11 @@ def test_a_loopback_federation_forgets_a_client_between_rounds_and_keeps_trainin
     client-2`, which finds the server running and queues the request; it is applied after round 2, rounds 3-4 train
     with the other two, client-2's node is told and refused by name, and the audit log names it."""
     workdir, marker, release = tmp_path / "fed", tmp_path / "stalled", tmp_path / "release"
-    queued = workdir / "server-state" / "itest-forget" / "forget-requests"
     asked = []
 
     def ask_during_round_2(federation, row):
-        if row["round"] != 1:
-            return
-        wait_for_file(Path(f"{marker}-r2"), "client-0 never reached round 2")
-        asked.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "fedbayes.deploy.cli",
-                    "forget",
-                    str(workdir),
-                    "--client",
-                    "client-2",
-                    "--wait",
-                    "120",
-                ],
-                cwd=ROOT,
-                env=cli_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-        deadline = time.monotonic() + 60
-        while not (queued.is_dir() and any(queued.iterdir())):
-            assert time.monotonic() < deadline and asked[0].poll() is None, asked[0].communicate()
-            time.sleep(0.1)
-        Path(f"{release}-r2").touch()  # round 2 may end now: the request waits for it
+        if row["round"] == 1:
+            asked.append(ask_while_held(workdir, "itest-forget", "client-2", marker, release, held_round=2))
 
     config = {
         "strategy": "bayesadmm",
@@ -172,7 +167,7 @@ def test_a_loopback_federation_forgets_a_client_between_rounds_and_keeps_trainin
     run = run_loopback(
         workdir, config, 4, clients=3, node_env={0: stall_env("2", marker, release)}, on_row=ask_during_round_2
     )
-    out, err = asked[0].communicate(timeout=120)
+    out, err = asked[0].communicate(timeout=180)
     assert asked[0].returncode == 0, err
     assert "is running: request" in out and "forgot client 'client-2' of federation 'itest-forget' after round 2" in out
     assert [row["clients"] for row in run.rows] == [3, 3, 2, 2]
@@ -193,22 +188,12 @@ def test_a_loopback_dsvgd_federation_forgets_a_connected_client_with_its_part_be
     WORKDIR --client client-1`; the server asks client-1's node, between rounds, for its part (the real ClientApp
     answers from its durable store), adopts the checked answer, and the federation trains on without it."""
     workdir = tmp_path / "fed"
+    marker, release = tmp_path / "stalled", tmp_path / "release"
     asked = []
 
     def ask_after_round_3(federation, row):
-        if row["round"] != 3:
-            return
-        command = [sys.executable, "-m", "fedbayes.deploy.cli", "forget", str(workdir), "--client", "client-1"]
-        asked.append(
-            subprocess.Popen(
-                [*command, "--wait", "180"],
-                cwd=ROOT,
-                env=cli_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        if row["round"] == 3:
+            asked.append(ask_while_held(workdir, "itest-forget-svgd", "client-1", marker, release, held_round=4))
 
     config = {
         "strategy": "dsvgd",
@@ -225,7 +210,10 @@ def test_a_loopback_dsvgd_federation_forgets_a_connected_client_with_its_part_be
         "wait-for-clients": 3,
         "round-timeout": 60.0,
     }
-    run = run_loopback(workdir, config, 6, clients=3, on_row=ask_after_round_3)
+    # round 4's client (whichever DSVGD schedules) holds it open until the request is queued: a fast federation would
+    # otherwise end before the command starts, and the forget would find it stopped
+    held = {node: stall_env("4", marker, release) for node in range(3)}
+    run = run_loopback(workdir, config, 6, clients=3, node_env=held, on_row=ask_after_round_3)
     out, err = asked[0].communicate(timeout=180)
     assert asked[0].returncode == 0, err
     assert "forgot client 'client-1' of federation 'itest-forget-svgd'" in out and "exact: no, an estimate" in out
