@@ -7,7 +7,8 @@ every 0.5 s. A round's instruction therefore waits up to 3 s before any client s
 arguments and behaviour) with those two waits shortened to `FEDBAYES_SUPERNODE_POLL` seconds (default 0.2), by
 handing that one Flower module a `time` whose `sleep` maps them. Asking the SuperLink 5 times a second instead
 of once every 3 s costs one small gRPC call each. It also shortens the 1 s back-off of its object pulls
-(tasks/object_pulls.py), and rings its executor's doorbell when it takes a message (deploy/doorbell.py).
+(tasks/object_pulls.py), rings its executor's doorbell when it takes a message (deploy/doorbell.py), and drops what
+a message leaves behind when its run turns out to be stopped while the SuperNode takes it (`dropping_stopped_runs`).
 
 The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
@@ -18,6 +19,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from logging import INFO
 from types import SimpleNamespace
 
 from fedbayes.deploy.doorbell import ring
@@ -79,6 +81,86 @@ def ringing(pull_and_store: Callable[..., int | None], runtime_port: int) -> Cal
     return pull_store_and_ring
 
 
+def dropping_stopped_runs(pull_and_store: Callable[..., int | None]) -> Callable[..., int | None]:
+    """Flower's `_pull_and_store_message`, leaving nothing behind of a message whose run the SuperLink says is not
+    running (RunNotRunningException) while the SuperNode takes it.
+
+    Flower 1.39 stores the message and creates its ClientApp task before it pulls the message's objects and confirms
+    it. A RunNotRunningException there (a BaseException: it passes the cleanup of Flower's `except Exception`) is
+    logged as "Run ID ... is not in `RUNNING` status. Ignoring message ...", but the message and its task stay, and
+    the loop, given None, does not wait for a reply. The executor still runs the task, and the ClientApp's reply, to
+    a run the SuperLink no longer takes, is what the loop pushes after the *next* message it pulls (it waits for any
+    one reply, then pulls again; it pushes nothing while it pulls nothing). From then on each of this SuperNode's
+    replies goes out one instruction late, and the server drops the client from every round for round-timeout, until
+    the SuperNode restarts. A server machine that dies as a SuperNode takes an instruction, then the dead run stopped
+    (`flwr stop`, docs/running/checkpoints.md) before the SuperNode's confirmation gets through, does exactly that.
+
+    Here, after such a call: the task created for the message is finished as STOPPED (which also revokes its token,
+    so a ClientApp already running it can push nothing), and the message and any reply of its run still waiting to
+    be pushed are deleted with their objects: the SuperLink would refuse all of them."""
+
+    from flwr.supercore.run import RunNotRunningException
+
+    def pull_and_store_or_drop(**kwargs) -> int | None:
+        state = kwargs["state"]
+        taken: list = []  # the message received by this call, and the ids of its run's tasks from before it
+        stopped: list[bool] = []
+
+        def receive() -> tuple | None:
+            received = kwargs["receive"]()
+            if received is not None:
+                run_id = received[0].metadata.run_id
+                taken[:] = [received[0], {task.task_id for task in state.get_tasks(run_ids=[run_id])}]
+            return received
+
+        def noting(call: Callable) -> Callable:
+            def call_and_note(*args):
+                try:
+                    return call(*args)
+                except RunNotRunningException:
+                    stopped.append(True)  # maybe in one of pull_objects' threads: list.append is atomic
+                    raise
+
+            return call_and_note
+
+        watched = ("get_run", "get_fab", "pull_object", "confirm_message_received")
+        run_id = pull_and_store(**{**kwargs, "receive": receive, **{name: noting(kwargs[name]) for name in watched}})
+        if run_id is None and stopped and taken:
+            drop_stopped_message(state, kwargs["object_store"], *taken)
+        return run_id
+
+    return pull_and_store_or_drop
+
+
+def drop_stopped_message(state, object_store, message, tasks_before: set[int]) -> None:
+    """Finish the ClientApp task created for `message` (any task of its run not in `tasks_before`) as STOPPED, and
+    delete the message and its run's replies not yet pushed, with their objects, from the SuperNode's state."""
+    from flwr.common import log
+    from flwr.common.constant import Status, SubStatus
+
+    run_id, message_id = message.metadata.run_id, message.metadata.message_id
+    tasks = [
+        task.task_id
+        for task in state.get_tasks(run_ids=[run_id])
+        if task.task_id not in tasks_before and task.status.status != Status.FINISHED
+    ]
+    for task_id in tasks:
+        state.finish_task(task_id, sub_status=SubStatus.STOPPED, details=f"run {run_id} is not running")
+    replies = [reply.metadata.message_id for reply in state.get_messages(run_ids=[run_id], is_reply=True)]
+    state.delete_messages(message_ids=[message_id, *replies])
+    for object_id in (message_id, *replies):
+        object_store.delete(object_id)
+    log(
+        INFO,
+        "run %s is not running: dropped message %s, its %d task(s) and %d reply(ies) of the run, so that no "
+        "ClientApp answers it and this SuperNode's next reply answers its next message",
+        run_id,
+        message_id,
+        len(tasks),
+        len(replies),
+    )
+
+
 def patch_flower(poll: float, runtime_port: int | None = None) -> None:
     import flwr
     from flwr.supernode import start_client_internal
@@ -90,10 +172,10 @@ def patch_flower(poll: float, runtime_port: int | None = None) -> None:
         )
     # a stand-in for the time module, its sleep remapped (polling_time): no ModuleType, but all Flower's loop uses
     start_client_internal.time = polling_time(poll)  # type: ignore[assignment]
+    pull_and_store = dropping_stopped_runs(start_client_internal._pull_and_store_message)
     if runtime_port is not None:
-        start_client_internal._pull_and_store_message = ringing(
-            start_client_internal._pull_and_store_message, runtime_port
-        )
+        pull_and_store = ringing(pull_and_store, runtime_port)
+    start_client_internal._pull_and_store_message = pull_and_store
     shorten_pull_backoff()  # the instruction's objects, pulled while the ServerApp still uploads them
 
 

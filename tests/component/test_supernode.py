@@ -242,3 +242,128 @@ def test_a_supernode_that_hangs_delays_the_executor_loop_by_one_timeout_only(mon
         assert node.unreachable and node.next_ask - time.monotonic() > 0.5
         node.close()
     assert f"the SuperNode at {address} does not answer" in capsys.readouterr().err
+
+
+STOPPED_RUN, NEW_RUN, NODE = 6868, 731, 1642
+
+
+def instruction(run_id: int, server_round: int):
+    """A train instruction as the SuperLink hands it to a SuperNode: (the message without its content, its object
+    tree, its objects by id)."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.serde import message_from_proto, message_to_proto
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+
+    message = Message(
+        RecordDict({"config": ConfigRecord({"server-round": server_round})}),
+        dst_node_id=NODE,
+        message_type="train",
+        group_id=str(server_round),
+    )
+    message.metadata.__dict__.update(_run_id=run_id, _src_node_id=1)  # as the SuperLink sets them
+    message.metadata.__dict__["_message_id"] = message.object_id
+    objects = {object_id: item.deflate() for object_id, item in get_all_nested_objects(message).items()}
+    return message_from_proto(message_to_proto(remove_content_from_message(message))), get_object_tree(message), objects
+
+
+def take(loop, state, message, confirm) -> int | None:
+    """The SuperNode's `_pull_and_store_message` (as patched) taking `message` from the SuperLink; its run is known
+    from earlier rounds, and `confirm` answers the confirmation of its receipt."""
+    taken, tree, objects = message
+    return loop._pull_and_store_message(
+        state=state,
+        object_store=state.object_store,
+        node_config={},
+        receive=lambda: (taken, tree),
+        get_run=pytest.fail,
+        get_fab=pytest.fail,
+        pull_object=lambda run_id, object_id: objects[object_id],
+        confirm_message_received=confirm,
+        trusted_entities=None,
+    )
+
+
+def run_clientapps(state) -> list[str]:
+    """What the executor and its ClientApps do to the SuperNode's state, without processes: claim every pending
+    ClientApp task, take its run's instruction, store a reply; the ids of the instructions answered."""
+    from flwr.app import Message, RecordDict
+    from flwr.common.constant import Status, SubStatus
+    from flwr.supernode.start_client_internal import _insert_message
+
+    answered = []
+    for task in state.get_tasks(statuses=[Status.PENDING]):
+        assert state.claim_task(task.task_id) and state.activate_task(task.task_id)
+        (message,) = state.get_messages(run_ids=[task.run_id], is_reply=False, limit=1)
+        state.record_message_processing_start(message.metadata.message_id)
+        reply = Message(RecordDict(), reply_to=message)
+        state.record_message_processing_end(message.metadata.message_id)
+        _insert_message(reply, state, state.object_store)
+        assert state.finish_task(task.task_id, SubStatus.COMPLETED, "")
+        answered.append(message.metadata.message_id)
+    return answered
+
+
+@pytest.fixture
+def supernode_loop(monkeypatch, pull_defaults):
+    """Flower's SuperNode loop module as `fedbayes supernode` patches it, restored after the test."""
+    from flwr.supernode import start_client_internal
+
+    monkeypatch.setattr(start_client_internal, "time", start_client_internal.time)
+    monkeypatch.setattr(start_client_internal, "_pull_and_store_message", start_client_internal._pull_and_store_message)
+    supernode.patch_flower(0.01)
+    return start_client_internal
+
+
+@pytest.mark.parametrize("clientapp", ["not started", "running", "replied"])
+def test_a_message_whose_run_stops_while_the_supernode_takes_it_leaves_nothing_to_answer(supernode_loop, clientapp):
+    """A server machine dies as a SuperNode takes round 3's instruction; the operator starts the SuperLink again and
+    stops the dead run (`flwr stop`) before the SuperNode's confirmation of that instruction gets through, which the
+    SuperLink then refuses (RunNotRunningException). Flower 1.39 kept the instruction and its ClientApp task: the
+    executor answered it, and that reply was the one the SuperNode pushed after the resumed run's next instruction,
+    whose own reply then waited for the instruction after it. Each reply one instruction late, the server dropped
+    the client from every round of the resumed run for round-timeout (seen in the netns system test
+    test_a_dead_server_machine_resumes_and_loses_nothing). Whatever the ClientApp had done by then (`clientapp`),
+    nothing of the stopped run may be left to answer or to push, and the next reply pushed answers the next
+    instruction."""
+    from flwr.common.constant import Status
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run, RunNotRunningException
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    state = NodeStateFactory(ObjectStoreFactory()).state()
+    state.set_node_id(NODE)
+    for run_id in (STOPPED_RUN, NEW_RUN):
+        state.store_run(Run.create_empty(run_id))
+    tokens, answered = [], []
+
+    def confirm_refused(run_id, message_id):  # the SuperLink, started again, has the run stopped
+        if clientapp == "running":  # the executor took the task while the SuperNode still pulled the objects
+            (task,) = state.get_tasks(run_ids=[STOPPED_RUN], statuses=[Status.PENDING])
+            tokens.append(state.claim_task(task.task_id))
+            state.activate_task(task.task_id)
+            answered.extend(state.get_messages(run_ids=[STOPPED_RUN], is_reply=False))  # the ClientApp pulled it
+        elif clientapp == "replied":  # ... and answered it, before the SuperNode heard that the run had stopped
+            answered.extend(run_clientapps(state))
+        raise RunNotRunningException
+
+    assert take(supernode_loop, state, instruction(STOPPED_RUN, 3), confirm_refused) is None
+    assert len(answered) == (clientapp != "not started") and all(tokens)  # the ClientApp got that far
+    assert run_clientapps(state) == []  # no ClientApp for the stopped run
+    assert all(task.status.status == Status.FINISHED for task in state.get_tasks(run_ids=[STOPPED_RUN]))
+    assert all(state.get_task_by_token(token) is None for token in tokens)  # a running ClientApp can push nothing
+
+    resumed = instruction(NEW_RUN, 2)
+    assert take(supernode_loop, state, resumed, lambda run_id, message_id: None) == NEW_RUN
+    assert run_clientapps(state) == [resumed[0].metadata.message_id]
+    pushed = []
+
+    def send(message, object_tree, clientapp_runtime):
+        pushed.append(message.metadata.reply_to_message_id)
+        if message.metadata.run_id == STOPPED_RUN:
+            raise RunNotRunningException
+        return set(), "session"
+
+    supernode_loop._push_messages(state=state, object_store=state.object_store, send=send, push_object=pytest.fail)
+    assert pushed == [resumed[0].metadata.message_id]  # the reply to the resumed run's instruction, and only it
+    assert not state.get_messages()
