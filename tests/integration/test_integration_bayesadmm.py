@@ -15,6 +15,7 @@ from fedbayes.server.checkpoint import CheckpointStore
 from tests.support import newest_state
 from tests.support.processes import (
     BreakableFederation,
+    command_line,
     processes_with_env,
     restart_client_1_after_round_1,
     run_loopback,
@@ -89,11 +90,7 @@ def test_full_covariance_bayesadmm_over_grpc(tmp_path):
 
 
 def serverapp_pids(flwr_home) -> list[int]:
-    return [
-        pid
-        for pid in processes_with_env("FLWR_HOME", str(flwr_home))
-        if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    return [pid for pid in processes_with_env("FLWR_HOME", str(flwr_home)) if b"flwr-serverapp" in command_line(pid)]
 
 
 def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):

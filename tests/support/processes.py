@@ -61,6 +61,15 @@ def processes_with_env(variable: str, value: str) -> list[int]:
     return found
 
 
+def command_line(pid: int) -> bytes:
+    """The process's command line, NUL-separated; empty once it has exited (a process found a moment ago may be gone
+    by the time it is read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 def processes_of(flwr_home: Path) -> list[int]:
     """Live processes whose environment says they belong to this federation."""
     return processes_with_env("FLWR_HOME", str(flwr_home))
