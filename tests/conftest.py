@@ -33,7 +33,7 @@ TIERS = {
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        for marker in TIERS.get(item.path.relative_to(TESTS).parts[0], ()):
+        for marker in TIERS.get(tier(item), ()):
             item.add_marker(marker)
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if os.environ.get("PYTEST_XDIST_WORKER"):
