@@ -15,8 +15,7 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.tasks.compute import resolve_device
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import build_model
-
-NO_GPU = "no CUDA GPU on this machine (CI has none): the cuda path is checked only where a GPU is present"
+from tests.support import NO_GPU
 
 
 def tiny_images(size: int = 40) -> Dataset:

@@ -31,7 +31,7 @@ from fedbayes.tasks.config import ConfigError, round_seed
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import build_model
 from fedbayes.tasks.report import load_runs, summary
-from tests.support import DEFAULTS, fedavg_reply, rows, settings
+from tests.support import DEFAULTS, NO_GPU, fedavg_reply, rows, settings
 from tests.support import run_loop as run
 
 CPU = torch.device("cpu")
@@ -67,11 +67,13 @@ def global_arrays(model: nn.Module) -> dict:
     return ArrayRecord({name: Array(value.detach().numpy().copy()) for name, value in model.state_dict().items()})
 
 
-def evaluation(model_name: str, count: int = 40, **overrides) -> tuple[ServerEvaluation, nn.Module, Dataset]:
+def evaluation(
+    model_name: str, count: int = 40, device: torch.device = CPU, **overrides
+) -> tuple[ServerEvaluation, nn.Module, Dataset]:
     torch.manual_seed(0)
     model, test = build_model(model_name, IMAGE, 10), images(count)
     run_settings = with_evaluation_defaults(settings(model=model_name, **overrides), model, IMAGE)
-    return ServerEvaluation(model, test, GaussianStrategy(model), run_settings, CPU), model, test
+    return ServerEvaluation(model, test, GaussianStrategy(model), run_settings, device), model, test
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "cnn-zenke", "resnet20"])
@@ -99,6 +101,22 @@ def test_eval_batched_rows_agree_with_one_pass_per_sample():
     assert batched_row.keys() == row.keys() and batched_row["eval_samples"] == 3
     for key in ("accuracy", "nll", "ece", "accuracy_ensemble", "nll_ensemble", "ece_ensemble"):
         assert batched_row[key] == pytest.approx(row[key], rel=1e-6, abs=1e-7), key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_evaluation_on_a_gpu_gives_the_rows_of_the_cpu(batched):
+    keys = {"eval-fraction": 1.0, "ensemble-samples": 3, "eval-batched": batched}
+    on_cpu, model, _ = evaluation("cnn-zenke", **keys)
+    on_gpu, _, _ = evaluation("cnn-zenke", device=torch.device("cuda"), **keys)
+    arrays = global_arrays(model)
+    row, gpu_row = on_cpu(arrays, 3), on_gpu(arrays, 3)
+    assert gpu_row.keys() == row.keys() and gpu_row["eval_samples"] == 3
+    # cuDNN may use TF32 in convolutions: agreement to its round-off, not to float32's
+    for key in ("nll", "nll_ensemble"):
+        assert gpu_row[key] == pytest.approx(row[key], rel=1e-2), key
+    for key in ("accuracy", "accuracy_ensemble"):
+        assert abs(gpu_row[key] - row[key]) <= 0.05, key
 
 
 def test_the_default_mlp_evaluation_computes_what_the_server_computed_before():

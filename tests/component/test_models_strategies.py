@@ -18,7 +18,7 @@ from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import CONV_MODELS, build_model
-from tests.support import DEFAULTS, FakeGrid, client_runtime, reply_message, round_core
+from tests.support import DEFAULTS, NO_GPU, FakeGrid, client_runtime, reply_message, round_core
 
 SHAPE, CLASSES = (3, 16, 16), 10  # CIFAR's channels at a quarter of the pixels: the smallest cnn-acar accepts
 TINY = {  # one short epoch, few particles and steps: the point is that every piece runs on these models
@@ -56,12 +56,18 @@ def image_data(size: int, seed: int) -> Dataset:
     return Dataset("cifar10", images, labels, CLASSES, pixel_scale=1.0)
 
 
-def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2):
+def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2, device: str = "cpu", on_forward=None):
+    """`rounds` rounds of two clients through the strategy's real halves; `on_forward(module, args, output)` is
+    hooked onto each client's model."""
     settings = run_settings({**DEFAULTS, **TINY, "model": model, "strategy": strategy})
     algorithm = get_algorithm(strategy)
     runtimes = {
-        node: client_runtime(settings, f"client-{node}", tmp_path, image_data(6 + 2 * node, node)) for node in (1, 2)
+        node: client_runtime(settings, f"client-{node}", tmp_path, image_data(6 + 2 * node, node), device)
+        for node in (1, 2)
     }
+    if on_forward is not None:
+        for runtime in runtimes.values():
+            runtime.model.register_forward_hook(on_forward)
     layout = runtimes[1].layout
     server = round_core(algorithm.build_server(settings, layout))
     torch.manual_seed(settings.seed)
@@ -79,15 +85,29 @@ def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2):
     return server, initial, {name: arrays[name].numpy() for name in layout}
 
 
-@pytest.mark.parametrize("model", ["cnn-zenke", "cnn-acar", "resnet20"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_trains_the_convolutional_models(tmp_path, model, strategy):
-    server, initial, final = run_rounds(tmp_path, model, strategy)
+def assert_trained(server, initial, final, model: str, strategy: str) -> None:
     scheduled = {"dsvgd": {"client-1", "client-2"}}.get(strategy)  # DSVGD: one client per round, in turn
     assert set(server.accepted_rounds) == (scheduled or {"client-1", "client-2"})
     assert all(np.isfinite(value).all() for value in final.values())
     moved = sum(float(np.abs(final[name] - initial[name]).sum()) for name in initial)
     assert moved > 0.0, f"{strategy} left {model}'s global weights where they started"
+
+
+@pytest.mark.parametrize("model", ["cnn-zenke", "cnn-acar", "resnet20"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_trains_the_convolutional_models(tmp_path, model, strategy):
+    assert_trained(*run_rounds(tmp_path, model, strategy), model, strategy)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_trains_a_cnn_on_the_gpu(tmp_path, strategy):
+    seen = set()
+    server, initial, final = run_rounds(
+        tmp_path, "cnn-acar", strategy, device="cuda", on_forward=lambda module, args, out: seen.add(out.device.type)
+    )
+    assert_trained(server, initial, final, "cnn-acar", strategy)
+    assert seen == {"cuda"}, f"{strategy}'s client ran forward passes on {sorted(seen)}"
 
 
 def test_groupnorm_resnet_trains_under_bayesadmm(tmp_path):

@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins"
 LAYOUT = {"fc.weight": (3, 4), "fc.bias": (3,)}  # a tiny model's parameters, for servers fed by hand
 
+NO_GPU = "no CUDA GPU on this machine (CI has none): the cuda path is checked only where a GPU is present"
+
 
 def pyproject_run_config(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, Any]:
     """The run-config keys and defaults a Flower app's pyproject.toml lists ([tool.flwr.app.config])."""
@@ -184,13 +186,15 @@ def synthetic_data(size: int, seed: int) -> Dataset:
     return Dataset("synthetic", torch.from_numpy(inputs), torch.from_numpy(labels), 2, pixel_scale=1.0)
 
 
-def client_runtime(run: RunSettings, client_id: str, state_dir: Path, data: Dataset) -> ClientRuntime:
-    """A client holding `data`, with the run's model (seeded: every client starts from the same weights) on the CPU.
-    The model's buffers are not wired: the servers these clients talk to have none either."""
+def client_runtime(
+    run: RunSettings, client_id: str, state_dir: Path, data: Dataset, device: str = "cpu"
+) -> ClientRuntime:
+    """A client holding `data`, with the run's model (seeded: every client starts from the same weights), training
+    on `device`. The model's buffers are not wired: the servers these clients talk to have none either."""
     torch.manual_seed(0)
     model = build_model(run.model, data.input_shape, data.num_classes)
-    node = NodeSettings(client_id, 0, 1, "", str(state_dir), "cpu")
-    return ClientRuntime(run, node, data, model, parameter_layout(model), torch.device("cpu"))
+    node = NodeSettings(client_id, 0, 1, "", str(state_dir), device)
+    return ClientRuntime(run, node, data, model, parameter_layout(model), torch.device(device))
 
 
 def partition_runtime(
