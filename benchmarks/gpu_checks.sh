@@ -1,0 +1,55 @@
+#!/bin/bash
+# The GPU checks, in one go, for a machine with an NVIDIA GPU: the GPU tests, the client cost of every strategy
+# against FedAvg on the CNNs, the server evaluation's cost, and 2-client CNN federations with clients and server on
+# cuda. Each step is time-boxed and independent, so one that fails leaves the others' results.
+# Results in $OUT (default benchmarks/results/gpu/run-<time>); docs/results/cnns.md#on-a-gpu has the last ones.
+#
+#   bash benchmarks/gpu_checks.sh            # in the repository root, with the project installed (make install)
+#
+# On a machine that already has a CUDA torch but not the project, put the other wheels (flwr, ivon-opt, ...) in .whl/
+# and the Fashion-MNIST files in .gpu/fmnist/ first: they are installed beside that torch (this is how the H200
+# session of 2026-11-26 ran it, with only 20,000 training images: hence --fraction 0.3 for 6,000 of them).
+set -u
+OUT=${OUT:-benchmarks/results/gpu/run-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+T0=$(date +%s)
+stamp() { echo; echo "=== +$(( $(date +%s) - T0 ))s $* | $(uptime)"; }
+export OMP_NUM_THREADS=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 PYTHONUNBUFFERED=1
+stamp setup
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+    export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
+    printf '#!%s\nimport sys\nfrom fedbayes.deploy.cli import main\nsys.exit(main())\n' "$(command -v python3)" >/tmp/site/bin/fedbayes
+    chmod +x /tmp/site/bin/fedbayes
+fi
+if [ -d .gpu/fmnist ]; then mkdir -p /usr/share/datasets/fashion-mnist && cp .gpu/fmnist/* /usr/share/datasets/fashion-mnist/; fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no NVIDIA GPU here"; exit 2; }
+python3 -c "import torch, flwr; assert torch.cuda.is_available(), 'torch sees no CUDA GPU'; print('torch', torch.__version__, torch.cuda.get_device_name(0), 'flwr', flwr.__version__)" || exit 2
+
+stamp gpu tests
+timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/component/test_device_path.py \
+    tests/component/test_evaluation.py tests/component/test_models_strategies.py 2>&1 | tail -25
+
+for examples in 256 6000; do
+    stamp "model_cost $examples examples"
+    rm -f benchmarks/results/model_cost-cuda.json  # the script merges into it: one file per setting here
+    timeout 300 python3 benchmarks/model_cost.py --device cuda --examples "$examples" 2>&1 | grep -v INFO | tail -32
+    mv benchmarks/results/model_cost-cuda.json "$OUT/model_cost-cuda-$examples.json"
+done
+
+stamp evaluation_cost
+timeout 90 python3 benchmarks/evaluation_cost.py --device cuda --threads 1 2>&1 | tail -8
+mv benchmarks/results/evaluation_cost-cuda.json "$OUT/"
+
+for run in cnn-acar:fedavg cnn-acar:bayesadmm cnn-zenke:bayesadmm resnet20:bayesadmm; do
+    model=${run%%:*} strategy=${run##*:}
+    stamp "federation $model $strategy"
+    workdir=$(mktemp -d)/run
+    timeout 120 fedbayes local --strategy "$strategy" --clients 2 --rounds 3 --fraction 0.3 --split iid \
+        --workdir "$workdir" --parallel-tasks 2 --set model="$model" --set device=cuda \
+        --set local-epochs=2 --set batch-size=64 --set eval-every=1 --set eval-fraction=1 \
+        --set ensemble-samples=32 2>&1 | tail -8
+    cp "$workdir/results.jsonl" "$OUT/federation-$model-$strategy.jsonl"
+done
+stamp done
