@@ -23,7 +23,9 @@ if [ -d .whl ]; then
     printf '#!%s\nimport sys\nfrom fedbayes.deploy.cli import main\nsys.exit(main())\n' "$(command -v python3)" >/tmp/site/bin/fedbayes
     chmod +x /tmp/site/bin/fedbayes
 fi
-if [ -d .gpu/fmnist ]; then mkdir -p /usr/share/datasets/fashion-mnist && cp .gpu/fmnist/* /usr/share/datasets/fashion-mnist/; fi
+FMNIST=/usr/share/datasets/fashion-mnist
+# Only onto a bare machine: never over a dataset that is already there.
+if [ -d .gpu/fmnist ] && [ ! -e "$FMNIST" ]; then mkdir -p "$FMNIST" && cp .gpu/fmnist/* "$FMNIST/"; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no NVIDIA GPU here"; exit 2; }
 python3 -c "import torch, flwr; assert torch.cuda.is_available(), 'torch sees no CUDA GPU'; print('torch', torch.__version__, torch.cuda.get_device_name(0), 'flwr', flwr.__version__)" || exit 2
 
