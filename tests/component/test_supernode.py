@@ -244,6 +244,30 @@ def test_a_supernode_that_hangs_delays_the_executor_loop_by_one_timeout_only(mon
     assert f"the SuperNode at {address} does not answer" in capsys.readouterr().err
 
 
+def test_a_second_sigterm_does_not_interrupt_the_executors_exit():
+    """`fedbayes local` TERMs the warm executor twice; the second arrives while the interpreter exits (torch's atexit
+    finalisers). It must not raise SystemExit there: that was a traceback in every run's superexec log."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, os, signal, time\n"
+        "from fedbayes.deploy.warm_executor import exit_on_term\n"
+        "def slow_finaliser():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n"
+        "    print('finaliser done', flush=True)\n"
+        "atexit.register(slow_finaliser)\n"
+        "signal.signal(signal.SIGTERM, exit_on_term)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(30)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "finaliser done" in result.stdout
+    assert "Exception ignored" not in result.stderr and "SystemExit" not in result.stderr, result.stderr
+
+
 STOPPED_RUN, NEW_RUN, NODE = 6868, 731, 1642
 
 
