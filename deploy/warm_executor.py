@@ -302,6 +302,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def exit_on_term(*_: object) -> NoReturn:
+    """SIGTERM: exit through the `finally` that closes the served SuperNodes. Further TERMs are ignored from here on:
+    `fedbayes local` sends two (one to the process, one to every process it marked), and the second would otherwise
+    raise SystemExit again inside the interpreter's own exit (torch's atexit finalisers), a traceback in the log."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(0)
+
+
 def run(args: argparse.Namespace) -> int:
     from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
 
@@ -317,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:  # a bad poll interval, CA file or address; a parent that is gone
         raise SystemExit(f"fedbayes superexec: {type(error).__name__}: {error}") from None
     preload()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # through the `finally` below
+    signal.signal(signal.SIGTERM, exit_on_term)
     try:
         serve(nodes)
     except KeyboardInterrupt:
