@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +87,10 @@ class ProcessGroup:
 
     def stop_all(self) -> None:
         # Clients first, so the SuperLink sees them leave; then every marked descendant.
+        signalled = [process.popen.pid for process in reversed(self.processes) if process.popen.poll() is None]
         for process in reversed(self.processes):
             self.stop(process)
-        stop_processes_with_env(MARKER_VARIABLE, self.marker, self.stop_timeout)
+        stop_processes_with_env(MARKER_VARIABLE, self.marker, self.stop_timeout, already_signalled=signalled)
         for process in self.processes:
             try:
                 process.popen.wait(timeout=5)
@@ -103,17 +104,18 @@ class ProcessGroup:
         self.stop_all()
 
 
-def stop_processes_with_env(variable: str, value: str, timeout: float) -> None:
+def stop_processes_with_env(variable: str, value: str, timeout: float, already_signalled: Collection[int] = ()) -> None:
     """TERM every live process whose environment holds variable=value, and every process in a session one
-    of them leads; KILL those left after `timeout` until none is left (a dying parent may spawn one more
-    child; on a busy machine a killed process takes a while to go).
+    of them leads, except those `already_signalled` (a second TERM interrupts a process's own shutdown: Flower's
+    SuperNode then left its Runtime API server running until the KILL); KILL those left after `timeout` until none
+    is left (a dying parent may spawn one more child; on a busy machine a killed process takes a while to go).
 
     Sessions, because not every descendant keeps the environment it was given: Ray starts its dashboard
     and runtime-env agents without our marker, in the session of the executor that started the simulation.
     Only sessions a marked process leads count, never one it merely belongs to (that may be the user's
     terminal session)."""
     sessions: set[int] = set()
-    for pid in _ours(variable, value, sessions):
+    for pid in set(_ours(variable, value, sessions)) - set(already_signalled):
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while _ours(variable, value, sessions) and time.monotonic() < deadline:

@@ -101,3 +101,30 @@ def test_stopping_a_group_reaches_the_processes_of_a_group_started_inside_it_aft
         middle.popen.wait()
         assert alive(grandchild)
     assert not alive(grandchild)
+
+
+def test_stopping_a_group_sends_each_of_its_processes_one_term(tmp_path):
+    """A process of the group gets SIGTERM once: the group's own TERM, not another from the scan for marked
+    processes that follows it. A second TERM interrupts a process's shutdown (Flower's SuperNode then left its
+    Runtime API server running until the KILL, 15 s later)."""
+    log = tmp_path / "terms"
+    counts_terms = (
+        "import signal, sys, time\n"
+        f"log = {str(log)!r}\n"
+        "def on_term(*_):\n"
+        "    open(log, 'a').write('TERM\\n')\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "open(log, 'w').write('ready\\n')\n"
+        "while 'TERM' not in open(log).read():\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(1.0)  # a shutdown that takes a while\n"
+        "sys.exit(0)\n"
+    )
+    with ProcessGroup(None, dict(os.environ)) as group:
+        process = group.start("counts-terms", [sys.executable, "-c", counts_terms])
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_text()):
+            assert time.monotonic() < deadline, "the process did not start"
+            time.sleep(0.05)
+    assert process.popen.returncode == 0  # it finished its own shutdown: no KILL
+    assert log.read_text().splitlines() == ["ready", "TERM"]
