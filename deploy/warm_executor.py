@@ -304,8 +304,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def exit_on_term(*_: object) -> NoReturn:
     """SIGTERM: exit through the `finally` that closes the served SuperNodes. Further TERMs are ignored from here on:
-    `fedbayes local` sends two (one to the process, one to every process it marked), and the second would otherwise
-    raise SystemExit again inside the interpreter's own exit (torch's atexit finalisers), a traceback in the log."""
+    a second one (`fedbayes local` sent two until `ProcessGroup.stop_all` skipped the processes it had signalled)
+    would raise SystemExit again inside the interpreter's exit (torch's atexit finalisers), a traceback in the log."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(0)
 
