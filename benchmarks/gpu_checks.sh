@@ -33,9 +33,13 @@ stamp gpu tests
 timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/component/test_device_path.py \
     tests/component/test_evaluation.py tests/component/test_models_strategies.py 2>&1 | tail -25
 
+# model_cost.py merges into, and evaluation_cost.py overwrites, their file in benchmarks/results: an earlier one is
+# kept in $OUT, and each run's file goes there too.
+for earlier in model_cost-cuda.json evaluation_cost-cuda.json; do
+    if [ -e "benchmarks/results/$earlier" ]; then mv "benchmarks/results/$earlier" "$OUT/earlier-$earlier"; fi
+done
 for examples in 256 6000; do
     stamp "model_cost $examples examples"
-    rm -f benchmarks/results/model_cost-cuda.json  # the script merges into it: one file per setting here
     timeout 300 python3 benchmarks/model_cost.py --device cuda --examples "$examples" 2>&1 | grep -v INFO | tail -32
     mv benchmarks/results/model_cost-cuda.json "$OUT/model_cost-cuda-$examples.json"
 done
