@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_parser("export-partitions", help="write each client's partition to an .npz file, and the test set")
     )
     _add_strategies(commands.add_parser("strategies", help="list the strategies and the run-config keys each reads"))
+    _add_presets(
+        commands.add_parser(
+            "presets", help="the papers' protocols: each preset's run-config values, with the source of each"
+        )
+    )
     _add_app(commands.add_parser("app", help="write the Flower app (DIR/pyproject.toml) for `flwr run DIR`"))
     commands.add_parser(
         "supernode",
@@ -128,6 +133,13 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1"
     )
     parser.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="a paper's protocol (`fedbayes presets`): its run-config values for --strategy and --split, and its "
+        "dataset and fraction unless given; every --set wins",
+    )
+    parser.set_defaults(dataset=None, fraction=None)  # given or not: a --preset supplies them when not
+    parser.add_argument(
         "--executor",
         default="shared",
         choices=("shared", "fork", "subprocess"),
@@ -146,8 +158,19 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
 
 def _run_local(args: argparse.Namespace) -> int:
     from fedbayes.deploy.launcher import LocalRun, default_workdir, parse_override, run_local
+    from fedbayes.deploy.presets import get_preset
 
+    preset = get_preset(args.preset) if args.preset else None
+    dataset = args.dataset or (preset.dataset if preset else "fmnist")
+    fraction = args.fraction or (preset.fraction if preset else 1.0)
     overrides = dict(parse_override(item) for item in args.set)
+    if preset:
+        overrides = {**preset.run_config(args.strategy, args.split, args.clients), **overrides}
+        print(
+            f"preset {preset.name}: {preset.paper}; {dataset}, fraction {fraction}, {args.clients} clients (the "
+            f"paper: {preset.clients}), {args.rounds} rounds (the paper: {preset.rounds}); `fedbayes presets "
+            f"{preset.name}` lists every value and its source"
+        )
     if args.data_root:
         overrides["data-root"] = args.data_root
     for key in ("data-root", "split-file"):  # made absolute: the federation's processes run in the workdir
@@ -159,8 +182,8 @@ def _run_local(args: argparse.Namespace) -> int:
             strategy=args.strategy,
             clients=args.clients,
             rounds=args.rounds,
-            dataset=_absolute_npz(args.dataset),
-            fraction=args.fraction,
+            dataset=_absolute_npz(dataset),
+            fraction=fraction,
             split=args.split,
             seed=args.seed,
             results=args.results,
@@ -319,6 +342,23 @@ def _print_strategies(args: argparse.Namespace) -> int:
     from fedbayes.deploy.flower_app import describe_strategies
 
     print(describe_strategies(args.names))
+    return 0
+
+
+def _add_presets(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", default="", metavar="PRESET", help="this one's values (default: list them)")
+    parser.add_argument("--strategy", default="", help="only this strategy's values, also as a `-c` string")
+    parser.add_argument("--split", default="", help="the split the values are for (default: the preset's first)")
+    parser.add_argument(
+        "--clients", type=checked_number(int, AT_LEAST_ONE), default=0, help="for values that depend on it"
+    )
+    parser.set_defaults(handler=_print_presets)
+
+
+def _print_presets(args: argparse.Namespace) -> int:
+    from fedbayes.deploy.presets import describe
+
+    print(describe(args.name, args.strategy, args.split, args.clients))
     return 0
 
 

@@ -220,11 +220,12 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
     assert "no-such-page.md" in built.stdout + built.stderr
 
 
-def test_the_configuration_reference_is_generated_from_the_declared_keys():
+def test_the_configuration_reference_and_the_presets_page_are_generated_from_the_code():
     spec = importlib.util.spec_from_file_location("gen_config", DOCS / "gen_config.py")
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
     assert generator.PAGE.read_text() == generator.render(), "stale: run `python docs/gen_config.py` (make docs)"
+    assert generator.PRESETS_PAGE.read_text() == generator.render_presets(), "stale: run `python docs/gen_config.py`"
     assert generator.main(["--check"]) == 0
 
 
