@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fedbayes.tasks.config import ConfigError
@@ -176,16 +176,12 @@ BAYESADMM_PAPER = Preset(
     by_split=BAYESADMM_BY_SPLIT,
     unmatched=REF_DIFFERENCES,
 )
-FEDLAP_PAPER = Preset(
+FEDLAP_PAPER = replace(  # [C] calls its FMNIST setup [P]'s: the same data, model and baselines
+    BAYESADMM_PAPER,
     name="fedlap-paper",
     paper="[P] Swaroop et al., Connecting Federated ADMM to Bayes, Table 1 FMNIST rows, App. E.5",
-    splits=("iid", "dirichlet"),
-    dataset="fmnist",
-    fraction=0.1,
-    clients=10,
-    rounds=50,
-    common=FMNIST_MLP,
     strategies=BASELINES,
+    by_split={},
     unmatched=(
         "[P] does not say how it scales the pixels: raw 0-255 as [C]'s REF, which [C] calls the same setup",
         "FedLap-Func is not implemented",
