@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu_checks.sh            # in the repository root, with the project installed (make install)
 #
 # On a machine that already has a CUDA torch but not the project, put the other wheels (flwr, ivon-opt, ...) in .whl/
-# and the Fashion-MNIST files in .gpu/fmnist/ first: they are installed beside that torch (this is how the H200
-# session of 2026-11-26 ran it, with only 20,000 training images: hence --fraction 0.3 for 6,000 of them).
+# and the Fashion-MNIST files in .gpu/fmnist/ first: they are installed beside that torch (this is how the GPU
+# sessions ran it). Each federation trains 2 clients on 6,000 images in all: FEDERATION_FRACTION=0.3 where only the
+# first 20,000 training images could be carried (the H200 session), 0.1 with all 60,000 (the default).
 set -u
 OUT=${OUT:-benchmarks/results/gpu/run-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
@@ -40,7 +41,7 @@ for earlier in model_cost-cuda.json evaluation_cost-cuda.json; do
 done
 for examples in 256 6000; do
     stamp "model_cost $examples examples"
-    timeout 300 python3 benchmarks/model_cost.py --device cuda --examples "$examples" 2>&1 | grep -v INFO | tail -32
+    timeout $(( examples > 1000 ? 420 : 300 )) python3 benchmarks/model_cost.py --device cuda --examples "$examples" 2>&1 | grep -v INFO | tail -32
     mv benchmarks/results/model_cost-cuda.json "$OUT/model_cost-cuda-$examples.json"
 done
 
@@ -52,7 +53,7 @@ for run in cnn-acar:fedavg cnn-acar:bayesadmm cnn-zenke:bayesadmm resnet20:bayes
     model=${run%%:*} strategy=${run##*:}
     stamp "federation $model $strategy"
     workdir=$(mktemp -d)/run
-    timeout 120 fedbayes local --strategy "$strategy" --clients 2 --rounds 3 --fraction 0.3 --split iid \
+    timeout 120 fedbayes local --strategy "$strategy" --clients 2 --rounds 3 --fraction "${FEDERATION_FRACTION:-0.1}" --split iid \
         --workdir "$workdir" --parallel-tasks 2 --set model="$model" --set device=cuda \
         --set local-epochs=2 --set batch-size=64 --set eval-every=1 --set eval-fraction=1 \
         --set ensemble-samples=32 2>&1 | tail -8
