@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from fedbayes.bayes.gaussian import Gaussian
-from fedbayes.bayes.ivon import IVONWithPrior
+from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_momentum
 from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
@@ -31,6 +32,8 @@ from fedbayes.strategies.bayesadmm.math import (
 
 MIN_NEWTON_STEP = 1e-6
 IVON_PREFIX = "ivon_"  # IVON's carried state in the durable store: ivon_momentum, ivon_hess, ivon_step
+DERIVED_HESS_INIT = "derived_hess_init"  # hess-init = 0: the h0 this client derived from its data, in its store
+HESS_INIT_EXAMPLES = 1000  # the examples that h0 is derived from (the GGN costs about 2C passes over them)
 
 
 def instruction_layouts(instruction: pb.BayesADMMInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
@@ -102,13 +105,14 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
     num_examples = len(runtime.data.labels)
     ess = num_examples / (instruction.rho * instruction.temperature)
     model = runtime.model.to(runtime.device)
+    hess_init = instruction.hess_init or _derived_hess_init(local, global_.mean)
     optimizer = IVONWithPrior(
         model.parameters(),
         lr=instruction.training.learning_rate,
         ess=ess,
-        hess_init=instruction.hess_init,
+        hess_init=hess_init,
         beta1=instruction.beta1,
-        beta2=instruction.beta2,
+        beta2=instruction.beta2 or hessian_momentum(_steps_per_round(local)),
         mc_samples=instruction.mc_samples,
         rescale_lr=instruction.rescale_lr,
     )
@@ -141,9 +145,29 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
     )
     mean, precision = optimizer.posterior()
     state = {f"{IVON_PREFIX}{name}": value for name, value in optimizer.carried_state().items()}
+    if not instruction.hess_init:
+        state[DERIVED_HESS_INIT] = torch.tensor([hess_init], dtype=torch.float64)
     model.cpu()
     fitted = Gaussian(mean.detach().cpu().double(), precision.detach().cpu().double())
     return fitted, loss_and_seconds, state
+
+
+def _steps_per_round(local: LocalRound) -> int:
+    training = local.instruction.training
+    return training.epochs * math.ceil(len(local.runtime.data.labels) / training.batch_size)
+
+
+def _derived_hess_init(local: LocalRound, global_mean: torch.Tensor) -> float:
+    """Run config hess-init = 0: IVON's h0 from this client's data (bayes/ivon.py hessian_init), the diagonal GGN of
+    its first HESS_INIT_EXAMPLES examples at q̄'s mean in the round it first trains; kept in its store after that."""
+    stored = local.stored
+    if stored is not None and DERIVED_HESS_INIT in stored.tensors:
+        return float(stored.tensors[DERIVED_HESS_INIT].item())
+    runtime = local.runtime
+    model = runtime.model.to(runtime.device)
+    torch.nn.utils.vector_to_parameters(global_mean.to(runtime.device, torch.float32), model.parameters())
+    images = runtime.data.images[:HESS_INIT_EXAMPLES].to(runtime.device)
+    return hessian_init(diag_ggn(model, images), len(images))
 
 
 def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):

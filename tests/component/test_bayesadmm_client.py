@@ -1,8 +1,14 @@
 """The BayesADMM/federated-ADMM client half in one process: training, dual step, durable state."""
 
+import copy
+import importlib
+
 import numpy as np
+import pytest
 import torch
 
+from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.bayes.ivon import hessian_init
 from fedbayes.bayes.params import flatten, get_parameters, unflatten
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
@@ -21,7 +27,7 @@ def make_runtime(tmp_path, strategy):
 FAMILY = {"bayesadmm": "diagonal", "fedadmm": "isotropic"}
 
 
-def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0):
+def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0, hess_init=1e-3, beta2=0.9998):
     """Round `server_round`'s instruction; the server last accepted this client's round `accepted`."""
     torch.manual_seed(0)
     mean = flatten(get_parameters(runtime.model), runtime.layout)
@@ -35,9 +41,9 @@ def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0
         rho=0.2,
         dual_step=dual_step,
         temperature=1e-3,
-        hess_init=1e-3,
+        hess_init=hess_init,
         beta1=0.9,
-        beta2=0.9998,
+        beta2=beta2,
         mc_samples=1,
         rescale_lr=False,
         reset_posterior=True,
@@ -50,8 +56,8 @@ def instruction(runtime, server_round, precision=1.0, dual_step=2e-4, accepted=0
     ), mean
 
 
-def run_round(runtime, server_round, strategy, accepted=0):
-    content, global_mean = instruction(runtime, server_round, accepted=accepted)
+def run_round(runtime, server_round, strategy, accepted=0, **ivon):
+    content, global_mean = instruction(runtime, server_round, accepted=accepted, **ivon)
     reply = get_algorithm(strategy).client_half()(content, runtime)
     return decode(reply, pb.Reply, pb.BayesADMMReply, {g: runtime.layout for g in GROUPS}, sender="client"), global_mean
 
@@ -86,6 +92,37 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
     # ...and so does one that accepted a round whose state is gone: the client says so (resumed from 0).
     lost, _ = run_round(make_runtime(tmp_path, "bayesadmm"), 9, "bayesadmm", accepted=7)
     assert lost.reply.resumed_from_round == 0
+
+
+def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path, monkeypatch):
+    """hess-init = beta2 = 0 (the defaults): h0 = hessian_init of the diagonal GGN of the client's data at q̄'s mean,
+    derived in its first round and read from its store after that; β2 = hessian_momentum(T) with T = epochs x
+    ceil(N_k / batch) = ceil(300 / 32) = 10 steps a round."""
+    client_module = importlib.import_module("fedbayes.strategies.bayesadmm.client")
+    built = []
+
+    class RecordingIVON(client_module.IVONWithPrior):
+        def __init__(self, params, **kwargs):
+            built.append(kwargs)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(client_module, "IVONWithPrior", RecordingIVON)
+    runtime = make_runtime(tmp_path, "bayesadmm")
+    model = copy.deepcopy(runtime.model)  # q̄'s mean is the runtime's initial model (`instruction`)
+    expected_h0 = hessian_init(diag_ggn(model, runtime.data.images), len(runtime.data.labels))
+    payload, _ = run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
+    assert payload.reply.num_examples == 300
+    assert built[-1]["hess_init"] == pytest.approx(expected_h0, rel=1e-6)
+    assert built[-1]["beta2"] == pytest.approx(0.9998 ** (190 / 10), rel=1e-12)
+    state = newest_state(runtime.state_store(runtime.settings.federation))
+    assert state.tensors["derived_hess_init"].item() == pytest.approx(expected_h0, rel=1e-6)
+    # Round 2 in a new process: the stored h0, not one derived again at round 2's q̄ (the GGN is not computed).
+    monkeypatch.setattr(client_module, "diag_ggn", lambda *args: pytest.fail("h0 derived again"))
+    run_round(make_runtime(tmp_path, "bayesadmm"), 2, "bayesadmm", accepted=1, hess_init=0.0, beta2=0.0)
+    assert built[-1]["hess_init"] == pytest.approx(expected_h0, rel=1e-6)
+    # A value set in the run config is used as it is.
+    run_round(make_runtime(tmp_path / "set", "bayesadmm"), 1, "bayesadmm", hess_init=0.05, beta2=0.99)
+    assert (built[-1]["hess_init"], built[-1]["beta2"]) == (0.05, 0.99)
 
 
 def test_fedadmm_client_is_a_point_estimate_with_linear_dual(tmp_path):

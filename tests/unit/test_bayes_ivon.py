@@ -4,7 +4,8 @@ import ivon
 import pytest
 import torch
 
-from fedbayes.bayes.ivon import IVONWithPrior
+from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_momentum
 
 
 def run_quadratic(optimizer, theta, curvature, target, steps):
@@ -77,3 +78,37 @@ def test_posterior_setter_round_trips_and_state_dict_keeps_the_terms():
     assert torch.equal(group["dual_quadratic"], 2 * torch.ones(3)) and "prior_mean" in group
     with pytest.raises(ValueError, match="expected 3 values"):
         optimizer.set_prior(torch.zeros(4), torch.ones(4))
+
+
+@pytest.mark.parametrize("steps", [1, 5, 19, 190, 1900])
+def test_hessian_momentum_gives_a_round_the_papers_weight_of_its_hessian_samples(steps):
+    """1 - β2^T is the weight a round of T steps gives its Hessian samples (from h = 0): the paper's 1 - 0.9998^190."""
+    beta2 = hessian_momentum(steps)
+    assert 1.0 - beta2**steps == pytest.approx(1.0 - 0.9998**190, rel=1e-9)
+    assert 0.0 < beta2 < 1.0
+
+
+def test_hessian_momentum_is_the_papers_at_its_190_steps_and_refuses_no_steps():
+    assert hessian_momentum(190) == pytest.approx(0.9998, rel=1e-12)
+    with pytest.raises(ValueError, match="steps_per_round must be >= 1"):
+        hessian_momentum(0)
+
+
+def test_hessian_init_is_twice_the_mean_ggn_per_example_closed_form_for_logistic_regression():
+    """Softmax regression at zero weights: p_c = 1/C for every input, so the diagonal GGN per example is
+    x_j² p(1-p) for each weight w_cj and p(1-p) for each bias: mean over parameters p(1-p) (Σ_j E[x_j²] + 1)/(D + 1)."""
+    torch.manual_seed(0)
+    classes, features, examples = 4, 6, 50
+    model = torch.nn.Linear(features, classes)
+    torch.nn.init.zeros_(model.weight), torch.nn.init.zeros_(model.bias)
+    x = torch.randn(examples, features) * torch.linspace(0.5, 3.0, features)
+    p = 1.0 / classes
+    expected = 2.0 * p * (1 - p) * (x.double().square().mean(0).sum().item() + 1.0) / (features + 1)
+    assert hessian_init(diag_ggn(model, x), examples) == pytest.approx(expected, rel=1e-6)
+
+
+def test_hessian_init_refuses_a_flat_loss_and_no_examples():
+    with pytest.raises(ValueError, match="no curvature to derive IVON's h0 from .* set hess-init > 0"):
+        hessian_init(torch.zeros(10, dtype=torch.float64), 5)
+    with pytest.raises(ValueError, match="examples must be >= 1"):
+        hessian_init(torch.ones(10, dtype=torch.float64), 0)
