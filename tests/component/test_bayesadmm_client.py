@@ -95,8 +95,8 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
 
 
 def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path, monkeypatch):
-    """hess-init = beta2 = 0 (the defaults): h0 = hessian_init of the diagonal GGN of the client's data at q̄'s mean,
-    derived in its first round and read from its store after that; β2 = hessian_momentum(T) with T = epochs x
+    """hess-init = beta2 = 0: h0 = hessian_init of the diagonal GGN of the client's first examples at
+    q̄'s mean, derived in its first round and read from its store after that; β2 = hessian_momentum(T) with T = epochs x
     ceil(N_k / batch) = ceil(300 / 32) = 10 steps a round."""
     client_module = importlib.import_module("fedbayes.strategies.bayesadmm.client")
     built = []
@@ -109,7 +109,8 @@ def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path
     monkeypatch.setattr(client_module, "IVONWithPrior", RecordingIVON)
     runtime = make_runtime(tmp_path, "bayesadmm")
     model = copy.deepcopy(runtime.model)  # q̄'s mean is the runtime's initial model (`instruction`)
-    expected_h0 = hessian_init(diag_ggn(model, runtime.data.images), len(runtime.data.labels))
+    first = runtime.data.images[: client_module.HESS_INIT_EXAMPLES]  # 128 of its 300
+    expected_h0 = hessian_init(diag_ggn(model, first), len(first))
     payload, _ = run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
     assert payload.reply.num_examples == 300
     assert built[-1]["hess_init"] == pytest.approx(expected_h0, rel=1e-6)

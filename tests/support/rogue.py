@@ -122,10 +122,6 @@ def overrides(strategy: str) -> dict:
     }
     if strategy == "bayesadmm-full":
         extra |= {"temperature": 1.0, "lr": 1.0}
-    if strategy == "bayesadmm":
-        # IVON's h0 and β2 as the paper sets them: the ones derived from these 12-30 examples (h0 of 5 to 10) make
-        # honest updates of norm 1e-3, which a millionfold leaves under the screen's √P floor (bayes/robust.py).
-        extra |= {"hess-init": 1e-3, "beta2": 0.9998}
     return extra
 
 

@@ -107,8 +107,9 @@ def test_hessian_init_is_twice_the_mean_ggn_per_example_closed_form_for_logistic
     assert hessian_init(diag_ggn(model, x), examples) == pytest.approx(expected, rel=1e-6)
 
 
-def test_hessian_init_refuses_a_flat_loss_and_no_examples():
-    with pytest.raises(ValueError, match="no curvature to derive IVON's h0 from .* set hess-init > 0"):
-        hessian_init(torch.zeros(10, dtype=torch.float64), 5)
+def test_hessian_init_refuses_a_flat_loss_nan_and_no_examples():
+    for ggn in (torch.zeros(10, dtype=torch.float64), torch.full((10,), float("nan"), dtype=torch.float64)):
+        with pytest.raises(ValueError, match="no curvature to derive IVON's h0 from .* set hess-init > 0"):
+            hessian_init(ggn, 5)
     with pytest.raises(ValueError, match="examples must be >= 1"):
         hessian_init(torch.ones(10, dtype=torch.float64), 0)
