@@ -17,15 +17,13 @@ client's data and its steps a round.
 from __future__ import annotations
 
 from collections.abc import Mapping
-import math
-from math import pow
+from math import isfinite, pow
 from typing import Any
 
 import ivon
 import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
-
 
 # The paper's FMNIST-10% client (Möllenhoff et al., App. G.2; the authors' configs/fmnist_*/fedivon.yaml): IVON's
 # Hessian momentum over one round of 10 epochs x ceil(600 / 32) = 190 steps, and h0 = 1e-3 on raw 0-255 pixels, twice
@@ -48,7 +46,7 @@ def hessian_momentum(steps_per_round: int) -> float:
     """
     if steps_per_round < 1:
         raise ValueError(f"steps_per_round must be >= 1, got {steps_per_round}")
-    return REFERENCE_BETA2 ** (REFERENCE_STEPS / steps_per_round)
+    return pow(REFERENCE_BETA2, REFERENCE_STEPS / steps_per_round)
 
 
 def hessian_init(diag_ggn_sum: Tensor, examples: int) -> float:
@@ -63,7 +61,7 @@ def hessian_init(diag_ggn_sum: Tensor, examples: int) -> float:
     if examples < 1:
         raise ValueError(f"examples must be >= 1, got {examples}")
     derived = HESS_INIT_PER_GGN * float(diag_ggn_sum.mean()) / examples
-    if not derived > 0.0 or not math.isfinite(derived):  # a flat loss (every output saturated), or NaN weights
+    if not derived > 0.0 or not isfinite(derived):  # a flat loss (every output saturated), or NaN weights
         raise ValueError(f"no curvature to derive IVON's h0 from (diagonal GGN: {derived}): set hess-init > 0")
     return derived
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.curvature import diag_ggn
+from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_momentum
 from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
