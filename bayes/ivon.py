@@ -66,6 +66,16 @@ def hessian_init(diag_ggn_sum: Tensor, examples: int) -> float:
     return derived
 
 
+def hessian_under_prior(hess: Tensor, prior_precision: Tensor) -> Tensor:
+    """A carried Hessian estimate h under a new prior δ (per unit of ess): h where h + δ > 0, else 0.
+
+    IVON keeps h + δ > 0 for the δ it ran under (Alg. 2 line 5), and h itself may be negative where the dual's
+    -u outweighs the data (ĥ = g·(θ - m)/σ² - u, Alg. 2 line 3). A client that carries h into a round whose prior
+    δ' = S̄'/ess is smaller there would sample with a negative variance: NaN weights (measured, `reset-posterior`
+    off on digits, round 3). Zero leaves the new prior's precision there."""
+    return torch.where(hess + prior_precision > 0, hess, torch.zeros_like(hess))
+
+
 class IVONWithPrior(ivon.IVON):
     def __init__(
         self,
@@ -125,6 +135,7 @@ class IVONWithPrior(ivon.IVON):
         group = self._group
         group["prior_mean"] = self._as_flat(mean)
         group["weight_decay"] = self._as_flat(precision) / group["ess"]
+        group["hess"] = hessian_under_prior(group["hess"], group["weight_decay"])
 
     def set_lagrange(self, dual_linear: Tensor, dual_quadratic: Tensor) -> None:
         """v and u of Eq. 30, per unit of ess."""
@@ -158,10 +169,11 @@ class IVONWithPrior(ivon.IVON):
         }
 
     def carry_on(self, state: Mapping[str, Tensor]) -> None:
-        """Continue from an earlier optimizer's `carried_state()`."""
+        """Continue from an earlier optimizer's `carried_state()`, under this optimizer's prior (`set_prior` first:
+        the carried h is kept where h + δ > 0, `hessian_under_prior`)."""
         group = self._group
         group["momentum"] = state["momentum"].to(self._device, self._dtype)
-        group["hess"] = state["hess"].to(self._device, self._dtype)
+        group["hess"] = hessian_under_prior(state["hess"].to(self._device, self._dtype), group["weight_decay"])
         self.current_step = int(state["step"].item())
 
     @torch.no_grad()

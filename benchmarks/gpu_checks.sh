@@ -10,6 +10,12 @@
 # and the Fashion-MNIST files in .gpu/fmnist/ first: they are installed beside that torch (this is how the GPU
 # sessions ran it). Each federation trains 2 clients on 6,000 images in all: FEDERATION_FRACTION=0.3 where only the
 # first 20,000 training images could be carried (the H200 session), 0.1 with all 60,000 (the default).
+#
+# Settable, for a call with less device time: MODEL_COST_EXAMPLES (default "256 6000", "" for none); FEDERATIONS, entries
+# model:strategy[:key=value,...] (default the four below); FEDERATION_CLIENTS / _ROUNDS / _SPLIT / _EPOCHS
+# (default 2 / 3 / iid / 2). E.g. BayesADMM's IVON settings on the CNNs (issue 30, item 6):
+#   MODEL_COST_EXAMPLES=256 FEDERATION_SPLIT=dirichlet FEDERATION_CLIENTS=3 FEDERATION_ROUNDS=6 \
+#   FEDERATIONS="cnn-zenke:fedavg cnn-zenke:bayesadmm cnn-zenke:bayesadmm:beta2=0" bash benchmarks/gpu_checks.sh
 set -u
 OUT=${OUT:-benchmarks/results/gpu/run-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
@@ -39,7 +45,7 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/component/test_de
 for earlier in model_cost-cuda.json evaluation_cost-cuda.json; do
     if [ -e "benchmarks/results/$earlier" ]; then mv "benchmarks/results/$earlier" "$OUT/earlier-$earlier"; fi
 done
-for examples in 256 6000; do
+for examples in ${MODEL_COST_EXAMPLES-256 6000}; do
     stamp "model_cost $examples examples"
     timeout $(( examples > 1000 ? 420 : 300 )) python3 benchmarks/model_cost.py --device cuda --examples "$examples" 2>&1 | grep -v INFO | tail -32
     mv benchmarks/results/model_cost-cuda.json "$OUT/model_cost-cuda-$examples.json"
@@ -49,14 +55,17 @@ stamp evaluation_cost
 timeout 90 python3 benchmarks/evaluation_cost.py --device cuda --threads 1 2>&1 | tail -8
 mv benchmarks/results/evaluation_cost-cuda.json "$OUT/"
 
-for run in cnn-acar:fedavg cnn-acar:bayesadmm cnn-zenke:bayesadmm resnet20:bayesadmm; do
-    model=${run%%:*} strategy=${run##*:}
-    stamp "federation $model $strategy"
+for run in ${FEDERATIONS:-cnn-acar:fedavg cnn-acar:bayesadmm cnn-zenke:bayesadmm resnet20:bayesadmm}; do
+    IFS=: read -r model strategy keys <<<"$run"
+    stamp "federation $model $strategy $keys"
+    sets=()
+    for kv in ${keys//,/ }; do sets+=(--set "$kv"); done
     workdir=$(mktemp -d)/run
-    timeout 120 fedbayes local --strategy "$strategy" --clients 2 --rounds 3 --fraction "${FEDERATION_FRACTION:-0.1}" --split iid \
+    timeout 120 fedbayes local --strategy "$strategy" --clients "${FEDERATION_CLIENTS:-2}" \
+        --rounds "${FEDERATION_ROUNDS:-3}" --fraction "${FEDERATION_FRACTION:-0.1}" --split "${FEDERATION_SPLIT:-iid}" \
         --workdir "$workdir" --parallel-tasks 2 --set model="$model" --set device=cuda \
-        --set local-epochs=2 --set batch-size=64 --set eval-every=1 --set eval-fraction=1 \
-        --set ensemble-samples=32 2>&1 | tail -8
-    cp "$workdir/results.jsonl" "$OUT/federation-$model-$strategy.jsonl"
+        --set local-epochs="${FEDERATION_EPOCHS:-2}" --set batch-size=64 --set eval-every=1 --set eval-fraction=1 \
+        --set ensemble-samples=32 "${sets[@]}" 2>&1 | tail -12
+    cp "$workdir/results.jsonl" "$OUT/federation-$model-$strategy${keys:+-${keys//[=,]/_}}.jsonl"
 done
 stamp done

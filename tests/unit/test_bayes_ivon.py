@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedbayes.bayes.curvature import diag_ggn
-from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_momentum
+from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_momentum, hessian_under_prior
 
 
 def run_quadratic(optimizer, theta, curvature, target, steps):
@@ -78,6 +78,29 @@ def test_posterior_setter_round_trips_and_state_dict_keeps_the_terms():
     assert torch.equal(group["dual_quadratic"], 2 * torch.ones(3)) and "prior_mean" in group
     with pytest.raises(ValueError, match="expected 3 values"):
         optimizer.set_prior(torch.zeros(4), torch.ones(4))
+
+
+def test_a_carried_hessian_is_kept_where_the_new_prior_keeps_its_precision_positive():
+    hess = torch.tensor([-2.0, -1.0, -0.5, 0.0, 1.0])
+    torch.testing.assert_close(hessian_under_prior(hess, torch.ones(5)), torch.tensor([0.0, 0.0, -0.5, 0.0, 1.0]))
+
+
+def test_carrying_a_negative_hessian_into_a_looser_prior_samples_finite_weights():
+    """h = -0.5 was valid under δ = 1 (h + δ > 0); the next round's prior δ' = 0.1 would give a negative
+    variance there (NaN weights, the `reset-posterior` off failure): the carried h keeps the new prior's
+    precision instead, and leaves the other coordinates as they were."""
+    ess = 10.0
+    theta = torch.nn.Parameter(torch.zeros(3))
+    optimizer = IVONWithPrior([theta], lr=0.1, ess=ess, hess_init=1.0)
+    optimizer.set_prior(torch.zeros(3), ess * torch.tensor([0.1, 0.1, 0.1]))
+    carried = {"momentum": torch.zeros(3), "hess": torch.tensor([-0.5, 0.3, -0.05]), "step": torch.tensor([7])}
+    optimizer.carry_on(carried)
+    _, precision = optimizer.posterior()
+    torch.testing.assert_close(precision, ess * torch.tensor([0.1, 0.4, 0.05]))
+    assert optimizer.current_step == 7
+    torch.manual_seed(0)
+    run_quadratic(optimizer, theta, torch.ones(3), torch.ones(3), steps=3)
+    assert torch.isfinite(theta).all() and torch.isfinite(optimizer.posterior()[1]).all()
 
 
 @pytest.mark.parametrize("steps", [1, 5, 19, 190, 1900])
