@@ -31,7 +31,12 @@ class BayesADMMSettings:
     )
     mc_samples: int = key(1, "IVON's weight samples per step", AT_LEAST_ONE)
     rescale_lr: bool = key(False, "IVON's rescale_lr")
-    reset_posterior: bool = key(True, "start IVON's posterior at q̄ every round (the reference code does)")
+    reset_posterior: bool = key(
+        True,
+        "start IVON's posterior at q̄ every round (the reference code does); false: at m̄ with the Hessian the client "
+        "carried from its last round (with few clients or on the CNNs, where q̄'s precision otherwise collapses; "
+        "docs/extending/data.md)",
+    )
     noise: str = key(
         "shared",
         "shared: every client draws IVON's weight noise and its minibatch order from the run "
