@@ -214,6 +214,8 @@ class RoundCore:
         weights, update = isolated.result
         self.commit(isolated.used, server_round)
         self.strategy.commit(update.state)
+        if update.warning:
+            log(WARNING, "round %d: %s", server_round, update.warning)
         return (
             ArrayRecord({name: Array(value) for name, value in weights.items()}),
             round_metrics(isolated.used, **update.metrics),

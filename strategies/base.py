@@ -95,11 +95,13 @@ class RoundRejected(Exception):
 class Update(Generic[S]):
     """What `absorb` computes from a round's accepted replies, without changing the strategy: the new global model
     (flat, in layout order; what the server evaluates and hands to the next round), the strategy's state as it
-    becomes once the round is committed, and the round's own metrics."""
+    becomes once the round is committed, the round's own metrics, and what the operator should know about the
+    global model that the metrics alone would not say (logged as a warning; the run goes on)."""
 
     weights: np.ndarray
     state: S = None  # type: ignore[assignment]  # a stateless strategy's state is None
     metrics: dict[str, float] = field(default_factory=dict)
+    warning: str = ""
 
 
 class ForgetRefused(ValueError):

@@ -16,6 +16,7 @@ from fedbayes.bayes.gaussian import Gaussian, scaled_identity, solve
 from fedbayes.bayes.params import TensorLayout, Tensors, flatten, unflatten
 from fedbayes.bayes.robust import part_clip_factors
 
+COLLAPSE_SHARE = 0.01  # clients adding under 1% to q̄'s precision: it collapses towards δ (measured, data.md)
 DUAL_CHECK_RTOL = 1e-5  # per entry, of the magnitudes that make it: float32 transport rounds each to ~6e-8
 
 
@@ -272,8 +273,7 @@ def mean_log_precision(q: Gaussian) -> torch.Tensor:
     """(m, log diag S) as one flat vector; m alone for the fixed-covariance family."""
     if q.kind == "isotropic":
         return q.mean
-    diagonal = q.precision.diagonal() if q.precision.ndim == 2 else q.precision
-    return torch.cat([q.mean, diagonal.log()])
+    return torch.cat([q.mean, _diagonal(q.precision).log()])
 
 
 def precision_summary(q: Gaussian) -> dict[str, float]:
@@ -281,8 +281,40 @@ def precision_summary(q: Gaussian) -> dict[str, float]:
     which is what shared training noise speeds up (README, Results)."""
     if q.kind == "isotropic":
         return {}
-    diagonal = q.precision.diagonal() if q.precision.ndim == 2 else q.precision
-    return {"global-precision-median": float(diagonal.median())}
+    return {"global-precision-median": float(_diagonal(q.precision).median())}
+
+
+def added_precision_share(locals_: list[Gaussian], global_: Gaussian) -> float:
+    """The median over parameters of (Mean_k S_k - S̄) / S̄: how much precision this round's clients added to the q̄
+    they started from (diagonals for the full family).
+
+    Why it matters: with duals that hardly move (the paper's γ = 0.001 ρ), Eq. 37 is S̄' ≈ (1 - α) Mean_k S_k + α δ,
+    so where the clients add a share s, S̄' ≈ (1 - α)(1 + s) S̄ + α δ: below s = α / (1 - α) = 1 / (ρK) S̄ falls
+    towards δ, by the factor 1 - α a round at s = 0, until IVON's weight samples are noise and training diverges
+    (docs/extending/data.md: the CNNs, small tabular clients and FMNIST-10% at the defaults)."""
+    local = torch.stack([_diagonal(q.precision) for q in locals_]).mean(0)
+    start = _diagonal(global_.precision)
+    return float(((local - start) / start).median())
+
+
+def collapse_warning(share: float, rho: float, clients: int, before: Gaussian, after: Gaussian) -> str:
+    """What to tell the operator when the clients added under COLLAPSE_SHARE to q̄'s precision (`added_precision_share`),
+    else ""."""
+    if share >= COLLAPSE_SHARE:
+        return ""
+    shrink = 1.0 - 1.0 / (1.0 + rho * clients)
+    before_median = float(_diagonal(before.precision).median())
+    after_median = float(_diagonal(after.precision).median())
+    return (
+        f"the clients added {share:.1%} to q̄'s precision (median); while that lasts it shrinks to about "
+        f"{shrink:.3f} of itself a round towards the prior's (median {before_median:.4g} -> {after_median:.4g}) "
+        "until training diverges: with few clients or a CNN set reset-posterior=false, for an MLP hess-init=0 "
+        "beta2=0 (docs/extending/data.md)"
+    )
+
+
+def _diagonal(precision: torch.Tensor) -> torch.Tensor:
+    return precision.diagonal() if precision.ndim == 2 else precision
 
 
 def as_sent(q: Gaussian) -> Gaussian:

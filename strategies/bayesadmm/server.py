@@ -31,8 +31,10 @@ from fedbayes.strategies.bayesadmm.math import (
     DUAL_CHECK_RTOL,
     Duals,
     LocalPosterior,
+    added_precision_share,
     as_sent,
     bounded_influence,
+    collapse_warning,
     dual_step,
     fixed_point_natural,
     fixed_point_residual,
@@ -179,11 +181,13 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         held_locals = self.state.local_posteriors | {
             p.header.client_id: LocalPosterior.held(q, server_round) for p, q in zip(payloads, used_locals)
         }
-        return Update(
-            updated.mean.numpy(),
-            BayesADMMState(updated, duals, held_locals),
-            {"known-clients": len(duals), **precision_summary(updated)},
-        )
+        metrics: dict[str, float] = {"known-clients": len(duals), **precision_summary(updated)}
+        warning = ""
+        if not self.isotropic:  # its precision is fixed
+            share = added_precision_share(used_locals, self.global_)
+            metrics["client-precision-share"] = share
+            warning = collapse_warning(share, self.hyperparameters.rho, len(duals), self.global_, updated)
+        return Update(updated.mean.numpy(), BayesADMMState(updated, duals, held_locals), metrics, warning)
 
     def forget(self, client: str) -> Forgotten[BayesADMMState]:
         """q̄ without client k, from the server's state alone, by one of two estimates (the package docstring): the

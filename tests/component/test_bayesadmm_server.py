@@ -91,6 +91,27 @@ def test_lost_client_state_is_reported_and_the_clients_duals_are_used(caplog):
     torch.testing.assert_close(server.strategy.state.duals["a"].mean, fresh.mean, rtol=1e-6, atol=1e-9)
 
 
+def test_clients_that_add_no_precision_are_reported_and_warned_of_and_the_round_goes_on(caplog):
+    server, _ = strategy()
+    a1, _, duals_a1 = reply("a", 1, [1.0, 2.0], [50.0, 60.0], server.strategy.global_, 0)
+    with caplog.at_level(logging.WARNING):
+        _, metrics = server.aggregate(1, [reply_message(a1, 1)])
+    # shares (50 - 1)/1 and (60 - 1)/1 over δ = 1; the median of two is the lower (torch.median)
+    assert metrics["client-precision-share"] == pytest.approx(49.0, rel=1e-5)
+    assert "q̄'s precision" not in caplog.text
+    # Round 2: the client comes back with q̄'s own precision, as a client whose IVON Hessian restarted at 0 and
+    # hardly grew does: it added nothing, and S̄ falls.
+    global_2 = server.strategy.global_
+    a2, _, _ = reply("a", 2, [1.0, 2.0], global_2.precision.tolist(), global_2, 1, previous=duals_a1)
+    with caplog.at_level(logging.WARNING):
+        arrays, metrics = server.aggregate(2, [reply_message(a2, 1)])
+    assert arrays is not None and server.round_report.rejected == {}
+    assert abs(metrics["client-precision-share"]) < 1e-6
+    assert "round 2: the clients added 0.0% to q̄'s precision" in caplog.text
+    assert "shrinks to about 0.167 of itself a round" in caplog.text  # 1 - α, α = 1/(1 + ρK) with ρ = 0.2, K = 1
+    assert float(server.strategy.global_.precision.median()) < float(global_2.precision.median())
+
+
 def test_tampered_duals_are_rejected_and_leave_no_trace():
     server, _ = strategy()
     global_1 = server.strategy.global_

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from fedbayes.bayes.gaussian import Gaussian
-from fedbayes.strategies.bayesadmm.math import Duals, dual_step, newton_client_step, server_step
+from fedbayes.strategies.bayesadmm.math import (
+    COLLAPSE_SHARE,
+    Duals,
+    added_precision_share,
+    collapse_warning,
+    dual_step,
+    newton_client_step,
+    server_step,
+)
 from tests.support.problems import ridge_problem
 
 DTYPE = torch.float64
@@ -118,3 +126,35 @@ def test_dual_step_and_server_step_signs_and_units_on_two_clients():
     eta = (1 - alpha) * torch.tensor([10.0, -1.0], dtype=DTYPE) + alpha * torch.tensor([8.0, -1.0], dtype=DTYPE)
     torch.testing.assert_close(updated.precision, precision)
     torch.testing.assert_close(updated.mean, eta / precision)
+
+
+@pytest.mark.parametrize("clients", [3, 10])
+def test_clients_that_add_no_precision_shrink_it_by_one_minus_alpha_and_are_warned_of(clients):
+    """Eq. 37 with zero duals: S̄' = (1 - α) Mean_k S_k + α δ. Clients adding a share s of S̄ give
+    S̄' = (1 - α)(1 + s) S̄ + α δ: at s = 0 the factor 1 - α = ρK / (1 + ρK) towards δ (the warning names it), at
+    s = α / (1 - α) = 1 / (ρK) S̄ stays (no warning)."""
+    rho, delta, size = 0.2, 1.0, 5
+    alpha = 1.0 / (1.0 + rho * clients)
+    start = Gaussian(
+        torch.zeros(size, dtype=torch.float64), torch.tensor([100.0, 200.0, 50.0, 400.0, 150.0], dtype=torch.float64)
+    )
+    zero = Duals(torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64))
+    for share, shrinks in ((0.0, True), (1.0 / (rho * clients), False)):
+        locals_ = [Gaussian(start.mean, (1.0 + share) * start.precision) for _ in range(clients)]
+        assert added_precision_share(locals_, start) == pytest.approx(share, rel=1e-12)
+        after = server_step(locals_, [zero] * clients, rho, delta)
+        torch.testing.assert_close(after.precision, (1 - alpha) * (1 + share) * start.precision + alpha * delta)
+        warning = collapse_warning(share, rho, clients, start, after)
+        if shrinks:
+            assert (
+                f"shrinks to about {1 - alpha:.3f} of itself a round" in warning and "reset-posterior=false" in warning
+            )
+            assert "150 -> " in warning  # the medians before and after
+        else:
+            assert share >= COLLAPSE_SHARE and warning == ""
+
+
+def test_the_share_of_a_full_precision_is_that_of_its_diagonal():
+    start = Gaussian(torch.zeros(2, dtype=torch.float64), torch.tensor([[4.0, 1.0], [1.0, 8.0]], dtype=torch.float64))
+    local = Gaussian(start.mean, torch.tensor([[6.0, -3.0], [-3.0, 12.0]], dtype=torch.float64))
+    assert added_precision_share([local], start) == pytest.approx(0.5)
