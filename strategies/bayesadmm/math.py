@@ -289,8 +289,8 @@ def added_precision_share(locals_: list[Gaussian], global_: Gaussian) -> float:
     they started from (diagonals for the full family).
 
     Why it matters: with duals that hardly move (the paper's γ = 0.001 ρ), Eq. 37 is S̄' ≈ (1 - α) Mean_k S_k + α δ,
-    so where the clients add a share s, S̄' ≈ (1 - α)(1 + s) S̄ + α δ: below s = α / (1 - α) = 1 / (ρK) S̄ falls
-    towards δ, by the factor 1 - α a round at s = 0, until IVON's weight samples are noise and training diverges
+    so where the clients add a share s, S̄' ≈ (1 - α)(1 + s) S̄ + α δ: where s < α / (1 - α) = 1 / (ρK), S̄ falls
+    towards δ (by the factor 1 - α a round at s = 0) until IVON's weight samples are noise and training diverges
     (docs/extending/data.md: the CNNs, small tabular clients and FMNIST-10% at the defaults)."""
     local = torch.stack([_diagonal(q.precision) for q in locals_]).mean(0)
     start = _diagonal(global_.precision)
