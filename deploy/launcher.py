@@ -579,8 +579,11 @@ def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int
 
 
 def show_row(progress: Progress, row: dict[str, Any], rounds: int) -> None:
-    """A round's row in the table, and the progress line after it (of a run of `rounds` rounds)."""
+    """A round's row in the table, the strategy's warnings of that round, and the progress line after it (of a run of
+    `rounds` rounds)."""
     progress.print(format_row(row))
+    for warning in row.get("warnings", ()):
+        progress.print(f"  warning: {warning}")
     progress.round_done(RoundDone(row["round"], rounds, row["accuracy"], row["clients"], row["clients_sent"]))
 
 

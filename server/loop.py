@@ -491,6 +491,7 @@ def train_round(
         "rejected": dict(report.rejected),  # who was left out, and why
         "fresh_starts": list(report.fresh_starts),  # accepted clients that had lost their state and started afresh
         "quarantined": sorted(report.quarantined),  # nodes that sit out the next round (server/isolation.py)
+        "warnings": list(report.warnings),  # what the strategy warned of (e.g. BayesADMM's collapsing precision)
         # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
         "train_loss": None,
         "client_compute_seconds": None,

@@ -68,13 +68,15 @@ MAX_REASON = 400  # characters of a rejection reason that are logged and reporte
 class RoundReport:
     """Who took part in the last round: the nodes sent work, the accepted client ids, why others were left out, the
     clients whose accepted reply started afresh although the server held an accepted round of theirs (they lost
-    their state), and the nodes that sit out rounds (quarantined: label -> the last round it sits out)."""
+    their state), the nodes that sit out rounds (quarantined: label -> the last round it sits out), and what the
+    strategy warned of (its `Update.warning`)."""
 
     sent: int = 0
     accepted: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)  # "client 'client-3' (node 42)" -> reason
     fresh_starts: list[str] = field(default_factory=list)
     quarantined: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,7 @@ class RoundCore:
         self.strategy.commit(update.state)
         if update.warning:
             log(WARNING, "round %d: %s", server_round, update.warning)
+            self.round_report.warnings.append(update.warning)
         return (
             ArrayRecord({name: Array(value) for name, value in weights.items()}),
             round_metrics(isolated.used, **update.metrics),

@@ -98,7 +98,7 @@ def test_clients_that_add_no_precision_are_reported_and_warned_of_and_the_round_
         _, metrics = server.aggregate(1, [reply_message(a1, 1)])
     # shares (50 - 1)/1 and (60 - 1)/1 over δ = 1; the median of two is the lower (torch.median)
     assert metrics["client-precision-share"] == pytest.approx(49.0, rel=1e-5)
-    assert "q̄'s precision" not in caplog.text
+    assert "q̄'s precision" not in caplog.text and server.round_report.warnings == []
     # Round 2: the client comes back with q̄'s own precision, as a client whose IVON Hessian restarted at 0 and
     # hardly grew does: it added nothing, and S̄ falls.
     global_2 = server.strategy.global_
@@ -108,6 +108,8 @@ def test_clients_that_add_no_precision_are_reported_and_warned_of_and_the_round_
     assert arrays is not None and server.round_report.rejected == {}
     assert abs(metrics["client-precision-share"]) < 1e-6
     assert "round 2: the clients added 0.0% to q̄'s precision" in caplog.text
+    (warning,) = server.round_report.warnings  # what the results row carries and `fedbayes local` prints
+    assert warning.startswith("the clients added 0.0% to q̄'s precision")
     assert "shrinks to about 0.167 of itself a round" in caplog.text  # 1 - α, α = 1/(1 + ρK) with ρ = 0.2, K = 1
     assert float(server.strategy.global_.precision.median()) < float(global_2.precision.median())
 

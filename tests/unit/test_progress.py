@@ -68,6 +68,13 @@ def test_elsewhere_each_round_adds_a_plain_line():
     )
 
 
+def test_a_rounds_warnings_follow_its_row():
+    stream, clock = io.StringIO(), Clock()
+    with Progress(stream, clock) as progress:
+        show_row(progress, ROW | {"warnings": ["the clients added 0.0% to q̄'s precision"]}, 3)
+    assert stream.getvalue().splitlines()[:2] == [format_row(ROW), "  warning: the clients added 0.0% to q̄'s precision"]
+
+
 def test_the_serverapps_round_line_is_read_as_it_logs_it():
     line = progress_line(ROW | {"accuracy_ensemble": 0.7, "nll_ensemble": 1.0}, 50)
     assert parse_round_log_line(f"INFO :      {line}\n") == RoundDone(1, 50, 0.6356, 2, 3)
