@@ -3,6 +3,7 @@ one bad round among good ones does not; a strategy that fails while absorbing a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -10,6 +11,7 @@ import pytest
 
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import RunFailed
+from fedbayes.strategies.fedavg.server import FedAvg
 from tests.support import FakeGrid, fedavg_reply, no_metrics, rows, scripted
 from tests.support import run_loop as run
 
@@ -273,3 +275,17 @@ def test_an_error_from_the_superlink_names_the_node_the_instruction_went_to(tmp_
     assert arrays is not None and len(report.accepted) == 2
     assert report.rejected == {f"node {offline}": "client error: node offline"}
     assert federation.core._refused_nodes == set()
+
+
+def test_a_strategys_warning_is_in_its_rounds_row_and_only_there(tmp_path, monkeypatch):
+    """`Update.warning` (BayesADMM's collapsing precision, for one) reaches the results row that `fedbayes local`
+    prints it from; a round without one has none."""
+    absorb = FedAvg.absorb
+
+    def warning_in_round_2(self, payloads, server_round):
+        update = absorb(self, payloads, server_round)
+        return dataclasses.replace(update, warning="take care") if server_round == 2 else update
+
+    monkeypatch.setattr(FedAvg, "absorb", warning_in_round_2)
+    run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, value=1.0), rounds=3)
+    assert [row["warnings"] for row in rows(tmp_path)] == [[], ["take care"], []]
