@@ -58,12 +58,17 @@ def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, ser
     )
 
 
+def prior_weight(rho: float, clients: int) -> float:
+    """α = 1 / (1 + ρK), the weight of δ + Σ U_k against Mean_k S_k in the server step (Eq. 37)."""
+    return 1.0 / (1.0 + rho * clients)
+
+
 def server_natural(
     locals_: list[Gaussian], all_duals: list[Duals], rho: float, prior_precision: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Alg. 1 lines 9-11 / Eqs. 37-38 for any family, in natural parameters: (S̄ m̄, S̄). `locals_`: this round's
     replies; `all_duals`: every known client's duals (K = len(all_duals))."""
-    alpha = 1.0 / (1.0 + rho * len(all_duals))
+    alpha = prior_weight(rho, len(all_duals))
     mean_eta = torch.stack([q.natural()[0] for q in locals_]).mean(0)
     mean_precision = torch.stack([q.precision for q in locals_]).mean(0)
     sum_v = torch.stack([d.mean for d in all_duals]).sum(0)
@@ -302,7 +307,7 @@ def collapse_warning(share: float, rho: float, clients: int, before: Gaussian, a
     else ""."""
     if share >= COLLAPSE_SHARE:
         return ""
-    shrink = 1.0 - 1.0 / (1.0 + rho * clients)
+    shrink = 1.0 - prior_weight(rho, clients)
     before_median = float(_diagonal(before.precision).median())
     after_median = float(_diagonal(after.precision).median())
     return (
