@@ -34,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals
+from fedbayes.deploy.launcher import LocalRun, run_local
+from fedbayes.deploy.processes import stop_processes_on_signals
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cnn_rounds"
 MODELS = ("cnn-zenke", "cnn-acar", "resnet20")

@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals
+from fedbayes.deploy.launcher import LocalRun, parse_override, run_local
+from fedbayes.deploy.processes import stop_processes_on_signals
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd"
 MODEL = {"model": "mlp", "hidden": "100", "activation": "relu", "batch-size": 100}

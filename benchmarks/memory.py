@@ -43,8 +43,8 @@ for _name, _value in (
 ):
     os.environ.setdefault(_name, _value)
 
-from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local, stop_processes_on_signals
-from fedbayes.deploy.processes import command_line
+from fedbayes.deploy.launcher import LocalFederation, LocalRun, run_local
+from fedbayes.deploy.processes import command_line, stop_processes_on_signals
 from tests.support.processes import descendants, processes_with_env
 
 OUTPUT = REPO / "benchmarks" / "results" / "memory.json"

@@ -69,8 +69,8 @@ for _name, _value in (
 from flwr.app import Context, Message, RecordDict
 
 from benchmarks.reproduce_table1 import COMMON, PRESETS
-from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals
-from fedbayes.deploy.processes import command_line
+from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local
+from fedbayes.deploy.processes import command_line, stop_processes_on_signals
 from fedbayes.strategies import default_run_config
 from tests.support.processes import processes_with_env
 

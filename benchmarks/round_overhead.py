@@ -70,7 +70,8 @@ sys.path.insert(0, str(REPO))  # `python benchmarks/round_overhead.py` from a so
 for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
     os.environ.setdefault(_name, _value)
 
-from fedbayes.deploy.launcher import LocalRun, run_local, stop_processes_on_signals
+from fedbayes.deploy.launcher import LocalRun, run_local
+from fedbayes.deploy.processes import stop_processes_on_signals
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "round_overhead.json"
 BASELINE_POLL = 0.1  # the "d vs" column compares against this poll interval

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reproduce_table1 import COMMON, PRESETS
 
-from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local, stop_processes_on_signals
+from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local
+from fedbayes.deploy.processes import stop_processes_on_signals
 from fedbayes.posterior import Prediction, load
 from fedbayes.posterior.export import export_posterior, locate_run
 from fedbayes.tasks.datasets import load_dataset

@@ -35,7 +35,8 @@ from sklearn.model_selection import train_test_split
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.network_vs_inprocess import run_inprocess
-from fedbayes.deploy.launcher import LocalRun, parse_override, run_local, stop_processes_on_signals
+from fedbayes.deploy.launcher import LocalRun, parse_override, run_local
+from fedbayes.deploy.processes import stop_processes_on_signals
 
 RESULTS = Path(__file__).resolve().parent / "results" / "user_defaults"
 DATASETS = {"breast_cancer": datasets.load_breast_cancer, "wine": datasets.load_wine, "digits": datasets.load_digits}

@@ -13,6 +13,40 @@ from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, ru
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # `run` and `supernode` hand every argument to Flower's command as it is (argparse cannot pass options through),
+    # and are dispatched before the parser is built: its subcommands import what they run (the client's, torch among
+    # it), which would cost every SuperNode about 2 CPU-s and 500 MB.
+    if argv[:1] == ["run"]:
+        from fedbayes.deploy.flwr_run import main as flwr_run
+
+        command = functools.partial(flwr_run, argv[1:])
+    elif argv[:1] == ["supernode"]:
+        from fedbayes.deploy.supernode import main as supernode
+
+        command = functools.partial(supernode, argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+        args.argv = argv  # `fedbayes local` prints the command that resumes it
+        command = functools.partial(args.handler, args)
+    from fedbayes.deploy.processes import stop_processes_on_signals
+    from fedbayes.tasks.runlog import RunFailed
+
+    stop_processes_on_signals()
+    try:
+        return command()
+    except KeyboardInterrupt:
+        print("interrupted; all processes stopped", file=sys.stderr)
+        return 130
+    except RunFailed as error:  # its message is the one-line reason
+        print(error, file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as error:
+        print(f"fedbayes: error: {error}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `fedbayes` command's parser, every subcommand's arguments and handler in it."""
     parser = argparse.ArgumentParser(prog="fedbayes", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_local(commands.add_parser("local", help="run a federation of local processes over loopback gRPC"))
@@ -66,32 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             "(or --readmit one); between rounds of a running federation",
         )
     )
-    if argv[:1] == ["run"]:  # every argument goes to `flwr run` as it is: argparse cannot pass options through
-        from fedbayes.deploy.flwr_run import main as flwr_run
-
-        command = functools.partial(flwr_run, argv[1:])
-    elif argv[:1] == ["supernode"]:  # likewise to `flower-supernode`
-        from fedbayes.deploy.supernode import main as supernode
-
-        command = functools.partial(supernode, argv[1:])
-    else:
-        args = parser.parse_args(argv)
-        args.argv = argv  # `fedbayes local` prints the command that resumes it
-        command = functools.partial(args.handler, args)
-    from fedbayes.deploy.launcher import RunFailed, stop_processes_on_signals
-
-    stop_processes_on_signals()
-    try:
-        return command()
-    except KeyboardInterrupt:
-        print("interrupted; all processes stopped", file=sys.stderr)
-        return 130
-    except RunFailed as error:  # its message is the one-line reason
-        print(error, file=sys.stderr)
-        return 1
-    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as error:
-        print(f"fedbayes: error: {error}", file=sys.stderr)
-        return 1
+    return parser
 
 
 def _add_split_arguments(parser: argparse.ArgumentParser) -> None:

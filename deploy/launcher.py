@@ -27,9 +27,7 @@ import itertools
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +50,7 @@ from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings
 from fedbayes.tasks.preflight import unwritable
-from fedbayes.tasks.runlog import RUN_FAILED, failure_reason
+from fedbayes.tasks.runlog import RunFailed, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
 
 APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
@@ -118,20 +116,6 @@ class LocalRun:
         }
         config.update(self.overrides)
         return config
-
-
-class RunFailed(RuntimeError):
-    """The run did not complete. The message is one line, `fedbayes run failed: <reason>`."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"{RUN_FAILED}{reason}")
-
-
-def stop_processes_on_signals() -> None:
-    """Make SIGTERM and SIGINT unwind through `with LocalFederation(...)`, which stops every process
-    it started. (A background job ignores SIGINT unless told otherwise; SIGTERM would kill us outright.)"""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def check_run_config(run_config: dict[str, Any], clients: int, new_federation: bool = True) -> RunSettings:

@@ -104,6 +104,13 @@ class ProcessGroup:
         self.stop_all()
 
 
+def stop_processes_on_signals() -> None:
+    """Make SIGTERM and SIGINT unwind through `with ProcessGroup()` (and `LocalFederation`), which stops every process
+    it started. (A background job ignores SIGINT unless told otherwise; SIGTERM would kill us outright.)"""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def stop_processes_with_env(variable: str, value: str, timeout: float, already_signalled: Collection[int] = ()) -> None:
     """TERM every live process whose environment holds variable=value, and every process in a session one
     of them leads, except those `already_signalled` (a second TERM interrupts a process's own shutdown: Flower's

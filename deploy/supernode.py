@@ -9,6 +9,7 @@ handing that one Flower module a `time` whose `sleep` maps them. Asking the Supe
 of once every 3 s costs one small gRPC call each. It also shortens the 1 s back-off of its object pulls
 (tasks/object_pulls.py), rings its executor's doorbell when it takes a message (deploy/doorbell.py), and drops what
 a message leaves behind when its run turns out to be stopped while the SuperNode takes it (`dropping_stopped_runs`).
+Once Flower's own graceful shutdown is done, it exits without the interpreter's teardown (`exit_without_teardown`).
 
 The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
@@ -16,11 +17,15 @@ The patch is tied to the code it was read in: any Flower but 1.39.0 is refused r
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from logging import INFO
 from types import SimpleNamespace
+from typing import NoReturn
 
 from fedbayes.deploy.doorbell import ring
 from fedbayes.tasks.object_pulls import seconds_from_env, shorten_pull_backoff
@@ -188,11 +193,32 @@ def runtime_port(argv: list[str]) -> int:
     return parser.parse_known_args(argv)[0].port
 
 
+def exit_without_teardown(entry: Callable[[], object]) -> NoReturn:
+    """Run `entry`, then end the process as Python would (its exit status, non-daemon threads joined, logging
+    flushed), but without the interpreter's teardown of every module and object. After SIGTERM, Flower's SuperNode
+    signs off, stops its servers and raises SystemExit in about 0.2 s; tearing down its ~1,500 modules took 1.5 s
+    more (2-core machine, load 4), on every client's way out. Nothing is left to clean up by then. An exception
+    other than SystemExit takes Python's usual path (traceback, exit status 1)."""
+    try:
+        entry()
+        status = 0
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str]) -> int:
-    """Run `flower-supernode` with `argv` as its arguments."""
+    """Run `flower-supernode` with `argv` as its arguments; the process ends with it (`exit_without_teardown`)."""
     patch_flower(poll_interval(), runtime_port(argv))
     from flwr.supernode.cli import flower_supernode
 
     sys.argv = ["flower-supernode", *argv]
-    flower_supernode()
-    return 0
+    exit_without_teardown(flower_supernode)

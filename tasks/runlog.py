@@ -11,6 +11,15 @@ from __future__ import annotations
 import re
 
 RUN_FAILED = "fedbayes run failed: "
+
+
+class RunFailed(RuntimeError):
+    """The run did not complete. The message is one line, `fedbayes run failed: <reason>`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{RUN_FAILED}{reason}")
+
+
 _NEW_FEDERATION = 'fedbayes: new federation "{name}"; to resume it, submit the same run config with federation="{name}"'
 _NEW_FEDERATION_PATTERN = re.compile(r'fedbayes: new federation "([A-Za-z0-9._-]+)"')
 

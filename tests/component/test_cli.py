@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbayes.deploy import launcher
+from fedbayes.deploy import processes
 from fedbayes.deploy.cli import _without_workdir, main
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 from tests.support.processes import LOCAL
@@ -84,7 +84,7 @@ def test_fedbayes_client_names_the_option_it_refuses_before_asking_the_superlink
     client_files, capsys, monkeypatch, change, message
 ):
     """Checked on this machine first: the SuperLink (127.0.0.1:1, where nothing listens) is never dialled."""
-    monkeypatch.setattr(launcher, "stop_processes_on_signals", lambda: None)  # this test's process keeps its own
+    monkeypatch.setattr(processes, "stop_processes_on_signals", lambda: None)  # this test's process keeps its own
     options = {
         "--superlink": "127.0.0.1:1",
         "--ca": "{tmp}/pki/ca.crt",

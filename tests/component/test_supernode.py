@@ -4,6 +4,8 @@ object pulls with a short first back-off (tasks/object_pulls.py)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -391,3 +393,68 @@ def test_a_message_whose_run_stops_while_the_supernode_takes_it_leaves_nothing_t
     supernode_loop._push_messages(state=state, object_store=state.object_store, send=send, push_object=pytest.fail)
     assert pushed == [resumed[0].metadata.message_id]  # the reply to the resumed run's instruction, and only it
     assert not state.get_messages()
+
+
+EXIT_SCRIPT = """
+import sys, threading, time
+from fedbayes.deploy.supernode import exit_without_teardown
+
+class Finalized:
+    def __del__(self):
+        print("torn down", flush=True)  # runs only in the interpreter's teardown
+
+kept = Finalized()
+
+def late_writer():
+    time.sleep(0.3)
+    print("thread done", flush=True)
+
+def entry():
+    threading.Thread(target=late_writer).start()  # not a daemon: Python would wait for it
+    print("entry ran")  # buffered: the pipe is no terminal
+    {ending}
+
+exit_without_teardown(entry)
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize(
+    "ending, status, stderr",
+    [("return", 0, ""), ("raise SystemExit(3)", 3, ""), ("sys.exit('refused: no key')", 1, "refused: no key\n")],
+)
+def test_the_supernode_exits_with_its_status_after_its_threads_without_the_interpreters_teardown(
+    ending, status, stderr
+):
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT.format(ending=ending)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == status, result.stderr
+    assert result.stdout == "entry ran\nthread done\n"  # flushed, the thread joined, no teardown, nothing after
+    assert result.stderr == stderr
+
+
+def test_an_exception_in_the_supernode_takes_pythons_usual_exit():
+    script = EXIT_SCRIPT.format(ending="raise RuntimeError('broken')").replace("late_writer).start()", "print)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "RuntimeError: broken" in result.stderr
+    assert "entry ran" in result.stdout and "torn down" in result.stdout  # the interpreter tore down as usual
+
+
+@pytest.mark.parametrize(
+    "command, module", [("supernode", "fedbayes.deploy.supernode"), ("run", "fedbayes.deploy.flwr_run")]
+)
+def test_a_supernode_and_a_submission_import_neither_torch_nor_the_launcher(command, module):
+    """Every client runs a `fedbayes supernode` process: torch in it cost about 2 CPU-s of start-up and 500 MB each."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fedbayes.deploy.cli", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert module in imported  # the trace is there
+    assert "torch" not in imported and "fedbayes.deploy.launcher" not in imported
