@@ -37,10 +37,9 @@ from pathlib import Path
 
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
-from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH  # the server refuses every reply from a longer id
 from fedbayes.tasks.config import NON_NEGATIVE, checked_number
 from fedbayes.tasks.preflight import unwritable
-from fedbayes.tasks.storage import is_safe_name
+from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, is_safe_name
 
 DEFAULT_STATE_DIR = Path("/var/lib/fedbayes")
 # A SuperNode that died without signing off stays online at the SuperLink until two 30 s heartbeats lapse.

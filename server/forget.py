@@ -70,13 +70,12 @@ from flwr.common import log
 from fedbayes.bayes.params import buffer_layout, parameter_layout, unflatten
 from fedbayes.posterior.export import RunLocation
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
-from fedbayes.server.identity import MAX_CLIENT_ID_LENGTH
 from fedbayes.server.round_core import Change, RoundCore, non_finite
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.strategies.base import ClientForget, ForgetRefused, Forgotten
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
-from fedbayes.tasks.storage import fsync_directory, is_safe_name, write_atomically
+from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, fsync_directory, is_safe_name, write_atomically
 
 REQUESTS_DIRECTORY = "forget-requests"
 AUDIT_LOG = "forget-audit.jsonl"

@@ -32,9 +32,7 @@ from flwr.common import log
 
 from fedbayes.protos.codec import PayloadError
 from fedbayes.tasks.config import ConfigError
-from fedbayes.tasks.storage import is_safe_name
-
-MAX_CLIENT_ID_LENGTH = 128
+from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, is_safe_name
 
 
 def read_registry(path: str) -> dict[str, int]:

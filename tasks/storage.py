@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 CHECKSUM_KEY = "checksum"  # the metadata entry that holds the file's `checksum`
+MAX_CLIENT_ID_LENGTH = 128  # the server refuses every reply from a longer client id
 
 
 def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:

@@ -442,10 +442,16 @@ def test_an_exception_in_the_supernode_takes_pythons_usual_exit():
 
 
 @pytest.mark.parametrize(
-    "command, module", [("supernode", "fedbayes.deploy.supernode"), ("run", "fedbayes.deploy.flwr_run")]
+    "command, module",
+    [
+        ("supernode", "fedbayes.deploy.supernode"),
+        ("run", "fedbayes.deploy.flwr_run"),
+        ("client", "fedbayes.deploy.client"),  # its process supervises the client's SuperNode and executor
+    ],
 )
-def test_a_supernode_and_a_submission_import_neither_torch_nor_the_launcher(command, module):
-    """Every client runs a `fedbayes supernode` process: torch in it cost about 2 CPU-s of start-up and 500 MB each."""
+def test_the_supernode_client_and_run_commands_import_neither_torch_nor_the_launcher(command, module):
+    """Every client runs a `fedbayes supernode` process (and, joining with `fedbayes client`, a supervising one): torch
+    in each cost about 2 CPU-s of start-up and 500 MB."""
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "fedbayes.deploy.cli", command, "--help"],
         capture_output=True,
