@@ -6,12 +6,15 @@ import argparse
 import functools
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `fedbayes` command; `argv` None: this process is the command (its console script or `python -m`)."""
+    whole_process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # `run` and `supernode` hand every argument to Flower's command as it is (argparse cannot pass options through),
     # and are dispatched before the parser is built: its subcommands import what they run (the client's, torch among
@@ -28,10 +31,18 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv  # `fedbayes local` prints the command that resumes it
         command = functools.partial(args.handler, args)
-    from fedbayes.deploy.processes import stop_processes_on_signals
-    from fedbayes.tasks.runlog import RunFailed
+    from fedbayes.deploy.processes import exit_without_teardown, stop_processes_on_signals
 
     stop_processes_on_signals()
+    if whole_process and argv[:1] == ["local"]:  # every process it started is stopped by then: no teardown needed
+        exit_without_teardown(functools.partial(outcome, command))
+    return outcome(command)
+
+
+def outcome(command: Callable[[], int]) -> int:
+    """The command's exit status; the errors a user can act on as one line."""
+    from fedbayes.tasks.runlog import RunFailed
+
     try:
         return command()
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ even when it is interrupted or one of the processes fails.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -16,11 +17,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 MARKER_VARIABLE = "FEDBAYES_PROCESS_GROUP"
 
@@ -102,6 +105,29 @@ class ProcessGroup:
 
     def __exit__(self, *exc_info) -> None:
         self.stop_all()
+
+
+def exit_without_teardown(entry: Callable[[], int | None]) -> NoReturn:
+    """Run `entry`, then end the process as Python would (the status it returns or exits with, non-daemon threads
+    joined, logging and stdio flushed), but without the interpreter's teardown of every module and object, for
+    processes whose work is done by then. After SIGTERM, Flower's SuperNode signs off, stops its servers and raises
+    SystemExit in about 0.2 s; tearing down its ~1,500 modules took 1.5 s more (2-core machine, load 4), on every
+    client's way out, and torch's teardown about 0.9 s of `fedbayes local`'s last second. An exception other than
+    SystemExit takes Python's usual path (traceback, exit status 1)."""
+    try:
+        returned = entry()
+        status = returned if isinstance(returned, int) else 0
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def stop_processes_on_signals() -> None:

@@ -17,17 +17,14 @@ The patch is tied to the code it was read in: any Flower but 1.39.0 is refused r
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from logging import INFO
 from types import SimpleNamespace
-from typing import NoReturn
 
 from fedbayes.deploy.doorbell import ring
+from fedbayes.deploy.processes import exit_without_teardown
 from fedbayes.tasks.object_pulls import seconds_from_env, shorten_pull_backoff
 
 PATCHED_FLOWER = "1.39.0"
@@ -191,28 +188,6 @@ def runtime_port(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--port", type=int, default=SUPERNODE_UVICORN_DEFAULT_PORT)
     return parser.parse_known_args(argv)[0].port
-
-
-def exit_without_teardown(entry: Callable[[], object]) -> NoReturn:
-    """Run `entry`, then end the process as Python would (its exit status, non-daemon threads joined, logging
-    flushed), but without the interpreter's teardown of every module and object. After SIGTERM, Flower's SuperNode
-    signs off, stops its servers and raises SystemExit in about 0.2 s; tearing down its ~1,500 modules took 1.5 s
-    more (2-core machine, load 4), on every client's way out. Nothing is left to clean up by then. An exception
-    other than SystemExit takes Python's usual path (traceback, exit status 1)."""
-    try:
-        entry()
-        status = 0
-    except SystemExit as stop:
-        if isinstance(stop.code, str):
-            print(stop.code, file=sys.stderr)
-        status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 def main(argv: list[str]) -> int:

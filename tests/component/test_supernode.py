@@ -397,7 +397,7 @@ def test_a_message_whose_run_stops_while_the_supernode_takes_it_leaves_nothing_t
 
 EXIT_SCRIPT = """
 import sys, threading, time
-from fedbayes.deploy.supernode import exit_without_teardown
+from fedbayes.deploy.processes import exit_without_teardown
 
 class Finalized:
     def __del__(self):
@@ -421,7 +421,12 @@ print("not reached")
 
 @pytest.mark.parametrize(
     "ending, status, stderr",
-    [("return", 0, ""), ("raise SystemExit(3)", 3, ""), ("sys.exit('refused: no key')", 1, "refused: no key\n")],
+    [
+        ("return", 0, ""),
+        ("return 4", 4, ""),  # `fedbayes local`'s status
+        ("raise SystemExit(3)", 3, ""),
+        ("sys.exit('refused: no key')", 1, "refused: no key\n"),
+    ],
 )
 def test_the_supernode_exits_with_its_status_after_its_threads_without_the_interpreters_teardown(
     ending, status, stderr
