@@ -469,12 +469,17 @@ def run_simulated(spec: LocalRun, stop_after: int = 0) -> list[dict]:
     print(f"simulation: {spec.clients} virtual clients, log in {workdir / 'simulation.log'}", flush=True)
     with open(workdir / "simulation.log", "w") as log:
         run = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-        while run.poll() is None:
-            time.sleep(5)
-            if stop_after and len(_rows(results)) >= stop_after:
-                run.send_signal(signal.SIGINT)
+        try:
+            while run.poll() is None:
+                time.sleep(5)
+                if stop_after and len(_rows(results)) >= stop_after:
+                    break
+        finally:  # also when this script is interrupted: else `fedbayes run` and its Ray cluster outlive it
+            if run.poll() is None:
+                run.send_signal(signal.SIGINT)  # Ctrl-C: `fedbayes run` stops everything it started
                 run.wait()
-                return _rows(results)[:stop_after]
+        if stop_after and len(_rows(results)) >= stop_after:
+            return _rows(results)[:stop_after]
     rows = _rows(results)
     if run.returncode != 0 or len(rows) != spec.rounds:
         raise SystemExit(
