@@ -26,6 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from memory import status_kib
+
 RESULTS = Path(__file__).resolve().parent / "results" / "startup_shutdown"
 ROW_PREFIX = " round  accuracy"  # `fedbayes local`'s table header; rows follow it
 
@@ -36,13 +40,10 @@ def supernode_rss_mib(workdir: Path) -> float | None:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             command = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"supernode" not in command or not any(str(workdir).encode() in part for part in command):
-                continue
-            status = (proc / "status").read_text()
+            if b"supernode" in command and any(str(workdir).encode() in part for part in command):
+                sizes.append(status_kib(int(proc.name), "VmRSS") / 1024)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        rss = [line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")]
-        sizes += [int(rss[0]) / 1024] if rss else []
+            continue  # gone meanwhile
     return statistics.mean(sizes) if sizes else None
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedbayes.deploy.launcher import RunFailed
 from fedbayes.deploy.processes import command_line
+from fedbayes.tasks.runlog import RunFailed
 from tests.support.processes import (
     cli_env,
     fault_env,
