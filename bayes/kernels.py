@@ -1,5 +1,9 @@
 """Particle methods: SVGD on (N, d) particle sets and Gaussian kernel density estimates of them.
 
+Every function also takes a batch of independent particle sets, shape (..., N, d) (e.g. (T, N, d) for T trials run
+at once): each set has its own median-heuristic bandwidth and its own KDE. A single (N, d) set gives the same bits as
+before batching was added (the federations' determinism rests on it).
+
 Two different kernels (docs/algorithms/dsvgd.md):
 - the SVGD kernel k(x, x') = exp(-‖x - x'‖² / h), h = med² / log(N + 1) (median heuristic; med² is the
   median of all N x N squared distances, zero diagonal included, as in the reference code; recomputed
@@ -21,35 +25,41 @@ MIN_SVGD_BANDWIDTH = 1e-12  # all particles equal (N = 1, or collapse): k = 1, n
 
 
 def squared_distances(points: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
-    """(M, N) ‖points_m - centres_n‖² as ‖a‖² + ‖c‖² - 2a·c (matrix products: 3x faster than direct
-    differences for network-sized particles), after moving the origin to the centres' mean: the round-off
-    scales with the squared norms, which this keeps at the particles' spread (about 1e-2 in float32 for
-    80k-parameter particles, against 2λ² = 0.6 in the kernels' exponents)."""
-    origin = centres.mean(0)
+    """(..., M, N) ‖points_m - centres_n‖² for points (..., M, d) and centres (..., N, d), as ‖a‖² + ‖c‖² - 2a·c
+    (matrix products: 3x faster than direct differences for network-sized particles), after moving the origin to the
+    centres' mean: the round-off scales with the squared norms, which this keeps at the particles' spread (about 1e-2
+    in float32 for 80k-parameter particles, against 2λ² = 0.6 in the kernels' exponents)."""
+    origin = centres.mean(-2, keepdim=True)
     points, centres = points - origin, centres - origin
-    cross = points @ centres.T
-    return (points.square().sum(1)[:, None] + centres.square().sum(1)[None, :] - 2 * cross).clamp_min(0)
+    cross = points @ centres.mT
+    return (points.square().sum(-1)[..., :, None] + centres.square().sum(-1)[..., None, :] - 2 * cross).clamp_min(0)
 
 
-def rbf_kernel(particles: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """The SVGD kernel matrix K[j, n] = k(θ_j, θ_n) and its bandwidth h (median heuristic)."""
+def rbf_kernel(particles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SVGD kernel matrices K[..., j, n] = k(θ_j, θ_n), (..., N, N), of particles (..., N, d), and their
+    bandwidths h (median heuristic), float64 of the batch shape (...) (0-dim for one set)."""
     distances = squared_distances(particles, particles)
-    median = torch.quantile(distances.flatten().double(), 0.5).item()  # numpy's median, not torch's lower one
-    bandwidth = max(median / math.log(particles.shape[0] + 1), MIN_SVGD_BANDWIDTH)
-    return torch.exp(-distances / bandwidth), bandwidth
+    # numpy's median (torch.quantile interpolates; torch.median takes the lower one), in float64
+    median = torch.quantile(distances.flatten(-2).double(), 0.5, dim=-1)
+    bandwidth = (median / math.log(particles.shape[-2] + 1)).clamp_min(MIN_SVGD_BANDWIDTH)
+    # h rounded to the particles' dtype, then divided: what dividing by h as a Python float did
+    return torch.exp(-distances / bandwidth.to(distances.dtype)[..., None, None]), bandwidth
 
 
 def svgd_direction(particles: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """Eq. 8/13: φ(θ_n) = (1/N) Σ_j [k(θ_j, θ_n) ∇log p(θ_j) + ∇_{θ_j} k(θ_j, θ_n)] for every n at once;
-    `scores` are ∇log p at the particles. ∇_{θ_j} k(θ_j, θ_n) = (2/h)(θ_n - θ_j) k(θ_j, θ_n)."""
+    """Eq. 8/13: φ(θ_n) = (1/N) Σ_j [k(θ_j, θ_n) ∇log p(θ_j) + ∇_{θ_j} k(θ_j, θ_n)] for every n at once, in every set
+    of particles (..., N, d); `scores` (..., N, d) are ∇log p at the particles.
+    ∇_{θ_j} k(θ_j, θ_n) = (2/h)(θ_n - θ_j) k(θ_j, θ_n)."""
     kernel, bandwidth = rbf_kernel(particles)
-    repulsion = (2.0 / bandwidth) * (particles * kernel.sum(1, keepdim=True) - kernel @ particles)
-    return (kernel @ scores + repulsion) / particles.shape[0]
+    factor = (2.0 / bandwidth).to(particles.dtype)[..., None, None]  # 2/h in float64, then rounded, as before
+    repulsion = factor * (particles * kernel.sum(-1, keepdim=True) - kernel @ particles)
+    return (kernel @ scores + repulsion) / particles.shape[-2]
 
 
 def grad_log_kde(points: torch.Tensor, centres: torch.Tensor, bandwidth: float) -> torch.Tensor:
-    """∇_θ log KDE(θ) = Σ_n w_n(θ) (c_n - θ) / λ², w = softmax_n(-‖θ - c_n‖² / 2λ²); centres are constants."""
-    weights = torch.softmax(-squared_distances(points, centres) / (2 * bandwidth**2), dim=1)
+    """∇_θ log KDE(θ) = Σ_n w_n(θ) (c_n - θ) / λ², w = softmax_n(-‖θ - c_n‖² / 2λ²), at points (..., M, d) for
+    the KDE of centres (..., N, d) (each set of points against its own set of centres); centres are constants."""
+    weights = torch.softmax(-squared_distances(points, centres) / (2 * bandwidth**2), dim=-1)
     return (weights @ centres - points) / bandwidth**2
 
 
@@ -76,7 +86,8 @@ def svgd(
     steps: int,
     stepper: AdaGradMomentum,
 ) -> torch.Tensor:
-    """`steps` SVGD updates of `particles` towards the density whose score (∇log p, (N, d) -> (N, d)) is `score`."""
+    """`steps` SVGD updates of `particles` (..., N, d) towards the density whose score (∇log p,
+    (..., N, d) -> (..., N, d)) is `score`; a batch of sets moves independently."""
     for _ in range(steps):
         particles = stepper.step(particles, svgd_direction(particles, score(particles)))
     return particles

@@ -97,3 +97,45 @@ def test_adagrad_momentum_rule():
     second = torch.tensor([2.0, 0.0, 0.5], dtype=torch.float64)
     squared = 0.9 * first.square() + 0.1 * second.square()
     torch.testing.assert_close(stepper.step(theta, second), theta + 0.1 * second / (1e-6 + squared.sqrt()))
+
+
+def _particle_sets(trials: int, count: int, dimension: int, seed: int) -> torch.Tensor:
+    """`trials` particle sets at different scales, so that each needs its own median-heuristic bandwidth."""
+    generator = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(-2, 1, trials, dtype=torch.float64)[:, None, None]
+    return scales * torch.randn(trials, count, dimension, generator=generator, dtype=torch.float64)
+
+
+def test_batched_kernel_and_direction_are_the_separate_sets():
+    particles = _particle_sets(4, 6, 5, seed=5)
+    scores = torch.randn(particles.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    kernels, bandwidths = rbf_kernel(particles)
+    directions = svgd_direction(particles, scores)
+    assert kernels.shape == (4, 6, 6) and bandwidths.shape == (4,) and directions.shape == particles.shape
+    for t in range(4):
+        kernel, bandwidth = rbf_kernel(particles[t])
+        assert bandwidth.dim() == 0 and math.isclose(bandwidths[t], bandwidth, rel_tol=1e-12)  # bmm vs mm round-off
+        torch.testing.assert_close(kernels[t], kernel, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(directions[t], svgd_direction(particles[t], scores[t]), rtol=1e-12, atol=1e-12)
+
+
+def test_batched_kde_gradient_uses_each_sets_own_centres():
+    points, centres = _particle_sets(3, 4, 7, seed=7), _particle_sets(3, 5, 7, seed=8)
+    gradients = grad_log_kde(points, centres, 0.55)
+    for t in range(3):
+        torch.testing.assert_close(gradients[t], grad_log_kde(points[t], centres[t], 0.55), rtol=1e-12, atol=1e-12)
+
+
+def test_batched_svgd_moves_each_set_as_if_alone():
+    """(T, N, d) through 50 AdaGrad-momentum steps towards a KDE-and-Gaussian target per set: T separate runs."""
+    start, centres = _particle_sets(3, 6, 4, seed=9), _particle_sets(3, 4, 4, seed=10)
+
+    def score(theta: torch.Tensor, centres: torch.Tensor = centres) -> torch.Tensor:
+        return -0.5 * theta + grad_log_kde(theta, centres, 0.55)
+
+    together = svgd(start.clone(), score, 50, AdaGradMomentum(lr=0.05, fudge=1e-9))
+    for t in range(3):
+        alone = svgd(
+            start[t].clone(), lambda theta, t=t: score(theta, centres[t]), 50, AdaGradMomentum(lr=0.05, fudge=1e-9)
+        )
+        torch.testing.assert_close(together[t], alone, rtol=1e-10, atol=1e-10)
