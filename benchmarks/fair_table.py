@@ -4,28 +4,31 @@ budget against a validation split carved from the training clients, then three s
 The protocol (the same for every method; where it departs from a paper, this is the point of the table):
 - FMNIST-10% (6,000 training images), 10 clients, the heterogeneous Dirichlet split; pixels in [0, 1] for every
   method (`input-scale` 1); Table 1's MLP 784-200-100-10 with sigmoid units, batch 32, 5 local epochs, every client
-  in every round, 30 rounds.
+  in every round, 20 rounds (the budget: at the rates measured, 30 would take about 2 h of both cores).
 - Tuning: seed 0's split; each client keeps 90% of its examples and gives 10% (a seeded draw) to the validation set,
   which the server evaluates on in place of the test set (the folder is an `npz:DIR` dataset: one file per client,
   `test.npz` = the validation examples). The test set is never read while tuning. Every method gets a grid of the
-  same size (GRIDS: 4 points, each one run of 30 rounds); the point with the best validation accuracy (mean over
-  rounds 28-30, Table 1's metric) wins, ties to the earlier point.
+  same size (GRIDS: 4 points, each one run of 20 rounds); the point with the best validation accuracy (mean over
+  the last three rounds, Table 1's metric) wins, ties to the earlier point.
 - Final: each method's winning point on seeds 0, 1 and 2 (the clients' whole partitions, the FMNIST test set).
 - Each method is read at its own predictive: BayesADMM's 32-sample ensemble (its `_ensemble` keys), every other
   method its model (FedPA and the FedLap variants predict with their mean). Reported: accuracy, NLL and ECE (mean over
-  rounds 28-30; mean ± sd over the three seeds) and rounds-to-80% (the first round whose test accuracy is at least
-  0.80; "-" when none of the 30 is).
-- DSVGD, P-DSVGD and U-DSVGD are not in this table: DSVGD trains one client per round, so the same 30 rounds would be
+  the last three rounds; mean ± sd over the three seeds) and rounds-to-80% (the first round whose test accuracy is at
+  least 0.80; "-" when none of the 20 is).
+- DSVGD, P-DSVGD and U-DSVGD are not in this table: DSVGD trains one client per round, so the same 20 rounds would be
   a tenth of everyone else's client work (docs/results/dsvgd.md has its own comparisons under its paper's protocol).
 - The engine is the in-process grid of benchmarks/network_vs_inprocess.py: the ServerApp and ClientApp code of a
   `fedbayes local` run, in one process, whose rows equal the network path's (seconds, not minutes, of start-up).
 
     python benchmarks/fair_table.py tune [--strategies fedavg,bayesadmm]   # the grids on the validation split
     python benchmarks/fair_table.py final                                  # the winners on seeds 0-2
-    python benchmarks/fair_table.py report                                 # tables from the files on disk
+    python benchmarks/fair_table.py report                                 # tables and plot from the files on disk
 
 Resumable: every run writes benchmarks/results/fair/{tune,final}/<name>.jsonl (one row per round) when it has
-finished; a run whose file holds all its rounds is not run again. `report` writes summary.json beside them.
+finished; a run whose file holds all its rounds is not run again. `report` writes summary.json and fair.png (test
+accuracy, NLL and ECE per round, each method's mean over its seeds) beside them. Its seconds per round are wall
+clock over the whole run, evaluation included, with the load average at the run's start: a cost to compare only
+between runs made side by side.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.partitions import partition_dataset
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fair"
-CLIENTS, ROUNDS, FRACTION, SPLIT, TUNING_SEED, SEEDS = 10, 30, 0.1, "dirichlet", 0, (0, 1, 2)
+CLIENTS, ROUNDS, FRACTION, SPLIT, TUNING_SEED, SEEDS = 10, 20, 0.1, "dirichlet", 0, (0, 1, 2)
 VALIDATION_SHARE, TARGET_ACCURACY = 0.1, 0.80
 COMMON = {
     "model": "mlp",
@@ -227,9 +230,36 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {deviation:.{digits}f}"
 
 
+def seconds_per_round(rows: list[dict[str, Any]]) -> float:
+    return rows[-1]["run_seconds"] / len(rows)
+
+
+def plot(finals: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
+    """Test accuracy, NLL and ECE against the round, each method's mean over its seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for strategy, runs in finals.items():
+        rounds = [row["round"] for row in runs[0]]
+        for axis, name in zip(axes, ("accuracy", "nll", "ece")):
+            per_round = [statistics.fmean(metric(rows[i], name) for rows in runs) for i in range(len(rounds))]
+            axis.plot(rounds, per_round, label=f"{strategy} ({len(runs)} seeds)")
+    axes[0].set(xlabel="round", ylabel="test accuracy", title="fair protocol: each method at its tuned point")
+    axes[1].set(xlabel="round", ylabel="test NLL")
+    axes[2].set(xlabel="round", ylabel="test ECE (15 bins)")
+    axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def report(strategies: list[str]) -> None:
     summary: dict[str, Any] = {"protocol": {**COMMON, "clients": CLIENTS, "rounds": ROUNDS, "split": SPLIT}}
-    print("Tuning (validation split of seed 0; accuracy / NLL, mean over rounds 28-30):")
+    finals: dict[str, list[list[dict[str, Any]]]] = {}
+    print(f"Tuning (validation split of seed 0; accuracy / NLL, mean over rounds {ROUNDS - 2}-{ROUNDS}):")
     for strategy in strategies:
         for point, settings in enumerate(GRIDS[strategy]):
             rows = rows_of(RESULTS / "tune" / f"{run_name(strategy, point, TUNING_SEED)}.jsonl")
@@ -239,7 +269,7 @@ def report(strategies: list[str]) -> None:
                 else "not run"
             )
             print(f"  {strategy:<11} {point} {json.dumps(settings)}: {cell}")
-    print(f"\n{'method':<11} {'accuracy %':>14} {'NLL':>16} {'ECE':>16} {'rounds to 80%':>16}  seeds")
+    print(f"\n{'method':<11} {'accuracy %':>14} {'NLL':>16} {'ECE':>16} {'rounds to 80%':>16} {'s/round':>8}  seeds")
     for strategy in strategies:
         point = best_point(strategy)
         runs = [rows_of(RESULTS / "final" / f"{run_name(strategy, None, seed)}.jsonl") for seed in SEEDS]
@@ -253,14 +283,21 @@ def report(strategies: list[str]) -> None:
             "nll": [last_three(rows, "nll") for rows in runs],
             "ece": [last_three(rows, "ece") for rows in runs],
             "rounds_to_80": reached,
+            "seconds_per_round": [seconds_per_round(rows) for rows in runs],
+            "load_at_start": [rows[0]["load_at_start"] for rows in runs],
         }
         summary[strategy] = entry
+        if runs:
+            finals[strategy] = runs
         rounds = "/".join("-" if r is None else str(r) for r in reached) or "-"
+        seconds = f"{statistics.fmean(entry['seconds_per_round']):.1f}" if runs else "-"
         print(
             f"{strategy:<11} {spread(entry['accuracy'], 100, 1):>14} {spread(entry['nll']):>16} "
-            f"{spread(entry['ece']):>16} {rounds:>16}  {len(runs)}"
+            f"{spread(entry['ece']):>16} {rounds:>16} {seconds:>8}  {len(runs)}"
         )
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=1))
+    if finals:
+        plot(finals, RESULTS / "fair.png")
 
 
 def main() -> None:
