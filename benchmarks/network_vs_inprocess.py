@@ -58,13 +58,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `python benchmarks/network_vs_inprocess.py` from a source checkout
 
-for _name, _value in (
-    ("OMP_NUM_THREADS", "1"),
-    ("FLWR_TELEMETRY_ENABLED", "0"),
-    ("FLWR_DISABLE_UPDATE_CHECK", "1"),
-    ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
-):
-    os.environ.setdefault(_name, _value)
+import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before torch and flwr)
+
+# isort: split
 
 from flwr.app import Context, Message, RecordDict
 

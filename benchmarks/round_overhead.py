@@ -67,8 +67,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `python benchmarks/round_overhead.py` from a source checkout
 
 # Set before any Flower process starts: they inherit our environment.
-for _name, _value in (("OMP_NUM_THREADS", "1"), ("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1")):
-    os.environ.setdefault(_name, _value)
+import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before torch and flwr)
+
+# isort: split
 
 from fedbayes.deploy.launcher import LocalRun, run_local
 from fedbayes.deploy.processes import stop_processes_on_signals

@@ -26,15 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.environment import DEFAULTS
 from tests.support.processes import processes_with_env
 
 OUTPUT = REPO / "benchmarks" / "results" / "simulation_scale.json"
-ENV = {
-    "OMP_NUM_THREADS": "1",
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-}
 
 
 def run_simulation(clients: int, rounds: int, fraction: float, root: Path) -> dict:
@@ -54,7 +49,7 @@ def run_simulation(clients: int, rounds: int, fraction: float, root: Path) -> di
         "-c",
         config,
     ]
-    env = {**os.environ, **ENV, "FLWR_HOME": str(home)}
+    env = {**os.environ, **DEFAULTS, "FLWR_HOME": str(home)}
     started = time.monotonic()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - started
