@@ -31,6 +31,8 @@ from torch.optim.optimizer import ParamsT
 REFERENCE_BETA2 = 0.9998
 REFERENCE_STEPS = 190
 HESS_INIT_PER_GGN = 2.0
+# The widest first posterior, in root-mean-square weights, that the curvature rule's h0 may give (above: the weights').
+MAX_INITIAL_WIDTH = 3.0
 
 
 def hessian_momentum(steps_per_round: int) -> float:
@@ -64,6 +66,26 @@ def hessian_init(diag_ggn_sum: Tensor, examples: int) -> float:
     if not derived > 0.0 or not isfinite(derived):  # a flat loss (every output saturated), or NaN weights
         raise ValueError(f"no curvature to derive IVON's h0 from (diagonal GGN: {derived}): set hess-init > 0")
     return derived
+
+
+def hessian_init_within_weights(curvature_h0: float, weights: Tensor, ess: float) -> float:
+    """`curvature_h0` (from `hessian_init`), unless IVON's first posterior under it would be over
+    MAX_INITIAL_WIDTH times as wide as the weights it starts from (`weights`: q̄'s mean, flat): then the h0 under
+    which its standard deviation equals their root mean square, 1 / (ess · mean(w²)).
+
+    Why: the curvature rule knows nothing of the weights' scale. Where most parameters have low curvature
+    (cnn-zenke at its initial weights: mean diagonal GGN 1.6e-6; a client of 2,000 examples, ess 1e7), its first
+    posterior's standard deviation is 11x the weights'; the sampled networks are noise and training turned to NaN
+    in round 1. MLPs stay within the bound: standardised tabular features 0.1-0.3x, the sigmoid MLP on [0, 1]
+    pixels 1-3x for clients of 100 examples and more, where the curvature rule's h0 is the better one (measured:
+    raising it to the bound took FMNIST's ECE from 0.08 to 0.18)."""
+    if ess <= 0.0:
+        raise ValueError(f"ess must be > 0, got {ess}")
+    mean_square = float(weights.double().square().mean())
+    if not mean_square > 0.0 or not isfinite(mean_square):
+        raise ValueError(f"no weight scale to bound IVON's h0 by (mean square {mean_square}): set hess-init > 0")
+    width_one = 1.0 / (ess * mean_square)
+    return width_one if width_one > MAX_INITIAL_WIDTH**2 * curvature_h0 else curvature_h0
 
 
 def hessian_under_prior(hess: Tensor, prior_precision: Tensor) -> Tensor:

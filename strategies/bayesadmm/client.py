@@ -11,7 +11,7 @@ import torch
 
 from fedbayes.bayes.curvature import diag_ggn
 from fedbayes.bayes.gaussian import Gaussian
-from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_momentum
+from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_init_within_weights, hessian_momentum
 from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
@@ -105,7 +105,7 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
     num_examples = len(runtime.data.labels)
     ess = num_examples / (instruction.rho * instruction.temperature)
     model = runtime.model.to(runtime.device)
-    hess_init = instruction.hess_init or _derived_hess_init(local, global_.mean)
+    hess_init = instruction.hess_init or _derived_hess_init(local, global_.mean, ess)
     optimizer = IVONWithPrior(
         model.parameters(),
         lr=instruction.training.learning_rate,
@@ -157,9 +157,10 @@ def _steps_per_round(local: LocalRound) -> int:
     return training.epochs * math.ceil(len(local.runtime.data.labels) / training.batch_size)
 
 
-def _derived_hess_init(local: LocalRound, global_mean: torch.Tensor) -> float:
+def _derived_hess_init(local: LocalRound, global_mean: torch.Tensor, ess: float) -> float:
     """Run config hess-init = 0: IVON's h0 from this client's data (bayes/ivon.py hessian_init), the diagonal GGN of
-    its first HESS_INIT_EXAMPLES examples at q̄'s mean in the round it first trains; kept in its store after that."""
+    its first HESS_INIT_EXAMPLES examples at q̄'s mean in the round it first trains, bounded by the weights' scale
+    (hessian_init_within_weights); kept in its store after that."""
     stored = local.stored
     if stored is not None and DERIVED_HESS_INIT in stored.tensors:
         return float(stored.tensors[DERIVED_HESS_INIT].item())
@@ -167,7 +168,7 @@ def _derived_hess_init(local: LocalRound, global_mean: torch.Tensor) -> float:
     model = runtime.model.to(runtime.device)
     torch.nn.utils.vector_to_parameters(global_mean.to(runtime.device, torch.float32), model.parameters())
     images = runtime.data.images[:HESS_INIT_EXAMPLES].to(runtime.device)
-    return hessian_init(diag_ggn(model, images), len(images))
+    return hessian_init_within_weights(hessian_init(diag_ggn(model, images), len(images)), global_mean, ess)
 
 
 def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):

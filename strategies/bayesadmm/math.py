@@ -313,8 +313,8 @@ def collapse_warning(share: float, rho: float, clients: int, before: Gaussian, a
     return (
         f"the clients added {share:.1%} to q̄'s precision (median); while that lasts it shrinks to about "
         f"{shrink:.3f} of itself a round towards the prior's (median {before_median:.4g} -> {after_median:.4g}) "
-        "until training diverges: with few clients or a CNN set reset-posterior=false, for an MLP hess-init=0 "
-        "beta2=0 (docs/extending/data.md)"
+        "until training diverges: with few clients or a CNN set reset-posterior=false hess-init=0.001, with the "
+        "paper's hess-init and beta2 set them to 0 (docs/extending/data.md)"
     )
 
 

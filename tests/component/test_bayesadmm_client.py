@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedbayes.bayes.curvature import diag_ggn
-from fedbayes.bayes.ivon import hessian_init
+from fedbayes.bayes.ivon import hessian_init, hessian_init_within_weights
 from fedbayes.bayes.params import flatten, get_parameters, unflatten
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
@@ -110,7 +110,10 @@ def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path
     runtime = make_runtime(tmp_path, "bayesadmm")
     model = copy.deepcopy(runtime.model)  # q̄'s mean is the runtime's initial model (`instruction`)
     first = runtime.data.images[: client_module.HESS_INIT_EXAMPLES]  # 128 of its 300
-    expected_h0 = hessian_init(diag_ggn(model, first), len(first))
+    curvature_h0 = hessian_init(diag_ggn(model, first), len(first))
+    ess = 300 / (0.2 * 0.001)  # N_k / (ρτ) at the instruction's defaults
+    weights = torch.nn.utils.parameters_to_vector(model.parameters())
+    expected_h0 = hessian_init_within_weights(curvature_h0, weights, ess)
     payload, _ = run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
     assert payload.reply.num_examples == 300
     assert built[-1]["hess_init"] == pytest.approx(expected_h0, rel=1e-6)

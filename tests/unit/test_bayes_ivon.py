@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from fedbayes.bayes.curvature import diag_ggn
-from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_momentum, hessian_under_prior
+from fedbayes.bayes.ivon import (
+    MAX_INITIAL_WIDTH,
+    IVONWithPrior,
+    hessian_init,
+    hessian_init_within_weights,
+    hessian_momentum,
+    hessian_under_prior,
+)
 
 
 def run_quadratic(optimizer, theta, curvature, target, steps):
@@ -136,3 +143,25 @@ def test_hessian_init_refuses_a_flat_loss_nan_and_no_examples():
             hessian_init(ggn, 5)
     with pytest.raises(ValueError, match="examples must be >= 1"):
         hessian_init(torch.ones(10, dtype=torch.float64), 0)
+
+
+def test_hessian_init_within_weights_keeps_the_curvatures_h0_unless_the_first_posterior_drowns_the_weights():
+    """Weights of root mean square 0.1 and ess 1e4: variance 1/(ess·h0) equals their mean square 0.01 at h0 = 0.01.
+    The curvature's h0 stands while its standard deviation is at most MAX_INITIAL_WIDTH x 0.1, that is h0 >= 0.01 / 9."""
+    weights = torch.tensor([0.1, -0.1, 0.1, -0.1], dtype=torch.float64)
+    width_one = 1.0 / (1e4 * 0.01)
+    assert MAX_INITIAL_WIDTH == 3.0
+    for kept in (0.5, 0.01, 0.002, width_one / 9.0):
+        assert hessian_init_within_weights(kept, weights, 1e4) == kept
+    for too_small in (width_one / 9.0 * 0.999, 1e-6):
+        assert hessian_init_within_weights(too_small, weights, 1e4) == pytest.approx(width_one, rel=1e-12)
+        width = (1.0 / (1e4 * too_small)) ** 0.5 / 0.1  # what the curvature's h0 would have given
+        assert width > MAX_INITIAL_WIDTH
+
+
+def test_hessian_init_within_weights_refuses_no_weight_scale_and_no_ess():
+    for weights in (torch.zeros(4, dtype=torch.float64), torch.full((4,), float("nan"), dtype=torch.float64)):
+        with pytest.raises(ValueError, match="no weight scale to bound IVON's h0 by .* set hess-init > 0"):
+            hessian_init_within_weights(1e-3, weights, 1e4)
+    with pytest.raises(ValueError, match="ess must be > 0"):
+        hessian_init_within_weights(1e-3, torch.ones(4), 0.0)
