@@ -96,7 +96,8 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
 
 def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path, monkeypatch):
     """hess-init = beta2 = 0: h0 = hessian_init of the diagonal GGN of the client's first examples at
-    q̄'s mean, derived in its first round and read from its store after that; β2 = hessian_momentum(T) with T = epochs x
+    q̄'s mean, bounded by hessian_init_within_weights at q̄'s mean and the client's ess, derived in its first round
+    and read from its store after that; β2 = hessian_momentum(T) with T = epochs x
     ceil(N_k / batch) = ceil(300 / 32) = 10 steps a round."""
     client_module = importlib.import_module("fedbayes.strategies.bayesadmm.client")
     built = []
@@ -111,11 +112,22 @@ def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path
     model = copy.deepcopy(runtime.model)  # q̄'s mean is the runtime's initial model (`instruction`)
     first = runtime.data.images[: client_module.HESS_INIT_EXAMPLES]  # 128 of its 300
     curvature_h0 = hessian_init(diag_ggn(model, first), len(first))
-    ess = 300 / (0.2 * 0.001)  # N_k / (ρτ) at the instruction's defaults
-    weights = torch.nn.utils.parameters_to_vector(model.parameters())
+    ess = 300 / (0.2 * 0.001)  # N_k / (ρτ) with the instruction's ρ and τ
+    weights = torch.nn.utils.parameters_to_vector(model.parameters()).double()
     expected_h0 = hessian_init_within_weights(curvature_h0, weights, ess)
+    bounds = []
+
+    def recording_bound(h0, mean, ess_):
+        bounds.append((h0, mean.clone(), ess_))
+        return hessian_init_within_weights(h0, mean, ess_)
+
+    monkeypatch.setattr(client_module, "hessian_init_within_weights", recording_bound)
     payload, _ = run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
     assert payload.reply.num_examples == 300
+    # The weights' bound sees the curvature's h0, q̄'s mean and this client's ess.
+    [(seen_h0, seen_mean, seen_ess)] = bounds
+    assert seen_h0 == pytest.approx(curvature_h0, rel=1e-6) and seen_ess == pytest.approx(ess, rel=1e-12)
+    torch.testing.assert_close(seen_mean.double(), weights, rtol=1e-6, atol=1e-7)
     assert built[-1]["hess_init"] == pytest.approx(expected_h0, rel=1e-6)
     assert built[-1]["beta2"] == pytest.approx(0.9998 ** (190 / 10), rel=1e-12)
     state = newest_state(runtime.state_store(runtime.settings.federation))

@@ -147,7 +147,7 @@ def test_hessian_init_refuses_a_flat_loss_nan_and_no_examples():
 
 def test_hessian_init_within_weights_keeps_the_curvatures_h0_unless_the_first_posterior_drowns_the_weights():
     """Weights of root mean square 0.1 and ess 1e4: variance 1/(ess·h0) equals their mean square 0.01 at h0 = 0.01.
-    The curvature's h0 stands while its standard deviation is at most MAX_INITIAL_WIDTH x 0.1, that is h0 >= 0.01 / 9."""
+    The curvature's h0 stands while its standard deviation is at most MAX_INITIAL_WIDTH x 0.1: h0 >= 0.01 / 9."""
     weights = torch.tensor([0.1, -0.1, 0.1, -0.1], dtype=torch.float64)
     width_one = 1.0 / (1e4 * 0.01)
     assert MAX_INITIAL_WIDTH == 3.0
