@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import math
 import time
+from logging import INFO
 from typing import Any
 
 import torch
+from flwr.common import log
 
 from fedbayes.bayes.curvature import diag_ggn
 from fedbayes.bayes.gaussian import Gaussian
-from fedbayes.bayes.ivon import IVONWithPrior, hessian_init, hessian_init_within_weights, hessian_momentum
+from fedbayes.bayes.ivon import (
+    MAX_INITIAL_WIDTH,
+    IVONWithPrior,
+    hessian_init,
+    hessian_init_within_weights,
+    hessian_momentum,
+)
 from fedbayes.bayes.params import TensorLayout, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
@@ -168,7 +176,19 @@ def _derived_hess_init(local: LocalRound, global_mean: torch.Tensor, ess: float)
     model = runtime.model.to(runtime.device)
     torch.nn.utils.vector_to_parameters(global_mean.to(runtime.device, torch.float32), model.parameters())
     images = runtime.data.images[:HESS_INIT_EXAMPLES].to(runtime.device)
-    return hessian_init_within_weights(hessian_init(diag_ggn(model, images), len(images)), global_mean, ess)
+    curvature_h0 = hessian_init(diag_ggn(model, images), len(images))
+    hess_init = hessian_init_within_weights(curvature_h0, global_mean, ess)
+    if hess_init != curvature_h0:  # say so: the user sees which rule set this client's h0
+        log(
+            INFO,
+            "%s: IVON's h0 from the curvature, %.3g, would make its first posterior over %g times as wide as the "
+            "weights; h0 = %.3g, as wide as them",
+            runtime.node.client_id,
+            curvature_h0,
+            MAX_INITIAL_WIDTH,
+            hess_init,
+        )
+    return hess_init
 
 
 def _train_full(local: LocalRound, global_: Gaussian, duals: Duals):

@@ -2,6 +2,7 @@
 
 import copy
 import importlib
+import logging
 
 import numpy as np
 import pytest
@@ -115,19 +116,8 @@ def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path
     ess = 300 / (0.2 * 0.001)  # N_k / (ρτ) with the instruction's ρ and τ
     weights = torch.nn.utils.parameters_to_vector(model.parameters()).double()
     expected_h0 = hessian_init_within_weights(curvature_h0, weights, ess)
-    bounds = []
-
-    def recording_bound(h0, mean, ess_):
-        bounds.append((h0, mean.clone(), ess_))
-        return hessian_init_within_weights(h0, mean, ess_)
-
-    monkeypatch.setattr(client_module, "hessian_init_within_weights", recording_bound)
     payload, _ = run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
     assert payload.reply.num_examples == 300
-    # The weights' bound sees the curvature's h0, q̄'s mean and this client's ess.
-    [(seen_h0, seen_mean, seen_ess)] = bounds
-    assert seen_h0 == pytest.approx(curvature_h0, rel=1e-6) and seen_ess == pytest.approx(ess, rel=1e-12)
-    torch.testing.assert_close(seen_mean.double(), weights, rtol=1e-6, atol=1e-7)
     assert built[-1]["hess_init"] == pytest.approx(expected_h0, rel=1e-6)
     assert built[-1]["beta2"] == pytest.approx(0.9998 ** (190 / 10), rel=1e-12)
     state = newest_state(runtime.state_store(runtime.settings.federation))
@@ -139,6 +129,32 @@ def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path
     # A value set in the run config is used as it is.
     run_round(make_runtime(tmp_path / "set", "bayesadmm"), 1, "bayesadmm", hess_init=0.05, beta2=0.99)
     assert (built[-1]["hess_init"], built[-1]["beta2"]) == (0.05, 0.99)
+
+
+def test_a_derived_h0_that_would_drown_the_weights_is_bounded_by_them_and_the_client_says_so(
+    tmp_path, monkeypatch, caplog
+):
+    """A curvature of almost nothing (as on the CNNs): h0 = 1 / (ess · mean(w²)) at q̄'s mean and this client's
+    ess = N_k / (ρτ), and an INFO line naming both values."""
+    client_module = importlib.import_module("fedbayes.strategies.bayesadmm.client")
+    built = []
+
+    class RecordingIVON(client_module.IVONWithPrior):
+        def __init__(self, params, **kwargs):
+            built.append(kwargs)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(client_module, "IVONWithPrior", RecordingIVON)
+    monkeypatch.setattr(client_module, "hessian_init", lambda ggn, examples: 1e-12)
+    runtime = make_runtime(tmp_path, "bayesadmm")
+    weights = torch.nn.utils.parameters_to_vector(runtime.model.parameters()).double()
+    ess = 300 / (0.2 * 0.001)
+    with caplog.at_level(logging.INFO):
+        run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
+    bounded = 1.0 / (ess * float(weights.square().mean()))
+    assert built[-1]["hess_init"] == pytest.approx(bounded, rel=1e-5)
+    assert "IVON's h0 from the curvature, 1e-12, would make its first posterior over 3 times" in caplog.text
+    assert f"h0 = {bounded:.3g}, as wide as them" in caplog.text
 
 
 def test_fedadmm_client_is_a_point_estimate_with_linear_dual(tmp_path):
