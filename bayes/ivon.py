@@ -76,7 +76,7 @@ def hessian_init_within_weights(curvature_h0: float, weights: Tensor, ess: float
     Why: the curvature rule knows nothing of the weights' scale. Where most parameters have low curvature
     (cnn-zenke at its initial weights: mean diagonal GGN 1.6e-6; a client of 2,000 examples, ess 1e7), its first
     posterior's standard deviation is 11x the weights'; the sampled networks are noise and training turned to NaN
-    in round 1. MLPs stay within the bound: standardised tabular features 0.1-0.3x, the sigmoid MLP on [0, 1]
+    in round 1. MLPs stay within the bound: standardised tabular features about 0.1-0.3x, the sigmoid MLP on [0, 1]
     pixels 1-3x for its 10 FMNIST-10% clients (none bounded), and there the curvature rule's h0 is the better one
     (measured: raising it to 1x the weights took FMNIST's ECE from 0.08 to 0.18)."""
     if ess <= 0.0:
