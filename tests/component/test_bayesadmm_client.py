@@ -114,7 +114,7 @@ def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path
     first = runtime.data.images[: client_module.HESS_INIT_EXAMPLES]  # 128 of its 300
     curvature_h0 = hessian_init(diag_ggn(model, first), len(first))
     ess = 300 / (0.2 * 0.001)  # N_k / (ρτ) with the instruction's ρ and τ
-    weights = torch.nn.utils.parameters_to_vector(model.parameters()).double()
+    weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().double()
     expected_h0 = hessian_init_within_weights(curvature_h0, weights, ess)
     payload, _ = run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
     assert payload.reply.num_examples == 300
@@ -147,7 +147,7 @@ def test_a_derived_h0_that_would_drown_the_weights_is_bounded_by_them_and_the_cl
     monkeypatch.setattr(client_module, "IVONWithPrior", RecordingIVON)
     monkeypatch.setattr(client_module, "hessian_init", lambda ggn, examples: 1e-12)
     runtime = make_runtime(tmp_path, "bayesadmm")
-    weights = torch.nn.utils.parameters_to_vector(runtime.model.parameters()).double()
+    weights = torch.nn.utils.parameters_to_vector(runtime.model.parameters()).detach().double()
     ess = 300 / (0.2 * 0.001)
     with caplog.at_level(logging.INFO):
         run_round(runtime, 1, "bayesadmm", hess_init=0.0, beta2=0.0)
