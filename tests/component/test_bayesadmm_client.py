@@ -95,20 +95,27 @@ def test_bayesadmm_client_dual_step_and_state(tmp_path):
     assert lost.reply.resumed_from_round == 0
 
 
-def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path, monkeypatch):
+@pytest.fixture
+def built(monkeypatch) -> list[dict]:
+    """The keyword arguments of every IVON the BayesADMM client builds, in order."""
+    client_module = importlib.import_module("fedbayes.strategies.bayesadmm.client")
+    arguments: list[dict] = []
+
+    class RecordingIVON(client_module.IVONWithPrior):
+        def __init__(self, params, **kwargs):
+            arguments.append(kwargs)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(client_module, "IVONWithPrior", RecordingIVON)
+    return arguments
+
+
+def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path, monkeypatch, built):
     """hess-init = beta2 = 0: h0 = hessian_init of the diagonal GGN of the client's first examples at
     q̄'s mean, bounded by hessian_init_within_weights at q̄'s mean and the client's ess, derived in its first round
     and read from its store after that; β2 = hessian_momentum(T) with T = epochs x
     ceil(N_k / batch) = ceil(300 / 32) = 10 steps a round."""
     client_module = importlib.import_module("fedbayes.strategies.bayesadmm.client")
-    built = []
-
-    class RecordingIVON(client_module.IVONWithPrior):
-        def __init__(self, params, **kwargs):
-            built.append(kwargs)
-            super().__init__(params, **kwargs)
-
-    monkeypatch.setattr(client_module, "IVONWithPrior", RecordingIVON)
     runtime = make_runtime(tmp_path, "bayesadmm")
     model = copy.deepcopy(runtime.model)  # q̄'s mean is the runtime's initial model (`instruction`)
     first = runtime.data.images[: client_module.HESS_INIT_EXAMPLES]  # 128 of its 300
@@ -132,19 +139,11 @@ def test_ivon_h0_and_beta2_at_zero_come_from_the_clients_data_and_steps(tmp_path
 
 
 def test_a_derived_h0_that_would_drown_the_weights_is_bounded_by_them_and_the_client_says_so(
-    tmp_path, monkeypatch, caplog
+    tmp_path, monkeypatch, caplog, built
 ):
     """A curvature of almost nothing (as on the CNNs): h0 = 1 / (ess · mean(w²)) at q̄'s mean and this client's
     ess = N_k / (ρτ), and an INFO line naming both values."""
     client_module = importlib.import_module("fedbayes.strategies.bayesadmm.client")
-    built = []
-
-    class RecordingIVON(client_module.IVONWithPrior):
-        def __init__(self, params, **kwargs):
-            built.append(kwargs)
-            super().__init__(params, **kwargs)
-
-    monkeypatch.setattr(client_module, "IVONWithPrior", RecordingIVON)
     monkeypatch.setattr(client_module, "hessian_init", lambda ggn, examples: 1e-12)
     runtime = make_runtime(tmp_path, "bayesadmm")
     weights = torch.nn.utils.parameters_to_vector(runtime.model.parameters()).detach().double()
