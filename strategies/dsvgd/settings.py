@@ -10,10 +10,13 @@ from fedbayes.tasks.config import AT_LEAST_ONE, MOMENTUM, NON_NEGATIVE, POSITIVE
 @dataclass(frozen=True)
 class DSVGDSettings:
     """The defaults are the paper's BNN values (Kassab & Simeone, Sec. 7), but its prior precision is e: set
-    prior-precision=2.718 for that. Particles hold all model parameters: a payload is particles x P float32."""
+    prior-precision=2.718 for that, and DSVGD's KDE bandwidth is 1.5 instead of its 0.55 (the server's
+    `DSVGD.default_kde_bandwidth`). Particles hold all model parameters: a payload is particles x P float32."""
 
     particles: int = key(20, "N, global and local particles alike (payload: N x P float32)", AT_LEAST_ONE)
-    kde_bandwidth: float = key(0.55, "λ, the std of the Gaussian KDE kernel", POSITIVE)
+    kde_bandwidth: float = key(
+        0.0, "λ, the std of the Gaussian KDE kernel; 0: the variant's (DSVGD 1.5, P-/U-DSVGD 0.55)", NON_NEGATIVE
+    )
     local_steps: int = key(200, "L: SVGD steps towards the tilted distribution (eq. 13-14)", NON_NEGATIVE)
     distill_steps: int = key(200, "L': SVGD steps distilling the client's local particles (eq. 17)", NON_NEGATIVE)
     server_steps: int = key(200, "L_s: P-DSVGD's server distillation steps (eq. 29)", NON_NEGATIVE)

@@ -2,7 +2,10 @@
 scheduling, the server adopting uploads bit for bit, local particles staying on their client, dropped
 replies, checkpoints, P-DSVGD."""
 
+import logging
+
 import numpy as np
+import pytest
 import torch
 
 from fedbayes.protos import payloads_pb2 as pb
@@ -162,3 +165,19 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
     assert not np.allclose(core.strategy.particles, initial)
     state = core.state_dict()
     assert {f"local/{client}" for client in core.strategy.state.local_particles} <= set(state.tensors)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "kde_bandwidth", "sent"),
+    [("dsvgd", 0.0, 1.5), ("p-dsvgd", 0.0, 0.55), ("u-dsvgd", 0.0, 0.55), ("dsvgd", 0.3, 0.3), ("p-dsvgd", 2.0, 2.0)],
+)
+def test_a_kde_bandwidth_of_0_sends_the_variants_default_and_a_set_one_is_sent_as_set(
+    tmp_path, caplog, strategy, kde_bandwidth, sent
+):
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        core, runtimes, _ = federation(tmp_path, strategy, **{"kde-bandwidth": kde_bandwidth})
+    messages = core.configure(1, None, FakeGrid(runtimes))
+    assert messages
+    for message in messages:
+        assert declared_payload(message.content, pb.DSVGDInstruction).message.kde_bandwidth == sent
+    assert (f"{strategy}: kde-bandwidth {sent:g}, the variant's default" in caplog.text) == (kde_bandwidth == 0)
