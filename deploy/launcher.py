@@ -48,7 +48,7 @@ from fedbayes.deploy.processes import (
 )
 from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.strategies import run_settings
-from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings
+from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RunFailed, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
@@ -59,6 +59,7 @@ FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a work
 STARTUP_TIMEOUT = 60.0
 EXECUTORS = ("shared", "fork", "subprocess")
 TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
+STRING_KEYS = frozenset(key.name for key in keys_of(RunSettings) if key.type is str)  # `--set` keeps them as typed
 
 
 @dataclass(frozen=True)
@@ -481,12 +482,15 @@ class LocalFederation:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` -> (key, typed value): bools, ints, floats, else the string itself. Keys are
-    spelled with hyphens (`proximal-mu`); `proximal_mu` means the same."""
+    """`key=value` -> (key, typed value): the string itself for a core key whose values are strings (`hidden=100` is
+    one layer of 100, not a number), else bools, ints, floats, else the string. Keys are spelled with hyphens
+    (`proximal-mu`); `proximal_mu` means the same."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ValueError(f"--set expects key=value, got {text!r}")
     key = key.replace("_", "-")
+    if key in STRING_KEYS:
+        return key, raw
     if raw in ("true", "false"):
         return key, raw == "true"
     for kind in (int, float):

@@ -73,6 +73,8 @@ def test_set_overrides_are_typed_and_accept_underscores():
     assert parse_override("local-epochs=5") == ("local-epochs", 5)
     assert parse_override("rescale-lr=true") == ("rescale-lr", True)
     assert parse_override("hidden=200,100") == ("hidden", "200,100")
+    assert parse_override("hidden=100") == ("hidden", "100")  # one layer: a string key stays a string
+    assert parse_override("federation=2026") == ("federation", "2026")
     with pytest.raises(ValueError, match="key=value"):
         parse_override("lr")
 
