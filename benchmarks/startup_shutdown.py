@@ -8,10 +8,15 @@ Runs `fedbayes local` --repeats times, one after another, and reads its output a
                  every process stopped)
   SuperNode MiB  the mean RSS of the run's SuperNode processes, read once round 1's row is out
 
-The authors' single process took 10-13 s to its first round and 3 s to exit on this 2-core machine (issue 33). Writes
-benchmarks/results/startup_shutdown/<label>.jsonl, one line per run, with the load average before it.
+With --authors-code DIR (a checkout of the BayesADMM authors' code, team-approx-bayes/bayes-admm, with Fashion-MNIST
+under DIR/data/FashionMNIST/raw) each repeat runs their single process after ours, back to back: FedIVON on their
+configs/fmnist_homog10/fedivon.yaml on the CPU, for --rounds rounds. Their start-up is the time to their first
+"Starting communication round", round 1 from there to round 1's last evaluation line, and last row -> exit from their
+last round's last evaluation line to the process's exit. Writes benchmarks/results/startup_shutdown/<label>.jsonl,
+one line per run (ours, then theirs under <label>-authors), with the load average before it.
 
 Run:  python benchmarks/startup_shutdown.py --label after [--strategy bayesadmm --clients 10 --rounds 3 --repeats 3]
+      [--authors-code /path/to/bayes-admm]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -35,12 +41,15 @@ ROW_PREFIX = " round  accuracy"  # `fedbayes local`'s table header; rows follow 
 
 
 def supernode_rss_mib(workdir: Path) -> float | None:
-    """Mean RSS (MiB) of the live `fedbayes supernode` processes whose command line names this run's workdir."""
+    """Mean RSS (MiB) of the live SuperNodes running in this run's workdir: processes named supernode-<i> (forked by
+    the SuperNodes' fork server, deploy/forkserver.py) or started as `fedbayes supernode`."""
     sizes = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             command = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"supernode" in command and any(str(workdir).encode() in part for part in command):
+            forked = (proc / "comm").read_text().startswith("supernode-")
+            started = b"supernode" in command[:3]  # python, the fedbayes script, its subcommand
+            if (forked or started) and (proc / "cwd").resolve() == workdir.resolve():
                 sizes.append(status_kib(int(proc.name), "VmRSS") / 1024)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # gone meanwhile
@@ -91,6 +100,48 @@ def one_run(args: argparse.Namespace, workdir: Path) -> dict:
     }
 
 
+AUTHORS_CONFIG = Path("configs/fmnist_homog10/fedivon.yaml")
+AUTHORS_ROUND_STARTS = re.compile(r"^Starting communication round")
+AUTHORS_EVALUATION = re.compile(r"^(Comm round \d+:|  \[Bayes Model-Avg\])")  # a round's two evaluation lines
+
+
+def authors_run(args: argparse.Namespace, workdir: Path) -> dict:
+    """The authors' train.py on their homogeneous FMNIST-10% configuration, on the CPU, for args.rounds rounds."""
+    import yaml
+
+    config = yaml.safe_load((args.authors_code / AUTHORS_CONFIG).read_text())
+    config.update(use_cuda=False, num_comm_rounds=args.rounds, wandb_log=False)
+    config_file = workdir / "fedivon.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-u", "train.py", "--config_file", str(config_file), "--path", str(workdir)]
+    load = os.getloadavg()
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command, cwd=args.authors_code, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    round_starts, evaluations, lines = [], [], []
+    for line in process.stdout:
+        lines.append(line)
+        if AUTHORS_ROUND_STARTS.match(line):
+            round_starts.append(time.monotonic() - started)
+        elif AUTHORS_EVALUATION.match(line):
+            evaluations.append((len(round_starts), time.monotonic() - started))
+    process.wait()
+    ended = time.monotonic() - started
+    if process.returncode != 0 or len(round_starts) != args.rounds:
+        raise SystemExit(f"`{' '.join(command)}` failed ({process.returncode}):\n{''.join(lines[-30:])}")
+    round_1_done = max(at for number, at in evaluations if number == 1)
+    return {
+        "to_round_1_s": round_1_done,
+        "round_1_s": round_1_done - round_starts[0],
+        "last_row_to_exit_s": ended - evaluations[-1][1],
+        "total_s": ended,
+        "supernode_rss_mib": None,
+        "load_before": load,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--label", required=True, help="the results file's name, e.g. before / after")
@@ -100,33 +151,41 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.02, help="of FMNIST: start-up does not depend on it")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config values")
+    parser.add_argument(
+        "--authors-code", type=Path, help="the BayesADMM authors' code: run it after each of our runs, for a ratio"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.label}.jsonl"
-    runs = []
+    kinds = {args.label: one_run, **({f"{args.label}-authors": authors_run} if args.authors_code else {})}
+    runs: dict[str, list[dict]] = {label: [] for label in kinds}
+    settings = {**vars(args), "authors_code": str(args.authors_code) if args.authors_code else None}
     for repeat in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="startup-") as temp:
-            run = {"label": args.label, "repeat": repeat, **vars(args), **one_run(args, Path(temp) / "fed")}
-        with out.open("a") as results:
-            results.write(json.dumps(run) + "\n")
-        runs.append(run)
-        print(
-            f"{args.label} #{repeat}: to round 1 {run['to_round_1_s']:.1f} s (round 1 {run['round_1_s']:.1f} s), "
-            f"last row -> exit {run['last_row_to_exit_s']:.1f} s, SuperNode {run['supernode_rss_mib']:.0f} MiB, "
-            f"load {run['load_before'][0]:.1f}",
-            flush=True,
-        )
-    median = {
-        name: statistics.median(run[name] for run in runs)
-        for name in ("to_round_1_s", "round_1_s", "last_row_to_exit_s", "supernode_rss_mib")
-    }
+        for label, measure in kinds.items():
+            with tempfile.TemporaryDirectory(prefix="startup-") as temp:
+                run = {**settings, "label": label, "repeat": repeat, **measure(args, Path(temp) / "fed")}
+            with out.open("a") as results:
+                results.write(json.dumps(run) + "\n")
+            runs[label].append(run)
+            rss = "" if run["supernode_rss_mib"] is None else f", SuperNode {run['supernode_rss_mib']:.0f} MiB"
+            print(
+                f"{label} #{repeat}: to round 1 {run['to_round_1_s']:.1f} s (round 1 {run['round_1_s']:.1f} s), "
+                f"last row -> exit {run['last_row_to_exit_s']:.1f} s{rss}, load {run['load_before'][0]:.1f}",
+                flush=True,
+            )
     print("\n| run (median) | to round 1 s | round 1 s | start-up s | last row -> exit s | SuperNode RSS MiB |")
     print("|---|---|---|---|---|---|")
-    print(
-        f"| {args.label}, {len(runs)} runs | {median['to_round_1_s']:.1f} | {median['round_1_s']:.1f} | "
-        f"{median['to_round_1_s'] - median['round_1_s']:.1f} | {median['last_row_to_exit_s']:.1f} | "
-        f"{median['supernode_rss_mib']:.0f} |"
-    )
+    for label, measured in runs.items():
+        median = {
+            name: statistics.median(run[name] for run in measured)
+            for name in ("to_round_1_s", "round_1_s", "last_row_to_exit_s")
+        }
+        sizes = [run["supernode_rss_mib"] for run in measured if run["supernode_rss_mib"] is not None]
+        print(
+            f"| {label}, {len(measured)} runs | {median['to_round_1_s']:.1f} | {median['round_1_s']:.1f} | "
+            f"{median['to_round_1_s'] - median['round_1_s']:.1f} | {median['last_row_to_exit_s']:.1f} | "
+            f"{f'{statistics.median(sizes):.0f}' if sizes else '-'} |"
+        )
 
 
 if __name__ == "__main__":

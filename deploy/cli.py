@@ -17,8 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     whole_process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # `run` and `supernode` hand every argument to Flower's command as it is (argparse cannot pass options through),
-    # and are dispatched before the parser is built: its subcommands import what they run (the client's, torch among
-    # it), which would cost every SuperNode about 2 CPU-s and 500 MB.
+    # and are dispatched before the parser is built, as is the fork server that forks SuperNodes: the parser's
+    # subcommands import what they run (the client's, torch among it), which would cost every SuperNode about 2 CPU-s
+    # and 500 MB.
     if argv[:1] == ["run"]:
         from fedbayes.deploy.flwr_run import main as flwr_run
 
@@ -27,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         from fedbayes.deploy.supernode import main as supernode
 
         command = functools.partial(supernode, argv[1:])
+    elif argv[:1] == ["supernode-forkserver"]:
+        from fedbayes.deploy.forkserver import main as forkserver
+
+        command = functools.partial(forkserver, argv[1:])
     else:
         args = build_parser().parse_args(argv)
         args.argv = argv  # `fedbayes local` prints the command that resumes it
@@ -82,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         "supernode",
         add_help=False,
         help="`flower-supernode ARGS` without Flower's 3 s idle sleep between pulls (deploy/supernode.py)",
+    )
+    commands.add_parser(
+        "supernode-forkserver",
+        add_help=False,
+        help="(for `fedbayes local`) import the SuperNode once, fork SuperNodes on request (deploy/forkserver.py)",
     )
     _add_superexec(
         commands.add_parser(

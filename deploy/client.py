@@ -67,8 +67,7 @@ def node_config(
     return " ".join(settings)
 
 
-def supernode_command(
-    fedbayes: str,
+def supernode_arguments(
     superlink: str,
     config: str,
     runtime_port: int,
@@ -76,14 +75,12 @@ def supernode_command(
     auth_key: Path | None,
     isolation: str = "process",
 ) -> list[str]:
-    """A SuperNode (`fedbayes supernode`: Flower's, without its 3 s idle sleep) dialing `superlink`: TLS with
-    `ca_cert` (insecure without, loopback development only), authenticated with `auth_key`; its Runtime API
-    for the ClientApp executor on 127.0.0.1:`runtime_port`."""
+    """`fedbayes supernode`'s arguments (Flower's SuperNode, without its 3 s idle sleep) for a SuperNode dialing
+    `superlink`: TLS with `ca_cert` (insecure without, loopback development only), authenticated with `auth_key`;
+    its Runtime API for the ClientApp executor on 127.0.0.1:`runtime_port`."""
     security = ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     security += ["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []
     return [
-        fedbayes,
-        "supernode",
         *security,
         "--superlink",
         superlink,
@@ -229,9 +226,11 @@ def run_supernode(args: argparse.Namespace) -> int:
     with ProcessGroup(args.log_dir, process_env(Path.home() / ".flwr")) as processes:
         supernode = processes.start(
             "supernode",
-            supernode_command(
-                console_script("fedbayes"), args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()
-            ),
+            [
+                console_script("fedbayes"),
+                "supernode",
+                *supernode_arguments(args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()),
+            ],
         )
         try:
             superexec = processes.start(
@@ -253,8 +252,10 @@ def run_supernode(args: argparse.Namespace) -> int:
                     return 0
                 time.sleep(0.5)
             stopped = supernode if supernode.popen.poll() is not None else superexec
-            say(f"{stopped.name} exited with code {stopped.popen.returncode}")
-            return stopped.popen.returncode
+            code = stopped.popen.poll()
+            assert code is not None  # the loop ended because it exited
+            say(f"{stopped.name} exited with code {code}")
+            return code
         finally:
             sign_off(processes, supernode)
 

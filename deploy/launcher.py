@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedbayes.deploy.client import node_config, superexec_command, supernode_command
+from fedbayes.deploy.client import node_config, superexec_command, supernode_arguments
 from fedbayes.deploy.flower_app import toml_value, write_app
 from fedbayes.deploy.flwr_run import RunStatus, run_status
+from fedbayes.deploy.forkserver import ForkServer
 from fedbayes.deploy.pki import TlsFiles, connection_config, register_supernode
 from fedbayes.deploy.processes import (
     ManagedProcess,
@@ -171,7 +172,9 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     # A new federation's rows start after the lines the file holds (appended to: results-exists=append; a resume
     # writes its rows again from its checkpoint's round on, and they are read by round).
     earlier_lines = 0 if spec.resume else _line_count(results)
-    with LocalFederation(workdir, spec.executor, parallel_tasks=spec.parallel_tasks) as federation:
+    with LocalFederation(
+        workdir, spec.executor, parallel_tasks=spec.parallel_tasks, preload_supernodes=True
+    ) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
         submit = federation.submit(spec.run_config(workdir, results))
@@ -218,7 +221,10 @@ class LocalFederation:
         tls: TlsFiles | None = None,
         node_auth: bool = False,
         parallel_tasks: int | None = None,
+        preload_supernodes: bool = False,
     ) -> None:
+        """`preload_supernodes`: start the SuperNodes' fork server beside the SuperLink, not with the first SuperNode
+        (for a caller about to start SuperNodes on this machine's loopback)."""
         if executor not in EXECUTORS:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
         check_parallel_tasks(parallel_tasks)
@@ -248,9 +254,13 @@ class LocalFederation:
         self.shared_superexec: ManagedProcess | None = None
         # SuperNodes the shared executor will serve once it starts; None when it has (or with another executor)
         self.awaiting_shared: set[int] | None = set() if executor == "shared" else None
+        self.preload_supernodes = preload_supernodes
+        self.supernode_forks: ForkServer | None = None
 
     def __enter__(self) -> LocalFederation:
         try:
+            if self.preload_supernodes:
+                self.start_supernode_forkserver()  # its imports on one core while the SuperLink starts on another
             self.start_superlink()
         except BaseException:
             self.processes.stop_all()
@@ -331,26 +341,25 @@ class LocalFederation:
         host: Host = LOOPBACK,
         auth_key: Path | None = None,
     ) -> ManagedProcess:
-        """SuperNode `client-<index>` holding partition `index` on `host`, with its own Runtime API port. The shared
-        executor (`start_shared_superexec`) serves it if it can: a SuperNode on this machine's loopback, with the
-        federation's environment, started before that executor. Otherwise (and always with the fork executor) a
-        warm `fedbayes superexec` of its own starts next to it on its host."""
+        """SuperNode `client-<index>` holding partition `index` on `host`, with its own Runtime API port. On this
+        machine's loopback and with the federation's environment, it is forked from the SuperNodes' fork server
+        (deploy/forkserver.py), else started as a process of its own. The shared executor (`start_shared_superexec`)
+        serves it if it can: a SuperNode on this machine's loopback, with the federation's environment, started
+        before that executor. Otherwise (and always with the fork executor) a warm `fedbayes superexec` of its own
+        starts next to it on its host."""
         if self.node_auth and auth_key is None:
             raise ValueError("this federation authenticates SuperNodes: pass the client's private key")
         (port,) = free_ports(1)
         config = node_config(f"client-{index}", self.workdir / "client-state", partition=(index, num_partitions))
         isolation = "subprocess" if self.executor == "subprocess" else "process"
         tls = None if self.tls is None else self.tls.ca_cert
-        node = self.processes.start(
-            f"supernode-{index}",
-            host.command(
-                supernode_command(
-                    console_script("fedbayes"), self.fleet_address, config, port, tls, auth_key, isolation
-                )
-            ),
-            cwd=self.workdir,
-            extra_env=extra_env,
-        )
+        arguments = supernode_arguments(self.fleet_address, config, port, tls, auth_key, isolation)
+        name = f"supernode-{index}"
+        if host == LOOPBACK and not extra_env:
+            node = self.processes.fork(name, self.start_supernode_forkserver(), arguments, self.workdir)
+        else:
+            command = [console_script("fedbayes"), "supernode", *arguments]
+            node = self.processes.start(name, host.command(command), cwd=self.workdir, extra_env=extra_env)
         self.supernodes[index] = node
         self.runtime_ports[index] = port
         if self.awaiting_shared is not None and host == LOOPBACK and not extra_env:
@@ -363,6 +372,19 @@ class LocalFederation:
                 extra_env=extra_env,
             )
         return node
+
+    def start_supernode_forkserver(self) -> ForkServer:
+        """The fork server this federation's loopback SuperNodes are forked from, started if it is not running."""
+        if self.supernode_forks is None or self.supernode_forks.process.poll() is not None:
+            server = self.processes.start(
+                "supernode-forkserver",
+                [console_script("fedbayes"), "supernode-forkserver"],
+                cwd=self.workdir,
+                pipes=True,
+            )
+            assert isinstance(server.popen, subprocess.Popen)  # started, not forked
+            self.supernode_forks = ForkServer(server.popen, server.log_tail)
+        return self.supernode_forks
 
     def start_shared_superexec(self) -> None:
         """With the shared executor: one warm `fedbayes superexec` on this machine for the SuperNodes started so far
@@ -464,7 +486,8 @@ class LocalFederation:
                 if not submit.stopped:
                     self._check_outcome(submit, len(in_order), rounds)
                 return in_order
-            serverapp.check()
+            if len(rows) < rounds:  # after its last row the ServerApp ends by itself: no need to ask why it is gone
+                serverapp.check()
             time.sleep(0.2)
 
     def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int) -> None:
@@ -522,7 +545,9 @@ class _ServerAppWatch:
     """Tells when the ServerApp of the run being followed died without a word (SIGKILL, out of memory).
     Flower notices only when its heartbeat lapses, up to a minute later, and `flwr run --stream` waits
     for that; here it takes a second. A ServerApp that ends by itself reports its outcome before it
-    exits, so one that is gone while its run is not finished died."""
+    exits, so one that is gone while its run is not finished died. `follow` asks only until the run's last
+    row is in: the ServerApp then ends by itself, and asking the run's status costs a `flwr` process
+    (about 1.5 CPU-s) beside `fedbayes run`'s own on the way out of every run."""
 
     def __init__(self, federation: LocalFederation, submit: ManagedProcess) -> None:
         self.federation = federation

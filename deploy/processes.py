@@ -23,7 +23,10 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from fedbayes.deploy.forkserver import ForkedProcess, ForkServer
 
 MARKER_VARIABLE = "FEDBAYES_PROCESS_GROUP"
 
@@ -31,7 +34,7 @@ MARKER_VARIABLE = "FEDBAYES_PROCESS_GROUP"
 @dataclass
 class ManagedProcess:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedProcess  # ForkedProcess: forked by a fork server (deploy/forkserver.py)
     log_path: Path | None  # None: its output goes to our own stdout/stderr
     stopped: bool = False  # we signalled it: its end is no failure
 
@@ -61,20 +64,39 @@ class ProcessGroup:
             log_dir.mkdir(parents=True, exist_ok=True)
 
     def start(
-        self, name: str, command: Sequence[str], cwd: Path | None = None, extra_env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        command: Sequence[str],
+        cwd: Path | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        pipes: bool = False,
     ) -> ManagedProcess:
+        """`pipes`: its stdin and stdout are text pipes to us (a fork server's requests and answers), its stderr
+        goes to the log."""
         log_path = None if self.log_dir is None else self.log_dir / f"{name}.log"
         with open(os.devnull, "wb") if log_path is None else log_path.open("wb") as log_file:
+            logged = None if log_path is None else log_file
             popen = subprocess.Popen(
                 list(command),
-                stdout=None if log_path is None else log_file,
-                stderr=None if log_path is None else subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if pipes else logged,
+                stderr=logged if pipes or log_path is None else subprocess.STDOUT,
+                stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
+                text=pipes,
                 env={**self.env, **(extra_env or {})},
                 cwd=cwd,
                 start_new_session=True,  # Ctrl-C in the terminal reaches only us; we stop the rest
             )
-        process = ManagedProcess(name, popen, log_path)
+        return self._add(ManagedProcess(name, popen, log_path))
+
+    def fork(self, name: str, server: ForkServer, argv: list[str], cwd: Path) -> ManagedProcess:
+        """A SuperNode with `fedbayes supernode`'s arguments `argv`, forked by `server` (started by this group,
+        so the fork carries its marker), logging to <log_dir>/<name>.log."""
+        if self.log_dir is None:
+            raise ValueError("a forked SuperNode logs into the group's log directory; this group has none")
+        log_path = self.log_dir / f"{name}.log"
+        return self._add(ManagedProcess(name, server.fork(name, argv, cwd, log_path), log_path))
+
+    def _add(self, process: ManagedProcess) -> ManagedProcess:
         self.processes.append(process)
         return process
 

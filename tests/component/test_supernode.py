@@ -447,19 +447,21 @@ def test_an_exception_in_the_supernode_takes_pythons_usual_exit():
 
 
 @pytest.mark.parametrize(
-    "command, module",
+    "argv, module",
     [
-        ("supernode", "fedbayes.deploy.supernode"),
-        ("run", "fedbayes.deploy.flwr_run"),
-        ("client", "fedbayes.deploy.client"),  # its process supervises the client's SuperNode and executor
+        (["supernode", "--help"], "fedbayes.deploy.supernode"),
+        (["supernode-forkserver"], "flwr.supernode.cli.flower_supernode"),  # its imports, then no request: it exits
+        (["run", "--help"], "fedbayes.deploy.flwr_run"),
+        (["client", "--help"], "fedbayes.deploy.client"),  # its process supervises the client's SuperNode and executor
     ],
 )
-def test_the_supernode_client_and_run_commands_import_neither_torch_nor_the_launcher(command, module):
-    """Every client runs a `fedbayes supernode` process (and, joining with `fedbayes client`, a supervising one): torch
-    in each cost about 2 CPU-s of start-up and 500 MB."""
+def test_the_supernode_client_and_run_commands_import_neither_torch_nor_the_launcher(argv, module):
+    """Every client runs a `fedbayes supernode` process, or a fork of the fork server's (and, joining with `fedbayes
+    client`, a supervising one): torch in each cost about 2 CPU-s of start-up and 500 MB."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "fedbayes.deploy.cli", command, "--help"],
+        [sys.executable, "-X", "importtime", "-m", "fedbayes.deploy.cli", *argv],
         capture_output=True,
+        stdin=subprocess.DEVNULL,
         text=True,
         timeout=120,
     )
