@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedbayes.deploy.processes import exit_without_teardown, stop_processes_on_signals
 
     stop_processes_on_signals()
-    if whole_process and argv[:1] == ["local"]:  # every process it started is stopped by then: no teardown needed
+    if whole_process and argv[:1] in (["local"], ["run"]):  # what they started is stopped by then: no teardown needed
         exit_without_teardown(functools.partial(outcome, command))
     return outcome(command)
 

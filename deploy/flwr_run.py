@@ -6,6 +6,8 @@ success. This command hands its arguments to `flwr run` unchanged (adding --stre
 log (without colour codes where its output is no terminal), then asks the SuperLink for the run's final
 status. Anything but finished:completed exits 1, the reason on the last line:
 `fedbayes run failed: <reason>` (the ServerApp's own one-line report where it made one, tasks/runlog.py).
+It asks in its own process, through Flower's Control API client (`run_status_here`), which it imports while the
+run's rounds go: a `flwr ls` process cost about 1.5 CPU-s of imports at the end of every run.
 
 A simulation connection (address ":local:") makes `flwr` start a SuperLink of its own on two fixed
 ports and leave it running, shared by every user of the machine. Each `fedbayes run` gives that
@@ -18,13 +20,18 @@ workers) by process id: they inherit a marker in their environment. Nothing it d
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import io
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fedbayes.deploy.processes import free_ports, process_env, stop_processes_with_env
@@ -75,9 +82,12 @@ def main(argv: Sequence[str]) -> int:
     command = [*PATIENT_FLWR, "run", *argv, *([] if "--stream" in argv else ["--stream"])]
     marker = uuid.uuid4().hex
     env = submission_env(marker)
+    os.environ.update({variable: env[variable] for variable in LOCAL_SUPERLINK_PORTS})  # for run_status_here
     try:
-        streamed = stream(command, env, resume_command=["fedbayes", "run", *argv])
-        reason = failure(streamed, connection, env)
+        streamed = stream(
+            command, env, resume_command=["fedbayes", "run", *argv], after_first_round=import_status_client
+        )
+        reason = failure(streamed, lambda run_id: run_status_here(connection, run_id))
     except KeyboardInterrupt:
         print(
             "fedbayes run: interrupted; stopping what it started (a run on a remote SuperLink goes on: "
@@ -115,8 +125,14 @@ def submission_env(marker: str) -> dict[str, str]:
     return env
 
 
-def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Sequence[str]) -> Streamed:
-    """Run `flwr run ... --stream`, echoing its output, and note what the run's log says about it."""
+def stream(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    resume_command: Sequence[str],
+    after_first_round: Callable[[], object] = lambda: None,
+) -> Streamed:
+    """Run `flwr run ... --stream`, echoing its output, and note what the run's log says about it; call
+    `after_first_round` once the log reports the first round done."""
     process = subprocess.Popen(
         list(command),
         env=dict(env),
@@ -127,6 +143,7 @@ def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Seque
     )  # Ctrl-C reaches us; we stop it
     keep_colour = sys.stdout.isatty()
     run_id = reported = None
+    rounds_seen = False
     assert process.stdout is not None  # stdout=PIPE
     with Progress() as progress:  # a live line on a terminal, fed by the ServerApp's round lines (deploy/progress.py)
         for raw in process.stdout:
@@ -135,6 +152,9 @@ def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Seque
             progress.print(line if keep_colour else plain)
             if done := parse_round_log_line(plain):
                 progress.round_done(done)
+                if not rounds_seen:
+                    rounds_seen = True
+                    after_first_round()
             run_id = run_id or _run_id(plain)
             reported = failure_reason(plain) or reported
             if name := new_federation(plain):
@@ -143,16 +163,64 @@ def stream(command: Sequence[str], env: Mapping[str, str], resume_command: Seque
     return Streamed(process.wait(), run_id, reported)
 
 
-def failure(streamed: Streamed, connection: str | None, env: Mapping[str, str]) -> str | None:
-    """Why the run did not complete, or None if it did."""
+def failure(streamed: Streamed, status_of: Callable[[int], RunStatus]) -> str | None:
+    """Why the run did not complete, or None if it did; `status_of(run_id)`: the run's status at its SuperLink."""
     if streamed.returncode != 0:
         return streamed.failure or f"flwr run exited with code {streamed.returncode} (its message is above)"
     if streamed.run_id is None:
         return "flwr run printed no run id"
-    status = run_status(PATIENT_FLWR, connection, streamed.run_id, env)
+    status = status_of(streamed.run_id)
     if status.status == "finished:completed":
         return None
     return streamed.failure or f"run {streamed.run_id} is {status.status} ({status.details})"
+
+
+STATUS_CLIENT = (
+    "flwr.cli.flower_config",
+    "flwr.cli.utils",
+    "flwr.common.serde",
+    "flwr.proto.control_pb2",
+)  # what run_status_here uses of Flower's CLI
+
+
+def import_status_client() -> None:
+    """Import what run_status_here needs in a thread of its own, while the run goes on (about 1.5 CPU-s, which would
+    otherwise come at the run's end). An import that fails here fails again, with its message, in run_status_here."""
+
+    def quietly() -> None:
+        try:
+            for module in STATUS_CLIENT:
+                importlib.import_module(module)
+        except Exception:  # noqa: BLE001, S110 - raised again where the status is asked
+            pass
+
+    threading.Thread(target=quietly, name="import-status-client", daemon=True).start()
+
+
+def run_status_here(connection: str | None, run_id: int) -> RunStatus:
+    """The run's status as its SuperLink reports it, asked from this process the way `flwr ls --run-id N` asks
+    (Flower 1.39's Control API client; patient with a simulation SuperLink as deploy/patient_flwr.py is)."""
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.common.serde import run_from_proto
+    from flwr.proto.control_pb2 import ListRunsRequest
+
+    from fedbayes.deploy.patient_flwr import be_patient  # Flower's CLI reads its ports at import: not before main's
+
+    be_patient()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its "Using SuperLink: ..." line: the run's output is over
+            client = init_http_client_from_connection(read_superlink_connection(connection))
+        try:
+            response = client.ListRuns(ListRunsRequest(run_id=run_id))
+        finally:
+            client.close()
+    except Exception as error:  # noqa: BLE001 - Flower's CLI errors (click, HTTP) as one line
+        raise RuntimeError(f"the SuperLink gave no status for run {run_id}: {_one_line(str(error))}") from error
+    if run_id not in response.run_dict:
+        raise RuntimeError(f"the SuperLink has no run {run_id}")
+    status = run_from_proto(response.run_dict[run_id]).status
+    return RunStatus(f"{status.status}:{status.sub_status}" if status.sub_status else status.status, status.details)
 
 
 def run_status(flwr: Sequence[str], connection: str | None, run_id: int, env: Mapping[str, str]) -> RunStatus:

@@ -15,11 +15,16 @@ import flwr.cli.local_superlink as local_superlink
 PATIENCE = {"LOCAL_SUPERLINK_STARTUP_TIMEOUT": 300.0, "CONTROL_API_PROBE_TIMEOUT": 5.0}  # Flower: 15 s, 0.4 s
 
 
-def main() -> None:
+def be_patient() -> None:
+    """Raise Flower's bounds in this process (`fedbayes run` asks the run's status in its own)."""
     for name, seconds in PATIENCE.items():
         if not hasattr(local_superlink, name):
             raise SystemExit(f"flwr.cli.local_superlink has no {name}: deploy/patient_flwr.py is for Flower 1.39")
         setattr(local_superlink, name, seconds)
+
+
+def main() -> None:
+    be_patient()
     from flwr.cli.app import app
 
     app(prog_name="flwr")
