@@ -111,6 +111,7 @@ def authors_run(args: argparse.Namespace, workdir: Path) -> dict:
 
     config = yaml.safe_load((args.authors_code / AUTHORS_CONFIG).read_text())
     config.update(use_cuda=False, num_comm_rounds=args.rounds, wandb_log=False)
+    workdir.mkdir(parents=True)
     config_file = workdir / "fedivon.yaml"
     config_file.write_text(yaml.safe_dump(config))
     command = [sys.executable, "-u", "train.py", "--config_file", str(config_file), "--path", str(workdir)]
