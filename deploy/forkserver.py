@@ -19,6 +19,7 @@ environment, so only SuperNodes that need no environment of their own are forked
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,8 +39,6 @@ PROCESS_NAME_LENGTH = 15  # Linux keeps 15 bytes of a process's name (`ps -o com
 
 def serve(requests: IO[str], answers: IO[str]) -> None:
     """Import the SuperNode once, then answer requests until `requests` closes."""
-    import importlib
-
     for module in PRELOAD:
         importlib.import_module(module)
     if threading.active_count() != 1:  # a fork copies only the thread that forks: nothing may run beside it
@@ -111,9 +111,9 @@ class ForkServer:
     """The launcher's end of a running `fedbayes supernode-forkserver` (`process`, started with pipes to its stdin
     and stdout). Thread-safe: one request at a time."""
 
-    def __init__(self, process: subprocess.Popen, log_tail: Any) -> None:
+    def __init__(self, process: subprocess.Popen, log_tail: Callable[[], str]) -> None:
         self.process = process
-        self.log_tail = log_tail  # () -> its log's last lines, for the error if it fails
+        self.log_tail = log_tail  # its log's last lines, for the error if it fails
         self.lock = threading.Lock()
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
