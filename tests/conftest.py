@@ -31,6 +31,7 @@ TIERS = {
 }  # directory -> the markers of its tests
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for marker in TIERS.get(tier(item), ()):
@@ -43,7 +44,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # `make test` runs the suite on every core (pytest-xdist, `--dist loadgroup`): a group runs on one worker, in order.
 # A module is a group, so its module-scoped fixtures (an image build, a tracking server) are set up once; the system
 # tests are one group, so the Docker engine, the namespaces and the fresh install never run beside each other. Under
-# xdist the longest tiers are handed out first, so the system group does not start last and leave one core idle.
+# xdist the longest tiers are handed out first, so the system group does not start last and leave one core idle. The
+# hook runs before xdist's, which reads the groups (tests/integration/test_suite_groups.py checks that they hold).
 SCHEDULE = ("system", "integration", "component", "unit")
 
 

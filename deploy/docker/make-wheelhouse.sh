@@ -13,6 +13,9 @@ PYTHON=${PYTHON:-python3.11}
 CACHE=${FEDBAYES_CACHE:-/var/cache/fedbayes}
 mkdir -p "$CACHE" 2>/dev/null && [ -w "$CACHE" ] || CACHE=$HOME/.cache/fedbayes
 
+# One at a time: two builds filling the same wheelhouse at once (the compose and install tests did) collide in `cp`.
+exec 9>"$CACHE/wheelhouse.lock"
+flock 9
 requirements=$("$PYTHON" deploy/docker/requirements.py --torch "$TORCH"; echo "setuptools>=68")
 if [ -f "$WHEELS/requirements.txt" ] && [ "$(cat "$WHEELS/requirements.txt")" = "$requirements" ]; then
     echo "make-wheelhouse: $WHEELS is up to date ($(ls "$WHEELS"/*.whl | wc -l) wheels)"; exit 0
