@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from fedbayes.deploy.processes import running
+
 PRELOAD = ("fedbayes.deploy.supernode", "flwr.supernode.start_client_internal", "flwr.supernode.cli")
 EXIT_UNKNOWN = 255  # the returncode of a fork whose fork server died before it could tell
 PROCESS_NAME_LENGTH = 15  # Linux keeps 15 bytes of a process's name (`ps -o comm`, top)
@@ -135,11 +137,13 @@ class ForkServer:
         return ForkedProcess(self, answer["pid"], ["fedbayes", "supernode", *argv])
 
     def returncode(self, pid: int) -> int | None:
+        """Popen's returncode of fork `pid`. The launcher polls every SuperNode five times a second: while the fork
+        runs, /proc says so without a request; once it has ended, the fork server reaps it and tells its status."""
+        if running(pid):
+            return None
         answer = self.ask({"poll": pid})
-        if answer is not None:
-            return answer["returncode"]
-        # The fork server is gone, and with it the exit status of its children: they are orphans now.
-        return None if running(pid) else EXIT_UNKNOWN
+        # None: the fork server is gone, and with it the exit status of its children (orphans now).
+        return EXIT_UNKNOWN if answer is None else answer["returncode"]
 
 
 class ForkedProcess:
@@ -173,12 +177,3 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` exists and is no zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z"

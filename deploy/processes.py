@@ -201,13 +201,24 @@ def _live_processes() -> list[tuple[int, int]]:
     """(pid, session id) of every process that is not a zombie."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if fields[0] != "Z":
+        fields = _stat(int(proc.name))
+        if fields and fields[0] != "Z":
             found.append((int(proc.name), int(fields[3])))  # fields after the name: state, ppid, pgrp, session
     return found
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is no zombie."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the process's name ([] once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return []
 
 
 def _environ(pid: int) -> list[bytes]:
