@@ -17,9 +17,10 @@ Any process in the namespace can send to the bell, so the executor guards it two
 sender's pid (SO_PASSCRED: the kernel fills it in, the process's pid for any of its threads, and only a
 privileged sender can claim another): a Doorbell that knows its SuperNode's process (the executor's
 `--parent-pid`) answers only that process's rings and drops the others, reporting the first stranger once.
-And once answered, the bell goes unheard for `RING_INTERVAL` (rings meanwhile wait in the socket): a process
-ringing in a loop, a stranger or the SuperNode itself, makes the executor wake, and ask, at most about as often
-as Flower's own polling (FLWR_SUPEREXEC_TASK_POLL_INTERVAL, which we set to 0.2 s), not in a spin.
+And once answered, and again once the ask it caused has returned, the bell goes unheard for `RING_INTERVAL` (rings
+meanwhile wait in the socket): a process ringing in a loop, a stranger or the SuperNode itself, makes the executor
+wake, and ask, at most about as often as Flower's own polling (FLWR_SUPEREXEC_TASK_POLL_INTERVAL, which we set to
+0.2 s), not in a spin.
 """
 
 from __future__ import annotations
@@ -85,8 +86,13 @@ class Doorbell:
                 self.stranger_rang = True
                 self.on_stranger(pid)
         self.heard |= rang
-        self.quiet_until = time.monotonic() + RING_INTERVAL
+        self.hush()
         return rang
+
+    def hush(self) -> None:
+        """Leave the bell unheard for RING_INTERVAL from now. The executor hushes it again once an ask has returned,
+        so that asks, not only answers, are RING_INTERVAL apart however long an ask took."""
+        self.quiet_until = time.monotonic() + RING_INTERVAL
 
 
 def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:

@@ -224,6 +224,9 @@ class ServedSuperNode:
                 )
             self.next_ask = time.monotonic() + UNREACHABLE_RETRY
             return
+        finally:
+            if self.bell is not None:
+                self.bell.hush()
         if self.unreachable is not None:
             _say(f"the SuperNode at {self.address} answers again")
             self.unreachable = None

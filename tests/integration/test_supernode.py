@@ -145,6 +145,8 @@ def test_a_process_ringing_in_a_loop_does_not_make_the_executor_spin(monkeypatch
     )
     asks, wakes = [], []
     node.client.AcquireTask = lambda request: (asks.append(time.monotonic()), AcquireTaskResponse())[1]
+    # every other ask is slow to start (a loaded machine): asks, not only answers, must stay RING_INTERVAL apart
+    monkeypatch.setattr(node.executor, "reconcile", lambda: time.sleep(0.05 * (len(asks) % 2)))
     monkeypatch.setattr(
         warm_executor,
         "select",
