@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_superexec(
         commands.add_parser(
-            "superexec", help="run the ClientApps of this machine's SuperNodes as forks of one warm process"
+            "superexec",
+            help="run the ClientApps of this machine's SuperNodes (or a SuperLink's ServerApps: --app serverapp) as "
+            "forks of one warm process",
         )
     )
     _add_pki(commands.add_parser("pki", help="CA, SuperLink certificate and SuperNode keys (TLS + node auth)"))

@@ -32,11 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from fedbayes.deploy.processes import running
+from fedbayes.deploy.processes import name_this_process, running
 
 PRELOAD = ("fedbayes.deploy.supernode", "flwr.supernode.start_client_internal", "flwr.supernode.cli")
 EXIT_UNKNOWN = 255  # the returncode of a fork whose fork server died before it could tell
-PROCESS_NAME_LENGTH = 15  # Linux keeps 15 bytes of a process's name (`ps -o comm`, top)
 
 
 def serve(requests: IO[str], answers: IO[str]) -> None:
@@ -85,7 +84,7 @@ def become(name: str, cwd: str, log: str) -> None:
     os.dup2(output, 2)
     os.close(output)
     os.close(nothing)
-    Path("/proc/self/comm").write_text(name[:PROCESS_NAME_LENGTH])
+    name_this_process(name)
 
 
 def returncode(pid: int) -> int | None:

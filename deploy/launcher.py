@@ -15,10 +15,12 @@ ClientApps run, by default, as forks of one warm `fedbayes superexec` (deploy/wa
 SuperNode on this machine's loopback (`executor="shared"`, started when the run is submitted: an idle client is
 its SuperNode alone); a SuperNode it cannot serve (started after it, with an environment of its own, or on
 another host) gets a warm executor of its own, as every SuperNode does with `executor="fork"`;
-`executor="subprocess"` keeps Flower's stock path, a fresh `flwr-clientapp` process per message. Whatever the
-executor, at most `parallel_tasks` ClientApps compute at once (default: this machine's cores, tasks/slots.py, lock
-files in <workdir>/flwr-home/compute-slots; none when the hosts are network namespaces standing for separate
-machines).
+`executor="subprocess"` keeps Flower's stock path, a fresh `flwr-clientapp` process per message. The ServerApp,
+likewise, is a fork of a warm `fedbayes superexec --app serverapp` beside the SuperLink (which then runs with
+`--isolation process`); with `executor="subprocess"`, a fresh `flwr-serverapp` process of the SuperLink's own
+`flower-superexec`. Whatever the executor, at most `parallel_tasks` ClientApps compute at once (default: this
+machine's cores, tasks/slots.py, lock files in <workdir>/flwr-home/compute-slots; none when the hosts are network
+namespaces standing for separate machines).
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from fedbayes.deploy.pki import TlsFiles, connection_config, register_supernode
 from fedbayes.deploy.processes import (
     ManagedProcess,
     ProcessGroup,
-    command_line,
     console_script,
     free_ports,
+    is_serverapp,
     process_env,
 )
 from fedbayes.deploy.progress import Progress, RoundDone
@@ -252,6 +254,7 @@ class LocalFederation:
         self.superexecs: dict[int, ManagedProcess] = {}
         self.runtime_ports: dict[int, int] = {}
         self.shared_superexec: ManagedProcess | None = None
+        self.serverapp_superexec: ManagedProcess | None = None  # the warm executor of the SuperLink's ServerApps
         # SuperNodes the shared executor will serve once it starts; None when it has (or with another executor)
         self.awaiting_shared: set[int] | None = set() if executor == "shared" else None
         self.preload_supernodes = preload_supernodes
@@ -290,6 +293,7 @@ class LocalFederation:
             ]
             security += ["--enable-supernode-auth"] if self.node_auth else []
         self.superlink_killed = False  # stopped on purpose (a test's dead server machine): `follow` goes on
+        isolation = "subprocess" if self.executor == "subprocess" else "process"
         self.superlink = self.processes.start(
             "superlink",
             self.server.command(
@@ -297,7 +301,7 @@ class LocalFederation:
                     console_script("flower-superlink"),
                     *security,
                     "--isolation",
-                    "subprocess",
+                    isolation,
                     "--disable-runtime-dependency-installation",
                     "--host",
                     "127.0.0.1",
@@ -309,9 +313,28 @@ class LocalFederation:
             ),
             cwd=self.workdir,
         )
+        # its imports while the SuperLink starts
+        self.serverapp_superexec = self.start_serverapp_superexec() if isolation == "process" else None
         self._wait_for_port("127.0.0.1", self.control_port)
         self._wait_for_port(self.server.address, self.fleet_port)
         return self.superlink
+
+    def start_serverapp_superexec(self) -> ManagedProcess:
+        """The warm executor whose forks run this SuperLink's ServerApps (on the server's host, beside it); it
+        exits when the SuperLink does."""
+        security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
+        command = [
+            console_script("fedbayes"),
+            "superexec",
+            "--app",
+            "serverapp",
+            *security,
+            "--runtime-api-address",
+            f"127.0.0.1:{self.control_port}",
+            "--parent-pid",
+            str(self.superlink.popen.pid),
+        ]
+        return self.processes.start("superexec-serverapp", self.server.command(command), cwd=self.workdir)
 
     def _wait_for_port(self, address: str, port: int) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -449,9 +472,7 @@ class LocalFederation:
 
     def serverapp_pids(self) -> set[int]:
         """Live ServerApp processes of this federation (the SuperLink's executor starts one per run)."""
-        return {
-            pid for pid in self.processes.members() if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))
-        }
+        return {pid for pid in self.processes.members() if is_serverapp(pid)}
 
     def follow(
         self,

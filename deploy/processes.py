@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from fedbayes.deploy.forkserver import ForkedProcess, ForkServer
 
 MARKER_VARIABLE = "FEDBAYES_PROCESS_GROUP"
+PROCESS_NAME_LENGTH = 15  # Linux keeps 15 bytes of a process's name (`ps -o comm`, top)
 
 
 @dataclass
@@ -235,6 +236,25 @@ def command_line(pid: int) -> list[str]:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def process_name(pid: int) -> str:
+    """Process `pid`'s name as `ps -o comm` shows it: its program's, or what it named itself ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().rstrip("\n")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def is_serverapp(pid: int) -> bool:
+    """Whether process `pid` runs a ServerApp: Flower's `flwr-serverapp` script (a script's process is named after
+    it) or a warm executor's fork, which names itself so (deploy/warm_executor.py)."""
+    return process_name(pid) == "flwr-serverapp"
+
+
+def name_this_process(name: str) -> None:
+    """Name this process `name` in `ps -o comm` and top (a fork keeps its parent's name otherwise)."""
+    Path("/proc/self/comm").write_text(name[:PROCESS_NAME_LENGTH])
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

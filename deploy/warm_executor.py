@@ -1,5 +1,5 @@
-"""`fedbayes superexec`: Flower's SuperExec for the SuperNodes of one machine, but each ClientApp task is a fork
-of a process that has already imported torch.
+"""`fedbayes superexec`: Flower's SuperExec for the SuperNodes of one machine (or for a SuperLink), but each ClientApp
+(or ServerApp) task is a fork of a process that has already imported torch.
 
 Flower runs every message in a fresh `flwr-clientapp` process. On these 2-core machines that process
 spends ~1.2-3 s importing torch and another ~1.2-2 s importing torch._dynamo (every torch.optim
@@ -24,6 +24,12 @@ The app's own modules are preloaded as well: the FAB carries only the run config
 Before the first fork the parent freezes its heap out of the garbage collector (`gc.freeze`), so a child's
 collections do not walk, and thereby copy, the parent's millions of objects.
 
+With `--app serverapp` it serves a SuperLink started with `--isolation process` instead (`fedbayes local` does):
+Flower's SuperLink would start `flower-superexec`, which starts every run's ServerApp as a new `flwr-serverapp`
+process, ~5.5 CPU-s of imports (torch, Flower's ServerApp runtime, our strategies) before the first round can be
+sent. Here the ServerApp is a fork too, named `flwr-serverapp` in `ps` (as a ClientApp task is named
+`flwr-clientapp`), running Flower's own `run_serverapp`.
+
 Between asks for a task it waits for the SuperNodes' doorbells (deploy/doorbell.py) rather than Flower's fixed
 poll interval, heeding only the rings of each SuperNode's own process (with `--parent-pid`), at most one per
 `RING_INTERVAL`.
@@ -44,59 +50,63 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from fedbayes.deploy.doorbell import HEARD_POLL, Doorbell
+from fedbayes.deploy.processes import name_this_process
 from fedbayes.tasks.object_pulls import shorten_pull_backoff
 
-# Third-party libraries a fedbayes ClientApp needs; importing them here is the whole point. Importing
-# torch does not initialise CUDA, so each forked child still sets up its own GPU context.
-PRELOAD = (
-    "numpy",
-    "torch",
-    "torch._dynamo",
-    "safetensors.torch",
-    "ivon",
-    "flwr.clientapp",
-    "flwr.supernode.runtime.run_clientapp",
-    "fedbayes.client.app",
-)
+# What a fedbayes ClientApp or ServerApp needs; importing it here is the whole point. Importing torch does not
+# initialise CUDA, so each forked child still sets up its own GPU context.
+SHARED_PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch")
+PRELOAD = {
+    "clientapp": (
+        *SHARED_PRELOAD,
+        "ivon",
+        "flwr.clientapp",
+        "flwr.supernode.runtime.run_clientapp",
+        "fedbayes.client.app",
+    ),
+    "serverapp": (*SHARED_PRELOAD, "flwr.serverapp", "flwr.superlink.runtime.run_serverapp", "fedbayes.server.app"),
+}
+TASK_TYPE = {"clientapp": "flwr-clientapp", "serverapp": "flwr-serverapp"}  # Flower's TaskType values
 UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime API did not answer
 ASK_TIMEOUT = 5.0  # seconds an ask may take (on this machine's loopback it takes milliseconds)
 
 
-def preload() -> None:
-    """Import what every ClientApp task needs, the built-in strategies included, then freeze the heap so that
-    forked children share it instead of copying it page by page."""
-    for module in PRELOAD:
+def preload(app: str) -> None:
+    """Import what every task of `app` ("clientapp" or "serverapp") needs, the built-in strategies' halves included,
+    then freeze the heap so that forked children share it instead of copying it page by page."""
+    for module in PRELOAD[app]:
         importlib.import_module(module)
     from fedbayes.strategies import BUILTIN
 
-    for algorithm in BUILTIN.values():  # every built-in strategy's client half
-        algorithm.client_half()
+    for algorithm in BUILTIN.values():  # every built-in strategy's half of this side
+        algorithm.client_half() if app == "clientapp" else algorithm.server_half()
     shorten_pull_backoff()  # children pull the instruction from the SuperNode, maybe while it still receives it
     gc.collect()
     gc.freeze()
 
 
 class ForkExecutor:
-    """An executor in the sense of `flwr.supercore.superexec.executor.Executor`: one forked child per
-    ClientApp task, reaped between task polls and terminated when the SuperExec stops."""
+    """An executor in the sense of `flwr.supercore.superexec.executor.Executor`: one forked child per task of
+    one type (`task_type`: Flower's "flwr-clientapp" or "flwr-serverapp"), reaped between task polls and
+    terminated when the SuperExec stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, task_type: str) -> None:
+        self.task_type = task_type
         self.children: set[int] = set()
 
     def get_eligible_capacity(self, supported_task_types, *, insecure=False, root_certificates_path=None):
-        from flwr.supercore.constant import TaskType
-
-        return {TaskType.CLIENT_APP} & set(supported_task_types), set()
+        return {task_type for task_type in supported_task_types if task_type == self.task_type}, set()
 
     def wait_for_capacity(self, task_type=None, *, fab_hash=None, insecure=False, root_certificates_path=None) -> None:
         """Forking has no capacity gate."""
 
     def launch(self, spec):
-        from flwr.supercore.constant import TaskType
         from flwr.supercore.superexec.executor import LaunchResult
 
-        if spec.task_type != TaskType.CLIENT_APP:
-            return LaunchResult.failed(f"fedbayes superexec runs ClientApp tasks only, not {spec.task_type}")
+        if spec.task_type != self.task_type:
+            return LaunchResult.failed(
+                f"this fedbayes superexec runs {self.task_type} tasks only, not {spec.task_type}"
+            )
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -122,23 +132,44 @@ class ForkExecutor:
 
 
 def _run_task(spec) -> None:
-    """Child side of the fork: run one ClientApp task with Flower's own runner."""
+    """Child side of the fork: run one ClientApp or ServerApp task with Flower's own runner, as its
+    `flwr-clientapp` or `flwr-serverapp` command would."""
     from flwr.supercore.exit import exit_handler
     from flwr.supercore.tls import validate_and_resolve_root_certificates
-    from flwr.supernode.runtime.run_clientapp import run_clientapp
 
     # Exit handlers the parent may have registered were copied by fork; they must not run when this task exits.
     exit_handler.registered_exit_handlers.clear()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    run_clientapp(
-        runtime_api_address=spec.runtime_api_address,
-        token=spec.token,
-        insecure=spec.insecure,
-        certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
-        parent_pid=spec.parent_pid,
-        runtime_dependency_install=False,
-    )
+    name_this_process(spec.task_type)
+    connection = {
+        "runtime_api_address": spec.runtime_api_address,
+        "token": spec.token,
+        "insecure": spec.insecure,
+        "certificates": validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+        "parent_pid": spec.parent_pid,
+        "runtime_dependency_install": False,
+    }
+    if spec.task_type == TASK_TYPE["serverapp"]:
+        _run_serverapp(connection)
+    else:
+        from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        run_clientapp(**connection)
+
+
+def _run_serverapp(connection: dict) -> None:
+    """Flower's `flwr-serverapp` minus its argument parsing: the output is mirrored into a queue that the
+    ServerApp streams to the SuperLink (`flwr log`, `flwr run --stream`)."""
+    from queue import Queue
+
+    from flwr.supercore.logger import mirror_output_to_queue, restore_output
+    from flwr.superlink.runtime import run_serverapp
+
+    log_queue: Queue[str | None] = Queue()
+    mirror_output_to_queue(log_queue)
+    run_serverapp(log_queue=log_queue, **connection)
+    restore_output()
 
 
 def _exit_after(body: Callable[[], object]) -> NoReturn:
@@ -158,12 +189,18 @@ def _exit_after(body: Callable[[], object]) -> NoReturn:
         os._exit(exit_code)
 
 
-class ServedSuperNode:
-    """One SuperNode this executor serves: its Runtime API, the tasks forked for it, its doorbell, its process
-    (if given), and when to ask it for work next."""
+class ServedRuntime:
+    """One SuperNode (or SuperLink, for `app="serverapp"`) this executor serves: its Runtime API, the tasks forked
+    for it, its doorbell (a SuperNode's), its process (if given), and when to ask it for work next."""
 
     def __init__(
-        self, address: str, parent_pid: int | None, insecure: bool, root_certificates: str | None, poll: float
+        self,
+        address: str,
+        parent_pid: int | None,
+        insecure: bool,
+        root_certificates: str | None,
+        poll: float,
+        app: str = "clientapp",
     ) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
         from flwr.supercore.runtime import RuntimeHttpClient
@@ -171,7 +208,8 @@ class ServedSuperNode:
         from flwr.supercore.tls import validate_and_resolve_root_certificates
 
         self.address, self.poll = address, poll
-        self.executor = ForkExecutor()
+        self.name = f"the {'SuperNode' if app == 'clientapp' else 'SuperLink'} at {address}"  # for messages
+        self.executor = ForkExecutor(TASK_TYPE[app])
         validate_and_resolve_root_certificates(root_certificates, insecure)  # Flower's error for a missing CA file
         # No retry invoker (Flower's retries a call for as long as it fails) and a short timeout: one SuperNode that
         # is not up, or hangs, must not stop this loop from serving the others.
@@ -189,7 +227,7 @@ class ServedSuperNode:
             runtime_dependency_install=False,
             executor=self.executor,
         )
-        self.bell = _doorbell(address, parent_pid)
+        self.bell = _doorbell(address, parent_pid) if app == "clientapp" else None  # a SuperLink never rings
         self.process = None if parent_pid is None else os.pidfd_open(parent_pid)  # readable once it has exited
         self.next_ask = 0.0
         self.unreachable: str | None = None
@@ -218,22 +256,19 @@ class ServedSuperNode:
         except Exception as error:  # noqa: BLE001 - not up yet, restarting, or gone: the others are still served
             if self.unreachable is None:
                 self.unreachable = f"{type(error).__name__}: {error}"
-                _say(
-                    f"the SuperNode at {self.address} does not answer ({self.unreachable}); asking again every "
-                    f"{UNREACHABLE_RETRY:g} s"
-                )
+                _say(f"{self.name} does not answer ({self.unreachable}); asking again every {UNREACHABLE_RETRY:g} s")
             self.next_ask = time.monotonic() + UNREACHABLE_RETRY
             return
         finally:
             if self.bell is not None:
                 self.bell.hush()
         if self.unreachable is not None:
-            _say(f"the SuperNode at {self.address} answers again")
+            _say(f"{self.name} answers again")
             self.unreachable = None
         if reply.HasField("task") and reply.token:
             result = self.plugin.launch_task(token=reply.token, task=reply.task)
             if result.message:
-                _say(f"task {reply.task.task_id} of the SuperNode at {self.address}: {result.status} {result.message}")
+                _say(f"task {reply.task.task_id} of {self.name}: {result.status} {result.message}")
         heard = self.bell is not None and self.bell.heard
         self.next_ask = time.monotonic() + (HEARD_POLL if heard else self.poll)
 
@@ -265,16 +300,16 @@ def _doorbell(address: str, parent_pid: int | None) -> Doorbell | None:
         return None
 
 
-def serve(nodes: list[ServedSuperNode]) -> None:
-    """Ask each SuperNode for work when its doorbell rings or its poll is due, fork every task it hands out, and
-    stop serving a SuperNode whose process has exited; return once none is left."""
+def serve(nodes: list[ServedRuntime]) -> None:
+    """Ask each SuperNode (or SuperLink) for work when its doorbell rings or its poll is due, fork every task it
+    hands out, and stop serving one whose process has exited; return once none is left."""
     while nodes:
         now = time.monotonic()
         timeout = max(0.0, min(node.wakes_at() for node in nodes) - now)
         ready, _, _ = select.select([handle for node in nodes for handle in node.waitables()], [], [], timeout)
         for node in list(nodes):
             if node.process is not None and node.process in ready:
-                _say(f"the SuperNode at {node.address} has exited; its tasks are stopped")
+                _say(f"{node.name} has exited; its tasks are stopped")
                 node.close()
                 nodes.remove(node)
             elif (
@@ -293,6 +328,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         action="append",
         help="the SuperNode's Runtime API (host:port); repeat it to serve several SuperNodes",
+    )
+    parser.add_argument(
+        "--app",
+        choices=sorted(PRELOAD),
+        default="clientapp",
+        help="the tasks to run: a SuperNode's ClientApps (default), or a SuperLink's ServerApps (its --port, "
+        "with the SuperLink started with --isolation process)",
     )
     tls = parser.add_mutually_exclusive_group(required=True)
     tls.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API (same host only)")
@@ -322,12 +364,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         poll = _get_task_poll_interval()  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL, Flower's own check
         nodes = [
-            ServedSuperNode(address, pid, args.insecure, args.root_certificates, poll)
+            ServedRuntime(address, pid, args.insecure, args.root_certificates, poll, args.app)
             for address, pid in zip(addresses, parent_pids)
         ]
     except (ValueError, OSError) as error:  # a bad poll interval, CA file or address; a parent that is gone
         raise SystemExit(f"fedbayes superexec: {type(error).__name__}: {error}") from None
-    preload()
+    preload(args.app)
     signal.signal(signal.SIGTERM, exit_on_term)
     try:
         serve(nodes)

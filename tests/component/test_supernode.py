@@ -237,7 +237,7 @@ def test_a_supernode_that_hangs_delays_the_executor_loop_by_one_timeout_only(mon
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         address = f"127.0.0.1:{silent.getsockname()[1]}"
-        node = warm_executor.ServedSuperNode(address, None, insecure=True, root_certificates=None, poll=0.2)
+        node = warm_executor.ServedRuntime(address, None, insecure=True, root_certificates=None, poll=0.2)
         started = time.monotonic()
         node.ask()
         assert 0.4 < time.monotonic() - started < 2.0

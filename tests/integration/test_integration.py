@@ -39,7 +39,8 @@ def run_federation(workdir: Path, rounds: int, node_env: dict[int, dict[str, str
 @pytest.mark.parametrize("executor", ["shared", "fork", "subprocess"])
 def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
     """Every way of running ClientApps: forks of one warm superexec serving both SuperNodes, forks of a warm
-    superexec per SuperNode, and Flower's stock subprocess."""
+    superexec per SuperNode, and Flower's stock subprocess (for the ServerApp too; with the others, the ServerApp
+    is a fork of a warm superexec beside the SuperLink)."""
     rows, _, flwr_home = run_federation(tmp_path / "fed", rounds=2, node_env={0: {}, 1: {}}, executor=executor)
     assert [row["round"] for row in rows] == [1, 2]
     assert all(row["clients"] == 2 and row["clients_rejected"] == 0 for row in rows)
@@ -47,8 +48,15 @@ def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
     assert 0 < rows[-1]["nll"] < 2.0 and 0 <= rows[-1]["ece"] <= 1
     assert processes_of(flwr_home) == []
     logs = {path.name for path in (tmp_path / "fed" / "logs").iterdir()}
-    expected = {"fork": {"superexec-0.log", "superexec-1.log"}, "shared": {"superexec-shared.log"}, "subprocess": set()}
+    expected = {
+        "fork": {"superexec-0.log", "superexec-1.log", "superexec-serverapp.log"},
+        "shared": {"superexec-shared.log", "superexec-serverapp.log"},
+        "subprocess": set(),
+    }
     assert {name for name in logs if name.startswith("superexec")} == expected[executor]
+    if executor != "subprocess":  # the ServerApp ran as a fork of the warm process beside the SuperLink
+        serverapp_log = (tmp_path / "fed" / "logs" / "superexec-serverapp.log").read_text()
+        assert "fedbayes: federation itest, strategy fedavg" in serverapp_log, serverapp_log[-3000:]
     if executor == "shared":  # both clients' ClientApps ran as forks of the one process
         shared_log = (tmp_path / "fed" / "logs" / "superexec-shared.log").read_text()
         assert "client-0: " in shared_log and "client-1: " in shared_log

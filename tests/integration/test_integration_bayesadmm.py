@@ -11,11 +11,11 @@ import torch
 from safetensors.numpy import load_file
 
 from fedbayes.client.state import ClientStateStore
+from fedbayes.deploy.processes import is_serverapp
 from fedbayes.server.checkpoint import CheckpointStore
 from tests.support import newest_state
 from tests.support.processes import (
     BreakableFederation,
-    command_line,
     processes_with_env,
     restart_client_1_after_round_1,
     run_loopback,
@@ -90,7 +90,7 @@ def test_full_covariance_bayesadmm_over_grpc(tmp_path):
 
 
 def serverapp_pids(flwr_home) -> list[int]:
-    return [pid for pid in processes_with_env("FLWR_HOME", str(flwr_home)) if b"flwr-serverapp" in command_line(pid)]
+    return [pid for pid in processes_with_env("FLWR_HOME", str(flwr_home)) if is_serverapp(pid)]
 
 
 def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path):
@@ -127,8 +127,9 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path)
 
         def kill_server_after_round_two(row):
             if row["round"] == 2:
-                for pid in serverapp_pids(federation.flwr_home):
-                    os.kill(pid, signal.SIGKILL)
+                serverapps = serverapp_pids(federation.flwr_home)
+                assert len(serverapps) == 1, serverapps
+                os.kill(serverapps[0], signal.SIGKILL)
                 federation.stop_run(federation.run_id(first))  # else Flower notices after its 60 s heartbeat
                 federation.processes.stop(first)  # the CLI streaming the dead run's logs
                 Path(f"{release}-r3").touch()

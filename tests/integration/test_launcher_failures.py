@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedbayes.deploy.processes import command_line
+from fedbayes.deploy.processes import is_serverapp
 from fedbayes.tasks.runlog import RunFailed
 from tests.support.processes import (
     cli_env,
@@ -52,9 +52,7 @@ def test_a_killed_serverapp_ends_the_run_non_zero_at_once(tmp_path):
     workdir = tmp_path / "fed"
     launcher = start_fedbayes([*LOCAL, "--rounds", "20", "--workdir", str(workdir)])
     read_until(launcher, is_table_row(1))
-    serverapps = [
-        pid for pid in processes_of(workdir) if any(arg.endswith("flwr-serverapp") for arg in command_line(pid))
-    ]
+    serverapps = [pid for pid in processes_of(workdir) if is_serverapp(pid)]
     assert len(serverapps) == 1, serverapps
     os.kill(serverapps[0], signal.SIGKILL)
     killed = time.monotonic()

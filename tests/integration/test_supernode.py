@@ -101,7 +101,7 @@ def test_the_executor_asks_when_the_bell_rings_and_stops_serving_a_supernode_tha
 
     (port,) = free_ports(1)
     supernode_process = stand_in(port)
-    node = warm_executor.ServedSuperNode(
+    node = warm_executor.ServedRuntime(
         f"127.0.0.1:{port}", supernode_process.pid, insecure=True, root_certificates=None, poll=0.2
     )
     asked, acquire = [], node.client.AcquireTask
@@ -140,7 +140,7 @@ def test_a_process_ringing_in_a_loop_does_not_make_the_executor_spin(monkeypatch
     (port,) = free_ports(1)
     supernode_process, stranger = stand_in(port), stand_in(port)
     # poll=5: no ask is due in this test but the first, so every other ask answers a ring
-    node = warm_executor.ServedSuperNode(
+    node = warm_executor.ServedRuntime(
         f"127.0.0.1:{port}", supernode_process.pid, insecure=True, root_certificates=None, poll=5.0
     )
     asks, wakes = [], []

@@ -109,8 +109,10 @@ class BreakableFederation(LocalFederation):
 
     def kill_superlink(self) -> None:
         """SIGKILL the SuperLink with its ServerApp and executor: the server machine dies mid-run."""
-        kill_tree(self.superlink.popen.pid)
-        self.superlink.popen.wait(timeout=30)
+        for daemon in (self.serverapp_superexec, self.superlink):
+            if daemon is not None:
+                kill_tree(daemon.popen.pid)
+                daemon.popen.wait(timeout=30)
         self.superlink_killed = True  # on purpose: `follow` does not take it for a crash
 
     def stop_supernode(self, index: int, timeout: float = 30.0) -> None:
