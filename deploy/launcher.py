@@ -321,7 +321,10 @@ class LocalFederation:
 
     def start_serverapp_superexec(self) -> ManagedProcess:
         """The warm executor whose forks run this SuperLink's ServerApps (on the server's host, beside it); it
-        exits when the SuperLink does."""
+        serves the SuperLink until it exits. With the shared executor on this machine's loopback it is the shared
+        executor as well: it preloads the ClientApps' modules too, while the SuperLink and the SuperNodes start,
+        and serves the SuperNodes `start_shared_superexec` names on its stdin."""
+        shares = self.awaiting_shared is not None and self.server == LOOPBACK
         security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
         command = [
             console_script("fedbayes"),
@@ -333,8 +336,10 @@ class LocalFederation:
             f"127.0.0.1:{self.control_port}",
             "--parent-pid",
             str(self.superlink.popen.pid),
+            *(["--supernodes-from-stdin"] if shares else []),
         ]
-        return self.processes.start("superexec-serverapp", self.server.command(command), cwd=self.workdir)
+        name = "superexec-shared" if shares else "superexec-serverapp"
+        return self.processes.start(name, self.server.command(command), cwd=self.workdir, stdin_pipe=shares)
 
     def _wait_for_port(self, address: str, port: int) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -418,6 +423,16 @@ class LocalFederation:
             for index in sorted(awaiting)
             if index in self.supernodes
         ]  # not one stopped meanwhile
+        shared = self.serverapp_superexec
+        if shared is not None and shared.name == "superexec-shared":  # the SuperLink's, waiting on its stdin
+            assert isinstance(shared.popen, subprocess.Popen) and shared.popen.stdin is not None
+            try:
+                shared.popen.stdin.write(b"".join(f"127.0.0.1:{port} {pid}\n".encode() for port, pid in served))
+                shared.popen.stdin.close()  # the list ends: a SuperNode started later gets an executor of its own
+            except BrokenPipeError:  # it has exited: `follow` reports why
+                pass
+            self.shared_superexec = shared if served else None
+            return
         if not served:
             return
         self.shared_superexec = self.processes.start(

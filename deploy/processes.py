@@ -71,9 +71,10 @@ class ProcessGroup:
         cwd: Path | None = None,
         extra_env: Mapping[str, str] | None = None,
         pipes: bool = False,
+        stdin_pipe: bool = False,
     ) -> ManagedProcess:
         """`pipes`: its stdin and stdout are text pipes to us (a fork server's requests and answers), its stderr
-        goes to the log."""
+        goes to the log. `stdin_pipe`: its stdin alone is one (what it is to do next), its output is logged."""
         log_path = None if self.log_dir is None else self.log_dir / f"{name}.log"
         with open(os.devnull, "wb") if log_path is None else log_path.open("wb") as log_file:
             logged = None if log_path is None else log_file
@@ -81,7 +82,7 @@ class ProcessGroup:
                 list(command),
                 stdout=subprocess.PIPE if pipes else logged,
                 stderr=logged if pipes or log_path is None else subprocess.STDOUT,
-                stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if pipes or stdin_pipe else subprocess.DEVNULL,
                 text=pipes,
                 env={**self.env, **(extra_env or {})},
                 cwd=cwd,

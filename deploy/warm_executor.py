@@ -28,7 +28,9 @@ With `--app serverapp` it serves a SuperLink started with `--isolation process` 
 Flower's SuperLink would start `flower-superexec`, which starts every run's ServerApp as a new `flwr-serverapp`
 process, ~5.5 CPU-s of imports (torch, Flower's ServerApp runtime, our strategies) before the first round can be
 sent. Here the ServerApp is a fork too, named `flwr-serverapp` in `ps` (as a ClientApp task is named
-`flwr-clientapp`), running Flower's own `run_serverapp`.
+`flwr-clientapp`), running Flower's own `run_serverapp`. With `--supernodes-from-stdin` the same process serves
+this machine's SuperNodes as well, named on its stdin once they have started: `fedbayes local` starts it beside the
+SuperLink, so that the imports both sides share (torch) are done once, while everything else starts.
 
 Between asks for a task it waits for the SuperNodes' doorbells (deploy/doorbell.py) rather than Flower's fixed
 poll interval, heeding only the rings of each SuperNode's own process (with `--parent-pid`), at most one per
@@ -71,15 +73,16 @@ UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime
 ASK_TIMEOUT = 5.0  # seconds an ask may take (on this machine's loopback it takes milliseconds)
 
 
-def preload(app: str) -> None:
-    """Import what every task of `app` ("clientapp" or "serverapp") needs, the built-in strategies' halves included,
+def preload(apps: set[str]) -> None:
+    """Import what every task of `apps` ("clientapp", "serverapp") needs, the built-in strategies' halves included,
     then freeze the heap so that forked children share it instead of copying it page by page."""
-    for module in PRELOAD[app]:
-        importlib.import_module(module)
     from fedbayes.strategies import BUILTIN
 
-    for algorithm in BUILTIN.values():  # every built-in strategy's half of this side
-        algorithm.client_half() if app == "clientapp" else algorithm.server_half()
+    for app in sorted(apps):
+        for module in PRELOAD[app]:
+            importlib.import_module(module)
+        for algorithm in BUILTIN.values():  # every built-in strategy's half of this side
+            algorithm.client_half() if app == "clientapp" else algorithm.server_half()
     shorten_pull_backoff()  # children pull the instruction from the SuperNode, maybe while it still receives it
     gc.collect()
     gc.freeze()
@@ -300,13 +303,18 @@ def _doorbell(address: str, parent_pid: int | None) -> Doorbell | None:
         return None
 
 
-def serve(nodes: list[ServedRuntime]) -> None:
+def serve(nodes: list[ServedRuntime], more: SuperNodeList | None = None) -> None:
     """Ask each SuperNode (or SuperLink) for work when its doorbell rings or its poll is due, fork every task it
-    hands out, and stop serving one whose process has exited; return once none is left."""
-    while nodes:
+    hands out, and stop serving one whose process has exited; serve the SuperNodes `more` names as they come.
+    Return once none is left and `more` has ended."""
+    while nodes or more is not None:
         now = time.monotonic()
-        timeout = max(0.0, min(node.wakes_at() for node in nodes) - now)
-        ready, _, _ = select.select([handle for node in nodes for handle in node.waitables()], [], [], timeout)
+        timeout = max(0.0, min((node.wakes_at() for node in nodes), default=now + HEARD_POLL) - now)
+        waitables = [handle for node in nodes for handle in node.waitables()]
+        ready, _, _ = select.select(waitables + ([more.fd] if more is not None else []), [], [], timeout)
+        if more is not None and more.fd in ready:
+            nodes += more.read()
+            more = None if more.ended else more
         for node in list(nodes):
             if node.process is not None and node.process in ready:
                 _say(f"{node.name} has exited; its tasks are stopped")
@@ -316,6 +324,32 @@ def serve(nodes: list[ServedRuntime]) -> None:
                 node.bell is not None and node.bell.socket in ready and node.bell.answer()
             ) or time.monotonic() >= node.next_ask:
                 node.ask()
+
+
+class SuperNodeList:
+    """SuperNodes to serve from a file descriptor (our stdin: `fedbayes local` names them once it has started them),
+    one `ADDRESS PID` per line, their Runtime APIs plain HTTP on this machine; the list ends with the file."""
+
+    def __init__(self, fd: int, poll: float) -> None:
+        self.fd, self.poll = fd, poll
+        self.pending = b""
+        self.ended = False
+
+    def read(self) -> list[ServedRuntime]:
+        """The SuperNodes on the lines complete so far (a line that names none is reported and skipped)."""
+        chunk = os.read(self.fd, 65536)
+        self.ended = not chunk
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        served = []
+        for line in [*lines, self.pending] if self.ended else lines:
+            try:
+                address, pid = line.decode().split()
+                served.append(ServedRuntime(address, int(pid), True, None, self.poll))
+                _say(f"serving {served[-1].name} (process {pid})")
+            except (ValueError, OSError) as error:  # not `ADDRESS PID`, or a SuperNode that is gone
+                if line.strip():
+                    _say(f"not serving {line!r} from stdin: {type(error).__name__}: {error}")
+        return served
 
 
 def _say(message: str) -> None:
@@ -335,6 +369,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="clientapp",
         help="the tasks to run: a SuperNode's ClientApps (default), or a SuperLink's ServerApps (its --port, "
         "with the SuperLink started with --isolation process)",
+    )
+    parser.add_argument(
+        "--supernodes-from-stdin",
+        action="store_true",
+        help="also serve the SuperNodes named on stdin, one `ADDRESS PID` per line as they start (their Runtime "
+        "APIs plain HTTP on this machine), until stdin ends; their ClientApps' modules are preloaded too",
     )
     tls = parser.add_mutually_exclusive_group(required=True)
     tls.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API (same host only)")
@@ -369,10 +409,11 @@ def run(args: argparse.Namespace) -> int:
         ]
     except (ValueError, OSError) as error:  # a bad poll interval, CA file or address; a parent that is gone
         raise SystemExit(f"fedbayes superexec: {type(error).__name__}: {error}") from None
-    preload(args.app)
+    more = SuperNodeList(sys.stdin.fileno(), poll) if args.supernodes_from_stdin else None
+    preload({args.app, "clientapp"} if more is not None else {args.app})
     signal.signal(signal.SIGTERM, exit_on_term)
     try:
-        serve(nodes)
+        serve(nodes, more)
     except KeyboardInterrupt:
         pass
     finally:

@@ -246,6 +246,37 @@ def test_a_supernode_that_hangs_delays_the_executor_loop_by_one_timeout_only(mon
     assert f"the SuperNode at {address} does not answer" in capsys.readouterr().err
 
 
+def test_the_supernodes_named_on_stdin_are_served_as_their_lines_complete(capsys):
+    """`fedbayes local` names the shared executor's SuperNodes on its stdin: a line counts once it is complete (a pipe
+    may deliver half of one), a line that names no SuperNode is reported and skipped, and the list ends with the
+    pipe."""
+    import os
+
+    from fedbayes.deploy import warm_executor
+    from fedbayes.deploy.processes import free_ports
+
+    first, second = free_ports(2)
+    reading, writing = os.pipe()
+    more = warm_executor.SuperNodeList(reading, poll=0.2)
+    os.write(writing, f"127.0.0.1:{first} {os.getpid()}\n127.0.0.1:{second} ".encode())
+    served = more.read()
+    assert [node.address for node in served] == [f"127.0.0.1:{first}"] and not more.ended
+    os.write(writing, f"{os.getpid()}\nno supernode here\n127.0.0.1:{first} 0".encode())
+    os.close(writing)
+    served += more.read()
+    assert [node.address for node in served] == [f"127.0.0.1:{first}", f"127.0.0.1:{second}"]
+    served += more.read()  # the pipe's end, after a last line without its newline (pid 0: no such process)
+    assert more.ended and len(served) == 2
+    for node in served:
+        assert node.executor.task_type == "flwr-clientapp" and node.process is not None  # watched: our own process
+        node.close()
+    os.close(reading)
+    log = capsys.readouterr().err
+    assert log.count("fedbayes superexec: serving the SuperNode at") == 2
+    assert "not serving b'no supernode here' from stdin: ValueError" in log
+    assert f"not serving b'127.0.0.1:{first} 0' from stdin" in log
+
+
 def test_a_second_sigterm_does_not_interrupt_the_executors_exit():
     """`fedbayes local` TERMs the warm executor twice; the second arrives while the interpreter exits (torch's atexit
     finalisers). It must not raise SystemExit there: that was a traceback in every run's superexec log."""

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from fedbayes.deploy.launcher import LocalFederation
-from fedbayes.deploy.processes import command_line
 from tests.support import ROOT
 from tests.support.processes import fault_env, processes_of, run_loopback, with_pythonpath
 
@@ -50,16 +49,28 @@ def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
     logs = {path.name for path in (tmp_path / "fed" / "logs").iterdir()}
     expected = {
         "fork": {"superexec-0.log", "superexec-1.log", "superexec-serverapp.log"},
-        "shared": {"superexec-shared.log", "superexec-serverapp.log"},
+        "shared": {"superexec-shared.log"},
         "subprocess": set(),
     }
     assert {name for name in logs if name.startswith("superexec")} == expected[executor]
     if executor != "subprocess":  # the ServerApp ran as a fork of the warm process beside the SuperLink
-        serverapp_log = (tmp_path / "fed" / "logs" / "superexec-serverapp.log").read_text()
+        serverapp_executor = {"fork": "superexec-serverapp.log", "shared": "superexec-shared.log"}[executor]
+        serverapp_log = (tmp_path / "fed" / "logs" / serverapp_executor).read_text()
         assert "fedbayes: federation itest, strategy fedavg" in serverapp_log, serverapp_log[-3000:]
-    if executor == "shared":  # both clients' ClientApps ran as forks of the one process
-        shared_log = (tmp_path / "fed" / "logs" / "superexec-shared.log").read_text()
-        assert "client-0: " in shared_log and "client-1: " in shared_log
+    if executor == "shared":  # both clients' ClientApps ran as forks of that same process
+        assert "client-0: " in serverapp_log and "client-1: " in serverapp_log
+
+
+def wait_for_log_lines(process, prefix: str, timeout: float = 120.0) -> list[str]:
+    """The lines of `process`'s log that start with `prefix`, once there is one (it may be still importing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [line for line in process.log_path.read_text().splitlines() if line.startswith(prefix)]
+        if lines:
+            return lines
+        assert process.popen.poll() is None, process.log_tail()
+        time.sleep(0.2)
+    raise AssertionError(f"no line {prefix!r} in {process.log_path} after {timeout:.0f} s:\n{process.log_tail()}")
 
 
 def test_a_supernode_the_shared_executor_cannot_serve_gets_a_warm_executor_of_its_own(tmp_path):
@@ -69,9 +80,13 @@ def test_a_supernode_the_shared_executor_cannot_serve_gets_a_warm_executor_of_it
         federation.start_shared_superexec()
         federation.start_supernode(2, 3)  # e.g. a restarted client: the shared one serves those it started with
         assert sorted(federation.superexecs) == [0, 2]
-        served = command_line(federation.shared_superexec.popen.pid)
-        assert served.count("--runtime-api-address") == 1
-        assert f"127.0.0.1:{federation.runtime_ports[1]}" in served
+        # the shared executor is the SuperLink's ServerApp executor, told its SuperNodes on its stdin
+        assert federation.shared_superexec is federation.serverapp_superexec
+        served = wait_for_log_lines(federation.shared_superexec, "fedbayes superexec: serving ")
+        assert served == [
+            f"fedbayes superexec: serving the SuperNode at 127.0.0.1:{federation.runtime_ports[1]} "
+            f"(process {federation.supernodes[1].popen.pid})"
+        ], served
     with LocalFederation(tmp_path / "late") as federation:
         federation.start_shared_superexec()  # as a submit does: no SuperNode to serve yet, so no shared process
         federation.start_supernode(0, 1)
