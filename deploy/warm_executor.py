@@ -46,6 +46,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -56,11 +57,13 @@ from fedbayes.deploy.processes import name_this_process
 from fedbayes.tasks.object_pulls import shorten_pull_backoff
 
 # What a fedbayes ClientApp or ServerApp needs; importing it here is the whole point. Importing torch does not
-# initialise CUDA, so each forked child still sets up its own GPU context.
-SHARED_PRELOAD = ("numpy", "torch", "torch._dynamo", "safetensors.torch")
+# initialise CUDA, so each forked child still sets up its own GPU context. torch._dynamo (2+ s) is the ClientApps':
+# every torch.optim optimizer imports it; of the ServerApps only FedPA's builds one.
+SHARED_PRELOAD = ("numpy", "torch", "safetensors.torch")
 PRELOAD = {
     "clientapp": (
         *SHARED_PRELOAD,
+        "torch._dynamo",
         "ivon",
         "flwr.clientapp",
         "flwr.supernode.runtime.run_clientapp",
@@ -88,13 +91,32 @@ def preload(apps: set[str]) -> None:
     gc.freeze()
 
 
+class Preloader:
+    """The imports of `apps` not done yet, done on the first call (`preload`), nothing on later ones."""
+
+    def __init__(self, apps: set[str]) -> None:
+        self.pending = set(apps)
+
+    def __call__(self) -> None:
+        if self.pending:
+            preload(self.pending)
+            self.pending.clear()
+
+
 class ForkExecutor:
     """An executor in the sense of `flwr.supercore.superexec.executor.Executor`: one forked child per task of
     one type (`task_type`: Flower's "flwr-clientapp" or "flwr-serverapp"), reaped between task polls and
-    terminated when the SuperExec stops."""
+    terminated when the SuperExec stops. `before_fork` and `after_fork` run in this process around each fork (a
+    Preloader: the ClientApps' imports before their first fork, or right after a ServerApp's)."""
 
-    def __init__(self, task_type: str) -> None:
+    def __init__(
+        self,
+        task_type: str,
+        before_fork: Callable[[], None] = lambda: None,
+        after_fork: Callable[[], None] = lambda: None,
+    ) -> None:
         self.task_type = task_type
+        self.before_fork, self.after_fork = before_fork, after_fork
         self.children: set[int] = set()
 
     def get_eligible_capacity(self, supported_task_types, *, insecure=False, root_certificates_path=None):
@@ -110,12 +132,14 @@ class ForkExecutor:
             return LaunchResult.failed(
                 f"this fedbayes superexec runs {self.task_type} tasks only, not {spec.task_type}"
             )
+        self.before_fork()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             _exit_after(lambda: _run_task(spec))
         self.children.add(pid)
+        self.after_fork()
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
@@ -169,10 +193,40 @@ def _run_serverapp(connection: dict) -> None:
     from flwr.supercore.logger import mirror_output_to_queue, restore_output
     from flwr.superlink.runtime import run_serverapp
 
+    flush_logs_exactly()
     log_queue: Queue[str | None] = Queue()
     mirror_output_to_queue(log_queue)
     run_serverapp(log_queue=log_queue, **connection)
     restore_output()
+
+
+def flush_logs_exactly() -> bool:
+    """Make the ServerApp's last log flush wait for the uploads, not for a fixed second. Flower's `flush_logs`, called
+    before the ServerApp reports its outcome, waits until the log queue is empty and then sleeps 1 s for the last
+    upload to finish: a second at the end of every run. Here it ends the uploader instead (the end-of-queue mark
+    Flower's `stop_log_uploader` puts later) and waits for its thread, which uploads all it has before it ends, so
+    every log line is on the SuperLink before the outcome, as Flower intends. False (and nothing changed) on a
+    Flower other than the one this was read in."""
+    import flwr
+
+    runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")  # the module, not its function
+    if flwr.__version__ != "1.39.0":
+        return False
+    uploaders: list[threading.Thread] = []
+    start_log_uploader = runtime.start_log_uploader
+
+    def start_and_keep(*args, **kwargs) -> threading.Thread:
+        uploaders.append(start_log_uploader(*args, **kwargs))
+        return uploaders[-1]
+
+    def flush(log_queue, timeout: float = 3.0) -> bool:
+        log_queue.put(None)
+        for uploader in uploaders:
+            uploader.join(timeout)
+        return not any(uploader.is_alive() for uploader in uploaders)
+
+    runtime.start_log_uploader, runtime.flush_logs = start_and_keep, flush
+    return True
 
 
 def _exit_after(body: Callable[[], object]) -> NoReturn:
@@ -204,7 +258,9 @@ class ServedRuntime:
         root_certificates: str | None,
         poll: float,
         app: str = "clientapp",
+        executor: ForkExecutor | None = None,
     ) -> None:
+        """`executor`: the one forking its tasks (default: a ForkExecutor for `app`'s tasks)."""
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supercore.superexec.plugin import AutoExecPlugin
@@ -212,7 +268,7 @@ class ServedRuntime:
 
         self.address, self.poll = address, poll
         self.name = f"the {'SuperNode' if app == 'clientapp' else 'SuperLink'} at {address}"  # for messages
-        self.executor = ForkExecutor(TASK_TYPE[app])
+        self.executor = executor or ForkExecutor(TASK_TYPE[app])
         validate_and_resolve_root_certificates(root_certificates, insecure)  # Flower's error for a missing CA file
         # No retry invoker (Flower's retries a call for as long as it fails) and a short timeout: one SuperNode that
         # is not up, or hangs, must not stop this loop from serving the others.
@@ -328,10 +384,11 @@ def serve(nodes: list[ServedRuntime], more: SuperNodeList | None = None) -> None
 
 class SuperNodeList:
     """SuperNodes to serve from a file descriptor (our stdin: `fedbayes local` names them once it has started them),
-    one `ADDRESS PID` per line, their Runtime APIs plain HTTP on this machine; the list ends with the file."""
+    one `ADDRESS PID` per line, their Runtime APIs plain HTTP on this machine; the list ends with the file.
+    `before_fork` runs before each of their ClientApps is forked (the ClientApps' imports, if not done yet)."""
 
-    def __init__(self, fd: int, poll: float) -> None:
-        self.fd, self.poll = fd, poll
+    def __init__(self, fd: int, poll: float, before_fork: Callable[[], None] = lambda: None) -> None:
+        self.fd, self.poll, self.before_fork = fd, poll, before_fork
         self.pending = b""
         self.ended = False
 
@@ -344,7 +401,8 @@ class SuperNodeList:
         for line in [*lines, self.pending] if self.ended else lines:
             try:
                 address, pid = line.decode().split()
-                served.append(ServedRuntime(address, int(pid), True, None, self.poll))
+                executor = ForkExecutor(TASK_TYPE["clientapp"], before_fork=self.before_fork)
+                served.append(ServedRuntime(address, int(pid), True, None, self.poll, executor=executor))
                 _say(f"serving {served[-1].name} (process {pid})")
             except (ValueError, OSError) as error:  # not `ADDRESS PID`, or a SuperNode that is gone
                 if line.strip():
@@ -401,16 +459,27 @@ def run(args: argparse.Namespace) -> int:
     addresses, parent_pids = args.runtime_api_address, args.parent_pid or [None] * len(args.runtime_api_address)
     if len(parent_pids) != len(addresses):
         raise SystemExit(f"give one --parent-pid per --runtime-api-address ({len(parent_pids)} for {len(addresses)})")
+    # With SuperNodes on stdin besides a SuperLink: the ClientApps' own imports (torch._dynamo among them) only after
+    # the ServerApp is forked, or before the first ClientApp is, so that they do not hold up the ServerApp's start.
+    client_side = Preloader({"clientapp"} - {args.app} if args.supernodes_from_stdin else set())
     try:
         poll = _get_task_poll_interval()  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL, Flower's own check
         nodes = [
-            ServedRuntime(address, pid, args.insecure, args.root_certificates, poll, args.app)
+            ServedRuntime(
+                address,
+                pid,
+                args.insecure,
+                args.root_certificates,
+                poll,
+                args.app,
+                ForkExecutor(TASK_TYPE[args.app], after_fork=client_side),
+            )
             for address, pid in zip(addresses, parent_pids)
         ]
     except (ValueError, OSError) as error:  # a bad poll interval, CA file or address; a parent that is gone
         raise SystemExit(f"fedbayes superexec: {type(error).__name__}: {error}") from None
-    more = SuperNodeList(sys.stdin.fileno(), poll) if args.supernodes_from_stdin else None
-    preload({args.app, "clientapp"} if more is not None else {args.app})
+    more = SuperNodeList(sys.stdin.fileno(), poll, before_fork=client_side) if args.supernodes_from_stdin else None
+    preload({args.app})
     signal.signal(signal.SIGTERM, exit_on_term)
     try:
         serve(nodes, more)

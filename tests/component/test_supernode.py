@@ -277,6 +277,42 @@ def test_the_supernodes_named_on_stdin_are_served_as_their_lines_complete(capsys
     assert f"not serving b'127.0.0.1:{first} 0' from stdin" in log
 
 
+def test_the_forked_serverapps_last_log_flush_waits_for_the_uploads_not_a_second(monkeypatch):
+    """Flower's flush sleeps 1 s after the queue empties; ours ends its uploader and waits for the thread, which
+    uploads every line first: each line reaches the SuperLink (here a recording client that takes 0.1 s a call),
+    sooner."""
+    import importlib
+    import time
+    from queue import Queue
+
+    from fedbayes.deploy.warm_executor import flush_logs_exactly
+
+    runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
+    for name in ("start_log_uploader", "flush_logs"):  # restored after the test: the patch is meant for a fork
+        monkeypatch.setattr(runtime, name, getattr(runtime, name))
+    assert flush_logs_exactly()
+
+    class RecordingClient:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def PushLogs(self, request) -> None:  # noqa: N802 - Flower's name
+            time.sleep(0.1)
+            self.lines += request.logs
+
+    client, log_queue = RecordingClient(), Queue()
+    uploader = runtime.start_log_uploader(log_queue, 1, 2, client)
+    for index in range(50):
+        log_queue.put(f"line {index}\n")
+        if index == 25:
+            time.sleep(0.3)  # an upload is under way when the flush begins
+    started = time.monotonic()
+    assert runtime.flush_logs(log_queue)
+    assert time.monotonic() - started < 0.9
+    assert client.lines == [f"line {index}\n" for index in range(50)] and not uploader.is_alive()
+    runtime.stop_log_uploader(log_queue, uploader)  # what Flower calls after the outcome: returns at once
+
+
 def test_a_second_sigterm_does_not_interrupt_the_executors_exit():
     """`fedbayes local` TERMs the warm executor twice; the second arrives while the interpreter exits (torch's atexit
     finalisers). It must not raise SystemExit there: that was a traceback in every run's superexec log."""
