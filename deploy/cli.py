@@ -175,8 +175,9 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
         "--executor",
         default="shared",
         choices=("shared", "fork", "subprocess"),
-        help="shared (default): ClientApps fork from one warm process that serves every SuperNode; fork: from a "
-        "warm process per SuperNode; subprocess: Flower's fresh process per message (2-5 s of imports each)",
+        help="shared (default): the ServerApp and the ClientApps fork from one warm process that serves the SuperLink "
+        "and every SuperNode; fork: from a warm process per SuperNode (and one for the ServerApp); subprocess: "
+        "Flower's fresh process per message (2-5 s of imports each) and per run",
     )
     parser.add_argument(
         "--parallel-tasks",
