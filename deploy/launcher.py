@@ -12,15 +12,15 @@ deploy/pki.py), where a host is this machine or a Linux network namespace with i
 for another machine (tests/test_system_netns.py). Without TLS it refuses anything but 127.0.0.1.
 
 ClientApps run, by default, as forks of one warm `fedbayes superexec` (deploy/warm_executor.py) that serves every
-SuperNode on this machine's loopback (`executor="shared"`, started when the run is submitted: an idle client is
-its SuperNode alone); a SuperNode it cannot serve (started after it, with an environment of its own, or on
-another host) gets a warm executor of its own, as every SuperNode does with `executor="fork"`;
-`executor="subprocess"` keeps Flower's stock path, a fresh `flwr-clientapp` process per message. The ServerApp,
-likewise, is a fork of a warm `fedbayes superexec --app serverapp` beside the SuperLink (which then runs with
-`--isolation process`); with `executor="subprocess"`, a fresh `flwr-serverapp` process of the SuperLink's own
-`flower-superexec`. Whatever the executor, at most `parallel_tasks` ClientApps compute at once (default: this
-machine's cores, tasks/slots.py, lock files in <workdir>/flwr-home/compute-slots; none when the hosts are network
-namespaces standing for separate machines).
+SuperNode on this machine's loopback (`executor="shared"`: an idle client is its SuperNode alone). It starts beside
+the SuperLink, whose ServerApp it forks as well (the SuperLink runs with `--isolation process`), and is told the
+SuperNodes on its stdin when the run is submitted. A SuperNode it cannot serve (started after that, with an
+environment of its own, or on another host) gets a warm executor of its own, as every SuperNode does with
+`executor="fork"`, where the ServerApp's warm executor serves the SuperLink alone (so it does where the server is
+another host). `executor="subprocess"` keeps Flower's stock path: a fresh `flwr-clientapp` process per message and
+a fresh `flwr-serverapp` per run. Whatever the executor, at most `parallel_tasks` ClientApps compute at once
+(default: this machine's cores, tasks/slots.py, lock files in <workdir>/flwr-home/compute-slots; none when the
+hosts are network namespaces standing for separate machines).
 """
 
 from __future__ import annotations
