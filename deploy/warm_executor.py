@@ -50,7 +50,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fedbayes.deploy.doorbell import HEARD_POLL, Doorbell
 from fedbayes.deploy.processes import name_this_process
@@ -209,7 +209,7 @@ def flush_logs_exactly() -> bool:
     Flower other than the one this was read in."""
     import flwr
 
-    runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")  # the module, not its function
+    runtime: Any = importlib.import_module("flwr.superlink.runtime.run_serverapp")  # the module, not its function
     if flwr.__version__ != "1.39.0":
         return False
     uploaders: list[threading.Thread] = []
