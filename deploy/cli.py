@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     from fedbayes.deploy.processes import exit_without_teardown, stop_processes_on_signals
 
     stop_processes_on_signals()
-    if whole_process and argv[:1] in (["local"], ["run"]):  # what they started is stopped by then: no teardown needed
+    # What they started is stopped by then (the warm executor's forks are signalled as it closes): no teardown needed,
+    # which for a process that has imported torch is about a second of every run's exit.
+    if whole_process and argv[:1] in (["local"], ["run"], ["superexec"]):
         exit_without_teardown(functools.partial(outcome, command))
     return outcome(command)
 

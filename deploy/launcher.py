@@ -417,7 +417,9 @@ class LocalFederation:
     def start_shared_superexec(self) -> None:
         """With the shared executor: one warm `fedbayes superexec` on this machine for the SuperNodes started so far
         that have no executor of their own. A SuperNode started after this call gets one of its own."""
-        awaiting, self.awaiting_shared = self.awaiting_shared or set(), None
+        if self.awaiting_shared is None:  # not the shared executor, or it has been told its SuperNodes already
+            return
+        awaiting, self.awaiting_shared = self.awaiting_shared, None
         served = [
             (self.runtime_ports[index], self.supernodes[index].popen.pid)
             for index in sorted(awaiting)

@@ -74,6 +74,7 @@ PRELOAD = {
 TASK_TYPE = {"clientapp": "flwr-clientapp", "serverapp": "flwr-serverapp"}  # Flower's TaskType values
 UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime API did not answer
 ASK_TIMEOUT = 5.0  # seconds an ask may take (on this machine's loopback it takes milliseconds)
+CLOSE_TIMEOUT = 10.0  # seconds the executor waits for its tasks to end when it stops (the launcher waits 15)
 
 
 def preload(apps: set[str]) -> None:
@@ -150,12 +151,19 @@ class ForkExecutor:
             if finished_pid:
                 self.children.discard(pid)
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """TERM the tasks and wait for them (at most `timeout` seconds): a task sees this process end as its cue to
+        stop at once (Flower's parent monitor), which would cut short a ServerApp's own shutdown, where it writes
+        the checkpoint of the round it has just logged."""
         for pid in self.children:
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + timeout
+        while self.children and time.monotonic() < deadline:
+            self.reconcile()
+            time.sleep(0.05)
 
 
 def _run_task(spec) -> None:
@@ -480,6 +488,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"fedbayes superexec: {type(error).__name__}: {error}") from None
     more = SuperNodeList(sys.stdin.fileno(), poll, before_fork=client_side) if args.supernodes_from_stdin else None
     preload({args.app})
+    _say("ready")  # imported what its tasks need (fedbayes local's tests wait for it)
     signal.signal(signal.SIGTERM, exit_on_term)
     try:
         serve(nodes, more)

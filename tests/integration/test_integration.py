@@ -12,7 +12,7 @@ import pytest
 
 from fedbayes.deploy.launcher import LocalFederation
 from tests.support import ROOT
-from tests.support.processes import fault_env, processes_of, run_loopback, with_pythonpath
+from tests.support.processes import fault_env, processes_of, run_loopback, wait_for_log_lines, with_pythonpath
 
 pytestmark = pytest.mark.integration
 
@@ -59,18 +59,6 @@ def test_fedavg_two_supernodes_over_grpc(tmp_path, executor):
         assert "fedbayes: federation itest, strategy fedavg" in serverapp_log, serverapp_log[-3000:]
     if executor == "shared":  # both clients' ClientApps ran as forks of that same process
         assert "client-0: " in serverapp_log and "client-1: " in serverapp_log
-
-
-def wait_for_log_lines(process, prefix: str, timeout: float = 120.0) -> list[str]:
-    """The lines of `process`'s log that start with `prefix`, once there is one (it may be still importing)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = [line for line in process.log_path.read_text().splitlines() if line.startswith(prefix)]
-        if lines:
-            return lines
-        assert process.popen.poll() is None, process.log_tail()
-        time.sleep(0.2)
-    raise AssertionError(f"no line {prefix!r} in {process.log_path} after {timeout:.0f} s:\n{process.log_tail()}")
 
 
 def test_a_supernode_the_shared_executor_cannot_serve_gets_a_warm_executor_of_its_own(tmp_path):

@@ -45,7 +45,8 @@ def test_client_restart_keeps_its_duals(tmp_path):
     # Rounds take seconds: round 2 may be on its way to the old client-1, or done, when it stops. With
     # min-clients=2, round 3 waits for the restarted one, which must then go on from its stored duals.
     store = ClientStateStore(workdir / "client-state", "restart", "client-1")
-    run = run_loopback(workdir, config, 3, on_row=restart_client_1_after_round_1(store))
+    node_env, restart = restart_client_1_after_round_1(store, tmp_path)
+    run = run_loopback(workdir, config, 3, node_env=node_env, on_row=restart)
     rows = run.rows
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows

@@ -33,7 +33,8 @@ def test_a_restarted_client_continues_with_its_lambda(tmp_path):
     }
     stores = [ClientStateStore(workdir / "client-state", "restart", f"client-{index}") for index in range(2)]
 
-    run = run_loopback(workdir, config, 3, on_row=restart_client_1_after_round_1(stores[1]))
+    node_env, restart = restart_client_1_after_round_1(stores[1], tmp_path)
+    run = run_loopback(workdir, config, 3, node_env=node_env, on_row=restart)
     rows = run.rows
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows  # round 2 may miss the stopped one

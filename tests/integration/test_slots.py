@@ -103,7 +103,7 @@ def test_a_local_federation_has_one_slot_per_core_by_default_and_never_an_enclos
 
 def test_the_warm_executor_goes_on_asking_while_a_task_runs_and_reaps_it_once_it_has_ended():
     """A task can hang (its run stopped while its SuperNode took the message): the next must still start."""
-    executor = ForkExecutor()
+    executor = ForkExecutor("flwr-clientapp")
     child = os.fork()
     if child == 0:
         time.sleep(0.5)

@@ -46,6 +46,18 @@ def wait_for_file(path: Path, failure: str, timeout: float = 180.0) -> None:
         time.sleep(0.1)
 
 
+def wait_for_log_lines(process, prefix: str, timeout: float = 120.0) -> list[str]:
+    """The lines of `process`'s log that start with `prefix`, once there is one (it may be still importing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [line for line in process.log_path.read_text().splitlines() if line.startswith(prefix)]
+        if lines:
+            return lines
+        assert process.popen.poll() is None, process.log_tail()
+        time.sleep(0.2)
+    raise AssertionError(f"no line {prefix!r} in {process.log_path} after {timeout:.0f} s:\n{process.log_tail()}")
+
+
 # ---- processes ----------------------------------------------------------------------------------------------------
 def processes_with_env(variable: str, value: str) -> list[int]:
     """Live processes (zombies are not) whose environment holds variable=value."""
@@ -174,18 +186,23 @@ def run_loopback(
     return LoopbackRun(rows, server_log, federation.flwr_home)
 
 
-def restart_client_1_after_round_1(store) -> Callable[[LocalFederation, dict[str, Any]], None]:
-    """An `on_row` for run_loopback: once round 1's row is out, stop client-1's SuperNode and start it again. The
-    row is written when round 1's evaluation is done, which runs while round 2 trains: by then client-1 (its
-    state in `store`) may have trained and saved round 2 too."""
+def restart_client_1_after_round_1(
+    store, tmp_path: Path
+) -> tuple[dict[int, dict[str, str]], Callable[[LocalFederation, dict[str, Any]], None]]:
+    """The `node_env` and `on_row` for run_loopback that restart client-1's SuperNode once round 1's row is out. The
+    row is written when round 1's evaluation is done, which runs while round 2 trains: by then client-1 (its state in
+    `store`) may have trained and saved round 2 too, and round 3 could go out to the client being stopped. So client-0
+    holds round 2 open until client-1 has started again: with min-clients=2, round 3 goes to the restarted client."""
+    release = tmp_path / "client-0-go"
 
     def restart(federation: LocalFederation, row: dict[str, Any]) -> None:
         if row["round"] == 1:
             assert newest_state(store).round in (1, 2)
             federation.stop_supernode(1)
             federation.start_supernode(1, 2)
+            Path(f"{release}-r2").touch()
 
-    return restart
+    return {0: stall_env("2", tmp_path / "client-0-in", release)}, restart
 
 
 # ---- the `fedbayes` command -----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from fedbayes.client.state import ClientStateStore
 from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 from fedbayes.server.round_core import CORE_STATE_KEY
-from tests.support.processes import fault_env, processes_of
+from tests.support.processes import fault_env, processes_of, wait_for_log_lines
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +59,9 @@ def test_rogue_clients_over_tls_with_node_auth(tmp_path):
             federation.start_supernode(
                 index, 8, auth_key=keys[index].private, extra_env=rogue_env(index) if index in ATTACKS else None
             )
+        # round 1's timeout is short: every client's own executor has imported what it needs before the run starts
+        for executor in federation.superexecs.values():
+            wait_for_log_lines(executor, "fedbayes superexec: ready")
         rows = federation.follow(
             results,
             federation.submit({**config, "client-registry": str(tmp_path / "registry.json")}),
