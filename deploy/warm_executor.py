@@ -151,10 +151,11 @@ class ForkExecutor:
             if finished_pid:
                 self.children.discard(pid)
 
-    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
-        """TERM the tasks and wait for them (at most `timeout` seconds): a task sees this process end as its cue to
-        stop at once (Flower's parent monitor), which would cut short a ServerApp's own shutdown, where it writes
-        the checkpoint of the round it has just logged."""
+    def close(self, timeout: float = 0.0) -> None:
+        """TERM the tasks and wait for them, at most `timeout` seconds: when this process stops (CLOSE_TIMEOUT), since a
+        task sees it end as its cue to stop at once (Flower's parent monitor), which would cut short a ServerApp's
+        own shutdown, where it writes the checkpoint of the round it has just logged. Not when one SuperNode has
+        exited: the loop goes on serving the others."""
         for pid in self.children:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -339,9 +340,9 @@ class ServedRuntime:
         heard = self.bell is not None and self.bell.heard
         self.next_ask = time.monotonic() + (HEARD_POLL if heard else self.poll)
 
-    def close(self) -> None:
-        """Stop its tasks and let its resources go."""
-        self.executor.close()
+    def close(self, timeout: float = 0.0) -> None:
+        """Stop its tasks (waiting for them at most `timeout` seconds) and let its resources go."""
+        self.executor.close(timeout)
         self.client.close()
         if self.bell is not None:
             self.bell.socket.close()
@@ -496,5 +497,5 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         for node in nodes:
-            node.close()
+            node.close(CLOSE_TIMEOUT)
     return 0
