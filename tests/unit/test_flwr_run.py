@@ -3,9 +3,15 @@ gives `flwr`, and the Flower names it patches."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import flwr.cli.build
 import flwr.cli.local_superlink
 import pytest
+from flwr.cli.utils import collect_files
 
+from fedbayes.deploy.flower_app import write_app
 from fedbayes.deploy.flwr_run import (
     LOCAL_SUPERLINK_PORTS,
     MARKER_VARIABLE,
@@ -13,7 +19,7 @@ from fedbayes.deploy.flwr_run import (
     flwr_run_arguments,
     submission_env,
 )
-from fedbayes.deploy.patient_flwr import PATIENCE
+from fedbayes.deploy.patient_flwr import PATIENCE, bundle_quickly, collect_app_files
 
 
 @pytest.mark.parametrize(
@@ -41,3 +47,44 @@ def test_flwr_gets_free_simulation_ports_unless_given_and_a_quiet_ray(monkeypatc
 def test_the_timeouts_patched_are_flowers():
     for name, seconds in PATIENCE.items():
         assert getattr(flwr.cli.local_superlink, name) < seconds, name
+
+
+def project_with_a_virtualenv(root: Path) -> Path:
+    """An app directory as a checkout has it: its venv, bytecode caches, Flower's folder, a nested folder merely
+    named .venv (which FABs keep), a symlink, and a .gitignore that tries to bring a venv file back."""
+    write_app(root)
+    for relative in (
+        "task.py",
+        "pkg/model.py",
+        "pkg/__pycache__/model.cpython-311.pyc",
+        "pkg/__pycache__/stray.py",
+        ".venv/lib/python3.11/site-packages/flwr/app.py",
+        ".venv/pyvenv.cfg",
+        ".flwr/config.toml",
+        "docs/.venv/notes.md",
+        "notes.md",
+    ):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(f"# {relative}\n")
+    (root / ".gitignore").write_text("*.pyc\n!.venv/lib/python3.11/site-packages/flwr/app.py\n")
+    os.symlink(root / "task.py", root / "pkg" / "linked.py")
+    return root
+
+
+def test_the_listing_skips_what_no_fab_holds_and_the_fab_is_flowers(tmp_path):
+    root = project_with_a_virtualenv(tmp_path / "app")
+    listed = collect_app_files(root)
+    assert not any(path.startswith((".venv/", ".flwr/")) or "__pycache__/" in path for path in listed), listed
+    assert {"task.py", "pkg/model.py", "docs/.venv/notes.md", "pyproject.toml"} <= set(listed)
+    assert "pkg/linked.py" not in listed and set(listed) < set(collect_files(root))
+    flowers = flwr.cli.build.build_fab_from_files(collect_files(root))[0]
+    assert flwr.cli.build.build_fab_from_files(listed)[0] == flowers
+
+
+def test_flwr_bundles_with_the_quick_listing(tmp_path, monkeypatch):
+    root = project_with_a_virtualenv(tmp_path / "app")
+    flowers = flwr.cli.build.build_fab_from_disk(root)
+    monkeypatch.setattr(flwr.cli.build, "collect_files", flwr.cli.build.collect_files)  # put back afterwards
+    bundle_quickly()
+    assert flwr.cli.build.collect_files is collect_app_files
+    assert flwr.cli.build.build_fab_from_disk(root) == flowers
