@@ -14,8 +14,9 @@ for another machine (tests/test_system_netns.py). Without TLS it refuses anythin
 ClientApps run, by default, as forks of one warm `fedbayes superexec` (deploy/warm_executor.py) that serves every
 SuperNode on this machine's loopback (`executor="shared"`: an idle client is its SuperNode alone). It starts beside
 the SuperLink, whose ServerApp it forks as well (the SuperLink runs with `--isolation process`), and is told the
-SuperNodes on its stdin when the run is submitted. A SuperNode it cannot serve (started after that, with an
-environment of its own, or on another host) gets a warm executor of its own, as every SuperNode does with
+SuperNodes on its stdin when the run is submitted, and of any started later (a restarted client) as they start. A
+SuperNode it cannot serve (with an environment of its own, or on another host) gets a warm executor of its own, as
+every SuperNode does with
 `executor="fork"`, where the ServerApp's warm executor serves the SuperLink alone (so it does where the server is
 another host). `executor="subprocess"` keeps Flower's stock path: a fresh `flwr-clientapp` process per message and
 a fresh `flwr-serverapp` per run. Whatever the executor, at most `parallel_tasks` ClientApps compute at once
@@ -390,8 +391,11 @@ class LocalFederation:
             node = self.processes.start(name, host.command(command), cwd=self.workdir, extra_env=extra_env)
         self.supernodes[index] = node
         self.runtime_ports[index] = port
-        if self.awaiting_shared is not None and host == LOOPBACK and not extra_env:
+        shareable = host == LOOPBACK and not extra_env
+        if self.awaiting_shared is not None and shareable:
             self.awaiting_shared.add(index)
+        elif shareable and self.tell_shared_superexec([(port, node.popen.pid)]):
+            pass  # the SuperLink's executor serves it too, already warm
         elif self.executor != "subprocess":
             self.superexecs[index] = self.processes.start(
                 f"superexec-{index}",
@@ -416,7 +420,8 @@ class LocalFederation:
 
     def start_shared_superexec(self) -> None:
         """With the shared executor: one warm `fedbayes superexec` on this machine for the SuperNodes started so far
-        that have no executor of their own. A SuperNode started after this call gets one of its own."""
+        that have no executor of their own. A SuperNode started after this call is served by it too where it is the
+        SuperLink's (`tell_shared_superexec`), else it gets one of its own."""
         if self.awaiting_shared is None:  # not the shared executor, or it has been told its SuperNodes already
             return
         awaiting, self.awaiting_shared = self.awaiting_shared, None
@@ -425,21 +430,31 @@ class LocalFederation:
             for index in sorted(awaiting)
             if index in self.supernodes
         ]  # not one stopped meanwhile
-        shared = self.serverapp_superexec
-        if shared is not None and shared.name == "superexec-shared":  # the SuperLink's, waiting on its stdin
-            assert isinstance(shared.popen, subprocess.Popen) and shared.popen.stdin is not None
-            try:
-                shared.popen.stdin.write(b"".join(f"127.0.0.1:{port} {pid}\n".encode() for port, pid in served))
-                shared.popen.stdin.close()  # the list ends: a SuperNode started later gets an executor of its own
-            except BrokenPipeError:  # it has exited: `follow` reports why
-                pass
-            self.shared_superexec = shared if served else None
+        if self.serverapp_superexec is not None and self.serverapp_superexec.name == "superexec-shared":
+            self.tell_shared_superexec(served)  # the SuperLink's, reading SuperNodes from its stdin
             return
         if not served:
             return
         self.shared_superexec = self.processes.start(
             "superexec-shared", superexec_command(console_script("fedbayes"), *served), cwd=self.workdir
         )
+
+    def tell_shared_superexec(self, served: list[tuple[int, int]]) -> bool:
+        """Name SuperNodes (Runtime API port, process id) on this machine's loopback to the SuperLink's executor,
+        once it is the shared one and has been told the first ones (at submission); whether it was told. Its stdin
+        stays open: a SuperNode started later (a restarted client) is served by it too, without a cold executor."""
+        shared = self.serverapp_superexec
+        if self.awaiting_shared is not None or shared is None or shared.name != "superexec-shared":
+            return False
+        assert isinstance(shared.popen, subprocess.Popen) and shared.popen.stdin is not None
+        try:
+            shared.popen.stdin.write(b"".join(f"127.0.0.1:{port} {pid}\n".encode() for port, pid in served))
+            shared.popen.stdin.flush()
+        except BrokenPipeError:  # it has exited: `follow` reports why
+            return False
+        if served:
+            self.shared_superexec = shared
+        return True
 
     def submit(self, run_config: dict[str, Any]) -> ManagedProcess:
         """`flwr run` the app with these run-config overrides; returns the streaming CLI process.

@@ -66,19 +66,24 @@ def test_a_supernode_the_shared_executor_cannot_serve_gets_a_warm_executor_of_it
         federation.start_supernode(0, 3, extra_env={"PYTHONPATH": with_pythonpath(ROOT / "tests" / "plugins")})
         federation.start_supernode(1, 3)
         federation.start_shared_superexec()
-        federation.start_supernode(2, 3)  # e.g. a restarted client: the shared one serves those it started with
-        assert sorted(federation.superexecs) == [0, 2]
+        federation.start_supernode(2, 3)  # e.g. a restarted client: named to the shared executor as it starts
+        assert sorted(federation.superexecs) == [0]
         # the shared executor is the SuperLink's ServerApp executor, told its SuperNodes on its stdin
         assert federation.shared_superexec is federation.serverapp_superexec
-        served = wait_for_log_lines(federation.shared_superexec, "fedbayes superexec: serving ")
+        served = wait_for_log_lines(federation.shared_superexec, "fedbayes superexec: serving ", count=2)
         assert served == [
-            f"fedbayes superexec: serving the SuperNode at 127.0.0.1:{federation.runtime_ports[1]} "
-            f"(process {federation.supernodes[1].popen.pid})"
+            f"fedbayes superexec: serving the SuperNode at 127.0.0.1:{federation.runtime_ports[index]} "
+            f"(process {federation.supernodes[index].popen.pid})"
+            for index in (1, 2)
         ], served
     with LocalFederation(tmp_path / "late") as federation:
-        federation.start_shared_superexec()  # as a submit does: no SuperNode to serve yet, so no shared process
-        federation.start_supernode(0, 1)
-        assert federation.shared_superexec is None and list(federation.superexecs) == [0]
+        federation.start_shared_superexec()  # as a submit does before any SuperNode has started
+        node = federation.start_supernode(0, 1)
+        assert federation.shared_superexec is federation.serverapp_superexec and federation.superexecs == {}
+        assert wait_for_log_lines(federation.shared_superexec, "fedbayes superexec: serving ") == [
+            f"fedbayes superexec: serving the SuperNode at 127.0.0.1:{federation.runtime_ports[0]} "
+            f"(process {node.popen.pid})"
+        ]
 
 
 def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):

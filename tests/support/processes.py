@@ -46,12 +46,12 @@ def wait_for_file(path: Path, failure: str, timeout: float = 180.0) -> None:
         time.sleep(0.1)
 
 
-def wait_for_log_lines(process, prefix: str, timeout: float = 120.0) -> list[str]:
-    """The lines of `process`'s log that start with `prefix`, once there is one (it may be still importing)."""
+def wait_for_log_lines(process, prefix: str, timeout: float = 120.0, count: int = 1) -> list[str]:
+    """The lines of `process`'s log that start with `prefix`, once there are `count` (it may be still importing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         lines = [line for line in process.log_path.read_text().splitlines() if line.startswith(prefix)]
-        if lines:
+        if len(lines) >= count:
             return lines
         assert process.popen.poll() is None, process.log_tail()
         time.sleep(0.2)
