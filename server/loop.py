@@ -42,6 +42,7 @@ from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
 Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
+RESULTS_START = "results-start.json"  # in a federation's state directory: where its rows begin in its results file
 RowSink = Callable[[dict[str, Any]], None]  # gets each results row as it is written; must not raise or block
 
 
@@ -67,17 +68,49 @@ class ResultsLog:
     after its checkpoint, which it runs again, and keeps every line before them (an earlier run's, appended to).
     A new federation (no checkpoint) whose file is not empty does what run config `results-exists` says
     (`if_exists`): refuse (ConfigError naming the keys; the file is left as it is), append after what the file
-    holds, or replace it."""
+    holds, or replace it. With `start_record` (a file in the federation's state directory) it notes there where its
+    rows begin, so that the federation started again before its first checkpoint (stopped between round 1's row and
+    its checkpoint) drops its own rows, which it runs again, instead of taking them for an earlier run's."""
 
-    def __init__(self, path: str, keep_through_round: int = 0, if_exists: str = "refuse") -> None:
+    def __init__(
+        self, path: str, keep_through_round: int = 0, if_exists: str = "refuse", start_record: Path | None = None
+    ) -> None:
         self.path = Path(path) if path else None
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        restarted_at = None if start_record is None else self._recorded_start(start_record, self.path)
         if keep_through_round > 0:
             self._drop_rounds_after(self.path, keep_through_round)
-        elif self.path.exists() and self.path.stat().st_size > 0:
-            self._start_on_existing(self.path, if_exists)
+        elif restarted_at is not None:
+            self._keep_lines(self.path, restarted_at)
+        else:
+            if self.path.exists() and self.path.stat().st_size > 0:
+                self._start_on_existing(self.path, if_exists)
+            if start_record is not None:
+                self._record_start(start_record, self.path)
+
+    @staticmethod
+    def _recorded_start(start_record: Path, path: Path) -> int | None:
+        """The line this federation's rows began at in `path`, if it has started before and wrote them there."""
+        try:
+            record = json.loads(start_record.read_text())
+        except FileNotFoundError:
+            return None
+        return int(record["first_line"]) if record["path"] == str(path.resolve()) else None
+
+    @staticmethod
+    def _record_start(start_record: Path, path: Path) -> None:
+        first_line = path.read_bytes().count(b"\n") if path.exists() else 0
+        start_record.parent.mkdir(parents=True, exist_ok=True)
+        written = start_record.with_name(start_record.name + ".tmp")
+        written.write_text(json.dumps({"path": str(path.resolve()), "first_line": first_line}))
+        os.replace(written, start_record)  # whole or not at all
+
+    @staticmethod
+    def _keep_lines(path: Path, count: int) -> None:
+        lines = path.read_text().split("\n")[:-1] if path.exists() else []
+        path.write_text("".join(f"{line}\n" for line in lines[:count]))
 
     @classmethod
     def _drop_rounds_after(cls, path: Path, server_round: int) -> None:
@@ -422,7 +455,12 @@ def _run_rounds(
             )
             return arrays
         checkpoints.drop_rounds_after(checkpoint.server_round)  # resume-from-round: they run again, like their rows
-    results = ResultsLog(results_path, keep_through_round=first_round - 1, if_exists=settings.results_exists)
+    results = ResultsLog(
+        results_path,
+        keep_through_round=first_round - 1,
+        if_exists=settings.results_exists,
+        start_record=checkpoints.directory / RESULTS_START,
+    )
     wait_for_clients(grid, settings.wait_for_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     finisher = RoundFinisher(
         evaluate,

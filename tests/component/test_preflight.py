@@ -225,6 +225,24 @@ def test_a_resume_drops_only_its_own_rows_after_the_checkpoint(tmp_path):
     assert rows_of(results) == [*earlier, '{"round": 1}', '{"round": 2}', '{"round": 3, "again": true}']
 
 
+def test_a_federation_started_again_before_its_first_checkpoint_drops_only_its_own_rows(tmp_path):
+    """Stopped between round 1's row and its checkpoint, a federation starts again as new: it must neither refuse
+    its own row as an earlier run's nor drop the earlier run's rows it was appended to."""
+    results, start = tmp_path / "mine.jsonl", tmp_path / "server-state" / "fed" / "results-start.json"
+    earlier = ['{"round": 1, "earlier": true}', '{"round": 5, "earlier": true}']
+    results.write_text("\n".join(earlier) + "\n")
+    ResultsLog(str(results), if_exists="append", start_record=start).write({"round": 1})
+    with results.open("a") as cut_short:
+        cut_short.write('{"round": 2, "accur')
+    ResultsLog(str(results), start_record=start).write({"round": 1, "again": True})  # "refuse" does not apply
+    assert rows_of(results) == [*earlier, '{"round": 1, "again": true}']
+    other = tmp_path / "other.jsonl"  # the record holds for the file it was made for only
+    other.write_text('{"round": 1}\n')
+    with pytest.raises(ConfigError, match="is not empty"):
+        ResultsLog(str(other), start_record=start)
+    assert other.read_text() == '{"round": 1}\n'
+
+
 def test_rows_appended_after_a_users_lines_are_the_only_ones_fedbayes_local_reads_as_the_runs(tmp_path):
     results = tmp_path / "mine.jsonl"
     results.write_text('{"round": 7}\nnot json, and no newline')
