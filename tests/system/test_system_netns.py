@@ -118,11 +118,11 @@ def test_joins_and_a_killed_client_over_tls(lab, credentials, tmp_path):
     }
     federation, node_ids = secured_federation(workdir, lab, credentials)
 
-    def wait_for_status(client: str, status: str) -> None:
+    def wait_for_status(client: str, status: str, poll: float = 1.0) -> None:
         deadline = time.monotonic() + 150
         while node_status(federation).get(node_ids[client]) != status:
             assert time.monotonic() < deadline, f"{client} never became {status}"
-            time.sleep(1)
+            time.sleep(poll)
 
     try:
         start_client(federation, lab, credentials, 0, extra_env=stall_env("1,3", held, release))
@@ -158,7 +158,8 @@ def test_joins_and_a_killed_client_over_tls(lab, credentials, tmp_path):
                 wait_for_file(Path(f"{hung}-r3"), "client-1 never started round 3")
                 wait_for_file(Path(f"{held}-r3"), "client-0 never started round 3")
                 federation.kill_supernode(1)
-                wait_for_status("client-1", "offline")
+                # Offline only once two 30 s heartbeats lapse (36-60 s); each ask is a `flwr` process, ~2 CPU-s
+                wait_for_status("client-1", "offline", poll=5.0)
                 start_client(federation, lab, credentials, 1)
                 wait_for_status("client-1", "online")
                 Path(f"{release}-r3").touch()
