@@ -526,7 +526,7 @@ class LocalFederation:
         has exited, while the run's outcome is still being asked for (they sign off meanwhile)."""
         rows: dict[int, dict[str, Any]] = {}  # by round: a resumed run writes again the rounds after its checkpoint
         serverapp = _ServerAppWatch(self, submit)
-        clients_stopped = serverapp_started = False
+        clients_stopped = False
         while True:
             finished = submit.popen.poll() is not None
             for row in _read_rows(results, skip_lines):
@@ -548,13 +548,9 @@ class LocalFederation:
                 return in_order
             if len(rows) < rounds:  # after its last row the ServerApp ends by itself: no need to ask why it is gone
                 serverapp.check()
-            elif last_run and not clients_stopped:
-                # this run's ServerApp seen, now gone (a resume may find all its rows in the file before it starts)
-                serverapp_alive = bool(self.serverapp_pids() - serverapp.earlier)
-                serverapp_started = serverapp_started or serverapp_alive or bool(serverapp.seen)
-                if serverapp_started and not serverapp_alive:
-                    self.stop_clients()
-                    clients_stopped = True
+            elif last_run and not clients_stopped and not self.serverapp_pids() - serverapp.earlier:
+                self.stop_clients()
+                clients_stopped = True
             time.sleep(0.2)
 
     def stop_clients(self) -> None:
