@@ -189,9 +189,7 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
             say(f"federation {workdir.name} in {workdir}; to resume it after an interruption: {spec.resume_hint}")
         say(TABLE_HEADER)
         if spec.quiet:
-            return federation.follow(
-                results, submit, spec.rounds, on_row=lambda row: None, skip_lines=earlier_lines, last_run=True
-            )
+            return federation.follow(results, submit, spec.rounds, on_row=lambda row: None, skip_lines=earlier_lines)
         with Progress() as progress:  # a live line on a terminal (deploy/progress.py)
             return federation.follow(
                 results,
@@ -199,7 +197,6 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
                 spec.rounds,
                 on_row=lambda row: show_row(progress, row, spec.rounds),
                 skip_lines=earlier_lines,
-                last_run=True,
             )
 
 
@@ -516,17 +513,13 @@ class LocalFederation:
         rounds: int,
         on_row: Callable[[dict[str, Any]], None],
         skip_lines: int = 0,
-        last_run: bool = False,
     ) -> list[dict[str, Any]]:
         """Hand each round's results to `on_row` as the ServerApp appends them after the file's first
         `skip_lines` lines (an earlier run's); return them all when the submission ends. Raise RuntimeError
         when the SuperLink or a SuperNode dies, RunFailed when the run fails, its ServerApp dies or it ends
-        before `rounds` rounds. A submission stopped on purpose (ProcessGroup.stop) just ends the following.
-        `last_run`: no run follows this one, so the SuperNodes are stopped once its last row is in and its ServerApp
-        has exited, while the run's outcome is still being asked for (they sign off meanwhile)."""
+        before `rounds` rounds. A submission stopped on purpose (ProcessGroup.stop) just ends the following."""
         rows: dict[int, dict[str, Any]] = {}  # by round: a resumed run writes again the rounds after its checkpoint
         serverapp = _ServerAppWatch(self, submit)
-        clients_stopped = False
         while True:
             finished = submit.popen.poll() is not None
             for row in _read_rows(results, skip_lines):
@@ -537,7 +530,7 @@ class LocalFederation:
             superlink = [] if self.superlink_killed else [self.superlink]
             shared = [] if self.shared_superexec is None else [self.shared_superexec]
             for daemon in (*superlink, *self.supernodes.values(), *self.superexecs.values(), *shared):
-                if daemon.popen.poll() is not None and not daemon.stopped:
+                if daemon.popen.poll() is not None:
                     raise RuntimeError(
                         f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
                     )
@@ -548,15 +541,7 @@ class LocalFederation:
                 return in_order
             if len(rows) < rounds:  # after its last row the ServerApp ends by itself: no need to ask why it is gone
                 serverapp.check()
-            elif last_run and not clients_stopped and not self.serverapp_pids() - serverapp.earlier:
-                self.stop_clients()
-                clients_stopped = True
             time.sleep(0.2)
-
-    def stop_clients(self) -> None:
-        """Signal every SuperNode and its own ClientApp executor to stop, without waiting for them."""
-        for daemon in (*self.supernodes.values(), *self.superexecs.values()):
-            self.processes.stop(daemon)
 
     def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int) -> None:
         if submit.popen.returncode != 0:
