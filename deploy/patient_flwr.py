@@ -36,9 +36,11 @@ def be_patient() -> None:
 
 def bundle_quickly() -> None:
     """`flwr run` and `flwr build` list a project's files with `collect_app_files`."""
-    for name in ("APP_PUBLISH_EXCLUDE_PATTERNS", "build_pathspec", "collect_files"):
+    for name in ("APP_PUBLISH_EXCLUDE_PATTERNS", "build_pathspec"):
         _require(cli_utils, name)
     _require(build, "collect_files")
+    if not all(pattern.endswith("/**") for pattern in cli_utils.APP_PUBLISH_EXCLUDE_PATTERNS):
+        raise SystemExit("Flower's publish excludes are not all DIR/**: deploy/patient_flwr.py is for Flower 1.39")
     build.collect_files = collect_app_files
 
 
@@ -46,7 +48,6 @@ def collect_app_files(root: Path) -> dict[str, Path]:
     """Flower's `collect_files(root)` (relative POSIX path -> path; symlinks and what resolves outside `root` left
     out) without entering the directories whose every file Flower's first filter drops (its publish excludes,
     `.venv/**`, `.flwr/**`, `**/__pycache__/**`: a pattern `DIR/**` matches every path below DIR)."""
-    assert all(pattern.endswith("/**") for pattern in cli_utils.APP_PUBLISH_EXCLUDE_PATTERNS)
     excluded = cli_utils.build_pathspec(cli_utils.APP_PUBLISH_EXCLUDE_PATTERNS)
     resolved_root = root.resolve()
     files: dict[str, Path] = {}

@@ -39,6 +39,7 @@ from fedbayes.server.forget import ClientLink, Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
 from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
+from fedbayes.tasks.storage import write_atomically
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
 Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
@@ -79,11 +80,10 @@ class ResultsLog:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        restarted_at = None if start_record is None else self._recorded_start(start_record, self.path)
         if keep_through_round > 0:
             self._drop_rounds_after(self.path, keep_through_round)
-        elif restarted_at is not None:
-            self._keep_lines(self.path, restarted_at)
+        elif start_record is not None and (restarted_at := self._recorded_start(start_record, self.path)) is not None:
+            self._write_lines(self.path, self._complete_lines(self.path)[:restarted_at])
         else:
             if self.path.exists() and self.path.stat().st_size > 0:
                 self._start_on_existing(self.path, if_exists)
@@ -102,24 +102,25 @@ class ResultsLog:
     @staticmethod
     def _record_start(start_record: Path, path: Path) -> None:
         first_line = path.read_bytes().count(b"\n") if path.exists() else 0
-        start_record.parent.mkdir(parents=True, exist_ok=True)
-        written = start_record.with_name(start_record.name + ".tmp")
-        written.write_text(json.dumps({"path": str(path.resolve()), "first_line": first_line}))
-        os.replace(written, start_record)  # whole or not at all
+        record = {"path": str(path.resolve()), "first_line": first_line}
+        write_atomically(start_record, json.dumps(record).encode())
 
     @staticmethod
-    def _keep_lines(path: Path, count: int) -> None:
-        lines = path.read_text().split("\n")[:-1] if path.exists() else []
-        path.write_text("".join(f"{line}\n" for line in lines[:count]))
+    def _complete_lines(path: Path) -> list[str]:
+        """The file's lines; the piece after the last newline is a line cut short by a crash: no row."""
+        return path.read_text().split("\n")[:-1] if path.exists() else []
+
+    @staticmethod
+    def _write_lines(path: Path, lines: list[str]) -> None:
+        path.write_text("".join(f"{line}\n" for line in lines))
 
     @classmethod
     def _drop_rounds_after(cls, path: Path, server_round: int) -> None:
-        text = path.read_text() if path.exists() else ""
-        lines = text.split("\n")[:-1]  # the piece after the last newline is a line cut short by a crash: no row
+        lines = cls._complete_lines(path)
         end = len(lines)
         while end and (not lines[end - 1].strip() or cls._is_row_after(lines[end - 1], server_round)):
             end -= 1
-        path.write_text("".join(f"{line}\n" for line in lines[:end]))
+        cls._write_lines(path, lines[:end])
 
     @staticmethod
     def _is_row_after(line: str, server_round: int) -> bool:
