@@ -32,6 +32,13 @@ def processes_of(workdir: Path) -> list[int]:
     return processes_with_env("FLWR_HOME", str(workdir / "flwr-home"))
 
 
+def wait_for_checkpoint(workdir: Path, failure: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not list((workdir / "server-state").glob("*/checkpoint-*.safetensors")):
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.1)
+
+
 def rounds_in(results: Path) -> list[int]:
     return [json.loads(line)["round"] for line in results.read_text().splitlines()]
 
@@ -115,6 +122,9 @@ def test_an_interrupted_federation_is_resumed_only_when_asked(tmp_path):
     started = read_until(launcher, is_table_row(1))
     resume_hint = next(line for line in started if "to resume it after an interruption:" in line)
     assert resume_hint.rstrip().endswith(f"--workdir {workdir} --resume")
+    # Round 1's row is written before its checkpoint; stopped between the two, the resume would start over
+    # (tests/component/test_preflight.py covers that), so stop it once there is a round to resume after.
+    wait_for_checkpoint(workdir, "the first round's checkpoint was never written")
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=60) == 143
     assert processes_of(workdir) == []
