@@ -452,8 +452,7 @@ def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: 
         split=split,
         seed=args.seed,
         results=results_dir(setup, args.tag) / f"{name}.jsonl",
-        workdir=Path("runs")
-        / f"{time.strftime('%Y%m%d-%H%M%S')}-{'table1' if setup == 'fmnist-mlp' else setup}-{name}",
+        workdir=Path("runs") / run_directory(setup, name, spec.engine),
         overrides={
             **spec.common,
             **spec.presets[(strategy, split)],
@@ -463,11 +462,11 @@ def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: 
         },  # a rerun of a run replaces its rows
     )
     if spec.engine == "deployment":
-        if args.stop_after:
-            raise SystemExit("--stop-after is for the simulation setups (fmnist-100)")
+        if args.stop_after or args.resume:
+            raise SystemExit("--stop-after and --resume are for the simulation setups (fmnist-100*)")
         rows = run_local(local_run)
     else:
-        rows = run_simulated(local_run, args.stop_after)
+        rows = run_simulated(local_run, args.stop_after, args.resume)
     return {
         "strategy": strategy,
         "split": split,
@@ -481,18 +480,32 @@ def run(setup: str, strategy: str, split: str, args: argparse.Namespace, extra: 
     }
 
 
-def run_simulated(spec: LocalRun, stop_after: int = 0) -> list[dict]:
+def run_directory(setup: str, name: str, engine: str) -> str:
+    """A run's workdir under runs/: a simulation's is named by its setup and run alone, so that `--resume` finds it;
+    a deployment run's is new every time."""
+    if engine == "simulation":
+        return f"{setup}-{name}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{'table1' if setup == 'fmnist-mlp' else setup}-{name}"
+
+
+def run_simulated(spec: LocalRun, stop_after: int = 0, resume: bool = False) -> list[dict]:
     """The same run config under Flower's simulation engine: `fedbayes run <app> local` with `spec.clients` virtual
     clients (Ray), client state and server checkpoints under the run's workdir; the rows the ServerApp wrote.
     `stop_after` > 0 interrupts the run (Ctrl-C: `fedbayes run` stops all it started) once that many rounds are
     written: rounds 1..stop_after of a `spec.rounds`-round run, whose cosine schedule spans all of them; the
-    federation's checkpoint stays in the workdir."""
+    federation's checkpoint stays in the workdir. An interrupted run (stop_after, Ctrl-C, a machine that went away)
+    continues from its last checkpoint with `resume`: the ServerApp keeps the rows up to it and the clients their
+    state; `fedbayes run` refuses it if the settings differ from the checkpoint's."""
     workdir, results = spec.workdir.resolve(), spec.results.resolve()
-    check_workdir(workdir, resume=False)
+    try:
+        check_workdir(workdir, resume=resume)
+    except ValueError as refused:  # its --workdir is this script's runs/<setup>-<run>/, its --resume is ours
+        raise SystemExit(str(refused).replace("--workdir ", "", 1)) from None
     run_config = {**spec.run_config(workdir, results), "server-state-dir": str(workdir / "server-state")}
-    check_run_config(run_config, spec.clients)
-    results.unlink(missing_ok=True)
-    workdir.mkdir(parents=True)
+    check_run_config(run_config, spec.clients, new_federation=not resume)
+    if not resume:
+        results.unlink(missing_ok=True)
+    workdir.mkdir(parents=True, exist_ok=resume)
     config_file = workdir / "run-config.toml"
     config_file.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
     app = write_app(workdir / APP, spec.strategy)
@@ -509,7 +522,7 @@ def run_simulated(spec: LocalRun, stop_after: int = 0) -> list[dict]:
         str(config_file),
     ]
     print(f"simulation: {spec.clients} virtual clients, log in {workdir / 'simulation.log'}", flush=True)
-    with open(workdir / "simulation.log", "w") as log:
+    with open(workdir / "simulation.log", "a" if resume else "w") as log:
         run = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             while run.poll() is None:
@@ -716,6 +729,12 @@ def main() -> None:
         default=0,
         metavar="R",
         help="simulation setups: stop after R of the --rounds rounds (the schedule spans --rounds)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="simulation setups: continue each run from its checkpoint in runs/<setup>-<run>/ (after --stop-after, "
+        "Ctrl-C or a lost machine)",
     )
     parser.add_argument("--clients", type=int, default=0, help="default: the setup's (10; fmnist-100: 100)")
     parser.add_argument("--data-root", default="", help="torchvision dataset folder (CIFAR setups)")
