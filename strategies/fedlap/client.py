@@ -50,7 +50,7 @@ def local_update(local: LocalRound) -> LocalResult:
         curvature = diag_ggn(runtime.model.to(runtime.device), runtime.data.images.to(runtime.device))
         runtime.model.cpu()
         curvature_seconds = time.perf_counter() - started
-    rho = client_damping(covariance, local.num_examples, known_clients, known_examples)
+    rho = client_damping(covariance, local.num_examples, known_clients, known_examples, instruction.site_damping)
     site = site_step(site, weights, curvature, global_mean, global_precision, rho, local.server_round)
     precision_wire = unflatten(site.precision.numpy(), runtime.layout) if covariance else {}
     return LocalResult(

@@ -65,8 +65,13 @@ def tempered_sums(sites: list[Site], clip_ratio: float) -> tuple[torch.Tensor, t
     )
 
 
-def client_damping(covariance: bool, num_examples: int, known_clients: int, known_examples: int) -> float:
-    """ρ_k: 1/K for FedLap-Cov, N_k/N for FedLap ([P] App. E); 1/K while no sizes are known (round 1)."""
+def client_damping(
+    covariance: bool, num_examples: int, known_clients: int, known_examples: int, site_damping: float = 0.0
+) -> float:
+    """ρ_k: run config `site-damping` where set (> 0), else the paper's rule ([P] App. E): 1/K for FedLap-Cov, N_k/N
+    for FedLap; 1/K while no sizes are known (round 1)."""
+    if site_damping > 0.0:
+        return site_damping
     if covariance or known_examples == 0:
         return 1.0 / known_clients
     return num_examples / known_examples

@@ -98,6 +98,7 @@ class FedLap(ServerStrategy[FedLapState]):
             initial_share=self.initial_share,
             max_grad_norm=self.hyperparameters.max_grad_norm,
             covariance=self.covariance,
+            site_damping=self.hyperparameters.site_damping,
         )
         precisions = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
         return instruction, {

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, key
+from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, Check, key
+
+DAMPING = Check(lambda value: 0.0 <= value <= 1.0, "must be in [0, 1] (0: the paper's rule)")
 
 
 @dataclass(frozen=True)
@@ -13,3 +15,9 @@ class FedLapSettings:
 
     prior_precision: float = key(1.0, "δ: the prior's precision (paper grid 1..1e-4)", POSITIVE)
     max_grad_norm: float = key(0.0, "clip local gradients at this norm; 0 = off", NON_NEGATIVE)
+    site_damping: float = key(
+        0.0,
+        "ρ_k, how far each site moves to its new value in a round ([P] Eq. 21); 0 = the paper's rule: N_k/N for "
+        "FedLap, 1/K for FedLap-Cov",
+        DAMPING,
+    )

@@ -67,3 +67,17 @@ def test_a_round_one_client_that_never_replies_leaves_its_share_unclaimed(tmp_pa
     initial = server.global_mean.clone()
     federation.core.aggregate(1, replies)
     torch.testing.assert_close(server.state.unclaimed, initial / 3, rtol=1e-6, atol=1e-7)
+
+
+def test_site_damping_reaches_the_clients_site_step(tmp_path):
+    """Round 1 trains the same from the same init whatever ρ_k, and its site step from V_k = 0 gives V_k = ρ_k H_k:
+    the sites with `site-damping=1` hold K = 3 times the precision of the paper's ρ_k = 1/K."""
+    precisions = {}
+    for site_damping in (0.0, 1.0):
+        config = {"strategy": "fedlap-cov", "prior-precision": 0.5, "lr": 0.05, "site-damping": site_damping}
+        federation = InProcessFederation(tmp_path / str(site_damping), config, sizes=[12, 30, 20])
+        federation.round(1, [1, 2, 3])
+        stores = [federation.runtimes[node].state_store("fed") for node in (1, 2, 3)]
+        precisions[site_damping] = torch.stack([newest_state(store).tensors["site_precision"] for store in stores])
+    assert (precisions[1.0] > 0).any()
+    torch.testing.assert_close(precisions[1.0], 3 * precisions[0.0], rtol=1e-6, atol=1e-12)

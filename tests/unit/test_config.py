@@ -30,6 +30,7 @@ def test_pyproject_defaults_parse():
         ("feddyn-alpha", 0.0, "'feddyn-alpha' must be > 0"),
         ("max-grad-norm", -1.0, "'max-grad-norm' must be >= 0"),
         ("kde-bandwidth", -0.5, "'kde-bandwidth' must be >= 0"),
+        ("site-damping", 1.5, "'site-damping' must be in [0, 1]"),
         ("particles", 0, "'particles' must be >= 1"),
         ("dsvgd-scheduler", "fifo", "'dsvgd-scheduler' must be one of round-robin, random"),
         ("seed", -1, "'seed' must be in [0, 2^32)"),  # numpy refuses negative seeds

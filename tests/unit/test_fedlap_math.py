@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, global_from_sites
+from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, global_from_sites, site_step
 from tests.support.problems import fedlap_round, make_problem, relative_error, run_fedlap
 
 
@@ -52,6 +52,41 @@ def test_fedlap_cov_server_step_is_precision_weighted_averaging_with_rho_one_ove
         new_mean, (stacked * torch.stack(locals_)).sum(0) / stacked.sum(0), rtol=1e-10, atol=1e-12
     )
     assert all((site.precision >= 0).all() for site in new_sites) and (stacked > 0).all()
+
+
+def test_site_damping_replaces_the_papers_rule_where_set():
+    assert client_damping(True, 30, 3, 100) == pytest.approx(1 / 3)
+    assert client_damping(False, 30, 3, 100) == pytest.approx(0.3)
+    assert client_damping(True, 30, 3, 100, site_damping=0.8) == 0.8
+    assert client_damping(False, 30, 3, 100, site_damping=1.0) == 1.0
+
+
+def test_fedlap_cov_with_site_damping_one_is_the_posterior_after_one_round_on_diagonal_quadratics():
+    """PVI with ρ = 1 (Ashman et al., 2022): for ℓ_k(w) = ½ w·H_k w − b_k·w with diagonal H_k, each client's tilted
+    optimum makes its site exact (v_k = b_k, V_k = H_k), so after one round from the consistent init q_g is the
+    posterior N((δ + Σ H_k)⁻¹ Σ b_k, diag(δ + Σ H_k)⁻¹), whatever w_0. The paper's ρ = 1/K is not there yet."""
+    rng, clients, dim, delta = np.random.default_rng(7), 3, 5, 0.7
+    curvatures = [torch.from_numpy(rng.uniform(0.5, 5.0, dim)) for _ in range(clients)]
+    linear = [torch.from_numpy(rng.normal(size=dim)) for _ in range(clients)]
+    w0 = torch.from_numpy(rng.normal(size=dim))
+    sites = [Site(delta * w0 / clients, torch.zeros(dim)) for _ in range(clients)]
+
+    def one_round(site_damping: float) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, precision = global_from_sites(sum(s.mean for s in sites), sum(s.precision for s in sites), delta)
+        new_sites = []
+        for site, curvature, b in zip(sites, curvatures, linear):
+            anchor, cavity_precision = cavity(mean, precision, site, delta)
+            local = (b + cavity_precision * anchor) / (curvature + cavity_precision)  # the tilted optimum
+            rho = client_damping(True, 10, clients, 0, site_damping)
+            new_sites.append(site_step(site, local, curvature, mean, precision, rho, 1))
+        return global_from_sites(sum(s.mean for s in new_sites), sum(s.precision for s in new_sites), delta)
+
+    posterior_precision = delta + sum(curvatures)
+    mean, precision = one_round(site_damping=1.0)
+    torch.testing.assert_close(precision, posterior_precision, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mean, sum(linear) / posterior_precision, rtol=1e-10, atol=1e-12)
+    _, paper_precision = one_round(site_damping=0.0)
+    assert (paper_precision < posterior_precision - 1.0).all()
 
 
 def test_cavity_is_the_global_without_the_site_and_never_below_the_prior():
