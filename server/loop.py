@@ -39,6 +39,7 @@ from fedbayes.server.forget import ClientLink, Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
 from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
+from fedbayes.tasks.simulation_polls import check_only_own_messages
 from fedbayes.tasks.storage import write_atomically
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
@@ -432,6 +433,7 @@ def _run_rounds(
 ) -> ArrayRecord:
     shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (tasks/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
+    check_only_own_messages()  # under Flower's simulation engine: its instruction polls (tasks/simulation_polls.py)
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     forgetting = Forgetting(checkpoints, client_link(grid, settings))
     checkpoint = checkpoints.load()
