@@ -25,7 +25,7 @@ from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.preflight import preflight
 from fedbayes.server.round_core import RoundCore
 from fedbayes.server.tracking import posterior_export, tracked_run
-from fedbayes.strategies import get_algorithm, run_settings
+from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads, resolve_device
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
@@ -124,6 +124,7 @@ def run_federation(grid: Grid, context: Context) -> None:
                 initial_arrays={name: array.numpy() for name, array in initial.items()},
                 keep=settings.keep_checkpoints,
                 resume_from_round=settings.resume_from_round,
+                defaults=default_run_config(settings.strategy),
             ),
             sinks,
         )

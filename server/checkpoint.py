@@ -109,7 +109,10 @@ class CheckpointStore:
 
     `initial_arrays`: the run's initial global arrays; every checkpoint saved or loaded must hold arrays of the
     same names, shapes and dtypes (None: no layout check, for tools and tests that only inspect checkpoints).
-    `keep` and `resume_from_round`: the run config's keep-checkpoints and resume-from-round (0 = the newest)."""
+    `keep` and `resume_from_round`: the run config's keep-checkpoints and resume-from-round (0 = the newest).
+    `defaults`: every run-config key's declared default. A key the checkpoint's settings lack, set at its default,
+    is not another setting: keys are added with the default that keeps what the code did before them, so a
+    federation checkpointed before an upgrade resumes after it."""
 
     def __init__(
         self,
@@ -120,6 +123,7 @@ class CheckpointStore:
         initial_arrays: Mapping[str, np.ndarray] | None = None,
         keep: int = 3,
         resume_from_round: int = 0,
+        defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.directory = Path(root) / federation
         self.path = self.directory / CHECKPOINT_FILE
@@ -130,6 +134,7 @@ class CheckpointStore:
             else {name: (tuple(np.shape(value)), np.asarray(value).dtype) for name, value in initial_arrays.items()}
         )
         self.keep, self.resume_from_round = keep, resume_from_round
+        self.defaults = defaults or {}
 
     def round_path(self, server_round: int) -> Path:
         return self.directory / f"checkpoint-{server_round}.safetensors"
@@ -311,7 +316,9 @@ class CheckpointStore:
 
     def _check_same_run(self, path: Path, saved: Mapping[str, Any]) -> None:
         differing = sorted(
-            key for key in saved.keys() | self.run_config.keys() if saved.get(key) != self.run_config.get(key)
+            key
+            for key in saved.keys() | self.run_config.keys()
+            if saved.get(key, self.defaults.get(key)) != self.run_config.get(key)  # a key added since: its default
         )
         if differing:
             changes = ", ".join(f"{key}: {saved.get(key)!r} -> {self.run_config.get(key)!r}" for key in differing)

@@ -54,6 +54,24 @@ def test_resume_with_other_settings_is_refused_naming_the_keys(tmp_path):
     assert CheckpointStore(tmp_path, "fed", longer).load().server_round == 3
 
 
+def test_a_key_added_since_the_checkpoint_resumes_at_its_default_only(tmp_path):
+    """A federation checkpointed before an upgrade added a key (`site-damping`, 0 = the code's old behaviour) resumes
+    with the key at its default, and is refused with the key set otherwise; a key the checkpoint has that this code
+    no longer declares is still another setting."""
+    before_the_key = {key: value for key, value in DEFAULTS.items() if key != "site-damping"}
+    CheckpointStore(tmp_path, "fed", before_the_key).save(checkpoint())
+    upgraded = CheckpointStore(tmp_path, "fed", DEFAULTS, defaults=DEFAULTS)
+    assert upgraded.load().server_round == 3
+    changed = {**DEFAULTS, "site-damping": 1.0}
+    with pytest.raises(CheckpointError, match=r"site-damping: None -> 1\.0"):
+        CheckpointStore(tmp_path, "fed", changed, defaults=DEFAULTS).load()
+    with pytest.raises(CheckpointError, match=r"site-damping: None -> 0\.0"):
+        CheckpointStore(tmp_path, "fed", DEFAULTS).load()  # no defaults given: every key counts
+    CheckpointStore(tmp_path, "removed", {**DEFAULTS, "old-key": 1}).save(checkpoint())
+    with pytest.raises(CheckpointError, match=r"old-key: 1 -> None"):
+        CheckpointStore(tmp_path, "removed", DEFAULTS, defaults=DEFAULTS).load()
+
+
 def test_unreadable_checkpoint_is_an_error(tmp_path):
     store = CheckpointStore(tmp_path, "fed", DEFAULTS)
     store.save(checkpoint())
