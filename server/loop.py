@@ -433,7 +433,7 @@ def _run_rounds(
 ) -> ArrayRecord:
     shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (tasks/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
-    check_only_own_messages()  # under Flower's simulation engine: its instruction polls (tasks/simulation_polls.py)
+    check_only_own_messages(grid)  # under Flower's simulation engine: its instruction polls (tasks/simulation_polls.py)
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     forgetting = Forgetting(checkpoints, client_link(grid, settings))
     checkpoint = checkpoints.load()

@@ -9,30 +9,34 @@ taken, so with 100 clients that is 10,000 checks every 0.1 s: the thread took 38
 through a 100-client round, beside the clients that should have had it (py-spy of `reproduce_table1.py --setup
 fmnist-100-two-class`, 91% of the process's samples).
 
-`check_only_own_messages` makes the call check only the undelivered messages addressed to that node. Which messages
-it returns, in which order, and that a returned message was checked and is marked delivered, are Flower's. A message
-for another node is checked when that node asks (the engine asks for every node every 0.1 s), instead of at every
-node's ask. It changes one method, in the process that calls it, and only on the Flower it was read in.
+`check_only_own_messages(grid)`, called by the ServerApp with its grid, makes that call on the engine's link state
+(the one behind the simulation's InMemoryGrid) check only the undelivered messages addressed to the asking node.
+Which messages it returns, in which order, and that a returned message was checked and is marked delivered, are
+Flower's. A message for another node is checked when that node asks (the engine asks for every node every 0.1 s),
+instead of at every node's ask. It changes that one object's method, and only on the Flower it was read in.
 """
 
 from __future__ import annotations
 
-import sys
+from types import MethodType
 from typing import Any
 
 PATCHED_FLOWER = "1.39.0"
-LINKSTATE_MODULE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 
 
-def check_only_own_messages() -> bool:
-    """Patch the in-memory LinkState of this process's simulation engine; False (and nothing changed) where none is
-    loaded (a deployment ServerApp) or on a Flower other than the one this was read in."""
+def check_only_own_messages(grid: object) -> bool:
+    """Patch the link state behind the simulation's `grid`; False (and nothing changed) for another grid (a
+    deployment ServerApp's) or on a Flower other than the one this was read in."""
     import flwr
+    from flwr.server.superlink.linkstate import InMemoryLinkState
+    from flwr.superlink.grid import InMemoryGrid
 
-    module = sys.modules.get(LINKSTATE_MODULE)
-    if module is None or flwr.__version__ != PATCHED_FLOWER:
+    if flwr.__version__ != PATCHED_FLOWER or not isinstance(grid, InMemoryGrid):
         return False
-    module.InMemoryLinkState.get_message_ins = get_message_ins
+    state = grid.state
+    if not isinstance(state, InMemoryLinkState):
+        return False
+    state.get_message_ins = MethodType(get_message_ins, state)  # type: ignore[method-assign]
     return True
 
 

@@ -23,9 +23,10 @@ from fedbayes.tasks import simulation_polls
 RUN_ID, TASK_ID = 7, 8
 
 
-def simulated_link(nodes: int, instructions: list[tuple[int, float]]) -> tuple[InMemoryLinkState, list[int]]:
-    """A simulation's link state with `nodes` virtual nodes and, per (node index, ttl), an instruction for that node
-    whose content names its place in `instructions` (ttl 0: Flower's default)."""
+def simulated_link(nodes: int, instructions: list[tuple[int, float]]) -> tuple[InMemoryGrid, list[int]]:
+    """A simulation's grid and link state with `nodes` virtual nodes and, per (node index, ttl), an instruction for
+    that node whose content names its place in `instructions` (ttl 0: Flower's default)."""
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = RUN_ID, TASK_ID, SUPERLINK_NODE_ID
     factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
     node_ids = list(_register_nodes(nodes, factory))
     run = Run.create_empty(run_id=RUN_ID)
@@ -41,7 +42,7 @@ def simulated_link(nodes: int, instructions: list[tuple[int, float]]) -> tuple[I
         for index, (node, ttl) in enumerate(instructions)
     ]
     assert len(list(grid.push_messages(messages))) == len(messages)
-    return state, node_ids
+    return grid, node_ids
 
 
 def sweeps(state: InMemoryLinkState, node_ids: list[int], limit: int | None) -> list[list[tuple[int, bool]]]:
@@ -54,45 +55,29 @@ def sweeps(state: InMemoryLinkState, node_ids: list[int], limit: int | None) -> 
     return asks
 
 
-@pytest.fixture
-def flower_and_ours(monkeypatch):
-    """Flower's method, and the patched one; the class gets Flower's back after the test."""
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = RUN_ID, TASK_ID, SUPERLINK_NODE_ID
-    flower = InMemoryLinkState.get_message_ins
-    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", flower)
-    assert simulation_polls.check_only_own_messages()
-    ours = InMemoryLinkState.get_message_ins
-    assert ours is not flower
-    return flower, ours
-
-
 @pytest.mark.parametrize("limit", [1, None])
-def test_every_node_gets_what_flowers_link_state_gives_it(flower_and_ours, monkeypatch, limit):
+def test_every_node_gets_what_flowers_link_state_gives_it(limit):
     """Five nodes, node 1 with two instructions, node 3 with none, node 4's expiring before anyone asks."""
-    flower, ours = flower_and_ours
     instructions = [(0, 0.0), (1, 0.0), (1, 0.0), (2, 0.0), (4, 0.05)]
     results = {}
-    for name, method in (("flower", flower), ("ours", ours)):
-        monkeypatch.setattr(InMemoryLinkState, "get_message_ins", method)
-        state, node_ids = simulated_link(5, instructions)
+    for patched in (False, True):
+        grid, node_ids = simulated_link(5, instructions)
+        if patched:
+            assert simulation_polls.check_only_own_messages(grid)
+            assert "get_message_ins" in vars(grid.state), "the engine's state object is patched, not Flower's class"
         time.sleep(0.1)  # node 4's instruction expires
-        results[name] = sweeps(state, node_ids, limit)
-        assert state.num_message_ins() == 4, "the expired instruction is dropped, the delivered ones are kept"
-    assert results["ours"] == results["flower"]
-    expected_first_sweep = [[(0, True)], [(1, True)], [(3, True)], [], []] if limit else None
-    if expected_first_sweep:
-        assert results["ours"][:5] == expected_first_sweep
-        assert results["ours"][6] == [(2, True)], "node 1's second instruction comes at its next ask"
-    assert not any(index == 4 for ask in results["ours"] for index, _ in ask)
+        results[patched] = sweeps(grid.state, node_ids, limit)
+        assert grid.state.num_message_ins() == 4, "the expired instruction is dropped, the delivered ones are kept"
+    assert results[True] == results[False]
+    if limit:
+        assert results[True][:5] == [[(0, True)], [(1, True)], [(3, True)], [], []]
+        assert results[True][6] == [(2, True)], "node 1's second instruction comes at its next ask"
+    assert not any(index == 4 for ask in results[True] for index, _ in ask)
 
 
-def test_nothing_is_patched_without_a_simulation_or_on_another_flower(monkeypatch):
-    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", InMemoryLinkState.get_message_ins)
-    flower = InMemoryLinkState.get_message_ins
-    monkeypatch.delitem(simulation_polls.sys.modules, simulation_polls.LINKSTATE_MODULE)
-    assert not simulation_polls.check_only_own_messages()
-    monkeypatch.undo()
-    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", flower)
+def test_nothing_is_patched_for_another_grid_or_another_flower(monkeypatch):
+    assert not simulation_polls.check_only_own_messages(object())
+    grid, _ = simulated_link(2, [])
     monkeypatch.setattr("flwr.__version__", "1.40.0")
-    assert not simulation_polls.check_only_own_messages()
-    assert InMemoryLinkState.get_message_ins is flower
+    assert not simulation_polls.check_only_own_messages(grid)
+    assert "get_message_ins" not in vars(grid.state)
