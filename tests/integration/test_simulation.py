@@ -14,7 +14,7 @@ import pytest
 
 from fedbayes.deploy.processes import command_line
 from tests.support import ROOT
-from tests.support.processes import cli_env, fedbayes, processes_with_env, read_until
+from tests.support.processes import cli_env, fedbayes, processes_with_env, read_until, wait_for_file
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +92,9 @@ def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_
         text=True,
     )
     read_until(interrupted, lambda line: "round   1/3 |" in line)
+    # Round 1's row comes before its checkpoint; stopped between them the federation would start over (no
+    # checkpoint to refuse or resume from), so stop it once round 1's checkpoint is on disk.
+    wait_for_file(tmp_path / "server-state" / "kept" / "checkpoint-1.safetensors", "round 1 was never checkpointed")
     interrupted.send_signal(signal.SIGTERM)
     assert interrupted.wait(timeout=120) == 143
     assert processes_of(runs / "sim-home") == []
