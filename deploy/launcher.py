@@ -16,12 +16,11 @@ SuperNode on this machine's loopback (`executor="shared"`: an idle client is its
 the SuperLink, whose ServerApp it forks as well (the SuperLink runs with `--isolation process`), and is told the
 SuperNodes on its stdin when the run is submitted, and of any started later (a restarted client) as they start. A
 SuperNode it cannot serve (with an environment of its own, or on another host) gets a warm executor of its own, as
-every SuperNode does with
-`executor="fork"`, where the ServerApp's warm executor serves the SuperLink alone (so it does where the server is
-another host). `executor="subprocess"` keeps Flower's stock path: a fresh `flwr-clientapp` process per message and
-a fresh `flwr-serverapp` per run. Whatever the executor, at most `parallel_tasks` ClientApps compute at once
-(default: this machine's cores, tasks/slots.py, lock files in <workdir>/flwr-home/compute-slots; none when the
-hosts are network namespaces standing for separate machines).
+every SuperNode does with `executor="fork"`, where the ServerApp's warm executor serves the SuperLink alone (so it
+does where the server is another host). `executor="subprocess"` keeps Flower's stock path: a fresh `flwr-clientapp`
+process per message and a fresh `flwr-serverapp` per run. Whatever the executor, at most `parallel_tasks` ClientApps
+compute at once (default: this machine's cores, tasks/slots.py, lock files in <workdir>/flwr-home/compute-slots;
+none when the hosts are network namespaces standing for separate machines).
 """
 
 from __future__ import annotations
