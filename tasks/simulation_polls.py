@@ -46,9 +46,9 @@ class OwnMessages:
     instructions by destination node.
 
     The index is rebuilt when the store has changed: when its size or its newest key differ from the last build's.
-    Messages are only ever added at the end of the store (a message id is a hash that includes its creation time, so
-    none comes back), so an addition changes the newest key and a removal without one changes the size. A stale
-    entry (delivered or gone) is skipped when its node asks."""
+    Messages are only ever added at the end of the store, each under a new id (the simulation's InMemoryGrid gives
+    every pushed message a fresh uuid4), so an addition changes the newest key and a removal without one changes the
+    size. A stale entry (delivered or gone) is skipped when its node asks."""
 
     def __init__(self, state: Any) -> None:
         self.state = state
