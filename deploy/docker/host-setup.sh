@@ -26,6 +26,13 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if ! docker info >/dev/null 2>&1; then
+    # An engine stopped without cleaning up leaves its pid file, and dockerd refuses to start while the pid in it
+    # names a live process, which after a while is any process that got the pid: remove it unless a dockerd has it.
+    pidfile=/var/run/docker.pid
+    if [ -f "$pidfile" ] && [ "$(cat "/proc/$(cat "$pidfile")/comm" 2>/dev/null)" != dockerd ]; then
+        say "removing $pidfile: it names pid $(cat "$pidfile"), which is no dockerd (an engine gone without cleaning up)"
+        rm -f "$pidfile"
+    fi
     say "starting dockerd (log: $DOCKERD_LOG)"
     nohup dockerd >"$DOCKERD_LOG" 2>&1 &
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done

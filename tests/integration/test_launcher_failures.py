@@ -22,6 +22,7 @@ from tests.support.processes import (
     read_until,
     run_loopback,
     start_fedbayes,
+    wait_for_file,
 )
 
 pytestmark = pytest.mark.integration
@@ -30,13 +31,6 @@ LOCAL = ["local", "--strategy", "fedavg", "--clients", "2", "--fraction", "0.05"
 
 def processes_of(workdir: Path) -> list[int]:
     return processes_with_env("FLWR_HOME", str(workdir / "flwr-home"))
-
-
-def wait_for_checkpoint(workdir: Path, failure: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not list((workdir / "server-state").glob("*/checkpoint-*.safetensors")):
-        assert time.monotonic() < deadline, failure
-        time.sleep(0.1)
 
 
 def rounds_in(results: Path) -> list[int]:
@@ -124,7 +118,8 @@ def test_an_interrupted_federation_is_resumed_only_when_asked(tmp_path):
     assert resume_hint.rstrip().endswith(f"--workdir {workdir} --resume")
     # Round 1's row is written before its checkpoint; stopped between the two, the resume would start over
     # (tests/component/test_preflight.py covers that), so stop it once there is a round to resume after.
-    wait_for_checkpoint(workdir, "the first round's checkpoint was never written")
+    # `fedbayes local` names the federation after its workdir and keeps its server state there.
+    wait_for_file(workdir / "server-state" / "fed" / "checkpoint-1.safetensors", "round 1 was never checkpointed")
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=60) == 143
     assert processes_of(workdir) == []
