@@ -58,8 +58,9 @@ lint: install
 # core: most tests wait on the processes they start, so two workers on two cores finish in a little over half the
 # time (tests/conftest.py says what runs beside what). The 30 slowest tests are listed at the end (issue 33: the suite
 # should take at most 15 minutes). The package is compiled first: where PYTHONDONTWRITEBYTECODE is set (as on the
-# development machine) no process writes its bytecode, so each of the suite's few hundred processes that
-# import fedbayes would compile it again (about 0.25 CPU-s each); Python still reads bytecode compiled beforehand.
+# development machine) no process writes its bytecode, so each of the suite's ~200 processes that import fedbayes
+# compiled it again (about 0.25 CPU-s each, ~1 of the suite's ~45 CPU-minutes); Python still reads bytecode compiled
+# beforehand.
 test: install $(CHROMIUM) lint
 	$(BIN)/python -m compileall -q fedbayes fedbayes/*/
 	$(BIN)/python -m pytest -q -n auto --dist loadgroup --durations=30 tests
