@@ -59,7 +59,7 @@ lint: install
 # time (tests/conftest.py says what runs beside what). The 30 slowest tests are listed at the end (issue 33: the suite
 # should take at most 15 minutes). The package is compiled first: where PYTHONDONTWRITEBYTECODE is set (as on the
 # development machine) no process writes its bytecode, so each of the suite's ~200 processes that import fedbayes
-# compiled it again (about 0.25 CPU-s each, ~1 of the suite's ~45 CPU-minutes); Python still reads bytecode compiled
+# compiled it again (about 0.25 CPU-s each, ~1 of the suite's ~50 CPU-minutes); Python still reads bytecode compiled
 # beforehand.
 test: install $(CHROMIUM) lint
 	$(BIN)/python -m compileall -q fedbayes fedbayes/*/
