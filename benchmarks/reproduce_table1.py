@@ -108,14 +108,15 @@ PRESETS = {
     ("fedavg", "iid"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam"},
     ("fedprox", "dirichlet"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "proximal-mu": 0.01},
     ("fedprox", "iid"): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", "proximal-mu": 0.01},
-    # FedDyn / FedLap / FedLap-Cov ([P] App. E.5 grids, one point each, not swept here): Adam 1e-3, 5 epochs.
+    # FedDyn / FedLap / FedLap-Cov ([P] App. E.5 grids, one point each, not swept here): Adam 1e-3, 5 epochs; the
+    # paper's site damping ρ_k for every coordinate ([P] App. E; our default damps only the cavity's share since).
     **{
         (strategy, split): {"local-epochs": 5, "lr": 1e-3, "optimizer": "adam", **preset}
         for split in ("dirichlet", "iid")
         for strategy, preset in (
             ("feddyn", {"feddyn-alpha": 0.01, "weight-decay": 1e-4}),
-            ("fedlap", {"prior-precision": 1.0}),
-            ("fedlap-cov", {"prior-precision": 1.0}),
+            ("fedlap", {"prior-precision": 1.0, "site-damping-rule": "paper"}),
+            ("fedlap-cov", {"prior-precision": 1.0, "site-damping-rule": "paper"}),
         )
     },
     # FedPA reuses FedAvg's client setting (the paper's protocol, §5.1) and FedAvg's server (SGD, lr 1):

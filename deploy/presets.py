@@ -112,6 +112,7 @@ BASELINES: dict[str, dict[str, Setting]] = {
         **ADAM_BASELINE,
         "prior-precision": Setting(1.0, "[P] App. E.5 sweeps δ 1..1e-4; ours: 1, REF's mnist_heterog/fedlap.yaml"),
         "site-damping": Setting(0.0, "[P] App. E: ρ_k = N_k/N (0: the paper's rule)"),
+        "site-damping-rule": Setting("paper", "[P] App. E: one ρ_k for every coordinate"),
     },
     "fedlap-cov": {
         **ADAM_BASELINE,
@@ -121,6 +122,7 @@ BASELINES: dict[str, dict[str, Setting]] = {
             "MNIST with 100 clients, has 1e-4)",
         ),
         "site-damping": Setting(0.0, "[P] App. E: ρ_k = 1/K, after Ashman et al. (2022) (0: the paper's rule)"),
+        "site-damping-rule": Setting("paper", "[P] App. E: one ρ_k for every coordinate"),
     },
     "fedpa": {
         **ADAM_BASELINE,

@@ -114,7 +114,7 @@ class FedDynReply(_message.Message):
     def __init__(self, weights: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., lambda_sketch: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class FedLapInstruction(_message.Message):
-    __slots__ = ("global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm", "covariance", "site_damping")
+    __slots__ = ("global_mean", "global_precision", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm", "covariance", "site_damping", "curvature_damping")
     GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_PRECISION_FIELD_NUMBER: _ClassVar[int]
     TRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class FedLapInstruction(_message.Message):
     MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     COVARIANCE_FIELD_NUMBER: _ClassVar[int]
     SITE_DAMPING_FIELD_NUMBER: _ClassVar[int]
+    CURVATURE_DAMPING_FIELD_NUMBER: _ClassVar[int]
     global_mean: _common_pb2.TensorGroup
     global_precision: _common_pb2.TensorGroup
     training: _common_pb2.LocalTraining
@@ -135,7 +136,8 @@ class FedLapInstruction(_message.Message):
     max_grad_norm: float
     covariance: bool
     site_damping: float
-    def __init__(self, global_mean: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., training: _Optional[_Union[_common_pb2.LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., covariance: _Optional[bool] = ..., site_damping: _Optional[float] = ...) -> None: ...
+    curvature_damping: bool
+    def __init__(self, global_mean: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., global_precision: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., training: _Optional[_Union[_common_pb2.LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., covariance: _Optional[bool] = ..., site_damping: _Optional[float] = ..., curvature_damping: _Optional[bool] = ...) -> None: ...
 
 class FedLapReply(_message.Message):
     __slots__ = ("site_mean", "site_precision", "curvature_seconds")

@@ -12,7 +12,7 @@ from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, site_step
+from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, curvature_damping, site_step
 from fedbayes.strategies.membership import client_population
 
 
@@ -51,7 +51,9 @@ def local_update(local: LocalRound) -> LocalResult:
         runtime.model.cpu()
         curvature_seconds = time.perf_counter() - started
     rho = client_damping(covariance, local.num_examples, known_clients, known_examples, instruction.site_damping)
-    site = site_step(site, weights, curvature, global_mean, global_precision, rho, local.server_round)
+    # FedLap has no curvature: its ρ_k is the paper's under either rule
+    step = curvature_damping(rho, curvature, precision) if covariance and instruction.curvature_damping else rho
+    site = site_step(site, weights, curvature, global_mean, global_precision, step, local.server_round)
     precision_wire = unflatten(site.precision.numpy(), runtime.layout) if covariance else {}
     return LocalResult(
         pb.FedLapReply(curvature_seconds=curvature_seconds),

@@ -28,10 +28,11 @@ def site_step(
     curvature: torch.Tensor,
     global_mean: torch.Tensor,
     global_precision: torch.Tensor,
-    rho: float,
+    rho: float | torch.Tensor,
     server_round: int,
 ) -> Site:
-    """[P] Eq. 21: S_k = H_k − V_k + S_g (old V_k); v_k += ρ(S_k w_k − S_g w_g); V_k += ρ(H_k − V_k)."""
+    """[P] Eq. 21: S_k = H_k − V_k + S_g (old V_k); v_k += ρ(S_k w_k − S_g w_g); V_k += ρ(H_k − V_k); ρ a number or
+    one per coordinate."""
     local_precision = curvature - site.precision + global_precision
     return Site(
         site.mean + rho * (local_precision * local_mean - global_precision * global_mean),
@@ -75,6 +76,21 @@ def client_damping(
     if covariance or known_examples == 0:
         return 1.0 / known_clients
     return num_examples / known_examples
+
+
+def curvature_damping(rho: float, curvature: torch.Tensor, cavity_precision: torch.Tensor) -> torch.Tensor:
+    """ρ_k per coordinate for `site-damping-rule=curvature`: ρ_k + (1 − ρ_k)·H_k / (H_k + P_k).
+
+    The local posterior's precision H_k + P_k has two parts. Where it is the cavity's (H_k ≪ P_k), the client's step
+    away from the cavity mean m_k is driven by its gradient against the others' sites, and K clients stepping at once
+    from the same global add their displacements: with ρ_k = 1 the global moves by Σ_k (w_k − m_k), the double
+    counting of parallel PVI that the paper's 1/K ([P] App. E, after Ashman et al. 2022) turns into their mean. Where
+    the precision is the client's own curvature (H_k ≫ P_k), the site is the Laplace estimate of its own likelihood
+    and taking all of it is PVI's exact step on quadratic losses. So the cavity's share moves by ρ_k, the client's own
+    share in full. FedLap (H_k = 0) keeps ρ_k; the fixed point, where each site no longer changes, is the same for
+    every ρ_k > 0."""
+    own_share = curvature / (curvature + cavity_precision)
+    return rho + (1.0 - rho) * own_share
 
 
 def as_sent(flat: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,7 @@ class FedLap(ServerStrategy[FedLapState]):
             max_grad_norm=self.hyperparameters.max_grad_norm,
             covariance=self.covariance,
             site_damping=self.hyperparameters.site_damping,
+            curvature_damping=self.hyperparameters.site_damping_rule == "curvature",
         )
         precisions = unflatten(self.global_precision.numpy(), self.layout) if self.covariance else {}
         return instruction, {

@@ -21,3 +21,9 @@ class FedLapSettings:
         "FedLap, 1/K for FedLap-Cov",
         DAMPING,
     )
+    site_damping_rule: str = key(
+        "curvature",
+        "FedLap-Cov: curvature = ρ_k on the cavity's share of the local precision only, the client's own curvature's "
+        "share takes its whole step (docs/algorithms/fedlap.md); paper = ρ_k for every coordinate. FedLap: the same",
+        choices=("curvature", "paper"),
+    )

@@ -69,15 +69,23 @@ def test_a_round_one_client_that_never_replies_leaves_its_share_unclaimed(tmp_pa
     torch.testing.assert_close(server.state.unclaimed, initial / 3, rtol=1e-6, atol=1e-7)
 
 
-def test_site_damping_reaches_the_clients_site_step(tmp_path):
+def test_site_damping_and_its_rule_reach_the_clients_site_step(tmp_path):
     """Round 1 trains the same from the same init whatever ρ_k, and its site step from V_k = 0 gives V_k = ρ_k H_k:
-    the sites with `site-damping=1` hold K = 3 times the precision of the paper's ρ_k = 1/K."""
+    with `site-damping=1` V_k = H_k, with the paper's rule H_k/K (K = 3), and with the default curvature rule
+    (1/K + (1 − 1/K)·H_k/(H_k + P_k))·H_k, P_k = δ = 0.5 in round 1 (no sites yet)."""
     precisions = {}
-    for site_damping in (0.0, 1.0):
-        config = {"strategy": "fedlap-cov", "prior-precision": 0.5, "lr": 0.05, "site-damping": site_damping}
-        federation = InProcessFederation(tmp_path / str(site_damping), config, sizes=[12, 30, 20])
+    for name, keys in (
+        ("one", {"site-damping": 1.0}),
+        ("paper", {"site-damping-rule": "paper"}),
+        ("curvature", {}),
+    ):
+        config = {"strategy": "fedlap-cov", "prior-precision": 0.5, "lr": 0.05, **keys}
+        federation = InProcessFederation(tmp_path / name, config, sizes=[12, 30, 20])
         federation.round(1, [1, 2, 3])
         stores = [federation.runtimes[node].state_store("fed") for node in (1, 2, 3)]
-        precisions[site_damping] = torch.stack([newest_state(store).tensors["site_precision"] for store in stores])
-    assert (precisions[1.0] > 0).any()
-    torch.testing.assert_close(precisions[1.0], 3 * precisions[0.0], rtol=1e-6, atol=1e-12)
+        precisions[name] = torch.stack([newest_state(store).tensors["site_precision"] for store in stores])
+    curvature = precisions["one"]
+    assert (curvature > 0).any()
+    torch.testing.assert_close(curvature, 3 * precisions["paper"], rtol=1e-6, atol=1e-12)
+    expected = (1 / 3 + 2 / 3 * curvature / (curvature + 0.5)) * curvature
+    torch.testing.assert_close(precisions["curvature"], expected, rtol=1e-6, atol=1e-12)

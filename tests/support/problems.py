@@ -10,7 +10,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedbayes.strategies.fedlap.math import Site, cavity, client_damping, global_from_sites, site_step
+from fedbayes.strategies.fedlap.math import (
+    Site,
+    cavity,
+    client_damping,
+    curvature_damping,
+    global_from_sites,
+    site_step,
+)
 
 # K = 4 heterogeneous clients, N_k below; d = 5 with a bias column. ℓ_k is the SUM loss over the client's data.
 SIZES = (10, 10, 20, 40)
@@ -130,8 +137,9 @@ def initial_sites(problem, delta, w0):
     return [Site(torch.full_like(w0, delta) * w0 / count, torch.zeros_like(w0)) for _ in range(count)]
 
 
-def fedlap_round(problem, sites, delta, covariance, server_round=1):
-    """One round, every client: exact local solve of ℓ_k + ½(w − m_k)·P_k(w − m_k), H_k = diag Hessian (Cov)."""
+def fedlap_round(problem, sites, delta, covariance, server_round=1, curvature_rule=False):
+    """One round, every client: exact local solve of ℓ_k + ½(w − m_k)·P_k(w − m_k), H_k = diag Hessian (Cov); the
+    paper's ρ_k, or with `curvature_rule` `site-damping-rule=curvature`'s."""
     total, count = sum(problem.sizes), len(problem.sizes)
     global_mean, global_precision = global_from_sites(
         torch.stack([s.mean for s in sites]).sum(0), torch.stack([s.precision for s in sites]).sum(0), delta
@@ -144,17 +152,19 @@ def fedlap_round(problem, sites, delta, covariance, server_round=1):
             torch.from_numpy(np.diag(problem.hess(k, local.numpy())).copy()) if covariance else torch.zeros_like(local)
         )
         rho = client_damping(covariance, problem.sizes[k], count, total)
+        if curvature_rule:
+            rho = curvature_damping(rho, curvature, precision)
         new_sites.append(site_step(site, local, curvature, global_mean, global_precision, rho, server_round))
         locals_.append(local)
         local_precisions.append(curvature - site.precision + global_precision)
     return new_sites, locals_, local_precisions
 
 
-def run_fedlap(problem, delta, covariance, rounds, seed=0):
+def run_fedlap(problem, delta, covariance, rounds, seed=0, curvature_rule=False):
     w0 = torch.from_numpy(np.random.default_rng(seed).normal(size=problem.dim))
     sites = initial_sites(problem, delta, w0)
     for server_round in range(1, rounds + 1):
-        sites, locals_, _ = fedlap_round(problem, sites, delta, covariance, server_round)
+        sites, locals_, _ = fedlap_round(problem, sites, delta, covariance, server_round, curvature_rule)
     mean, precision = global_from_sites(
         torch.stack([s.mean for s in sites]).sum(0), torch.stack([s.precision for s in sites]).sum(0), delta
     )
