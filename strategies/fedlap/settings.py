@@ -24,6 +24,7 @@ class FedLapSettings:
     site_damping_rule: str = key(
         "curvature",
         "FedLap-Cov: curvature = ρ_k on the cavity's share of the local precision only, the client's own curvature's "
-        "share takes its whole step (docs/algorithms/fedlap.md); paper = ρ_k for every coordinate. FedLap: the same",
+        "share takes its whole step (docs/algorithms/fedlap.md); paper = ρ_k on every coordinate. FedLap has no "
+        "curvature: both are the paper's rule",
         choices=("curvature", "paper"),
     )
