@@ -33,7 +33,7 @@ a round, 10 + 1, so that the forgotten client has had its turn) into benchmarks/
 `--label NAME` keeps another protocol's runs (e.g. more rounds) apart, in benchmarks/results/forget/NAME/.
 
     python benchmarks/forget.py [--rounds 20] [--refine-rounds 5] [--seed 0] \
-        [--strategies bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg]
+        [--strategies bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg] [--label NAME --set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -60,6 +61,7 @@ from fedbayes.bayes.gaussian import kl_divergence
 from fedbayes.bayes.metrics import classification_metrics, predict_probs
 from fedbayes.bayes.params import flatten, get_parameters, set_parameters
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
+from fedbayes.deploy.launcher import parse_override
 from fedbayes.protos.codec import payload_bytes
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.forget import AuditLog, ClientLink, ForgetRequest, Forgetting
@@ -91,7 +93,7 @@ SMOKE = {"model": "logreg", "local-epochs": 1, "particles": 3, "local-steps": 2,
 log = logging.getLogger("bench")
 
 
-def settings_for(strategy: str, seed: int, smoke: bool) -> RunSettings:
+def settings_for(strategy: str, seed: int, smoke: bool, overrides: dict[str, Any] | None = None) -> RunSettings:
     preset = DSVGD_SETTING if strategy == "dsvgd" else {**COMMON, **PRESETS[(strategy, "dirichlet")]}
     return run_settings(
         {
@@ -104,6 +106,7 @@ def settings_for(strategy: str, seed: int, smoke: bool) -> RunSettings:
             "split": "dirichlet",
             "seed": seed,
             "ensemble-samples": ENSEMBLE,
+            **(overrides or {}),
         }
     )
 
@@ -387,7 +390,7 @@ def client_with_most_examples(settings: RunSettings, workdir: Path) -> int:
 
 
 def run_strategy(strategy: str, args: argparse.Namespace, results: Path) -> dict:
-    settings = settings_for(strategy, args.seed, args.smoke)
+    settings = settings_for(strategy, args.seed, args.smoke, dict(args.set))
     test = load_dataset(settings.dataset, train=False).scaled(settings.input_scale)
     phases = {name: Phase(results, args.workdir, strategy, name, args.seed) for name in ("full", "retrain", "forget")}
     forgotten = client_with_most_examples(settings, phases["full"].directory.parent)
@@ -495,7 +498,10 @@ def main() -> None:
     parser.add_argument(
         "--label", default="", help="results in benchmarks/results/forget/LABEL/ (another protocol than the table's)"
     )
+    parser.add_argument("--set", action="append", type=parse_override, default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if args.set and not args.label:
+        parser.error("--set changes the protocol: give its runs a --label")
     if args.smoke:
         args.rounds, args.refine_rounds, args.workdir = 2, 1, args.workdir / "smoke"
     results = RESULTS / ("smoke" if args.smoke else args.label)
