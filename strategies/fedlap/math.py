@@ -83,7 +83,7 @@ def curvature_damping(rho: float, curvature: torch.Tensor, cavity_precision: tor
 
     The local posterior's precision H_k + P_k has two parts. Where it is the cavity's (H_k ≪ P_k), the client's step
     away from the cavity mean m_k is driven by its gradient against the others' sites, and K clients stepping at once
-    from the same global add their displacements: with ρ_k = 1 the global moves by Σ_k (w_k − m_k), the double
+    from the same global add their displacements: with ρ_k = 1 the global moves by Σ_k (w_k − w_g), the double
     counting of parallel PVI that the paper's 1/K ([P] App. E, after Ashman et al. 2022) turns into their mean. Where
     the precision is the client's own curvature (H_k ≫ P_k), the site is the Laplace estimate of its own likelihood
     and taking all of it is PVI's exact step on quadratic losses. So the cavity's share moves by ρ_k, the client's own
