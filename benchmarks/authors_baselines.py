@@ -1,13 +1,14 @@
-"""The BayesADMM authors' own FedAvg, FedProx and FedLap on their own FMNIST-10% splits (issue 30, item 2): do the paper's
-baseline rows come out of the code whose protocol our `bayesadmm-paper` preset copies?
+"""The BayesADMM authors' own FedAvg, FedProx and FedLap on their own FMNIST-10% splits (issue 30, item 2): do the
+paper's baseline rows come out of the code whose protocol our `bayesadmm-paper` preset copies?
 
-The paper ([C] Table 1) takes its FedAvg and FedProx rows from Swaroop et al. ([P]), "as our setup is identical"; our
-rows under that protocol are 1.1-3.5 points above them on the heterogeneous split (FedLap, 1.1-3.6 below). Protocol differences no run-config
-key expresses remain (deploy/presets.py, REF_DIFFERENCES): the authors' code keeps each client's Adam state from round
-to round, gives every client the same minibatch order every round, uses an unsquared proximal norm and its own
-split. This script runs that code (team-approx-bayes/bayes-admm, `train.py`; a checkout with Fashion-MNIST under
-DIR/data/FashionMNIST/raw, as benchmarks/startup_shutdown.py needs) with the preset's values for each method: if its
-rows land where ours do, the paper's rows are not what this code gives, and the gap is not in our implementation.
+The paper ([C] Table 1) takes its baseline rows from Swaroop et al. ([P]), "as our setup is identical"; our rows
+under that protocol are 1.1-3.5 points above its FedAvg and FedProx on the heterogeneous split and 1.1-3.6 below its
+FedLap. Protocol differences no run-config key expresses remain (deploy/presets.py, REF_DIFFERENCES): the authors'
+code keeps each client's Adam state from round to round, gives every client the same minibatch order every round,
+uses an unsquared proximal norm and its own split. This script runs that code (team-approx-bayes/bayes-admm,
+`train.py`; a checkout with Fashion-MNIST under DIR/data/FashionMNIST/raw, as benchmarks/startup_shutdown.py needs)
+with the preset's values for each method: if its rows land where ours do, the paper's rows are not what this code
+gives, and the gap is not in our implementation.
 
 What is set (from `fedbayes presets bayesadmm-paper`): the MLP 784-200-100-10 (their MLP is sigmoid, their pixels
 raw 0-255: both fixed in their code), batch 32, Adam 1e-3, 10 local epochs, FedProx μ 0.01, FedLap δ 1 with
