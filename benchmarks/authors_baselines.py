@@ -20,6 +20,8 @@ after every round, as ours.
     python benchmarks/authors_baselines.py --authors-code /path/to/bayes-admm [--methods fedavg,fedprox]
         [--splits dirichlet,iid] [--seeds 62,63,64] [--rounds 50]
     python benchmarks/authors_baselines.py --report    # the table from the files on disk
+    python benchmarks/authors_baselines.py --authors-code DIR --splits dirichlet --seeds 62 --write-split F
+        # their split as a `split-file`, to run ours on it (`--set split-file=F` with fraction 1)
 
 Resumable: each run writes benchmarks/results/bayesadmm-paper/authors/<split>-<method>-seed<S>.jsonl, one row per
 round as their code prints it (accuracy as a fraction, NLL, seconds since the start, the load average at the start);
@@ -84,6 +86,37 @@ def authors_config(method: str, split: str, seed: int, rounds: int) -> dict:
         "log_interval_epochs": 0,
         "plot_comm_round": 0,
     }
+
+
+def write_split(code: Path, split: str, seed: int, path: Path) -> None:
+    """Their data generator's split of FMNIST-10% over the preset's clients for `seed`, as a `split-file` (per client
+    its row indices into the training file, in their order: class by class), drawn as train.py draws it (numpy
+    seeded, then the generator built)."""
+    import contextlib
+    import io
+
+    import numpy as np
+
+    sys.path.insert(0, str(code))
+    from data_generators import FederatedMNISTDataGenerator  # their module, from their checkout
+
+    here = Path.cwd()
+    os.chdir(code)  # it reads ./data/FashionMNIST
+    try:
+        np.random.seed(seed)
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints every client's count per class
+            generator = FederatedMNISTDataGenerator(
+                num_clients=BAYESADMM_PAPER.clients,
+                seed=seed,
+                dataset_proportion=BAYESADMM_PAPER.fraction,
+                fashionmnist=True,
+                data_split={"dirichlet": "non_iid", "iid": "iid"}[split],
+            )
+    finally:
+        os.chdir(here)
+    rows = [generator.client_indices_list[client].tolist() for client in range(BAYESADMM_PAPER.clients)]
+    path.write_text(json.dumps(rows))
+    print(f"{path}: {len(rows)} clients, {sum(map(len, rows))} rows, sizes {[len(r) for r in rows]}")
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -189,7 +222,20 @@ def main() -> None:
     parser.add_argument("--seeds", default="62,63,64")
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--report", action="store_true", help="only print the table from the files on disk")
+    parser.add_argument(
+        "--write-split",
+        type=Path,
+        metavar="FILE",
+        help="write their split of --splits for the first of --seeds, then stop",
+    )
     args = parser.parse_args()
+    if args.write_split:
+        if args.authors_code is None:
+            parser.error("--write-split needs --authors-code: their data generator draws the split")
+        write_split(
+            args.authors_code.resolve(), args.splits.split(",")[0], int(args.seeds.split(",")[0]), args.write_split
+        )
+        return
     if not args.report:
         if args.authors_code is None or not (args.authors_code / "train.py").is_file():
             parser.error("--authors-code must name a checkout of team-approx-bayes/bayes-admm (its train.py)")
