@@ -1,4 +1,4 @@
-"""Which of the BayesADMM authors' training details moves FedAvg's Table 1 row (issue 30, item 2), one at a time.
+"""Which of the BayesADMM authors' training details moves FedAvg's and FedProx's Table 1 rows (issue 30, item 2).
 
 Under the `bayesadmm-paper` preset our FedAvg (heterogeneous FMNIST-10%, 10 clients) ends 3.5 points above the
 paper's row, while the authors' own code with the same values lands on it (benchmarks/authors_baselines.py). What
@@ -16,10 +16,11 @@ seeds every round as round 1: an experiment, not an option of the client.
 
     python benchmarks/baseline_protocol.py --variants ours,adam-kept,same-order --seeds 0,1,2
     python benchmarks/baseline_protocol.py --variants their-split --seeds 62 --split-file heterog-62.json
+    python benchmarks/baseline_protocol.py --strategy fedprox --variants adam-kept --seeds 0,1,2
     python benchmarks/baseline_protocol.py --report
 
-Resumable: each run writes benchmarks/results/bayesadmm-paper/protocol/<variant>-seed<S>.jsonl when it has finished;
-a run whose file holds all its rounds is not run again.
+Resumable: each run writes benchmarks/results/bayesadmm-paper/protocol/<strategy>-<variant>-seed<S>.jsonl when it
+has finished; a run whose file holds all its rounds is not run again.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from fedbayes.strategies.fedavg import client as fedavg_client
 
 PROTOCOL = RESULTS / "protocol"
 VARIANTS = ("ours", "adam-kept", "same-order", "their-split")
+STRATEGIES = ("fedavg", "fedprox")
 SPLIT = "dirichlet"
 
 
@@ -60,8 +62,10 @@ def patched_training(keep_adam: bool, same_order: bool) -> Iterator[None]:
     saved: dict[str, dict] = {}
 
     def train_locally(runtime, training, server_round, proximal_mu=0.0):
-        if proximal_mu > 0.0:
-            raise SystemExit("the variants are for FedAvg (no proximal term)")
+        extra_loss = None
+        if proximal_mu > 0.0:  # FedProx: the anchor is the global model this round starts from
+            anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
+            extra_loss = fedavg_client._proximal_term(proximal_mu, anchor)
         model = runtime.model.to(runtime.device)
         optimizer = make_optimizer(model, training)
         if keep_adam and runtime.node.client_id in saved:
@@ -74,6 +78,7 @@ def patched_training(keep_adam: bool, same_order: bool) -> Iterator[None]:
             training.batch_size,
             runtime.device,
             seed=runtime.local_seed(training.seed, 1 if same_order else server_round),
+            extra_loss=extra_loss,
         )
         if keep_adam:
             saved[runtime.node.client_id] = copy.deepcopy(optimizer.state_dict())
@@ -88,12 +93,12 @@ def patched_training(keep_adam: bool, same_order: bool) -> Iterator[None]:
         fedavg_client.train_locally = original
 
 
-def run_variant(variant: str, seed: int, rounds: int, split_file: Path | None) -> Path:
-    results = PROTOCOL / f"{variant}-seed{seed}.jsonl"
+def run_variant(strategy: str, variant: str, seed: int, rounds: int, split_file: Path | None) -> Path:
+    results = PROTOCOL / f"{strategy}-{variant}-seed{seed}.jsonl"
     if results.exists() and len(results.read_text().splitlines()) >= rounds:
         print(f"{results.name}: done, not run again", flush=True)
         return results
-    overrides = BAYESADMM_PAPER.run_config("fedavg", SPLIT, BAYESADMM_PAPER.clients)
+    overrides = BAYESADMM_PAPER.run_config(strategy, SPLIT, BAYESADMM_PAPER.clients)
     fraction = BAYESADMM_PAPER.fraction
     if variant == "their-split":
         if split_file is None:
@@ -102,7 +107,7 @@ def run_variant(variant: str, seed: int, rounds: int, split_file: Path | None) -
     workdir = Path(tempfile.mkdtemp(prefix=f"protocol-{variant}-")) / "run"
     workdir.mkdir()
     spec = LocalRun(
-        strategy="fedavg",
+        strategy=strategy,
         clients=BAYESADMM_PAPER.clients,
         rounds=rounds,
         fraction=fraction,
@@ -126,28 +131,27 @@ def run_variant(variant: str, seed: int, rounds: int, split_file: Path | None) -
 def report() -> str:
     from benchmarks.reproduce_table1 import PAPER_ACCURACY
 
-    lines = [
-        "| FedAvg, heterogeneous | seeds | accuracy % at 10 / 25 / 50 | NLL at 10 / 25 / 50 |",
-        "|---|---|---|---|",
-    ]
-    groups = [(f"in one process: {variant}", sorted(PROTOCOL.glob(f"{variant}-seed*.jsonl"))) for variant in VARIANTS]
-    groups += [
-        ("network path (Table 1's rows)", sorted(RESULTS.glob(f"{SPLIT}-fedavg-seed*.jsonl"))),
-        ("the authors' code", sorted(AUTHORS.glob(f"{SPLIT}-fedavg-seed*.jsonl"))),
-    ]
-    for name, files in groups:
-        if files:
-            seeds = ", ".join(f.stem.rsplit("seed", 1)[1] for f in files)
-            lines.append(
-                f"| {name} | {seeds} | {seed_cells(files, 'accuracy', 100.0)} | {seed_cells(files, 'nll', 1.0)} |"
-            )
-    paper = " / ".join(str(v) for v in PAPER_ACCURACY[(SPLIT, "fedavg")])
-    lines.append(f"| paper | 3 | {paper} | |")
+    lines = ["| heterogeneous | code | seeds | accuracy % at 10 / 25 / 50 | NLL at 10 / 25 / 50 |"]
+    lines.append("|---|---|---|---|---|")
+    for strategy in STRATEGIES:
+        groups = [(f"in one process: {v}", sorted(PROTOCOL.glob(f"{strategy}-{v}-seed*.jsonl"))) for v in VARIANTS]
+        groups += [
+            ("network path (Table 1's rows)", sorted(RESULTS.glob(f"{SPLIT}-{strategy}-seed*.jsonl"))),
+            ("the authors' code", sorted(AUTHORS.glob(f"{SPLIT}-{strategy}-seed*.jsonl"))),
+        ]
+        for name, files in groups:
+            if files:
+                seeds = ", ".join(f.stem.rsplit("seed", 1)[1] for f in files)
+                accuracy, nll = seed_cells(files, "accuracy", 100.0), seed_cells(files, "nll", 1.0)
+                lines.append(f"| {strategy} | {name} | {seeds} | {accuracy} | {nll} |")
+        paper = " / ".join(str(v) for v in PAPER_ACCURACY[(SPLIT, strategy)])
+        lines.append(f"| {strategy} | paper | 3 | {paper} | |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategy", default="fedavg", choices=STRATEGIES)
     parser.add_argument("--variants", default="ours,adam-kept,same-order")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--rounds", type=int, default=BAYESADMM_PAPER.rounds)
@@ -161,7 +165,7 @@ def main() -> None:
             parser.error(f"unknown variant {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
         for variant in variants:
             for seed in (int(s) for s in args.seeds.split(",")):
-                run_variant(variant, seed, args.rounds, args.split_file)
+                run_variant(args.strategy, variant, seed, args.rounds, args.split_file)
     print(report())
 
 
