@@ -10,7 +10,8 @@ their code does that no run-config key expresses (deploy/presets.py, REF_DIFFERE
   their-split   their data generator's split (authors_baselines.py --write-split; --split-file F), not ours
 
 The runs are in one process (the ServerApp's and ClientApp's code on benchmarks/network_vs_inprocess.py's in-process
-grid, whose rows equal the network path's); `ours` is the preset unchanged. The two training variants replace
+grid); `ours` is the preset unchanged, the baseline each variant is read against (its rows are within 0.8 points of
+Table 1's network rows of 2026-11-26 at rounds 10 / 25 / 50, not identical to them). The two training variants replace
 FedAvg's client `train_locally` for the run with one that keeps the optimizer's state per client id in memory, or
 seeds every round as round 1: an experiment, not an option of the client.
 
