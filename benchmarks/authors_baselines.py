@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.reproduce_table1 import PAPER_ACCURACY, PAPER_NLL, REPORT_ROUNDS, last_three
 from fedbayes.deploy.presets import BAYESADMM_PAPER
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bayesadmm-paper"
@@ -51,7 +52,6 @@ AUTHORS = RESULTS / "authors"
 METHODS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedlap": "FedLap"}
 BENCHMARKS = {"dirichlet": "fashionmnist_10p_non_iid", "iid": "fashionmnist_10p_iid"}
 ROUND_LINE = re.compile(r"^Comm round (\d+): Test-acc: ([0-9.]+), test-nll: ([0-9.]+)")
-REPORT_ROUNDS = (10, 25, 50)
 
 
 def authors_config(method: str, split: str, seed: int, rounds: int) -> dict:
@@ -168,11 +168,6 @@ def run_authors(code: Path, method: str, split: str, seed: int, rounds: int) -> 
     return results
 
 
-def last_three(rows: list[dict], round_: int, key: str) -> float | None:
-    values = [row[key] for row in rows if round_ - 2 <= row["round"] <= round_]
-    return sum(values) / len(values) if len(values) == 3 else None
-
-
 def seed_cells(files: list[Path], key: str, scale: float) -> str:
     """Mean ± sd over the files' runs of the t-2..t mean at each report round."""
     cells = []
@@ -189,9 +184,6 @@ def seed_cells(files: list[Path], key: str, scale: float) -> str:
 
 
 def report() -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from reproduce_table1 import PAPER_ACCURACY, PAPER_NLL
-
     lines = [
         "| split | method | code | seeds | accuracy % at 10 / 25 / 50 | NLL at 10 / 25 / 50 |",
         "|---|---|---|---|---|---|",

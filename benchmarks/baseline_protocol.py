@@ -43,6 +43,7 @@ import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before t
 # isort: split
 from benchmarks.authors_baselines import AUTHORS, RESULTS, seed_cells
 from benchmarks.network_vs_inprocess import run_inprocess
+from benchmarks.reproduce_table1 import PAPER_ACCURACY
 from fedbayes.client.training import make_optimizer, train_epochs
 from fedbayes.deploy.launcher import LocalRun
 from fedbayes.deploy.presets import BAYESADMM_PAPER
@@ -130,8 +131,6 @@ def run_variant(strategy: str, variant: str, seed: int, rounds: int, split_file:
 
 
 def report() -> str:
-    from benchmarks.reproduce_table1 import PAPER_ACCURACY
-
     lines = ["| heterogeneous | code | seeds | accuracy % at 10 / 25 / 50 | NLL at 10 / 25 / 50 |"]
     lines.append("|---|---|---|---|---|")
     for strategy in STRATEGIES:
