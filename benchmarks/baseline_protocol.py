@@ -1,27 +1,29 @@
-"""Which of the BayesADMM authors' training details moves FedAvg's and FedProx's Table 1 rows (issue 30, item 2).
+"""Which of the BayesADMM authors' training details moves the baselines' Table 1 rows (issue 30, item 2).
 
 Under the `bayesadmm-paper` preset our FedAvg (heterogeneous FMNIST-10%, 10 clients) ends 3.5 points above the
-paper's row, while the authors' own code with the same values lands on it (benchmarks/authors_baselines.py). What
-their code does that no run-config key expresses (deploy/presets.py, REF_DIFFERENCES), each switched on alone here:
+paper's row, while the authors' own code with the same values lands on it (benchmarks/authors_baselines.py); our
+FedLap ends below its row, and our FedDyn's homogeneous early rounds too. What their code does that no run-config key
+expresses (deploy/presets.py, REF_DIFFERENCES), each switched on alone here:
 
   adam-kept     each client's Adam state (moments, step count) carries over from round to round: their worker builds
-                its optimizer once; ours builds a fresh one every round
+                its optimizer once, for every method; ours builds a fresh one every round
   same-order    every round draws the minibatch order of round 1: their worker reseeds with its seed at every call
   their-split   their data generator's split (authors_baselines.py --write-split; --split-file F), not ours
 
 The runs are in one process (the ServerApp's and ClientApp's code on benchmarks/network_vs_inprocess.py's in-process
-grid); `ours` is the preset unchanged, the baseline each variant is read against (its rows are within 0.8 points of
-Table 1's network rows of 2026-11-26 at rounds 10 / 25 / 50, not identical to them). The two training variants replace
-FedAvg's client `train_locally` for the run with one that keeps the optimizer's state per client id in memory, or
-seeds every round as round 1: an experiment, not an option of the client.
+grid); `ours` is the preset unchanged, the baseline each variant is read against (FedAvg's rows are within 0.8 points
+of Table 1's network rows of 2026-11-26 at rounds 10 / 25 / 50, not identical to them). The training variants wrap the
+strategy's client training for the run (an experiment, not an option of the client): adam-kept loads the client's last
+optimizer state into the fresh optimizer and keeps the new one per client id in memory; same-order seeds every round
+as round 1.
 
     python benchmarks/baseline_protocol.py --variants ours,adam-kept,same-order --seeds 0,1,2
     python benchmarks/baseline_protocol.py --variants their-split --seeds 62 --split-file heterog-62.json
-    python benchmarks/baseline_protocol.py --strategy fedprox --variants adam-kept --seeds 0,1,2
+    python benchmarks/baseline_protocol.py --strategy fedlap --split iid --variants ours,adam-kept --seeds 0
     python benchmarks/baseline_protocol.py --report
 
-Resumable: each run writes benchmarks/results/bayesadmm-paper/protocol/<strategy>-<variant>-seed<S>.jsonl when it
-has finished; a run whose file holds all its rounds is not run again.
+Resumable: each run writes benchmarks/results/bayesadmm-paper/protocol/<split>-<strategy>-<variant>-seed<S>.jsonl
+when it has finished; a run whose file holds all its rounds is not run again.
 """
 
 from __future__ import annotations
@@ -33,74 +35,91 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before torch and flwr)
 
 # isort: split
+import torch
+
 from benchmarks.authors_baselines import AUTHORS, RESULTS, seed_cells
 from benchmarks.network_vs_inprocess import run_inprocess
 from benchmarks.reproduce_table1 import PAPER_ACCURACY
-from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.client import training
+from fedbayes.client.runtime import ClientRuntime
 from fedbayes.deploy.launcher import LocalRun
 from fedbayes.deploy.presets import BAYESADMM_PAPER
 from fedbayes.strategies.fedavg import client as fedavg_client
+from fedbayes.strategies.feddyn import client as feddyn_client
+from fedbayes.strategies.fedlap import client as fedlap_client
 
 PROTOCOL = RESULTS / "protocol"
 VARIANTS = ("ours", "adam-kept", "same-order", "their-split")
-STRATEGIES = ("fedavg", "fedprox")
-SPLIT = "dirichlet"
+SPLITS = ("dirichlet", "iid")
+# strategy -> (the client module, its training function that takes the runtime first, the module whose
+# make_optimizer that function calls)
+TRAINERS = {
+    "fedavg": (fedavg_client, "train_locally", fedavg_client),
+    "fedprox": (fedavg_client, "train_locally", fedavg_client),
+    "feddyn": (feddyn_client, "train_anchored", training),
+    "fedlap": (fedlap_client, "train_anchored", training),
+}
+
+
+class KeptOptimizers:
+    """Each client's optimizer state, carried from one round's training to its next (the authors' worker)."""
+
+    def __init__(self, make_fresh: Callable[..., torch.optim.Optimizer]) -> None:
+        self.make_fresh = make_fresh
+        self.states: dict[str, dict] = {}
+        self.client: str | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def make(self, model: torch.nn.Module, local_training) -> torch.optim.Optimizer:
+        optimizer = self.make_fresh(model, local_training)
+        if self.client in self.states:
+            optimizer.load_state_dict(self.states[self.client])
+        self.optimizer = optimizer
+        return optimizer
+
+    def around(self, train: Callable) -> Callable:
+        def train_keeping_state(runtime, *args, **kwargs):
+            self.client = runtime.node.client_id
+            result = train(runtime, *args, **kwargs)
+            assert self.optimizer is not None, "the training built no optimizer"
+            self.states[self.client] = copy.deepcopy(self.optimizer.state_dict())
+            return result
+
+        return train_keeping_state
 
 
 @contextlib.contextmanager
-def patched_training(keep_adam: bool, same_order: bool) -> Iterator[None]:
-    """FedAvg's client training with the optimizer's state kept per client, or round 1's minibatch order."""
-    if not (keep_adam or same_order):
-        yield
-        return
-    saved: dict[str, dict] = {}
-
-    def train_locally(runtime, training, server_round, proximal_mu=0.0):
-        extra_loss = None
-        if proximal_mu > 0.0:  # FedProx: the anchor is the global model this round starts from
-            anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
-            extra_loss = fedavg_client._proximal_term(proximal_mu, anchor)
-        model = runtime.model.to(runtime.device)
-        optimizer = make_optimizer(model, training)
-        if keep_adam and runtime.node.client_id in saved:
-            optimizer.load_state_dict(saved[runtime.node.client_id])
-        losses = train_epochs(
-            model,
-            runtime.data,
-            optimizer,
-            training.epochs,
-            training.batch_size,
-            runtime.device,
-            seed=runtime.local_seed(training.seed, 1 if same_order else server_round),
-            extra_loss=extra_loss,
-        )
+def patched_training(strategy: str, keep_adam: bool, same_order: bool) -> Iterator[None]:
+    """The strategy's client training with the optimizer's state kept per client, or round 1's minibatch order."""
+    with contextlib.ExitStack() as patches:
         if keep_adam:
-            saved[runtime.node.client_id] = copy.deepcopy(optimizer.state_dict())
-        model.cpu()
-        return losses
-
-    original = fedavg_client.train_locally
-    fedavg_client.train_locally = train_locally
-    try:
+            module, name, optimizer_module = TRAINERS[strategy]
+            kept = KeptOptimizers(optimizer_module.make_optimizer)
+            patches.enter_context(mock.patch.object(optimizer_module, "make_optimizer", kept.make))
+            patches.enter_context(mock.patch.object(module, name, kept.around(getattr(module, name))))
+        if same_order:
+            round_seed = ClientRuntime.local_seed
+            patches.enter_context(
+                mock.patch.object(ClientRuntime, "local_seed", lambda self, seed, _round: round_seed(self, seed, 1))
+            )
         yield
-    finally:
-        fedavg_client.train_locally = original
 
 
-def run_variant(strategy: str, variant: str, seed: int, rounds: int, split_file: Path | None) -> Path:
-    results = PROTOCOL / f"{strategy}-{variant}-seed{seed}.jsonl"
+def run_variant(strategy: str, split: str, variant: str, seed: int, rounds: int, split_file: Path | None) -> Path:
+    results = PROTOCOL / f"{split}-{strategy}-{variant}-seed{seed}.jsonl"
     if results.exists() and len(results.read_text().splitlines()) >= rounds:
         print(f"{results.name}: done, not run again", flush=True)
         return results
-    overrides = BAYESADMM_PAPER.run_config(strategy, SPLIT, BAYESADMM_PAPER.clients)
+    overrides = BAYESADMM_PAPER.run_config(strategy, split, BAYESADMM_PAPER.clients)
     fraction = BAYESADMM_PAPER.fraction
     if variant == "their-split":
         if split_file is None:
@@ -113,14 +132,14 @@ def run_variant(strategy: str, variant: str, seed: int, rounds: int, split_file:
         clients=BAYESADMM_PAPER.clients,
         rounds=rounds,
         fraction=fraction,
-        split=SPLIT,
+        split=split,
         seed=seed,
         workdir=workdir,
         quiet=True,
         overrides=overrides,
     )
     try:
-        with patched_training(keep_adam=variant == "adam-kept", same_order=variant == "same-order"):
+        with patched_training(strategy, keep_adam=variant == "adam-kept", same_order=variant == "same-order"):
             rows = run_inprocess(spec.run_config(workdir, workdir / "results.jsonl"), spec.clients, workdir, True)
     finally:
         shutil.rmtree(workdir.parent, ignore_errors=True)
@@ -131,27 +150,33 @@ def run_variant(strategy: str, variant: str, seed: int, rounds: int, split_file:
 
 
 def report() -> str:
-    lines = ["| heterogeneous | code | seeds | accuracy % at 10 / 25 / 50 | NLL at 10 / 25 / 50 |"]
-    lines.append("|---|---|---|---|---|")
-    for strategy in STRATEGIES:
-        groups = [(f"in one process: {v}", sorted(PROTOCOL.glob(f"{strategy}-{v}-seed*.jsonl"))) for v in VARIANTS]
-        groups += [
-            ("network path (Table 1's rows)", sorted(RESULTS.glob(f"{SPLIT}-{strategy}-seed*.jsonl"))),
-            ("the authors' code", sorted(AUTHORS.glob(f"{SPLIT}-{strategy}-seed*.jsonl"))),
-        ]
-        for name, files in groups:
-            if files:
-                seeds = ", ".join(f.stem.rsplit("seed", 1)[1] for f in files)
-                accuracy, nll = seed_cells(files, "accuracy", 100.0), seed_cells(files, "nll", 1.0)
-                lines.append(f"| {strategy} | {name} | {seeds} | {accuracy} | {nll} |")
-        paper = " / ".join(str(v) for v in PAPER_ACCURACY[(SPLIT, strategy)])
-        lines.append(f"| {strategy} | paper | 3 | {paper} | |")
+    lines = ["| split | strategy | code | seeds | accuracy % at 10 / 25 / 50 | NLL at 10 / 25 / 50 |"]
+    lines.append("|---|---|---|---|---|---|")
+    for split in SPLITS:
+        for strategy in TRAINERS:
+            groups = [
+                (f"in one process: {v}", sorted(PROTOCOL.glob(f"{split}-{strategy}-{v}-seed*.jsonl"))) for v in VARIANTS
+            ]
+            groups += [
+                ("network path (Table 1's rows)", sorted(RESULTS.glob(f"{split}-{strategy}-seed*.jsonl"))),
+                ("the authors' code", sorted(AUTHORS.glob(f"{split}-{strategy}-seed*.jsonl"))),
+            ]
+            if not any(files for name, files in groups if name.startswith("in one process")):
+                continue
+            for name, files in groups:
+                if files:
+                    seeds = ", ".join(f.stem.rsplit("seed", 1)[1] for f in files)
+                    accuracy, nll = seed_cells(files, "accuracy", 100.0), seed_cells(files, "nll", 1.0)
+                    lines.append(f"| {split} | {strategy} | {name} | {seeds} | {accuracy} | {nll} |")
+            paper = " / ".join(str(v) for v in PAPER_ACCURACY[(split, strategy)])
+            lines.append(f"| {split} | {strategy} | paper | 3 | {paper} | |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategy", default="fedavg", choices=STRATEGIES)
+    parser.add_argument("--strategy", default="fedavg", choices=tuple(TRAINERS))
+    parser.add_argument("--split", default="dirichlet", choices=SPLITS)
     parser.add_argument("--variants", default="ours,adam-kept,same-order")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--rounds", type=int, default=BAYESADMM_PAPER.rounds)
@@ -165,7 +190,7 @@ def main() -> None:
             parser.error(f"unknown variant {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
         for variant in variants:
             for seed in (int(s) for s in args.seeds.split(",")):
-                run_variant(args.strategy, variant, seed, args.rounds, args.split_file)
+                run_variant(args.strategy, args.split, variant, seed, args.rounds, args.split_file)
     print(report())
 
 
