@@ -71,7 +71,8 @@ TRAINERS = {
 
 
 class KeptOptimizers:
-    """Each client's optimizer state, carried from one round's training to its next (the authors' worker)."""
+    """Each client's optimizer state, carried from one round's training to its next (the authors' worker). One
+    current client suffices: the in-process grid trains its clients one after another."""
 
     def __init__(self, make_fresh: Callable[..., torch.optim.Optimizer]) -> None:
         self.make_fresh = make_fresh
