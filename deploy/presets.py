@@ -161,7 +161,7 @@ BAYESADMM_BY_SPLIT = {
 REF_DIFFERENCES = (
     "REF keeps each client's Adam state from round to round; ours starts a fresh optimizer every round (measured: "
     "kept, our FedAvg lands on the paper's row, 3.6 points lower at round 50, and homogeneous FedLap within 1 point "
-    "of it, 3.1 higher; docs/results/table1.md)",
+    "of it, 2.6 higher; docs/results/table1.md)",
     "REF gives the baselines the same minibatch order every round (it reseeds); ours draws a new one",
     "REF's proximal terms (FedProx, FedLap) use an unsquared norm; ours, the papers' squared one",
     "REF's FedDyn scales α by N_k/N (and the last client's value wins); ours follows FedDyn's α·N/(K·N_k)",
