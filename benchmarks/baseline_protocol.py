@@ -89,7 +89,7 @@ class KeptOptimizers:
 
     def around(self, train: Callable) -> Callable:
         def train_keeping_state(runtime, *args, **kwargs):
-            self.client = runtime.node.client_id
+            self.client, self.optimizer = runtime.node.client_id, None  # never save the last client's optimizer
             result = train(runtime, *args, **kwargs)
             assert self.optimizer is not None, "the training built no optimizer"
             self.states[self.client] = copy.deepcopy(self.optimizer.state_dict())
