@@ -1,6 +1,6 @@
 """The README's simulation command (Flower's Ray engine, 20 virtual clients) through `fedbayes run`: every
-run that names no federation is a new one, a named one resumes, a refused resume fails the command with
-the reason on one line, and nothing it started is left running."""
+run that names no federation is a new one, the command it prints resumes it, a refused resume fails the command
+with the reason on one line, and nothing it started is left running."""
 
 from __future__ import annotations
 
@@ -53,53 +53,38 @@ def rounds_in(results: Path) -> list[int]:
     return [json.loads(line)["round"] for line in results.read_text().splitlines()]
 
 
-@pytest.mark.timeout(1200)  # two simulations in a row
-def test_the_readme_command_twice_with_other_settings_trains_twice(tmp_path):
-    """Issue 19: the second run used to fail on the first one's checkpoint (or do nothing), and exit 0."""
-    runs = tmp_path / "runs"
-    command = simulation_command(runs).replace("num-server-rounds=5", "num-server-rounds=2")
-    first = run_shell(command, tmp_path)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert rounds_in(runs / "sim.jsonl") == [1, 2]
-    assert processes_of(runs / "sim-home") == [], "the simulation SuperLink and Ray must be stopped"
-
-    second = run_shell(f"{command} -c 'model=\"logreg\" fraction-train=0.1'", tmp_path)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    rows = [json.loads(line) for line in (runs / "sim.jsonl").read_text().splitlines()]
-    assert [row["round"] for row in rows] == [1, 2] and all(row["clients_sent"] == 2 for row in rows), rows
-    assert processes_of(runs / "sim-home") == []
-    federations = sorted(path.name for path in (tmp_path / "server-state").iterdir())
-    assert len(federations) == 2, federations
-    for run, federation in zip((first, second), federations):
-        assert f'new federation "{federation}"' in run.stdout
-        assert f"-c 'federation=\"{federation}\"'" in run.stdout  # the command that resumes it
-        assert "\x1b[" not in run.stdout, "output that is no terminal has no colour codes"
-        assert "FutureWarning" not in run.stdout + run.stderr
+RESUME_HINT = re.compile(r"^fedbayes: federation (\S+); to resume it after an interruption: (.+)$", re.MULTILINE)
 
 
-@pytest.mark.timeout(1200)  # three simulations in a row; on a loaded 2-core machine each can take minutes
-def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_path):
+@pytest.mark.timeout(1200)  # four simulations in a row; on a loaded 2-core machine each can take minutes
+def test_a_run_resumes_with_the_command_it_printed_and_the_readme_command_with_other_settings_starts_anew(tmp_path):
+    """The README command is a new federation that prints the command resuming it. Killed after round 1, that
+    command with other settings is refused (the reason on one line), as printed it resumes. The README command with
+    other settings then trains a new federation (issue 19: it used to fail on the first one's checkpoint, or do
+    nothing, and exit 0)."""
     runs = tmp_path / "runs"
     command = simulation_command(runs).replace("num-server-rounds=5", "num-server-rounds=3")
-    named = f"{command} -c 'federation=\"kept\"'"
     # exec: the signal below goes to `fedbayes run` itself, as a Ctrl-C or `kill` would
     interrupted = subprocess.Popen(
-        ["bash", "-c", named.replace("fedbayes run ", "exec fedbayes run ")],
+        ["bash", "-c", command.replace("fedbayes run ", "exec fedbayes run ")],
         cwd=ROOT,
         env=simulation_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    read_until(interrupted, lambda line: "round   1/3 |" in line)
+    output = "".join(read_until(interrupted, lambda line: "round   1/3 |" in line))
+    (federation, resume_command), *_ = RESUME_HINT.findall(output)
+    assert f'new federation "{federation}"' in output and resume_command.endswith(f"-c 'federation=\"{federation}\"'")
     # Round 1's row comes before its checkpoint; stopped between them the federation would start over (no
     # checkpoint to refuse or resume from), so stop it once round 1's checkpoint is on disk.
-    wait_for_file(tmp_path / "server-state" / "kept" / "checkpoint-1.safetensors", "round 1 was never checkpointed")
+    wait_for_file(tmp_path / "server-state" / federation / "checkpoint-1.safetensors", "round 1 was never checkpointed")
     interrupted.send_signal(signal.SIGTERM)
     assert interrupted.wait(timeout=120) == 143
-    assert processes_of(runs / "sim-home") == []
+    assert processes_of(runs / "sim-home") == [], "the simulation SuperLink and Ray must be stopped"
 
-    refused = run_shell(f"{named} -c 'model=\"logreg\"'", tmp_path)
+    flwr_home = command[: command.index("\n") + 1]  # the README's `export FLWR_HOME=...` line
+    refused = run_shell(f"{flwr_home}{resume_command} -c 'model=\"logreg\"'", tmp_path)
     assert refused.returncode == 1
     last = refused.stderr.strip().splitlines()[-1]
     assert (
@@ -108,11 +93,26 @@ def test_a_named_federation_resumes_after_a_kill_and_refuses_other_settings(tmp_
     ), refused.stderr[-3000:]
     assert processes_of(runs / "sim-home") == []
 
-    resumed = run_shell(named, tmp_path)
+    resumed = run_shell(f"{flwr_home}{resume_command}", tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert re.search(r"resuming after round [12] ", resumed.stdout), resumed.stdout[-3000:]
     assert rounds_in(runs / "sim.jsonl") == [1, 2, 3]
     assert processes_of(runs / "sim-home") == []
+
+    other = run_shell(
+        f"{command.replace('num-server-rounds=3', 'num-server-rounds=2')} -c 'model=\"logreg\" fraction-train=0.1'",
+        tmp_path,
+    )
+    assert other.returncode == 0, other.stdout[-3000:] + other.stderr[-3000:]
+    (new_federation, _), *_ = RESUME_HINT.findall(other.stdout)
+    assert new_federation != federation and f'new federation "{new_federation}"' in other.stdout
+    rows = [json.loads(line) for line in (runs / "sim.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == [1, 2] and all(row["clients_sent"] == 2 for row in rows), rows
+    assert sorted(path.name for path in (tmp_path / "server-state").iterdir()) == sorted((federation, new_federation))
+    assert processes_of(runs / "sim-home") == []
+    for run in (refused, resumed, other):
+        assert "\x1b[" not in run.stdout, "output that is no terminal has no colour codes"
+        assert "FutureWarning" not in run.stdout + run.stderr
 
 
 def test_a_submission_flower_refuses_fails_the_command(tmp_path):
