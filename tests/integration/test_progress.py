@@ -18,15 +18,15 @@ from tests.support import ROOT
 from tests.support.processes import cli_env
 from tests.support.terminal import ROW, open_terminal, read_all, rendered
 
-# A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s.
+# A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s (the lines
+# made here: importing the ServerApp's loop would cost the stand-in torch's import, 4 CPU-s).
+ROUND_LINES = [f"INFO :      {progress_line(ROW | {'round': number}, 2)}" for number in (1, 2)]
 FAKE_FLWR = textwrap.dedent("""
-    import sys, time
-    from fedbayes.server.loop import progress_line
-    row = {ROW!r}
+    import time
     print("Successfully started run 7", flush=True)
-    for number in (1, 2):
+    for line in {ROUND_LINES!r}:
         time.sleep(1.5)
-        print("INFO :      " + progress_line(row | {{"round": number}}, 2), flush=True)
+        print(line, flush=True)
 """)
 STREAM = (
     "import os, sys; from fedbayes.deploy.flwr_run import stream; "
@@ -36,7 +36,7 @@ STREAM = (
 
 def run_stream(stdout) -> subprocess.Popen:
     """deploy/flwr_run.py `stream`, as `fedbayes run` calls it, on the fake `flwr run`'s output."""
-    code = STREAM.format(fake=FAKE_FLWR.format(ROW=ROW))
+    code = STREAM.format(fake=FAKE_FLWR.format(ROUND_LINES=ROUND_LINES))
     return subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -55,9 +55,7 @@ def test_fedbayes_run_shows_a_live_line_on_a_terminal():
     assert process.wait(timeout=60) == 0, output
     screen = rendered(output)
     assert screen[0] == "Successfully started run 7"
-    assert [line for line in screen if "round   " in line] == [
-        f"INFO :      {progress_line(ROW | {'round': number}, 2)}" for number in (1, 2)
-    ]
+    assert [line for line in screen if "round   " in line] == ROUND_LINES
     assert re.fullmatch(r"round 2/2 \| \d+:\d\d elapsed \| ETA 0:00 \| accuracy 0.6356 \| clients 2/3", screen[-1])
     # redrawn while waiting: the elapsed time ticks between the rounds, in place
     assert "0:01 elapsed | waiting for the first round" in output and "0:02 elapsed" in output
