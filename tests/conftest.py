@@ -17,10 +17,9 @@ os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
 os.environ["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import sys  # noqa: E402
 
-torch.set_num_threads(1)
+import pytest  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 TIERS = {
@@ -39,6 +38,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: SCHEDULE.index(tier(item)) if tier(item) in SCHEDULE else len(SCHEDULE))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """One compute thread where the collected tests use torch; a session whose tests do not (a subprocess pytest of
+    tests/integration/test_suite_groups.py) is spared torch's import, ~4 CPU-s per process."""
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.set_num_threads(1)
 
 
 # `make test` runs the suite on every core (pytest-xdist, `--dist loadgroup`): a group runs on one worker, in order.

@@ -15,7 +15,7 @@ import pytest
 from tests.support import ROOT
 
 pytestmark = pytest.mark.integration
-MODULES = ("tests/unit/test_flwr_run.py", "tests/unit/test_config.py")
+MODULES = ("tests/unit/test_pki.py", "tests/unit/test_tasks_partitions.py")  # neither imports torch
 
 
 def test_each_module_runs_on_one_worker():
