@@ -19,9 +19,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedbayes.bayes.params import TensorLayout
 from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
 from fedbayes.strategies.dsvgd.settings import DSVGDSettings
 from fedbayes.strategies.fedavg.settings import FedProxSettings
@@ -30,6 +29,9 @@ from fedbayes.strategies.fedlap.settings import FedLapSettings
 from fedbayes.strategies.fedpa.settings import FedPASettings
 from fedbayes.tasks import config
 from fedbayes.tasks.config import ConfigError, Key, NoHyperparameters, RunSettings, keys_of
+
+if TYPE_CHECKING:  # reading the registry (`fedbayes strategies`, the Flower app's keys) needs no torch
+    from fedbayes.bayes.params import TensorLayout
 
 ENTRY_POINT_GROUP = "fedbayes.strategies"
 
