@@ -83,8 +83,8 @@ def test_a_run_resumes_with_the_command_it_printed_and_the_readme_command_with_o
     assert interrupted.wait(timeout=120) == 143
     assert processes_of(runs / "sim-home") == [], "the simulation SuperLink and Ray must be stopped"
 
-    flwr_home = command[: command.index("\n") + 1]  # the README's `export FLWR_HOME=...` line
-    refused = run_shell(f"{flwr_home}{resume_command} -c 'model=\"logreg\"'", tmp_path)
+    home_export = command[: command.index("\n") + 1]  # the README's `export FLWR_HOME=...` line
+    refused = run_shell(f"{home_export}{resume_command} -c 'model=\"logreg\"'", tmp_path)
     assert refused.returncode == 1
     last = refused.stderr.strip().splitlines()[-1]
     assert (
@@ -93,7 +93,7 @@ def test_a_run_resumes_with_the_command_it_printed_and_the_readme_command_with_o
     ), refused.stderr[-3000:]
     assert processes_of(runs / "sim-home") == []
 
-    resumed = run_shell(f"{flwr_home}{resume_command}", tmp_path)
+    resumed = run_shell(f"{home_export}{resume_command}", tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert re.search(r"resuming after round [12] ", resumed.stdout), resumed.stdout[-3000:]
     assert rounds_in(runs / "sim.jsonl") == [1, 2, 3]
