@@ -39,7 +39,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "client_cost.json"
 
 def runtime_for(strategy: str, epochs: int, state_dir: str) -> ClientRuntime:
     defaults = default_run_config()
-    settings = run_settings({**defaults, "strategy": strategy, "fraction": 0.1, "local-epochs": epochs})
+    settings = run_settings(
+        {**defaults, "federation": "cost", "strategy": strategy, "fraction": 0.1, "local-epochs": epochs}
+    )
     node = NodeSettings.from_node_config(
         {"partition-id": 0, "num-partitions": 10, "state-dir": state_dir}, default_device="cpu"
     )

@@ -58,19 +58,27 @@ def supernode_rss_mib(workdir: Path) -> float | None:
 
 def one_run(args: argparse.Namespace, workdir: Path) -> dict:
     command = [
-        str(Path(sys.executable).parent / "fedbayes"),
-        "local",
         "--strategy",
         args.strategy,
         "--clients",
         str(args.clients),
-        "--rounds",
-        str(args.rounds),
         "--fraction",
         str(args.fraction),
+        *[part for setting in args.set for part in ("--set", setting)],
+    ]
+    return timed_local_run(command, args.rounds, workdir)
+
+
+def timed_local_run(local_args: list[str], rounds: int, workdir: Path) -> dict:
+    """`fedbayes local LOCAL_ARGS --rounds ROUNDS --workdir WORKDIR`, its rows' times read as they are printed."""
+    command = [
+        str(Path(sys.executable).parent / "fedbayes"),
+        "local",
+        *local_args,
+        "--rounds",
+        str(rounds),
         "--workdir",
         str(workdir),
-        *[part for setting in args.set for part in ("--set", setting)],
     ]
     load = os.getloadavg()
     started = time.monotonic()
@@ -87,7 +95,7 @@ def one_run(args: argparse.Namespace, workdir: Path) -> dict:
                 rss = supernode_rss_mib(workdir)
     process.wait()
     ended = time.monotonic() - started
-    if process.returncode != 0 or len(rows) != args.rounds:
+    if process.returncode != 0 or len(rows) != rounds:
         raise SystemExit(f"`{' '.join(command)}` failed ({process.returncode}):\n{''.join(lines[-30:])}")
     first_at, first = rows[0]
     return {
@@ -95,6 +103,9 @@ def one_run(args: argparse.Namespace, workdir: Path) -> dict:
         "round_1_s": float(first[5]),  # round, accuracy, nll, ece, clients, round_s, wall_s
         "last_row_to_exit_s": ended - rows[-1][0],
         "total_s": ended,
+        # the ServerApp's clock: a round starts at its row's wall_s less its round_s and ends at its wall_s
+        "round_starts_s": [float(row[6]) - float(row[5]) for _, row in rows],
+        "last_round_end_s": float(rows[-1][1][6]),
         "supernode_rss_mib": rss,
         "load_before": load,
     }
@@ -107,19 +118,23 @@ AUTHORS_EVALUATION = re.compile(r"^(Comm round \d+:|  \[Bayes Model-Avg\])")  # 
 
 def authors_run(args: argparse.Namespace, workdir: Path) -> dict:
     """The authors' train.py on their homogeneous FMNIST-10% configuration, on the CPU, for args.rounds rounds."""
+    return timed_authors_run(args.authors_code, {}, args.rounds, workdir, dict(os.environ))
+
+
+def timed_authors_run(code: Path, config_changes: dict, rounds: int, workdir: Path, env: dict[str, str]) -> dict:
+    """Their train.py on configs/fmnist_homog10/fedivon.yaml with CONFIG_CHANGES, on the CPU, for ROUNDS rounds; a
+    round ends at its last evaluation line."""
     import yaml
 
-    config = yaml.safe_load((args.authors_code / AUTHORS_CONFIG).read_text())
-    config.update(use_cuda=False, num_comm_rounds=args.rounds, wandb_log=False)
+    config = yaml.safe_load((code / AUTHORS_CONFIG).read_text())
+    config.update(use_cuda=False, num_comm_rounds=rounds, wandb_log=False, **config_changes)
     workdir.mkdir(parents=True)
     config_file = workdir / "fedivon.yaml"
     config_file.write_text(yaml.safe_dump(config))
     command = [sys.executable, "-u", "train.py", "--config_file", str(config_file), "--path", str(workdir)]
     load = os.getloadavg()
     started = time.monotonic()
-    process = subprocess.Popen(
-        command, cwd=args.authors_code, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = subprocess.Popen(command, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     round_starts, evaluations, lines = [], [], []
     for line in process.stdout:
@@ -130,14 +145,16 @@ def authors_run(args: argparse.Namespace, workdir: Path) -> dict:
             evaluations.append((len(round_starts), time.monotonic() - started))
     process.wait()
     ended = time.monotonic() - started
-    if process.returncode != 0 or len(round_starts) != args.rounds:
+    if process.returncode != 0 or len(round_starts) != rounds:
         raise SystemExit(f"`{' '.join(command)}` failed ({process.returncode}):\n{''.join(lines[-30:])}")
-    round_1_done = max(at for number, at in evaluations if number == 1)
+    round_ends = [max(at for number, at in evaluations if number == index) for index in range(1, rounds + 1)]
     return {
-        "to_round_1_s": round_1_done,
-        "round_1_s": round_1_done - round_starts[0],
+        "to_round_1_s": round_ends[0],
+        "round_1_s": round_ends[0] - round_starts[0],
         "last_row_to_exit_s": ended - evaluations[-1][1],
         "total_s": ended,
+        "round_starts_s": round_starts,
+        "last_round_end_s": round_ends[-1],
         "supernode_rss_mib": None,
         "load_before": load,
     }

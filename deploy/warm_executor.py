@@ -75,6 +75,9 @@ TASK_TYPE = {"clientapp": "flwr-clientapp", "serverapp": "flwr-serverapp"}  # Fl
 UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime API did not answer
 ASK_TIMEOUT = 5.0  # seconds an ask may take (on this machine's loopback it takes milliseconds)
 CLOSE_TIMEOUT = 10.0  # seconds the executor waits for its tasks to end when it stops (the launcher waits 15)
+# Seconds between asks to a SuperLink while a ServerApp forked for it runs (`next_ask_in`): a second run submitted
+# meanwhile starts up to this much later.
+RUNNING_SERVERAPP_POLL = 2.0
 
 
 def preload(apps: set[str]) -> None:
@@ -255,6 +258,17 @@ def _exit_after(body: Callable[[], object]) -> NoReturn:
         os._exit(exit_code)
 
 
+def next_ask_in(poll: float, bell_heard: bool, serverapp_running: bool) -> float:
+    """Seconds until the next ask: `poll` (Flower's FLWR_SUPEREXEC_TASK_POLL_INTERVAL), HEARD_POLL once the
+    SuperNode's bell has been heard (it rings for each task, deploy/doorbell.py), and RUNNING_SERVERAPP_POLL for a
+    SuperLink while a ServerApp forked for it runs. A SuperLink hands out one ServerApp task per run, and no bell
+    rings for it, so asking every `poll` while the run's ServerApp runs found nothing: five HTTP requests a second
+    through the SuperLink's middleware, which its main thread serves beside the ServerApp's own polls."""
+    if bell_heard:
+        return HEARD_POLL
+    return RUNNING_SERVERAPP_POLL if serverapp_running else poll
+
+
 class ServedRuntime:
     """One SuperNode (or SuperLink, for `app="serverapp"`) this executor serves: its Runtime API, the tasks forked
     for it, its doorbell (a SuperNode's), its process (if given), and when to ask it for work next."""
@@ -275,7 +289,7 @@ class ServedRuntime:
         from flwr.supercore.superexec.plugin import AutoExecPlugin
         from flwr.supercore.tls import validate_and_resolve_root_certificates
 
-        self.address, self.poll = address, poll
+        self.address, self.poll, self.app = address, poll, app
         self.name = f"the {'SuperNode' if app == 'clientapp' else 'SuperLink'} at {address}"  # for messages
         self.executor = executor or ForkExecutor(TASK_TYPE[app])
         validate_and_resolve_root_certificates(root_certificates, insecure)  # Flower's error for a missing CA file
@@ -338,7 +352,11 @@ class ServedRuntime:
             if result.message:
                 _say(f"task {reply.task.task_id} of {self.name}: {result.status} {result.message}")
         heard = self.bell is not None and self.bell.heard
-        self.next_ask = time.monotonic() + (HEARD_POLL if heard else self.poll)
+        self.next_ask = time.monotonic() + next_ask_in(self.poll, heard, self.serverapp_running())
+
+    def serverapp_running(self) -> bool:
+        """Whether this is a SuperLink and a ServerApp forked for it is still running (`reconcile` reaps the ended)."""
+        return self.app == "serverapp" and bool(self.executor.children)
 
     def close(self, timeout: float = 0.0) -> None:
         """Stop its tasks (waiting for them at most `timeout` seconds) and let its resources go."""

@@ -224,6 +224,50 @@ def test_the_supernode_rings_when_it_has_taken_a_message_and_reads_its_runtime_p
     assert supernode.runtime_port(["--insecure"]) == 9094  # Flower's default
 
 
+def test_a_superlink_is_asked_every_few_seconds_while_its_serverapp_runs_and_at_once_after():
+    """A SuperLink hands out one ServerApp task per run and rings no bell: while the ServerApp forked for it runs
+    (here a child process standing in for it), the executor asks it every RUNNING_SERVERAPP_POLL seconds; once that
+    has ended, every `poll` again. A SuperNode is asked every `poll` whatever tasks it has running."""
+    import time
+
+    from flwr.proto.runtime_pb2 import AcquireTaskResponse
+
+    from fedbayes.deploy import warm_executor
+
+    def runtime(app: str) -> warm_executor.ServedRuntime:
+        # the port is never called: AcquireTask is replaced by an empty answer (no task to hand out)
+        node = warm_executor.ServedRuntime(
+            "127.0.0.1:9", None, insecure=True, root_certificates=None, poll=0.2, app=app
+        )
+        node.client.AcquireTask = lambda request: AcquireTaskResponse()
+        return node
+
+    def seconds_to_next_ask(node: warm_executor.ServedRuntime) -> float:
+        node.ask()
+        return node.next_ask - time.monotonic()
+
+    superlink, supernode = runtime("serverapp"), runtime("clientapp")
+    assert seconds_to_next_ask(superlink) <= 0.2  # no ServerApp: a run's task is taken within `poll`
+    serverapp = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    clientapp = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    superlink.executor.children.add(serverapp.pid)
+    supernode.executor.children.add(clientapp.pid)
+    try:
+        assert 1.5 < seconds_to_next_ask(superlink) <= warm_executor.RUNNING_SERVERAPP_POLL
+        assert seconds_to_next_ask(supernode) <= 0.2
+    finally:
+        serverapp.stdin.close()
+        clientapp.stdin.close()
+    deadline = time.monotonic() + 10.0
+    while superlink.executor.children and time.monotonic() < deadline:  # `ask` reaps it, as in the executor's loop
+        superlink.ask()
+        time.sleep(0.05)
+    assert not superlink.executor.children
+    assert seconds_to_next_ask(superlink) <= 0.2
+    supernode.close(timeout=5.0)
+    superlink.close()
+
+
 def test_a_supernode_that_hangs_delays_the_executor_loop_by_one_timeout_only(monkeypatch, capsys):
     """A Runtime API that accepts the connection and never answers (a stopped SuperNode): the ask gives up after
     ASK_TIMEOUT, and the loop asks again only after UNREACHABLE_RETRY, so the other SuperNodes are still served."""
