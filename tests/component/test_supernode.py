@@ -233,11 +233,13 @@ def test_a_superlink_is_asked_every_few_seconds_while_its_serverapp_runs_and_at_
     from flwr.proto.runtime_pb2 import AcquireTaskResponse
 
     from fedbayes.deploy import warm_executor
+    from fedbayes.deploy.processes import free_ports
 
     def runtime(app: str) -> warm_executor.ServedRuntime:
-        # the port is never called: AcquireTask is replaced by an empty answer (no task to hand out)
+        # nobody listens on the port: AcquireTask is replaced by an empty answer (no task to hand out)
+        (port,) = free_ports(1)
         node = warm_executor.ServedRuntime(
-            "127.0.0.1:9", None, insecure=True, root_certificates=None, poll=0.2, app=app
+            f"127.0.0.1:{port}", None, insecure=True, root_certificates=None, poll=0.2, app=app
         )
         node.client.AcquireTask = lambda request: AcquireTaskResponse()
         return node
