@@ -91,16 +91,17 @@ def main() -> None:
                 runs[f"theirs, {count} thread(s)"] = theirs(
                     code, count, args.rounds, Path(temp) / f"theirs-{pair}-{count}"
                 )
+            seconds = {side: round_seconds(run) for side, run in runs.items()}
             with out.open("a") as results:
                 for side, run in runs.items():
                     row = {"label": args.label, "side": side, "pair": pair, "rounds": args.rounds, **run}
-                    results.write(json.dumps({**row, "round_s": round_seconds(run)}) + "\n")
-            seconds = {side: round_seconds(run) for side, run in runs.items()}
+                    results.write(json.dumps({**row, "round_s": seconds[side]}) + "\n")
             table.append((pair, seconds, {side: run["total_s"] for side, run in runs.items()}))
             load = runs["ours"]["load_before"][0]
             print(
                 f"pair {pair} (load before {load:.1f}): "
-                + ", ".join(f"{k} {v:.2f} s/round" for k, v in seconds.items())
+                + ", ".join(f"{k} {v:.2f} s/round" for k, v in seconds.items()),
+                flush=True,
             )
     sides = list(table[0][1])
     print(f"\nseconds per round, median over rounds 2..{args.rounds}; the ratio is ours over their fastest")
