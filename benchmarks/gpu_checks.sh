@@ -11,7 +11,8 @@
 # sessions ran it). Each federation trains 2 clients on 6,000 images in all: FEDERATION_FRACTION=0.3 where only the
 # first 20,000 training images could be carried (the H200 session), 0.1 with all 60,000 (the default).
 #
-# Settable, for a call with less device time: MODEL_COST_EXAMPLES (default "256 6000", "" for none); FEDERATIONS, entries
+# Settable, for a call with less device time: MODEL_COST_EXAMPLES (default "256 6000", "" for none), MODEL_COST_MODELS
+# (comma-separated, default all); FEDERATIONS, entries
 # model:strategy[:key=value,...] (default the four below); FEDERATION_CLIENTS / _ROUNDS / _SPLIT / _EPOCHS
 # (default 2 / 3 / iid / 2). E.g. BayesADMM's IVON settings on the CNNs (issue 30, item 6):
 #   MODEL_COST_EXAMPLES=256 FEDERATION_SPLIT=dirichlet FEDERATION_CLIENTS=3 FEDERATION_ROUNDS=6 \
@@ -47,7 +48,8 @@ for earlier in model_cost-cuda.json evaluation_cost-cuda.json; do
 done
 for examples in ${MODEL_COST_EXAMPLES-256 6000}; do
     stamp "model_cost $examples examples"
-    timeout $(( examples > 1000 ? 420 : 300 )) python3 benchmarks/model_cost.py --device cuda --examples "$examples" 2>&1 | grep -v INFO | tail -32
+    timeout $(( examples > 1000 ? 420 : 300 )) python3 benchmarks/model_cost.py --device cuda --examples "$examples" \
+        ${MODEL_COST_MODELS:+--models "$MODEL_COST_MODELS"} 2>&1 | grep -v INFO | tail -32
     mv benchmarks/results/model_cost-cuda.json "$OUT/model_cost-cuda-$examples.json"
 done
 
