@@ -8,6 +8,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,20 @@ def test_a_submission_flower_refuses_fails_the_command(tmp_path):
     result = fedbayes(["run", ".", "no-such-connection"], env=cli_env(FLWR_HOME=str(tmp_path / "flwr-home")))
     assert result.returncode == 1
     assert result.last_error_line.startswith("fedbayes run failed: flwr run exited with code"), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "output"), [(["--version"], 0, "Flower version: 1.39"), (["ls", "nope"], 1, "'nope' not found")]
+)
+def test_flwr_through_patient_flwr_keeps_its_exit_status_and_every_line_it_wrote_to_a_pipe(
+    tmp_path, args, status, output
+):
+    """patient_flwr ends the process without the interpreter's teardown: the status and buffered output survive it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "fedbayes.deploy.patient_flwr", *args],
+        env=cli_env(FLWR_HOME=str(tmp_path / "flwr-home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == status and output in " ".join((result.stdout + result.stderr).split()), result
