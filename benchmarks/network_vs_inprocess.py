@@ -206,6 +206,7 @@ def run_network(
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 KINDS = {
     "flower-superlink": "SuperLink",
+    "superlink": "SuperLink",
     "flwr-serverapp": "ServerApp",
     "flower-superexec": "ServerApp executor (SuperLink's)",
     "flwr": "flwr commands",

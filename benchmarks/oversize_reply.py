@@ -25,7 +25,7 @@ from fedbayes.deploy.processes import ProcessGroup
 HERE = Path(__file__).resolve().parent
 ROLES = {
     "ServerApp": "flwr-serverapp",
-    "SuperLink": "flower-superlink",
+    "SuperLink": "fedbayes superlink",
     "SuperNode": "flower-supernode",
     "ClientApp (fork of the executor)": "fedbayes superexec",
 }

@@ -414,7 +414,7 @@ def run_one(
 
 # `fedbayes superexec` = the warm parent and its forked ClientApps (same command line).
 CPU_ROLES = (
-    "flower-superlink",
+    "fedbayes superlink",
     "flwr-serverapp",
     "flower-supernode",
     "flower-superexec",

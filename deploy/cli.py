@@ -16,10 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     """The `fedbayes` command; `argv` None: this process is the command (its console script or `python -m`)."""
     whole_process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
-    # `run` and `supernode` hand every argument to Flower's command as it is (argparse cannot pass options through),
-    # and are dispatched before the parser is built, as is the fork server that forks SuperNodes: the parser's
-    # subcommands import what they run (the client's, torch among it), which would cost every SuperNode about 2 CPU-s
-    # and 500 MB.
+    # `run`, `supernode` and `superlink` hand every argument to Flower's command as it is (argparse cannot pass options
+    # through), and are dispatched before the parser is built, as is the fork server that forks SuperNodes: the
+    # parser's subcommands import what they run (the client's, torch among it), which would cost every SuperNode about
+    # 2 CPU-s and 500 MB.
     if argv[:1] == ["run"]:
         from fedbayes.deploy.flwr_run import main as flwr_run
 
@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         from fedbayes.deploy.supernode import main as supernode
 
         command = functools.partial(supernode, argv[1:])
+    elif argv[:1] == ["superlink"]:
+        from fedbayes.deploy.superlink import main as superlink
+
+        command = functools.partial(superlink, argv[1:])
     elif argv[:1] == ["supernode-forkserver"]:
         from fedbayes.deploy.forkserver import main as forkserver
 
@@ -89,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         "supernode",
         add_help=False,
         help="`flower-supernode ARGS` without Flower's 3 s idle sleep between pulls (deploy/supernode.py)",
+    )
+    commands.add_parser(
+        "superlink",
+        add_help=False,
+        help="`flower-superlink ARGS` whose log stream ends 0.1 s, not 0.5 s, after its run (deploy/superlink.py)",
     )
     commands.add_parser(
         "supernode-forkserver",

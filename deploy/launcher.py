@@ -298,7 +298,8 @@ class LocalFederation:
             "superlink",
             self.server.command(
                 [
-                    console_script("flower-superlink"),
+                    console_script("fedbayes"),
+                    "superlink",
                     *security,
                     "--isolation",
                     isolation,

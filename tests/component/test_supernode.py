@@ -564,6 +564,7 @@ def test_an_exception_in_the_supernode_takes_pythons_usual_exit():
     [
         (["supernode", "--help"], "fedbayes.deploy.supernode"),
         (["supernode-forkserver"], "flwr.supernode.cli.flower_supernode"),  # its imports, then no request: it exits
+        (["superlink", "--help"], "fedbayes.deploy.superlink"),
         (["run", "--help"], "fedbayes.deploy.flwr_run"),
         (["client", "--help"], "fedbayes.deploy.client"),  # its process supervises the client's SuperNode and executor
     ],
