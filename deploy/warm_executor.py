@@ -165,9 +165,10 @@ class ForkExecutor:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + timeout
+        self.reconcile()  # ended tasks cost no wait: a 0.05 s sleep per executor was 0.55 s of a 10-client run's exit
         while self.children and time.monotonic() < deadline:
-            self.reconcile()
             time.sleep(0.05)
+            self.reconcile()
 
 
 def _run_task(spec) -> None:

@@ -4,13 +4,16 @@ executor never waits for a running task (deploy/warm_executor.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from fedbayes.deploy import warm_executor
 from fedbayes.deploy.launcher import Host, LocalFederation, LocalRun, run_local, with_compute_slots
 from fedbayes.deploy.pki import init_pki
 from fedbayes.deploy.warm_executor import ForkExecutor
@@ -115,3 +118,28 @@ def test_the_warm_executor_goes_on_asking_while_a_task_runs_and_reaps_it_once_it
     time.sleep(0.8)
     executor.reconcile()
     assert executor.children == set()
+
+
+def test_the_warm_executor_closes_at_once_when_its_tasks_have_ended_and_waits_for_one_that_has_not(monkeypatch):
+    """`fedbayes local`'s exit closes one executor per SuperNode: none may wait once its tasks are gone."""
+    ended = os.fork()
+    if ended == 0:
+        os._exit(0)
+    os.waitid(os.P_PID, ended, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped yet
+    executor = ForkExecutor("flwr-clientapp")
+    executor.children.add(ended)
+    sleeps: list[float] = []
+    monkeypatch.setattr(warm_executor, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleeps.append))
+    executor.close(timeout=10.0)
+    assert executor.children == set() and sleeps == []
+
+    monkeypatch.undo()
+    stopping = os.fork()
+    if stopping == 0:  # takes a while to stop once told
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.3), os._exit(0)))
+        time.sleep(30)
+        os._exit(1)
+    time.sleep(0.2)  # its handler is set
+    executor.children.add(stopping)
+    executor.close(timeout=10.0)
+    assert executor.children == set()  # waited for it and reaped it
