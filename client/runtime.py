@@ -145,6 +145,12 @@ class ClientRuntime:
 
 
 def load_client_data(settings: RunSettings, node: NodeSettings) -> Dataset:
+    """This client's examples, in the order its minibatch permutations index (run config `row-order`)."""
+    data = _client_examples(settings, node)
+    return data.by_class() if settings.row_order == "by-class" else data
+
+
+def _client_examples(settings: RunSettings, node: NodeSettings) -> Dataset:
     if node.data_path:
         return load_data_path(Path(node.data_path), settings.dataset)  # x/y (or images/labels), uint8 -> [0, 1]
     prepartitioned = load_npz_partition(settings.dataset, node.partition_id, node.num_partitions)

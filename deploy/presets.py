@@ -144,6 +144,12 @@ BAYESADMM = {
     "dual-damping": Setting(1e-3, "REF fedivon.yaml dual_update_damping"),
     "beta2": Setting(0.9998, "REF fedivon.yaml beta2_local"),
     "noise": Setting("shared", "REF reseeds every client's training from the run seed each round"),
+    "row-order": Setting(
+        "by-class",
+        "REF data_generators.py lists each client's rows class by class, for every method; it matters only where "
+        "every client draws the same permutation of its rows (noise=shared): the clients then meet the same classes "
+        "at the same step",
+    ),
     "ensemble-samples": Setting(32, "[C] Sec. 5: 32 posterior samples; REF testmcsamples"),
 }
 BAYESADMM_BY_SPLIT = {

@@ -180,6 +180,14 @@ class RunSettings:
         "`fedbayes partitions --write`); replaces split/fraction",
     )
     split_file_overlap: bool = key(False, "with split-file: a row may belong to several clients")
+    row_order: str = key(
+        "split",
+        "the order of a client's rows, which its minibatch permutations index: split (as the split gives them: by "
+        "row, or a split file's order) | by-class (class by class, in that order within a class, as the BayesADMM "
+        "authors' data generator lists them; under bayesadmm's noise=shared every client then meets about the same "
+        "classes at the same step)",
+        choices=("split", "by-class"),
+    )
     # model
     model: str = key(
         "mlp",

@@ -68,6 +68,10 @@ class Dataset:
         index = torch.as_tensor(indices, dtype=torch.long)
         return Dataset(self.name, self.pixels[index], self.labels[index], self.num_classes, self.pixel_scale)
 
+    def by_class(self) -> Dataset:
+        """The examples class by class, each class's in their order here (run config `row-order = "by-class"`)."""
+        return self.subset(torch.argsort(self.labels, stable=True))
+
     def scaled(self, factor: float) -> Dataset:
         """Images multiplied by `factor` (run config `input-scale`; 255 feeds raw 0-255 pixels)."""
         if factor == 1.0:

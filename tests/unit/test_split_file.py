@@ -70,6 +70,22 @@ def test_a_client_loads_its_rows_of_the_file_in_the_files_order(tmp_path):
     assert np.array_equal(data.pixels.numpy(), full.pixels[[59999, 0, 3]].numpy())
 
 
+def test_row_order_by_class_lists_a_clients_rows_class_by_class_keeping_their_order_within_a_class(tmp_path):
+    full = load_dataset("fmnist", train=True)
+    rows = [59999, 0, 3, 5, 7, 9, 11, 13]
+    path = write(tmp_path, [rows])
+    node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 1}, default_device="cpu")
+    as_split = load_client_data(run_settings({**DEFAULTS, "split-file": str(path)}), node)
+    by_class = load_client_data(run_settings({**DEFAULTS, "split-file": str(path), "row-order": "by-class"}), node)
+    labels = full.labels[rows].tolist()
+    expected = sorted(range(len(rows)), key=lambda i: (labels[i], i))  # by class, then the file's order
+    assert len(set(labels)) > 2 and expected != list(range(len(rows)))  # the rows are not already by class
+    assert by_class.labels.tolist() == [labels[i] for i in expected]
+    assert np.array_equal(by_class.pixels.numpy(), as_split.pixels[expected].numpy())
+    with pytest.raises(ConfigError, match="row-order"):
+        run_settings({**DEFAULTS, "row-order": "by-label"})
+
+
 def test_split_file_with_a_fraction_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="'fraction' must be 1 with a split-file"):
         run_settings({**DEFAULTS, "split-file": "split.json", "fraction": 0.1})
