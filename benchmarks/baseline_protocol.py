@@ -8,6 +8,10 @@ expresses (deploy/presets.py, REF_DIFFERENCES), each switched on alone here:
   adam-kept     each client's Adam state (moments, step count) carries over from round to round: their worker builds
                 its optimizer once, for every method; ours builds a fresh one every round
   same-order    every round draws the minibatch order of round 1: their worker reseeds with its seed at every call
+  their-order   their whole minibatch scheme: each client's rows class by class (`row-order=by-class`, as their
+                generator lists them) and every client, every round, seeded alike (their workers share one seed), so
+                with equal client sizes every client meets the same classes at the same step
+  their-training  their-order with adam-kept: both at once
   their-split   their data generator's split (authors_baselines.py --write-split; --split-file F), not ours
 
 The runs are in one process (the ServerApp's and ClientApp's code on benchmarks/network_vs_inprocess.py's in-process
@@ -15,11 +19,12 @@ grid); `ours` is the preset unchanged, the baseline each variant is read against
 of Table 1's network rows of 2026-11-26 at rounds 10 / 25 / 50, not identical to them). The training variants wrap the
 strategy's client training for the run (an experiment, not an option of the client): adam-kept loads the client's last
 optimizer state into the fresh optimizer and keeps the new one per client id in memory; same-order seeds every round
-as round 1.
+as round 1; their-order seeds every client's every round as round 1 with no client's id mixed in.
 
     python benchmarks/baseline_protocol.py --variants ours,adam-kept,same-order --seeds 0,1,2
     python benchmarks/baseline_protocol.py --variants their-split --seeds 62 --split-file heterog-62.json
     python benchmarks/baseline_protocol.py --strategy fedlap --split iid --variants ours,adam-kept --seeds 0
+    python benchmarks/baseline_protocol.py --strategy feddyn --split iid --variants their-order --rounds 25
     python benchmarks/baseline_protocol.py --report
 
 Resumable: each run writes benchmarks/results/bayesadmm-paper/protocol/<split>-<strategy>-<variant>-seed<S>.jsonl
@@ -56,9 +61,12 @@ from fedbayes.deploy.presets import BAYESADMM_PAPER
 from fedbayes.strategies.fedavg import client as fedavg_client
 from fedbayes.strategies.feddyn import client as feddyn_client
 from fedbayes.strategies.fedlap import client as fedlap_client
+from fedbayes.tasks.config import round_seed as training_seed
 
 PROTOCOL = RESULTS / "protocol"
-VARIANTS = ("ours", "adam-kept", "same-order", "their-split")
+VARIANTS = ("ours", "adam-kept", "same-order", "their-split", "their-order", "their-training")
+KEEPS_ADAM = ("adam-kept", "their-training")
+ALIGNED = ("their-order", "their-training")  # by-class rows, one seed for every client and round
 SPLITS = ("dirichlet", "iid")
 # strategy -> (the client module, its training function that takes the runtime first, the module whose
 # make_optimizer that function calls)
@@ -99,8 +107,9 @@ class KeptOptimizers:
 
 
 @contextlib.contextmanager
-def patched_training(strategy: str, keep_adam: bool, same_order: bool) -> Iterator[None]:
-    """The strategy's client training with the optimizer's state kept per client, or round 1's minibatch order."""
+def patched_training(strategy: str, keep_adam: bool, same_order: bool, aligned: bool) -> Iterator[None]:
+    """The strategy's client training with the optimizer's state kept per client, round 1's minibatch order, or one
+    seed for every client and round."""
     with contextlib.ExitStack() as patches:
         if keep_adam:
             module, name, optimizer_module = TRAINERS[strategy]
@@ -111,6 +120,10 @@ def patched_training(strategy: str, keep_adam: bool, same_order: bool) -> Iterat
             round_seed = ClientRuntime.local_seed
             patches.enter_context(
                 mock.patch.object(ClientRuntime, "local_seed", lambda self, seed, _round: round_seed(self, seed, 1))
+            )
+        if aligned:
+            patches.enter_context(
+                mock.patch.object(ClientRuntime, "local_seed", lambda _self, seed, _round: training_seed(seed, 1))
             )
         yield
 
@@ -126,6 +139,8 @@ def run_variant(strategy: str, split: str, variant: str, seed: int, rounds: int,
         if split_file is None:
             raise SystemExit("their-split needs --split-file (authors_baselines.py --write-split)")
         overrides, fraction = {**overrides, "split-file": str(split_file.resolve())}, 1.0
+    if variant in ALIGNED:
+        overrides = {**overrides, "row-order": "by-class"}
     workdir = Path(tempfile.mkdtemp(prefix=f"protocol-{variant}-")) / "run"
     workdir.mkdir()
     spec = LocalRun(
@@ -140,7 +155,7 @@ def run_variant(strategy: str, split: str, variant: str, seed: int, rounds: int,
         overrides=overrides,
     )
     try:
-        with patched_training(strategy, keep_adam=variant == "adam-kept", same_order=variant == "same-order"):
+        with patched_training(strategy, variant in KEEPS_ADAM, variant == "same-order", variant in ALIGNED):
             rows = run_inprocess(spec.run_config(workdir, workdir / "results.jsonl"), spec.clients, workdir, True)
     finally:
         shutil.rmtree(workdir.parent, ignore_errors=True)

@@ -168,7 +168,9 @@ REF_DIFFERENCES = (
     "REF keeps each client's Adam state from round to round; ours starts a fresh optimizer every round (measured: "
     "kept, our FedAvg lands on the paper's row, 3.6 points lower at round 50, and homogeneous FedLap within 1 point "
     "of it, 2.6 higher; docs/results/table1.md)",
-    "REF gives the baselines the same minibatch order every round (it reseeds); ours draws a new one",
+    "REF gives the baselines the same minibatch order every round and, its rows class by class, every client of "
+    "one size the same classes at the same step (it reseeds each with the run seed); ours draws one per client and "
+    "round (measured with their order for FedDyn, homogeneous: no gain; docs/results/table1.md)",
     "REF's proximal terms (FedProx, FedLap) use an unsquared norm; ours, the papers' squared one",
     "REF's FedDyn scales α by N_k/N (and the last client's value wins); ours follows FedDyn's α·N/(K·N_k)",
     "REF takes 10% of each class and its own split; ours a random 10% from the seed (its exact split: --set "
