@@ -42,10 +42,14 @@ RESULTS = Path(__file__).resolve().parent / "results" / "authors_rounds"
 SEED = 62  # their configs' seed, and so their split's
 
 
-def ours(split_file: Path, rounds: int, workdir: Path) -> dict:
+def on_their_split(split_file: Path, seed: int) -> list[str]:
+    """`fedbayes local`'s arguments for our BayesADMM under the bayesadmm-paper preset on their homogeneous split."""
     local_args = ["--strategy", "bayesadmm", "--preset", "bayesadmm-paper", "--split", "iid", "--clients", "10"]
-    local_args += ["--seed", str(SEED), "--fraction", "1", "--set", f"split-file={split_file}"]
-    return timed_local_run(local_args, rounds, workdir)
+    return [*local_args, "--seed", str(seed), "--fraction", "1", "--set", f"split-file={split_file}"]
+
+
+def ours(split_file: Path, rounds: int, workdir: Path) -> dict:
+    return timed_local_run(on_their_split(split_file, SEED), rounds, workdir)
 
 
 def theirs(code: Path, threads: int, rounds: int, workdir: Path) -> dict:

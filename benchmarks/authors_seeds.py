@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -42,13 +41,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from authors_baselines import read_rows, write_split
-from startup_shutdown import AUTHORS_CONFIG
+from authors_baselines import ROUND_LINE, read_rows, write_split
+from authors_rounds import on_their_split
+from startup_shutdown import write_authors_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1" / "authors-seeds"
 SPLIT_SEED = 62  # their configs' seed, and so their split's
 CODES = ("ours", "theirs")
-THEIR_ROUND = re.compile(r"^Comm round (\d+): Test-acc: ([0-9.]+), test-nll: ([0-9.]+)")
 # Their train.py with the data generator's seed held at SPLIT_SEED: the generator draws the split from numpy's global
 # stream, which their __main__ seeds with the run's seed just before; every later draw is seeded again with it.
 THEIR_RUNNER = """
@@ -67,10 +66,8 @@ runpy.run_path("train.py", run_name="__main__")
 
 
 def run_ours(split_file: Path, seed: int, rounds: int, workdir: Path) -> list[dict]:
-    command = [str(Path(sys.executable).parent / "fedbayes"), "local", "--strategy", "bayesadmm"]
-    command += ["--preset", "bayesadmm-paper", "--split", "iid", "--clients", "10", "--seed", str(seed)]
-    command += ["--fraction", "1", "--set", f"split-file={split_file}", "--rounds", str(rounds)]
-    command += ["--workdir", str(workdir)]
+    command = [str(Path(sys.executable).parent / "fedbayes"), "local", *on_their_split(split_file, seed)]
+    command += ["--rounds", str(rounds), "--workdir", str(workdir)]
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         raise SystemExit(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stdout[-3000:]}")
@@ -81,13 +78,7 @@ def run_ours(split_file: Path, seed: int, rounds: int, workdir: Path) -> list[di
 
 
 def run_theirs(code: Path, seed: int, rounds: int, workdir: Path) -> list[dict]:
-    import yaml
-
-    config = yaml.safe_load((code / AUTHORS_CONFIG).read_text())
-    config.update(use_cuda=False, num_comm_rounds=rounds, wandb_log=False, seed_init=seed, num_runs=1)
-    workdir.mkdir(parents=True)
-    config_file = workdir / "fedivon.yaml"
-    config_file.write_text(yaml.safe_dump(config))
+    config_file = write_authors_config(code, {"seed_init": seed, "num_runs": 1}, rounds, workdir)
     command = [sys.executable, "-u", "-c", THEIR_RUNNER, str(SPLIT_SEED), "--config_file", str(config_file)]
     started = time.monotonic()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -96,7 +87,7 @@ def run_theirs(code: Path, seed: int, rounds: int, workdir: Path) -> list[dict]:
     rows, tail = [], []
     for line in process.stdout:
         tail = [*tail[-30:], line]
-        if match := THEIR_ROUND.match(line):
+        if match := ROUND_LINE.match(line):
             seconds = round(time.monotonic() - started, 1)
             rows.append(
                 {

@@ -121,9 +121,9 @@ def authors_run(args: argparse.Namespace, workdir: Path) -> dict:
     return timed_authors_run(args.authors_code, {}, args.rounds, workdir, dict(os.environ))
 
 
-def timed_authors_run(code: Path, config_changes: dict, rounds: int, workdir: Path, env: dict[str, str]) -> dict:
-    """Their train.py on configs/fmnist_homog10/fedivon.yaml with CONFIG_CHANGES, on the CPU, for ROUNDS rounds; a
-    round ends at its last evaluation line."""
+def write_authors_config(code: Path, config_changes: dict, rounds: int, workdir: Path) -> Path:
+    """Their configs/fmnist_homog10/fedivon.yaml with CONFIG_CHANGES, on the CPU, for ROUNDS rounds, written into
+    WORKDIR (made here)."""
     import yaml
 
     config = yaml.safe_load((code / AUTHORS_CONFIG).read_text())
@@ -131,6 +131,13 @@ def timed_authors_run(code: Path, config_changes: dict, rounds: int, workdir: Pa
     workdir.mkdir(parents=True)
     config_file = workdir / "fedivon.yaml"
     config_file.write_text(yaml.safe_dump(config))
+    return config_file
+
+
+def timed_authors_run(code: Path, config_changes: dict, rounds: int, workdir: Path, env: dict[str, str]) -> dict:
+    """Their train.py on configs/fmnist_homog10/fedivon.yaml with CONFIG_CHANGES, on the CPU, for ROUNDS rounds; a
+    round ends at its last evaluation line."""
+    config_file = write_authors_config(code, config_changes, rounds, workdir)
     command = [sys.executable, "-u", "train.py", "--config_file", str(config_file), "--path", str(workdir)]
     load = os.getloadavg()
     started = time.monotonic()
