@@ -97,7 +97,7 @@ log = logging.getLogger("bench")
 
 
 def settings_for(strategy: str, seed: int, smoke: bool, overrides: dict[str, Any] | None = None) -> RunSettings:
-    preset = DSVGD_SETTING if strategy == "dsvgd" else {**COMMON, **PRESETS[(strategy, "dirichlet")]}
+    preset = DSVGD_SETTING if strategy == "dsvgd" else {**COMMON, **PRESETS.get((strategy, "dirichlet"), {})}
     return run_settings(
         {
             **default_run_config(strategy),

@@ -13,7 +13,14 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import encode
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.strategies import run_settings
-from fedbayes.strategies.bayesadmm.math import Duals, bounded_influence, dual_step, server_step, tempered_duals
+from fedbayes.strategies.bayesadmm.math import (
+    Duals,
+    bounded_influence,
+    dual_step,
+    server_step,
+    site_estimate,
+    tempered_duals,
+)
 from fedbayes.strategies.bayesadmm.server import BayesADMM
 from tests.support import DEFAULTS, FakeGrid, reply_envelope, reply_message, round_core
 
@@ -180,8 +187,8 @@ def test_full_covariance_refuses_models_it_cannot_carry(overrides, problem):
 
 
 def two_rounds_with_a_join():
-    """Round 1: a and b reply; round 2: a and c (c joins), b does not. Returns the round core and each reply's local
-    posterior as sent (float32 values)."""
+    """Round 1: a and b reply; round 2: a and c (c joins), b does not. Returns the round core and, per client, its last
+    reply's local posterior as sent (float32 values), its round and the q̄ it was fitted against."""
     server, _ = strategy()
     global_1 = server.strategy.global_
     a1, local_a1, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
@@ -192,7 +199,7 @@ def two_rounds_with_a_join():
     c2, local_c2, _ = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
     server.aggregate(2, [reply_message(a2, 1), reply_message(c2, 3)])
     assert server.round_report.rejected == {}
-    return server, {"a": (local_a2, 2), "b": (local_b1, 1), "c": (local_c2, 2)}
+    return server, {"a": (local_a2, 2, global_2), "b": (local_b1, 1, global_1), "c": (local_c2, 2, global_2)}
 
 
 def test_the_server_keeps_each_clients_last_local_posterior_and_its_round():
@@ -202,7 +209,7 @@ def test_the_server_keeps_each_clients_last_local_posterior_and_its_round():
     server, expected = two_rounds_with_a_join()
     held = server.strategy.state.local_posteriors
     assert sorted(held) == ["a", "b", "c"]
-    for client, (local, server_round) in expected.items():
+    for client, (local, server_round, _) in expected.items():
         assert torch.equal(held[client].mean, local.mean) and torch.equal(held[client].precision, local.precision)
         assert held[client].round == server_round == server.strategy.state.duals[client].round
     settings = server.strategy.hyperparameters
@@ -214,6 +221,22 @@ def test_the_server_keeps_each_clients_last_local_posterior_and_its_round():
     )
     torch.testing.assert_close(server.strategy.global_.mean, redone.mean, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(server.strategy.global_.precision, redone.precision, rtol=1e-6, atol=0)
+
+
+def test_the_server_keeps_each_clients_site_from_its_last_round_and_the_q_it_was_fitted_against():
+    """What `forget` sums first: every client's site (`site_estimate`) from its last accepted reply's local posterior
+    and duals and the q̄ of that round, not the q̄ of later rounds (b's is round 1's)."""
+    server, expected = two_rounds_with_a_join()
+    sites, duals = server.strategy.state.sites, server.strategy.state.duals
+    hp = server.strategy.hyperparameters
+    assert sorted(sites) == ["a", "b", "c"]
+    for client, (local, server_round, fitted_against) in expected.items():
+        by_hand = site_estimate(duals[client], local, fitted_against, hp.rho, server.strategy.dual_step_size)
+        torch.testing.assert_close(sites[client].mean, by_hand.mean, rtol=1e-12, atol=0)
+        torch.testing.assert_close(sites[client].precision, by_hand.precision, rtol=1e-12, atol=0)
+        assert sites[client].round == server_round
+    later = site_estimate(duals["b"], expected["b"][0], server.strategy.global_, hp.rho, server.strategy.dual_step_size)
+    assert not torch.allclose(sites["b"].mean, later.mean)
 
 
 def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them():
@@ -249,20 +272,21 @@ def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them
     torch.testing.assert_close(server.strategy.global_.precision, redone.precision, rtol=1e-6, atol=0)
 
 
-def test_the_local_posteriors_survive_a_checkpoint_file_and_forget_gives_the_same_after_it(tmp_path):
-    """Through a real checkpoint file (safetensors, checksum): every client's local posterior and round back as they
-    were, and `forget` on the restored server gives the original's result, bit for bit."""
+def test_the_local_posteriors_and_sites_survive_a_checkpoint_file_and_forget_gives_the_same_after_it(tmp_path):
+    """Through a real checkpoint file (safetensors, checksum): every client's local posterior, site and round back as
+    they were, and `forget` on the restored server gives the original's result, bit for bit."""
     original, _ = two_rounds_with_a_join()
     weights = original.strategy.global_.mean.numpy().astype(np.float32)
     CheckpointStore(tmp_path, "fed", DEFAULTS).save(Checkpoint(2, {"w": weights}, original.state_dict(), 1.0))
     restored = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
     restored.load_state_dict(CheckpointStore(tmp_path, "fed", DEFAULTS).load().strategy_state)
-    mine, theirs = original.strategy.state.local_posteriors, restored.strategy.state.local_posteriors
-    assert mine.keys() == theirs.keys() == {"a", "b", "c"}
-    for client in mine:
-        assert torch.equal(mine[client].mean, theirs[client].mean)
-        assert torch.equal(mine[client].precision, theirs[client].precision)
-        assert mine[client].round == theirs[client].round
+    for held in ("local_posteriors", "sites"):
+        mine, theirs = getattr(original.strategy.state, held), getattr(restored.strategy.state, held)
+        assert mine.keys() == theirs.keys() == {"a", "b", "c"}
+        for client in mine:
+            assert torch.equal(mine[client].mean, theirs[client].mean)
+            assert torch.equal(mine[client].precision, theirs[client].precision)
+            assert mine[client].round == theirs[client].round
     before, after = original.strategy.forget("a"), restored.strategy.forget("a")
     np.testing.assert_array_equal(before.weights, after.weights)
-    assert before.note == after.note and before.note.startswith("round 2's server step (Eqs. 37-38) redone")
+    assert before.note == after.note and before.note.startswith("q̄ from the prior and the 2 remaining clients' sites")

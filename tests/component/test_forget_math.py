@@ -28,6 +28,7 @@ from fedbayes.strategies.bayesadmm.math import (
     newton_client_step,
     server_natural_without,
     server_step,
+    site_estimate,
 )
 from fedbayes.strategies.dsvgd.math import (
     SVGDSettings,
@@ -277,6 +278,46 @@ def test_bayesadmm_far_from_the_fixed_point_forgets_by_redoing_the_last_server_s
     assert sorted(forgotten.state.duals) == sorted(forgotten.state.local_posteriors) == without(clients, k)
 
 
+def test_bayesadmm_forgets_from_the_sites_to_the_exact_posterior_without_k_at_any_round():
+    """The damped linear-Gaussian federation above, after 3 rounds (q̄ 0.9 from its duals' fixed point and far from
+    the posterior): each client's site, from its last round's local posterior, its duals after the step and the q̄ it
+    was fitted against (`site_estimate`, line 4's stationarity), is its exact site (X_kᵀX_k/τ, X_kᵀy_k/τ), so q̄ from
+    the prior and the remaining sites is the posterior of the data without k, to 1e-6, from the server's state alone,
+    rounds before the fixed point. The sites come first: the redone step (an estimate) is not taken."""
+    data = ridge_problem(clients=4, features=4, per_client=15)
+    delta, tau, rho, k = 0.7, 0.5, 0.4, 1
+    gamma = rho / 100
+    global_ = Gaussian(torch.zeros(4, dtype=DTYPE), delta * torch.eye(4, dtype=DTYPE))
+    duals = zero_duals(data, "full")
+    for server_round in range(1, 4):
+        fitted_against = global_
+        global_, locals_ = admm_step(data, global_, duals, rho, delta, tau, server_round, gamma)
+    assert fixed_point_residual(global_, duals, delta) > 0.5
+    sites = [site_estimate(d, q, fitted_against, rho, gamma) for d, q in zip(duals, locals_)]
+    for (x, y), site in zip(data, sites):
+        torch.testing.assert_close(site.precision, x.T @ x / tau, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(site.mean, x.T @ y / tau, rtol=1e-9, atol=1e-9)
+
+    strategy = server("bayesadmm-full", {"weight": (1, 4)}, **{"prior-precision": delta, "rho": rho})
+    clients = [f"client-{j}" for j in range(len(data))]
+    holding(
+        strategy,
+        global_=as_sent(global_),
+        duals=dict(zip(clients, duals)),
+        local_posteriors=held(clients, locals_, 3),
+        sites=dict(zip(clients, sites)),
+    )
+    before = snapshot(strategy)
+    forgotten = strategy.forget(clients[k])
+    assert_unchanged(strategy, before)
+    expected = linear_gaussian_posterior(without(data, k), delta, tau)
+    assert kl_divergence(expected, global_) > 0.05  # 0.054: q̄ before is not it, so the checks below can fail
+    torch.testing.assert_close(torch.from_numpy(forgotten.weights), expected.mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(forgotten.state.global_.precision, expected.precision, rtol=1e-6, atol=0)
+    assert forgotten.note.startswith("q̄ from the prior and the 3 remaining clients' sites")
+    assert sorted(forgotten.state.sites) == without(clients, k)
+
+
 DIAGONAL = {"weight": (1, 3)}
 
 
@@ -359,7 +400,8 @@ def test_bayesadmm_forgets_where_the_fixed_point_formula_would_have_refused():
     before = snapshot(strategy)
     with pytest.raises(
         ForgetRefused,
-        match="without client 'client-a' no estimate makes a posterior .*: the last server step without it: 1 global "
+        match="without client 'client-a' no estimate makes a posterior .*: the remaining clients' sites: none held for "
+        r"client-b \(a checkpoint from before the server kept them\); the last server step without it: 1 global "
         "precisions would be <= 0; the fixed point of the remaining duals: 3 global precisions would be <= 0: the "
         "remaining duals are not yet sites; run more rounds first, or retrain",
     ):
@@ -390,8 +432,9 @@ def test_bayesadmm_state_without_local_posteriors_forgets_at_the_fixed_point_and
     torch.testing.assert_close(forgotten.state.global_.precision, precision, rtol=1e-6, atol=0)
     assert forgotten.note.startswith(
         "q̄ from the 2 remaining clients' duals at the fixed point (the sites of IVON's approximate fixed point: an "
-        "estimate) (not the last server step without it: no remaining client's local posterior is held (a "
-        "checkpoint from before the server kept them, and since then only 'b' replied))"
+        "estimate) (not the remaining clients' sites: none held for a, c (a checkpoint from before the server kept "
+        "them); the last server step without it: no remaining client's local posterior is held (a checkpoint from "
+        "before the server kept them, and since then only 'b' replied))"
     )
 
 
