@@ -1,6 +1,6 @@
 """BayesADMM's math, shared by both halves: the dual step, the server step, the client's Newton step, bounded
-influence, forgetting (at the fixed point, and by redoing the last server step without the client), and how a
-family's precision is shaped on the wire."""
+influence, forgetting (from the clients' sites, at the fixed point, and by redoing the last server step without the
+client), and how a family's precision is shaped on the wire."""
 
 from __future__ import annotations
 
@@ -55,6 +55,24 @@ def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, ser
         duals.mean + step * (local_eta - global_eta),
         duals.precision + step * (local.precision - global_.precision),
         server_round,
+    )
+
+
+def site_estimate(duals: Duals, local: Gaussian, global_: Gaussian, rho: float, step: float) -> Duals:
+    """Client k's site, the natural parameters (ŝ_k, Ŝ_k) its tempered loss adds to the posterior, from one round:
+    line 4's stationarity (Eq. 28) gives S_k m_k = S̄ m̄ + (ŝ_k - v_k)/ρ and S_k = S̄ + (Ŝ_k - U_k)/ρ for the duals
+    (v_k, U_k) the client trained with and q̄ the posterior it was fitted against; with `duals` the ones after the
+    round's Eq. 36 step of size γ = `step`:  ŝ_k = v_k + (ρ - γ)(S_k m_k - S̄ m̄),  Ŝ_k = U_k + (ρ - γ)(S_k - S̄).
+    Exact where line 4 is solved exactly for a quadratic loss (App. C.4's Newton step), at every round; at the fixed
+    point (S_k = S̄, S_k m_k = S̄ m̄) it is the duals themselves. Whatever the local solver, Eqs. 37-38 with every
+    client replying read q̄ <- (1-α) q̄ + α (prior + Σ_k ŝ_k), up to γ (S_k m_k - S̄ m̄) per client: q̄ relaxes
+    towards the sites' sum. Returned as Duals, the shape the sums take."""
+    local_eta, _ = local.natural()
+    global_eta, _ = global_.natural()
+    return Duals(
+        duals.mean + (rho - step) * (local_eta - global_eta),
+        duals.precision + (rho - step) * (local.precision - global_.precision),
+        duals.round,
     )
 
 

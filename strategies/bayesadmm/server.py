@@ -46,6 +46,7 @@ from fedbayes.strategies.bayesadmm.math import (
     replay_tolerance,
     server_natural,
     server_natural_without,
+    site_estimate,
     tempered_duals,
     unit_precision,
 )
@@ -62,13 +63,15 @@ FIXED_POINT_TOLERANCE = 1e-2
 @dataclass(frozen=True)
 class BayesADMMState:
     """q̄ as the clients receive it (None until round 1 sets it from the initial model), every known client's duals
-    after its last accepted round, and its local posterior of that round as the server step used it (with the round;
-    what `forget` redoes the last server step with; they double the per-client state). A checkpoint from before the
-    local posteriors were kept has none: its clients' come with their next replies."""
+    after its last accepted round, its local posterior of that round as the server step used it (with the round; what
+    `forget` redoes the last server step with) and its site from that round (`site_estimate`; none for the isotropic
+    family, whose sites are its duals): they triple the per-client state. A checkpoint from before the local
+    posteriors or the sites were kept has none: its clients' come with their next replies."""
 
     global_: Gaussian | None = None
     duals: dict[str, Duals] = field(default_factory=dict)
     local_posteriors: dict[str, LocalPosterior] = field(default_factory=dict)
+    sites: dict[str, Duals] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -181,18 +184,26 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         held_locals = self.state.local_posteriors | {
             p.header.client_id: LocalPosterior.held(q, server_round) for p, q in zip(payloads, used_locals)
         }
+        sites = self.state.sites
+        if not self.isotropic:  # federated ADMM's sites are its duals (γ = ρ, no precision)
+            rho, step = self.hyperparameters.rho, self.dual_step_size
+            sites = sites | {
+                p.header.client_id: site_estimate(duals[p.header.client_id], q, self.global_, rho, step)
+                for p, q in zip(payloads, used_locals)
+            }
         metrics: dict[str, float] = {"known-clients": len(duals), **precision_summary(updated)}
         warning = ""
         if not self.isotropic:  # its precision is fixed
             share = added_precision_share(used_locals, self.global_)
             metrics["client-precision-share"] = share
             warning = collapse_warning(share, self.hyperparameters.rho, len(duals), self.global_, updated)
-        return Update(updated.mean.numpy(), BayesADMMState(updated, duals, held_locals), metrics, warning)
+        return Update(updated.mean.numpy(), BayesADMMState(updated, duals, held_locals, sites), metrics, warning)
 
     def forget(self, client: str) -> Forgotten[BayesADMMState]:
-        """q̄ without client k, from the server's state alone, by one of two estimates (the package docstring): the
-        fixed-point formula on the remaining duals, S̄' = δI + Σ_{j≠k} U_j, m̄' = S̄'⁻¹ Σ_{j≠k} v_j, first where q̄ is
-        within FIXED_POINT_TOLERANCE of its duals' fixed point; else the last server step redone without k
+        """q̄ without client k, from the server's state alone, by one of three estimates (the package docstring):
+        the remaining clients' sites first (not for the isotropic family); then the fixed-point formula on the
+        remaining duals, S̄' = δI + Σ_{j≠k} U_j, m̄' = S̄'⁻¹ Σ_{j≠k} v_j, first where q̄ is within
+        FIXED_POINT_TOLERANCE of its duals' fixed point; else the last server step redone without k
         (`server_natural_without`). The first that makes a posterior (finite, positive precision) is taken; none:
         ForgetRefused, naming why each failed. The remaining duals and local posteriors stay, so the next ordinary
         round goes on from them."""
@@ -203,6 +214,8 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         estimates = [self._at_fixed_point(client), self._redone_step(client)]
         if residual > FIXED_POINT_TOLERANCE:
             estimates.reverse()
+        if not self.isotropic:
+            estimates.insert(0, self._from_sites(client))
         failures: list[str] = []
         for estimate in estimates:
             forgotten, failure = self._posterior_of(estimate)
@@ -229,6 +242,29 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             f"q̄ from the {len(duals)} remaining clients' duals at the fixed point ({what})",
             natural,
             why_invalid="the remaining duals are not yet sites",
+        )
+
+    def _from_sites(self, client: str) -> ForgetEstimate:
+        """The fixed-point formula on the remaining clients' sites (`site_estimate`) instead of their duals: S̄' = δI +
+        Σ_{j≠k} Ŝ_j, S̄' m̄' = Σ_{j≠k} ŝ_j, tempered as the duals are under `clip`. At any round, not only at the
+        fixed point, where the sites are."""
+        name = "the remaining clients' sites"
+        remaining = [c for c in self.state.duals if c != client]
+        missing = [c for c in remaining if c not in self.state.sites]
+        if missing:
+            return ForgetEstimate(
+                name, missing=f"none held for {', '.join(missing)} (a checkpoint from before the server kept them)"
+            )
+        sites = self._summed_duals({c: self.state.sites[c] for c in remaining})
+        what = {
+            "full": "exact for a quadratic loss; one Newton step on the remaining data for cross-entropy",
+            "diagonal": "IVON's curvature of one round, an estimate",
+        }[self.family]
+        return ForgetEstimate(
+            name,
+            f"q̄ from the prior and the {len(sites)} remaining clients' sites of their last accepted rounds ({what})",
+            fixed_point_natural(sites, self.hyperparameters.prior_precision, self.global_.precision),
+            why_invalid="their sites' curvature is too noisy",
         )
 
     def _redone_step(self, client: str) -> ForgetEstimate:
@@ -281,16 +317,17 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             forgotten,
             {c: d for c, d in self.state.duals.items() if c != client},
             {c: q for c, q in self.state.local_posteriors.items() if c != client},
+            {c: q for c, q in self.state.sites.items() if c != client},
         )
         kl = None if self.isotropic else kl_divergence(self.global_, forgotten)
         instead = f" (not {'; '.join(failures)})" if failures else ""
         note = (
             f"{estimate.what}{instead}; q̄ was {residual:.2g} from its duals' fixed point (the fixed-point formula "
-            f"comes first within {FIXED_POINT_TOLERANCE:g}); refinement rounds move it to the fixed point without "
-            f"{client!r}"
+            f"comes before the redone step within {FIXED_POINT_TOLERANCE:g}); refinement rounds move it to the fixed "
+            f"point without {client!r}"
         )
-        # exact only for a quadratic loss at the fixed point, which no client here trains (the full family's is
-        # cross-entropy)
+        # exact only for a quadratic loss (the sites, or the fixed point), which no client here trains (the full
+        # family's is cross-entropy)
         return Forgotten(forgotten.mean.numpy(), state, exact=False, kl_before_after=kl, note=note)
 
     def _summed_duals(self, duals: dict[str, Duals]) -> list[Duals]:
@@ -363,6 +400,7 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             }
             saved.add_per_client("duals", state.duals)
             saved.add_per_client("local_posteriors", state.local_posteriors)
+            saved.add_per_client("sites", state.sites)
         return saved
 
     def load_state(self, saved: ServerState) -> BayesADMMState:
@@ -376,7 +414,8 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         held_locals = (
             saved.per_client("local_posteriors", LocalPosterior) if "local_posteriors" in saved.metadata else {}
         )
-        return BayesADMMState(global_, saved.per_client("duals", Duals), held_locals)
+        sites = saved.per_client("sites", Duals) if "sites" in saved.metadata else {}
+        return BayesADMMState(global_, saved.per_client("duals", Duals), held_locals, sites)
 
     def _global_problem(self, q: Gaussian) -> str | None:
         """Why `q` (as sent: float32 values) cannot be the new global posterior, or None."""
