@@ -1,6 +1,6 @@
 """BayesADMM's math, shared by both halves: the dual step, the server step, the client's Newton step, bounded
-influence, forgetting (from the clients' sites, at the fixed point, and by redoing the last server step without the
-client), and how a family's precision is shaped on the wire."""
+influence, forgetting (by the client's share of q̄, at the fixed point, and by redoing the last server step without
+the client), and how a family's precision is shaped on the wire."""
 
 from __future__ import annotations
 
@@ -58,21 +58,57 @@ def dual_step(duals: Duals, local: Gaussian, global_: Gaussian, step: float, ser
     )
 
 
-def site_estimate(duals: Duals, local: Gaussian, global_: Gaussian, rho: float, step: float) -> Duals:
-    """Client k's site, the natural parameters (ŝ_k, Ŝ_k) its tempered loss adds to the posterior, from one round:
-    line 4's stationarity (Eq. 28) gives S_k m_k = S̄ m̄ + (ŝ_k - v_k)/ρ and S_k = S̄ + (Ŝ_k - U_k)/ρ for the duals
-    (v_k, U_k) the client trained with and q̄ the posterior it was fitted against; with `duals` the ones after the
-    round's Eq. 36 step of size γ = `step`:  ŝ_k = v_k + (ρ - γ)(S_k m_k - S̄ m̄),  Ŝ_k = U_k + (ρ - γ)(S_k - S̄).
-    Exact where line 4 is solved exactly for a quadratic loss (App. C.4's Newton step), at every round; at the fixed
-    point (S_k = S̄, S_k m_k = S̄ m̄) it is the duals themselves. Whatever the local solver, Eqs. 37-38 with every
-    client replying read q̄ <- (1-α) q̄ + α (prior + Σ_k ŝ_k), up to γ (S_k m_k - S̄ m̄) per client: q̄ relaxes
-    towards the sites' sum. Returned as Duals, the shape the sums take."""
-    local_eta, _ = local.natural()
+def shares_step(
+    shares: Mapping[str, Duals],
+    repliers: Mapping[str, Gaussian],
+    all_duals: Mapping[str, Duals],
+    global_: Gaussian,
+    rho: float,
+    server_round: int,
+) -> dict[str, Duals]:
+    """Every known client's share c_k of q̄ after one server step, in natural parameters (as Duals: the shape the
+    sums take). With R of the K known clients replying (`repliers`: their local posteriors as the step used them;
+    `all_duals`: as it summed them; `global_`: the q̄ they were fitted against), Eqs. 37-38 read, as (1-α)/R = αρK/R,
+        S̄ m̄ <- (1-α) S̄ m̄ + α [Σ_k a_k + prior's],  a_k = v_k + [k replied] (ρK/R)(S_k m_k - S̄ m̄),
+    and likewise S̄ with U_k and S_k: linear in each client's term a_k. So c_k <- (1-α) c_k + α a_k (0 before k's first
+    reply) keeps q̄ = Π(1-α) q̄_0 + the prior's part + Σ_k c_k at every round, whatever the local solver, and q̄ - c_k
+    is q̄ as the steps would have made it had k's duals been zero and its local posteriors the q̄ it was sent. For the
+    diagonal and full families (the isotropic one resets its precision after each step)."""
+    clients = len(all_duals)
+    alpha = prior_weight(rho, clients)
+    weight = rho * clients / len(repliers)
     global_eta, _ = global_.natural()
-    return Duals(
-        duals.mean + (rho - step) * (local_eta - global_eta),
-        duals.precision + (rho - step) * (local.precision - global_.precision),
-        duals.round,
+    updated = {}
+    for client, duals in all_duals.items():
+        term_eta, term_precision = duals.mean, duals.precision
+        if client in repliers:
+            local = repliers[client]
+            term_eta = term_eta + weight * (local.natural()[0] - global_eta)
+            term_precision = term_precision + weight * (local.precision - global_.precision)
+        kept = shares.get(client, Duals(torch.zeros_like(term_eta), torch.zeros_like(term_precision)))
+        updated[client] = Duals(
+            (1 - alpha) * kept.mean + alpha * term_eta,
+            (1 - alpha) * kept.precision + alpha * term_precision,
+            server_round,
+        )
+    return updated
+
+
+def without_share(
+    global_: Gaussian, share: Duals, floor: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """q̄'s natural parameters (S̄ m̄, S̄) less client k's share c_k (`shares_step`). `floor` (diagonal family): where
+    less precision than that would remain (the other shares carry IVON's negative curvature estimates), q̄ keeps its
+    own entry. Returns (S̄' m̄', S̄', how many entries were kept)."""
+    eta, _ = global_.natural()
+    eta_without, precision_without = eta - share.mean, global_.precision - share.precision
+    if floor is None:
+        return eta_without, precision_without, 0
+    kept = precision_without < floor
+    return (
+        torch.where(kept, eta, eta_without),
+        torch.where(kept, global_.precision, precision_without),
+        int(kept.sum()),
     )
 
 

@@ -46,9 +46,10 @@ from fedbayes.strategies.bayesadmm.math import (
     replay_tolerance,
     server_natural,
     server_natural_without,
-    site_estimate,
+    shares_step,
     tempered_duals,
     unit_precision,
+    without_share,
 )
 from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
 from fedbayes.tasks.config import ConfigError, RunSettings
@@ -64,14 +65,14 @@ FIXED_POINT_TOLERANCE = 1e-2
 class BayesADMMState:
     """q̄ as the clients receive it (None until round 1 sets it from the initial model), every known client's duals
     after its last accepted round, its local posterior of that round as the server step used it (with the round; what
-    `forget` redoes the last server step with) and its site from that round (`site_estimate`; none for the isotropic
-    family, whose sites are its duals): they triple the per-client state. A checkpoint from before the local
-    posteriors or the sites were kept has none: its clients' come with their next replies."""
+    `forget` redoes the last server step with) and its share of q̄ (`shares_step`: what `forget` subtracts; none for
+    the isotropic family): they triple the per-client state. A checkpoint from before the local posteriors or the
+    shares were kept has none: its clients' local posteriors come with their next replies, their shares not at all."""
 
     global_: Gaussian | None = None
     duals: dict[str, Duals] = field(default_factory=dict)
     local_posteriors: dict[str, LocalPosterior] = field(default_factory=dict)
-    sites: dict[str, Duals] = field(default_factory=dict)
+    shares: dict[str, Duals] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -184,24 +185,27 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         held_locals = self.state.local_posteriors | {
             p.header.client_id: LocalPosterior.held(q, server_round) for p, q in zip(payloads, used_locals)
         }
-        sites = self.state.sites
-        if not self.isotropic:  # federated ADMM's sites are its duals (γ = ρ, no precision)
-            rho, step = self.hyperparameters.rho, self.dual_step_size
-            sites = sites | {
-                p.header.client_id: site_estimate(duals[p.header.client_id], q, self.global_, rho, step)
-                for p, q in zip(payloads, used_locals)
-            }
+        shares = self.state.shares
+        if not self.isotropic and (shares or not self.state.duals):  # from the first round on, or never: see load_state
+            shares = shares_step(
+                shares,
+                {p.header.client_id: q for p, q in zip(payloads, used_locals)},
+                dict(zip(duals, used_duals)),
+                self.global_,
+                self.hyperparameters.rho,
+                server_round,
+            )
         metrics: dict[str, float] = {"known-clients": len(duals), **precision_summary(updated)}
         warning = ""
         if not self.isotropic:  # its precision is fixed
             share = added_precision_share(used_locals, self.global_)
             metrics["client-precision-share"] = share
             warning = collapse_warning(share, self.hyperparameters.rho, len(duals), self.global_, updated)
-        return Update(updated.mean.numpy(), BayesADMMState(updated, duals, held_locals, sites), metrics, warning)
+        return Update(updated.mean.numpy(), BayesADMMState(updated, duals, held_locals, shares), metrics, warning)
 
     def forget(self, client: str) -> Forgotten[BayesADMMState]:
         """q̄ without client k, from the server's state alone, by one of three estimates (the package docstring):
-        the remaining clients' sites first (not for the isotropic family); then the fixed-point formula on the
+        q̄ less the client's share first (not for the isotropic family); then the fixed-point formula on the
         remaining duals, S̄' = δI + Σ_{j≠k} U_j, m̄' = S̄'⁻¹ Σ_{j≠k} v_j, first where q̄ is within
         FIXED_POINT_TOLERANCE of its duals' fixed point; else the last server step redone without k
         (`server_natural_without`). The first that makes a posterior (finite, positive precision) is taken; none:
@@ -215,7 +219,7 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         if residual > FIXED_POINT_TOLERANCE:
             estimates.reverse()
         if not self.isotropic:
-            estimates.insert(0, self._from_sites(client))
+            estimates.insert(0, self._without_share(client))
         failures: list[str] = []
         for estimate in estimates:
             forgotten, failure = self._posterior_of(estimate)
@@ -244,27 +248,27 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             why_invalid="the remaining duals are not yet sites",
         )
 
-    def _from_sites(self, client: str) -> ForgetEstimate:
-        """The fixed-point formula on the remaining clients' sites (`site_estimate`) instead of their duals: S̄' = δI +
-        Σ_{j≠k} Ŝ_j, S̄' m̄' = Σ_{j≠k} ŝ_j, tempered as the duals are under `clip`. At any round, not only at the
-        fixed point, where the sites are."""
-        name = "the remaining clients' sites"
-        remaining = [c for c in self.state.duals if c != client]
-        missing = [c for c in remaining if c not in self.state.sites]
-        if missing:
+    def _without_share(self, client: str) -> ForgetEstimate:
+        """q̄ less the client's share (`without_share`); for the diagonal family floored at the prior's precision."""
+        name = "q̄ less its share"
+        share = self.state.shares.get(client)
+        if share is None:
             return ForgetEstimate(
-                name, missing=f"none held for {', '.join(missing)} (a checkpoint from before the server kept them)"
+                name,
+                missing="the server holds no shares (kept from a federation's first round on, and this one's "
+                "checkpoint started before they were)",
             )
-        sites = self._summed_duals({c: self.state.sites[c] for c in remaining})
-        what = {
-            "full": "exact for a quadratic loss; one Newton step on the remaining data for cross-entropy",
-            "diagonal": "IVON's curvature of one round, an estimate",
-        }[self.family]
+        floor = self.hyperparameters.prior_precision if self.family == "diagonal" else None
+        eta, precision, kept = without_share(self.global_, share, floor)
+        floored = (
+            f"; in {kept} of {precision.numel()} parameters q̄ kept its own, as less than δ would remain" if kept else ""
+        )
         return ForgetEstimate(
             name,
-            f"q̄ from the prior and the {len(sites)} remaining clients' sites of their last accepted rounds ({what})",
-            fixed_point_natural(sites, self.hyperparameters.prior_precision, self.global_.precision),
-            why_invalid="their sites' curvature is too noisy",
+            f"q̄ less {client!r}'s share of it: what its duals and local posteriors added in every server step since "
+            f"round 1 (Eqs. 37-38 are linear in them), taken out{floored}; an estimate: the remaining clients were "
+            f"fitted against a q̄ that held {client!r}",
+            (eta, precision),
         )
 
     def _redone_step(self, client: str) -> ForgetEstimate:
@@ -317,7 +321,7 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             forgotten,
             {c: d for c, d in self.state.duals.items() if c != client},
             {c: q for c, q in self.state.local_posteriors.items() if c != client},
-            {c: q for c, q in self.state.sites.items() if c != client},
+            {c: q for c, q in self.state.shares.items() if c != client},
         )
         kl = None if self.isotropic else kl_divergence(self.global_, forgotten)
         instead = f" (not {'; '.join(failures)})" if failures else ""
@@ -326,8 +330,8 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             f"comes before the redone step within {FIXED_POINT_TOLERANCE:g}); refinement rounds move it to the fixed "
             f"point without {client!r}"
         )
-        # exact only for a quadratic loss (the sites, or the fixed point), which no client here trains (the full
-        # family's is cross-entropy)
+        # exact only for a quadratic loss at the fixed point, which no client here trains (the full family's is
+        # cross-entropy)
         return Forgotten(forgotten.mean.numpy(), state, exact=False, kl_before_after=kl, note=note)
 
     def _summed_duals(self, duals: dict[str, Duals]) -> list[Duals]:
@@ -400,7 +404,7 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             }
             saved.add_per_client("duals", state.duals)
             saved.add_per_client("local_posteriors", state.local_posteriors)
-            saved.add_per_client("sites", state.sites)
+            saved.add_per_client("shares", state.shares)
         return saved
 
     def load_state(self, saved: ServerState) -> BayesADMMState:
@@ -414,8 +418,9 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         held_locals = (
             saved.per_client("local_posteriors", LocalPosterior) if "local_posteriors" in saved.metadata else {}
         )
-        sites = saved.per_client("sites", Duals) if "sites" in saved.metadata else {}
-        return BayesADMMState(global_, saved.per_client("duals", Duals), held_locals, sites)
+        # the shares add up to q̄ only if kept from round 1: a checkpoint from before they were keeps none, ever
+        shares = saved.per_client("shares", Duals) if "shares" in saved.metadata else {}
+        return BayesADMMState(global_, saved.per_client("duals", Duals), held_locals, shares)
 
     def _global_problem(self, q: Gaussian) -> str | None:
         """Why `q` (as sent: float32 values) cannot be the new global posterior, or None."""

@@ -2,6 +2,7 @@
 keeps for `forget` (as its step used them, through a checkpoint file)."""
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,8 +18,8 @@ from fedbayes.strategies.bayesadmm.math import (
     Duals,
     bounded_influence,
     dual_step,
+    prior_weight,
     server_step,
-    site_estimate,
     tempered_duals,
 )
 from fedbayes.strategies.bayesadmm.server import BayesADMM
@@ -223,20 +224,51 @@ def test_the_server_keeps_each_clients_last_local_posterior_and_its_round():
     torch.testing.assert_close(server.strategy.global_.precision, redone.precision, rtol=1e-6, atol=0)
 
 
-def test_the_server_keeps_each_clients_site_from_its_last_round_and_the_q_it_was_fitted_against():
-    """What `forget` sums first: every client's site (`site_estimate`) from its last accepted reply's local posterior
-    and duals and the q̄ of that round, not the q̄ of later rounds (b's is round 1's)."""
+def test_the_clients_shares_add_up_to_q_with_a_join_and_a_client_that_did_not_reply():
+    """What `forget` takes out: each known client's share of q̄ (`shares_step`). Over round 1 (a, b; K = 2) and round 2
+    (a and c; c joins, b does not reply; K = 3) they add up, with the initial q̄'s part Π(1-α) and the prior's, to q̄
+    in natural parameters: the server steps are linear in every client's duals and local posterior. b's share decays
+    by (1-α) and gains α times its duals; c's starts in round 2."""
     server, expected = two_rounds_with_a_join()
-    sites, duals = server.strategy.state.sites, server.strategy.state.duals
-    hp = server.strategy.hyperparameters
-    assert sorted(sites) == ["a", "b", "c"]
-    for client, (local, server_round, fitted_against) in expected.items():
-        by_hand = site_estimate(duals[client], local, fitted_against, hp.rho, server.strategy.dual_step_size)
-        torch.testing.assert_close(sites[client].mean, by_hand.mean, rtol=1e-12, atol=0)
-        torch.testing.assert_close(sites[client].precision, by_hand.precision, rtol=1e-12, atol=0)
-        assert sites[client].round == server_round
-    later = site_estimate(duals["b"], expected["b"][0], server.strategy.global_, hp.rho, server.strategy.dual_step_size)
-    assert not torch.allclose(sites["b"].mean, later.mean)
+    strategy_ = server.strategy
+    hp, shares = strategy_.hyperparameters, strategy_.state.shares
+    assert sorted(shares) == ["a", "b", "c"] and {c.round for c in shares.values()} == {2}
+    initial = expected["b"][2]  # q̄ of round 1, before any step
+    alpha_1, alpha_2 = prior_weight(hp.rho, 2), prior_weight(hp.rho, 3)
+    initial_part = (1 - alpha_1) * (1 - alpha_2)
+    prior_part = hp.prior_precision * (alpha_1 * (1 - alpha_2) + alpha_2)
+    eta, _ = strategy_.global_.natural()
+    torch.testing.assert_close(
+        eta, initial_part * initial.natural()[0] + sum(c.mean for c in shares.values()), rtol=1e-6, atol=1e-6
+    )
+    torch.testing.assert_close(
+        strategy_.global_.precision,
+        initial_part * initial.precision + prior_part + sum(c.precision for c in shares.values()),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    # round 1: K = R = 2, so b's term is U_b + ρ (S_b - S̄); round 2: b did not reply, its term is U_b alone
+    b_after_round_1 = alpha_1 * (
+        strategy_.state.duals["b"].precision + hp.rho * (expected["b"][0].precision - initial.precision)
+    )
+    torch.testing.assert_close(
+        shares["b"].precision,
+        (1 - alpha_2) * b_after_round_1 + alpha_2 * strategy_.state.duals["b"].precision,
+        rtol=1e-9,
+        atol=1e-12,
+    )
+
+
+def test_a_server_without_shares_does_not_start_them_midway():
+    """Shares add up to q̄ only when kept from round 1: a server whose state has duals but no shares (a checkpoint
+    from before they were kept) keeps none in later rounds, and `forget` takes its other estimates."""
+    server, _ = two_rounds_with_a_join()
+    held = server.strategy
+    held.commit(replace(held.state, shares={}))
+    a3, _, _ = reply("a", 3, [1.0, 1.0], [6.0, 6.0], held.global_, 2, previous=held.state.duals["a"])
+    server.aggregate(3, [reply_message(a3, 1)])
+    assert server.round_report.rejected == {} and held.state.duals["a"].round == 3 and held.state.shares == {}
+    assert held.forget("b").note.startswith("round 3's server step (Eqs. 37-38) redone without 'b'")
 
 
 def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them():
@@ -272,15 +304,15 @@ def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them
     torch.testing.assert_close(server.strategy.global_.precision, redone.precision, rtol=1e-6, atol=0)
 
 
-def test_the_local_posteriors_and_sites_survive_a_checkpoint_file_and_forget_gives_the_same_after_it(tmp_path):
-    """Through a real checkpoint file (safetensors, checksum): every client's local posterior, site and round back as
-    they were, and `forget` on the restored server gives the original's result, bit for bit."""
+def test_the_local_posteriors_and_shares_survive_a_checkpoint_file_and_forget_gives_the_same_after_it(tmp_path):
+    """Through a real checkpoint file (safetensors, checksum): every client's local posterior, share and round back
+    as they were, and `forget` on the restored server gives the original's result, bit for bit."""
     original, _ = two_rounds_with_a_join()
     weights = original.strategy.global_.mean.numpy().astype(np.float32)
     CheckpointStore(tmp_path, "fed", DEFAULTS).save(Checkpoint(2, {"w": weights}, original.state_dict(), 1.0))
     restored = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
     restored.load_state_dict(CheckpointStore(tmp_path, "fed", DEFAULTS).load().strategy_state)
-    for held in ("local_posteriors", "sites"):
+    for held in ("local_posteriors", "shares"):
         mine, theirs = getattr(original.strategy.state, held), getattr(restored.strategy.state, held)
         assert mine.keys() == theirs.keys() == {"a", "b", "c"}
         for client in mine:
@@ -289,4 +321,4 @@ def test_the_local_posteriors_and_sites_survive_a_checkpoint_file_and_forget_giv
             assert mine[client].round == theirs[client].round
     before, after = original.strategy.forget("a"), restored.strategy.forget("a")
     np.testing.assert_array_equal(before.weights, after.weights)
-    assert before.note == after.note and before.note.startswith("q̄ from the prior and the 2 remaining clients' sites")
+    assert before.note == after.note and before.note.startswith("q̄ less 'a''s share of it")
