@@ -71,9 +71,9 @@ def shares_step(
     `all_duals`: as it summed them; `global_`: the q̄ they were fitted against), Eqs. 37-38 read, as (1-α)/R = αρK/R,
         S̄ m̄ <- (1-α) S̄ m̄ + α [Σ_k a_k + prior's],  a_k = v_k + [k replied] (ρK/R)(S_k m_k - S̄ m̄),
     and likewise S̄ with U_k and S_k: linear in each client's term a_k. So c_k <- (1-α) c_k + α a_k (0 before k's first
-    reply) keeps q̄ = Π(1-α) q̄_0 + the prior's part + Σ_k c_k at every round, whatever the local solver, and q̄ - c_k
-    is q̄ as the steps would have made it had k's duals been zero and its local posteriors the q̄ it was sent. For the
-    diagonal and full families (the isotropic one resets its precision after each step)."""
+    reply) keeps q̄ = Π(1-α) q̄_0 + the prior's part + Σ_k c_k at every round, whatever the local solver: q̄ - c_k is
+    q̄ without any term k's duals and local posteriors added. For the diagonal and full families (the isotropic one
+    resets its precision after each step)."""
     clients = len(all_duals)
     alpha = prior_weight(rho, clients)
     weight = rho * clients / len(repliers)
