@@ -39,14 +39,12 @@ def log_says(path: Path, text: str, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def members_settle_to(processes: ProcessGroup, pids: list[int], timeout: float = 10.0) -> bool:
-    """Whether the group's marked processes become exactly `pids` within `timeout` seconds."""
+def settled_members(processes: ProcessGroup, pids: list[int], timeout: float = 10.0) -> list[int]:
+    """The group's marked processes, sorted, once they are exactly `pids` or after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while sorted(processes.members()) != sorted(pids):
-        if time.monotonic() > deadline:
-            return False
+    while (members := sorted(processes.members())) != sorted(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return True
+    return members
 
 
 def test_a_forked_supernode_is_a_process_of_its_own_and_stops_with_the_group(tmp_path):
@@ -63,7 +61,7 @@ def test_a_forked_supernode_is_a_process_of_its_own_and_stops_with_the_group(tmp
         assert Path(f"/proc/{pid}/cwd").resolve() == workdir.resolve()
         # Both carry the group's marker. So, for a moment, does `file -b python`: Flower's start-up telemetry event
         # calls platform.architecture() even with telemetry off (CI once listed it).
-        assert members_settle_to(processes, [server.process.pid, pid])
+        assert settled_members(processes, [server.process.pid, pid]) == sorted([server.process.pid, pid])
     assert node.popen.poll() is not None
     assert processes.members() == []  # the SuperNode and the fork server stopped
 
