@@ -15,7 +15,12 @@ pool=4`), three phases:
             then tells it it is forgotten. A strategy that refuses (ForgetRefused: FedAvg keeps no per-client
             factor) is retrained from scratch instead, as the refusal says: its forget costs a retrain.
   retrain   a new federation of the other 9, same seeds, R rounds
-and, for the forgotten model right after the forget (refine 0), after refinement, and the retrained one:
+  retrain-longer
+            the retrained federation's state copied and trained --refine-rounds more: as many rounds as forget +
+            refinement in all (the targets are the retrained model's after R; this tells a longer-trained model's
+            better knowledge of the client's classes apart from what the forget left in). Not for a strategy that
+            refused; not measured (said in the log) where the retrain phase's scratch state is gone
+and, for the forgotten model right after the forget (refine 0), after refinement, and the retrained ones:
   (a) test accuracy and NLL of the predictive (the posterior's samples where the strategy has them: BayesADMM's and
       FedLap-Cov's Gaussian, DSVGD's particles; else the global model);
   (b) accuracy and NLL on the forgotten client's own training data;
@@ -396,6 +401,28 @@ def run_forget(
     phase.write({"done": True})
 
 
+def run_retrain_longer(
+    settings: RunSettings,
+    phase: Phase,
+    retrain: Phase,
+    rounds: int,
+    refine_rounds: int,
+    test: Dataset,
+    forgotten_partition: int,
+) -> None:
+    """The retrained federation's end state copied and trained `refine_rounds` more rounds: retraining with as many
+    rounds as forget + refinement had in all, so that a longer-trained model's better knowledge of the client's
+    classes is told apart from what the forget left in."""
+    phase.start()
+    shutil.copytree(retrain.directory, phase.directory)
+    federation = Federation(settings, [p for p in range(CLIENTS) if p != forgotten_partition], phase.directory, test)
+    federation.resume()
+    train(federation, phase, rounds + 1, rounds + refine_rounds, "retrain-longer")
+    own = client_runtime(settings, forgotten_partition, phase.directory / "forgotten-client")
+    phase.write({"evaluation": "retrained-longer", **federation.evaluate(own, rounds + refine_rounds)})
+    phase.write({"done": True})
+
+
 def client_with_most_examples(settings: RunSettings, workdir: Path) -> int:
     return max(range(CLIENTS), key=lambda p: len(client_runtime(settings, p, workdir / "sizes").data.labels))
 
@@ -423,7 +450,23 @@ def run_strategy(strategy: str, args: argparse.Namespace, results: Path) -> dict
             test,
             forgotten,
         )
-    return summarise(strategy, forgotten, {name: phase.rows() for name, phase in phases.items()})
+    refused = next(row for row in phases["forget"].rows() if row.get("phase") == "forget")["event"] == "refused"
+    longer = Phase(results, args.workdir, strategy, "retrain-longer", args.seed)
+    if not refused and not longer.done():
+        if phases["retrain"].directory.exists():
+            run_retrain_longer(settings, longer, phases["retrain"], rounds, args.refine_rounds, test, forgotten)
+        else:  # results kept from a run whose scratch state is gone
+            log.warning(
+                "%s: retrained with %d + %d rounds not measured: the retrain phase's state is not in %s (delete its "
+                "JSONL to retrain)",
+                strategy,
+                rounds,
+                args.refine_rounds,
+                phases["retrain"].directory,
+            )
+    return summarise(
+        strategy, forgotten, {name: phase.rows() for name, phase in {**phases, "retrain-longer": longer}.items()}
+    )
 
 
 def summarise(strategy: str, forgotten: int, rows: dict[str, list[dict]]) -> dict:
@@ -448,6 +491,7 @@ def summarise(strategy: str, forgotten: int, rows: dict[str, list[dict]]) -> dic
         "retrained": evaluation("retrain", "retrained"),
         "forgotten": evaluation("forget", "forgotten"),
         "refined": evaluation("forget", "refined"),
+        "retrained_longer": evaluation("retrain-longer", "retrained-longer"),
         "cost_forget": cost("retrain", ("retrain",)) if refused else cost("forget", ("forget", "refine")),
         "cost_retrain": cost("retrain", ("retrain",)),
     }
@@ -474,10 +518,12 @@ def table_rows(entry: dict) -> list[tuple[str, dict, dict | None]]:
     rows = [("all 10 clients", entry["full"], None), ("retrained without", entry["retrained"], entry["cost_retrain"])]
     if entry["forget"]["event"] == "refused":
         return [*rows, ("forget: refused, retrain", entry["retrained"], entry["cost_forget"])]
+    longer = entry.get("retrained_longer")  # absent from summaries before it was measured
     return [
         *rows,
         ("forgotten", entry["forgotten"], None),
         ("forgotten + refined", entry["refined"], entry["cost_forget"]),
+        *([("retrained, as many rounds", longer, None)] if longer else []),
     ]
 
 
