@@ -11,6 +11,7 @@ from logging import ERROR
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.common import log
 
@@ -157,18 +158,17 @@ def _client_examples(settings: RunSettings, node: NodeSettings) -> Dataset:
     if prepartitioned is not None:  # npz:DIR with client-<i>.npz files: the split is the files'
         return prepartitioned
     full = load_dataset(settings.dataset, train=True, data_root=settings.data_root, download=settings.download)
+    return full.subset(split_rows(settings, full.labels.numpy(), node.num_partitions)[node.partition_id])
+
+
+def split_rows(settings: RunSettings, labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """Every client's rows of the training set (`labels`, all of it) under `settings`: the split file's, else the
+    run seed's split."""
     if settings.split_file:
-        partitions = read_split_file(settings.split_file, len(full), node.num_partitions, settings.split_file_overlap)
-        return full.subset(partitions[node.partition_id])
-    partitions = partition_dataset(
-        full.labels.numpy(),
-        node.num_partitions,
-        settings.split,
-        settings.seed,
-        fraction=settings.fraction,
-        **_split_options(settings),
+        return read_split_file(settings.split_file, len(labels), num_clients, settings.split_file_overlap)
+    return partition_dataset(
+        labels, num_clients, settings.split, settings.seed, fraction=settings.fraction, **_split_options(settings)
     )
-    return full.subset(partitions[node.partition_id])
 
 
 def _split_options(settings: RunSettings) -> dict[str, Any]:

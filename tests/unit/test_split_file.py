@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fedbayes.client.runtime import NodeSettings, load_client_data
+from fedbayes.client.runtime import NodeSettings, load_client_data, split_rows
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import load_dataset
@@ -89,3 +89,19 @@ def test_row_order_by_class_lists_a_clients_rows_class_by_class_keeping_their_or
 def test_split_file_with_a_fraction_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="'fraction' must be 1 with a split-file"):
         run_settings({**DEFAULTS, "split-file": "split.json", "fraction": 0.1})
+
+
+def test_a_runs_split_written_to_a_file_gives_every_client_the_same_rows_under_another_seed(tmp_path):
+    # benchmarks/forget.py's reseeded retraining: the run seed's split, written, fixes the rows; the seed then sets
+    # only the training (another seed alone draws another split).
+    labels = np.random.default_rng(0).integers(0, 10, 2000)
+    settings = run_settings({**DEFAULTS, "split": "dirichlet", "seed": 4, "fraction": 0.1})
+    rows = split_rows(settings, labels, 5)
+    assert [p.tolist() for p in rows] == [p.tolist() for p in partition_dataset(labels, 5, "dirichlet", 4, 0.1)]
+    write_split_file(tmp_path / "split.json", rows)
+    reseeded = run_settings(
+        {**DEFAULTS, "split": "dirichlet", "seed": 1004, "split-file": str(tmp_path / "split.json")}
+    )
+    assert [p.tolist() for p in split_rows(reseeded, labels, 5)] == [p.tolist() for p in rows]
+    other = split_rows(run_settings({**DEFAULTS, "split": "dirichlet", "seed": 1004, "fraction": 0.1}), labels, 5)
+    assert [p.tolist() for p in other] != [p.tolist() for p in rows]
