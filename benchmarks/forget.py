@@ -45,12 +45,12 @@ one thread. Resumable per phase: a phase whose JSONL ends with its "done" row is
 table on stdout. `--smoke` runs tiny settings (2 % of the data, logistic regression, 2 + 1 rounds; DSVGD, one client
 a round, 10 + 1, so that the forgotten client has had its turn) into benchmarks/results/forget/smoke/ to show it works;
 `--label NAME` keeps another protocol's runs (e.g. more rounds) apart, in benchmarks/results/forget/NAME/.
-`--report` prints, per strategy, the per-seed differences to the retrained model over every summary in the
-results folder (mean ± standard error) and how many runs meet the targets; nothing is run.
+`--report [LABEL ...]` prints, per strategy, the per-seed differences to the retrained model over the summaries in
+those labels' folders (mean ± standard error) and how many runs meet the targets; nothing is run.
 
     python benchmarks/forget.py [--rounds 20] [--refine-rounds 5] [--seed 0] [--reseeded-retrain] \
         [--strategies bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg] [--label NAME --set KEY=VALUE ...]
-    python benchmarks/forget.py --report [--label NAME]
+    python benchmarks/forget.py --report [LABEL ...]
 """
 
 from __future__ import annotations
@@ -595,14 +595,18 @@ def meets_targets(model: dict, reference: dict) -> bool:
     )
 
 
-def seeds_report(results: Path) -> str:
-    """Per strategy and comparison, over the seeds whose summaries in `results` have both models: the mean ± standard
+def seeds_report(folders: list[Path]) -> str:
+    """Per strategy and comparison, over the seeds whose summaries in `folders` have both models: the mean ± standard
     error of the per-seed differences (test accuracy and accuracy on the client's data in points, the AUC), the AUC
-    difference's standard deviation, and the runs within both targets."""
+    difference's standard deviation, and the runs within both targets. A strategy's seed in two folders is refused
+    (two protocols, or one run counted twice)."""
     entries: dict[str, dict[int, dict]] = {}
-    for path in sorted(results.glob("summary-seed*.json")):
+    for path in sorted(path for folder in folders for path in folder.glob("summary-seed*.json")):
+        seed = int(path.stem.removeprefix("summary-seed"))
         for entry in json.loads(path.read_text()):
-            entries.setdefault(entry["strategy"], {})[int(path.stem.removeprefix("summary-seed"))] = entry
+            if seed in entries.setdefault(entry["strategy"], {}):
+                raise SystemExit(f"{entry['strategy']} seed {seed}: in more than one of {[str(f) for f in folders]}")
+            entries[entry["strategy"]][seed] = entry
     lines = [
         "| strategy | model | against | seeds | Δ test acc, points | Δ acc on its data | Δ MIA AUC | sd of Δ AUC | "
         "within targets |",
@@ -623,7 +627,7 @@ def seeds_report(results: Path) -> str:
                 f"| {strategy} | {model_name} | {reference_name} | {len(pairs)} | {' | '.join(cells)} | "
                 f"{'' if auc_sd is None else f'{auc_sd:.3f}'} | {within} of {len(pairs)} |"
             )
-    return "\n".join(lines) if len(lines) > 2 else f"no summaries in {results}"
+    return "\n".join(lines) if len(lines) > 2 else f"no summaries in {', '.join(map(str, folders))}"
 
 
 def mean_and_error(values: list[float], digits: int) -> str:
@@ -651,11 +655,16 @@ def main() -> None:
         action="store_true",
         help=f"also retrain the other 9 on the same rows with training seed SEED + {RESEED}",
     )
-    parser.add_argument("--report", action="store_true", help="the per-seed differences over every summary; no run")
+    parser.add_argument(
+        "--report",
+        nargs="*",
+        metavar="LABEL",
+        help="the per-seed differences over the summaries of these labels' folders (none: the table's); no run",
+    )
     parser.add_argument("--set", action="append", type=parse_override, default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    if args.report:
-        print(seeds_report(RESULTS / args.label))
+    if args.report is not None:
+        print(seeds_report([RESULTS / label for label in args.report or [""]]))
         return
     if args.set and not args.label:
         parser.error("--set changes the protocol: give its runs a --label")

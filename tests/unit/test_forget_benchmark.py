@@ -65,7 +65,7 @@ def test_the_report_gives_the_per_seed_differences_mean_and_standard_error_and_t
         entry |= {"forgotten": None, "full": None, "retrained_longer": None}  # not measured: no row
         fedavg = {"strategy": "fedavg", "retrained": retrained[seed], "refined": None, "full": retrained[seed]}
         (tmp_path / f"summary-seed{seed}.json").write_text(json.dumps([entry, fedavg]))
-    lines = seeds_report(tmp_path).splitlines()
+    lines = seeds_report([tmp_path]).splitlines()
     rows = [line for line in lines if line.startswith("| feddyn")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
@@ -75,7 +75,11 @@ def test_the_report_gives_the_per_seed_differences_mean_and_standard_error_and_t
     assert [line for line in lines if line.startswith("| fedavg")] == [
         "| fedavg | all 10 clients | retrained | 3 | +0.0 ± 0.0 | +0.0 ± 0.0 | +0.000 ± 0.000 | 0.000 | 3 of 3 |"
     ]
-    assert seeds_report(tmp_path / "none") == f"no summaries in {tmp_path / 'none'}"
+    assert seeds_report([tmp_path / "none"]) == f"no summaries in {tmp_path / 'none'}"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "summary-seed2.json").write_text(json.dumps([{"strategy": "feddyn"}]))
+    with pytest.raises(SystemExit, match="feddyn seed 2: in more than one"):
+        seeds_report([tmp_path, tmp_path / "other"])
 
 
 def test_a_summary_keeps_the_strategies_a_run_did_not_run(tmp_path):
