@@ -4,7 +4,7 @@ comes"): FMNIST-10 % heterogeneous (Dirichlet), 10 clients.
 Per strategy (BayesADMM, FedLap-Cov, FedDyn, FedAvg: the MLP with their Table 1 settings, benchmarks/reproduce_table1.py
 PRESETS; DSVGD: the README's FMNIST setting, MLP 784-100-10 ReLU, 10 particles, one client per round; any other
 strategy: that MLP's shape at the strategy's defaults, e.g. `--strategies bayesadmm-full --set model=logreg --set
-pool=4`), four phases:
+pool=4`), four phases (five with --reseeded-retrain):
   full      R rounds with all 10 clients
   forget    after round R, the client with the most examples forgotten through the operator's path (server/forget.py
             Forgetting: the strategy's `forget`, committed, checkpointed, audited), then --refine-rounds ordinary rounds
