@@ -46,6 +46,9 @@ from authors_rounds import on_their_split
 from startup_shutdown import write_authors_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1" / "authors-seeds"
+# Our rows up to 2026-11-29 09:45, when BayesADMM's shared noise was seeded with the run seed itself, which replays the
+# initial weights' draws (tasks/config.py stream_seed; docs/results/table1.md)
+BEFORE_NOISE_STREAM = RESULTS / "ours-before-noise-stream"
 SPLIT_SEED = 62  # their configs' seed, and so their split's
 CODES = ("ours", "theirs")
 # Their train.py with the data generator's seed held at SPLIT_SEED: the generator draws the split from numpy's global
@@ -119,10 +122,12 @@ def run(code_name: str, seed: int, rounds: int, authors: Path | None, split_file
     print(f"{results.name}: " + " / ".join(f"{100 * r['accuracy']:.1f}" for r in rows) + f" (load {load:.1f})")
 
 
-def report() -> str:
-    """Per round, over the seeds with that round from both codes (runs with --rounds 2 add to rounds 1-2 only)."""
+def report(ours: Path = RESULTS) -> str:
+    """Per round, over the seeds with that round from both codes (runs with --rounds 2 add to rounds 1-2 only); our
+    rows from `ours` (BEFORE_NOISE_STREAM: our code before its noise seed was a stream of its own)."""
+    folders = {"ours": ours, "theirs": RESULTS}
     runs = {
-        code: {int(f.stem.rsplit("seed", 1)[1]): read_rows(f) for f in RESULTS.glob(f"{code}-seed*.jsonl")}
+        code: {int(f.stem.rsplit("seed", 1)[1]): read_rows(f) for f in folders[code].glob(f"{code}-seed*.jsonl")}
         for code in CODES
     }
     seeds = sorted(set(runs["ours"]) & set(runs["theirs"]))
@@ -156,9 +161,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--codes", default="ours,theirs", help="which codes to run, comma-separated")
     parser.add_argument("--report", action="store_true", help="print the table from the files on disk and stop")
+    parser.add_argument(
+        "--before-noise-stream",
+        action="store_true",
+        help=f"with --report: our rows from {BEFORE_NOISE_STREAM.name}/ (the noise seeded with the run seed)",
+    )
     args = parser.parse_args()
     if args.report:
-        print(report())
+        print(report(BEFORE_NOISE_STREAM if args.before_noise_stream else RESULTS))
         return
     if args.authors_code is None:
         parser.error("--authors-code is needed to run (their split is written from their data generator)")

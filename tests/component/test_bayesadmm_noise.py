@@ -1,5 +1,6 @@
 """Run config `noise`: with `shared`, every BayesADMM client draws IVON's weight noise and its minibatch order from
-the server's noise seed, the same in every round (the reference code); with `independent`, from its own seed."""
+the server's noise seed, the same in every round (the reference code); with `independent`, from its own seed. The
+noise seed is a stream of its own, not the run seed the initial weights were drawn with."""
 
 import numpy as np
 import pytest
@@ -10,8 +11,9 @@ from fedbayes.bayes.params import flatten, get_parameters, unflatten
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode, encode, new_header
 from fedbayes.strategies import run_settings
-from fedbayes.strategies.bayesadmm.server import BayesADMM
-from fedbayes.tasks.config import ConfigError
+from fedbayes.strategies.bayesadmm.server import NOISE_STREAM, BayesADMM
+from fedbayes.tasks.config import ConfigError, stream_seed
+from fedbayes.tasks.models import build_model, parse_hidden
 from tests.support import DEFAULTS, partition_runtime, settings
 
 GROUPS = ("local_mean", "local_precision", "dual_mean", "dual_precision")
@@ -23,7 +25,7 @@ def runtime(tmp_path, client_id, noise):
     return partition_runtime(run, tmp_path / client_id, client_id=client_id)
 
 
-def instruction(client, server_round, shared_noise):
+def instruction(client, server_round, shared_noise, noise_seed=7):
     torch.manual_seed(0)
     mean = flatten(get_parameters(client.model), client.layout)
     message = pb.BayesADMMInstruction(
@@ -39,7 +41,7 @@ def instruction(client, server_round, shared_noise):
         rescale_lr=False,
         reset_posterior=True,
         shared_noise=shared_noise,
-        noise_seed=7,
+        noise_seed=noise_seed,
     )
     return encode(
         pb.Instruction(header=new_header(client.settings.federation, server_round)),
@@ -100,25 +102,47 @@ def test_independent_noise_differs_between_clients_and_rounds(tmp_path, draws):
     assert not np.array_equal(first[0], first[1])
 
 
-def test_server_sends_the_run_seed_as_noise_seed():
+def sent_instruction(run) -> pb.BayesADMMInstruction:
+    """Round 1's instruction as the server sends it, decoded."""
     from flwr.app import Array, ArrayRecord
 
     from tests.support import FakeGrid, round_core
 
+    layout = {"weight": (2, 5), "bias": (2,)}
+    arrays = ArrayRecord({"weight": Array(np.zeros((2, 5), np.float32)), "bias": Array(np.zeros(2, np.float32))})
+    [message] = round_core(BayesADMM(run, layout)).configure(1, arrays, FakeGrid([1]))
+    groups = {"global_mean": layout, "global_precision": layout}
+    return decode(message.content, pb.Instruction, pb.BayesADMMInstruction, groups, sender="server").message
+
+
+def test_server_sends_a_noise_seed_of_its_own_derived_from_the_run_seed():
     for noise, shared in (("shared", True), ("independent", False)):
-        settings = run_settings({**DEFAULTS, "strategy": "bayesadmm", "model": "logreg", "noise": noise, "seed": 11})
-        layout = {"weight": (2, 5), "bias": (2,)}
-        server = BayesADMM(settings, layout)
-        arrays = ArrayRecord({"weight": Array(np.zeros((2, 5), np.float32)), "bias": Array(np.zeros(2, np.float32))})
-        [message] = round_core(server).configure(1, arrays, FakeGrid([1]))
-        sent = decode(
-            message.content,
-            pb.Instruction,
-            pb.BayesADMMInstruction,
-            {"global_mean": layout, "global_precision": layout},
-            sender="server",
-        ).message
-        assert (sent.shared_noise, sent.noise_seed) == (shared, 11)
+        run = run_settings({**DEFAULTS, "strategy": "bayesadmm", "model": "logreg", "noise": noise, "seed": 11})
+        sent = sent_instruction(run)
+        assert (sent.shared_noise, sent.noise_seed) == (shared, stream_seed(11, NOISE_STREAM))
+        assert sent.noise_seed != 11
+    other = run_settings({**DEFAULTS, "strategy": "bayesadmm", "model": "logreg", "seed": 12})
+    assert sent_instruction(other).noise_seed not in (12, stream_seed(11, NOISE_STREAM))
+
+
+def test_the_shared_noise_does_not_replay_the_draws_of_the_initial_weights(tmp_path, draws):
+    # The server draws the initial weights from torch's generator seeded with the run seed (server/app.py); IVON draws
+    # its weight noise from that generator seeded with the noise seed (ivon's _sample_params: torch.randn(numel) at
+    # the first step). Were the noise seed the run seed, the first noise would be the initial weights' own uniforms
+    # transformed, correlated about -0.35 with them, in every client and round.
+    client = runtime(tmp_path, "alice", "shared")
+    run = client.settings
+    torch.manual_seed(run.seed)
+    model = build_model(run.model, (1, 28, 28), 10, parse_hidden(run.hidden), run.activation, run.pool)
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+    noise_seed = sent_instruction(run).noise_seed
+    bayesadmm.client_update(instruction(client, 1, True, noise_seed), client)
+    [(seed, state)] = draws
+    assert seed == noise_seed
+    torch.set_rng_state(state)
+    assert abs(np.corrcoef(weights, torch.randn(len(weights)).numpy())[0, 1]) < 0.05
+    torch.manual_seed(run.seed)
+    assert np.corrcoef(weights, torch.randn(len(weights)).numpy())[0, 1] < -0.3
 
 
 def test_noise_key_is_checked():
