@@ -13,8 +13,12 @@ the initial weights, IVON's weight noise and the minibatch order, and nothing el
           seed 62 and the rest of the run seeded with S (their train.py seeds both from one value; a runner swaps
           the generator's seed before their script runs, nothing else; S = 62 is their run unchanged)
 
-The report gives per round each code's mean ± sd over the seeds, the difference of the means and its standard error
-(the two codes' draws are independent, so it is sqrt(sd_ours^2/n + sd_theirs^2/n)).
+Since BayesADMM's shared noise draws each epoch's permutation and then the noise from one generator seeded with S, as
+their code does, a seed gives both codes the same initial weights, minibatches and weight noise: the runs pair up.
+The report gives per round each code's mean ± sd over the seeds, the mean of the per-seed differences (ours − theirs,
+the difference of the means) with its standard error, sd(differences)/sqrt(n), and the largest per-seed difference.
+Our rows from before (the permutation from a generator of its own, so no pairing) are in EARLIER_ROWS' folders (one of a
+first fix that gave the noise a seed of its own): `--report --ours-from NAME`.
 
 Run:  python benchmarks/authors_seeds.py --authors-code /path/to/bayes-admm [--seeds 62,0,1,2,3] [--rounds 10]
       python benchmarks/authors_seeds.py --report
@@ -46,9 +50,10 @@ from authors_rounds import on_their_split
 from startup_shutdown import write_authors_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1" / "authors-seeds"
-# Our rows up to 2026-11-29 09:45, when BayesADMM's shared noise was seeded with the run seed itself, which replays the
-# initial weights' draws (tasks/config.py stream_seed; docs/results/table1.md)
-BEFORE_NOISE_STREAM = RESULTS / "ours-before-noise-stream"
+# Our rows from before BayesADMM's shared noise drew the permutation from the noise's generator (2026-11-29), whose
+# first noise every round replayed the initial weights' draws; and from a first fix that seeded the noise with a seed
+# derived from S (the draws no longer paired with theirs). docs/results/table1.md, "Both codes over the same seeds".
+EARLIER_ROWS = {"before-shared-stream": "ours-before-noise-stream", "own-noise-seed": "ours-own-noise-seed"}
 SPLIT_SEED = 62  # their configs' seed, and so their split's
 CODES = ("ours", "theirs")
 # Their train.py with the data generator's seed held at SPLIT_SEED: the generator draws the split from numpy's global
@@ -124,7 +129,7 @@ def run(code_name: str, seed: int, rounds: int, authors: Path | None, split_file
 
 def report(ours: Path = RESULTS) -> str:
     """Per round, over the seeds with that round from both codes (runs with --rounds 2 add to rounds 1-2 only); our
-    rows from `ours` (BEFORE_NOISE_STREAM: our code before its noise seed was a stream of its own)."""
+    rows from `ours`."""
     folders = {"ours": ours, "theirs": RESULTS}
     runs = {
         code: {int(f.stem.rsplit("seed", 1)[1]): read_rows(f) for f in folders[code].glob(f"{code}-seed*.jsonl")}
@@ -138,18 +143,20 @@ def report(ours: Path = RESULTS) -> str:
         f"accuracy of the global mean %, seeds {', '.join(map(str, seeds))}, the authors' seed-{SPLIT_SEED} "
         "homogeneous split",
         "",
-        "| round | seeds | ours, mean ± sd | theirs, mean ± sd | ours − theirs | its standard error |",
-        "|---|---|---|---|---|---|",
+        "| round | seeds | ours, mean ± sd | theirs, mean ± sd | ours − theirs | its standard error | largest |",
+        "|---|---|---|---|---|---|---|",
     ]
     for index in range(rounds):
         having = [seed for seed in seeds if all(len(runs[code][seed]) > index for code in CODES)]
         cells = {code: [100 * runs[code][seed][index]["accuracy"] for seed in having] for code in CODES}
+        differences = [ours_ - theirs_ for ours_, theirs_ in zip(cells["ours"], cells["theirs"])]
         sd = {code: statistics.stdev(values) if len(values) > 1 else float("nan") for code, values in cells.items()}
         mean = {code: statistics.fmean(values) for code, values in cells.items()}
-        error = math.sqrt(sum(value**2 for value in sd.values()) / len(having))
+        error = statistics.stdev(differences) / math.sqrt(len(having)) if len(having) > 1 else float("nan")
+        largest = max(differences, key=abs)
         lines.append(
             f"| {index + 1} | {len(having)} | {mean['ours']:.1f} ± {sd['ours']:.1f} | {mean['theirs']:.1f} ± "
-            f"{sd['theirs']:.1f} | {mean['ours'] - mean['theirs']:+.1f} | {error:.1f} |"
+            f"{sd['theirs']:.1f} | {statistics.fmean(differences):+.2f} | {error:.2f} | {largest:+.1f} |"
         )
     return "\n".join(lines)
 
@@ -162,13 +169,13 @@ def main() -> None:
     parser.add_argument("--codes", default="ours,theirs", help="which codes to run, comma-separated")
     parser.add_argument("--report", action="store_true", help="print the table from the files on disk and stop")
     parser.add_argument(
-        "--before-noise-stream",
-        action="store_true",
-        help=f"with --report: our rows from {BEFORE_NOISE_STREAM.name}/ (the noise seeded with the run seed)",
+        "--ours-from",
+        choices=sorted(EARLIER_ROWS),
+        help="with --report: our earlier rows (EARLIER_ROWS) in place of the current ones",
     )
     args = parser.parse_args()
     if args.report:
-        print(report(BEFORE_NOISE_STREAM if args.before_noise_stream else RESULTS))
+        print(report(RESULTS / EARLIER_ROWS[args.ours_from] if args.ours_from else RESULTS))
         return
     if args.authors_code is None:
         parser.error("--authors-code is needed to run (their split is written from their data generator)")

@@ -43,6 +43,7 @@ def train_epochs(
     max_grad_norm: float = 0.0,
     loss_fn: Loss = F.cross_entropy,
     after_step: Callable[[], None] | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[float, float]:
     """Minibatch training on `loss_fn` (mean cross-entropy by default) + `extra_loss(model)`; returns the last
     epoch's mean loss and the seconds spent training. `model` must already be on `device` (the
@@ -55,6 +56,7 @@ def train_epochs(
     `mc_samples` gradients is taken at a fresh weight sample, and one step uses their average.
     `max_grad_norm` > 0 clips each step's gradient to that global norm (the official FedDyn code uses 10).
     `after_step()` runs after every optimizer step (FedPA averages the iterates into samples).
+    `generator` draws each epoch's minibatch permutation; by default a generator seeded with `seed`.
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
@@ -63,7 +65,7 @@ def train_epochs(
     started = time.perf_counter()
     model.train()
     images, labels = data.images.to(device), data.labels.to(device)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed) if generator is None else generator
     epoch_loss = torch.zeros((), dtype=torch.float64, device=device)
     for _ in range(epochs):
         order = torch.randperm(len(labels), generator=generator).to(device)

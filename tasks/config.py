@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -443,14 +442,6 @@ def parse_tracking(tracking: str) -> tuple[str, str]:
     """(kind, target) of a run config `tracking` value: ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off."""
     kind, _, target = tracking.partition(":")
     return (kind, target) if tracking else ("", "")
-
-
-def stream_seed(seed: int, stream: str) -> int:
-    """A seed of its own for one random stream of the run (`stream` names it), the same in every process. Not the
-    run seed itself: the initial weights are drawn from torch's generator seeded with it, and a stream seeded alike
-    would replay those draws (BayesADMM's first IVON weight noise came out correlated −0.35 with the initial
-    weights, layer by layer; docs/algorithms/bayesadmm.md, "Training noise")."""
-    return zlib.crc32(f"{stream}:{seed}".encode())
 
 
 def round_seed(seed: int, server_round: int) -> int:

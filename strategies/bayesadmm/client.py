@@ -80,9 +80,10 @@ client_update = ClientHalf(pb.BayesADMMInstruction, local_update, instruction_la
 
 def training_seed(local: LocalRound) -> int:
     """The seed of this round's random numbers: IVON's weight noise (torch's global generator) and the
-    minibatch order. Run config `noise`: shared = the server's noise seed, the same for every client in every
-    round (the reference code calls torch.manual_seed(seed) at the start of each local training); independent =
-    a seed of this client's own for this round."""
+    minibatch order. Run config `noise`: shared = the server's noise seed (the run seed), the same for every client
+    in every round, and one stream for both, as in the reference code: it calls torch.manual_seed(seed) at the start
+    of each local training and draws each epoch's permutation, then the steps' noise, from torch's global generator
+    (`_train_ivon`); independent = a seed of this client's own for this round."""
     instruction = local.instruction
     if instruction.shared_noise:
         return instruction.noise_seed
@@ -150,6 +151,10 @@ def _train_ivon(local: LocalRound, global_: Gaussian, duals: Duals):
         seed=training_seed(local),
         sampled_weights=lambda: optimizer.sampled_params(train=True),
         mc_samples=instruction.mc_samples,
+        # shared: the permutation from the generator the noise comes from, as the reference code draws it. Drawn
+        # first, it also keeps the noise off the draws that made the initial weights (the same seed): from a
+        # generator of its own, every round's first noise replayed them, correlated -0.35 with the initial weights.
+        generator=torch.default_generator if instruction.shared_noise else None,
     )
     mean, precision = optimizer.posterior()
     state = {f"{IVON_PREFIX}{name}": value for name, value in optimizer.carried_state().items()}

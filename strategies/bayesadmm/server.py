@@ -52,9 +52,8 @@ from fedbayes.strategies.bayesadmm.math import (
     without_share,
 )
 from fedbayes.strategies.bayesadmm.settings import BayesADMMSettings
-from fedbayes.tasks.config import ConfigError, RunSettings, stream_seed
+from fedbayes.tasks.config import ConfigError, RunSettings
 
-NOISE_STREAM = "bayesadmm-noise"  # noise=shared: the stream every client draws IVON's noise and its batch order from
 MAX_FULL_PARAMETERS = 2048  # a full precision is P x P float32 on the wire: 16 MiB per matrix at the cap
 # `forget` prefers the fixed-point formula where q̄ is within this (relative) distance of its duals' fixed point: there
 # the formula is off by about that much (exact at it), while the redone server step leaves 1 - α' of the client's
@@ -149,7 +148,7 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             rescale_lr=hp.rescale_lr,
             reset_posterior=hp.reset_posterior,
             shared_noise=hp.noise == "shared",
-            noise_seed=stream_seed(self.settings.seed, NOISE_STREAM),
+            noise_seed=self.settings.seed,
         )
         tensors = {
             "global_mean": unflatten(self.global_.mean.numpy(), self.layout),

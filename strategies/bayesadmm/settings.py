@@ -41,7 +41,7 @@ class BayesADMMSettings:
     )
     noise: str = key(
         "shared",
-        "shared: every client draws IVON's weight noise and its minibatch order from one seed derived from the run "
-        "seed, the same in every round (the reference code); independent: per client and round",
+        "shared: every client draws its minibatch order and IVON's weight noise from one generator seeded with the "
+        "run seed, the same in every round (the reference code); independent: per client and round",
         choices=("shared", "independent"),
     )
