@@ -17,8 +17,9 @@ Since BayesADMM's shared noise draws each epoch's permutation and then the noise
 their code does, a seed gives both codes the same initial weights, minibatches and weight noise: the runs pair up.
 The report gives per round each code's mean ± sd over the seeds, the mean of the per-seed differences (ours − theirs,
 the difference of the means) with its standard error, sd(differences)/sqrt(n), and the largest per-seed difference.
-Our rows from before (the permutation from a generator of its own, so no pairing) are in EARLIER_ROWS' folders (one of a
-first fix that gave the noise a seed of its own): `--report --ours-from NAME`.
+Our rows from before (the permutation from a generator of its own: their initial weights, other minibatches and
+noise) are in EARLIER_ROWS' folders, with those of a first fix that gave the noise a seed of its own: `--report
+--ours-from NAME`.
 
 Run:  python benchmarks/authors_seeds.py --authors-code /path/to/bayes-admm [--seeds 62,0,1,2,3] [--rounds 10]
       python benchmarks/authors_seeds.py --report
