@@ -4,7 +4,9 @@
 refused, a ServerApp killed (Flower marks that run failed once its heartbeat lapses) all look like
 success. This command hands its arguments to `flwr run` unchanged (adding --stream), echoes the streamed
 log (without colour codes where its output is no terminal), then asks the SuperLink for the run's final
-status. Anything but finished:completed exits 1, the reason on the last line:
+status. A stream that ends while the run still goes (Flower's CLI exits 0 when the SuperLink fails a look at the
+run's state mid-stream, as its SQLite database locked under load made it) is followed again with `flwr log RUN_ID
+--stream`, the lines already shown skipped, up to `REATTACH_LIMIT` times. Anything but finished:completed exits 1, the reason on the last line:
 `fedbayes run failed: <reason>` (the ServerApp's own one-line report where it made one, tasks/runlog.py).
 It asks in its own process, through Flower's Control API client (`run_status_here`), which it imports while the
 run's rounds go: a `flwr ls` process cost about 1.5 CPU-s of imports at the end of every run.
@@ -30,6 +32,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +53,9 @@ PATIENT_FLWR = [
     "fedbayes.deploy.patient_flwr",
 ]  # `flwr`, waiting longer for its simulation SuperLink
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_LOG_STARTS = "Starting logstream for run_id"  # Flower's CLI, before the run's log, in `flwr run` and `flwr log`
+REATTACH_LIMIT = 10  # times the log is followed again before the run is given up on
+REATTACH_PAUSE = 1.0  # seconds before following it again
 _RUN_ID = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # default and --format json output
 
 
@@ -68,6 +74,7 @@ class Streamed:
     returncode: int
     run_id: int | None
     failure: str | None  # the ServerApp's `fedbayes run failed: ...` report, if it made one
+    log_lines: int = 0  # lines of the run's log shown (those after Flower's `Starting logstream` line)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -87,7 +94,16 @@ def main(argv: Sequence[str]) -> int:
         streamed = stream(
             command, env, resume_command=["fedbayes", "run", *argv], after_first_round=import_status_client
         )
-        reason = failure(streamed, lambda run_id: run_status_here(connection, run_id))
+        reason = failure(
+            streamed,
+            lambda run_id: run_status_here(connection, run_id),
+            lambda shown: stream(
+                [*PATIENT_FLWR, "log", str(shown.run_id), *([connection] if connection else []), "--stream"],
+                env,
+                resume_command=["fedbayes", "run", *argv],
+                shown=shown,
+            ),
+        )
     except KeyboardInterrupt:
         print(
             "fedbayes run: interrupted; stopping what it started (a run on a remote SuperLink goes on: "
@@ -130,9 +146,11 @@ def stream(
     env: Mapping[str, str],
     resume_command: Sequence[str],
     after_first_round: Callable[[], object] = lambda: None,
+    shown: Streamed | None = None,
 ) -> Streamed:
     """Run `flwr run ... --stream`, echoing its output, and note what the run's log says about it; call
-    `after_first_round` once the log reports the first round done."""
+    `after_first_round` once the log reports the first round done. `shown`: what an earlier stream of the same run
+    showed (`command` then follows its log again from the start: its first `shown.log_lines` lines are skipped)."""
     process = subprocess.Popen(
         list(command),
         env=dict(env),
@@ -142,13 +160,21 @@ def stream(
         start_new_session=True,
     )  # Ctrl-C reaches us; we stop it
     keep_colour = sys.stdout.isatty()
-    run_id = reported = None
-    rounds_seen = False
+    run_id, reported = (shown.run_id, shown.failure) if shown else (None, None)
+    to_skip = shown.log_lines if shown else 0
+    log_lines: int | None = None  # counted from Flower's `Starting logstream` line on
+    rounds_seen = shown is not None
     assert process.stdout is not None  # stdout=PIPE
     with Progress() as progress:  # a live line on a terminal, fed by the ServerApp's round lines (deploy/progress.py)
         for raw in process.stdout:
             line = raw.decode(errors="replace")
             plain = _ANSI_ESCAPE.sub("", line)
+            if log_lines is not None:
+                log_lines += 1
+            elif _LOG_STARTS in plain:
+                log_lines = 0
+            if shown and (log_lines is None or log_lines <= to_skip):  # `flwr log`'s preamble, or shown already
+                continue
             progress.print(line if keep_colour else plain)
             if done := parse_round_log_line(plain):
                 progress.round_done(done)
@@ -160,16 +186,33 @@ def stream(
             if name := new_federation(plain):
                 resume = shlex.join([*resume_command, "-c", f'federation="{name}"'])
                 progress.print(f"fedbayes: federation {name}; to resume it after an interruption: {resume}")
-    return Streamed(process.wait(), run_id, reported)
+    returncode = process.wait()
+    return Streamed(returncode, run_id, reported, max(log_lines or 0, to_skip))
 
 
-def failure(streamed: Streamed, status_of: Callable[[int], RunStatus]) -> str | None:
-    """Why the run did not complete, or None if it did; `status_of(run_id)`: the run's status at its SuperLink."""
-    if streamed.returncode != 0:
-        return streamed.failure or f"flwr run exited with code {streamed.returncode} (its message is above)"
-    if streamed.run_id is None:
-        return "flwr run printed no run id"
-    status = status_of(streamed.run_id)
+def failure(
+    streamed: Streamed,
+    status_of: Callable[[int], RunStatus],
+    follow_again: Callable[[Streamed], Streamed],
+) -> str | None:
+    """Why the run did not complete, or None if it did; `status_of(run_id)`: the run's status at its SuperLink;
+    `follow_again(shown)`: the run's log streamed again, past what `shown` showed, while the run is unfinished."""
+    for attempt in range(REATTACH_LIMIT + 1):
+        if streamed.returncode != 0:
+            return streamed.failure or f"flwr run exited with code {streamed.returncode} (its message is above)"
+        if streamed.run_id is None:
+            return "flwr run printed no run id"
+        status = status_of(streamed.run_id)
+        if status.finished or attempt == REATTACH_LIMIT:
+            break
+        print(
+            f"fedbayes run: the SuperLink's log stream ended while run {streamed.run_id} is {status.status}; "
+            "following it again",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(REATTACH_PAUSE)
+        streamed = follow_again(streamed)
     if status.status == "finished:completed":
         return None
     return streamed.failure or f"run {streamed.run_id} is {status.status} ({status.details})"

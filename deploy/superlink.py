@@ -1,4 +1,5 @@
-"""`fedbayes superlink`: Flower's own SuperLink, whose log stream ends sooner after its run.
+"""`fedbayes superlink`: Flower's own SuperLink, whose log stream ends sooner after its run and whose database waits
+longer for its lock.
 
 `flwr run --stream` (what `fedbayes run` and so `fedbayes local` wait on) ends when the SuperLink ends the run's log
 stream, and Flower 1.39's SuperLink looks for new log lines and for the run's end every 0.5 s
@@ -8,7 +9,15 @@ single process, 0.9-1.0 s). This entry point runs the same `flower-superlink` (s
 interval at `STREAM_INTERVAL`; a look is two reads of the SuperLink's state, only while a log is streamed. Once Flower
 has stopped its servers the process ends without the interpreter's teardown (`exit_without_teardown`).
 
-The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
+A SuperLink with `--database FILE` (TLS deployments, compose) keeps its state in SQLite, whose requests wait at most
+5 s for the database's write lock (Flower's `busy_timeout` pragma); past that the request fails with "database is
+locked", which Flower's SuperLink answers as a 500 (HTTP) or INTERNAL (gRPC). No Flower client retries those: the
+ServerApp's poll that got it ended the run (a compose federation on a loaded CI machine, 2026-11-29), the ServerApp's
+log uploader thread ends (the run's later lines never reach `flwr log`), and a SuperNode drops the instruction it was
+receiving. Here requests wait up to `BUSY_TIMEOUT_MS` instead: a slow disk or a starved process delays the
+federation rather than breaking it (tests/integration/test_superlink_busy.py holds the lock 8 s).
+
+The patches is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
 
 from __future__ import annotations
@@ -19,23 +28,33 @@ from fedbayes.deploy.processes import exit_without_teardown
 
 PATCHED_FLOWER = "1.39.0"
 STREAM_INTERVAL = 0.1  # seconds between a streamed log's looks for new lines and for the run's end (Flower: 0.5)
+BUSY_TIMEOUT_MS = 60_000  # how long a request waits for the SQLite database's lock (Flower: 5000)
 
 
-def patch_flower(interval: float) -> None:
+def patch_flower(interval: float, busy_timeout_ms: int) -> None:
     import flwr
+    from flwr.supercore import sql_mixin
     from flwr.superlink.servicer.control import control_handlers
 
-    if flwr.__version__ != PATCHED_FLOWER or not hasattr(control_handlers, "LOG_STREAM_INTERVAL"):
+    pragmas: dict[str, str] = dict(getattr(sql_mixin, "SQLITE_PRAGMAS", ()))
+    if (
+        flwr.__version__ != PATCHED_FLOWER
+        or not hasattr(control_handlers, "LOG_STREAM_INTERVAL")
+        or "busy_timeout" not in pragmas
+    ):
         raise SystemExit(
-            f"fedbayes superlink patches Flower {PATCHED_FLOWER}'s log stream, but Flower {flwr.__version__} is "
-            "installed; use `flower-superlink` instead"
+            f"fedbayes superlink patches Flower {PATCHED_FLOWER}'s log stream and database, but Flower "
+            f"{flwr.__version__} is installed; use `flower-superlink` instead"
         )
     control_handlers.LOG_STREAM_INTERVAL = interval  # read by _stream_logs at every look
+    pragmas["busy_timeout"] = str(busy_timeout_ms)
+    # read by _set_sqlite_pragmas at every new connection
+    sql_mixin.SQLITE_PRAGMAS = tuple(pragmas.items())  # type: ignore[assignment]
 
 
 def main(argv: list[str]) -> int:
     """Run `flower-superlink` with `argv` as its arguments; the process ends with it (`exit_without_teardown`)."""
-    patch_flower(STREAM_INTERVAL)
+    patch_flower(STREAM_INTERVAL, BUSY_TIMEOUT_MS)
     from flwr.superlink.cli import flower_superlink
 
     sys.argv = ["flower-superlink", *argv]

@@ -4,6 +4,7 @@ gives `flwr`, and the Flower names it patches."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import flwr.cli.build
@@ -11,6 +12,7 @@ import flwr.cli.local_superlink
 import pytest
 from flwr.cli.utils import collect_files
 
+from fedbayes.deploy import flwr_run
 from fedbayes.deploy.flower_app import write_app
 from fedbayes.deploy.flwr_run import (
     LOCAL_SUPERLINK_PORTS,
@@ -88,3 +90,65 @@ def test_flwr_bundles_with_the_quick_listing(tmp_path, monkeypatch):
     bundle_quickly()
     assert flwr.cli.build.collect_files is collect_app_files
     assert flwr.cli.build.build_fab_from_disk(root) == flowers
+
+
+def fake_flwr(*lines: str) -> list[str]:
+    """A stand-in for `flwr run|log --stream` that prints `lines` and exits 0."""
+    return [sys.executable, "-c", f"print({chr(10).join(lines)!r})"]
+
+
+RUN_OUTPUT = (
+    "Using SuperLink: fedbayes (superlink:9093)",
+    "Successfully started run 7",
+    "INFO :      Starting logstream for run_id `7`",
+    "INFO :      round 1 of the run",
+)
+
+
+def test_a_log_stream_that_ends_while_the_run_goes_is_followed_again_past_what_it_showed(monkeypatch, capsys):
+    """Flower's CLI ends its log stream without an error when its SuperLink answers 500 (its SQLite state locked
+    under load) while the run goes on; `fedbayes run` follows the log again, showing each line once, until the run
+    finishes, and judges the run by its final status."""
+    monkeypatch.setattr(flwr_run, "REATTACH_PAUSE", 0.0)
+    first = flwr_run.stream(fake_flwr(*RUN_OUTPUT), os.environ, ["fedbayes", "run"])
+    assert (first.returncode, first.run_id, first.log_lines) == (0, 7, 1)
+    statuses = iter(["running", "running", "finished:completed"])
+    replays = [
+        (*RUN_OUTPUT[::2], RUN_OUTPUT[3]),  # `flwr log`: its preamble, then the log from the start
+        (*RUN_OUTPUT[::2], RUN_OUTPUT[3], "INFO :      round 2 of the run", "fedbayes: a line of the end"),
+    ]
+    followed = []
+
+    def follow_again(shown):
+        followed.append(shown.log_lines)
+        return flwr_run.stream(fake_flwr(*replays[len(followed) - 1]), os.environ, ["fedbayes", "run"], shown=shown)
+
+    assert flwr_run.failure(first, lambda run_id: flwr_run.RunStatus(next(statuses), ""), follow_again) is None
+    assert followed == [1, 1]
+    output = capsys.readouterr()
+    assert output.out.splitlines() == [
+        *RUN_OUTPUT,
+        "INFO :      round 2 of the run",
+        "fedbayes: a line of the end",
+    ]
+    assert output.err.count("the SuperLink's log stream ended while run 7 is running; following it again") == 2
+
+
+def test_a_run_that_fails_after_its_stream_ended_early_fails_and_one_that_never_ends_is_given_up(monkeypatch):
+    monkeypatch.setattr(flwr_run, "REATTACH_PAUSE", 0.0)
+    first = flwr_run.stream(fake_flwr(*RUN_OUTPUT), os.environ, ["fedbayes", "run"])
+
+    def again(shown):
+        return flwr_run.stream(fake_flwr(*RUN_OUTPUT), os.environ, ["fedbayes", "run"], shown=shown)
+
+    statuses = iter(["running", "finished:failed"])
+    failed = flwr_run.failure(first, lambda run_id: flwr_run.RunStatus(next(statuses), "ServerApp raised"), again)
+    assert failed == "run 7 is finished:failed (ServerApp raised)"
+    asked = []
+
+    def forever_running(run_id):
+        asked.append(run_id)
+        return flwr_run.RunStatus("running", "")
+
+    assert flwr_run.failure(first, forever_running, again) == "run 7 is running ()"
+    assert len(asked) == flwr_run.REATTACH_LIMIT + 1
