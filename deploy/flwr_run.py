@@ -6,10 +6,10 @@ success. This command hands its arguments to `flwr run` unchanged (adding --stre
 log (without colour codes where its output is no terminal), then asks the SuperLink for the run's final
 status. A stream that ends while the run still goes (Flower's CLI exits 0 when the SuperLink fails a look at the
 run's state mid-stream, as its SQLite database locked under load made it) is followed again with `flwr log RUN_ID
---stream`, the lines already shown skipped, up to `REATTACH_LIMIT` times. Anything but finished:completed exits 1, the reason on the last line:
-`fedbayes run failed: <reason>` (the ServerApp's own one-line report where it made one, tasks/runlog.py).
-It asks in its own process, through Flower's Control API client (`run_status_here`), which it imports while the
-run's rounds go: a `flwr ls` process cost about 1.5 CPU-s of imports at the end of every run.
+--stream`, the lines already shown skipped, up to `REATTACH_LIMIT` times. Anything but finished:completed exits 1,
+the reason on the last line: `fedbayes run failed: <reason>` (the ServerApp's own one-line report where it made
+one, tasks/runlog.py). It asks in its own process, through Flower's Control API client (`run_status_here`), which it
+imports while the run's rounds go: a `flwr ls` process cost about 1.5 CPU-s of imports at the end of every run.
 
 A simulation connection (address ":local:") makes `flwr` start a SuperLink of its own on two fixed
 ports and leave it running, shared by every user of the machine. Each `fedbayes run` gives that

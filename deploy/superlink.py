@@ -17,7 +17,7 @@ log uploader thread ends (the run's later lines never reach `flwr log`), and a S
 receiving. Here requests wait up to `BUSY_TIMEOUT_MS` instead: a slow disk or a starved process delays the
 federation rather than breaking it (tests/integration/test_superlink_busy.py holds the lock 8 s).
 
-The patches is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
+The patches are tied to the code they were read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
 
 from __future__ import annotations
