@@ -1,5 +1,5 @@
 """`fedbayes run`'s pieces that need no SuperLink: what it reads of `flwr run`'s arguments, the environment it
-gives `flwr`, and the Flower names it patches."""
+gives `flwr`, the Flower names it patches, and how it follows a log stream that ended early (stand-ins for `flwr`)."""
 
 from __future__ import annotations
 
@@ -106,9 +106,9 @@ RUN_OUTPUT = (
 
 
 def test_a_log_stream_that_ends_while_the_run_goes_is_followed_again_past_what_it_showed(monkeypatch, capsys):
-    """Flower's CLI ends its log stream without an error when its SuperLink answers 500 (its SQLite state locked
-    under load) while the run goes on; `fedbayes run` follows the log again, showing each line once, until the run
-    finishes, and judges the run by its final status."""
+    """Flower's CLI ends its log stream, exit 0, when the SuperLink fails a look at the run's state mid-stream (its
+    SQLite database locked under load) while the run goes on; `fedbayes run` follows the log again, showing each line
+    once, until the run finishes, and judges the run by its final status."""
     monkeypatch.setattr(flwr_run, "REATTACH_PAUSE", 0.0)
     first = flwr_run.stream(fake_flwr(*RUN_OUTPUT), os.environ, ["fedbayes", "run"])
     assert (first.returncode, first.run_id, first.log_lines) == (0, 7, 1)
