@@ -32,6 +32,7 @@ and the server does not store the clients' last models. At the fixed point every
 step without k needs no client work: w_g' = w_g + Σ_{j≠k} λ_j/(K−1) = w_g − λ_k/(K−1) (`server_step_without`). As
 N_j α_j = αN/K, that is one gradient step of size K/((K−1)αN) from w* on the remaining objective
 Σ_{j≠k} ℓ_j + (N'·wd/2)‖w‖² (N' = N − N_k): an estimate, not the model trained without k. The remaining λ_j stay (the
-clients hold them; the server's replay must match) and K, N stop counting k, which moves every α_j a little; refinement
+clients hold them; the server's replay must match; restarted from zero they leave twice as much of k in after
+three rounds, docs/guides/forgetting.md) and K, N stop counting k, which moves every α_j a little; refinement
 rounds among the remaining clients are the honest route to the model without k.
 """
