@@ -110,7 +110,11 @@ BASELINES: dict[str, dict[str, Setting]] = {
     },
     "fedlap": {
         **ADAM_BASELINE,
-        "prior-precision": Setting(1.0, "[P] App. E.5 sweeps δ 1..1e-4; ours: 1, REF's mnist_heterog/fedlap.yaml"),
+        "prior-precision": Setting(
+            1.0,
+            "[P] App. E.5 sweeps δ 1..1e-4; ours: 1, REF's mnist_heterog/fedlap.yaml. δ 1e-4 fits [P]'s "
+            "heterogeneous row closer (docs/results/table1.md)",
+        ),
         "site-damping": Setting(0.0, "[P] App. E: ρ_k = N_k/N (0: the paper's rule)"),
         "site-damping-rule": Setting("paper", "[P] App. E: one ρ_k for every coordinate"),
     },
