@@ -52,6 +52,15 @@ def test_bayesadmm_paper_follows_the_authors_configs_per_split():
     assert {preset.run_config(strategy, "iid", 10)["input-scale"] for strategy in preset.strategies} == {255.0}
 
 
+def test_fedlap_paper_runs_the_baselines_as_bayesadmm_paper_on_each_split():
+    # [C] takes its baseline rows from [P]: the two presets must not drift apart, per-split values included
+    bayesadmm, fedlap = get_preset("bayesadmm-paper"), get_preset("fedlap-paper")
+    for strategy in fedlap.strategies:
+        for split in fedlap.splits:
+            expected = bayesadmm.run_config(strategy, split, 10)
+            assert fedlap.run_config(strategy, split, 10) == expected, (strategy, split)
+
+
 def test_dsvgd_paper_schedules_one_fedavg_client_a_round_with_about_200_steps():
     preset = get_preset("dsvgd-paper")
     for clients, epochs in ((20, 7), (2, 1)):
