@@ -116,6 +116,7 @@ BASELINES: dict[str, dict[str, Setting]] = {
             "[P] App. E.5 sweeps δ 1..1e-4; ours: 1e-4, the point of its grid closest to [P]'s rows (REF's "
             "mnist_heterog/fedlap.yaml has 1; docs/results/table1.md)",
         ),
+        "local-epochs": Setting(5, "[P] App. E.5 sweeps {1, 5, 10}; ours: 5, with δ 1e-4 (the same grid)"),
         "site-damping": Setting(0.0, "[P] App. E: ρ_k = N_k/N (0: the paper's rule)"),
         "site-damping-rule": Setting("paper", "[P] App. E: one ρ_k for every coordinate"),
     },
