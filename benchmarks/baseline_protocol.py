@@ -29,8 +29,8 @@ as round 1; their-order seeds every client's every round as round 1 with no clie
 
 Resumable: each run writes benchmarks/results/bayesadmm-paper/protocol/<split>-<strategy>-<variant>-seed<S>.jsonl
 when it has finished; a run whose file holds all its rounds is not run again. The FedLap and FedDyn files there ran
-at the preset's values of 2026-11-28 (δ 1; α 1e-2, weight decay 1e-4, 10 local epochs); the preset has since taken
-other points of the paper's grids, so move those files aside before running these pairs again.
+at the preset's values of 2026-11-28 (FedLap δ 1, FedDyn α 1e-2 and weight decay 1e-4, both 10 local epochs); the
+preset has since taken other points of the paper's grids, so move those files aside before running these pairs again.
 """
 
 from __future__ import annotations

@@ -35,10 +35,10 @@ Other setups (`--setup`, results in benchmarks/results/<setup>/; heterogeneous s
   fmnist-100-two-class          Table 2's 100-client row with FMNIST for MNIST: 2 classes of 300 examples per client
                                 (--splits two-class), 100 rounds, the authors' MNIST configuration; Ray as fmnist-100
   fmnist-100-paper              fmnist-100 with every method under the paper's protocol (bayesadmm-paper's
-                                settings: raw 0-255 pixels, the baselines' 10 local epochs); Ray as fmnist-100
+                                settings: raw 0-255 pixels, the baselines' 10 or 5 local epochs); Ray as fmnist-100
   bayesadmm-paper               Table 1's FMNIST-10% rows under the paper's protocol (`fedbayes presets
                                 bayesadmm-paper`): every method on the raw 0-255 pixels of the authors' code, the
-                                baselines with 10 local epochs; both splits (the fmnist-mlp rows: [0, 1] pixels)
+                                baselines with 10 local epochs (FedDyn, FedLap 5); both splits (fmnist-mlp: [0, 1])
 CIFAR needs the torchvision folder (`--data-root DIR`, cifar-10-batches-py / cifar-100-python inside; these
 machines cannot download it). BayesADMM uses the authors' IVON configuration of each setup
 (configs/{cifar10_zenke,cifar10_acar,cifar100_resnet20}/fedivon.yaml: 25 local epochs, cosine), the baselines
@@ -344,7 +344,7 @@ SETUPS = {
         paper_nll=FMNIST_100_PAPER_NLL,
     ),
     # The same row with every method under the paper's protocol (`fedbayes presets bayesadmm-paper` at 100 clients:
-    # raw 0-255 pixels, the baselines' 10 local epochs); BayesADMM's preset is already the authors' 100-client one.
+    # raw 0-255 pixels, the baselines' epochs); BayesADMM's preset is already the authors' 100-client one.
     "fmnist-100-paper": Setup(
         "fmnist",
         1.0,
