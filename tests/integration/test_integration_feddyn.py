@@ -22,7 +22,9 @@ def test_a_restarted_client_continues_with_its_lambda(tmp_path):
         "num-server-rounds": 3,
         "fraction": 0.05,
         "local-epochs": 1,
-        "feddyn-alpha": 0.1,
+        # 0.01: with 2 clients α 0.1 overshoots (round 1 at chance, round 3 at 0.20 or 0.31 depending on whether
+        # client-1 answered round 2 before its restart); α 0.01 gives 0.59-0.60 on both paths
+        "feddyn-alpha": 0.01,
         "weight-decay": 1e-4,
         "max-grad-norm": 10.0,
         "results-path": str(results),
@@ -38,9 +40,7 @@ def test_a_restarted_client_continues_with_its_lambda(tmp_path):
     rows = run.rows
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clients"] == 2 and rows[-1]["clients"] == 2, rows  # round 2 may miss the stopped one
-    # It trained (chance is 0.1). FedDyn's first rounds swing, its server step adding the summed drift: round 3 reached
-    # 0.31 when round 2 missed the restarting client and 0.20 in a CI run where it may not have; round 1 was 0.10.
-    assert rows[-1]["accuracy"] > max(rows[0]["accuracy"], 0.15), rows
+    assert rows[-1]["accuracy"] > 0.25  # chance is 0.1
     assert not any(row["fresh_starts"] for row in rows), rows  # the restarted client resumed from its own λ_k
     lambdas = [newest_state(store) for store in stores]
     assert [state.round for state in lambdas] == [3, 3]
