@@ -1,29 +1,33 @@
-"""The BayesADMM authors' own FedAvg, FedProx and FedLap on their own FMNIST-10% splits (issue 30, item 2): do the
-paper's baseline rows come out of the code whose protocol our `bayesadmm-paper` preset copies?
+"""The BayesADMM authors' own FedAvg, FedProx, FedDyn and FedLap on their own FMNIST splits (issue 30, item 2): do
+the paper's baseline rows come out of the code whose protocol our `bayesadmm-paper` preset copies?
 
 The paper ([C] Table 1) takes its baseline rows from Swaroop et al. ([P]), "as our setup is identical"; our rows
 under that protocol are 1.1-3.5 points above its FedAvg and FedProx on the heterogeneous split and 1.1-3.6 below its
 FedLap. Protocol differences no run-config key expresses remain (deploy/presets.py, REF_DIFFERENCES): the authors'
 code keeps each client's Adam state from round to round, gives every client the same minibatch order every round,
-uses an unsquared proximal norm and its own split. This script runs that code (team-approx-bayes/bayes-admm,
+uses an unsquared proximal norm and its own split, and its FedDyn scales α and the server's correction by the last
+client's share N_K/N. This script runs that code (team-approx-bayes/bayes-admm,
 `train.py`; a checkout with Fashion-MNIST under DIR/data/FashionMNIST/raw, as benchmarks/startup_shutdown.py needs)
 with the preset's values for each method: if its rows land where ours do, the paper's rows are not what this code
 gives, and the gap is not in our implementation.
 
 What is set (from `fedbayes presets bayesadmm-paper`): the MLP 784-200-100-10 (their MLP is sigmoid, their pixels
 raw 0-255: both fixed in their code), batch 32, Adam 1e-3, 10 local epochs, FedProx μ 0.01, FedLap δ 1 with
-ρ_k = N_k/N, 10 clients, 50 rounds.
+ρ_k = N_k/N, FedDyn α 1e-4 with weight decay 1e-6 and 5 epochs, 10 clients, 50 rounds. `--clients 100` runs Table
+1's 100-client row instead: all of FMNIST over 100 clients (their `fashionmnist_non_iid`), the same values, as our
+`--setup fmnist-100-paper` does.
 Seeds are theirs (62 is their configs' seed; 63, 64 the next two), so their splits differ from ours (seeds 0-2):
 only the 3-seed means compare. Their test metric is the global model's accuracy and NLL on the 10,000 test images
 after every round, as ours.
 
     python benchmarks/authors_baselines.py --authors-code /path/to/bayes-admm [--methods fedavg,fedprox]
-        [--splits dirichlet,iid] [--seeds 62,63,64] [--rounds 50]
+        [--splits dirichlet,iid] [--seeds 62,63,64] [--rounds 50] [--clients 10|100]
     python benchmarks/authors_baselines.py --report    # the table from the files on disk
     python benchmarks/authors_baselines.py --authors-code DIR --splits dirichlet --seeds 62 --write-split F
         # their split as a `split-file`, to run ours on it (`--set split-file=F` with fraction 1)
 
-Resumable: each run writes benchmarks/results/bayesadmm-paper/authors/<split>-<method>-seed<S>.jsonl, one row per
+Resumable: each run writes benchmarks/results/bayesadmm-paper/authors/<split>-<method>-seed<S>.jsonl (100 clients:
+fmnist-100-paper/authors/), one row per
 round as their code prints it (accuracy as a fraction, NLL, seconds since the start, the load average at the start);
 a run whose file holds all its rounds is not run again, and an interrupted one starts over (their code cannot
 resume).
@@ -44,19 +48,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.reproduce_table1 import PAPER_ACCURACY, PAPER_NLL, REPORT_ROUNDS, last_three
+from benchmarks.reproduce_table1 import REPORT_ROUNDS, SETUPS, last_three
 from fedbayes.deploy.presets import BAYESADMM_PAPER
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bayesadmm-paper"
-AUTHORS = RESULTS / "authors"
-METHODS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedlap": "FedLap"}
-BENCHMARKS = {"dirichlet": "fashionmnist_10p_non_iid", "iid": "fashionmnist_10p_iid"}
+METHODS = {"fedavg": "FedAvg", "fedprox": "FedProx", "feddyn": "FedDyn", "fedlap": "FedLap"}
+# What their `federated_step_size` is, per method: FedProx's μ, FedDyn's α, FedLap's δ (FedAvg has none).
+STEP_SIZE = {"fedprox": "proximal-mu", "feddyn": "feddyn-alpha", "fedlap": "prior-precision"}
+SPLITS = {"dirichlet": "non_iid", "iid": "iid"}
+# Our setup of the same rows, by the number of clients: its results folder (theirs in authors/ under it), its paper
+# numbers, and their benchmark's data prefix (10% of FMNIST for 10 clients, all of it for 100).
+SETUP_BY_CLIENTS = {10: "bayesadmm-paper", 100: "fmnist-100-paper"}
+DATA_PREFIX = {10: "fashionmnist_10p_", 100: "fashionmnist_"}
+
+
+def results_dir(clients: int) -> Path:
+    return Path(__file__).resolve().parent / "results" / SETUP_BY_CLIENTS[clients]
+
+
 ROUND_LINE = re.compile(r"^Comm round (\d+): Test-acc: ([0-9.]+), test-nll: ([0-9.]+)")
 
 
-def authors_config(method: str, split: str, seed: int, rounds: int) -> dict:
-    """Their train.py's YAML keys for `method` with the bayesadmm-paper preset's values."""
-    preset = BAYESADMM_PAPER.run_config(method, split, BAYESADMM_PAPER.clients)
+def authors_config(method: str, split: str, seed: int, rounds: int, clients: int) -> dict:
+    """Their train.py's YAML keys for `method` with the bayesadmm-paper preset's values at `clients` clients."""
+    preset = BAYESADMM_PAPER.run_config(method, split, clients)
     if preset["activation"] != "sigmoid" or preset["input-scale"] != 255.0:
         raise SystemExit("their MLP is sigmoid on raw pixels; the preset no longer is: the rows would not compare")
     if method == "fedlap" and (preset["site-damping"], preset["site-damping-rule"]) != (0.0, "paper"):
@@ -64,18 +78,17 @@ def authors_config(method: str, split: str, seed: int, rounds: int) -> dict:
     return {
         "seed_init": seed,
         "num_runs": 1,
-        "benchmark": BENCHMARKS[split],
+        "benchmark": DATA_PREFIX[clients] + SPLITS[split],
         "network_type": "MLP",
         "hidden_sizes": [int(width) for width in preset["hidden"].split(",")],
-        "num_clients": BAYESADMM_PAPER.clients,
+        "num_clients": clients,
         "num_comm_rounds": rounds,
         "federated_method": METHODS[method],
-        # their FedProx's μ, FedLap's δ; FedAvg ignores it
-        "federated_step_size": preset.get("proximal-mu", preset.get("prior-precision", 0.0)),
+        "federated_step_size": preset[STEP_SIZE[method]] if method in STEP_SIZE else 0.0,
         # FedLap's site damping ρ_k = N_k/N, the paper's rule (the preset's site-damping 0)
         "dual_update_damping_multiply_Nk_N": 1 if method == "fedlap" else 0,
         "global_prior_prec": 0,
-        "local_prior_prec": 0,
+        "local_prior_prec": preset.get("weight-decay", 0.0),  # their Adam's weight decay; only FedDyn's is used
         "global_step_size": 1,
         "num_epochs_batch": 0,  # no centralised upper-bound run
         "opt_type": "Adam",
@@ -88,8 +101,21 @@ def authors_config(method: str, split: str, seed: int, rounds: int) -> dict:
     }
 
 
-def write_split(code: Path, split: str, seed: int, path: Path) -> None:
-    """Their data generator's split of FMNIST-10% over the preset's clients for `seed`, as a `split-file` (per client
+def as_yaml(config: dict) -> str:
+    """`config` as their train.py's YAML reads it. Not JSON: PyYAML (YAML 1.1) reads a float without a point, such as
+    JSON's 1e-06, as a string, which their Adam then refuses as a weight decay."""
+
+    def scalar(value: object) -> str:
+        if isinstance(value, float):
+            mantissa, _, exponent = repr(value).partition("e")
+            return mantissa + ("" if "." in mantissa else ".0") + ("e" + exponent if exponent else "")
+        return json.dumps(value)
+
+    return "".join(f"{key}: {scalar(value)}\n" for key, value in config.items())
+
+
+def write_split(code: Path, split: str, seed: int, path: Path, clients: int) -> None:
+    """Their data generator's split of FMNIST over `clients` clients for `seed`, as a `split-file` (per client
     its row indices into the training file, in their order: class by class), drawn as train.py draws it (numpy
     seeded, then the generator built)."""
     import contextlib
@@ -106,15 +132,15 @@ def write_split(code: Path, split: str, seed: int, path: Path) -> None:
         np.random.seed(seed)
         with contextlib.redirect_stdout(io.StringIO()):  # it prints every client's count per class
             generator = FederatedMNISTDataGenerator(
-                num_clients=BAYESADMM_PAPER.clients,
+                num_clients=clients,
                 seed=seed,
-                dataset_proportion=BAYESADMM_PAPER.fraction,
+                dataset_proportion=SETUPS[SETUP_BY_CLIENTS[clients]].fraction,
                 fashionmnist=True,
-                data_split={"dirichlet": "non_iid", "iid": "iid"}[split],
+                data_split=SPLITS[split],
             )
     finally:
         os.chdir(here)
-    rows = [generator.client_indices_list[client].tolist() for client in range(BAYESADMM_PAPER.clients)]
+    rows = [generator.client_indices_list[client].tolist() for client in range(clients)]
     path.write_text(json.dumps(rows))
     print(f"{path}: {len(rows)} clients, {sum(map(len, rows))} rows, sizes {[len(r) for r in rows]}")
 
@@ -123,19 +149,20 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def run_authors(code: Path, method: str, split: str, seed: int, rounds: int) -> Path:
+def run_authors(code: Path, method: str, split: str, seed: int, rounds: int, clients: int) -> Path:
     """One run of their train.py; its per-round lines become rows as they are printed."""
-    results = AUTHORS / f"{split}-{method}-seed{seed}.jsonl"
+    authors = results_dir(clients) / "authors"
+    results = authors / f"{split}-{method}-seed{seed}.jsonl"
     if len(read_rows(results)) >= rounds:
         print(f"{results.name}: done, not run again", flush=True)
         return results
-    AUTHORS.mkdir(parents=True, exist_ok=True)
+    authors.mkdir(parents=True, exist_ok=True)
     results.unlink(missing_ok=True)
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         config = Path(scratch) / "config.yaml"
-        config.write_text(json.dumps(authors_config(method, split, seed, rounds)))  # JSON is YAML
-        log_path = AUTHORS / f"{split}-{method}-seed{seed}.log"
+        config.write_text(as_yaml(authors_config(method, split, seed, rounds, clients)))
+        log_path = authors / f"{split}-{method}-seed{seed}.log"
         started = time.monotonic()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with open(log_path, "w") as log, open(results, "w") as out:
@@ -183,19 +210,21 @@ def seed_cells(files: list[Path], key: str, scale: float) -> str:
     return " / ".join(cells)
 
 
-def report() -> str:
+def report(clients: int) -> str:
+    ours_dir = results_dir(clients)
+    setup = SETUPS[SETUP_BY_CLIENTS[clients]]
     lines = [
         "| split | method | code | seeds | accuracy % at 10 / 25 / 50 | NLL at 10 / 25 / 50 |",
         "|---|---|---|---|---|---|",
     ]
-    for split in BENCHMARKS:
+    for split in SPLITS:
         for method in METHODS:
-            theirs = sorted(AUTHORS.glob(f"{split}-{method}-seed*.jsonl"))
+            theirs = sorted((ours_dir / "authors").glob(f"{split}-{method}-seed*.jsonl"))
             if not theirs:
                 continue
-            ours = sorted(RESULTS.glob(f"{split}-{method}-seed*.jsonl"))
-            paper_acc = "/".join(str(v) for v in PAPER_ACCURACY.get((split, method), ()))
-            paper_nll = "/".join(str(v) for v in PAPER_NLL.get((split, method), ()))
+            ours = sorted(ours_dir.glob(f"{split}-{method}-seed*.jsonl"))
+            paper_acc = "/".join(str(v) for v in setup.paper_accuracy.get((split, method), ()))
+            paper_nll = "/".join(str(v) for v in setup.paper_nll.get((split, method), ()))
             for code, files in (("authors'", theirs), ("ours", ours)):
                 seeds = ", ".join(f.stem.rsplit("seed", 1)[1] for f in files)
                 lines.append(
@@ -213,6 +242,9 @@ def main() -> None:
     parser.add_argument("--splits", default="dirichlet")
     parser.add_argument("--seeds", default="62,63,64")
     parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument(
+        "--clients", type=int, default=10, choices=sorted(SETUP_BY_CLIENTS), help="10: FMNIST-10%%; 100: all of FMNIST"
+    )
     parser.add_argument("--report", action="store_true", help="only print the table from the files on disk")
     parser.add_argument(
         "--write-split",
@@ -224,9 +256,8 @@ def main() -> None:
     if args.write_split:
         if args.authors_code is None:
             parser.error("--write-split needs --authors-code: their data generator draws the split")
-        write_split(
-            args.authors_code.resolve(), args.splits.split(",")[0], int(args.seeds.split(",")[0]), args.write_split
-        )
+        split, seed = args.splits.split(",")[0], int(args.seeds.split(",")[0])
+        write_split(args.authors_code.resolve(), split, seed, args.write_split, args.clients)
         return
     if not args.report:
         if args.authors_code is None or not (args.authors_code / "train.py").is_file():
@@ -234,15 +265,15 @@ def main() -> None:
         if not (args.authors_code / "data" / "FashionMNIST" / "raw").is_dir():
             parser.error(f"their code reads Fashion-MNIST from {args.authors_code}/data/FashionMNIST/raw: put it there")
         methods, splits = args.methods.split(","), args.splits.split(",")
-        for name, given, known in (("method", methods, METHODS), ("split", splits, BENCHMARKS)):
+        for name, given, known in (("method", methods, METHODS), ("split", splits, SPLITS)):
             unknown = [value for value in given if value not in known]
             if unknown:
                 parser.error(f"unknown {name} {', '.join(unknown)}: choose from {', '.join(known)}")
         for split in splits:
             for method in methods:
                 for seed in (int(s) for s in args.seeds.split(",")):
-                    run_authors(args.authors_code, method, split, seed, args.rounds)
-    print(report())
+                    run_authors(args.authors_code, method, split, seed, args.rounds, args.clients)
+    print(report(args.clients))
 
 
 if __name__ == "__main__":
