@@ -1,12 +1,12 @@
 """The BayesADMM authors' own FedAvg, FedProx, FedDyn and FedLap on their own FMNIST splits (issue 30, item 2): do
 the paper's baseline rows come out of the code whose protocol our `bayesadmm-paper` preset copies?
 
-The paper ([C] Table 1) takes its baseline rows from Swaroop et al. ([P]), "as our setup is identical"; our rows
-under that protocol are 1.1-3.5 points above its FedAvg and FedProx on the heterogeneous split and 1.1-3.6 below its
-FedLap. Protocol differences no run-config key expresses remain (deploy/presets.py, REF_DIFFERENCES): the authors'
-code keeps each client's Adam state from round to round, gives every client the same minibatch order every round,
-uses an unsquared proximal norm and its own split, and its FedDyn scales α and the server's correction by the last
-client's share N_K/N. This script runs that code (team-approx-bayes/bayes-admm,
+The paper ([C] Table 1) takes its baseline rows from Swaroop et al. ([P]), "as our setup is identical"; our FedAvg
+and FedProx rows under that protocol are 1.1-3.5 points above the paper's on the heterogeneous split, and our
+100-client FedDyn row 1.5-4.1 below. Protocol differences no run-config key expresses remain (deploy/presets.py,
+REF_DIFFERENCES): the authors' code keeps each client's Adam state from round to round, gives every client the same
+minibatch order every round, uses an unsquared proximal norm and its own split, and its FedDyn scales α and the
+server's correction by the last client's share N_K/N. This script runs that code (team-approx-bayes/bayes-admm,
 `train.py`; a checkout with Fashion-MNIST under DIR/data/FashionMNIST/raw, as benchmarks/startup_shutdown.py needs)
 with the preset's values for each method: if its rows land where ours do, the paper's rows are not what this code
 gives, and the gap is not in our implementation.

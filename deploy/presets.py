@@ -178,7 +178,10 @@ REF_DIFFERENCES = (
     "one size the same classes at the same step (it reseeds each with the run seed); ours draws one per client and "
     "round (measured with their order for FedDyn, homogeneous: no gain; docs/results/table1.md)",
     "REF's proximal terms (FedProx, FedLap) use an unsquared norm; ours, the papers' squared one",
-    "REF's FedDyn scales α by N_k/N (and the last client's value wins); ours follows FedDyn's α·N/(K·N_k)",
+    "REF's FedDyn gives every client α·N_K/N, the last client's share (its clients share one settings dict), and "
+    "scales the server's correction by the same share; ours follows FedDyn's α_k = α·N/(K·N_k) (measured with "
+    "REF's scaling: about 3 points lower at round 10 on both splits, further from [P]'s rows; REF's own FedDyn at "
+    "the preset's point climbs 2-4 points past [P]'s rows by round 50; docs/results/table1.md)",
     "REF takes 10% of each class and its own split; ours a random 10% from the seed (its exact split: --set "
     "split-file=..., `fedbayes partitions`)",
 )
