@@ -12,9 +12,9 @@ with the preset's values for each method: if its rows land where ours do, the pa
 gives, and the gap is not in our implementation.
 
 What is set (from `fedbayes presets bayesadmm-paper`): the MLP 784-200-100-10 (their MLP is sigmoid, their pixels
-raw 0-255: both fixed in their code), batch 32, Adam 1e-3, 10 local epochs, FedProx μ 0.01, FedLap δ 1 with
-ρ_k = N_k/N, FedDyn α 1e-4 with weight decay 1e-6 and 5 epochs, 10 clients, 50 rounds. `--clients 100` runs Table
-1's 100-client row instead: all of FMNIST over 100 clients (their `fashionmnist_non_iid`), the same values, as our
+raw 0-255: both fixed in their code), batch 32, Adam 1e-3; FedAvg and FedProx (μ 0.01) 10 local epochs, FedDyn (α
+1e-4, weight decay 1e-6) and FedLap (δ 1e-4, ρ_k = N_k/N) 5; 10 clients, 50 rounds. `--clients 100` runs Table 1's
+100-client row instead: all of FMNIST over 100 clients (their `fashionmnist_non_iid`), the same values, as our
 `--setup fmnist-100-paper` does.
 Seeds are theirs (62 is their configs' seed; 63, 64 the next two), so their splits differ from ours (seeds 0-2):
 only the 3-seed means compare. Their test metric is the global model's accuracy and NLL on the 10,000 test images
@@ -27,10 +27,10 @@ after every round, as ours.
         # their split as a `split-file`, to run ours on it (`--set split-file=F` with fraction 1)
 
 Resumable: each run writes benchmarks/results/bayesadmm-paper/authors/<split>-<method>-seed<S>.jsonl (100 clients:
-fmnist-100-paper/authors/), one row per
-round as their code prints it (accuracy as a fraction, NLL, seconds since the start, the load average at the start);
-a run whose file holds all its rounds is not run again, and an interrupted one starts over (their code cannot
-resume).
+fmnist-100-paper/authors/), one row per round as their code prints it (accuracy as a fraction, NLL, seconds since the
+start, the load average at the start); a run whose file holds all its rounds is not run again, and an interrupted one
+starts over (their code cannot resume). `--report` sets each of their files beside our preset's rows: a file run at
+other values is renamed out of the `<split>-<method>-seed<S>` pattern.
 """
 
 from __future__ import annotations
