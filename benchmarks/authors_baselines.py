@@ -101,19 +101,6 @@ def authors_config(method: str, split: str, seed: int, rounds: int, clients: int
     }
 
 
-def as_yaml(config: dict) -> str:
-    """`config` as their train.py's YAML reads it. Not JSON: PyYAML (YAML 1.1) reads a float without a point, such as
-    JSON's 1e-06, as a string, which their Adam then refuses as a weight decay."""
-
-    def scalar(value: object) -> str:
-        if isinstance(value, float):
-            mantissa, _, exponent = repr(value).partition("e")
-            return mantissa + ("" if "." in mantissa else ".0") + ("e" + exponent if exponent else "")
-        return json.dumps(value)
-
-    return "".join(f"{key}: {scalar(value)}\n" for key, value in config.items())
-
-
 def write_split(code: Path, split: str, seed: int, path: Path, clients: int) -> None:
     """Their data generator's split of FMNIST over `clients` clients for `seed`, as a `split-file` (per client
     its row indices into the training file, in their order: class by class), drawn as train.py draws it (numpy
@@ -151,6 +138,8 @@ def read_rows(path: Path) -> list[dict]:
 
 def run_authors(code: Path, method: str, split: str, seed: int, rounds: int, clients: int) -> Path:
     """One run of their train.py; its per-round lines become rows as they are printed."""
+    import yaml  # their train.py's own dependency, in the interpreter that runs it
+
     authors = results_dir(clients) / "authors"
     results = authors / f"{split}-{method}-seed{seed}.jsonl"
     if len(read_rows(results)) >= rounds:
@@ -161,7 +150,8 @@ def run_authors(code: Path, method: str, split: str, seed: int, rounds: int, cli
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         config = Path(scratch) / "config.yaml"
-        config.write_text(as_yaml(authors_config(method, split, seed, rounds, clients)))
+        # YAML, not JSON: PyYAML reads JSON's 1e-06 as a string, which their Adam refuses as a weight decay
+        config.write_text(yaml.safe_dump(authors_config(method, split, seed, rounds, clients), sort_keys=False))
         log_path = authors / f"{split}-{method}-seed{seed}.log"
         started = time.monotonic()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
