@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import io
 import json
 import math
 import tomllib
@@ -30,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
 
 REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all (None: not evaluated)
 METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
@@ -180,6 +183,13 @@ def new_figure(columns: int, rows: int = 1, height: float = 4.0, share_y: bool =
     return figure, figure.subplots(rows, columns, sharey="row" if share_y else False, squeeze=False)
 
 
+def save_figure(figure, path: Path) -> None:
+    """`figure` as a PNG at `path`, replacing a file there atomically (a reader never sees half an image)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    write_atomically(path, buffer.getvalue(), OUTPUT_MODE)
+
+
 def colour(index: int) -> str:
     return f"C{index % 10}"
 
@@ -225,7 +235,7 @@ def plot_metrics(runs: Sequence[Run], path: Path) -> None:
         axis.set_title(label)
         integer_rounds(axis)
     axes[0][0].legend(fontsize="small")
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 def plot_reliability(runs: Sequence[Run], path: Path) -> None:
@@ -255,7 +265,7 @@ def plot_reliability(runs: Sequence[Run], path: Path) -> None:
             title=f"{run.name}: round {last['round']}, ECE {last['ece']:.4f}",
         )
         axis.legend(handles=[*axis.get_legend_handles_labels()[0], *bar_legend], fontsize="small", loc="upper left")
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 def reliability_bars(axis, bins: dict[str, list], bar_colour: str) -> list:
@@ -318,7 +328,7 @@ def plot_clients(runs: Sequence[Run], path: Path) -> None:
         axis.set_ylim(0, 1.35 * max(sent + accepted) + 0.5)  # room for the legend above the bars
         integer_rounds(axis, integer_y=True)
         axis.legend(fontsize="small", loc="upper left", ncols=2)
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
@@ -380,7 +390,7 @@ def plot_phases(runs: Sequence[Run], path: Path) -> None:
         axes[0][-1], server_colours, [Line2D([], [], color="black", marker="*", linestyle="", label="round_seconds")]
     )
     phase_legend(axes[1][-1], client_colours)
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 PLOTS = (
@@ -395,6 +405,10 @@ PLOTS = (
         "(server/loop.py RoundFinisher), so the server's phases can add up to more than its round_seconds (★).",
     ),
 )
+
+
+INDEX_FILE = "index.html"
+REPORT_FILES = (*(plot.file for plot in PLOTS), INDEX_FILE)  # what `write_report` writes into its folder
 
 
 # ---- the index ----------------------------------------------------------------------------------------------------
@@ -498,12 +512,12 @@ key's default).</p>
 
 
 def write_report(runs: Sequence[Run], out: Path) -> Path:
-    """Every figure and index.html into `out` (made if missing); the index's path."""
+    """Every figure and index.html into `out` (made if missing), each replacing a file of its name atomically, and
+    nothing else in `out` touched; the index's path."""
     if not runs:
         raise ReportError("no run to report")
-    out.mkdir(parents=True, exist_ok=True)
     for plot in PLOTS:
         plot.draw(runs, out / plot.file)
-    index = out / "index.html"
-    index.write_text(render_index(runs))
+    index = out / INDEX_FILE
+    write_atomically(index, render_index(runs).encode(), OUTPUT_MODE)
     return index
