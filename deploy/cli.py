@@ -9,7 +9,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
+from fedbayes.tasks.config import (
+    AT_LEAST_ONE,
+    MAX_REFINE_ROUNDS,
+    NON_NEGATIVE,
+    REFINE_ROUNDS,
+    checked_number,
+    run_config_number,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,11 +312,11 @@ def _add_forget(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--readmit", metavar="ID", help="let a forgotten client id take part again, as a new client")
     parser.add_argument(
         "--refine-rounds",
-        type=checked_number(int, NON_NEGATIVE),
+        type=checked_number(int, REFINE_ROUNDS),
         default=0,
         metavar="R",
         help="the federation runs at least R ordinary rounds among the remaining clients after the "
-        "forget (a resume raises num-server-rounds if needed)",
+        f"forget (a resume raises num-server-rounds if needed); 0 to {MAX_REFINE_ROUNDS}",
     )
     parser.add_argument(
         "--wait",
@@ -328,9 +335,10 @@ def _forget(args: argparse.Namespace) -> int:
 
     if args.readmit and args.refine_rounds:
         raise ValueError("--refine-rounds goes with --client (a readmission changes no state to refine)")
+    client = args.client if args.readmit is None else args.readmit
     location = locate_run(args.run, args.federation)
     request = ForgetRequest.by_operator(
-        location.federation, args.client or args.readmit, args.refine_rounds, readmit=args.readmit is not None
+        location.federation, client, args.refine_rounds, readmit=args.readmit is not None
     )
     record = forget_command(location, request, args.wait, args.data_root)
     print(describe_outcome(record, audit_path(location)))
