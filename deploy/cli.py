@@ -9,7 +9,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
+from fedbayes.tasks.config import (
+    AT_LEAST_ONE,
+    MAX_REFINE_ROUNDS,
+    NON_NEGATIVE,
+    REFINE_ROUNDS,
+    checked_number,
+    run_config_number,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,13 +277,23 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
         metavar="RUN",
         help="a `fedbayes local` workdir or a results .jsonl; several are compared side by side",
     )
-    parser.add_argument("--out", type=Path, required=True, help="directory for the PNG plots and index.html")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for the PNG plots and index.html (a new or empty one)"
+    )
+    _add_force(parser, "--out is not empty: write the report's files there, replacing those of the same names")
     parser.set_defaults(handler=_write_report)
 
 
-def _write_report(args: argparse.Namespace) -> int:
-    from fedbayes.tasks.report import PLOTS, load_runs, write_report
+def _add_force(parser: argparse.ArgumentParser, does: str) -> None:
+    """--force, whose help says what it does instead of refusing (no command overwrites anything without it)."""
+    parser.add_argument("--force", action="store_true", help=f"when {does} (refused otherwise)")
 
+
+def _write_report(args: argparse.Namespace) -> int:
+    from fedbayes.tasks.report import PLOTS, REPORT_FILES, load_runs, write_report
+    from fedbayes.tasks.storage import check_output_folder
+
+    check_output_folder(args.out, REPORT_FILES, args.force)
     index = write_report(load_runs(args.runs), args.out)
     print(f"wrote {', '.join(plot.file for plot in PLOTS)} and {index}")
     return 0
@@ -295,11 +312,11 @@ def _add_forget(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--readmit", metavar="ID", help="let a forgotten client id take part again, as a new client")
     parser.add_argument(
         "--refine-rounds",
-        type=checked_number(int, NON_NEGATIVE),
+        type=checked_number(int, REFINE_ROUNDS),
         default=0,
         metavar="R",
         help="the federation runs at least R ordinary rounds among the remaining clients after the "
-        "forget (a resume raises num-server-rounds if needed)",
+        f"forget (a resume raises num-server-rounds if needed); 0 to {MAX_REFINE_ROUNDS}",
     )
     parser.add_argument(
         "--wait",
@@ -318,9 +335,10 @@ def _forget(args: argparse.Namespace) -> int:
 
     if args.readmit and args.refine_rounds:
         raise ValueError("--refine-rounds goes with --client (a readmission changes no state to refine)")
+    client = args.client if args.readmit is None else args.readmit
     location = locate_run(args.run, args.federation)
     request = ForgetRequest.by_operator(
-        location.federation, args.client or args.readmit, args.refine_rounds, readmit=args.readmit is not None
+        location.federation, client, args.refine_rounds, readmit=args.readmit is not None
     )
     record = forget_command(location, request, args.wait, args.data_root)
     print(describe_outcome(record, audit_path(location)))
@@ -368,6 +386,7 @@ def _add_partitions(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="also write the split as JSON (per client its row indices) for run config split-file",
     )
+    _add_force(parser, "the --write file exists: replace it")
     parser.add_argument(
         "--split-file", type=Path, metavar="F", help="describe (and check) the split in F instead of drawing one"
     )
@@ -408,6 +427,7 @@ def _print_presets(args: argparse.Namespace) -> int:
 
 def _add_app(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", type=Path)
+    _add_force(parser, "DIRECTORY holds a pyproject.toml: replace it")
     parser.add_argument(
         "--strategy",
         default="",
@@ -417,9 +437,11 @@ def _add_app(parser: argparse.ArgumentParser) -> None:
 
 
 def _write_app(args: argparse.Namespace) -> int:
-    from fedbayes.deploy.flower_app import write_app
+    from fedbayes.deploy.flower_app import APP_FILE, write_app
+    from fedbayes.tasks.storage import check_new_files
 
-    print(write_app(args.directory, args.strategy) / "pyproject.toml")
+    check_new_files([args.directory / APP_FILE], args.force)
+    print(write_app(args.directory, args.strategy) / APP_FILE)
     return 0
 
 
@@ -429,8 +451,9 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         required=True,
-        help="directory for client-<i>.npz and test.npz (then usable as --dataset npz:DIR)",
+        help="directory for client-<i>.npz and test.npz (then usable as --dataset npz:DIR); a new or empty one",
     )
+    _add_force(parser, "--out is not empty: write the files there, replacing those of the same names")
     parser.set_defaults(handler=_export_partitions)
 
 
@@ -446,7 +469,10 @@ def _split(args: argparse.Namespace):
 def _print_partitions(args: argparse.Namespace) -> int:
     from fedbayes.tasks.datasets import load_dataset
     from fedbayes.tasks.partitions import describe_partitions, read_split_file, write_split_file
+    from fedbayes.tasks.storage import check_new_files
 
+    if args.write:
+        check_new_files([args.write], args.force)
     if args.split_file:
         train = load_dataset(args.dataset, train=True, data_root=args.data_root)
         partitions = read_split_file(args.split_file, len(train), args.clients, args.allow_overlap)
@@ -462,10 +488,18 @@ def _print_partitions(args: argparse.Namespace) -> int:
 def _export_partitions(args: argparse.Namespace) -> int:
     """client-<i>.npz per client and test.npz: a folder for dataset npz:DIR, a client's data-path file each."""
     from fedbayes.tasks.datasets import load_dataset
-    from fedbayes.tasks.npzdata import TEST_FILE, client_file, write_npz
+    from fedbayes.tasks.npzdata import TEST_FILE, client_file, data_files, write_npz
+    from fedbayes.tasks.storage import check_output_folder, listed
 
+    names = [*(client_file(args.out, index).name for index in range(args.clients)), TEST_FILE]
+    check_output_folder(args.out, names, args.force)
+    others = [name for name in data_files(args.out) if name not in names]
+    if others:  # left beside the new files, they would make the folder another dataset than this split
+        raise ValueError(
+            f"{args.out} holds {listed(others)}, which an export of {args.clients} clients does not replace: "
+            "the folder would then hold other partitions than this split's; remove them, or write to a new folder"
+        )
     train, partitions = _split(args)
-    args.out.mkdir(parents=True, exist_ok=True)
     for index, indices in enumerate(partitions):
         write_npz(client_file(args.out, index), train.subset(indices))
     write_npz(args.out / TEST_FILE, load_dataset(args.dataset, train=False, data_root=args.data_root))

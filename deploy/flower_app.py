@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from fedbayes.strategies import declared_keys
+from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
 
+APP_FILE = "pyproject.toml"  # the whole app: its FAB includes nothing else
 COMPONENTS = {"serverapp": "fedbayes.server.app:app", "clientapp": "fedbayes.client.app:app"}
 
 
@@ -42,7 +44,7 @@ def app_pyproject(strategy: str = "") -> str:
         "",
         "[tool.flwr.app]",
         'publisher = "fedbayes"',
-        'fab-include = ["pyproject.toml"]',
+        f"fab-include = [{toml_value(APP_FILE)}]",
         "",
         "[tool.flwr.app.components]",
         *(f"{name} = {toml_value(ref)}" for name, ref in COMPONENTS.items()),
@@ -55,8 +57,8 @@ def app_pyproject(strategy: str = "") -> str:
 
 
 def write_app(directory: Path, strategy: str = "") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "pyproject.toml").write_text(app_pyproject(strategy))
+    """`directory`/pyproject.toml, replaced atomically if there; the directory."""
+    write_atomically(directory / APP_FILE, app_pyproject(strategy).encode(), OUTPUT_MODE)
     return directory
 
 

@@ -16,7 +16,10 @@ SuperLink bound to it; a key registered before keeps its node id (idempotent), s
 can register unconditionally. With --registry it also records client id -> node id in the JSON file the
 ServerApp reads as run config `client-registry`: a client id is then accepted only from its key's node.
 
-Private keys are written 0600 and never overwritten: re-running `init` keeps an existing CA.
+Private keys are written 0600. Nothing is overwritten unless --force: `init` onto a folder that holds a SuperLink
+certificate is refused, and with --force issues a new one; a CA whose key is there is kept either way (every
+SuperNode trusts it). `supernode-key` keeps an existing key pair (the SuperLink knows a client by its registered
+public key) and refuses a lone public key. `connection` refuses an existing $FLWR_HOME/config.toml.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from flwr.common.constant import PUBLIC_KEY_ALREADY_IN_USE_MESSAGE
 
-from fedbayes.tasks.storage import is_safe_name, write_atomically
+from fedbayes.tasks.storage import OUTPUT_MODE, check_new_files, is_safe_name, write_atomically
 
 DEFAULT_SERVER_NAMES = ("superlink", "localhost")
 DEFAULT_SERVER_IPS = ("127.0.0.1",)
@@ -74,9 +77,16 @@ class SupernodeKey:
     public: Path
 
 
+def init_outputs(directory: Path) -> list[Path]:
+    """The files `init_pki` writes into `directory`: the SuperLink's certificate and key, and the CA's unless its key
+    is there (then it is kept)."""
+    ca_files = [] if (directory / "ca.key").exists() else [directory / "ca.crt", directory / "ca.key"]
+    return [*ca_files, directory / "server.pem", directory / "server.key"]
+
+
 def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()) -> TlsFiles:
-    """CA (kept if present) + a fresh SuperLink certificate for DEFAULT_SERVER_NAMES/IPS plus `names`/`ips`."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """CA (kept if present) + a fresh SuperLink certificate for DEFAULT_SERVER_NAMES/IPS plus `names`/`ips`: the
+    files `init_outputs` names, each replaced atomically if there."""
     ca_cert_path, ca_key_path = directory / "ca.crt", directory / "ca.key"
     if ca_key_path.exists():
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
@@ -85,7 +95,7 @@ def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()
         ca_key = ec.generate_private_key(CURVE())
         ca_cert = _ca_certificate(ca_key)
         _write_private(ca_key_path, _pem_private(ca_key))
-        ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+        write_atomically(ca_cert_path, ca_cert.public_bytes(serialization.Encoding.PEM), OUTPUT_MODE)
     server_key = ec.generate_private_key(CURVE())
     server_cert = _server_certificate(
         server_key,
@@ -95,7 +105,7 @@ def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()
         ip_addresses=_unique([*DEFAULT_SERVER_IPS, *ips]),
     )
     _write_private(directory / "server.key", _pem_private(server_key))
-    (directory / "server.pem").write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    write_atomically(directory / "server.pem", server_cert.public_bytes(serialization.Encoding.PEM), OUTPUT_MODE)
     return TlsFiles.in_directory(directory)
 
 
@@ -115,8 +125,7 @@ def certificate_names(certificate: x509.Certificate) -> list[str]:
 def make_supernode_key(directory: Path, client_id: str) -> SupernodeKey:
     """`<directory>/<client_id>` (private, OpenSSH, 0600) and `<client_id>.pub`; an existing pair is kept,
     because the SuperLink knows a client by its registered public key."""
-    directory.mkdir(parents=True, exist_ok=True)
-    key = SupernodeKey(directory / client_id, directory / f"{client_id}.pub")
+    key = supernode_key_files(directory, client_id)
     if key.private.exists():
         return key
     private = ec.generate_private_key(CURVE())
@@ -127,8 +136,13 @@ def make_supernode_key(directory: Path, client_id: str) -> SupernodeKey:
         ),
     )
     public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    key.public.write_bytes(public + f" {client_id}\n".encode())
+    write_atomically(key.public, public + f" {client_id}\n".encode(), OUTPUT_MODE)
     return key
+
+
+def supernode_key_files(directory: Path, client_id: str) -> SupernodeKey:
+    """Where `make_supernode_key` keeps `client_id`'s pair."""
+    return SupernodeKey(directory / client_id, directory / f"{client_id}.pub")
 
 
 def connection_config(name: str, control_address: str, ca_cert: Path | None) -> str:
@@ -344,11 +358,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="pki_command", required=True)
     init = commands.add_parser("init", help="CA (kept if present) + SuperLink certificate")
     init.add_argument("--out", type=Path, required=True)
+    init.add_argument(
+        "--force", action="store_true", help="--out holds a SuperLink certificate: issue a new one (the CA is kept)"
+    )
     init.add_argument("--name", action="append", default=[], help="extra DNS name clients use (repeatable)")
     init.add_argument("--ip", action="append", default=[], help="extra IP address clients use (repeatable)")
     init.set_defaults(handler=_init)
     key = commands.add_parser("supernode-key", help="ECDSA key pair per client id (kept if present)")
     key.add_argument("--out", type=Path, required=True)
+    key.add_argument(
+        "--force", action="store_true", help="replace a public key that has no private key beside it (a pair is kept)"
+    )
     key.add_argument("client_ids", nargs="+")
     key.set_defaults(handler=_keys)
     register = commands.add_parser("register", help="register SuperNode public keys with a running SuperLink")
@@ -377,6 +397,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     connect.add_argument("--name", required=True, help="connection name for `flwr run <app> <name>`")
     connect.add_argument("--superlink", required=True, help="the SuperLink's Control API, host:port")
     connect.add_argument("--ca", type=Path, required=True, help="the federation's CA certificate")
+    connect.add_argument("--force", action="store_true", help="replace an existing $FLWR_HOME/config.toml")
     connect.set_defaults(handler=_connection)
 
 
@@ -385,6 +406,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
+    check_new_files(init_outputs(args.out), args.force)
     files = init_pki(args.out, args.name, args.ip)
     print(
         f"CA {files.ca_cert}; SuperLink certificate {files.server_cert} for "
@@ -395,15 +417,20 @@ def _init(args: argparse.Namespace) -> int:
 
 def _keys(args: argparse.Namespace) -> int:
     for client_id in args.client_ids:
+        if not is_safe_name(client_id):
+            raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")
+    pairs = [supernode_key_files(args.out, client_id) for client_id in args.client_ids]
+    check_new_files([pair.public for pair in pairs if not pair.private.exists()], args.force)
+    for client_id in args.client_ids:
         key = make_supernode_key(args.out, client_id)
         print(f"{client_id}: private {key.private} (give to that client only), public {key.public} (register it)")
     return 0
 
 
 def _connection(args: argparse.Namespace) -> int:
-    flwr_home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    (flwr_home / "config.toml").write_text(connection_config(args.name, args.superlink, args.ca))
+    config = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr")) / "config.toml"
+    check_new_files([config], args.force)
+    write_atomically(config, connection_config(args.name, args.superlink, args.ca).encode(), OUTPUT_MODE)
     return 0
 
 

@@ -32,6 +32,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
         help="a kept round (keep-checkpoints); default: the newest",
     )
     parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="the .safetensors file to write")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists (refused otherwise)")
     parser.add_argument("--data-root", help="where the run's dataset is (default: the run config's)")
     parser.add_argument(
         "--eval-batch-size",
@@ -43,7 +44,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     from fedbayes.posterior.export import export_posterior, locate_run
+    from fedbayes.tasks.storage import check_new_files
 
+    check_new_files([args.out], args.force)
     location = locate_run(args.run, args.federation)
     header = export_posterior(location, args.out, args.round, args.data_root, args.eval_batch_size)
     print(
@@ -85,6 +88,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write probs, entropy, expected_entropy, mutual_information and preds to this .npz",
     )
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists (refused otherwise)")
     parser.add_argument(
         "--top",
         type=checked_number(int, NON_NEGATIVE),
@@ -104,7 +108,10 @@ def run_predict(args: argparse.Namespace) -> int:
     from fedbayes.posterior import load
     from fedbayes.tasks.compute import configure_threads
     from fedbayes.tasks.npzdata import read_examples
+    from fedbayes.tasks.storage import check_new_files
 
+    if args.out:
+        check_new_files([args.out], args.force)
     configure_threads()
     posterior = load(args.file)
     x, labels = read_examples(args.data)
@@ -160,16 +167,23 @@ def summary(
 
 
 def write_predictions(path: Path, prediction: Prediction) -> None:
+    """The predictions as an .npz at `path` (as named: no suffix added), replacing a file there atomically."""
+    import io
+
     import numpy as np
 
+    from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
+
+    buffer = io.BytesIO()
     np.savez(
-        path,
+        buffer,
         probs=prediction.probs.numpy(),
         entropy=prediction.entropy.numpy(),
         expected_entropy=prediction.expected_entropy.numpy(),
         mutual_information=prediction.mutual_information.numpy(),
         preds=prediction.predicted.numpy(),
     )
+    write_atomically(path, buffer.getvalue(), OUTPUT_MODE)
 
 
 def _members_line(header: Header, samples: int, seed: int | None, members: int) -> str:

@@ -41,9 +41,10 @@ grid, bounded by round-timeout), checks the answer as a round's reply (RoundCore
 as any forget; then it tells the node at once that its client is forgotten. See Forgetting._with_client_part for why
 it happens there and not inside a round.
 
-Refinement. `refine_rounds` R: the federation runs at least R ordinary rounds among the remaining clients after the
-round t the forget was applied after. The rounds a running federation has left count; a federation resumed before
-round t + R runs through round t + R whatever its num-server-rounds says (run_rounds raises it and logs so).
+Refinement. `refine_rounds` R, at most MAX_REFINE_ROUNDS (tasks/config.py): the federation runs at least R ordinary
+rounds among the remaining clients after the round t the forget was applied after. The rounds a running federation
+has left count; a federation resumed before round t + R runs through round t + R whatever its num-server-rounds says
+(run_rounds raises it and logs so).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.round_core import Change, RoundCore, non_finite
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.strategies.base import ClientForget, ForgetRefused, Forgotten
+from fedbayes.tasks.config import REFINE_ROUNDS
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, fsync_directory, is_safe_name, write_atomically
@@ -98,8 +100,8 @@ class ForgetRequest:
 
     id: str
     federation: str
-    client: str
-    asked_by: str  # "operator <user>@<host>" or "client <id> (node <node>)"
+    client: str  # the client id to forget or readmit: the one the request names
+    asked_by: str  # "operator <user>@<host>", or "node <node>, bound to client <id>" (or "to no client")
     asked_at: str  # UTC, ISO 8601
     node: int | None = None  # the node a client's own request came from
     refine_rounds: int = 0
@@ -107,6 +109,11 @@ class ForgetRequest:
 
     @classmethod
     def by_operator(cls, federation: str, client: str, refine_rounds: int = 0, readmit: bool = False) -> ForgetRequest:
+        """An operator's request; ForgetError, before anything is asked or locked, for an id that is no client id
+        or a refinement out of [0, MAX_REFINE_ROUNDS]."""
+        problem = not_a_client_id(client) or refinement_problem(refine_rounds)
+        if problem is not None:
+            raise ForgetError(f"{problem}; nothing was asked")
         return cls(
             _new_request_id(),
             federation,
@@ -118,9 +125,12 @@ class ForgetRequest:
         )
 
     @classmethod
-    def by_client(cls, federation: str, client: str, node: int) -> ForgetRequest:
+    def by_client(cls, federation: str, client: str, node: int, node_client: str | None) -> ForgetRequest:
+        """A node's LeaveAndForget naming `client`; `node_client`: the client id the node is bound to (None: none).
+        The request is the node's, whatever id it names: honoured only when the two are one (`refusal`)."""
         client = client[: MAX_CLIENT_ID_LENGTH + 1]  # what a client sent: one longer is refused, and logged bounded
-        return cls(_new_request_id(), federation, client, f"client {client!r} (node {node})", utc_now(), node=node)
+        bound = "to no client" if node_client is None else f"to client {node_client!r}"
+        return cls(_new_request_id(), federation, client, f"node {node}, bound {bound}", utc_now(), node=node)
 
     def record(self, event: str, server_round: int, **details: Any) -> dict[str, Any]:
         """The audit line (and, for what is applied, the ledger's record) of this request's outcome after round
@@ -189,7 +199,7 @@ def _read_request(path: Path) -> ForgetRequest | tuple[str, str]:
     except (OSError, ValueError, TypeError) as error:  # written by hand, or by another version
         return path.stem, f"request file {path} is no forget request ({type(error).__name__}: {error})"
     wrong = [name for name, kind in REQUEST_TYPES.items() if not isinstance(getattr(request, name), kind)]
-    if wrong or request.node is not None or request.refine_rounds < 0:
+    if wrong or request.node is not None:
         return path.stem, f"request file {path} is no operator's forget request (fields {wrong or ['node']})"
     return request
 
@@ -292,7 +302,8 @@ class Forgetting:
         newest checkpoint's round, whose state `core` and `arrays` are."""
         self.finish_interrupted(core)
         clients = [
-            ForgetRequest.by_client(self.federation, client, node) for client, node in core.take_leave_requests()
+            ForgetRequest.by_client(self.federation, client, node, core.identities.client_of(node))
+            for client, node in core.take_leave_requests()
         ]
         for request in (*clients, *self.queue.pending(), *own):
             if isinstance(request, tuple):  # a file that is no request
@@ -532,8 +543,9 @@ def refusal(core: RoundCore, request: ForgetRequest, federation: str) -> str | N
     client, ledger = request.client, core.identities.ledger
     if request.federation != federation:
         return f"the request is for federation {request.federation[:64]!r}, this is {federation!r}"
-    if not (is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
-        return f"{client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id ([A-Za-z0-9._-], at most {MAX_CLIENT_ID_LENGTH})"
+    problem = not_a_client_id(client) or refinement_problem(request.refine_rounds)
+    if problem is not None:
+        return problem
     forget = ledger.forget_of(client)
     if request.readmit:
         return None if forget is not None else f"client {client!r} is not revoked: there is nothing to readmit"
@@ -547,6 +559,23 @@ def refusal(core: RoundCore, request: ForgetRequest, federation: str) -> str | N
         owner = f"is bound to node {bound}" if bound is not None else "is bound to no node"
         return f"node {request.node} asked to forget client {client!r}, which {owner}: only its own node may ask"
     return None
+
+
+def not_a_client_id(client: str) -> str | None:
+    """Why `client` cannot name a client (None: it can): the rule every reply's client id meets."""
+    if is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH:
+        return None
+    return f"{client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id (1 to {MAX_CLIENT_ID_LENGTH} of [A-Za-z0-9._-])"
+
+
+def refinement_problem(refine_rounds: int) -> str | None:
+    """Why a forget may not ask for `refine_rounds` refinement rounds (None: it may)."""
+    if REFINE_ROUNDS.test(refine_rounds):
+        return None
+    return (
+        f"refine rounds {refine_rounds} {REFINE_ROUNDS.requirement} (MAX_REFINE_ROUNDS: a longer refinement is a "
+        "retraining; retrain without the client instead)"
+    )
 
 
 def _acknowledges(core: RoundCore, request: ForgetRequest) -> bool:

@@ -14,6 +14,7 @@ Every file a process loads is checked in full; `inspect_folder` checks the folde
 
 from __future__ import annotations
 
+import io
 import re
 import zipfile
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from fedbayes.tasks.datasets import NPZ_PREFIX, NUM_CLASSES, Dataset
+from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
 
 TRAIN_FILE, TEST_FILE = "train.npz", "test.npz"
 _KEY_PAIRS = (("x", "y"), ("images", "labels"))
@@ -181,6 +183,15 @@ def inspect_folder(folder: Path) -> NpzFolder:
     return NpzFolder(folder, clients, has_train, _common_shape(headers), _class_count(headers))
 
 
+def data_files(folder: Path) -> list[str]:
+    """The names of the files in `folder` that dataset npz:DIR reads (train.npz, test.npz, client-<i>.npz), sorted;
+    none for a folder that is not there."""
+    if not folder.is_dir():
+        return []
+    names = (path.name for path in folder.iterdir())
+    return sorted(name for name in names if name in (TRAIN_FILE, TEST_FILE) or _CLIENT_FILE.fullmatch(name))
+
+
 def _data_files(folder: Path, has_train: bool, clients: int) -> list[Path]:
     return [
         folder / TEST_FILE,
@@ -298,5 +309,8 @@ def _dataset(name: str, path: Path, num_classes: int) -> Dataset:
 
 
 def write_npz(path: Path, data: Dataset) -> None:
-    """`data` as stored (its pixels, labels and class count): `_dataset` reads it back identical."""
-    np.savez(path, x=data.pixels.numpy(), y=data.labels.numpy(), num_classes=np.int64(data.num_classes))
+    """`data` as stored (its pixels, labels and class count), replacing a file at `path` atomically: `_dataset` reads
+    it back identical."""
+    buffer = io.BytesIO()
+    np.savez(buffer, x=data.pixels.numpy(), y=data.labels.numpy(), num_classes=np.int64(data.num_classes))
+    write_atomically(path, buffer.getvalue(), OUTPUT_MODE)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
+
 SPLITS = ("iid", "dirichlet", "two-class")
 
 Seed = int | np.random.SeedSequence  # anything np.random.default_rng accepts as a fixed seed
@@ -169,8 +171,9 @@ def partition_dataset(
 
 def write_split_file(path: Path | str, partitions: list[np.ndarray]) -> None:
     """A split as JSON: a list with, per client (in partition-id order), its 0-based row indices into the
-    training file. `read_split_file` reads it back; any code base that can dump its split this way can be replayed."""
-    Path(path).write_text(json.dumps([[int(i) for i in part] for part in partitions]))
+    training file, replacing a file at `path` atomically. `read_split_file` reads it back; any code base that can dump
+    its split this way can be replayed."""
+    write_atomically(Path(path), json.dumps([[int(i) for i in part] for part in partitions]).encode(), OUTPUT_MODE)
 
 
 def read_split_file(

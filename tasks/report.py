@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import html
 import importlib
+import io
 import json
 import math
+import sys
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
 
 REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all (None: not evaluated)
 METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
@@ -141,22 +145,103 @@ def workdir_run_config(workdir: Path) -> tuple[dict[str, Any], Path]:
     return config, Path(config.get("results-path") or workdir / "results.jsonl")
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a results file in file order. The text after its last newline is a row still being written (or
-    cut short by a crash): not a row yet."""
-    rows = []
+def warn_on_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def read_rows(path: Path, warn: Callable[[str], None] = warn_on_stderr) -> list[dict[str, Any]]:
+    """The usable rows of a results file in file order. The text after its last newline is a row still being written
+    (or cut short by a crash): not a row yet. A line that holds no usable row (`parsed_row`) is left out and `warn`ed
+    of, by file and line; ReportError, naming the file, when none of its lines is usable."""
+    rows, unusable = [], 0
     for number, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ReportError(f"{path}:{number}: not a JSON row ({error.msg})") from None
-        missing = [key for key in REQUIRED_KEYS if not isinstance(row, dict) or key not in row]
-        if missing:
-            raise ReportError(f"{path}:{number}: not a results row (no {', '.join(missing)})")
-        rows.append(row)
+        row = parsed_row(line)
+        if isinstance(row, str):
+            unusable += 1
+            warn(f"{path}:{number}: {row}; the report leaves this line out")
+        else:
+            rows.append(row)
+    if unusable and not rows:
+        raise ReportError(f"{path}: none of its {unusable} lines is a usable results row (each is named above)")
     return rows
+
+
+def parsed_row(line: str) -> dict[str, Any] | str:
+    """The results row a line of a results file holds, or why it holds none the report can draw: not JSON, not an
+    object, a required key missing, or a field the report reads that is not what server/loop.py writes there."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        return f"not a JSON row ({error.msg})"
+    if not isinstance(row, dict):
+        return f"not a results row (a JSON {type(row).__name__}, not an object)"
+    missing = [key for key in REQUIRED_KEYS if key not in row]
+    if missing:
+        return f"not a results row (no {', '.join(missing)})"
+    for key, (usable, what) in ROW_FIELDS.items():
+        if key in row and not usable(row[key]):
+            return f"field {key!r} is {shown(row[key])}, not {what}"
+    if len({row[key] is None for key, _ in METRICS}) > 1:
+        return "accuracy, nll and ece must be numbers (an evaluated round) or null (a round not evaluated) together"
+    return row
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """`value` as its JSON, cut to about `limit` characters."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else f"{text[: limit - 4]} ..."
+
+
+def _number(value: Any) -> bool:
+    """A finite JSON number; not true or false, which Python's json reads as ints."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _seconds(value: Any) -> bool:
+    """A row's phase timings: names to seconds (null: a phase that did not run)."""
+    return isinstance(value, dict) and all(seconds is None or _number(seconds) for seconds in value.values())
+
+
+def _bins(value: Any) -> bool:
+    """null, or reliability bins as bayes/metrics.py `reliability_bins` writes them: per bin its example count and,
+    when it holds any, their mean confidence and accuracy."""
+    if value is None:
+        return True
+    if not isinstance(value, dict):
+        return False
+    confidence, accuracy, count = (value.get(key) for key in ("confidence", "accuracy", "count"))
+    if not (isinstance(confidence, list) and isinstance(accuracy, list) and isinstance(count, list)):
+        return False
+    return len(confidence) == len(accuracy) == len(count) > 0 and all(
+        _count(n) and (not n or (_number(c) and _number(a))) for c, a, n in zip(confidence, accuracy, count)
+    )
+
+
+# What the report reads of a row, each key's check and what it must be (server/loop.py and server/evaluation.py
+# write them): a row whose value fails is left out, so no figure or summary line meets a value it cannot draw.
+ROW_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "round": (lambda value: type(value) is int and value >= 1, "a round number (an integer >= 1)"),
+    **{key: (lambda value: value is None or _number(value), "a finite number or null") for key, _ in METRICS},
+    **{f"{key}_ensemble": (_number, "a finite number") for key, _ in METRICS},
+    **{key: (_number, "a finite number") for key in ("round_seconds", "wall_seconds", "eval_fraction")},
+    **{
+        key: (_count, "a count (an integer >= 0)")
+        for key in ("clients", "clients_sent", "clients_rejected", "eval_examples")
+    },
+    "quarantined": (lambda value: isinstance(value, list), "a list of nodes"),
+    "phase_seconds": (_seconds, "an object of seconds"),
+    "client_phase_seconds": (
+        lambda value: isinstance(value, dict) and all(map(_number, value.values())),
+        "an object of seconds",
+    ),
+    **{key: (_bins, "null or reliability bins") for key in ("reliability", "reliability_ensemble")},
+}
 
 
 def split_federations(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -178,6 +263,13 @@ def new_figure(columns: int, rows: int = 1, height: float = 4.0, share_y: bool =
     figure_module = import_extra("matplotlib.figure", "report", "fedbayes report")
     figure = figure_module.Figure(figsize=(COLUMN_INCHES * columns, height * rows), layout="constrained")
     return figure, figure.subplots(rows, columns, sharey="row" if share_y else False, squeeze=False)
+
+
+def save_figure(figure, path: Path) -> None:
+    """`figure` as a PNG at `path`, replacing a file there atomically (a reader never sees half an image)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    write_atomically(path, buffer.getvalue(), OUTPUT_MODE)
 
 
 def colour(index: int) -> str:
@@ -225,7 +317,7 @@ def plot_metrics(runs: Sequence[Run], path: Path) -> None:
         axis.set_title(label)
         integer_rounds(axis)
     axes[0][0].legend(fontsize="small")
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 def plot_reliability(runs: Sequence[Run], path: Path) -> None:
@@ -255,7 +347,7 @@ def plot_reliability(runs: Sequence[Run], path: Path) -> None:
             title=f"{run.name}: round {last['round']}, ECE {last['ece']:.4f}",
         )
         axis.legend(handles=[*axis.get_legend_handles_labels()[0], *bar_legend], fontsize="small", loc="upper left")
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 def reliability_bars(axis, bins: dict[str, list], bar_colour: str) -> list:
@@ -318,7 +410,7 @@ def plot_clients(runs: Sequence[Run], path: Path) -> None:
         axis.set_ylim(0, 1.35 * max(sent + accepted) + 0.5)  # room for the legend above the bars
         integer_rounds(axis, integer_y=True)
         axis.legend(fontsize="small", loc="upper left", ncols=2)
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
@@ -380,7 +472,7 @@ def plot_phases(runs: Sequence[Run], path: Path) -> None:
         axes[0][-1], server_colours, [Line2D([], [], color="black", marker="*", linestyle="", label="round_seconds")]
     )
     phase_legend(axes[1][-1], client_colours)
-    figure.savefig(path, dpi=DPI)
+    save_figure(figure, path)
 
 
 PLOTS = (
@@ -395,6 +487,10 @@ PLOTS = (
         "(server/loop.py RoundFinisher), so the server's phases can add up to more than its round_seconds (★).",
     ),
 )
+
+
+INDEX_FILE = "index.html"
+REPORT_FILES = (*(plot.file for plot in PLOTS), INDEX_FILE)  # what `write_report` writes into its folder
 
 
 # ---- the index ----------------------------------------------------------------------------------------------------
@@ -498,12 +594,12 @@ key's default).</p>
 
 
 def write_report(runs: Sequence[Run], out: Path) -> Path:
-    """Every figure and index.html into `out` (made if missing); the index's path."""
+    """Every figure and index.html into `out` (made if missing), each replacing a file of its name atomically, and
+    nothing else in `out` touched; the index's path."""
     if not runs:
         raise ReportError("no run to report")
-    out.mkdir(parents=True, exist_ok=True)
     for plot in PLOTS:
         plot.draw(runs, out / plot.file)
-    index = out / "index.html"
-    index.write_text(render_index(runs))
+    index = out / INDEX_FILE
+    write_atomically(index, render_index(runs).encode(), OUTPUT_MODE)
     return index

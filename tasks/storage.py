@@ -1,5 +1,6 @@
-"""Crash-safe file writes and links, shared by the client state store and the server checkpoints, and the checksum
-of a safetensors file's tensors and metadata (server checkpoints, exported posteriors)."""
+"""Crash-safe file writes and links, shared by the client state store and the server checkpoints; the checks every
+command makes before it writes an output (nothing it did not write in this call is overwritten unless --force); and
+the checksum of a safetensors file's tensors and metadata (server checkpoints, exported posteriors)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 CHECKSUM_KEY = "checksum"  # the metadata entry that holds the file's `checksum`
 MAX_CLIENT_ID_LENGTH = 128  # the server refuses every reply from a longer client id
+OUTPUT_MODE = 0o644  # a command's output (a report, predictions, a certificate): what the usual umask gives a new file
+LISTED = 4  # names a refusal lists before it counts the rest
 
 
 def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
@@ -33,6 +36,53 @@ def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
         Path(temp_name).unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
+
+
+class OutputExists(ValueError):
+    """A command would write over something it did not write in this call: the message names it and says what
+    --force would do."""
+
+
+def check_new_files(paths: Iterable[Path], force: bool) -> None:
+    """Refuse (OutputExists, naming them) a command that is about to write the files `paths` where something is
+    already, unless `force`, with which they are replaced (by `write_atomically`). Even with `force` a folder is not
+    replaced by a file (that would delete what it holds), and a path under a file cannot be written at all. Called
+    before the command does any work, so that a refusal costs nothing and leaves nothing half-written."""
+    paths = list(paths)
+    for path in paths:
+        blocking = next((parent for parent in path.parents if os.path.lexists(parent)), None)
+        if blocking is not None and not blocking.is_dir():
+            raise OutputExists(f"{path} cannot be written: {blocking} is a file, not a folder")
+        if path.is_dir() and not path.is_symlink():
+            raise OutputExists(f"{path} is a folder: this command writes a file there, and never replaces a folder")
+    taken = [path for path in paths if os.path.lexists(path)]
+    if taken and not force:
+        exist = "exists" if len(taken) == 1 else "exist"
+        raise OutputExists(
+            f"{listed([str(path) for path in taken])} {exist} already: not overwritten (fedbayes never overwrites "
+            f"what it did not write in this call); --force replaces {'it' if len(taken) == 1 else 'them'}"
+        )
+
+
+def check_output_folder(folder: Path, names: Sequence[str], force: bool) -> None:
+    """Refuse (OutputExists) a command that is about to write the files `names` into `folder`, unless the folder is
+    new or empty, or `force`. With `force` only `names` are replaced: whatever else the folder holds (the user's
+    files, another command's) stays. Called before the command does any work, as `check_new_files`."""
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise OutputExists(f"{folder} is a file, not a folder: this command writes {listed(names)} into a folder")
+    held = sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
+    if held and not force:
+        raise OutputExists(
+            f"{folder} is not empty (it holds {listed(held)}): fedbayes writes only into a new or empty folder; "
+            f"--force writes {listed(names)} there, replacing those of the same names and keeping everything else"
+        )
+    check_new_files([folder / name for name in names], force=True)
+
+
+def listed(names: Sequence[str]) -> str:
+    """`names` joined with commas, the first LISTED of them and how many more."""
+    shown = ", ".join(names[:LISTED])
+    return shown if len(names) <= LISTED else f"{shown} and {len(names) - LISTED} more"
 
 
 def link_atomically(link: Path, target_name: str) -> None:

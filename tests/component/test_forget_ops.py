@@ -111,6 +111,41 @@ def test_a_refused_request_changes_nothing_and_the_audit_says_why(tmp_path, case
     assert problem[case] in federation.audit()[-1]["reason"]
 
 
+@pytest.mark.parametrize(
+    ("option", "client"), [("--client", ""), ("--readmit", ""), ("--client", "../client-3"), ("--client", "c" * 129)]
+)
+def test_a_request_for_no_client_id_is_refused_before_anything_is_locked_or_written(trained, capsys, option, client):
+    before, files = trained.snapshot(), sorted(path.name for path in trained.directory.iterdir())
+    assert main(["forget", str(trained.state_dir), "--federation", "fed", option, client]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (
+        f"fedbayes: error: {client[:128]!r} is not a client id (1 to 128 of [A-Za-z0-9._-]); nothing was asked"
+    )
+    assert trained.snapshot() == before and sorted(path.name for path in trained.directory.iterdir()) == files
+    with pytest.raises(ForgetError, match="is not a client id"):
+        ForgetRequest.by_operator("fed", client)
+
+
+def test_refinement_rounds_are_bounded_on_the_command_line_in_python_and_in_a_request_file(trained, capsys):
+    argv = ["forget", str(trained.state_dir), "--federation", "fed", "--client", "client-3"]
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--refine-rounds", "1000000000"])
+    assert refused.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("error: argument --refine-rounds: must be in [0, 1000], got '1000000000'")
+    )
+    with pytest.raises(ForgetError, match=r"refine rounds 1001 must be in \[0, 1000\] \(MAX_REFINE_ROUNDS"):
+        ForgetRequest.by_operator("fed", "client-3", 1001)
+    before = trained.snapshot()
+    written = ForgetRequest("20260101T000000-big", "fed", "client-3", "operator x@y", "", refine_rounds=10**9)
+    with pytest.raises(ForgetError, match=r"refused: refine rounds 1000000000 must be in \[0, 1000\]"):
+        forget_command(trained.location, written, 5.0)  # as a request file written by hand would be
+    assert trained.snapshot() == before and [record["event"] for record in trained.audit()] == ["refused"]
+    assert trained.forget("client-3", refine_rounds=1000)["refine_through_round"] == 1002
+
+
 def test_a_checkpoint_of_another_federation_is_refused_before_anything_is_written(trained):
     shutil.copytree(trained.directory, trained.state_dir / "other")
     other = RunLocation(trained.state_dir, "other", {})
@@ -178,7 +213,8 @@ def test_a_client_leaves_and_is_forgotten_at_its_own_request(tmp_path):
     core, _, rows = federation.run(3, grid)
     assert [row["clients"] for row in rows] == [3, 2, 2]
     (record,) = federation.audit()
-    assert record["asked_by"] == "client 'client-3' (node 3)" and record["node"] == 3 and record["round"] == 2
+    assert record["asked_by"] == "node 3, bound to client 'client-3'" and record["client"] == "client-3"
+    assert record["node"] == 3 and record["round"] == 2
     assert grid.instructions[2, 3].forgotten_client_id == ""
     assert grid.instructions[3, 3].forgotten_client_id == "client-3"
     assert grid.instructions[3, 1].forgotten_client_id == ""
@@ -192,8 +228,9 @@ def test_a_forget_request_from_another_node_is_refused_and_logged(tmp_path):
     federation = Federation(tmp_path)
     federation.run(1)
     core, _, rows = federation.run(2, ClientsGrid(federation.clients, behaviour={2: "client-3"}))
-    (record,) = federation.audit()
-    assert record["event"] == "refused" and record["asked_by"] == "client 'client-3' (node 2)"
+    (record,) = federation.audit()  # the node that asked, and the client it named (not as the one who asked)
+    assert record["event"] == "refused" and record["asked_by"] == "node 2, bound to client 'client-2'"
+    assert record["client"] == "client-3"
     assert "node 2 asked to forget client 'client-3', which is bound to node 3" in record["reason"]
     assert (
         sorted(core.strategy.state.duals) == ["client-1", "client-2", "client-3"] and not core.identities.ledger.revoked

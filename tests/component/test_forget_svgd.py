@@ -112,7 +112,7 @@ def test_a_leaving_client_computes_its_forget_and_the_server_adopts_it_revokes_i
     assert federation.snapshot().keys() == {"checkpoint-6.safetensors"}  # the older ones held client-3
 
     (record,) = federation.audit()
-    assert record["event"] == "forgotten" and record["asked_by"] == "client 'client-3' (node 3)"
+    assert record["event"] == "forgotten" and record["asked_by"] == "node 3, bound to client 'client-3'"
     assert record["exact"] is False and record["kl_before_after"] is None and record["round"] == 6
     assert "towards q/t_k" in record["note"] and "a particle estimate" in record["note"]
     assert record["contributed_rounds"] == [[3, 3]] and record["last_accepted_round"] == 3
@@ -173,7 +173,7 @@ def test_a_bad_forget_answer_is_refused_audited_and_changes_nothing(tmp_path, ca
     (asked,) = grid.asked
     assert federation.snapshot() == asked["checkpoints"] and asked["audit"] == []
     (record,) = federation.audit()
-    assert record["event"] == "refused" and record["asked_by"] == "client 'client-3' (node 3)"
+    assert record["event"] == "refused" and record["asked_by"] == "node 3, bound to client 'client-3'"
     assert "client 'client-3' (node 3)" in record["reason"] and reason in record["reason"]
     np.testing.assert_array_equal(core.strategy.particles, asked["request"].tensors["particles"]["particles"])
     assert not core.identities.ledger.revoked and core.accepted_rounds["client-3"] == 3

@@ -179,14 +179,12 @@ def test_what_is_no_run_is_refused_by_name(tmp_path):
         in finished.last_error_line
     )
     broken = tmp_path / "broken.jsonl"
-    broken.write_text(json.dumps({"round": 1, "accuracy": 0.5, "nll": 1.0, "ece": 0.1}) + "\n{not json\n")
+    broken.write_text("{not json\n" + json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
     finished = fedbayes(["report", str(broken), "--out", str(tmp_path / "out")])
-    assert f"{broken}:2: not a JSON row" in finished.last_error_line
-    broken.write_text(json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
-    assert (
-        f"{broken}:1: not a results row (no nll, ece)"
-        in fedbayes(["report", str(broken), "--out", str(tmp_path / "out")]).last_error_line
-    )
+    assert finished.returncode == 1
+    assert f"{broken}: none of its 2 lines is a usable results row" in finished.last_error_line
+    assert f"warning: {broken}:1: not a JSON row" in finished.stderr
+    assert f"warning: {broken}:2: not a results row (no nll, ece)" in finished.stderr
     assert not (tmp_path / "out").exists()
 
 
