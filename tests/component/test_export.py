@@ -210,13 +210,18 @@ def test_a_newer_format_is_refused_asking_for_a_newer_fedbayes(exported):
 
 
 def test_a_model_spec_that_does_not_build_or_fit_is_refused(exported):
-    spec = {"model": "no_such_module:build", "hidden": [], "activation": "sigmoid", "pool": 1}
-    rewrite(exported, change_metadata=edit_header(model=spec))
-    with pytest.raises(PosteriorFileError, match=f"{exported}: its model spec .* does not build here"):
+    spec = {"model": "mlp", "hidden": [3], "activation": "sigmoid", "pool": 1}
+    rewrite(exported, change_metadata=edit_header(model=spec))  # deeper than the file's two tensors allow
+    with pytest.raises(PosteriorFileError, match=f"{exported}: its model spec .* does not fit here: .* 4 parameter"):
         load(exported)
-    rewrite(exported, change_metadata=edit_header(model={**spec, "model": "mlp", "hidden": [3]}))
-    with pytest.raises(PosteriorFileError, match="builds a model whose parameters differ from the file's"):
+    rewrite(exported, change_metadata=edit_header(model={**spec, "model": "resnet20"}))
+    with pytest.raises(PosteriorFileError, match="does not fit here: .*the model's tensors are not those held"):
         load(exported)
+    rewrite(exported, change_metadata=edit_header(model={**spec, "model": "logreg", "activation": "gelu"}))
+    with pytest.raises(PosteriorFileError, match="does not fit here: .*unknown activation 'gelu'"):
+        load(exported)
+    with pytest.raises(PosteriorFileError, match=r"built as no_such_module:build does not fit here: .*cannot load"):
+        load(exported, model="no_such_module:build")
 
 
 def test_a_header_inconsistent_with_the_tensors_is_refused(exported):
