@@ -239,7 +239,7 @@ def read_signing_key(path: Path) -> Ed25519PrivateKey:
     except (ValueError, TypeError) as error:  # not a key, an encrypted one, an unsupported format
         raise ValueError(f"signing key {path}: not an unencrypted PEM or OpenSSH private key ({error})") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise ValueError(f"signing key {path} is a {type(key).__name__}, not an Ed25519 private key")
+        raise ValueError(f"signing key {path} holds a {type(key).__name__}, not an Ed25519 private key")
     return key
 
 
@@ -260,7 +260,7 @@ def read_verify_key(path: Path) -> Ed25519PublicKey:
     except (ValueError, TypeError) as error:
         raise ValueError(f"verification key {path}: not a PEM or OpenSSH public key ({error})") from None
     if not isinstance(key, Ed25519PublicKey):
-        raise ValueError(f"verification key {path} is a {type(key).__name__}, not an Ed25519 public key")
+        raise ValueError(f"verification key {path} holds a {type(key).__name__}, not an Ed25519 public key")
     return key
 
 
