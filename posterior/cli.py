@@ -150,16 +150,16 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.header_bytes / 2**20,
         help="the largest safetensors header to read (default %(default)g)",
     )
-    for name, help_text in (
-        ("input-values", "values in one example of the model's input"),
+    for name, claim in (
+        ("input-values", "values in one example"),
         ("classes", "classes"),
-        ("ensemble-samples", "weight samples the header's ensemble-samples asks for"),
+        ("ensemble-samples", "ensemble samples (the weight samples drawn when --samples is not given)"),
     ):
         parser.add_argument(
             f"--max-{name}",
             type=checked_number(int, AT_LEAST_ONE),
             default=getattr(defaults, name.replace("-", "_")),
-            help=f"the most {help_text} the file's header may claim (default %(default)s)",
+            help=f"refuse a file whose header claims more {claim} (default %(default)s)",
         )
     parser.set_defaults(handler=run_predict)
 
