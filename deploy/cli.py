@@ -300,6 +300,8 @@ def _write_report(args: argparse.Namespace) -> int:
 
 
 def _add_forget(parser: argparse.ArgumentParser) -> None:
+    from fedbayes.posterior.cli import add_named_code_arguments
+
     parser.add_argument(
         "run",
         type=Path,
@@ -326,17 +328,19 @@ def _add_forget(parser: argparse.ArgumentParser) -> None:
         help="how long to wait for a running federation to settle the request (default 600)",
     )
     parser.add_argument("--data-root", help="where the run's dataset is, if not where its run config says")
+    add_named_code_arguments(parser)  # a stopped federation's server is rebuilt from its checkpoint's run config
     parser.set_defaults(handler=_forget)
 
 
 def _forget(args: argparse.Namespace) -> int:
+    from fedbayes.posterior.cli import named_code
     from fedbayes.posterior.export import locate_run
     from fedbayes.server.forget import ForgetRequest, audit_path, describe_outcome, forget_command
 
     if args.readmit and args.refine_rounds:
         raise ValueError("--refine-rounds goes with --client (a readmission changes no state to refine)")
     client = args.client if args.readmit is None else args.readmit
-    location = locate_run(args.run, args.federation)
+    location = locate_run(args.run, args.federation, named_code(args))
     request = ForgetRequest.by_operator(
         location.federation, client, args.refine_rounds, readmit=args.readmit is not None
     )

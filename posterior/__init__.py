@@ -12,13 +12,13 @@ if __name__ != "fedbayes.posterior":  # fedbayes/posterior is a link to this fol
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fedbayes.posterior.file import PosteriorFileError
+from fedbayes.posterior.file import PosteriorFileError, PosteriorLimits
 
 if TYPE_CHECKING:
     from fedbayes.posterior.predictive import Posterior, load
     from fedbayes.posterior.uncertainty import Prediction
 
-__all__ = ["Posterior", "PosteriorFileError", "Prediction", "load"]
+__all__ = ["Posterior", "PosteriorFileError", "PosteriorLimits", "Prediction", "load"]
 # Imported when first asked for (PEP 562): they need torch, which `fedbayes`'s argument parser, reading
 # posterior/cli.py, should not load into every command (`fedbayes client` supervises its SuperNode for hours).
 _WITH_TORCH = {

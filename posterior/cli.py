@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, checked_number, run_config_number
+from fedbayes.posterior.file import DEFAULT_LIMITS, PosteriorLimits
+from fedbayes.tasks.config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, checked_number, run_config_number
 
 if TYPE_CHECKING:
     import numpy as np
@@ -15,6 +17,10 @@ if TYPE_CHECKING:
     from fedbayes.posterior.uncertainty import Prediction
 
 TOP_DEFAULT = 10
+
+
+class PredictionError(ValueError):
+    """`fedbayes predict` made numbers that mean nothing (NaN); the message says which."""
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +45,35 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
         type=run_config_number("eval-batch-size"),
         help="the run's evaluation batch size, for bit-equal predictions (default: the run config's)",
     )
+    add_named_code_arguments(parser)
+    parser.add_argument(
+        "--sign",
+        type=Path,
+        metavar="KEYFILE",
+        help="sign the file with this Ed25519 private key (PEM or OpenSSH); `predict --verify` checks it",
+    )
     parser.set_defaults(handler=run_export)
+
+
+def add_named_code_arguments(parser: argparse.ArgumentParser) -> None:
+    """--strategy and --model: the code a run's files may name (a file is data: fedbayes imports only code you
+    name). `named_code` reads them."""
+    parser.add_argument(
+        "--strategy",
+        metavar="MODULE:ATTRIBUTE",
+        help="the run's own strategy, when its run config names one ('<module>:<attribute>'): importing it runs it, "
+        "so it is imported only when you name it",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="MODULE:CALLABLE",
+        help="the run's own model, when its run config names one ('<module>:<callable>'), likewise",
+    )
+
+
+def named_code(args: argparse.Namespace) -> dict[str, str]:
+    """The code references --strategy and --model named."""
+    return {key: getattr(args, key) for key in ("strategy", "model") if getattr(args, key) is not None}
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -47,11 +81,11 @@ def run_export(args: argparse.Namespace) -> int:
     from fedbayes.tasks.storage import check_new_files
 
     check_new_files([args.out], args.force)
-    location = locate_run(args.run, args.federation)
-    header = export_posterior(location, args.out, args.round, args.data_root, args.eval_batch_size)
+    location = locate_run(args.run, args.federation, named_code(args))
+    header = export_posterior(location, args.out, args.round, args.data_root, args.eval_batch_size, args.sign)
     print(
         f"wrote {args.out}: {header.strategy}, round {header.round} of federation {header.federation}; "
-        f"{header.kind}: {header.note}"
+        f"{header.kind}: {header.note}" + (f"; signed with {args.sign}" if args.sign else "")
     )
     if args.eval_batch_size is None and not location.run_config:  # a workdir's run config is the run's
         print(
@@ -101,6 +135,36 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: the run's evaluation batch size (rounding then matches the server's)",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    parser.add_argument(
+        "--model",
+        metavar="MODULE:CALLABLE",
+        help="your own model, callable(input_shape, num_classes) -> nn.Module, for a file whose header names one: "
+        "a file is data, so the code it names is never imported; its layout must be the file's",
+    )
+    parser.add_argument(
+        "--verify",
+        type=Path,
+        metavar="KEYFILE",
+        help="refuse the file unless it is signed (`export --sign`) with the private key of this Ed25519 public key",
+    )
+    defaults = DEFAULT_LIMITS
+    parser.add_argument(
+        "--max-header-mb",
+        type=checked_number(float, POSITIVE),
+        default=defaults.header_bytes / 2**20,
+        help="the largest safetensors header to read (default %(default)g)",
+    )
+    for name, claim in (
+        ("input-values", "values in one example"),
+        ("classes", "classes"),
+        ("ensemble-samples", "ensemble samples (the weight samples drawn when --samples is not given)"),
+    ):
+        parser.add_argument(
+            f"--max-{name}",
+            type=checked_number(int, AT_LEAST_ONE),
+            default=getattr(defaults, name.replace("-", "_")),
+            help=f"refuse a file whose header claims more {claim} (default %(default)s)",
+        )
     parser.set_defaults(handler=run_predict)
 
 
@@ -113,7 +177,13 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.out:
         check_new_files([args.out], args.force)
     configure_threads()
-    posterior = load(args.file)
+    limits = PosteriorLimits(
+        header_bytes=int(args.max_header_mb * 2**20),
+        input_values=args.max_input_values,
+        classes=args.max_classes,
+        ensemble_samples=args.max_ensemble_samples,
+    )
+    posterior = load(args.file, args.model, args.verify, limits)
     x, labels = read_examples(args.data)
     if labels is not None and labels.max() >= posterior.header.num_classes:
         raise ValueError(
@@ -121,6 +191,8 @@ def run_predict(args: argparse.Namespace) -> int:
         )
     samples = posterior.header.ensemble_samples if args.samples is None else args.samples
     prediction = posterior.predict(x, samples, args.seed, args.batch_size, args.device)
+    if args.verify:
+        print(f"{args.file}: signature verified with {args.verify}")
     print(summary(args, posterior.header, x, labels, samples, prediction))
     if args.out:
         write_predictions(args.out, prediction)
@@ -153,15 +225,30 @@ def summary(
             f"data were scaled by {header.pixel_scale:g} (then both by input-scale {header.input_scale:g}): "
             "make sure the values are in the same range"
         )
+    if not torch.isfinite(prediction.probs).all():
+        bad = int((~torch.isfinite(prediction.probs)).any(dim=1).sum())
+        raise PredictionError(
+            f"predicting {args.data} with {args.file} gave NaN or Inf probabilities for {bad} of {len(x)} examples "
+            f"({_members_line(header, samples, args.seed, prediction.members)}): its weights make non-finite "
+            "logits; nothing was written"
+        )
+    numbers = {
+        "mean entropy": float(prediction.entropy.mean()),
+        "expected entropy": float(prediction.expected_entropy.mean()),
+        "mutual information": float(prediction.mutual_information.mean()),
+    }
     if labels is not None:
         metrics = classification_metrics(prediction.probs, torch.from_numpy(labels))
+        numbers |= {name: float(metrics[name]) for name in ("accuracy", "nll", "ece")}
+    if nan := [name for name, value in numbers.items() if math.isnan(value)]:
+        raise PredictionError(f"predicting {args.data} with {args.file} gave NaN {', '.join(nan)}; nothing was written")
+    if labels is not None:
         lines.append(
-            f"{len(x)} examples: accuracy {metrics['accuracy']:.4f}  nll {metrics['nll']:.4f}  ece {metrics['ece']:.4f}"
+            f"{len(x)} examples: accuracy {numbers['accuracy']:.4f}  nll {numbers['nll']:.4f}  ece {numbers['ece']:.4f}"
         )
     lines.append(
-        f"mean entropy {prediction.entropy.mean():.4f}, expected entropy "
-        f"{prediction.expected_entropy.mean():.4f}, mutual information "
-        f"{prediction.mutual_information.mean():.4f} (nats)"
+        f"mean entropy {numbers['mean entropy']:.4f}, expected entropy {numbers['expected entropy']:.4f}, "
+        f"mutual information {numbers['mutual information']:.4f} (nats)"
     )
     return "\n".join([*lines, most_uncertain(prediction, labels, args.top)])
 

@@ -7,12 +7,18 @@ the global posterior (strategies/base.py `global_posterior`): a Gaussian, partic
 The run config a checkpoint keeps leaves out what a resumed run may change (server/checkpoint.py RESUMABLE_KEYS);
 of those the export needs the data's location (`data-root`) and the evaluation batch size, which a `fedbayes local`
 workdir's run config has and a bare server state directory does not (then: the options, or the defaults).
+
+A checkpoint and a workdir are data: a strategy or model their run config names as "<module>:<attribute>" is
+imported only when the user names the same reference (`RunLocation.named_code`: `fedbayes export --strategy
+--model`), and the model is laid out (tasks/models.py `build_model_holding`) against the checkpoint's global arrays
+before it is built, so the sizes a run config claims cost no more memory than the checkpoint holds.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -30,14 +36,16 @@ from fedbayes.posterior.file import (
     Header,
     Layout,
     ModelSpec,
+    read_signing_key,
     write_posterior_file,
 )
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import with_evaluation_defaults
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.strategies.base import GlobalPosterior
+from fedbayes.tasks.config import unnamed_code
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_model_holding, parse_hidden
 
 WORKDIR_RUN_CONFIG = "run-config.toml"  # what `fedbayes local` submitted (deploy/launcher.py LocalFederation.submit)
 
@@ -51,15 +59,24 @@ class RunLocation:
     state_dir: Path  # the server state directory: <state_dir>/<federation>/checkpoint-<round>.safetensors
     federation: str
     run_config: dict[str, Any]  # a `fedbayes local` workdir's run config; {} for a bare server state directory
+    # The code the user named (key -> "<module>:<attribute>", tasks/config.py CODE_KEYS): the only code the run
+    # config of the run's files may name (tasks/config.py `unnamed_code`)
+    named_code: Mapping[str, str] = field(default_factory=dict)
+
+    def code_problem(self, source: str, run_config: Mapping[str, Any]) -> str | None:
+        """Why the code `run_config` (read from `source`) names may not be imported; None when it may."""
+        return unnamed_code(source, run_config, self.named_code)
 
 
-def locate_run(run: Path, federation: str | None) -> RunLocation:
+def locate_run(run: Path, federation: str | None, named_code: Mapping[str, str] | None = None) -> RunLocation:
     """`run` is a `fedbayes local` workdir (the federation and server state directory are in its run config), or,
-    with `federation`, a server state directory holding that federation."""
+    with `federation`, a server state directory holding that federation. `named_code`: the strategy and model
+    references the user named, which the run's run config may name (RunLocation.named_code)."""
+    named_code = dict(named_code or {})
     if federation:
         if not CheckpointStore(run, federation, {}).kept_rounds():
             raise ExportError(f"{run / federation} holds no server checkpoint ({_federations_in(run)})")
-        return RunLocation(run, federation, {})
+        return RunLocation(run, federation, {}, named_code)
     config_file = run / WORKDIR_RUN_CONFIG
     if not config_file.is_file():
         raise ExportError(
@@ -70,7 +87,7 @@ def locate_run(run: Path, federation: str | None) -> RunLocation:
     missing = [key for key in ("server-state-dir", "federation") if key not in config]
     if missing:
         raise ExportError(f"{config_file} names no {' and no '.join(missing)} (`fedbayes local` writes both)")
-    return RunLocation(Path(config["server-state-dir"]), config["federation"], config)
+    return RunLocation(Path(config["server-state-dir"]), config["federation"], config, named_code)
 
 
 def _federations_in(directory: Path) -> str:
@@ -94,9 +111,16 @@ def export_posterior(
     server_round: int = 0,
     data_root: str | None = None,
     eval_batch_size: int | None = None,
+    sign: Path | None = None,
 ) -> Header:
     """Write the posterior of kept round `server_round` (0: the newest) to `out`; its header. `data_root` and
-    `eval_batch_size` replace what the run config says (or, outside a workdir, the defaults)."""
+    `eval_batch_size` replace what the run config says (or, outside a workdir, the defaults). `sign`: an Ed25519
+    private key file (posterior/file.py read_signing_key) to sign the file with.
+
+    Raises ExportError naming the checkpoint and the problem (code its run config names that the user did not, a
+    model that does not fit its arrays, a missing dataset), CheckpointError for an unreadable checkpoint, ValueError
+    for a bad key file."""
+    signing_key = read_signing_key(sign) if sign is not None else None  # a bad key before any work
     store = CheckpointStore(location.state_dir, location.federation, {})
     checkpoint, saved_run_config = store.read(server_round)
     source = store.round_path(checkpoint.server_round)
@@ -105,14 +129,10 @@ def export_posterior(
         for key, value in (("data-root", data_root), ("eval-batch-size", eval_batch_size))
         if value is not None
     }
-    settings = run_settings(
-        {
-            **default_run_config(str(saved_run_config.get("strategy", ""))),
-            **location.run_config,
-            **saved_run_config,
-            **options,
-        }
-    )
+    run_config = {**location.run_config, **saved_run_config, **options}
+    if problem := location.code_problem(f"the run config of {source}", run_config):
+        raise ExportError(problem)
+    settings = run_settings({**default_run_config(str(run_config.get("strategy", ""))), **run_config})
     try:
         test = load_dataset(settings.dataset, train=False, data_root=settings.data_root)
     except (FileNotFoundError, ValueError) as error:
@@ -121,20 +141,18 @@ def export_posterior(
             "--data-root names where the dataset is"
         ) from None
     spec = ModelSpec(settings.model, parse_hidden(settings.hidden), settings.activation, settings.pool)
+    held = {name: tuple(value.shape) for name, value in checkpoint.arrays.items()}
     try:
-        model = build_model(spec.model, test.input_shape, test.num_classes, spec.hidden, spec.activation, spec.pool)
+        model = build_model_holding(
+            spec.model, test.input_shape, test.num_classes, spec.hidden, spec.activation, spec.pool, held
+        )
     except Exception as error:  # a user's model builder may raise anything
         raise ExportError(
-            f"{source}: its model spec {spec} does not build here: {type(error).__name__}: {error}"
+            f"{source}: its global arrays ({len(held)} tensors) do not fit the model its run config builds here "
+            f"({spec}): {type(error).__name__}: {error}"
         ) from None
     settings = with_evaluation_defaults(settings, model, test.input_shape)  # ensemble-samples -1: what the server used
     layout, buffers = parameter_layout(model), buffer_layout(model)
-    held = {name: tuple(value.shape) for name, value in checkpoint.arrays.items()}
-    if held != layout | buffers:
-        raise ExportError(
-            f"{source}: its global arrays ({len(held)}) do not fit the model its run config builds "
-            f"({spec}: {len(layout | buffers)} tensors)"
-        )
     strategy = get_algorithm(settings.strategy).build_server(settings, layout, buffers)
     strategy.commit(strategy.load_state(checkpoint.strategy_state))
     posterior = strategy.global_posterior()
@@ -159,7 +177,7 @@ def export_posterior(
         particles=0 if posterior.particles is None else len(posterior.particles),
         fedbayes_version=_installed_version(),
     )
-    write_posterior_file(out, header, tensors)
+    write_posterior_file(out, header, tensors, signing_key)
     return header
 
 

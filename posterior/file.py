@@ -5,7 +5,13 @@ Metadata (all strings, as safetensors holds them):
   format_version  FORMAT_VERSION; a reader refuses a newer one
   header          JSON, `Header`: strategy, what the posterior is, the model spec, input shape, classes,
                   preprocessing, round, federation, seed, how the server evaluated the round, fedbayes' version
-  checksum        SHA-256 over every tensor and the other metadata (tasks/storage.py `checksum`, as server checkpoints)
+  checksum        SHA-256 over every tensor and the other metadata but the signature (tasks/storage.py `checksum`, as
+                  server checkpoints): catches corruption, not tampering (whoever edits the file can recompute it)
+  signature       optional (`fedbayes export --sign KEY`): Ed25519 over SIGNED_PREFIX + the checksum, base64; checked
+                  against a public key the reader names (`verify`), it says who made the file and that nobody changed it
+Every size in the header that decides memory is bounded before it is believed (`PosteriorLimits`), the safetensors
+header's length before safetensors reads it; the tensors' own sizes are the file's (safetensors checks them against
+its length), and the header's layout must be exactly theirs.
 Tensors, by posterior kind (parameters are the model's, in the order `Header.parameters` lists them):
   every kind          mean/<parameter>       the global model as the server evaluates it (DSVGD: the particle mean)
                       buffer/<buffer>        the model's buffers (BatchNorm statistics), averaged by the round core
@@ -17,11 +23,13 @@ Tensors, by posterior kind (parameters are the model's, in the order `Header.par
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
@@ -29,12 +37,34 @@ from safetensors.numpy import save
 
 from fedbayes.tasks.storage import checksum, write_atomically
 
+if TYPE_CHECKING:  # cryptography is imported when a file is signed or verified, not by every command's parser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
 FORMAT = "fedbayes-posterior"
 FORMAT_VERSION = 1
 KINDS = ("point", "gaussian-diagonal", "gaussian-full", "particles")
 MEAN, BUFFER, PRECISION, PARTICLES = "mean/", "buffer/", "precision/", "particles/"
 PRECISION_MATRIX = "precision_matrix"
+SIGNATURE_KEY = "signature"
+SIGNED_PREFIX = b"fedbayes-posterior signature 1\n"  # what a signature covers: this, then the checksum in hex
+MAX_INPUT_RANK = 8  # dimensions of one example: a bound on what even a meta-device dry run makes of them
+MAX_KEY_FILE_BYTES = 64 * 2**10  # an Ed25519 key file, PEM or OpenSSH, is well under 1 KiB
 Layout = dict[str, tuple[int, ...]]  # tensor name -> shape, in the model's order
+
+
+@dataclass(frozen=True)
+class PosteriorLimits:
+    """How large a posterior file may claim to be before it is believed: each bounds memory the reader would spend on
+    the header's word alone. Raise one to read a file you trust that is over it (`load(FILE,
+    limits=PosteriorLimits(classes=...))`, `fedbayes predict --max-classes ...`)."""
+
+    header_bytes: int = 2**20  # the safetensors header (the tensors' index and the metadata), read before it is parsed
+    input_values: int = 2**24  # values in one example: a model is built, and run, for that input shape
+    classes: int = 100_000  # a user model is built for that many
+    ensemble_samples: int = 1024  # the draws a prediction makes by default, each as large as the model
+
+
+DEFAULT_LIMITS = PosteriorLimits()
 
 
 class PosteriorFileError(ValueError):
@@ -96,22 +126,37 @@ class Header:
         return shapes
 
 
-def write_posterior_file(path: Path, header: Header, tensors: dict[str, np.ndarray]) -> None:
-    """Write atomically (a crash leaves no torn file) after checking `tensors` against `header`."""
+def write_posterior_file(
+    path: Path, header: Header, tensors: dict[str, np.ndarray], signing_key: Ed25519PrivateKey | None = None
+) -> None:
+    """Write atomically (a crash leaves no torn file) after checking `tensors` against `header`; signed with
+    `signing_key` (read_signing_key) when given. Raises ValueError naming the tensor that does not fit."""
     _check_tensors(tensors, header, lambda field, problem: ValueError(f"not writing {path}: '{field}' {problem}"))
     tensors = {name: np.require(value, requirements="C") for name, value in tensors.items()}
     metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "header": header.to_json()}
     metadata["checksum"] = checksum(tensors, metadata)
+    if signing_key is not None:
+        signature = signing_key.sign(SIGNED_PREFIX + metadata["checksum"].encode())
+        metadata[SIGNATURE_KEY] = base64.b64encode(signature).decode()
     write_atomically(path, save(tensors, metadata=metadata))
 
 
-def read_posterior_file(path: Path) -> tuple[Header, dict[str, np.ndarray]]:
-    """The header and tensors of an exported posterior, refused with PosteriorFileError when unreadable, of another
-    format or a newer version, changed since it was written (checksum), or inconsistent with its header."""
+def read_posterior_file(
+    path: Path, limits: PosteriorLimits = DEFAULT_LIMITS, verify: Path | None = None
+) -> tuple[Header, dict[str, np.ndarray]]:
+    """The header and tensors of an exported posterior. `verify`: a public key file (read_verify_key) the file's
+    signature must verify with.
+
+    Raises PosteriorFileError naming the file and the problem: unreadable, of another format or a newer version,
+    claiming sizes over `limits`, changed since it was written (checksum), unsigned or not signed by `verify`'s key,
+    or inconsistent with its header (tensors, shapes, finiteness, precisions not positive or not positive definite).
+    """
 
     def damaged(field: str, problem: str) -> PosteriorFileError:
         return PosteriorFileError(f"exported posterior {path} is damaged: '{field}' {problem}")
 
+    public_key = read_verify_key(verify) if verify is not None else None  # a bad key file before the file is read
+    _check_header_length(path, limits.header_bytes)
     try:
         with safe_open(path, framework="np") as posterior_file:
             tensors = {name: posterior_file.get_tensor(name) for name in posterior_file.keys()}
@@ -128,11 +173,121 @@ def read_posterior_file(path: Path) -> tuple[Header, dict[str, np.ndarray]]:
     _check_version(path, metadata.get("format_version", ""), damaged)
     if "checksum" not in metadata:
         raise damaged("checksum", "is missing")
-    if metadata["checksum"] != checksum(tensors, metadata):
+    digest = checksum(tensors, {key: value for key, value in metadata.items() if key != SIGNATURE_KEY})
+    if metadata["checksum"] != digest:
         raise damaged("checksum", "does not match the file's contents (changed or corrupted after it was written)")
-    header = _parse_header(metadata.get("header", ""), damaged)
+    if verify is not None and public_key is not None:
+        _check_signature(path, metadata.get(SIGNATURE_KEY), digest, public_key, verify)
+    header = _parse_header(metadata.get("header", ""), damaged, _over_limit(path, limits))
     _check_tensors(tensors, header, damaged)
     return header, tensors
+
+
+def _check_header_length(path: Path, limit: int) -> None:
+    """A safetensors file begins with its header's length (8 bytes, little-endian): read here, so that a file that
+    claims a header over `limit` is refused before safetensors reads and parses it."""
+    try:
+        with open(path, "rb") as posterior_file:
+            prefix = posterior_file.read(8)
+    except OSError as error:
+        raise PosteriorFileError(f"exported posterior {path} is unreadable: {error.strerror or error}") from None
+    if len(prefix) < 8:
+        raise PosteriorFileError(
+            f"exported posterior {path} is unreadable (truncated, or not a safetensors file): {len(prefix)} bytes"
+        )
+    length = int.from_bytes(prefix, "little")
+    if length > limit:
+        raise PosteriorFileError(
+            f"exported posterior {path} claims a safetensors header of {length:,} bytes, over the limit of "
+            f"{limit:,}: if you trust the file, raise it (fedbayes predict --max-header-mb, "
+            "load(..., limits=PosteriorLimits(header_bytes=...)))"
+        )
+
+
+def _over_limit(path: Path, limits: PosteriorLimits) -> Callable[[str, int, str], None]:
+    """The check of one of the header's sizes against `limits`, refusing with how to raise the limit."""
+    options = {
+        "input_values": "--max-input-values",
+        "classes": "--max-classes",
+        "ensemble_samples": "--max-ensemble-samples",
+    }
+
+    def check(field: str, value: int, limit_name: str) -> None:
+        limit = getattr(limits, limit_name)
+        if value > limit:
+            raise PosteriorFileError(
+                f"exported posterior {path}: header.{field} claims {value:,}, over the limit of {limit:,} "
+                f"{limit_name.replace('_', ' ')}: if you trust the file, raise it (fedbayes predict "
+                f"{options[limit_name]}, load(..., limits=PosteriorLimits({limit_name}=...)))"
+            )
+
+    return check
+
+
+def read_signing_key(path: Path) -> Ed25519PrivateKey:
+    """The Ed25519 private key in `path` (PEM, PKCS #8 as `openssl genpkey -algorithm ed25519` writes it, or OpenSSH
+    as `ssh-keygen -t ed25519` does; unencrypted). Raises ValueError naming the file and what it holds instead."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    data = _key_bytes(path)
+    try:
+        if data.lstrip().startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----"):
+            key: Any = serialization.load_ssh_private_key(data, password=None)
+        else:
+            key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as error:  # not a key, an encrypted one, an unsupported format
+        raise ValueError(f"signing key {path}: not an unencrypted PEM or OpenSSH private key ({error})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"signing key {path} holds a {type(key).__name__}, not an Ed25519 private key")
+    return key
+
+
+def read_verify_key(path: Path) -> Ed25519PublicKey:
+    """The Ed25519 public key in `path` (PEM, as `openssl pkey -pubout` writes it, or OpenSSH's one line, as in
+    `ssh-keygen`'s .pub). Raises ValueError naming the file, also when it holds a private key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    data = _key_bytes(path)
+    if b"PRIVATE KEY" in data:
+        raise ValueError(f"verification key {path} holds a private key: verify with the public key that goes with it")
+    try:
+        if data.lstrip().startswith(b"-----BEGIN"):
+            key: Any = serialization.load_pem_public_key(data)
+        else:
+            key = serialization.load_ssh_public_key(data)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"verification key {path}: not a PEM or OpenSSH public key ({error})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"verification key {path} holds a {type(key).__name__}, not an Ed25519 public key")
+    return key
+
+
+def _key_bytes(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as key_file:
+            data = key_file.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as error:
+        raise ValueError(f"key file {path}: {error.strerror or error}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise ValueError(f"key file {path} is over {MAX_KEY_FILE_BYTES // 2**10} KiB: not a key")
+    return data
+
+
+def _check_signature(path: Path, signature: str | None, digest: str, key: Ed25519PublicKey, key_path: Path) -> None:
+    """The file's signature is `key`'s over SIGNED_PREFIX + `digest`, the checksum recomputed from its contents."""
+    from cryptography.exceptions import InvalidSignature
+
+    if signature is None:
+        raise PosteriorFileError(f"exported posterior {path} is not signed, and {key_path} was to verify it")
+    try:
+        key.verify(base64.b64decode(signature, validate=True), SIGNED_PREFIX + digest.encode())
+    except (InvalidSignature, ValueError):  # ValueError: not base64 (binascii.Error)
+        raise PosteriorFileError(
+            f"exported posterior {path}: its signature does not verify with {key_path} (signed with another "
+            "key, or changed after it was signed)"
+        ) from None
 
 
 def _check_version(path: Path, text: str, damaged) -> None:
@@ -145,7 +300,7 @@ def _check_version(path: Path, text: str, damaged) -> None:
         )
 
 
-def _parse_header(text: str, damaged) -> Header:
+def _parse_header(text: str, damaged, over_limit) -> Header:
     try:
         fields = json.loads(text)
     except json.JSONDecodeError as error:
@@ -196,6 +351,11 @@ def _parse_header(text: str, damaged) -> Header:
         raise damaged(
             "header", "has an evaluation batch size below 1, negative ensemble samples or fewer than 2 classes"
         )
+    if not 1 <= len(header.input_shape) <= MAX_INPUT_RANK or 0 in header.input_shape:
+        raise damaged("header.input_shape", f"is {list(header.input_shape)[:16]}: 1 to {MAX_INPUT_RANK} sizes >= 1")
+    over_limit("input_shape", math.prod(header.input_shape), "input_values")
+    over_limit("num_classes", header.num_classes, "classes")
+    over_limit("ensemble_samples", header.ensemble_samples, "ensemble_samples")
     return header
 
 
@@ -230,3 +390,19 @@ def _check_tensors(tensors: dict[str, np.ndarray], header: Header, damaged) -> N
             raise damaged(name, f"has dtype {value.dtype}, not floating point")
         if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
             raise damaged(name, "holds NaN or Inf")
+        if name.startswith(PRECISION) and not (value > 0).all():
+            raise damaged(
+                name, f"holds {np.count_nonzero(value <= 0):,} precisions that are not > 0 (inverse variances)"
+            )
+    if header.kind == "gaussian-full":
+        _check_positive_definite(tensors[PRECISION_MATRIX], damaged)
+
+
+def _check_positive_definite(matrix: np.ndarray, damaged) -> None:
+    """A precision matrix is symmetric, and positive definite: its Cholesky factor exists (the sampler needs it)."""
+    if not np.array_equal(matrix, matrix.T):
+        raise damaged(PRECISION_MATRIX, "is not symmetric")
+    try:
+        np.linalg.cholesky(matrix.astype(np.float64))
+    except np.linalg.LinAlgError:
+        raise damaged(PRECISION_MATRIX, "is not positive definite (its Cholesky factorisation fails)") from None

@@ -20,38 +20,57 @@ from fedbayes.bayes.metrics import predict_probs
 from fedbayes.bayes.params import buffer_layout, flatten, parameter_layout, set_parameters, unflatten
 from fedbayes.posterior.file import (
     BUFFER,
+    DEFAULT_LIMITS,
     MEAN,
     PARTICLES,
     PRECISION,
     PRECISION_MATRIX,
     Header,
     PosteriorFileError,
+    PosteriorLimits,
     read_posterior_file,
 )
 from fedbayes.posterior.uncertainty import Prediction, predictive
 from fedbayes.tasks.compute import resolve_device
-from fedbayes.tasks.config import round_seed
+from fedbayes.tasks.config import round_seed, unnamed_code
 from fedbayes.tasks.datasets import scaled_images
-from fedbayes.tasks.models import build_model
+from fedbayes.tasks.models import ModelBuilder, build_model_holding, is_user_model
 from fedbayes.tasks.npzdata import pixel_scale_of
 
 Weights = dict[str, np.ndarray]
 
 
-def load(path: str | Path) -> Posterior:
-    """The posterior `fedbayes export` wrote to `path`; PosteriorFileError naming the file and the problem when it is
-    unreadable, damaged or edited (checksum), of a newer format, or its model spec does not build here."""
+def load(
+    path: str | Path,
+    model: str | ModelBuilder | None = None,
+    verify: str | Path | None = None,
+    limits: PosteriorLimits = DEFAULT_LIMITS,
+) -> Posterior:
+    """The posterior `fedbayes export` wrote to `path`.
+
+    A file is data: loading it imports and runs nothing it names. Its model is built from the header's spec when that
+    is a built-in model, once the spec's layout is the file's (laid out on the meta device first). A user model is
+    used only when you name it: `model`, a "<module>:<callable>" reference or the callable(input_shape,
+    num_classes) itself; its layout must be the file's too. `verify`: a public key file (PEM or OpenSSH) the file's
+    Ed25519 signature must verify with (`fedbayes export --sign`). `limits`: the largest sizes the header may claim.
+
+    Raises PosteriorFileError naming the file and the problem: unreadable, damaged or edited (checksum), unsigned or
+    not signed with `verify`'s key, of a newer format, over `limits`, a header naming a user model you did not name,
+    or a model that does not build here or does not fit the file's tensors. ValueError for a bad key file.
+    """
     path = Path(path)
-    header, tensors = read_posterior_file(path)
-    return Posterior(path, header, tensors)
+    header, tensors = read_posterior_file(path, limits, Path(verify) if verify is not None else None)
+    return Posterior(path, header, tensors, model)
 
 
 class Posterior:
     """The global posterior of one round: `header` says what it is (posterior/file.py), `predict` uses it."""
 
-    def __init__(self, path: Path, header: Header, tensors: dict[str, np.ndarray]) -> None:
+    def __init__(
+        self, path: Path, header: Header, tensors: dict[str, np.ndarray], model: str | ModelBuilder | None = None
+    ) -> None:
         self.path, self.header = path, header
-        self.model = self._model()
+        self.model = self._model(model)
         layout = header.parameters
         self.mean: Weights = {name: tensors[f"{MEAN}{name}"] for name in layout}
         self.buffers: Weights = {name: tensors[f"{BUFFER}{name}"] for name in header.buffers}
@@ -70,21 +89,35 @@ class Posterior:
                 {name: tensors[f"{PARTICLES}{name}"][index] for name in layout} for index in range(header.particles)
             ]
 
-    def _model(self) -> torch.nn.Module:
+    def _model(self, named: str | ModelBuilder | None) -> torch.nn.Module:
+        """The header's built-in model, or the user model `named`; either only once it holds the file's tensors."""
         spec, header = self.header.model, self.header
+        if isinstance(named, str) and not is_user_model(named):
+            raise ValueError(
+                f"model {named!r} is not '<module>:<callable>': a built-in model is the one the file's header names"
+            )
+        if named is None and (problem := unnamed_code(f"{self.path}'s header", {"model": spec.model}, {}, _how)):
+            raise PosteriorFileError(problem)
         try:
-            model = build_model(
-                spec.model, header.input_shape, header.num_classes, spec.hidden, spec.activation, spec.pool
+            model = build_model_holding(
+                named or spec.model,
+                header.input_shape,
+                header.num_classes,
+                spec.hidden,
+                spec.activation,
+                spec.pool,
+                header.parameters | header.buffers,
             )
         except Exception as error:  # a user's model builder may raise anything
             raise PosteriorFileError(
-                f"{self.path}: its model spec {spec} does not build here: {type(error).__name__}: {error}"
+                f"{self.path}: its model spec {spec}{_built_as(named)} does not fit here: "
+                f"{type(error).__name__}: {error}"
             ) from None
         built = {"parameters": parameter_layout(model), "buffers": buffer_layout(model)}
         for part, layout in built.items():
             if list(layout.items()) != list(getattr(header, part).items()):  # the order is the flat vectors' order
                 raise PosteriorFileError(
-                    f"{self.path}: its model spec {spec} builds a model whose {part} differ from "
+                    f"{self.path}: its model spec {spec}{_built_as(named)} builds a model whose {part} differ from "
                     f"the file's ({_first_difference(layout, getattr(header, part))})"
                 )
         return model
@@ -146,6 +179,17 @@ class Posterior:
             probs.append(predict_probs(self.model.to(device), images, batch_size, device))
             self.model.cpu()
         return torch.stack(probs)
+
+
+def _how(key: str, reference: str) -> str:
+    """How a user names the model a posterior's header names."""
+    return f"fedbayes predict FILE DATA --{key} {reference}, or fedbayes.posterior.load(FILE, {key}={reference!r})"
+
+
+def _built_as(named: str | ModelBuilder | None) -> str:
+    if named is None:
+        return ""
+    return f", built as {named if isinstance(named, str) else getattr(named, '__qualname__', repr(named))}"
 
 
 def _first_difference(built: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]]) -> str:

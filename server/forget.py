@@ -76,7 +76,7 @@ from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.strategies.base import ClientForget, ForgetRefused, Forgotten
 from fedbayes.tasks.config import REFINE_ROUNDS
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_model_holding, parse_hidden
 from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, fsync_directory, is_safe_name, write_atomically
 
 REQUESTS_DIRECTORY = "forget-requests"
@@ -615,9 +615,13 @@ def rebuild(location: RunLocation, data_root: str | None = None) -> Rebuilt:
     ServerApp builds it (the model from the run's test data: its input shape and classes)."""
     checkpoint, saved_run_config = checked_newest(location)
     options = {"data-root": data_root} if data_root is not None else {}
+    run_config = {**location.run_config, **saved_run_config, **options}
+    source = f"the run config of {CheckpointStore(location.state_dir, location.federation, {}).path}"
+    if problem := location.code_problem(source, run_config):  # before anything it names is imported
+        raise ForgetError(f"{problem}; nothing was changed")
     # Operators' requests only: a client's comes through a running server, so the registry is not needed here.
-    defaults = default_run_config(str(saved_run_config.get("strategy", "")))
-    settings = run_settings({**defaults, **location.run_config, **saved_run_config, **options, "client-registry": ""})
+    defaults = default_run_config(str(run_config.get("strategy", "")))
+    settings = run_settings({**defaults, **run_config, "client-registry": ""})
     try:
         test = load_dataset(settings.dataset, train=False, data_root=settings.data_root)
     except (FileNotFoundError, ValueError) as error:
@@ -625,14 +629,21 @@ def rebuild(location: RunLocation, data_root: str | None = None) -> Rebuilt:
             f"rebuilding the server of {location.federation!r} needs the run's test data (input shape, "
             f"classes): {error}; --data-root names where the dataset is"
         ) from None
-    model = build_model(
-        settings.model,
-        test.input_shape,
-        test.num_classes,
-        parse_hidden(settings.hidden),
-        settings.activation,
-        settings.pool,
-    )
+    try:  # laid out against the checkpoint's arrays first: its run config's sizes cost no more than they do
+        model = build_model_holding(
+            settings.model,
+            test.input_shape,
+            test.num_classes,
+            parse_hidden(settings.hidden),
+            settings.activation,
+            settings.pool,
+            {name: value.shape for name, value in checkpoint.arrays.items()},
+        )
+    except ValueError as error:
+        raise ForgetError(
+            f"the newest checkpoint of {location.federation!r} does not fit the model its run config builds here: "
+            f"{error}; nothing was changed"
+        ) from None
     strategy = get_algorithm(settings.strategy).build_server(settings, parameter_layout(model), buffer_layout(model))
     core = RoundCore(settings, strategy)
     core.load_state_dict(checkpoint.strategy_state)

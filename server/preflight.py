@@ -40,10 +40,11 @@ def preflight(settings: RunSettings, clients: int | None = None, new_federation:
 def check_model_and_strategy(settings: RunSettings, clients: int | None = None) -> None:
     """The model the settings describe builds, the strategy accepts it (e.g. bayesadmm-full's size cap), this
     machine's memory holds what the run needs (`clients`: those started here too), and a reply fits
-    max-payload-mb."""
-    from fedbayes.bayes.params import buffer_layout, parameter_layout
+    max-payload-mb. A built-in model is laid out on the meta device, so a model too large for this machine is
+    refused by the memory check, not by the allocation of its weights; a user model is built (only its code knows
+    its layout)."""
     from fedbayes.strategies import get_algorithm
-    from fedbayes.tasks.models import build_model, parse_hidden
+    from fedbayes.tasks.models import parse_hidden
 
     try:
         hidden = parse_hidden(settings.hidden)
@@ -51,7 +52,7 @@ def check_model_and_strategy(settings: RunSettings, clients: int | None = None) 
         raise ConfigError(f"run config 'hidden': {error}") from None
     shape, num_classes = input_shape_and_classes(settings.dataset)
     try:
-        model = build_model(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
+        layout, buffers = _model_layouts(settings, shape, num_classes, hidden)
     except (RuntimeError, ValueError) as error:  # e.g. a pooling window larger than the image, pool on a CNN
         key, value = ("pool", settings.pool) if settings.pool > 1 else ("model", repr(settings.model))
         examples = f"{shape[1]}x{shape[2]} images" if len(shape) == 3 else f"examples of shape {shape}"
@@ -61,7 +62,19 @@ def check_model_and_strategy(settings: RunSettings, clients: int | None = None) 
         ) from None
     algorithm = get_algorithm(settings.strategy)
     # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
-    strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
-    reply = reply_size(settings, algorithm, strategy, buffer_layout(model))
+    strategy = algorithm.build_server(settings, layout, buffers)
+    reply = reply_size(settings, algorithm, strategy, buffers)
     check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
     check_payload_limit(reply, settings.max_payload_mb)
+
+
+def _model_layouts(
+    settings: RunSettings, shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    from fedbayes.bayes.params import buffer_layout, parameter_layout
+    from fedbayes.tasks.models import build_model, is_user_model, planned_layouts
+
+    if not is_user_model(settings.model):
+        return planned_layouts(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
+    model = build_model(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
+    return parameter_layout(model), buffer_layout(model)

@@ -487,6 +487,42 @@ def _check_model(model: str, builtin: tuple[str, ...]) -> None:
         raise ConfigError(f"run config 'model': {error}") from None
 
 
+# Run-config keys whose value may be code: "<module>:<attribute>", imported where the value is used (a plugin
+# strategy, a user model). Every other value of theirs is a name of fedbayes' or an installed package's.
+CODE_KEYS = ("strategy", "model")
+
+
+def unnamed_code(
+    source: str,
+    config: Mapping[str, Any],
+    named: Mapping[str, str],
+    how: Callable[[str, str], str] = lambda key, reference: f"--{key} {reference}",
+) -> str | None:
+    """Why the code a file names may not be used: None when it names none, or only what the user named.
+
+    A file (a checkpoint's run config, a posterior's header) is data: the "<module>:<attribute>" it gives a key of
+    CODE_KEYS would be imported and run, so it is used only when the user named that same reference for that key
+    (`named`: key -> reference, e.g. from --strategy and --model). A reference the user named that the file does
+    not name is refused too: it would be ignored. `config` holds the file's values, read from `source`; `how(key,
+    reference)` says how to name one (default: the command-line option). Built-in names need nothing.
+    """
+    for key in CODE_KEYS:
+        value = config.get(key)
+        shown = str(value)[:200]  # a file's value, however long
+        names_code = isinstance(value, str) and ":" in value
+        if key in named and named[key] != value:
+            return (
+                f"{how(key, named[key])} was given, but {source} names {key} {shown!r}: name the {key} the file "
+                "was made with" + (f" ({how(key, shown)})" if names_code else " (a built-in one needs nothing)")
+            )
+        if names_code and key not in named:
+            return (
+                f"{source} names {key} {shown!r}, code that would be imported and run to use the file; fedbayes "
+                f"runs no code a file names. If you trust that code, name it yourself: {how(key, shown)}"
+            )
+    return None
+
+
 def _check(key: str, ok: bool, requirement: str) -> None:
     if not ok:
         raise ConfigError(f"run config '{key}' {requirement}")

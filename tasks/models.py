@@ -13,6 +13,10 @@ convolutional models (App. G; the authors' code, team-approx-bayes/bayes-admm `m
   resnet20-gn the same with GroupNorm(2 groups), the authors' default normalisation
   <module>:<callable>  a user's own model (docs/extending/model.md): callable(input_shape, num_classes)
 
+A built-in model's layout (its tensors' names and shapes) is known without memory for its weights: `planned_layouts`
+builds it on the meta device. `build_model_holding` builds a model for a file's tensors only once its layout is the
+file's, so that sizes a file claims (hidden widths, an input shape) cost no more memory than the file itself holds.
+
 Shape-generic: the convolutional models take the channel count from the input and size their first Linear layer
 by a dry run, so FMNIST (1x28x28, unpadded) works as well as CIFAR (3x32x32): on 28x28 cnn-zenke's first Linear
 is 1600→512 (2304→512 on 32x32) and cnn-acar's 1024→384 (1600→384); ResNet-20 ends in global average pooling.
@@ -32,12 +36,16 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedbayes.bayes.params import buffer_layout, parameter_layout
+
+ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]  # a user model: callable(input_shape, num_classes)
+Shapes = dict[str, tuple[int, ...]]
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU, "tanh": nn.Tanh}
 DENSE_MODELS = ("logreg", "mlp")
 CONV_MODELS = ("cnn-zenke", "cnn-acar", "resnet20", "resnet20-gn")
@@ -60,7 +68,7 @@ def build_model(
     full-covariance posterior. The convolutional models ignore `hidden` and `activation` (their layers
     are fixed by the papers) and refuse `pool` > 1.
     """
-    if ":" in name:
+    if is_user_model(name):
         if pool > 1:
             raise ValueError(f"pool applies to logreg and mlp only; model {name!r} needs pool=1, got {pool}")
         return build_user_model(name, input_shape, num_classes)
@@ -85,7 +93,12 @@ def build_model(
     return nn.Sequential(*layers)
 
 
-def load_model_builder(reference: str) -> Callable[[tuple[int, ...], int], nn.Module]:
+def is_user_model(name: str) -> bool:
+    """Whether model `name` is a user's "<module>:<callable>": building it imports and runs that code."""
+    return ":" in name
+
+
+def load_model_builder(reference: str) -> ModelBuilder:
     """The callable a user model names, "<module>:<callable>"; ValueError saying why it cannot be had."""
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
@@ -102,19 +115,96 @@ def load_model_builder(reference: str) -> Callable[[tuple[int, ...], int], nn.Mo
     return found
 
 
-def build_user_model(reference: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A user model: `callable(input_shape, num_classes)`, which must return a torch.nn.Module."""
-    builder = load_model_builder(reference)
+def build_user_model(builder: str | ModelBuilder, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A user model: `builder(input_shape, num_classes)`, `builder` the callable or a "<module>:<callable>"
+    reference to import; it must return a torch.nn.Module. Raises ValueError saying what failed."""
+    name = builder if isinstance(builder, str) else getattr(builder, "__qualname__", repr(builder))
+    build = load_model_builder(builder) if isinstance(builder, str) else builder
     try:
-        model = builder(tuple(input_shape), num_classes)
+        model = build(tuple(input_shape), num_classes)
     except Exception as error:  # the user's code, whatever it raised
         raise ValueError(
-            f"{reference!r} raised {type(error).__name__}: {error} when built for input shape "
+            f"{name!r} raised {type(error).__name__}: {error} when built for input shape "
             f"{tuple(input_shape)} and {num_classes} classes"
         ) from error
     if not isinstance(model, nn.Module):
-        raise ValueError(f"{reference!r} returned {type(model).__name__}, not a torch.nn.Module")
+        raise ValueError(f"{name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def planned_layouts(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: tuple[int, ...] = (200, 100),
+    activation: str = "sigmoid",
+    pool: int = 1,
+    max_tensors: int | None = None,
+) -> tuple[Shapes, Shapes]:
+    """The parameter and buffer layouts of built-in model `name` as build_model builds it, laid out on the meta
+    device: no memory for its weights or its dry runs, whatever sizes it is given. `max_tensors` (e.g. the count a
+    file holds) refuses, before a single module is made, an mlp whose `hidden` makes more parameter tensors: the
+    Python objects of even a meta build grow with its depth.
+
+    Raises ValueError: a user model (only running its code lays it out), what build_model refuses, sizes torch
+    cannot represent, an mlp deeper than `max_tensors` allows.
+    """
+    if is_user_model(name):
+        raise ValueError(f"model {name!r} is a user's: only its own code can lay it out")
+    if name == "mlp" and max_tensors is not None and 2 * (len(hidden) + 1) > max_tensors:
+        raise ValueError(
+            f"mlp with {len(hidden)} hidden layers has {2 * (len(hidden) + 1)} parameter tensors, "
+            f"more than the {max_tensors} there are"
+        )
+    try:
+        with torch.device("meta"):
+            model = build_model(name, input_shape, num_classes, hidden, activation, pool)
+    except (RuntimeError, TypeError, OverflowError) as error:  # torch's refusals of sizes it cannot represent
+        raise ValueError(f"model {name!r} does not build for these sizes: {type(error).__name__}: {error}") from None
+    return parameter_layout(model), buffer_layout(model)
+
+
+def build_model_holding(
+    name: str | ModelBuilder,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: tuple[int, ...],
+    activation: str,
+    pool: int,
+    held: Mapping[str, tuple[int, ...]],
+) -> nn.Module:
+    """The model build_model builds (a user model: `name` a "<module>:<callable>" reference or the callable itself),
+    built only once it is known to hold exactly the tensors `held` (name -> shape, parameters and buffers in any
+    order: what a file holds). A built-in model is laid out on the meta device first (`planned_layouts`, its depth
+    bounded by len(held)), so sizes a file claims cost no more memory than the file's own tensors; a user model,
+    which only its code can lay out, is built and then compared.
+
+    Raises ValueError: the model does not build, or the first tensor it would hold that differs from `held`.
+    """
+    if isinstance(name, str) and not is_user_model(name):
+        parameters, buffers = planned_layouts(name, input_shape, num_classes, hidden, activation, pool, len(held))
+        _refuse_other_tensors(parameters | buffers, held)
+        return build_model(name, input_shape, num_classes, hidden, activation, pool)
+    model = build_user_model(name, input_shape, num_classes)
+    _refuse_other_tensors(parameter_layout(model) | buffer_layout(model), held)
+    return model
+
+
+def _refuse_other_tensors(built: Shapes, held: Mapping[str, tuple[int, ...]]) -> None:
+    if problem := shapes_difference(built, held):
+        raise ValueError(f"the model's tensors are not those held: {problem}")
+
+
+def shapes_difference(built: Mapping[str, tuple[int, ...]], held: Mapping[str, tuple[int, ...]]) -> str | None:
+    """The first tensor (by name) that `built` and `held` disagree on, in words; None when they hold the same."""
+    for name in sorted(built.keys() | held.keys()):
+        if name not in held:
+            return f"the model has {name} {built[name]}, which is not held"
+        if name not in built:
+            return f"{name} {held[name]} is held, the model has no such tensor"
+        if tuple(built[name]) != tuple(held[name]):
+            return f"the model's {name} is {built[name]}, the one held {tuple(held[name])}"
+    return None
 
 
 def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:

@@ -223,6 +223,7 @@ def reply_size(settings: RunSettings, algorithm, strategy, buffers) -> ReplySize
     keys = [
         ("strategy", settings.strategy),
         ("model", settings.model),
+        *((("hidden", settings.hidden),) if settings.model == "mlp" else ()),
         *((key.name, settings.value(key.name)) for key in scaling),
     ]
     return ReplySize(values, ", ".join(f"'{name}' ({value})" for name, value in keys))

@@ -9,18 +9,19 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
 
 from fedbayes.bayes.metrics import predict_probs
 from fedbayes.bayes.params import flatten, set_parameters
 from fedbayes.deploy.cli import main
 from fedbayes.posterior import PosteriorFileError, load
 from fedbayes.posterior.export import ExportError, RunLocation, export_posterior, locate_run
-from fedbayes.server.checkpoint import Checkpoint, CheckpointError, CheckpointStore, checksum
+from fedbayes.server.checkpoint import Checkpoint, CheckpointError, CheckpointStore
 from fedbayes.tasks.config import round_seed
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model
 from tests.support import DEFAULTS, InProcessFederation
+from tests.support.crafted import edit_json_metadata, in_child, key_pair, write_user_models
+from tests.support.crafted import rewrite_safetensors as rewrite
 
 KINDS = {
     "fedavg": "point",
@@ -161,23 +162,8 @@ def test_a_run_is_found_from_its_workdir_or_its_state_directory_and_federation(t
         locate_run(trained.state_dir, "other")
 
 
-def rewrite(path, change_metadata=None, change_tensors=None, keep_checksum=False):
-    """Write `path` again with its metadata or tensors changed, its checksum recomputed unless `keep_checksum`."""
-    with safe_open(path, framework="np") as exported:
-        metadata = exported.metadata()
-    tensors = load_file(path)
-    (change_metadata or (lambda m: None))(metadata)
-    (change_tensors or (lambda t: None))(tensors)
-    if not keep_checksum:
-        metadata["checksum"] = checksum(tensors, metadata)
-    save_file(tensors, path, metadata=metadata)
-
-
 def edit_header(**fields):
-    def change(metadata):
-        metadata["header"] = json.dumps(json.loads(metadata["header"]) | fields)
-
-    return change
+    return edit_json_metadata("header", **fields)
 
 
 @pytest.fixture
@@ -210,13 +196,18 @@ def test_a_newer_format_is_refused_asking_for_a_newer_fedbayes(exported):
 
 
 def test_a_model_spec_that_does_not_build_or_fit_is_refused(exported):
-    spec = {"model": "no_such_module:build", "hidden": [], "activation": "sigmoid", "pool": 1}
-    rewrite(exported, change_metadata=edit_header(model=spec))
-    with pytest.raises(PosteriorFileError, match=f"{exported}: its model spec .* does not build here"):
+    spec = {"model": "mlp", "hidden": [3], "activation": "sigmoid", "pool": 1}
+    rewrite(exported, change_metadata=edit_header(model=spec))  # deeper than the file's two tensors allow
+    with pytest.raises(PosteriorFileError, match=f"{exported}: its model spec .* does not fit here: .* 4 parameter"):
         load(exported)
-    rewrite(exported, change_metadata=edit_header(model={**spec, "model": "mlp", "hidden": [3]}))
-    with pytest.raises(PosteriorFileError, match="builds a model whose parameters differ from the file's"):
+    rewrite(exported, change_metadata=edit_header(model={**spec, "model": "resnet20"}))
+    with pytest.raises(PosteriorFileError, match="does not fit here: .*the model's tensors are not those held"):
         load(exported)
+    rewrite(exported, change_metadata=edit_header(model={**spec, "model": "logreg", "activation": "gelu"}))
+    with pytest.raises(PosteriorFileError, match="does not fit here: .*unknown activation 'gelu'"):
+        load(exported)
+    with pytest.raises(PosteriorFileError, match=r"built as no_such_module:build does not fit here: .*cannot load"):
+        load(exported, model="no_such_module:build")
 
 
 def test_a_header_inconsistent_with_the_tensors_is_refused(exported):
@@ -267,3 +258,85 @@ def test_options_out_of_range_are_refused_naming_them(capsys, args, message):
         main(args)
     assert refused.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
+# ---- a checkpoint's run config names no code that is imported unless the user names it ---------------------------
+def edit_run_config(trained: Trained, **fields) -> None:
+    """The newest checkpoint's run config changed, its checksum recomputed: as anyone who edits the file can."""
+    newest = CheckpointStore(trained.state_dir, "fed", {}).path.resolve()
+    rewrite(newest, change_metadata=edit_json_metadata("run_config", **fields))
+
+
+def test_a_model_a_checkpoint_names_is_imported_only_when_the_user_names_it(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_user_models(tmp_path)
+    trained = Trained(tmp_path, "bayesadmm")
+    expected = export_posterior(RunLocation(trained.state_dir, "fed", {}), tmp_path / "logreg.safetensors")
+    edit_run_config(trained, model="user_models:linear")
+    with pytest.raises(ExportError, match=r"checkpoint-2.safetensors names model 'user_models:linear', code") as error:
+        export_posterior(RunLocation(trained.state_dir, "fed", {}), tmp_path / "q.safetensors")
+    assert str(error.value).endswith("If you trust that code, name it yourself: --model user_models:linear")
+    assert not (tmp_path / "imported").exists() and not (tmp_path / "q.safetensors").exists()
+    with pytest.raises(ExportError, match="--model user_models:other was given, but .* names model 'user_models:li"):
+        export_posterior(RunLocation(trained.state_dir, "fed", {}, {"model": "user_models:other"}), tmp_path / "q")
+    named = RunLocation(trained.state_dir, "fed", {}, {"model": "user_models:linear"})
+    header = export_posterior(named, tmp_path / "q.safetensors")
+    assert (tmp_path / "imported").exists() and header.model.model == "user_models:linear"
+    with pytest.raises(PosteriorFileError, match="header names model 'user_models:linear'"):
+        load(tmp_path / "q.safetensors")
+    own = load(tmp_path / "q.safetensors", model="user_models:linear").predict(trained.x)
+    assert torch.equal(own.probs, load(tmp_path / "logreg.safetensors").predict(trained.x).probs)
+    assert expected.parameters == header.parameters
+
+
+def test_a_strategy_a_checkpoint_names_is_refused_before_it_is_imported(tmp_path, capsys):
+    trained = Trained(tmp_path, "fedavg")
+    (tmp_path / "evil.py").write_text("import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n")
+    edit_run_config(trained, strategy="evil:ALGORITHM")
+    state, out = str(trained.state_dir), str(tmp_path / "q.safetensors")
+    assert main(["export", state, "--federation", "fed", "--out", out]) == 1
+    assert "names strategy 'evil:ALGORITHM', code that would be imported" in capsys.readouterr().err
+    assert main(["export", state, "--federation", "fed", "--out", out, "--strategy", "fedavg"]) == 1
+    assert "--strategy fedavg was given, but" in capsys.readouterr().err
+    assert not (tmp_path / "imported").exists()
+
+
+def test_a_checkpoint_whose_run_config_claims_a_huge_model_is_refused_before_it_is_built(tmp_path):
+    trained = Trained(tmp_path, "fedavg")
+    edit_run_config(trained, model="mlp", hidden="100000,100000")  # 40 GB of weights, had it been built
+    export = ["export", "server-state", "--federation", "fed", "--out", "q.safetensors"]
+    child = in_child(f"from fedbayes.deploy.cli import main\nrc = main({export!r})", cwd=tmp_path)
+    assert child.rc == 1 and "mlp with 2 hidden layers has 6 parameter tensors, more than the 2" in child.stderr
+    assert child.extra_mib < 256 and not (tmp_path / "q.safetensors").exists()
+
+
+def test_export_signs_and_predict_verifies(tmp_path, capsys):
+    trained = Trained(tmp_path, "bayesadmm")
+    private, public = key_pair(tmp_path, "signer")
+    _, other = key_pair(tmp_path, "other")
+    out, data = tmp_path / "q.safetensors", str(trained.data / "test.npz")
+    assert (
+        main(["export", str(trained.state_dir), "--federation", "fed", "--out", str(out), "--sign", str(private)]) == 0
+    )
+    assert f"signed with {private}" in capsys.readouterr().out
+    assert main(["predict", str(out), data, "--verify", str(public)]) == 0
+    assert f"signature verified with {public}" in capsys.readouterr().out
+    assert main(["predict", str(out), data, "--verify", str(other)]) == 1
+    assert f"its signature does not verify with {other}" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "export",
+                str(trained.state_dir),
+                "--federation",
+                "fed",
+                "--out",
+                str(tmp_path / "u"),
+                "--sign",
+                str(public),
+            ]
+        )
+        == 1
+    )
+    assert "not an unencrypted PEM or OpenSSH private key" in capsys.readouterr().err
+    assert not (tmp_path / "u").exists()

@@ -33,6 +33,7 @@ from fedbayes.server.forget import (
     server_lock,
 )
 from tests.support import DEFAULTS
+from tests.support.crafted import edit_json_metadata, in_child, rewrite_safetensors, write_user_models
 from tests.support.forgetting import LEAVING, ClientsGrid, Federation
 
 
@@ -155,6 +156,35 @@ def test_a_checkpoint_of_another_federation_is_refused_before_anything_is_writte
         path.name for path in trained.directory.iterdir()
     )  # no request, no audit line
     assert not (trained.state_dir / "other" / AUDIT_LOG).exists()
+
+
+def edit_newest_run_config(federation: Federation, **fields) -> None:
+    """The newest checkpoint's run config changed, its checksum recomputed: as anyone who edits the file can."""
+    newest = (federation.directory / "checkpoint.safetensors").resolve()
+    rewrite_safetensors(newest, change_metadata=edit_json_metadata("run_config", **fields))
+
+
+def test_a_model_the_checkpoint_names_is_imported_only_when_the_operator_names_it(trained, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(trained.tmp_path))
+    write_user_models(trained.tmp_path)
+    edit_newest_run_config(trained, model="user_models:linear")
+    before = trained.snapshot()
+    with pytest.raises(ForgetError, match="names model 'user_models:linear', code that would be imported") as error:
+        trained.forget("client-3")
+    assert str(error.value).endswith("name it yourself: --model user_models:linear; nothing was changed")
+    assert trained.snapshot() == before and not (trained.tmp_path / "imported").exists()
+    forget = ["forget", str(trained.state_dir), "--federation", "fed", "--client", "client-3"]
+    assert main([*forget, "--model", "user_models:linear"]) == 0
+    assert "forgot client 'client-3'" in capsys.readouterr().out and (trained.tmp_path / "imported").exists()
+
+
+def test_a_checkpoint_whose_run_config_claims_a_huge_model_is_refused_before_it_is_built(trained):
+    edit_newest_run_config(trained, model="mlp", hidden="100000,100000")  # 40 GB of weights, had it been built
+    before = trained.snapshot()
+    forget = ["forget", "server-state", "--federation", "fed", "--client", "client-3"]
+    child = in_child(f"from fedbayes.deploy.cli import main\nrc = main({forget!r})", cwd=trained.tmp_path)
+    assert child.rc == 1 and "mlp with 2 hidden layers has 6 parameter tensors, more than the 2" in child.stderr
+    assert child.extra_mib < 256 and trained.snapshot() == before
 
 
 def test_a_request_file_that_is_no_request_is_refused_and_removed_and_the_others_go_on(trained):

@@ -22,6 +22,7 @@ from fedbayes.tasks.preflight import (
 )
 from fedbayes.tasks.runlog import failure_reason, new_federation, new_federation_line, run_failed_line
 from tests.support import settings
+from tests.support.crafted import in_child
 
 
 def torchvision_files(dataset: str) -> tuple[str, set[str]]:
@@ -175,7 +176,7 @@ def test_particles_beyond_this_machines_memory_are_refused_before_any_is_allocat
         check_model_and_strategy(settings(strategy="dsvgd", particles=10**8))
     message = str(refusal.value)
     assert message.startswith("this run needs at least") and "more than this machine's" in message
-    assert "run config 'strategy' (dsvgd), 'model' (mlp), 'particles' (100000000)" in message
+    assert "run config 'strategy' (dsvgd), 'model' (mlp), 'hidden' (200,100), 'particles' (100000000)" in message
 
 
 def test_clients_beyond_this_machines_memory_are_refused_naming_the_option():
@@ -249,3 +250,27 @@ def test_rows_appended_after_a_users_lines_are_the_only_ones_fedbayes_local_read
     earlier_lines = _line_count(results)  # what `fedbayes local` counts before it starts the federation
     ResultsLog(str(results), if_exists="append").write({"round": 1})
     assert _read_rows(results, earlier_lines) == [{"round": 1}]
+
+
+@pytest.mark.parametrize(
+    ("config", "clients", "named"),
+    [
+        ({"strategy": "fedavg", "hidden": "100000,100000"}, 2, "'model' (mlp), 'hidden' (100000,100000)"),
+        ({"strategy": "dsvgd", "particles": 10**9}, 2, "'particles' (1000000000)"),
+        ({"strategy": "fedavg"}, 10**9, "1000000000 clients (fedbayes local: --clients)"),
+    ],
+)
+def test_a_run_too_large_for_this_machine_is_refused_before_its_memory_is_spent(tmp_path, config, clients, named):
+    """What `fedbayes local` checks before it starts a process, in a child: refused by the memory check, the model
+    laid out on the meta device, never built (100000x100000 hidden: 40 GB of weights)."""
+    code = (
+        "from fedbayes.server.preflight import check_model_and_strategy\n"
+        "from fedbayes.strategies import default_run_config, run_settings\n"
+        f"config = {config!r}\n"
+        "settings = run_settings({**default_run_config(config['strategy']), **config})\n"
+        f"check_model_and_strategy(settings, clients={clients})"
+    )
+    child = in_child(code, cwd=tmp_path)
+    assert child.error is not None and child.error.startswith("ConfigError: this run needs at least"), child.error
+    assert named in child.error and "more than this machine's" in child.error
+    assert child.extra_mib < 256, child.extra_mib

@@ -108,7 +108,12 @@ def test_a_results_file_the_user_made_is_refused_and_kept(tmp_path):
     [
         (
             ["--strategy", "dsvgd", "--set", "particles=100000000"],
-            "run config 'strategy' (dsvgd), 'model' (mlp), 'particles' (100000000): the server holds 3 copies",
+            "run config 'strategy' (dsvgd), 'model' (mlp), 'hidden' (200,100), 'particles' (100000000): the server "
+            "holds 3 copies",
+        ),
+        (
+            ["--set", "hidden=100000,100000"],  # 40 GB of weights: laid out on the meta device, never built
+            "'model' (mlp), 'hidden' (100000,100000): the server holds 3 copies of one reply of 10,079,600,010",
         ),
         (["--clients", "1000000"], "1000000 clients (fedbayes local: --clients) take 90 MiB each"),
     ],

@@ -30,8 +30,9 @@ def test_fedbayes_local_refuses_a_model_that_does_not_build(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_user_model_trains_over_loopback_on_pre_partitioned_files(plugin_path, tmp_path):
-    """The user CNN on digits exported as client-<i>.npz + test.npz: the server's global model is the user's."""
+def test_a_user_model_trains_over_loopback_on_pre_partitioned_files(plugin_path, tmp_path, capsys):
+    """The user CNN on digits exported as client-<i>.npz + test.npz: the server's global model is the user's; its
+    posterior is exported and predicted with, the model named each time (a file's model is never imported)."""
     digits = write_digits(tmp_path / "digits")
     exported = tmp_path / "exported"
     assert fedbayes(["export-partitions", "--dataset", f"npz:{digits}", "--clients", "2", "--out", str(exported)]) == 0
@@ -53,3 +54,14 @@ def test_a_user_model_trains_over_loopback_on_pre_partitioned_files(plugin_path,
     assert run.rows[-1]["accuracy"] > 0.5  # 10 classes: chance is 0.1
     checkpoint = load_file(workdir / "server-state" / "own-model" / "checkpoint.safetensors")
     assert checkpoint["global/0.weight"].shape == (8, 1, 3, 3)  # small_cnn's first convolution, on 1x8x8 digits
+    posterior = tmp_path / "posterior.safetensors"
+    export = ["export", str(workdir / "server-state"), "--federation", "own-model", "--out", str(posterior)]
+    assert fedbayes(export) == 1 and not posterior.exists()
+    assert f"names model '{REFERENCE}'" in capsys.readouterr().err
+    assert fedbayes([*export, "--model", REFERENCE]) == 0
+    predict = ["predict", str(posterior), str(exported / "test.npz"), "--samples", "0"]
+    assert fedbayes(predict) == 1
+    assert f"--model {REFERENCE}" in capsys.readouterr().err
+    assert fedbayes([*predict, "--model", REFERENCE]) == 0
+    # the server's own evaluation of round 2, as predict prints it
+    assert f"accuracy {run.rows[-1]['accuracy']:.4f}" in capsys.readouterr().out
