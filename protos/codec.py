@@ -22,11 +22,12 @@ from typing import Generic, NoReturn, TypeVar, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
 from fedbayes.bayes.params import TensorLayout, Tensors
+from fedbayes.protos import common_pb2
 from fedbayes.protos import payloads_pb2 as pb
 
 ENVELOPE_KEY = "fedbayes"
@@ -79,14 +80,53 @@ class Payload(Generic[M]):
 _MESSAGE_TYPES: dict[str, type[ProtoMessage]] = {}
 
 
+def _declared_names(file: FileDescriptor) -> frozenset[str]:
+    """The full names of every message (nested ones too) and enum a .proto file declares."""
+    pending, names = (
+        list(file.message_types_by_name.values()),
+        {enum.full_name for enum in file.enum_types_by_name.values()},
+    )
+    while pending:
+        message = pending.pop()
+        names.add(message.full_name)
+        names.update(enum.full_name for enum in message.enum_types)
+        pending.extend(message.nested_types)
+    return frozenset(names)
+
+
+# The envelope's names (common.proto): a body of one of them would pass for the envelope's own fields.
+RESERVED_NAMES = _declared_names(common_pb2.DESCRIPTOR)
+
+
+def _source(message_type: type[ProtoMessage]) -> str:
+    """Where a message type comes from: its .proto file and, for a generated one, its module."""
+    module = getattr(message_type, "__module__", None)
+    return f"{message_type.DESCRIPTOR.file.name}" + (f" (module {module})" if module else "")
+
+
 def register_message_types(*message_types: type[ProtoMessage]) -> None:
-    """Make these message types decodable as an envelope's body, by their full name (a name registered with another
-    class is an error: two strategies would mean different things by one message)."""
+    """Make these message types decodable as an envelope's body, by their full name. Registering a type again is a
+    no-op (each strategy's halves register theirs as they are defined).
+
+    Raises:
+        ValueError: a name of the envelope's schema (RESERVED_NAMES, protos/common.proto), or a name registered
+            already with another class (two strategies would mean different things by one message), naming both
+            sources.
+    """
     for message_type in message_types:
         name = message_type.DESCRIPTOR.full_name
+        if name in RESERVED_NAMES:
+            raise ValueError(
+                f"message type {name} of {_source(message_type)}: the name is reserved, a type of fedbayes' "
+                f"envelope ({common_pb2.DESCRIPTOR.name}), not a strategy's message; give the strategy's messages "
+                "names of their own"
+            )
         known = _MESSAGE_TYPES.setdefault(name, message_type)
-        if known is not message_type and known.DESCRIPTOR.file.name != message_type.DESCRIPTOR.file.name:
-            raise ValueError(f"message type {name} is registered already, from {known.DESCRIPTOR.file.name}")
+        if known is not message_type:
+            raise ValueError(
+                f"message type {name} of {_source(message_type)} is registered already, as the type of "
+                f"{_source(known)}: one name, one message type"
+            )
 
 
 def _module_message_types(module: ModuleType) -> Iterable[type[ProtoMessage]]:
@@ -237,7 +277,7 @@ def _body(envelope: pb.Instruction | pb.Reply, message_type: type[M], sender: st
     if declared != expected:
         message_type_named(declared, sender)  # an unknown type is named as such
         raise PayloadError(f"{sender}: field 'body': expected {expected}, got {declared[:64]!r}")
-    # the class registered under the expected name: `message_type` itself, or its twin from the same .proto file
+    # the class registered under the expected name (one name, one class: register_message_types)
     message = cast(M, message_type_named(declared, sender)())
     try:
         if not envelope.body.Unpack(message):
