@@ -35,6 +35,7 @@ TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client
 MAX_TIMINGS = 16
 NUMBER_BYTES = 8  # what payload_bytes counts for an int, float or bool of a config or metric record
 CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
+NONCE_BYTES = 16  # Header.nonce: 128 random bits, which no client can guess before its instruction comes
 ENVELOPES: tuple[type[ProtoMessage], ...] = (pb.Instruction, pb.Reply, pb.LeaveAndForget)
 Envelope = pb.Instruction | pb.Reply | pb.LeaveAndForget
 
@@ -165,6 +166,15 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
         server_round=server_round,
         client_id=client_id,
     )
+
+
+def reply_header(instruction: pb.Header, client_id: str) -> pb.Header:
+    """The header of a client's answer (a Reply or a LeaveAndForget) to the instruction whose header is
+    `instruction`: its federation, its round and its nonce (Header.nonce, which binds the answer to it), and the
+    client's id."""
+    header = new_header(instruction.federation, instruction.server_round, client_id)
+    header.nonce = instruction.nonce
+    return header
 
 
 def encode(
@@ -389,7 +399,7 @@ def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, 
     """Raise the PayloadError for a payload whose envelope is not `expected`: a peer of schema version 6 or older
     (whose messages were no envelopes, but began with the same Header) is told so, by version."""
     version = _old_schema_version(content)
-    if version and version < CURRENT_SCHEMA_VERSION:
+    if version and version < pb.SCHEMA_VERSION_7:
         raise PayloadError(
             f"{sender}: field 'header.schema_version': {version}, but this fedbayes speaks schema "
             f"version {CURRENT_SCHEMA_VERSION}, whose payloads are envelopes ({declared[:64]!r} is a "
@@ -424,7 +434,11 @@ def _parse_envelope(content: RecordDict, envelope_type: type[E], sender: str) ->
         raise PayloadError(f"{sender}: field 'message': malformed {expected}: {error}") from None
     version = envelope.header.schema_version
     if version != CURRENT_SCHEMA_VERSION:
-        raise PayloadError(f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}")
+        raise PayloadError(
+            f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}: this "
+            f"fedbayes speaks schema version {CURRENT_SCHEMA_VERSION} only; run the same fedbayes on the server "
+            "and every client"
+        )
     return envelope
 
 

@@ -156,7 +156,12 @@ def drop(key):
         (drop(TENSORS_KEY), TENSORS_KEY, "missing ArrayRecord"),
         (lambda c: set_envelope(c, type="fedbayes.v1.Instruction"), "type", "expected fedbayes.v1.Reply"),
         (lambda c: set_envelope(c, message=b"\xff\xff\xff"), "message", "malformed"),
-        (with_envelope_fields(schema_version=8), "header.schema_version", "expected 7, got 8"),
+        (with_envelope_fields(schema_version=9), "header.schema_version", "expected 8, got 9"),
+        (
+            with_envelope_fields(schema_version=7),
+            "header.schema_version",
+            "expected 8, got 7: this fedbayes speaks schema version 8 only; run the same fedbayes",
+        ),
         (with_envelope_fields(train_loss=float("nan")), "train_loss", "must be finite"),
         (
             lambda c: with_body_type(c, pb.FedPAReply()),
@@ -236,9 +241,21 @@ def test_a_payload_of_an_older_fedbayes_is_refused_by_its_schema_version():
         with pytest.raises(
             PayloadError,
             match="field 'header.schema_version': 6, but this fedbayes speaks schema version "
-            "7, whose payloads are envelopes .*run the same fedbayes",
+            "8, whose payloads are envelopes .*run the same fedbayes",
         ):
             read(old)
+
+
+def test_a_peer_of_schema_version_7_is_told_its_version_not_that_its_payloads_are_no_envelopes():
+    """Version 7's payloads are envelopes already (of the same names): one of an unexpected kind is refused as such,
+    and one of the expected kind by its version."""
+    instruction = encode(pb.Instruction(header=pb.Header(schema_version=7, federation="fed")), pb.FedAvgReply(), {})
+    with pytest.raises(PayloadError, match="field 'type': expected fedbayes.v1.Reply, got 'fedbayes.v1.Instruction'"):
+        decode_reply(instruction)
+    reply = encode(pb.Reply(header=pb.Header(schema_version=7, federation="fed")), pb.FedAvgReply(), {})
+    for read in (decode_reply, lambda content: decode_header(content, "client 'client-7' (node 42)")):
+        with pytest.raises(PayloadError, match="'header.schema_version': expected 8, got 7: .*run the same fedbayes"):
+            read(reply)
 
 
 def ping_type(package: str, name: str = "Ping"):
