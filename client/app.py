@@ -17,7 +17,7 @@ from flwr.common import log
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.client.state import ClientStateStore
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size, decode_header, encode, new_header
+from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size, decode_header, encode, reply_header
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads
 from fedbayes.tasks.config import RunSettings
@@ -89,9 +89,7 @@ def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
         )
     else:
         log(INFO, "%s: asking the server to forget this client (round %d)", node.client_id, header.server_round)
-    return encode(
-        pb.LeaveAndForget(header=new_header(header.federation, header.server_round, node.client_id)), None, {}
-    )
+    return encode(pb.LeaveAndForget(header=reply_header(header, node.client_id)), None, {})
 
 
 def describe(device: torch.device) -> str:

@@ -1,9 +1,10 @@
 """The client's round core, shared by every strategy's client half: decode and check the instruction, check the
 model, load the durable state the server's accepted rounds point to, run the algorithm's `local_update`, commit
-the new state, and wrap its reply in a Reply envelope (header, num_examples, train_loss, compute_seconds,
-resumed_from_round, the model's buffers). The algorithm supplies only `local_update`, from what the instruction
-says: a client never reads the run config to learn what the server meant. Where a strategy's forget needs the
-client's own part (its factor lives only here), `ForgetHalf` answers that request from the durable state alone."""
+the new state, and wrap its reply in a Reply envelope (header, echoing the instruction's nonce; num_examples,
+train_loss, compute_seconds, resumed_from_round, the model's buffers). The algorithm supplies only `local_update`,
+from what the instruction says: a client never reads the run config to learn what the server meant. Where a
+strategy's forget needs the client's own part (its factor lives only here), `ForgetHalf` answers that request from
+the durable state alone."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from fedbayes.protos.codec import (
     decode_header,
     encode,
     instruction_body_type,
-    new_header,
     register_message_types,
+    reply_header,
 )
 from fedbayes.tasks.compute import resolve_device
 
@@ -125,7 +126,7 @@ class ForgetHalf:
             ForgetRound(payload.message, payload.tensors, header, stored, resolve_device(node.device))
         )
         envelope = pb.Reply(
-            header=new_header(header.federation, header.server_round, node.client_id),
+            header=reply_header(header, node.client_id),
             num_examples=0,
             compute_seconds=result.compute_seconds,
             resumed_from_round=stored.round,
@@ -169,7 +170,7 @@ class ClientHalf:
         if self.stateful:
             runtime.save_state(header, ClientState(result.state, {"federation": header.federation}))
         envelope = pb.Reply(
-            header=new_header(header.federation, header.server_round, runtime.node.client_id),
+            header=reply_header(header, runtime.node.client_id),
             num_examples=len(runtime.data.labels),
             train_loss=result.train_loss,
             compute_seconds=result.compute_seconds,

@@ -22,11 +22,12 @@ from typing import Generic, NoReturn, TypeVar, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor, FileDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
 from fedbayes.bayes.params import TensorLayout, Tensors
+from fedbayes.protos import common_pb2
 from fedbayes.protos import payloads_pb2 as pb
 
 ENVELOPE_KEY = "fedbayes"
@@ -34,6 +35,7 @@ TIMINGS_KEY = "fedbayes-timings"  # optional ConfigRecord of a reply: the client
 MAX_TIMINGS = 16
 NUMBER_BYTES = 8  # what payload_bytes counts for an int, float or bool of a config or metric record
 CURRENT_SCHEMA_VERSION = max(pb.SchemaVersion.values())
+NONCE_BYTES = 16  # Header.nonce: 128 random bits, which no client can guess before its instruction comes
 ENVELOPES: tuple[type[ProtoMessage], ...] = (pb.Instruction, pb.Reply, pb.LeaveAndForget)
 Envelope = pb.Instruction | pb.Reply | pb.LeaveAndForget
 
@@ -79,14 +81,53 @@ class Payload(Generic[M]):
 _MESSAGE_TYPES: dict[str, type[ProtoMessage]] = {}
 
 
+def _declared_names(file: FileDescriptor) -> frozenset[str]:
+    """The full names of every message (nested ones too) and enum a .proto file declares."""
+    pending, names = (
+        list(file.message_types_by_name.values()),
+        {enum.full_name for enum in file.enum_types_by_name.values()},
+    )
+    while pending:
+        message = pending.pop()
+        names.add(message.full_name)
+        names.update(enum.full_name for enum in message.enum_types)
+        pending.extend(message.nested_types)
+    return frozenset(names)
+
+
+# The envelope's names (common.proto): a body of one of them would pass for the envelope's own fields.
+RESERVED_NAMES = _declared_names(common_pb2.DESCRIPTOR)
+
+
+def _source(message_type: type[ProtoMessage]) -> str:
+    """Where a message type comes from: its .proto file and, for a generated one, its module."""
+    module = getattr(message_type, "__module__", None)
+    return f"{message_type.DESCRIPTOR.file.name}" + (f" (module {module})" if module else "")
+
+
 def register_message_types(*message_types: type[ProtoMessage]) -> None:
-    """Make these message types decodable as an envelope's body, by their full name (a name registered with another
-    class is an error: two strategies would mean different things by one message)."""
+    """Make these message types decodable as an envelope's body, by their full name. Registering a type again is a
+    no-op (each strategy's halves register theirs as they are defined).
+
+    Raises:
+        ValueError: a name of the envelope's schema (RESERVED_NAMES, protos/common.proto), or a name registered
+            already with another class (two strategies would mean different things by one message), naming both
+            sources.
+    """
     for message_type in message_types:
         name = message_type.DESCRIPTOR.full_name
+        if name in RESERVED_NAMES:
+            raise ValueError(
+                f"message type {name} of {_source(message_type)}: the name is reserved, a type of fedbayes' "
+                f"envelope ({common_pb2.DESCRIPTOR.name}), not a strategy's message; give the strategy's messages "
+                "names of their own"
+            )
         known = _MESSAGE_TYPES.setdefault(name, message_type)
-        if known is not message_type and known.DESCRIPTOR.file.name != message_type.DESCRIPTOR.file.name:
-            raise ValueError(f"message type {name} is registered already, from {known.DESCRIPTOR.file.name}")
+        if known is not message_type:
+            raise ValueError(
+                f"message type {name} of {_source(message_type)} is registered already, as the type of "
+                f"{_source(known)}: one name, one message type"
+            )
 
 
 def _module_message_types(module: ModuleType) -> Iterable[type[ProtoMessage]]:
@@ -125,6 +166,15 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
         server_round=server_round,
         client_id=client_id,
     )
+
+
+def reply_header(instruction: pb.Header, client_id: str) -> pb.Header:
+    """The header of a client's answer (a Reply or a LeaveAndForget) to the instruction whose header is
+    `instruction`: its federation, its round and its nonce (Header.nonce, which binds the answer to it), and the
+    client's id."""
+    header = new_header(instruction.federation, instruction.server_round, client_id)
+    header.nonce = instruction.nonce
+    return header
 
 
 def encode(
@@ -237,7 +287,7 @@ def _body(envelope: pb.Instruction | pb.Reply, message_type: type[M], sender: st
     if declared != expected:
         message_type_named(declared, sender)  # an unknown type is named as such
         raise PayloadError(f"{sender}: field 'body': expected {expected}, got {declared[:64]!r}")
-    # the class registered under the expected name: `message_type` itself, or its twin from the same .proto file
+    # the class registered under the expected name (one name, one class: register_message_types)
     message = cast(M, message_type_named(declared, sender)())
     try:
         if not envelope.body.Unpack(message):
@@ -349,7 +399,7 @@ def _refuse_unknown_envelope(content: RecordDict, declared: str, expected: str, 
     """Raise the PayloadError for a payload whose envelope is not `expected`: a peer of schema version 6 or older
     (whose messages were no envelopes, but began with the same Header) is told so, by version."""
     version = _old_schema_version(content)
-    if version and version < CURRENT_SCHEMA_VERSION:
+    if version and version < pb.SCHEMA_VERSION_7:
         raise PayloadError(
             f"{sender}: field 'header.schema_version': {version}, but this fedbayes speaks schema "
             f"version {CURRENT_SCHEMA_VERSION}, whose payloads are envelopes ({declared[:64]!r} is a "
@@ -384,7 +434,11 @@ def _parse_envelope(content: RecordDict, envelope_type: type[E], sender: str) ->
         raise PayloadError(f"{sender}: field 'message': malformed {expected}: {error}") from None
     version = envelope.header.schema_version
     if version != CURRENT_SCHEMA_VERSION:
-        raise PayloadError(f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}")
+        raise PayloadError(
+            f"{sender}: field 'header.schema_version': expected {CURRENT_SCHEMA_VERSION}, got {version}: this "
+            f"fedbayes speaks schema version {CURRENT_SCHEMA_VERSION} only; run the same fedbayes on the server "
+            "and every client"
+        )
     return envelope
 
 

@@ -18,6 +18,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_VERSION_5: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_6: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_7: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_8: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -32,6 +33,7 @@ SCHEMA_VERSION_4: SchemaVersion
 SCHEMA_VERSION_5: SchemaVersion
 SCHEMA_VERSION_6: SchemaVersion
 SCHEMA_VERSION_7: SchemaVersion
+SCHEMA_VERSION_8: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -53,7 +55,7 @@ class TensorGroup(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class Header(_message.Message):
-    __slots__ = ("schema_version", "federation", "server_round", "client_id", "accepted_rounds", "checkpointed_rounds", "forgotten_client_id")
+    __slots__ = ("schema_version", "federation", "server_round", "client_id", "accepted_rounds", "checkpointed_rounds", "forgotten_client_id", "nonce")
     class AcceptedRoundsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +77,7 @@ class Header(_message.Message):
     ACCEPTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     FORGOTTEN_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
     schema_version: SchemaVersion
     federation: str
     server_round: int
@@ -82,7 +85,8 @@ class Header(_message.Message):
     accepted_rounds: _containers.ScalarMap[str, int]
     checkpointed_rounds: _containers.ScalarMap[str, int]
     forgotten_client_id: str
-    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ..., checkpointed_rounds: _Optional[_Mapping[str, int]] = ..., forgotten_client_id: _Optional[str] = ...) -> None: ...
+    nonce: bytes
+    def __init__(self, schema_version: _Optional[_Union[SchemaVersion, str]] = ..., federation: _Optional[str] = ..., server_round: _Optional[int] = ..., client_id: _Optional[str] = ..., accepted_rounds: _Optional[_Mapping[str, int]] = ..., checkpointed_rounds: _Optional[_Mapping[str, int]] = ..., forgotten_client_id: _Optional[str] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class LocalTraining(_message.Message):
     __slots__ = ("epochs", "batch_size", "learning_rate", "optimizer", "weight_decay", "seed")

@@ -23,6 +23,7 @@ SCHEMA_VERSION_4: _common_pb2.SchemaVersion
 SCHEMA_VERSION_5: _common_pb2.SchemaVersion
 SCHEMA_VERSION_6: _common_pb2.SchemaVersion
 SCHEMA_VERSION_7: _common_pb2.SchemaVersion
+SCHEMA_VERSION_8: _common_pb2.SchemaVersion
 DTYPE_UNSPECIFIED: _common_pb2.DType
 FLOAT32: _common_pb2.DType
 FLOAT64: _common_pb2.DType

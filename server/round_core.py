@@ -2,13 +2,14 @@
 
   configure   the nodes that may take part (connected, not quarantined, the client registry re-read), the ones the
               strategy selects, and one message per node: the strategy's instruction with the core's header (the
-              rounds that node's client had accepted, those the newest checkpoint holds, a forget's confirmation) and
-              the model's buffers
+              rounds that node's client had accepted, those the newest checkpoint holds, a forget's confirmation, a
+              nonce of its own) and the model's buffers
   aggregate   the trust boundary: every reply decoded and checked inside one guard (wire schema, round, federation,
-              the client id bound to its node, num_examples, resumed_from_round, then the strategy's own checks), each
-              update screened against the others (server/isolation.py), the round committed from the replies that
-              make a usable state (the strategy's `absorb`, checked as it will be stored), refused nodes quarantined;
-              then the round's arrays (the strategy's weights and the clients' averaged buffers) and metrics
+              the nonce of the instruction it answers, the client id bound to its node, num_examples,
+              resumed_from_round, then the strategy's own checks), each update screened against the others
+              (server/isolation.py), the round committed from the replies that make a usable state (the strategy's
+              `absorb`, checked as it will be stored), refused nodes quarantined; then the round's arrays (the
+              strategy's weights and the clients' averaged buffers) and metrics
   state       the core's part of a checkpoint (identities, accepted rounds, quarantine, the forget ledger) and the
               strategy's, saved and restored together
 
@@ -17,8 +18,10 @@ only through its `commit`, once a round or a forget is committed."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import random
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from logging import INFO, WARNING
@@ -36,6 +39,7 @@ from fedbayes.bayes.params import TensorLayout, flatten, unflatten, weighted_mea
 from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
+    NONCE_BYTES,
     Payload,
     PayloadError,
     check_payload_size,
@@ -143,6 +147,10 @@ class RoundCore:
         self.leave_requests: list[tuple[str, int]] = []  # (client id, node) of this round's LeaveAndForget
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
         self._refused_nodes: set[int] = set()  # nodes whose reply this round was refused
+        # node -> the nonce of the last message sent to it (this round's instruction, or a forget's message between
+        # rounds): the only reply it may send is the answer to that message. Never checkpointed: a resumed server
+        # refuses every answer to its predecessor's messages.
+        self._nonces: dict[int, bytes] = {}
 
     @property
     def buffer_layout(self) -> TensorLayout:
@@ -173,19 +181,21 @@ class RoundCore:
     ) -> list[Message]:
         """One TRAIN message per node: the strategy's `body` and the tensors are packed once and shared; each header
         carries the rounds that node's client had accepted (Header.accepted_rounds), so it continues from the right
-        state, and those the newest checkpoint holds (Header.checkpointed_rounds), whose states it must keep."""
+        state, those the newest checkpoint holds (Header.checkpointed_rounds), whose states it must keep, and a nonce
+        of its own (Header.nonce), which that node's reply must echo."""
         content = encode(instruction, body, tensors)
         nodes = list(nodes)
         self.round_report = RoundReport(sent=len(nodes))
-        self._refused_nodes, self.leave_requests = set(), []
+        self._refused_nodes, self.leave_requests, self._nonces = set(), [], {}
         checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
         return [self._addressed(content, instruction, node, checkpointed) for node in nodes]
 
     def _addressed(
         self, content: RecordDict, instruction: pb.Instruction, node: int, checkpointed: Mapping[str, int]
     ) -> Message:
-        """`content` as the message to `node`, its header telling that node's accepted and checkpointed rounds and
-        the forget of its client, if it asked for one (Header.forgotten_client_id)."""
+        """`content` as the message to `node`, its header telling that node's accepted and checkpointed rounds, the
+        forget of its client, if it asked for one (Header.forgotten_client_id), and a new nonce (Header.nonce): from
+        here on, only an answer to this message is taken from `node`."""
         header = instruction.header
         for field_, rounds in (
             (header.accepted_rounds, self.accepted_rounds),
@@ -194,6 +204,7 @@ class RoundCore:
             field_.clear()
             field_.update(self.identities.accepted_view(node, rounds, self.connected))
         header.forgotten_client_id = self.identities.ledger.confirmation_for(node)
+        header.nonce = self._nonces[node] = secrets.token_bytes(NONCE_BYTES)
         return Message(with_envelope(content, instruction), dst_node_id=node, message_type=MessageType.TRAIN)
 
     # ---- aggregate -------------------------------------------------------------------------------------------------
@@ -265,7 +276,7 @@ class RoundCore:
         check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
         payload = decode(reply.content, pb.Reply, self.strategy.reply_type, layouts, sender=sender)
         header = payload.header
-        self._check_header(header, server_round)
+        self._check_header(header, server_round, node)
         self.identities.check(node, header.client_id, self.connected, claimed)
         examples = payload.reply.num_examples
         if not 1 <= examples <= self.settings.max_client_examples:
@@ -277,7 +288,9 @@ class RoundCore:
         self.strategy.check_reply(payload)
         return payload
 
-    def _check_header(self, header: pb.Header, server_round: int) -> None:
+    def _check_header(self, header: pb.Header, server_round: int, node: int) -> None:
+        """A reply's header from `node`: of this round and federation, no field only the server sets, and the nonce
+        of the message the server last sent `node` (it answers that message, not an earlier one nor another node's)."""
         if header.server_round != server_round:
             raise PayloadError(
                 f"field 'header.server_round': the reply is for round {header.server_round}, not {server_round}"
@@ -287,6 +300,12 @@ class RoundCore:
         for name in ("accepted_rounds", "checkpointed_rounds", "forgotten_client_id"):
             if getattr(header, name):
                 raise PayloadError(f"field 'header.{name}': only the server sets it")
+        # in constant time: how long a refusal takes tells a sender nothing of the nonce it should have sent
+        if not header.nonce or not hmac.compare_digest(header.nonce, self._nonces.get(node, b"")):
+            raise PayloadError(
+                f"field 'header.nonce': not the nonce of the server's last message to node {node}: the reply answers "
+                "an earlier instruction (sent again, or late) or another node's"
+            )
 
     def _check_resumed(self, payload: Payload[Any]) -> None:
         """The reply of a strategy whose clients keep state must continue from the state of the client's last
@@ -313,7 +332,7 @@ class RoundCore:
         try:
             check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
             header = decode(reply.content, pb.LeaveAndForget, None, {}, sender=label).header
-            self._check_header(header, server_round)
+            self._check_header(header, server_round, node)
         except Exception as error:  # the guard, as for every reply
             self._reject_reply(reply, "rejected leave request", error)
             return
@@ -523,16 +542,17 @@ class RoundCore:
         self, reply: Message, client: str, asked: ClientForget[Any], server_round: int
     ) -> Payload[Any]:
         """`client`'s reply to `asked` (its part of its forget), checked as a round's reply is (size, wire schema,
-        round, federation, the id and the node it is bound to, the strategy's checks), and also: it worked from the
-        state of its last accepted round (resumed_from_round), and its update passes the screen a lone reply meets
-        (screen-ratio x the larger of the state's norm and an RMS change of 1). ForgetRefused, with why, otherwise."""
+        round, federation, the nonce of this request, the id and the node it is bound to, the strategy's checks),
+        and also: it worked from the state of its last accepted round (resumed_from_round), and its update passes the
+        screen a lone reply meets (screen-ratio x the larger of the state's norm and an RMS change of 1).
+        ForgetRefused, with why, otherwise."""
         label = self._claimed_label(reply)
         try:
             if reply.has_error():
                 raise PayloadError(f"client error: {reply.error.reason}")
             check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
             payload = decode(reply.content, pb.Reply, asked.reply_type, asked.reply_layouts, sender=label)
-            self._check_header(payload.header, server_round)
+            self._check_header(payload.header, server_round, reply.metadata.src_node_id)
             if payload.header.client_id != client:
                 raise PayloadError(f"field 'header.client_id': {payload.header.client_id[:64]!r} is not {client!r}")
             self.identities.check(reply.metadata.src_node_id, client, self.connected, {})

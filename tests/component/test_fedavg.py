@@ -13,7 +13,7 @@ from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.fedavg.client import _proximal_term
 from fedbayes.strategies.fedavg.server import FedAvg
-from tests.support import LAYOUT, FakeGrid, fedavg_reply, reply_message, round_core, settings
+from tests.support import LAYOUT, FakeGrid, answers, fedavg_reply, reply_message, round_core, settings
 
 
 def configured(strategy: FedAvg, nodes) -> RoundCore:
@@ -29,13 +29,16 @@ def test_weighted_average_of_accepted_replies_only():
     core = configured(FedAvg(settings(), LAYOUT), [11, 12, 13, 14, 15])
     bad = fedavg_reply("client-2", value=7.0)
     bad[TENSORS_KEY][PACKED_ARRAY].data = b"\x00"  # corrupt bytes inside the Array
-    replies = [
-        reply_message(fedavg_reply("client-0", num_examples=10, value=1.0), node_id=11),
-        reply_message(fedavg_reply("client-1", num_examples=30, value=3.0), node_id=12),
-        reply_message(bad, node_id=13),
-        reply_message(None, node_id=14, error=Error(code=2, reason="boom")),
-        reply_message(fedavg_reply("client-4", server_round=2, value=9.0), node_id=15),
-    ]
+    replies = answers(
+        core,
+        1,
+        {
+            11: fedavg_reply("client-0", num_examples=10, value=1.0),
+            12: fedavg_reply("client-1", num_examples=30, value=3.0),
+            13: bad,
+            15: fedavg_reply("client-4", server_round=2, value=9.0),
+        },
+    ) + [reply_message(None, node_id=14, error=Error(code=2, reason="boom"))]
     arrays, metrics = core.aggregate(1, replies)
     expected = (10 * 1.0 + 30 * 3.0) / 40
     for name in LAYOUT:
@@ -52,7 +55,7 @@ def test_weighted_average_of_accepted_replies_only():
 def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
     limit_mb = 60 / 2**20  # LAYOUT is 15 float32 = 60 bytes of tensors, plus the envelope
     core = configured(FedAvg(settings(**{"max-payload-mb": limit_mb}), LAYOUT), [11])
-    assert core.aggregate(1, [reply_message(fedavg_reply("client-0"), node_id=11)]) == (None, None)
+    assert core.aggregate(1, answers(core, 1, {11: fedavg_reply("client-0")})) == (None, None)
     reason = core.round_report.rejected["client 'client-0' (node 11)"]
     assert "payload is 0.0 MiB, over the limit max-payload-mb=" in reason
 

@@ -16,7 +16,7 @@ from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.fedpa.server import FedPA
 from fedbayes.tasks.config import ConfigError
-from tests.support import LAYOUT, FakeGrid, reply_envelope, reply_message, round_core, settings, weights
+from tests.support import LAYOUT, FakeGrid, answers, reply_envelope, round_core, settings, weights
 
 
 def fedpa_reply(client_id="client-0", server_round=1, num_examples=10, value=0.5, bias=None):
@@ -58,13 +58,17 @@ def test_sgd_with_lr_one_is_the_weighted_model_average_and_bad_replies_are_left_
     strategy = round_core(FedPA(settings(strategy="fedpa"), LAYOUT))
     start_round(strategy, 1, value=1.0)
     nan_reply = fedpa_reply("client-2", value=0.1, bias=np.array([0.1, np.nan, 0.1], dtype=np.float32))
-    replies = [
-        reply_message(fedpa_reply("client-0", num_examples=10, value=0.2), node_id=11),  # model 0.8
-        reply_message(fedpa_reply("client-1", num_examples=30, value=0.6), node_id=12),  # model 0.4
-        reply_message(nan_reply, node_id=13),
-        reply_message(fedpa_reply("client-3", num_examples=0, value=0.6), node_id=14),
-        reply_message(fedpa_reply("client-4", server_round=2), node_id=15),
-    ]
+    replies = answers(
+        strategy,
+        1,
+        {
+            11: fedpa_reply("client-0", num_examples=10, value=0.2),  # model 0.8
+            12: fedpa_reply("client-1", num_examples=30, value=0.6),  # model 0.4
+            13: nan_reply,
+            14: fedpa_reply("client-3", num_examples=0, value=0.6),
+            15: fedpa_reply("client-4", server_round=2),
+        },
+    )
     arrays, metrics = strategy.aggregate(1, replies)
     for name in LAYOUT:
         np.testing.assert_allclose(arrays[name].numpy(), (10 * 0.8 + 30 * 0.4) / 40, rtol=1e-6)
@@ -82,7 +86,7 @@ def server_steps(strategy: RoundCore, gradients: list[float]) -> list[float]:
     for server_round, gradient in enumerate(gradients, start=1):
         start_round(strategy, server_round, value)
         arrays, _ = strategy.aggregate(
-            server_round, [reply_message(fedpa_reply(server_round=server_round, value=gradient), node_id=11)]
+            server_round, answers(strategy, server_round, {11: fedpa_reply(server_round=server_round, value=gradient)})
         )
         value = float(arrays["fc.bias"].numpy()[0])
         values.append(value)
@@ -132,7 +136,7 @@ def test_a_resumed_server_continues_its_optimizer(tmp_path, optimizer):
     resumed = round_core(FedPA(config, LAYOUT))
     resumed.load_state_dict(store.load().strategy_state)
     start_round(resumed, 3, values[-1])
-    arrays, _ = resumed.aggregate(3, [reply_message(fedpa_reply(server_round=3, value=0.3), node_id=11)])
+    arrays, _ = resumed.aggregate(3, answers(resumed, 3, {11: fedpa_reply(server_round=3, value=0.3)}))
     assert float(arrays["fc.bias"].numpy()[0]) == pytest.approx(straight[-1], rel=1e-6)
     assert float(arrays["fc.bias"].numpy()[0]) != pytest.approx(
         server_steps(round_core(FedPA(config, LAYOUT)), [0.3])[0], rel=1e-6

@@ -15,7 +15,7 @@ from flwr.common.constant import ErrorCode
 
 from fedbayes.client.state import left_marker
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import encode, instruction_body_type, new_header
+from fedbayes.protos.codec import encode, instruction_body_type, reply_header
 from fedbayes.server.forget import ForgetError, ForgetRequest, RequestQueue
 from fedbayes.strategies.dsvgd.client import _stored_visits
 from fedbayes.strategies.dsvgd.math import (
@@ -124,20 +124,22 @@ def test_a_leaving_client_computes_its_forget_and_the_server_adopts_it_revokes_i
     assert left_marker(state_dir, "client-3").exists()
 
 
-def forged(request, honest, particles=None, resumed=None, client="client-3"):
-    """An answer to `request` as a client may forge it: the honest answer's particles or `particles`."""
+def forged(request, honest, particles=None, resumed=None, client="client-3", nonce=None):
+    """An answer to `request` as a client may forge it: the honest answer's particles or `particles`, the request's
+    nonce or `nonce`."""
     honest_particles = declared_payload(honest, pb.DSVGDForgetReply).tensors["particles"]["particles"]
     envelope = pb.Reply(
-        header=new_header("fed", request.header.server_round, client),
+        header=reply_header(request.header, client),
         resumed_from_round=request.header.accepted_rounds["client-3"] if resumed is None else resumed,
     )
+    if nonce is not None:
+        envelope.header.nonce = nonce
     values = honest_particles if particles is None else particles(honest_particles)
     return encode(envelope, pb.DSVGDForgetReply(), {"particles": {"particles": values.astype(np.float32)}})
 
 
 def leave_request(request, honest):
-    header = new_header("fed", request.header.server_round, "client-3")
-    return encode(pb.LeaveAndForget(header=header), None, {})
+    return encode(pb.LeaveAndForget(header=reply_header(request.header, "client-3")), None, {})
 
 
 BAD_ANSWERS = {
@@ -151,6 +153,11 @@ BAD_ANSWERS = {
     ),
     "another factor": (lambda r, h: forged(r, h, resumed=0), "field 'resumed_from_round': 0, but the factor"),
     "another id": (lambda r, h: forged(r, h, client="client-1"), "field 'header.client_id': 'client-1' is not"),
+    # the honest particles, but not an answer to this request: a nonce the server did not send
+    "another message's nonce": (
+        lambda r, h: forged(r, h, nonce=bytes(16)),
+        "field 'header.nonce': not the nonce of the server's last message to node 3",
+    ),
     "too far": (lambda r, h: forged(r, h, particles=lambda p: p + 1e4), "refused by the screen"),
     "no update": (leave_request, "field 'type': expected fedbayes.v1.Reply, got 'fedbayes.v1.LeaveAndForget'"),
     "client error": (

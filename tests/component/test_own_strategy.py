@@ -8,7 +8,7 @@ import pytest
 from fedbayes import strategies
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.config import ConfigError
-from tests.support import DEFAULTS, LAYOUT, fedavg_reply, reply_message, round_core
+from tests.support import DEFAULTS, LAYOUT, answers, fedavg_reply, round_core
 
 REFERENCE = "fedmedian_plugin:FEDMEDIAN"
 
@@ -16,11 +16,11 @@ REFERENCE = "fedmedian_plugin:FEDMEDIAN"
 def test_a_strategy_by_module_and_attribute_aggregates_with_its_own_math(plugin_path):
     algorithm = get_algorithm(REFERENCE)
     core = round_core(algorithm.build_server(run_settings({**DEFAULTS, "strategy": REFERENCE}), LAYOUT))
-    replies = [
-        reply_message(fedavg_reply(f"client-{node}", num_examples=10 * node, value=value), node)
+    replies = {
+        node: fedavg_reply(f"client-{node}", num_examples=10 * node, value=value)
         for node, value in ((1, 1.0), (2, 5.0), (3, 100.0))
-    ]
-    arrays, _ = core.aggregate(1, replies)
+    }
+    arrays, _ = core.aggregate(1, answers(core, 1, replies))
     assert all((arrays[name].numpy() == 5.0).all() for name in LAYOUT)  # the median, not FedAvg's 62.5
     assert core.round_report.accepted == ["client-1", "client-2", "client-3"]
 

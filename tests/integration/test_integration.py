@@ -99,6 +99,24 @@ def test_malformed_reply_is_rejected_and_the_round_goes_on(tmp_path):
     assert processes_of(flwr_home) == []
 
 
+def test_a_replayed_reply_is_refused_over_grpc_and_the_others_rounds_commit(tmp_path):
+    """Client-2 sends its honest round-1 reply again in rounds 2 and 3, its round edited to theirs: the same client
+    id, node and tensors as a reply the server accepted. The server refuses it as the answer to no instruction of
+    those rounds (its nonce is round 1's) and commits each round from the other two."""
+    rogue = fault_env("rogue", FEDBAYES_ROGUE_ATTACK="replay", FEDBAYES_ROGUE_RECORD=str(tmp_path / "recorded.npz"))
+    rows, server_log, flwr_home = run_federation(tmp_path / "fed", rounds=3, node_env={0: {}, 1: {}, 2: rogue})
+    assert [row["round"] for row in rows] == [1, 2, 3], "the server must keep running"
+    assert (rows[0]["clients"], rows[0]["clients_rejected"]) == (3, 0), rows[0]["rejected"]
+    for row in rows[1:]:
+        assert (row["clients"], row["clients_rejected"], row["clients_sent"]) == (2, 1, 3), row["rejected"]
+        (reason,) = row["rejected"].values()
+        assert "field 'header.nonce': not the nonce of the server's last message to node" in reason, reason
+        assert list(row["rejected"])[0].startswith("client 'client-2' (node ")
+    assert (tmp_path / "recorded.npz").exists(), "client-2 recorded its round-1 reply"
+    assert rows[-1]["accuracy"] > 0.5, "the honest clients' updates were used"
+    assert processes_of(flwr_home) == []
+
+
 def test_launcher_ctrl_c_leaves_no_process_behind(tmp_path):
     workdir = tmp_path / "fed"
     results_path = tmp_path / "out.jsonl"  # an earlier run's, appended to: must not be read as this run's

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Error, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, RecordDict
 from flwr.app.message.message import make_message
 
 from fedbayes.bayes.metrics import classification_metrics
@@ -106,6 +106,30 @@ def declared_payload(content: RecordDict, message_type: type) -> Payload:
     return decode(content, type(envelope), message_type, layouts, sender="test")
 
 
+def answering(instruction: Message, content: RecordDict) -> RecordDict:
+    """`content`, a reply a test made, as the answer to `instruction`: its header echoes the instruction's nonce
+    (Header.nonce), as a client's round core does; every record as it was."""
+    envelope = envelope_of(content)
+    envelope.header.nonce = decode_header(instruction.content, "server").nonce
+    answer = RecordDict(dict(content.items()))
+    answer[ENVELOPE_KEY] = ConfigRecord(
+        {"type": envelope.DESCRIPTOR.full_name, "message": envelope.SerializeToString()}
+    )
+    return answer
+
+
+def answers(core: RoundCore, server_round: int, replies: dict[int, RecordDict]) -> list[Message]:
+    """`replies` (node -> a reply a test made) as the ServerApp receives them in round `server_round`, each the
+    answer to an instruction `core` addressed to its node this round (as its `configure` does: the round's report
+    starts afresh, and each node gets a nonce of its own, which its reply echoes)."""
+    instruction = pb.Instruction(header=new_header(core.settings.federation, server_round))
+    sent = core.instructions(instruction, pb.LocalTraining(), {}, list(replies))
+    return [
+        reply_message(answering(message, replies[message.metadata.dst_node_id]), message.metadata.dst_node_id)
+        for message in sent
+    ]
+
+
 def reply_message(content: RecordDict | None, node_id: int, error=None, reply_to: str | None = None) -> Message:
     """A reply as the ServerApp receives it from node `node_id` (no Flower run needed)."""
     metadata = Metadata(
@@ -125,7 +149,7 @@ def reply_message(content: RecordDict | None, node_id: int, error=None, reply_to
 
 
 # ---- a fake grid -------------------------------------------------------------------------------------------
-Answer = Callable[[Message], "RecordDict | None"]
+Answer = Callable[[Message], "RecordDict | Error | None"]
 
 
 class FakeGrid:
@@ -172,9 +196,15 @@ def round_of(message: Message) -> int:
     return decode_header(message.content, "server").server_round
 
 
-def scripted(reply: Callable[[int, int], RecordDict | None]) -> Answer:
-    """An `answer` from `reply(round, node)`."""
-    return lambda message: reply(round_of(message), message.metadata.dst_node_id)
+def scripted(reply: Callable[[int, int], RecordDict | Error | None]) -> Answer:
+    """An `answer` from `reply(round, node)`: a reply it makes answers the message it is asked for (echoes its
+    nonce)."""
+
+    def answer(message: Message) -> RecordDict | Error | None:
+        content = reply(round_of(message), message.metadata.dst_node_id)
+        return answering(message, content) if isinstance(content, RecordDict) else content
+
+    return answer
 
 
 # ---- clients ------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from flwr.common.constant import ErrorCode
 from fedbayes.client.app import answer_without_training
 from fedbayes.posterior.export import RunLocation
 from fedbayes.protos import payloads_pb2 as pb
-from fedbayes.protos.codec import decode_header, encode, new_header
+from fedbayes.protos.codec import decode_header, encode, reply_header
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.forget import AUDIT_LOG, AuditLog, ForgetRequest, forget_command, rebuild
 from fedbayes.server.loop import LoopSettings, run_rounds
@@ -62,9 +62,7 @@ class ClientsGrid(FakeGrid):
             )
         if behaviour is not None:  # a LeaveAndForget claiming another client's id
             header = decode_header(message.content, "server")
-            return encode(
-                pb.LeaveAndForget(header=new_header(header.federation, header.server_round, behaviour)), None, {}
-            )
+            return encode(pb.LeaveAndForget(header=reply_header(header, behaviour)), None, {})
         return answer_without_training(message.content, runtime.node, runtime.settings) or self.federation.answer(
             message
         )

@@ -21,7 +21,7 @@ from fedbayes.strategies.dsvgd.server import DSVGD
 from fedbayes.strategies.fedavg.server import FedAvg
 from fedbayes.strategies.feddyn import math as feddyn
 from fedbayes.strategies.feddyn.server import FedDyn
-from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message
+from tests.support import FakeGrid, InProcessFederation, answering, declared_payload, envelope_of, reply_message
 
 # The reply's tensor group that carries the strategy's update.
 UPDATE_GROUP = {
@@ -155,15 +155,17 @@ def assert_same_state(server, control):
 
 
 class RogueRound:
-    """Round 1 honest for nodes 1-3; round 2 configured for them, every client half run; then the same round
-    aggregated by the real server's round core (honest replies plus `rogue` ones) and by a control copy (honest
-    only)."""
+    """Round 1 honest for nodes 1-3; round 2 configured for them and the rogue's node, every client half run; then
+    the same round aggregated by the real server's round core (honest replies plus `rogue` ones) and by a control
+    copy (honest only). A rogue reply answers its node's own instruction of round 2 (it echoes that nonce): the
+    rogue reads what it is sent, and makes up the rest."""
 
     def __init__(self, tmp_path, strategy: str, **extra):
         self.federation = InProcessFederation(tmp_path, {**overrides(strategy), **extra}, sizes=SIZES)
         self.federation.round(1, [1, 2, 3])
         core = self.federation.core
         messages = core.configure(2, self.federation.arrays, FakeGrid([1, 2, 3, ROGUE_NODE]))
+        self.sent = {message.metadata.dst_node_id: message for message in messages}
         self.replies = {}
         for message in messages:
             node = message.metadata.dst_node_id
@@ -176,7 +178,8 @@ class RogueRound:
         honest_nodes = list(self.replies) if honest_nodes is None else honest_nodes
         honest = [reply_message(self.replies[node], node) for node in honest_nodes]
         core = self.federation.core
-        result = core.aggregate(2, honest + [reply_message(content, node) for node, content in rogue.items()])
+        rogues = [reply_message(answering(self.sent[node], content), node) for node, content in rogue.items()]
+        result = core.aggregate(2, honest + rogues)
         expected = self.control.aggregate(2, honest)
         return core, result, expected
 

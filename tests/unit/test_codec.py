@@ -156,7 +156,12 @@ def drop(key):
         (drop(TENSORS_KEY), TENSORS_KEY, "missing ArrayRecord"),
         (lambda c: set_envelope(c, type="fedbayes.v1.Instruction"), "type", "expected fedbayes.v1.Reply"),
         (lambda c: set_envelope(c, message=b"\xff\xff\xff"), "message", "malformed"),
-        (with_envelope_fields(schema_version=8), "header.schema_version", "expected 7, got 8"),
+        (with_envelope_fields(schema_version=9), "header.schema_version", "expected 8, got 9"),
+        (
+            with_envelope_fields(schema_version=7),
+            "header.schema_version",
+            "expected 8, got 7: this fedbayes speaks schema version 8 only; run the same fedbayes",
+        ),
         (with_envelope_fields(train_loss=float("nan")), "train_loss", "must be finite"),
         (
             lambda c: with_body_type(c, pb.FedPAReply()),
@@ -236,17 +241,30 @@ def test_a_payload_of_an_older_fedbayes_is_refused_by_its_schema_version():
         with pytest.raises(
             PayloadError,
             match="field 'header.schema_version': 6, but this fedbayes speaks schema version "
-            "7, whose payloads are envelopes .*run the same fedbayes",
+            "8, whose payloads are envelopes .*run the same fedbayes",
         ):
             read(old)
 
 
-def ping_type(package: str):
-    """A message type `<package>.Ping { double level = 1; }` of a .proto of its own, as a plugin's would be."""
+def test_a_peer_of_schema_version_7_is_told_its_version_not_that_its_payloads_are_no_envelopes():
+    """Version 7's payloads are envelopes already (of the same names): one of an unexpected kind is refused as such,
+    and one of the expected kind by its version."""
+    instruction = encode(pb.Instruction(header=pb.Header(schema_version=7, federation="fed")), pb.FedAvgReply(), {})
+    with pytest.raises(PayloadError, match="field 'type': expected fedbayes.v1.Reply, got 'fedbayes.v1.Instruction'"):
+        decode_reply(instruction)
+    reply = encode(pb.Reply(header=pb.Header(schema_version=7, federation="fed")), pb.FedAvgReply(), {})
+    for read in (decode_reply, lambda content: decode_header(content, "client 'client-7' (node 42)")):
+        with pytest.raises(PayloadError, match="'header.schema_version': expected 8, got 7: .*run the same fedbayes"):
+            read(reply)
+
+
+def ping_type(package: str, name: str = "Ping"):
+    """A message type `<package>.<name> { double level = 1; }` of a .proto of its own (in a descriptor pool of its
+    own), as a plugin's would be."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     proto = descriptor_pb2.FileDescriptorProto(name=f"{package}/ping.proto", package=package, syntax="proto3")
-    proto.message_type.add(name="Ping").field.add(
+    proto.message_type.add(name=name).field.add(
         name="level",
         number=1,
         type=descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
@@ -254,7 +272,7 @@ def ping_type(package: str):
     )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Ping"))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
 
 
 def test_a_body_type_decodes_once_registered_and_a_name_means_one_type():
@@ -265,8 +283,55 @@ def test_a_body_type_decodes_once_registered_and_a_name_means_one_type():
     register_message_types(ping)
     assert decode(content, pb.Reply, ping, {}, sender="client-7").message.level == 0.5
     register_message_types(ping)  # the same type again: nothing changes
-    with pytest.raises(ValueError, match="plugin.registry.Ping is registered already"):
-        register_message_types(_renamed_file(ping))
+    assert decode(content, pb.Reply, ping, {}, sender="client-7").message.level == 0.5
+
+
+@pytest.mark.parametrize("twin", ["another file", "the same file name"])
+def test_a_name_registered_twice_is_an_error_naming_both_sources(twin):
+    """A second class under a registered name, from a .proto file of another name or of the same name (another
+    plugin's file that happens to be named alike, loaded into a pool of its own): the error names both, and the
+    first stays registered."""
+    ping = ping_type(f"plugin.twice.{twin.replace(' ', '_')}")
+    register_message_types(ping)
+    other = _renamed_file(ping) if twin == "another file" else ping_type(ping.DESCRIPTOR.file.package)
+    assert other is not ping and other.DESCRIPTOR.full_name == ping.DESCRIPTOR.full_name
+    with pytest.raises(ValueError) as error:
+        register_message_types(other)
+    message = str(error.value)
+    assert (
+        f"message type {ping.DESCRIPTOR.full_name} of {other.DESCRIPTOR.file.name} is registered already, " in message
+    )
+    assert f"as the type of {ping.DESCRIPTOR.file.name}: one name" in message
+    content = encode(reply_envelope(), ping(level=0.25), {})
+    assert decode(content, pb.Reply, ping, {}, sender="client-7").message.level == 0.25
+
+
+def test_the_built_in_messages_register_again_as_a_no_op_and_a_plugin_may_not_shadow_them():
+    register_message_types(pb.FedAvgReply, pb.DSVGDForgetInstruction)  # as the built-in strategies' halves do
+    with pytest.raises(
+        ValueError,
+        match="fedbayes.v1.FedAvgReply of fedbayes.v1/ping.proto is registered already, as "
+        "the type of fedbayes/protos/payloads.proto \\(module fedbayes.protos.payloads_pb2\\)",
+    ):
+        register_message_types(ping_type("fedbayes.v1", "FedAvgReply"))
+
+
+@pytest.mark.parametrize(
+    "name", ["Reply", "Instruction", "LeaveAndForget", "Header", "TensorGroup", "TensorSpec", "LocalTraining"]
+)
+def test_the_envelopes_names_are_reserved(name):
+    """common.proto's names are the envelope's: neither its own classes nor a plugin's of the same name may be a
+    body's type, and a body of that name stays unknown."""
+    for message_type in (getattr(pb, name), ping_type("fedbayes.v1", name)):
+        with pytest.raises(
+            ValueError,
+            match=f"fedbayes.v1.{name} of .*: the name is reserved, a type of fedbayes' "
+            "envelope \\(fedbayes/protos/common.proto\\)",
+        ):
+            register_message_types(message_type)
+    content = encode(reply_envelope(), ping_type("fedbayes.v1", name)(level=1.0), {})
+    with pytest.raises(PayloadError, match=f"'fedbayes.v1.{name}' is no message type this process knows"):
+        decode(content, pb.Reply, pb.FedAvgReply, {}, sender="client-7")
 
 
 def _renamed_file(message_type):

@@ -14,6 +14,8 @@ the ServerApp and the daemons run unchanged. Nothing in fedbayes knows about thi
               dtype       every reply's packed tensors are declared float32 but hold unicode .npy bytes
               examples    every reply claims 2^64 - 1 examples
               late:<r>    the reply of round <r> is honest but sent after $FEDBAYES_ROGUE_DELAY seconds
+              replay      the reply of round 1 is honest and recorded in $FEDBAYES_ROGUE_RECORD; every later reply is
+                          that recording sent again, its round edited to the current one
               mean-scale:<f>  BayesADMM: the local posterior's mean is multiplied by <f> before the client's own dual
                           step, so the reply is well-formed and its duals agree with the server's replay
 """
@@ -77,10 +79,11 @@ def inject_rogue() -> None:
     import time
 
     import numpy as np
-    from flwr.app import Array, ArrayRecord
+    from flwr.app import Array, ArrayRecord, RecordDict
 
     import fedbayes.client.core as core
-    from fedbayes.protos.codec import encode
+    from fedbayes.protos import payloads_pb2 as pb
+    from fedbayes.protos.codec import ENVELOPE_KEY, PACKED_ARRAY, TENSORS_KEY, encode, with_envelope
 
     attack = os.environ["FEDBAYES_ROGUE_ATTACK"]
 
@@ -100,6 +103,8 @@ def inject_rogue() -> None:
         elif attack.startswith("late:") and header.server_round == int(attack.removeprefix("late:")):
             time.sleep(float(os.environ["FEDBAYES_ROGUE_DELAY"]))
         content = encode(envelope, message, tensors)
+        if attack == "replay":
+            content = replayed(content, header.server_round)
         if attack == "dtype":
             group = next(iter(content.array_records))
             arrays = dict(content.array_records[group].items())
@@ -108,6 +113,21 @@ def inject_rogue() -> None:
             arrays[name] = Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=unicode_bytes(shape))
             content[group] = ArrayRecord(arrays)
         return content
+
+    def replayed(content, server_round):
+        """Round 1's reply recorded as it is sent (each ClientApp is a process of its own: on disk); later rounds'
+        replaced by it, its round edited to theirs."""
+        record = os.environ["FEDBAYES_ROGUE_RECORD"]
+        if server_round == 1:
+            envelope = np.frombuffer(content.config_records[ENVELOPE_KEY]["message"], np.uint8)
+            with open(record, "wb") as file:
+                np.savez(file, envelope=envelope, tensors=content[TENSORS_KEY][PACKED_ARRAY].numpy())
+            return content
+        with np.load(record) as recorded:
+            envelope = pb.Reply.FromString(recorded["envelope"].tobytes())
+            tensors = recorded["tensors"]
+        envelope.header.server_round = server_round
+        return with_envelope(RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: Array(tensors)})}), envelope)
 
     core.encode = hostile_encode  # the client's round core encodes every strategy's reply
 
