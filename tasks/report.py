@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fedbayes.tasks.storage import MAX_LINE_BYTES, complete_lines
+
 REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all (None: not evaluated)
 METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
 # The server's phases of a round (server/loop.py) in the order they happen. first_reply and last_reply are both
@@ -145,7 +147,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a results file in file order. The text after its last newline is a row still being written (or
     cut short by a crash): not a row yet."""
     rows = []
-    for number, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], 1):
+    for entry in complete_lines(path):  # none read past MAX_LINE_BYTES, whatever the file holds
+        number = entry.number
+        if entry.text is None:
+            raise ReportError(f"{path}:{number}: over {MAX_LINE_BYTES} bytes, longer than any results row")
+        line = entry.text.decode(errors="replace")
         if not line.strip():
             continue
         try:

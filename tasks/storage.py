@@ -26,7 +26,7 @@ MAX_LINE_BYTES = 16 * 2**20
 # of the format may raise. The tensors after it are bounded by the file itself: the library refuses a header whose
 # tensors do not exactly fill the rest of the file.
 SAFETENSORS_MAX_HEADER = 100_000_000
-_SKIP_CHUNK = 2**20  # what a line longer than its bound is skipped by
+_CHUNK_BYTES = 2**20  # what a file is read by, a line longer than its bound skipped by (not 8 KiB a call)
 
 
 class FileTooLarge(ValueError):
@@ -110,7 +110,8 @@ def read_bounded(path: Path, limit: int, bound: str) -> bytes:
         size = os.fstat(file.fileno()).st_size
         data = b"" if size > limit else file.read(limit + 1)
     if size > limit or len(data) > limit:
-        raise FileTooLarge(f"{path} is {max(size, len(data))} bytes, over the {limit} bytes {bound} may take")
+        held = f"is {size} bytes, over" if size > limit else "holds more than"
+        raise FileTooLarge(f"{path} {held} the {limit} bytes {bound} may take")
     return data
 
 
@@ -132,14 +133,14 @@ def complete_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator
     Raises:
         OSError: the file cannot be read.
     """
-    with path.open("rb") as file:
+    with path.open("rb", buffering=_CHUNK_BYTES) as file:
         number = end = 0
         while piece := file.readline(max_line_bytes + 1):
             length, ended = len(piece), piece.endswith(b"\n")
             text = piece[:-1] if ended else None
             if not ended and length <= max_line_bytes:  # the end of the file, not of a line
                 return
-            while not ended and (rest := file.readline(_SKIP_CHUNK)):  # too long: the rest is skipped, unread
+            while not ended and (rest := file.readline(_CHUNK_BYTES)):  # too long: the rest is skipped, unread
                 length, ended = length + len(rest), rest.endswith(b"\n")
             if not ended:
                 return

@@ -4,12 +4,18 @@ ALLOWANCE_MIB of its baseline (its peak RSS, from the kernel: tests/support/read
 
 from __future__ import annotations
 
+import gzip
+import json
+import struct
 import zipfile
 import zlib
 
 import numpy as np
 import pytest
 
+from fedbayes.server.identity import REGISTRY_ENTRY_BYTES
+from fedbayes.tasks.partitions import split_file_limit
+from fedbayes.tasks.storage import MAX_LINE_BYTES
 from tests.support.readers import (
     BZIP2_X,
     MIB,
@@ -95,7 +101,135 @@ def test_a_safetensors_header_length_claiming_gigabytes_is_refused_before_it_is_
     load_state.assert_refused("StateCorruptError", f"client state {state} is unreadable: 'header length' {problem}")
 
 
+# ---- JSON files: split files, the client registry, forget requests and the audit log, the loop's results ------
+def test_a_split_file_claiming_gigabytes_is_refused_by_its_size(tmp_path):
+    sparse = sparse_file(tmp_path / "split.json", 8 * GIB, b"[[0, 1], [2]")
+    device = tmp_path / "device.json"
+    device.symlink_to("/dev/zero")  # no size to check: it is read no further than the bound
+    setup = "from fedbayes.tasks.partitions import read_split_file"
+    readers = [f"read_split_file(sys.argv[{argument}], 60000, 10)" for argument in (1, 2)]
+    of_the_file, of_the_device = read_in_child(setup, readers, sparse, device)
+    bound = f"the {split_file_limit(60000, 10)} bytes a split of 60000 rows among 10 clients may take"
+    of_the_file.assert_refused("ValueError", f"split file {sparse} is {8 * GIB} bytes, over {bound}")
+    of_the_device.assert_refused("ValueError", f"split file {device} holds more than {bound}")
+
+
+def test_a_client_registry_claiming_gigabytes_is_refused_by_its_size(tmp_path):
+    registry = sparse_file(tmp_path / "clients.json", 8 * GIB, b'{"client-0": 1')
+    setup = "from fedbayes.server.identity import ClientIdentities"
+    (reading,) = read_in_child(setup, ["ClientIdentities('bound', 1000, registry_path=sys.argv[1])"], registry)
+    reading.assert_refused(
+        "ConfigError",
+        f"run config 'client-registry': {registry} is {8 * GIB} bytes, over the {1000 * REGISTRY_ENTRY_BYTES + 1024} "
+        "bytes a registry of max-clients=1000 ids may take; raise max-clients for a larger one",
+    )
+
+
+def test_forget_requests_and_the_audit_log_claiming_gigabytes_are_read_within_bounds(tmp_path):
+    request = sparse_file(tmp_path / "forget-requests" / "20250101T000000-00000000.json", 8 * GIB, b'{"id": "')
+    first, last = (json.dumps({"event": "refused", "request": name}).encode() + b"\n" for name in ("first", "last"))
+    audit = sparse_file(tmp_path / "forget-audit.jsonl", 2 * GIB, first, b"\n" + last)  # the hole: one long line
+    setup = "from pathlib import Path\nfrom fedbayes.server.forget import AuditLog, RequestQueue"
+    pending, records = read_in_child(
+        setup,
+        [
+            "result = RequestQueue(Path(sys.argv[1])).pending()",
+            "result = [record['request'] for record in AuditLog(Path(sys.argv[2])).records()]",
+        ],
+        request.parent,
+        audit,
+    )
+    pending.assert_refused(
+        None,
+        f"request file {request} is no forget request (FileTooLarge: {request} is {8 * GIB} bytes, over the 65536 "
+        "bytes a forget request may take)",
+    )
+    records.assert_refused(None, "['first', 'last']")  # the line over MAX_LINE_BYTES is skipped, unread
+
+
+def test_the_results_file_and_start_record_claiming_gigabytes_are_read_within_bounds(tmp_path):
+    first, second = (json.dumps({"round": server_round}).encode() + b"\n" for server_round in (1, 2))
+    resumed = sparse_file(tmp_path / "resumed.jsonl", 2 * GIB, first, b"\n" + second)  # round 1, a long line, round 2
+    record = sparse_file(tmp_path / "start.json", 8 * GIB, b'{"path": "')
+    appended = sparse_file(tmp_path / "appended.jsonl", 2 * GIB, first, b"\n")
+    setup = "from pathlib import Path\nfrom fedbayes.server.loop import ResultsLog"
+    dropped, restarted, counted = read_in_child(
+        setup,
+        [
+            "ResultsLog(sys.argv[1], keep_through_round=1)\nresult = Path(sys.argv[1]).stat().st_size",
+            "ResultsLog(sys.argv[3], start_record=Path(sys.argv[2]))",
+            "ResultsLog(sys.argv[3], 0, 'append', Path(sys.argv[4]))\nresult = Path(sys.argv[4]).read_text()",
+        ],
+        resumed,
+        record,
+        appended,
+        tmp_path / "new-start.json",
+    )
+    dropped.assert_refused(None, str(2 * GIB - len(second)))  # round 2's row cut off; the long line, no row, kept
+    restarted.assert_refused("FileTooLarge", f"{record} is {8 * GIB} bytes, over the 65536 bytes a start record")
+    counted.assert_refused(None, '"first_line": 2')
+
+
+def test_report_reads_a_results_file_claiming_gigabytes_within_bounds(tmp_path):
+    row = json.dumps({"round": 1, "accuracy": 0.5, "nll": 1.0, "ece": 0.1}).encode() + b"\n"
+    results = sparse_file(tmp_path / "results.jsonl", 2 * GIB, row, b"\n" + row)
+    setup = "from pathlib import Path\nfrom fedbayes.tasks.report import read_rows"
+    (reading,) = read_in_child(setup, ["read_rows(Path(sys.argv[1]))"], results)
+    reading.assert_refused("ReportError", f"{results}:2: over {MAX_LINE_BYTES} bytes, longer than any results row")
+
+
+# ---- a message (protos/codec.py): a particle count deciding the layout, an array claiming what it lacks --------
+DSVGD_INSTRUCTION = """
+from flwr.app import Array, ArrayRecord, RecordDict
+from fedbayes.protos import payloads_pb2 as pb
+from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, decode, new_header, with_envelope
+from fedbayes.strategies.dsvgd.client import instruction_layouts
+from tests.support.readers import npy_bytes
+count, width = 2**20, 1024  # N particles of P parameters: 4 GiB of float32
+claims = pb.TensorGroup(tensors=[pb.TensorSpec(name="particles", dtype=pb.FLOAT32, shape=[count, width])])
+envelope = pb.Instruction(header=new_header("fed", 1))
+envelope.body.Pack(pb.DSVGDInstruction(particles=claims, variant="dsvgd", particle_count=count))
+packed = Array(dtype="float32", shape=(count * width,), stype="numpy.ndarray", data=npy_bytes((count * width,), "<f4"))
+content = with_envelope(RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: packed})}), envelope)
+def layouts(instruction):
+    return {**instruction_layouts(instruction, {"w": (width,)}), "buffers": {}}
+"""
+
+
+def test_a_message_whose_particles_claim_gigabytes_is_refused_before_they_are_allocated():
+    (reading,) = read_in_child(
+        DSVGD_INSTRUCTION, ["decode(content, pb.Instruction, pb.DSVGDInstruction, layouts, 'server')"]
+    )
+    reading.assert_refused(
+        "PayloadError",
+        "server: field 'fedbayes-tensors': array data declares float32 (1073741824,) (4294967296 bytes), but holds 0 "
+        "bytes after its header",
+    )
+
+
+# ---- the built-in datasets' IDX files (tasks/datasets.py) ---------------------------------------------------------
+def idx_header(*dims: int) -> bytes:
+    return bytes([0, 0, 0x08, len(dims)]) + struct.pack(f">{len(dims)}I", *dims)
+
+
+def test_an_idx_file_claiming_gigabytes_is_refused_before_it_is_decompressed(tmp_path):
+    claims = tmp_path / "claims-idx3-ubyte.gz"
+    claims.write_bytes(gzip.compress(idx_header(10**9, 28, 28) + bytes(1024)))
+    bomb = tmp_path / "bomb-idx3-ubyte.gz"  # 32 gzip members of 64 MiB of zeros each: 2 MiB that hold 2 GiB
+    bomb.write_bytes(gzip.compress(idx_header(2, 28, 28)) + gzip.compress(bytes(64 * MIB)) * 32)
+    assert bomb.stat().st_size < 3 * MIB
+    setup = "from pathlib import Path\nfrom fedbayes.tasks.datasets import read_idx_ubyte_gz"
+    readers = [f"read_idx_ubyte_gz(Path(sys.argv[{argument}]), 3)" for argument in (1, 2)]
+    of_the_claim, of_the_bomb = read_in_child(setup, readers, claims, bomb)
+    of_the_claim.assert_refused(
+        "ValueError", f"{claims}: header says shape (1000000000, 28, 28), 784000000000 bytes, over the 1073741824"
+    )
+    of_the_bomb.assert_refused("ValueError", f"{bomb}: header says shape (2, 28, 28) but the file holds more than that")
+
+
 def test_sparse_file_support_makes_files_that_claim_what_they_do_not_hold(tmp_path):
     """The claims above cost nothing to make: a sparse file's size is what it says, not what it takes on disk."""
-    path = sparse_file(tmp_path / "sparse", 8 * GIB, b"head")
+    path = sparse_file(tmp_path / "sparse", 8 * GIB, b"head", b"tail")
     assert path.stat().st_size == 8 * GIB and path.stat().st_blocks * 512 < MIB
+    with path.open("rb") as file:
+        assert file.read(4) == b"head" and file.seek(-4, 2) and file.read() == b"tail"

@@ -37,7 +37,7 @@ def outcome(reading):
         exec(reading, globals())
     except Exception as error:
         return {{"error": type(error).__name__, "message": str(error), "peak_kib": peak_kib()}}
-    return {{"error": None, "message": "", "peak_kib": peak_kib()}}
+    return {{"error": None, "message": str(globals().pop("result", "")), "peak_kib": peak_kib()}}
 {setup}
 baseline = peak_kib()
 print(json.dumps({{"baseline_kib": baseline, "readings": [outcome(reading) for reading in {readings!r}]}}))
@@ -46,16 +46,18 @@ print(json.dumps({{"baseline_kib": baseline, "readings": [outcome(reading) for r
 
 @dataclass(frozen=True)
 class Reading:
-    """What a child did with one reading: the exception it raised (None: none), its message, and the child's peak RSS
-    in MiB after its imports and after this reading (and those before it)."""
+    """What a child did with one reading: the exception it raised (None: none) and its message (or, where it raised
+    none, the `result` it set, as text), and the child's peak RSS in MiB after its imports and after this reading
+    (and those before it)."""
 
     error: str | None
     message: str
     baseline_mib: float
     peak_mib: float
 
-    def assert_refused(self, error: str, *fragments: str) -> None:
-        """It raised `error`, whose message holds every fragment, and read at most ALLOWANCE_MIB on the way."""
+    def assert_refused(self, error: str | None, *fragments: str) -> None:
+        """It raised `error` (None: nothing), whose message (or result) holds every fragment, and read at most
+        ALLOWANCE_MIB on the way."""
         assert self.error == error, f"{self.error}: {self.message}"
         for fragment in fragments:
             assert fragment in self.message, self.message
@@ -82,12 +84,14 @@ def read_in_child(setup: str, readings: list[str], *args: str | Path, timeout: f
     ]
 
 
-def sparse_file(path: Path, size: int, head: bytes = b"") -> Path:
-    """A file of `size` bytes that takes a few KiB on disk: `head`, then a hole of zeros."""
+def sparse_file(path: Path, size: int, head: bytes = b"", tail: bytes = b"") -> Path:
+    """A file of `size` bytes that takes a few KiB on disk: `head`, a hole of zeros, `tail`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as file:
         file.write(head)
-        file.truncate(size)
+        file.truncate(size - len(tail))
+        file.seek(size - len(tail))
+        file.write(tail)
     return path
 
 
