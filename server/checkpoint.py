@@ -8,9 +8,10 @@ one is deleted only once the new one is durably on disk. Writes are atomic (temp
 safetensors never unpickles.
 
 A ServerApp started for a federation that has checkpoints continues from the newest, or from the kept round
-`resume-from-round` names. Whatever it reads is checked first (checksum, metadata fields, the global arrays
-against the run's initial model, finite tensors): a damaged checkpoint is refused naming the file and the field,
-offering the kept rounds that are intact; it never falls back to another one by itself. Settings that would
+`resume-from-round` names. Whatever it reads is checked first (the header length before the header is parsed,
+checksum, metadata fields, the global arrays against the run's initial model, finite tensors): a damaged
+checkpoint is refused naming the file and the field, offering the kept rounds that are intact; it never falls
+back to another one by itself. Settings that would
 change the algorithm mid-run (strategy, data, model, hyperparameters) must match the checkpoint's, or the resume
 is refused with the keys that differ. Resuming from an older round abandons the later ones: their checkpoints
 are deleted when the resumed run starts, as the results file drops their rows then (server/loop.py), so that a

@@ -152,13 +152,17 @@ def test_the_results_file_and_start_record_claiming_gigabytes_are_read_within_bo
     resumed = sparse_file(tmp_path / "resumed.jsonl", 2 * GIB, first, b"\n" + second)  # round 1, a long line, round 2
     record = sparse_file(tmp_path / "start.json", 8 * GIB, b'{"path": "')
     appended = sparse_file(tmp_path / "appended.jsonl", 2 * GIB, first, b"\n")
-    setup = "from pathlib import Path\nfrom fedbayes.server.loop import ResultsLog"
-    dropped, restarted, counted = read_in_child(
+    setup = (
+        "from pathlib import Path\nfrom fedbayes.server.loop import ResultsLog\n"
+        "from fedbayes.deploy.launcher import _line_count, _read_rows"
+    )
+    dropped, restarted, counted, followed = read_in_child(
         setup,
         [
             "ResultsLog(sys.argv[1], keep_through_round=1)\nresult = Path(sys.argv[1]).stat().st_size",
             "ResultsLog(sys.argv[3], start_record=Path(sys.argv[2]))",
             "ResultsLog(sys.argv[3], 0, 'append', Path(sys.argv[4]))\nresult = Path(sys.argv[4]).read_text()",
+            "result = _line_count(Path(sys.argv[3])), _read_rows(Path(sys.argv[3]), 1)",  # `fedbayes local`'s
         ],
         resumed,
         record,
@@ -168,6 +172,7 @@ def test_the_results_file_and_start_record_claiming_gigabytes_are_read_within_bo
     dropped.assert_refused(None, str(2 * GIB - len(second)))  # round 2's row cut off; the long line, no row, kept
     restarted.assert_refused("FileTooLarge", f"{record} is {8 * GIB} bytes, over the 65536 bytes a start record")
     counted.assert_refused(None, '"first_line": 2')
+    followed.assert_refused(None, "(2, [])")  # the earlier lines counted, not read; the long one is no row
 
 
 def test_report_reads_a_results_file_claiming_gigabytes_within_bounds(tmp_path):
