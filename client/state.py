@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors
 
-from fedbayes.tasks.storage import is_safe_name, write_atomically
+from fedbayes.tasks.storage import is_safe_name, safetensors_header_problem, write_atomically
 
 MAX_UNCONFIRMED = 4  # states after the accepted round kept for the server to accept (or roll back past)
 _STATE_FILE = re.compile(r"round-(\d+)\.safetensors")
@@ -102,6 +102,9 @@ class ClientStateStore:
     def _read(self, server_round: int) -> ClientState:
         path = self.path(server_round)
         try:
+            problem = safetensors_header_problem(path)  # bounded before the library reads it; the tensors by the file
+            if problem:
+                raise StateCorruptError(f"client state {path} is unreadable: 'header length' {problem}")
             with safe_open(path, framework="pt") as state_file:
                 tensors = {name: state_file.get_tensor(name) for name in state_file.keys()}
                 metadata = dict(state_file.metadata() or {})

@@ -55,6 +55,7 @@ from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RunFailed, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
+from fedbayes.tasks.storage import complete_lines
 
 APP = "app"  # the Flower app `fedbayes local` writes into its workdir (deploy/flower_app.py)
 CONNECTION = "fedbayes-local"
@@ -661,16 +662,20 @@ def _unused_log_dir(workdir: Path) -> Path:
 
 
 def _read_rows(results: Path, skip_lines: int = 0) -> list[dict[str, Any]]:
+    """The rows after the file's first `skip_lines` lines (an earlier run's, never parsed), read a line at a time:
+    the last piece may be a line being written, and a line over 16 MiB is no row (as to the ServerApp)."""
     if not results.exists():
         return []
-    complete_lines = results.read_text(errors="replace").split("\n")[:-1]  # the last piece may be a line being written
-    return [json.loads(line) for line in complete_lines[skip_lines:] if line.strip()]
+    lines = (line.text for line in complete_lines(results) if line.number > skip_lines)
+    return [json.loads(text) for text in lines if text is not None and text.strip()]
 
 
 def _line_count(path: Path) -> int:
     """Lines in `path` (0 if there is none), a last one without a newline included: ResultsLog ends it before it
-    appends."""
+    appends. Read a line at a time: the file may be a user's, of any size."""
     if not path.exists():
         return 0
-    lines = path.read_text(errors="replace").split("\n")
-    return len(lines) - (lines[-1] == "")
+    number = end = 0
+    for line in complete_lines(path):
+        number, end = line.number, line.end
+    return number + (path.stat().st_size > end)

@@ -14,6 +14,7 @@ registered here, a strategy's server and client halves register their own messag
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -478,6 +479,9 @@ def _packed_array(content: RecordDict, size: int, sender: str) -> np.ndarray:
 def _decoded_array(array: Array, expected_shape: tuple[int, ...], where: str) -> np.ndarray:
     """The array the bytes really hold, checked again: an Array's dtype and shape are only what its sender
     declared, and its bytes are an .npy file that may say otherwise (unicode, complex, bool, an .npz...)."""
+    problem = _npy_header_problem(array.data)
+    if problem:
+        raise PayloadError(f"{where}: array data {problem}")
     try:
         value = array.numpy()
     except Exception as error:  # corrupt .npy bytes: np.load raises many kinds of errors
@@ -489,6 +493,23 @@ def _decoded_array(array: Array, expected_shape: tuple[int, ...], where: str) ->
     if value.shape != expected_shape:
         raise PayloadError(f"{where}: array data has shape {value.shape}, not {expected_shape}")
     return value
+
+
+def _npy_header_problem(data: bytes) -> str | None:
+    """What is wrong with the size the .npy header of `data` declares, or None (also for bytes that are no .npy file:
+    numpy names those): checked before numpy reads the array, which allocates what the header declares before it
+    finds that the bytes hold less."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(stream)
+    except Exception:  # corrupt .npy bytes: its header parser raises many kinds of errors
+        return None
+    declared, held = math.prod(shape) * dtype.itemsize, len(data) - stream.tell()
+    if declared != held:
+        return f"declares {dtype} {tuple(shape)} ({declared} bytes), but holds {held} bytes after its header"
+    return None
 
 
 def _check_finite_scalars(message: ProtoMessage, sender: str, prefix: str) -> None:

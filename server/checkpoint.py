@@ -8,9 +8,10 @@ one is deleted only once the new one is durably on disk. Writes are atomic (temp
 safetensors never unpickles.
 
 A ServerApp started for a federation that has checkpoints continues from the newest, or from the kept round
-`resume-from-round` names. Whatever it reads is checked first (checksum, metadata fields, the global arrays
-against the run's initial model, finite tensors): a damaged checkpoint is refused naming the file and the field,
-offering the kept rounds that are intact; it never falls back to another one by itself. Settings that would
+`resume-from-round` names. Whatever it reads is checked first (the header length before the header is parsed,
+checksum, metadata fields, the global arrays against the run's initial model, finite tensors): a damaged
+checkpoint is refused naming the file and the field, offering the kept rounds that are intact; it never falls
+back to another one by itself. Settings that would
 change the algorithm mid-run (strategy, data, model, hyperparameters) must match the checkpoint's, or the resume
 is refused with the keys that differ. Resuming from an older round abandons the later ones: their checkpoints
 are deleted when the resumed run starts, as the results file drops their rows then (server/loop.py), so that a
@@ -37,7 +38,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from fedbayes.strategies.base import ServerState
-from fedbayes.tasks.storage import CHECKSUM_KEY, checksum, fsync_directory, link_atomically, write_atomically
+from fedbayes.tasks.storage import (
+    CHECKSUM_KEY,
+    checksum,
+    fsync_directory,
+    link_atomically,
+    safetensors_header_problem,
+    write_atomically,
+)
 
 CHECKPOINT_FILE = "checkpoint.safetensors"  # a link to the newest checkpoint-<round>.safetensors
 _ROUND_FILE = re.compile(r"checkpoint-([0-9]+)\.safetensors")
@@ -329,7 +337,12 @@ class CheckpointStore:
 
 
 def _read_file(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The file's tensors and metadata. Its header length is bounded first; the tensors, which must fill the rest of
+    the file exactly (the library checks), are bounded by the file itself."""
     try:
+        problem = safetensors_header_problem(path)
+        if problem:
+            raise CheckpointError(f"server checkpoint {path} is damaged: 'header length' {problem}")
         with safe_open(path, framework="np") as checkpoint_file:
             tensors = {name: checkpoint_file.get_tensor(name) for name in checkpoint_file.keys()}
             return tensors, checkpoint_file.metadata() or {}
@@ -383,6 +396,8 @@ def _parse_json_object(text: str, field: str, damaged: Damaged) -> dict[str, Any
         value = json.loads(text)
     except json.JSONDecodeError as error:
         raise damaged(field, f"is not valid JSON ({error})") from None
+    except RecursionError:
+        raise damaged(field, "is JSON nested too deeply to read") from None
     if not isinstance(value, dict):
         raise damaged(field, f"is not a JSON object but {type(value).__name__}")
     return value

@@ -77,7 +77,17 @@ from fedbayes.strategies.base import ClientForget, ForgetRefused, Forgotten
 from fedbayes.tasks.config import REFINE_ROUNDS
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.models import build_model_holding, parse_hidden
-from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, fsync_directory, is_safe_name, write_atomically
+from fedbayes.tasks.storage import (
+    MAX_CLIENT_ID_LENGTH,
+    MAX_LINE_BYTES,
+    MAX_RECORD_BYTES,
+    Line,
+    complete_lines,
+    fsync_directory,
+    is_safe_name,
+    read_bounded,
+    write_atomically,
+)
 
 REQUESTS_DIRECTORY = "forget-requests"
 AUDIT_LOG = "forget-audit.jsonl"
@@ -195,8 +205,8 @@ REQUEST_TYPES = {
 
 def _read_request(path: Path) -> ForgetRequest | tuple[str, str]:
     try:
-        request = ForgetRequest(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as error:  # written by hand, or by another version
+        request = ForgetRequest(**json.loads(read_bounded(path, MAX_RECORD_BYTES, "a forget request")))
+    except (OSError, ValueError, TypeError, RecursionError) as error:  # written by hand, or by another version
         return path.stem, f"request file {path} is no forget request ({type(error).__name__}: {error})"
     wrong = [name for name, kind in REQUEST_TYPES.items() if not isinstance(getattr(request, name), kind)]
     if wrong or request.node is not None:
@@ -214,8 +224,7 @@ class AuditLog:
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        complete = self.path.read_text().split("\n")[:-1]
-        return [record for line in complete if (record := _parsed_line(line)) is not None]
+        return [record for line in complete_lines(self.path) if (record := _parsed_line(self.path, line)) is not None]
 
     def find(self, request_id: str) -> dict[str, Any] | None:
         return next((record for record in self.records() if record.get("request") == request_id), None)
@@ -230,10 +239,13 @@ class AuditLog:
             os.fsync(audit_file.fileno())
 
 
-def _parsed_line(line: str) -> dict[str, Any] | None:
+def _parsed_line(path: Path, line: Line) -> dict[str, Any] | None:
+    if line.text is None:
+        log(WARNING, "forget audit log %s: line %d is over %d bytes: skipped", path, line.number, MAX_LINE_BYTES)
+        return None
     try:
-        record = json.loads(line)
-    except ValueError:
+        record = json.loads(line.text)
+    except (ValueError, RecursionError):
         return None  # a line a crash cut short, ended by the next append
     return record if isinstance(record, dict) else None
 

@@ -32,14 +32,21 @@ from flwr.common import log
 
 from fedbayes.protos.codec import PayloadError
 from fedbayes.tasks.config import ConfigError
-from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, is_safe_name
+from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, FileTooLarge, is_safe_name, read_bounded
+
+# A registry entry's bytes beyond its client id: quotes, a colon, a node id (at most 20 digits), a comma, indentation.
+REGISTRY_ENTRY_BYTES = MAX_CLIENT_ID_LENGTH + 64
 
 
-def read_registry(path: str) -> dict[str, int]:
-    """{client id: node id} from the operator's registry file; ConfigError naming the key if it is unusable."""
+def read_registry(path: str, max_clients: int) -> dict[str, int]:
+    """{client id: node id} from the operator's registry file, which may take what `max_clients` entries take (checked
+    before it is read); ConfigError naming the key if it is unusable."""
+    limit = max_clients * REGISTRY_ENTRY_BYTES + 1024
     try:
-        entries = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
+        entries = json.loads(read_bounded(Path(path), limit, f"a registry of max-clients={max_clients} ids"))
+    except FileTooLarge as error:
+        raise ConfigError(f"run config 'client-registry': {error}; raise max-clients for a larger one") from None
+    except (OSError, ValueError, RecursionError) as error:
         raise ConfigError(f"run config 'client-registry': cannot read {path}: {error}") from None
     if not isinstance(entries, dict) or not all(
         isinstance(client, str) and is_safe_name(client) and isinstance(node, int) and not isinstance(node, bool)
@@ -116,7 +123,7 @@ class ClientIdentities:
 
     def __post_init__(self) -> None:
         if self.registry_path:
-            self._registry = read_registry(self.registry_path)  # unusable at start: refuse to start
+            self._registry = read_registry(self.registry_path, self.max_clients)  # unusable at start: refuse to start
             self._registry_mtime = os.stat(self.registry_path).st_mtime
 
     def refresh_registry(self) -> None:
@@ -126,7 +133,7 @@ class ClientIdentities:
         try:
             mtime = os.stat(self.registry_path).st_mtime
             if mtime != self._registry_mtime:
-                self._registry, self._registry_mtime = read_registry(self.registry_path), mtime
+                self._registry, self._registry_mtime = read_registry(self.registry_path, self.max_clients), mtime
         except (OSError, ConfigError) as error:
             log(ERROR, "client registry %s: %s; keeping the registry read before", self.registry_path, error)
 

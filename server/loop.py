@@ -40,7 +40,7 @@ from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
 from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
 from fedbayes.tasks.simulation_polls import check_only_own_messages
-from fedbayes.tasks.storage import write_atomically
+from fedbayes.tasks.storage import MAX_RECORD_BYTES, complete_lines, read_bounded, write_atomically
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
 Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
@@ -84,7 +84,7 @@ class ResultsLog:
         if keep_through_round > 0:
             self._drop_rounds_after(self.path, keep_through_round)
         elif start_record is not None and (restarted_at := self._recorded_start(start_record, self.path)) is not None:
-            self._write_lines(self.path, self._complete_lines(self.path)[:restarted_at])
+            self._keep_through(self.path, self._end_of_lines(self.path, restarted_at))
         else:
             if self.path.exists() and self.path.stat().st_size > 0:
                 self._start_on_existing(self.path, if_exists)
@@ -95,41 +95,50 @@ class ResultsLog:
     def _recorded_start(start_record: Path, path: Path) -> int | None:
         """The line this federation's rows began at in `path`, if it has started before and wrote them there."""
         try:
-            record = json.loads(start_record.read_text())
+            record = json.loads(read_bounded(start_record, MAX_RECORD_BYTES, "a start record"))
         except FileNotFoundError:
             return None
         return int(record["first_line"]) if record["path"] == str(path.resolve()) else None
 
     @staticmethod
     def _record_start(start_record: Path, path: Path) -> None:
-        first_line = path.read_bytes().count(b"\n") if path.exists() else 0
+        first_line = _newlines(path) if path.exists() else 0
         record = {"path": str(path.resolve()), "first_line": first_line}
         write_atomically(start_record, json.dumps(record).encode())
 
     @staticmethod
-    def _complete_lines(path: Path) -> list[str]:
-        """The file's lines; the piece after the last newline is a line cut short by a crash: no row."""
-        return path.read_text().split("\n")[:-1] if path.exists() else []
+    def _end_of_lines(path: Path, count: int) -> int:
+        """The offset after the first `count` complete lines of `path` (all of them, if it has fewer)."""
+        end = 0
+        for line in complete_lines(path) if path.exists() else ():
+            if line.number > count:
+                break
+            end = line.end
+        return end
 
     @staticmethod
-    def _write_lines(path: Path, lines: list[str]) -> None:
-        path.write_text("".join(f"{line}\n" for line in lines))
+    def _keep_through(path: Path, end: int) -> None:
+        """Cut `path` after offset `end` (a line's end): what follows goes, a last line cut short by a crash with it;
+        nothing before it is read or rewritten."""
+        with path.open("ab") as results_file:
+            results_file.truncate(end)
 
     @classmethod
     def _drop_rounds_after(cls, path: Path, server_round: int) -> None:
-        lines = cls._complete_lines(path)
-        end = len(lines)
-        while end and (not lines[end - 1].strip() or cls._is_row_after(lines[end - 1], server_round)):
-            end -= 1
-        cls._write_lines(path, lines[:end])
+        """Cut the rows of the rounds after `server_round` (and blank lines) from the file's end."""
+        end = 0
+        for line in complete_lines(path) if path.exists() else ():
+            if line.text is None or (line.text.strip() and not cls._is_row_after(line.text, server_round)):
+                end = line.end
+        cls._keep_through(path, end)
 
     @staticmethod
-    def _is_row_after(line: str, server_round: int) -> bool:
+    def _is_row_after(line: bytes, server_round: int) -> bool:
         """Whether `line` is the row of a round after `server_round`. A line that is no row (an earlier run's, a
-        user's) is not: the walk back from the file's end stops there."""
+        user's, one over the longest row read back) is not: the rows after it are the ones dropped."""
         try:
             row_round = json.loads(line)["round"]
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             return False
         return isinstance(row_round, int) and row_round > server_round
 
@@ -153,6 +162,12 @@ class ResultsLog:
         if self.path is not None:
             with self.path.open("a") as results_file:
                 results_file.write(json.dumps(record) + "\n")
+
+
+def _newlines(path: Path) -> int:
+    """The newlines in `path`, counted a MiB at a time."""
+    with path.open("rb") as file:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: file.read(2**20), b""))
 
 
 def wait_for_clients(grid: Grid, count: int, timeout: float, poll_interval: float) -> None:

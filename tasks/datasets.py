@@ -12,6 +12,7 @@ import functools
 import gzip
 import hashlib
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ _TORCHVISION_CLASSES = {"fmnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "
 NUM_CLASSES = {"fmnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
 
 _IDX_UBYTE_TYPE = 0x08  # IDX type code for unsigned bytes, the only one the MNIST-style files use
+MAX_IDX_BYTES = 2**30  # what an IDX file's header may declare: Fashion-MNIST's largest (training images) is 47 MB
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -157,26 +159,34 @@ def _read_idx_cached(path: Path, ndim: int) -> np.ndarray:
     return array
 
 
-def read_idx_ubyte_gz(path: Path, ndim: int) -> np.ndarray:
-    """Read a gzipped IDX file of unsigned bytes with `ndim` dimensions (the MNIST file format)."""
-    try:
-        with gzip.open(path, "rb") as file:
-            raw = file.read()
-    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError; a truncated file is EOFError
-        raise ValueError(f"{path}: not a readable gzip file ({err})") from err
+def read_idx_ubyte_gz(path: Path, ndim: int, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
+    """Read a gzipped IDX file of unsigned bytes with `ndim` dimensions (the MNIST file format). A gzip file of a few
+    MiB can decompress to gigabytes, so the header's shape is checked against `max_bytes` first, and no more than it
+    declares is decompressed."""
     header_size = 4 + 4 * ndim
     expected_magic = bytes([0, 0, _IDX_UBYTE_TYPE, ndim])
-    if raw[:4] != expected_magic:
-        raise ValueError(
-            f"{path}: bad IDX magic number {raw[:4].hex()} (expected {expected_magic.hex()}); "
-            "the file is corrupt or not an IDX file"
-        )
-    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    payload_size = len(raw) - header_size
-    if payload_size != int(np.prod(dims)):
-        raise ValueError(f"{path}: header says shape {dims} but the file holds {payload_size} data bytes")
+    try:
+        with gzip.open(path, "rb") as file:
+            header = file.read(header_size)
+            if header[:4] != expected_magic:
+                raise ValueError(
+                    f"{path}: bad IDX magic number {header[:4].hex()} (expected {expected_magic.hex()}); "
+                    "the file is corrupt or not an IDX file"
+                )
+            if len(header) < header_size:
+                raise ValueError(f"{path}: its IDX header is cut short ({len(header)} of {header_size} bytes)")
+            dims = tuple(int(d) for d in np.frombuffer(header, dtype=">u4", count=ndim, offset=4))
+            size = math.prod(dims)
+            if size > max_bytes:
+                raise ValueError(f"{path}: header says shape {dims}, {size} bytes, over the {max_bytes} read here")
+            raw = file.read(size + 1)  # one more: a file that holds more than its header says is refused too
+    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError; a truncated file is EOFError
+        raise ValueError(f"{path}: not a readable gzip file ({err})") from err
+    if len(raw) != size:
+        held = "more than that" if len(raw) > size else f"{len(raw)} data bytes"
+        raise ValueError(f"{path}: header says shape {dims} but the file holds {held}")
     # bytearray makes the array writable, so torch.from_numpy can share it without a warning.
-    return np.frombuffer(bytearray(raw), dtype=np.uint8, offset=header_size).reshape(dims)
+    return np.frombuffer(bytearray(raw), dtype=np.uint8).reshape(dims)
 
 
 def _load_torchvision(name: str, train: bool, data_root: str, download: bool) -> Dataset:

@@ -10,11 +10,17 @@ scaled to [0, 1] like the built-in image files; floats are used as stored (then 
 
 Every file a process loads is checked in full; `inspect_folder` checks the folder's files against each other
 (shapes, class count) from their headers and labels only, so a client does not read every other client's data.
+
+An .npz is a zip archive, and an archive entry of a few KiB can say, or decompress to, gigabytes. So before an
+array is read, its entry must be stored or deflated (what numpy writes; deflate expands at most DEFLATE_MAX_RATIO
+fold), encrypted not, and its declared size must be what its .npy header's shape and dtype take, no more than its
+compressed bytes can hold: reading it then costs what the file really holds.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import re
 import zipfile
 from dataclasses import dataclass
@@ -29,6 +35,8 @@ from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
 TRAIN_FILE, TEST_FILE = "train.npz", "test.npz"
 _KEY_PAIRS = (("x", "y"), ("images", "labels"))
 _CLIENT_FILE = re.compile(r"client-(0|[1-9][0-9]*)\.npz")  # no leading zeros: one name per index
+DEFLATE_MAX_RATIO = 1032  # deflate's own bound: no deflate stream decompresses to more than 1032 x its size
+_READABLE_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what np.savez and np.savez_compressed write
 
 
 class NpzDataError(ValueError):
@@ -69,18 +77,19 @@ def read_header(path: Path) -> NpzHeader:
     with _open(path) as archive:
         x_key, y_key = _data_keys(path, archive.files)
         shape, dtype = _array_header(path, archive, x_key)
-        labels = archive[y_key]
-        declared = archive["num_classes"] if "num_classes" in archive.files else None
-    _check_x_dtype(path, x_key, dtype, shape)
-    labels = _checked_labels(path, y_key, labels, shape[0])
-    return NpzHeader(path, shape[0], _example_shape(shape), labels, _checked_declared(path, declared, labels))
+        _check_x_dtype(path, x_key, dtype, shape)
+        labels = _read_labels(path, archive, y_key, shape[0])
+        declared = _read_declared(path, archive) if "num_classes" in archive.files else None
+    if declared is not None and declared <= labels.max():
+        raise NpzDataError(f"{path}: label {labels.max()} is out of range for its num_classes={declared}")
+    return NpzHeader(path, shape[0], _example_shape(shape), labels, declared)
 
 
 def read_x(path: Path) -> np.ndarray:
     """`x` of `path`, checked (dtype, finite values), (N,H,W) as (N,1,H,W)."""
     with _open(path) as archive:
         x_key, _ = _data_keys(path, archive.files)
-        x = archive[x_key]
+        x = _read_x(path, archive, x_key)
     return _checked_x(path, x_key, x)
 
 
@@ -90,7 +99,7 @@ def read_examples(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
     with _open(path) as archive:
         files = set(archive.files)
         if "x" in files and not files & {"y", "images", "labels"}:
-            return _checked_x(path, "x", archive["x"]), None
+            return _checked_x(path, "x", _read_x(path, archive, "x")), None
     return read_x(path), read_header(path).labels  # _data_keys names what a file with labels lacks
 
 
@@ -111,9 +120,12 @@ def _open(path: Path):
     if not path.is_file():
         raise NpzDataError(f"{path}: no such file")
     try:
-        return np.load(path, allow_pickle=False)
+        archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         raise NpzDataError(f"{path}: not a readable .npz file ({error})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):  # one .npy array: no keys to name its examples and labels
+        raise NpzDataError(f"{path}: holds one .npy array, not an .npz archive of 'x' and 'y'")
+    return archive
 
 
 def _data_keys(path: Path, files: list[str]) -> tuple[str, str]:
@@ -125,14 +137,81 @@ def _data_keys(path: Path, files: list[str]) -> tuple[str, str]:
 
 
 def _array_header(path: Path, archive, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype `key`'s .npy header declares, once its archive entry's sizes agree with them (module
+    docstring): the entry is checked before its header is read, the header before its data."""
     try:
-        with archive.zip.open(f"{key}.npy") as member:
+        entry = archive.zip.getinfo(f"{key}.npy")
+    except KeyError as error:
+        raise NpzDataError(f"{path}: cannot read the header of '{key}' ({error})") from None
+    _check_entry(path, key, entry)
+    try:
+        with archive.zip.open(entry) as member:
             version = np.lib.format.read_magic(member)
             reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = reader(member)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+            header_bytes = member.tell()
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise NpzDataError(f"{path}: cannot read the header of '{key}' ({error})") from None
-    return tuple(shape), np.dtype(dtype)
+    shape, dtype = tuple(shape), np.dtype(dtype)
+    declared = header_bytes + math.prod(shape) * dtype.itemsize
+    if entry.file_size != declared:
+        raise NpzDataError(
+            f"{path}: '{key}' declares shape {shape} {dtype} ({declared} bytes with its header), but its archive "
+            f"entry declares {entry.file_size} bytes"
+        )
+    return shape, dtype
+
+
+def _check_entry(path: Path, key: str, entry: zipfile.ZipInfo) -> None:
+    """Refuse an archive entry that could cost more to read than the file holds (module docstring)."""
+    if entry.compress_type not in _READABLE_METHODS:
+        raise NpzDataError(
+            f"{path}: '{key}' is compressed with zip method {entry.compress_type}; an .npz holds stored or deflated "
+            "arrays (np.savez, np.savez_compressed)"
+        )
+    if entry.flag_bits & 0x1:
+        raise NpzDataError(f"{path}: '{key}' is encrypted")
+    stored, file_bytes = entry.compress_type == zipfile.ZIP_STORED, path.stat().st_size
+    if entry.compress_size > file_bytes or entry.file_size > (1 if stored else DEFLATE_MAX_RATIO) * entry.compress_size:
+        raise NpzDataError(
+            f"{path}: '{key}' declares {entry.file_size} bytes from {entry.compress_size} "
+            f"{'stored' if stored else 'deflated'} bytes in a file of {file_bytes}: more than they can hold"
+        )
+
+
+def _read_array(path: Path, archive, key: str) -> np.ndarray:
+    """`key`'s array, once `_array_header` has checked what reading it costs."""
+    try:
+        return archive[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise NpzDataError(f"{path}: cannot read '{key}' ({error})") from None
+
+
+def _read_x(path: Path, archive, key: str) -> np.ndarray:
+    shape, dtype = _array_header(path, archive, key)
+    _check_x_dtype(path, key, dtype, shape)
+    return _read_array(path, archive, key)
+
+
+def _read_labels(path: Path, archive, key: str, rows: int) -> np.ndarray:
+    """`key`'s labels: integers 0.. of shape (`rows`,), their header checked before they are read."""
+    shape, dtype = _array_header(path, archive, key)
+    if not np.issubdtype(dtype, np.integer):
+        raise NpzDataError(f"{path}: '{key}' has dtype {dtype}; labels must be integers 0..C-1")
+    if shape != (rows,):
+        raise NpzDataError(f"{path}: '{key}' has shape {shape}, the examples need ({rows},)")
+    labels = _read_array(path, archive, key)
+    if labels.min() < 0:
+        raise NpzDataError(f"{path}: '{key}' has a negative label ({labels.min()}); labels must be 0..C-1")
+    return labels.astype(np.int64)
+
+
+def _read_declared(path: Path, archive) -> int:
+    """The file's `num_classes`: an integer scalar, its header checked before it is read."""
+    shape, dtype = _array_header(path, archive, "num_classes")
+    if shape != () or not np.issubdtype(dtype, np.integer):
+        raise NpzDataError(f"{path}: 'num_classes' must be an integer scalar, got {dtype} {shape}")
+    return int(_read_array(path, archive, "num_classes"))
 
 
 def _check_x_dtype(path: Path, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
@@ -142,26 +221,6 @@ def _check_x_dtype(path: Path, key: str, dtype: np.dtype, shape: tuple[int, ...]
         raise NpzDataError(
             f"{path}: '{key}' has shape {shape}; it must be (N, ...) with N >= 1: (N,C,H,W), (N,H,W) or (N,D)"
         )
-
-
-def _checked_labels(path: Path, key: str, labels: np.ndarray, rows: int) -> np.ndarray:
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise NpzDataError(f"{path}: '{key}' has dtype {labels.dtype}; labels must be integers 0..C-1")
-    if labels.shape != (rows,):
-        raise NpzDataError(f"{path}: '{key}' has shape {labels.shape}, the examples need ({rows},)")
-    if labels.min() < 0:
-        raise NpzDataError(f"{path}: '{key}' has a negative label ({labels.min()}); labels must be 0..C-1")
-    return labels.astype(np.int64)
-
-
-def _checked_declared(path: Path, declared: np.ndarray | None, labels: np.ndarray) -> int | None:
-    if declared is None:
-        return None
-    if declared.shape != () or not np.issubdtype(declared.dtype, np.integer):
-        raise NpzDataError(f"{path}: 'num_classes' must be an integer scalar, got {declared.dtype} {declared.shape}")
-    if int(declared) <= labels.max():
-        raise NpzDataError(f"{path}: label {labels.max()} is out of range for its num_classes={int(declared)}")
-    return int(declared)
 
 
 def _example_shape(shape: tuple[int, ...]) -> tuple[int, ...]:

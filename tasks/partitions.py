@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
+from fedbayes.tasks.storage import OUTPUT_MODE, FileTooLarge, read_bounded, write_atomically
 
 SPLITS = ("iid", "dirichlet", "two-class")
+# What a split file may hold beyond its indices' digits: per index its separator and whitespace (a file indented one
+# index a line included), per client its brackets and indentation, and the file's own.
+SPLIT_FILE_INDEX_BYTES, SPLIT_FILE_CLIENT_BYTES, SPLIT_FILE_BYTES = 16, 64, 1024
 
 Seed = int | np.random.SeedSequence  # anything np.random.default_rng accepts as a fixed seed
 
@@ -186,10 +189,17 @@ def read_split_file(
     in the BayesADMM authors' order (each client's rows class by class) gives their minibatches; with `noise=shared`
     every client then sees the same classes at the same step, as in their code (docs/results/table1.md)."""
     path = Path(path)
+    limit = split_file_limit(num_examples, num_clients, allow_overlap)
     try:
-        clients = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        text = read_bounded(path, limit, f"a split of {num_examples} rows among {num_clients} clients")
+    except FileTooLarge as error:
+        raise ValueError(f"split file {error}") from None
+    except OSError as error:
         raise ValueError(f"split file {path}: cannot read it as JSON ({error})") from error
+    try:
+        clients = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise ValueError(f"split file {path}: cannot read it as JSON ({error})") from None
     if not isinstance(clients, list) or not all(isinstance(client, list) for client in clients):
         raise ValueError(f"split file {path}: must be a JSON list with one list of row indices per client")
     if len(clients) != num_clients:
@@ -218,6 +228,14 @@ def read_split_file(
             "(set split-file-overlap=true if that is meant)"
         )
     return partitions
+
+
+def split_file_limit(num_examples: int, num_clients: int, allow_overlap: bool = False) -> int:
+    """The most bytes a split file of `num_examples` rows among `num_clients` can take: every row index once (with
+    `allow_overlap`, once per client), each with its separator and whitespace; checked before the file is read."""
+    indices = num_examples * (num_clients if allow_overlap else 1)
+    digits = len(str(max(num_examples - 1, 0)))
+    return indices * (digits + SPLIT_FILE_INDEX_BYTES) + num_clients * SPLIT_FILE_CLIENT_BYTES + SPLIT_FILE_BYTES
 
 
 def describe_partitions(partitions: list[np.ndarray], labels: np.ndarray, num_classes: int) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
+from fedbayes.tasks.storage import MAX_LINE_BYTES, OUTPUT_MODE, complete_lines, write_atomically
 
 REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all (None: not evaluated)
 METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
@@ -154,10 +154,11 @@ def read_rows(path: Path, warn: Callable[[str], None] = warn_on_stderr) -> list[
     (or cut short by a crash): not a row yet. A line that holds no usable row (`parsed_row`) is left out and `warn`ed
     of, by file and line; ReportError, naming the file, when none of its lines is usable."""
     rows, unusable = [], 0
-    for number, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], 1):
-        if not line.strip():
+    for entry in complete_lines(path):  # none read past MAX_LINE_BYTES, whatever the file holds
+        number, line = entry.number, "" if entry.text is None else entry.text.decode(errors="replace")
+        if entry.text is not None and not line.strip():
             continue
-        row = parsed_row(line)
+        row = f"over {MAX_LINE_BYTES} bytes, longer than any results row" if entry.text is None else parsed_row(line)
         if isinstance(row, str):
             unusable += 1
             warn(f"{path}:{number}: {row}; the report leaves this line out")

@@ -1,14 +1,18 @@
 """Crash-safe file writes and links, shared by the client state store and the server checkpoints; the checks every
-command makes before it writes an output (nothing it did not write in this call is overwritten unless --force); and
-the checksum of a safetensors file's tensors and metadata (server checkpoints, exported posteriors)."""
+command makes before it writes an output (nothing it did not write in this call is overwritten unless --force); the
+checksum of a safetensors file's tensors and metadata (server checkpoints, exported posteriors); and bounded reads:
+a file that may come from someone else is read only as far as its bound, which is checked before anything is
+allocated (`read_bounded`, `complete_lines`, `safetensors_header_problem`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import struct
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,19 @@ CHECKSUM_KEY = "checksum"  # the metadata entry that holds the file's `checksum`
 MAX_CLIENT_ID_LENGTH = 128  # the server refuses every reply from a longer client id
 OUTPUT_MODE = 0o644  # a command's output (a report, predictions, a certificate): what the usual umask gives a new file
 LISTED = 4  # names a refusal lists before it counts the rest
+MAX_RECORD_BYTES = 64 * 2**10  # a one-object JSON file of ours (a forget request, a start record): ids, a path, times
+# The longest line read back from a JSON-lines file (results rows, the forget audit log): a results row holds one
+# reason (at most 400 characters) per refused client, so this is over 25,000 of them, beyond max-clients' default.
+MAX_LINE_BYTES = 16 * 2**20
+# The longest header the safetensors library parses (its MAX_HEADER_SIZE): the format's own bound, which no reader
+# of the format may raise. The tensors after it are bounded by the file itself: the library refuses a header whose
+# tensors do not exactly fill the rest of the file.
+SAFETENSORS_MAX_HEADER = 100_000_000
+_CHUNK_BYTES = 2**20  # what a file is read by, a line longer than its bound skipped by (not 8 KiB a call)
+
+
+class FileTooLarge(ValueError):
+    """A file holds more than it may; the message names the file, its size and the bound (and why that bound)."""
 
 
 def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
@@ -129,3 +146,74 @@ def checksum(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> 
         # numpy's stubs give ndarray its buffer protocol (__buffer__) only from Python 3.12 on; it has one here too
         digest.update(np.require(value, value.dtype.newbyteorder("<"), requirements="C"))  # type: ignore[arg-type]
     return digest.hexdigest()
+
+
+def read_bounded(path: Path, limit: int, bound: str) -> bytes:
+    """The bytes of `path`, refused before they are read when there are more than `limit`: a file's size decides
+    what reading it costs. Something that is no regular file (a device, a pipe) is read no further than `limit` + 1
+    bytes. `bound` says what the limit is, for the message ("a forget request").
+
+    Raises:
+        FileTooLarge: naming the file, its size and `limit`. OSError: it cannot be read.
+    """
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        data = b"" if size > limit else file.read(limit + 1)
+    if size > limit or len(data) > limit:
+        held = f"is {size} bytes, over" if size > limit else "holds more than"
+        raise FileTooLarge(f"{path} {held} the {limit} bytes {bound} may take")
+    return data
+
+
+@dataclass(frozen=True)
+class Line:
+    """One complete line of a file: its number (from 1), the offset just after its newline, and its bytes without
+    the newline; None for a line longer than the bound it was read with (never read into memory)."""
+
+    number: int
+    end: int
+    text: bytes | None
+
+
+def complete_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Line]:
+    """Every line of `path` that ends in a newline, in order, none read past `max_line_bytes`: whatever the file
+    holds, memory stays bounded by the longest line allowed. The piece after the last newline (a line still being
+    written, or cut short by a crash) is no line.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with path.open("rb", buffering=_CHUNK_BYTES) as file:
+        number = end = 0
+        while piece := file.readline(max_line_bytes + 1):
+            length, ended = len(piece), piece.endswith(b"\n")
+            text = piece[:-1] if ended else None
+            if not ended and length <= max_line_bytes:  # the end of the file, not of a line
+                return
+            while not ended and (rest := file.readline(_CHUNK_BYTES)):  # too long: the rest is skipped, unread
+                length, ended = length + len(rest), rest.endswith(b"\n")
+            if not ended:
+                return
+            number, end = number + 1, end + length
+            yield Line(number, end, text)
+
+
+def safetensors_header_problem(path: Path, limit: int = SAFETENSORS_MAX_HEADER) -> str | None:
+    """What is wrong with the header length of the safetensors file `path` (its first 8 bytes, little-endian), or
+    None: over `limit` or over the rest of the file. Checked before the library reads the header, which it parses in
+    full, into memory.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with path.open("rb") as file:
+        prefix = file.read(8)
+        size = os.fstat(file.fileno()).st_size
+    if len(prefix) < 8:
+        return f"is missing: the file is {len(prefix)} bytes, a safetensors file begins with 8"
+    (declared,) = struct.unpack("<Q", prefix)
+    if declared > size - 8:
+        return f"declares {declared} bytes, more than the {size - 8} bytes after it"
+    if declared > limit:
+        return f"declares {declared} bytes, more than the format's bound of {limit}"
+    return None

@@ -278,8 +278,14 @@ class DSVGD(ServerStrategy[DSVGDState]):
         return saved
 
     def load_state(self, saved: ServerState) -> DSVGDState:
+        """The saved particles, each set (N, P) as this run's (ValueError naming it otherwise): the server's kernels
+        are N x N, so N is checked before anything is computed from a set."""
         if "particles" not in saved.tensors:
             return DSVGDState()
+        expected = self.particle_layout["particles"]
+        for name, value in saved.tensors.items():
+            if (name == "particles" or name.startswith("local/")) and value.shape != expected:
+                raise ValueError(f"saved state '{name}': particles of shape {value.shape}, this run's are {expected}")
         local_particles = {
             name.removeprefix("local/"): value.astype(np.float32)
             for name, value in saved.tensors.items()

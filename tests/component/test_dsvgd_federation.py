@@ -11,6 +11,7 @@ import torch
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode
 from fedbayes.strategies import get_algorithm
+from fedbayes.strategies.base import ServerState
 from fedbayes.strategies.dsvgd.math import initial_particles
 from tests.support import (
     FakeGrid,
@@ -143,6 +144,22 @@ def test_server_state_round_trip(tmp_path):
     assert np.array_equal(restored.strategy.particles, core.strategy.particles)
     assert restored.accepted_rounds == core.accepted_rounds == {"client-2": 1, "client-0": 2}
     assert restored.strategy.state.last_scheduled == "client-0"
+
+
+def test_saved_particles_of_another_count_are_refused_before_they_are_used(tmp_path):
+    """The server's kernels are N x N: a checkpoint's N must be the run's, not whatever its rows say."""
+    core, runtimes, settings = federation(tmp_path, "p-dsvgd")
+    run_round(core, runtimes, 1)
+    saved = core.state_dict()
+    width = saved.tensors["particles"].shape[1]
+    for name in ("particles", next(name for name in saved.tensors if name.startswith("local/"))):
+        changed = ServerState({**saved.tensors, name: np.zeros((50, width), np.float32)}, saved.metadata)
+        restored = round_core(get_algorithm("p-dsvgd").build_server(settings, runtimes[11].layout))
+        with pytest.raises(
+            ValueError,
+            match=rf"saved state '{name}': particles of shape \(50, {width}\), this run's are \(3, {width}\)",
+        ):
+            restored.load_state_dict(changed)
 
 
 def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp_path):

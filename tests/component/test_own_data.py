@@ -10,7 +10,7 @@ import pytest
 from fedbayes.deploy.launcher import check_run_config
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.npzdata import NpzDataError, load_data_path
+from fedbayes.tasks.npzdata import NpzDataError, load_data_path, read_header
 from tests.support import settings
 from tests.support import write_npz as write
 
@@ -115,6 +115,15 @@ def test_a_bad_folder_is_refused_before_any_process_starts_naming_file_and_probl
     with pytest.raises(ConfigError, match="run config 'dataset'") as error:
         check_run_config({"dataset": f"npz:{tmp_path / 'data'}"}, clients)  # what `fedbayes local` runs first
     assert problem in str(error.value)
+
+
+def test_a_file_that_is_no_npz_archive_is_refused_by_name(tmp_path):
+    path = tmp_path / "data" / "test.npz"
+    path.parent.mkdir()
+    np.save(path.with_suffix(".npy"), images(2))
+    path.with_suffix(".npy").rename(path)  # one .npy array, named as an archive
+    with pytest.raises(NpzDataError, match=f"{path}: holds one .npy array, not an .npz archive of 'x' and 'y'"):
+        read_header(path)
 
 
 def test_a_missing_folder_and_a_bare_prefix_are_refused(tmp_path):

@@ -3,7 +3,7 @@
 `rewrite_safetensors` edits a safetensors file (a posterior, a checkpoint) and recomputes its checksum, as anyone who
 edits a file can: only what the reader checks beyond the checksum stands between it and the file's claims.
 `in_child` runs a reader in a fresh interpreter that has imported torch and fedbayes, and reports the peak resident
-memory it reached over that (ru_maxrss), what it raised, and what it printed. `key_pair` writes Ed25519 key files as
+memory it reached over that (VmHWM), what it raised, and what it printed. `key_pair` writes Ed25519 key files as
 `openssl` or `ssh-keygen` write them; `write_user_models` a user's own models, as a module that marks its import."""
 
 from __future__ import annotations
@@ -26,16 +26,19 @@ from tests.support.processes import cli_env
 # The child: the bare interpreter with torch and the readers imported is what its peak is measured over; then `code`
 # runs (it may set `rc`), and one RESULT line says what happened.
 _CHILD = """
-import json, resource, sys
+import json, re, sys
 import torch
 import fedbayes.deploy.cli, fedbayes.deploy.launcher, fedbayes.posterior.predictive, fedbayes.posterior.export
-baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def peak_kib():  # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's peak, hiding what is below it
+    with open("/proc/self/status") as status:
+        return int(re.search(r"VmHWM:\\s+(\\d+) kB", status.read()).group(1))
+baseline = peak_kib()
 scope, error = {}, None
 try:
     exec(sys.argv[1], scope)
 except Exception as raised:
     error = f"{type(raised).__name__}: {raised}"
-extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024
+extra = (peak_kib() - baseline) / 1024
 print("RESULT " + json.dumps({"extra_mib": extra, "error": error, "rc": scope.get("rc")}), flush=True)
 """
 

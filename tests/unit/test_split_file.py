@@ -58,6 +58,20 @@ def test_not_json_is_refused(tmp_path):
         read_split_file(path, 10, 1)
 
 
+def test_json_nested_too_deeply_is_refused_by_name(tmp_path):
+    path = tmp_path / "split.json"
+    path.write_text("[" * 100_000)  # within what a split of 10,000 rows may take
+    with pytest.raises(ValueError, match=f"split file {path}: cannot read it as JSON"):
+        read_split_file(path, 10_000, 1)
+
+
+def test_a_file_over_what_its_split_can_take_is_refused_unread(tmp_path):
+    path = tmp_path / "split.json"
+    path.write_text("[[0, 1]]" + " " * 2000)  # JSON, but more than 10 row indices and their separators take
+    with pytest.raises(ValueError, match=f"split file {path} is 2008 bytes, over the 1258 bytes a split of 10 rows"):
+        read_split_file(path, 10, 1)
+
+
 def test_a_client_loads_its_rows_of_the_file_in_the_files_order(tmp_path):
     # The order is the data order the client's minibatches permute: the BayesADMM authors' split files list each
     # client's rows class by class, which with shared noise gives every client the same classes at the same step.
