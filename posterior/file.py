@@ -35,7 +35,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
-from fedbayes.tasks.storage import checksum, write_atomically
+from fedbayes.tasks.storage import checksum, safetensors_header_problem, write_atomically
 
 if TYPE_CHECKING:  # cryptography is imported when a file is signed or verified, not by every command's parser
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -48,6 +48,10 @@ PRECISION_MATRIX = "precision_matrix"
 SIGNATURE_KEY = "signature"
 SIGNED_PREFIX = b"fedbayes-posterior signature 1\n"  # what a signature covers: this, then the checksum in hex
 MAX_INPUT_RANK = 8  # dimensions of one example: a bound on what even a meta-device dry run makes of them
+LIMIT_HINT = (
+    ": if you trust the file, raise it (fedbayes predict --max-header-mb, "
+    "load(..., limits=PosteriorLimits(header_bytes=...)))"
+)
 MAX_KEY_FILE_BYTES = 64 * 2**10  # an Ed25519 key file, PEM or OpenSSH, is well under 1 KiB
 Layout = dict[str, tuple[int, ...]]  # tensor name -> shape, in the model's order
 
@@ -184,24 +188,14 @@ def read_posterior_file(
 
 
 def _check_header_length(path: Path, limit: int) -> None:
-    """A safetensors file begins with its header's length (8 bytes, little-endian): read here, so that a file that
-    claims a header over `limit` is refused before safetensors reads and parses it."""
+    """A file whose safetensors header length (its first 8 bytes) is over the rest of the file or over `limit` is
+    refused before safetensors reads and parses the header."""
     try:
-        with open(path, "rb") as posterior_file:
-            prefix = posterior_file.read(8)
+        problem = safetensors_header_problem(path, limit, raise_hint=LIMIT_HINT)
     except OSError as error:
         raise PosteriorFileError(f"exported posterior {path} is unreadable: {error.strerror or error}") from None
-    if len(prefix) < 8:
-        raise PosteriorFileError(
-            f"exported posterior {path} is unreadable (truncated, or not a safetensors file): {len(prefix)} bytes"
-        )
-    length = int.from_bytes(prefix, "little")
-    if length > limit:
-        raise PosteriorFileError(
-            f"exported posterior {path} claims a safetensors header of {length:,} bytes, over the limit of "
-            f"{limit:,}: if you trust the file, raise it (fedbayes predict --max-header-mb, "
-            "load(..., limits=PosteriorLimits(header_bytes=...)))"
-        )
+    if problem:
+        raise PosteriorFileError(f"exported posterior {path}: its safetensors header length {problem}")
 
 
 def _over_limit(path: Path, limits: PosteriorLimits) -> Callable[[str, int, str], None]:

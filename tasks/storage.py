@@ -198,10 +198,10 @@ def complete_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator
             yield Line(number, end, text)
 
 
-def safetensors_header_problem(path: Path, limit: int = SAFETENSORS_MAX_HEADER) -> str | None:
+def safetensors_header_problem(path: Path, limit: int = SAFETENSORS_MAX_HEADER, raise_hint: str = "") -> str | None:
     """What is wrong with the header length of the safetensors file `path` (its first 8 bytes, little-endian), or
-    None: over `limit` or over the rest of the file. Checked before the library reads the header, which it parses in
-    full, into memory.
+    None: over the rest of the file, or over `limit` (then followed by `raise_hint`, how a reader's user raises it).
+    Checked before the library reads the header, which it parses in full, into memory.
 
     Raises:
         OSError: the file cannot be read.
@@ -215,5 +215,5 @@ def safetensors_header_problem(path: Path, limit: int = SAFETENSORS_MAX_HEADER) 
     if declared > size - 8:
         return f"declares {declared} bytes, more than the {size - 8} bytes after it"
     if declared > limit:
-        return f"declares {declared} bytes, more than the format's bound of {limit}"
+        return f"declares {declared} bytes, over the limit of {limit}{raise_hint}"
     return None

@@ -85,7 +85,7 @@ checkpoints, states = CheckpointStore(sys.argv[1], "fed", {}), ClientStateStore(
     "size, claimed, problem",
     [
         (4096, 8 * GIB, "declares 8589934592 bytes, more than the 4088 bytes after it"),
-        (GIB, 900 * MIB, "declares 943718400 bytes, more than the format's bound of 100000000"),
+        (GIB, 900 * MIB, "declares 943718400 bytes, over the limit of 100000000"),
     ],
     ids=["past-the-file", "past-the-bound"],
 )

@@ -54,7 +54,7 @@ def test_a_safetensors_header_length_is_checked_against_the_file_and_the_bound(t
     assert safetensors_header_problem(path) is None
     header = struct.unpack("<Q", path.read_bytes()[:8])[0]
     assert safetensors_header_problem(path, limit=header - 1) == (
-        f"declares {header} bytes, more than the format's bound of {header - 1}"
+        f"declares {header} bytes, over the limit of {header - 1}"
     )
     path.write_bytes(struct.pack("<Q", 2**40) + b"{}")
     assert safetensors_header_problem(path) == "declares 1099511627776 bytes, more than the 2 bytes after it"
