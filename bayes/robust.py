@@ -2,20 +2,23 @@
 aggregated, and the robust aggregation rules (norm clipping, coordinate-wise median and trimmed mean).
 
 An update is one client's change to the server's state, as a flat float64 vector in the strategy's own
-parameters (weights for FedAvg, natural parameters for the Gaussian strategies, particles for DSVGD).
+parameters (weights for FedAvg, the global posterior's mean and log precision for the Gaussian strategies, particles
+for DSVGD).
 
 Guarantees (K updates, at most B of them bad):
-  screen        each update comes with its expected size s_k (the strategy's `update_scale`: how an honest update
-                grows with the client's examples, e.g. its local steps), and is judged per unit of it. Update k is
-                refused when its norm is over `ratio` x max(c_k x median over j≠k of norm_j / s_j, the state's norm,
-                √P), with c_k = min(s_k, `ratio` x median over j≠k of s_j) (P the update's length, so √P is the norm
-                of a change of 1 in every entry). So no honest client is refused for its size: a client with
-                n times the others' expected size may send an update n times theirs (up to n = `ratio`); and no
-                single update can be more than `ratio` x max(`ratio` x the honest norm per unit of expected size x
-                the honest clients' median expected size, the state, an RMS change of 1) long (with B < (K-1)/2
-                the medians of the others are honest): a client's own claim (its num_examples, at most
-                max-client-examples) widens its bound by at most `ratio` x over the others' median, so claiming
-                more examples than it holds cannot hide an update of more than ratio² x an honest one.
+  screen        each update comes with its expected size s_k > 0 (the strategy's `update_scale`: how an honest
+                update grows with its client's examples, e.g. its local steps) and is judged per unit of it. Update
+                k is refused when its norm is over `ratio` x max(c_k x median_{j≠k} norm_j / s_j, the state's norm,
+                √P), c_k = min(s_k, `ratio` x median_{j≠k} s_j), P the update's length (√P: the norm of a change of
+                1 in every entry). With B < (K-1)/2 the medians over the others are honest ones, so:
+                - no client is refused for its size: an update no longer per unit of its expected size than
+                  `ratio` x the honest median passes whenever s_k <= `ratio` x the others' median s_j (at the
+                  default 100, a client of 100 x the others' examples may send an update 100 x 100 x theirs);
+                - s_k is the client's own claim (num_examples, at most max-client-examples), and a claim widens
+                  its bound by at most `ratio` x the others' median s_j: no update passes that is longer than
+                  `ratio` x max(`ratio` x the honest median per unit x the others' median s_j, the state, √P), so
+                  claiming more examples than it holds hides nothing past `ratio`² x an honest update per unit;
+                - an update no longer than `ratio` x the larger of the state's norm and √P is never refused.
   clip          every update is scaled down to at most `ratio` x the median norm of the round's updates: a bad
                 client moves the aggregate by at most ratio x median x its weight (with B < K/2).
   median        the coordinate-wise median: each coordinate of the aggregate lies within the honest updates'

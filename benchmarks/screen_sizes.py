@@ -7,7 +7,7 @@ with every key at its default (`--set KEY=VALUE` changes one), 20 rounds, in one
 benchmarks/network_vs_inprocess.py: the real ServerApp, round core and ClientApp code).
 
 Prints, per strategy: the rounds in which the screen refused a client (and which), the rounds a node sat out in
-quarantine, the accuracy at the last round before the first refusal and at the end. Rows go to
+quarantine (of the 20), the accuracy at the last round before the first refusal and at the end. Rows go to
 benchmarks/results/screen_sizes/<label>/<strategy>.jsonl (reused when present).
 
     python benchmarks/screen_sizes.py --label after
@@ -92,7 +92,8 @@ def summary(strategy: str, rows: list[dict]) -> dict:
     return {
         "strategy": strategy,
         "screen_refusals": refused,
-        "quarantined_rounds": [row["round"] for row in rows if row["quarantined"]],
+        # a row's `quarantined` lists the nodes that sit out the next round
+        "sat_out_rounds": [row["round"] + 1 for row in rows[:-1] if row["quarantined"]],
         "accuracy_before": before[-1]["accuracy"] if before else None,
         "round_before": before[-1]["round"] if before else None,
         "accuracy_end": rows[-1]["accuracy"],
@@ -100,11 +101,10 @@ def summary(strategy: str, rows: list[dict]) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'strategy':<11} {'refused (round: clients)':<40} {'quarantined':<12} {'acc before':>16} {'acc end':>8}"]
+    lines = [f"{'strategy':<11} {'refused (round: clients)':<40} {'sat out':<12} {'acc before':>16} {'acc end':>8}"]
     for r in results:
         refusals = ", ".join(f"{k}: {'+'.join(v)}" for k, v in r["screen_refusals"].items()) or "none"
-        quarantined = r["quarantined_rounds"]
-        sat_out = f"{min(quarantined)}-{max(quarantined)}" if quarantined else "none"
+        sat_out = f"{min(r['sat_out_rounds'])}-{max(r['sat_out_rounds'])}" if r["sat_out_rounds"] else "none"
         before = f"{r['accuracy_before']:.3f} (r{r['round_before']})" if r["accuracy_before"] is not None else "-"
         lines.append(f"{r['strategy']:<11} {refusals:<40} {sat_out:<12} {before:>16} {r['accuracy_end']:>8.3f}")
     return "\n".join(lines)
