@@ -2,13 +2,23 @@
 aggregated, and the robust aggregation rules (norm clipping, coordinate-wise median and trimmed mean).
 
 An update is one client's change to the server's state, as a flat float64 vector in the strategy's own
-parameters (weights for FedAvg, natural parameters for the Gaussian strategies, particles for DSVGD).
+parameters (weights for FedAvg, the global posterior's mean and log precision for the Gaussian strategies, particles
+for DSVGD).
 
 Guarantees (K updates, at most B of them bad):
-  screen        an update longer than `ratio` x max(median of the others' norms, the state's norm, √P) is refused
-                (P the update's length, so √P is the norm of a change of 1 in every entry): no single update can
-                be more than that many times longer than the honest ones, the state, or an RMS change of 1
-                (with B < (K-1)/2, the median of the others is an honest norm).
+  screen        each update comes with its expected size s_k > 0 (the strategy's `update_scale`: how an honest
+                update grows with its client's examples, e.g. its local steps) and is judged per unit of it. Update
+                k is refused when its norm is over `ratio` x max(c_k x median_{j≠k} norm_j / s_j, the state's norm,
+                √P), c_k = min(s_k, `ratio` x median_{j≠k} s_j), P the update's length (√P: the norm of a change of
+                1 in every entry). With B < (K-1)/2 the medians over the others are honest ones, so:
+                - no client is refused for its size: an update no longer per unit of its expected size than
+                  `ratio` x the honest median passes whenever s_k <= `ratio` x the others' median s_j (at the
+                  default 100, a client of 100 x the others' examples may send an update 100 x 100 x theirs);
+                - s_k is the client's own claim (num_examples, at most max-client-examples), and a claim widens
+                  its bound by at most `ratio` x the others' median s_j: no update passes that is longer than
+                  `ratio` x max(`ratio` x the honest median per unit x the others' median s_j, the state, √P), so
+                  claiming more examples than it holds hides nothing past `ratio`² x an honest update per unit;
+                - an update no longer than `ratio` x the larger of the state's norm and √P is never refused.
   clip          every update is scaled down to at most `ratio` x the median norm of the round's updates: a bad
                 client moves the aggregate by at most ratio x median x its weight (with B < K/2).
   median        the coordinate-wise median: each coordinate of the aggregate lies within the honest updates'
@@ -33,15 +43,28 @@ def norms(updates: Sequence[np.ndarray]) -> np.ndarray:
     return np.array([float(np.linalg.norm(update)) for update in updates], dtype=np.float64)
 
 
-def screen_bounds(update_norms: np.ndarray, state_norm: float, size: int, ratio: float) -> np.ndarray:
-    """Per update (each of `size` entries), the longest norm the screen lets through: `ratio` x the largest of the
-    median of the OTHER updates' norms (so an update cannot raise its own bound), the state's norm, and √size,
-    the norm of an RMS change of 1 per entry (so one reply in a round, DSVGD's, is bounded too, and neither a round
-    of tiny updates nor a state near zero refuses an ordinary update)."""
+def screen_bounds(
+    update_norms: np.ndarray, scales: np.ndarray, state_norm: float, size: int, ratio: float
+) -> np.ndarray:
+    """Per update (each of `size` entries, of expected size `scales[k]` > 0), the longest norm the screen lets
+    through: `ratio` x the largest of
+      - the median of the OTHER updates' norms per unit of their expected size (so an update cannot raise its own
+        bound), times this update's expected size, capped at `ratio` x the others' median expected size (so a
+        client's claim of its size, e.g. its num_examples, widens its bound by at most `ratio` x);
+      - the state's norm;
+      - √size, the norm of an RMS change of 1 per entry (so one reply in a round, DSVGD's, is bounded too, and
+        neither a round of tiny updates nor a state near zero refuses an ordinary update).
+    ValueError when the lengths differ or a scale is not positive and finite."""
+    if len(scales) != len(update_norms) or not (np.isfinite(scales) & (scales > 0)).all():
+        raise ValueError(f"need one positive finite scale per update, got {scales!r} for {len(update_norms)}")
+    per_unit = update_norms / scales
     bounds = np.empty_like(update_norms)
     for index in range(len(update_norms)):
-        others = np.delete(update_norms, index)
-        reference = max(float(np.median(others)) if len(others) else 0.0, state_norm, math.sqrt(size))
+        others = np.delete(np.arange(len(update_norms)), index)
+        reference = max(state_norm, math.sqrt(size))
+        if len(others):
+            expected = min(float(scales[index]), ratio * float(np.median(scales[others])))
+            reference = max(reference, expected * float(np.median(per_unit[others])))
         bounds[index] = ratio * reference
     return bounds
 

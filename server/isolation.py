@@ -2,8 +2,8 @@
 put its reply into the state.
 
   screen       each reply's update (its change to the state, `ServerStrategy.update_of`) is measured against the
-               round's other updates and the state itself (bayes/robust.py screen_bounds) before anything is
-               aggregated; an absurd one is refused alone.
+               round's other updates, per unit of its client's expected size, and the state itself (bayes/robust.py
+               screen_bounds) before anything is aggregated; an absurd one is refused alone.
   culprits     when the replies together still make an unusable state (non-finite, not positive definite), the
                round is not lost: `usable_subset` finds the replies to leave out and the round is committed from
                the others.

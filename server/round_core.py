@@ -347,14 +347,17 @@ class RoundCore:
 
     def screened(self, payloads: list[Payload[Any]]) -> tuple[list[Payload[Any]], dict[int, float]]:
         """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
-        largest of the others' median, the state's norm and an RMS change of 1), and every reply's update norm by
-        id()."""
+        largest of the others' median per unit of expected size times this one's (`update_scale`), the state's norm
+        and an RMS change of 1), and every reply's update norm by id()."""
         updates = [self.strategy.update_of(payload) for payload in payloads]
         measured = [update for update in updates if update is not None]
         if not payloads or len(measured) < len(updates):  # a strategy that screens nothing
             return payloads, {}
         update_norms = norms(measured)
-        bounds = screen_bounds(update_norms, self.strategy.state_norm(), measured[0].size, self.settings.screen_ratio)
+        scales = np.array([self.strategy.update_scale(payload) for payload in payloads], dtype=np.float64)
+        bounds = screen_bounds(
+            update_norms, scales, self.strategy.state_norm(), measured[0].size, self.settings.screen_ratio
+        )
         kept = []
         for payload, norm, bound in zip(payloads, update_norms, bounds):
             if norm <= bound:
@@ -366,7 +369,7 @@ class RoundCore:
                 f"client {client!r} (node {node})",
                 f"refused by the screen: its update's norm {norm:.3g} "
                 f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
-                "updates' median norm, the state's and an RMS change of 1)",
+                "updates' median norm for a client of its size, the state's and an RMS change of 1)",
                 node,
             )
         return kept, {id(payload): float(norm) for payload, norm in zip(payloads, update_norms)}
@@ -579,7 +582,10 @@ class RoundCore:
         if update is None:
             return
         (norm,) = norms([update])
-        (bound,) = screen_bounds(np.array([norm]), self.strategy.state_norm(), update.size, self.settings.screen_ratio)
+        # alone, an update has no others to be compared with for its size (a forget's reply claims no examples)
+        (bound,) = screen_bounds(
+            np.array([norm]), np.ones(1), self.strategy.state_norm(), update.size, self.settings.screen_ratio
+        )
         if norm > bound:
             raise PayloadError(
                 f"refused by the screen: its update's norm {norm:.3g} is over {bound:.3g} (screen-ratio="

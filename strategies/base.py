@@ -18,13 +18,14 @@ its `commit`.
         def load_state(self, saved) -> MyState: ...                      # ... and back
 
 A hook left out fails when the class is instantiated, naming it. `StatelessStrategy` is the base of a strategy that
-keeps nothing but the global model. Optional hooks: `select_nodes`, `check_reply`, `update_of` and `state_norm` (what
-the screen measures), `forget`, `posterior_samples`, `global_posterior`.
+keeps nothing but the global model. Optional hooks: `select_nodes`, `check_reply`, `update_of`, `state_norm` and
+`update_scale` (what the screen measures), `forget`, `posterior_samples`, `global_posterior`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -170,6 +171,13 @@ def local_training(
     )
 
 
+def steps_per_epoch(payload: Payload[Any], settings: RunSettings) -> float:
+    """The minibatch steps an epoch of the reply's client takes, ⌈num_examples / batch-size⌉: how an update that is
+    a sum of SGD steps grows with the client's data (`ServerStrategy.update_scale`; every client runs the same
+    epochs)."""
+    return float(math.ceil(payload.reply.num_examples / settings.batch_size))
+
+
 class ServerStrategy(ABC, Generic[S]):
     """A strategy's server half (module docstring). `settings` are the run's core settings, `hyperparameters` the
     strategy's own (an instance of `settings_type`), `layout` the model's parameters (what the algorithm's math works
@@ -254,6 +262,14 @@ class ServerStrategy(ABC, Generic[S]):
     def state_norm(self) -> float:
         """The norm of the state in the parameters of `update_of`: the screen never refuses a shorter update."""
         return 0.0
+
+    def update_scale(self, payload: Payload[Any]) -> float:
+        """How long this reply's honest update is expected to be, relative to other clients' (> 0): how the norm of
+        `update_of` grows with the client's examples (its own claim, `num_examples`), e.g. the local steps its
+        training takes. The screen judges each update per unit of it, so that a client is not refused for holding
+        more data (bayes/robust.py screen_bounds bounds what a claim can widen). By default 1: an update whose size
+        does not depend on the client's."""
+        return 1.0
 
     def forget(self, client: str) -> Forgotten[S] | ClientForget[S]:
         """The state without `client`'s contribution, computed without changing the strategy: by the server alone

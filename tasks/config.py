@@ -253,8 +253,8 @@ class RunSettings:
     screen_ratio: float = key(
         100.0,
         "a reply whose update (its change to the state, in the strategy's own parameters) is "
-        "longer than this many times the median of the round's other replies, and longer than the state itself, "
-        "is refused",
+        "longer than this many times the median of the round's other replies for a client of its size, and longer "
+        "than the state itself, is refused",
         Check(lambda value: value >= 1.0, "must be >= 1"),
     )
     robust_aggregation: str = key(

@@ -30,8 +30,11 @@ Bounded influence (run config `robust-aggregation = "clip"`): in the server step
 are tempered to at most `clip-ratio` x the median norm of the known clients' duals, and every local posterior's
 natural parameters are moved towards q̄'s to at most `clip-ratio` x the median distance of the round's
 (bayes/robust.py part_clip_factors). The server keeps (and the clients hold) the untempered duals. The screen measures
-a reply's update as (m_k − m̄, log S_k − log S̄): honest local precisions span many orders of magnitude (a small
-client's CNN: 1e2 to 1e18), which a norm in natural parameters would mistake for an attack.
+a reply's update as the change it alone would make to q̄, in mean and log precision (`reply_effect`: q̄'s natural
+parameters moved 1 − α of the way to the local posterior's), not in natural parameters: honest local precisions span
+many orders of magnitude (a small client's CNN: 1e2 to 1e18), which a norm in natural parameters would mistake for an
+attack; and not as m_k − m̄ alone, which counts a mean far away where the local posterior is far wider than q̄ at face
+value. Its expected size is the client's examples.
 
 Forgetting a client (`forget`, docs/guides/forgetting.md): q̄ without client k from the server's state alone, by one of
 three estimates. The remaining duals, shares and local posteriors stay either way, so ordinary rounds among the

@@ -328,6 +328,20 @@ def precision_from_wire(arrays: Mapping[str, np.ndarray], family: str, layout: T
     return flat.view(wire_layout["matrix"]) if family == "full" else flat
 
 
+def reply_effect(local: Gaussian, global_: Gaussian, weight: float) -> torch.Tensor:
+    """What one reply alone does to q̄: Eqs. 37-38 with this local posterior as the round's only one and q̄ standing
+    for the prior's and the duals' part, i.e. q̄'s natural parameters moved `weight` (1 − α) of the way to q_k's,
+        S̄' = (1 − w) S̄ + w S_k,   m̄' − m̄ = S̄'⁻¹ w S_k (m_k − m̄),
+    as (m̄' − m̄, log diag S̄' − log diag S̄); w (m_k − m̄) for the fixed-covariance family. The server adds local
+    means weighted by their precisions, so a mean far from m̄ where the client's posterior is far wider than q̄
+    (S_k ≪ S̄: its data say little there) moves q̄ little, and is measured so."""
+    if global_.kind == "isotropic":
+        return weight * (local.mean - global_.mean)
+    precision = (1.0 - weight) * global_.precision + weight * local.precision
+    shift = solve(precision, weight * local.precision_times(local.mean - global_.mean))
+    return torch.cat([shift, _diagonal(precision).log() - _diagonal(global_.precision).log()])
+
+
 def mean_log_precision(q: Gaussian) -> torch.Tensor:
     """(m, log diag S) as one flat vector; m alone for the fixed-covariance family."""
     if q.kind == "isotropic":

@@ -43,7 +43,9 @@ from fedbayes.strategies.bayesadmm.math import (
     precision_layout,
     precision_summary,
     precision_to_wire,
+    prior_weight,
     replay_tolerance,
+    reply_effect,
     server_natural,
     server_natural_without,
     shares_step,
@@ -341,12 +343,20 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         return list(duals.values())
 
     def update_of(self, payload: Payload) -> np.ndarray:
-        """(m_k − m̄, log S_k − log S̄): the local posterior against q̄, in mean and log precision (the diagonal's, for
-        the full family; none for the fixed-covariance one). check_reply has made sure S_k is positive."""
-        return (mean_log_precision(self._local_posterior(payload)) - mean_log_precision(self.global_)).numpy()
+        """`reply_effect`: what the server step would do to q̄ with this reply alone, in q̄'s mean and log precision
+        (the diagonal's, for the full family; none for the fixed-covariance one), with the weight 1 − α that Eq. 37
+        gives the local posteriors among the known clients (this one counted if new). check_reply has made sure S_k
+        is positive."""
+        clients = len(self.state.duals | {payload.header.client_id: None})
+        weight = 1.0 - prior_weight(self.hyperparameters.rho, clients)
+        return reply_effect(self._local_posterior(payload), self.global_, weight).numpy()
 
     def state_norm(self) -> float:
         return mean_log_precision(self.global_).norm().item()
+
+    def update_scale(self, payload: Payload) -> float:
+        """The client's examples: its local posterior's data term, loss_sum/τ, is a sum over them (ess = N_k/(ρτ))."""
+        return float(payload.reply.num_examples)
 
     def check_reply(self, payload: Payload) -> None:
         """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite precision matrix

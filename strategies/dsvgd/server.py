@@ -155,6 +155,11 @@ class DSVGD(ServerStrategy[DSVGDState]):
     def state_norm(self) -> float:
         return float(np.linalg.norm(self.particles))
 
+    def update_scale(self, payload: Payload) -> float:
+        """The client's examples: its SVGD steps follow the gradient of its whole data's log likelihood, a sum over
+        them (only P-DSVGD's rounds have other replies to compare with)."""
+        return float(payload.reply.num_examples)
+
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[DSVGDState]:
         last_scheduled = payloads[-1].header.client_id  # a newly discovered client counts too
         local_particles = self.state.local_particles

@@ -12,7 +12,7 @@ from fedbayes.bayes.params import TensorLayout, flatten, weighted_mean
 from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
-from fedbayes.strategies.base import StatelessStrategy, TensorGroups, Update, local_training
+from fedbayes.strategies.base import StatelessStrategy, TensorGroups, Update, local_training, steps_per_epoch
 from fedbayes.strategies.fedavg.settings import FedProxSettings
 
 
@@ -44,6 +44,10 @@ class FedAvg(StatelessStrategy):
 
     def state_norm(self) -> float:
         return float(np.linalg.norm(self.global_weights))
+
+    def update_scale(self, payload: Payload) -> float:
+        """The client's SGD steps an epoch: its weights' change is their sum."""
+        return steps_per_epoch(payload, self.settings)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[None]:
         examples = [p.reply.num_examples for p in payloads]

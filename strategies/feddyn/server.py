@@ -22,6 +22,7 @@ from fedbayes.strategies.base import (
     TensorGroups,
     Update,
     local_training,
+    steps_per_epoch,
 )
 from fedbayes.strategies.feddyn.math import (
     SKETCH_ROWS,
@@ -122,6 +123,10 @@ class FedDyn(ServerStrategy[FedDynState]):
 
     def state_norm(self) -> float:
         return self.global_.norm().item()
+
+    def update_scale(self, payload: Payload) -> float:
+        """The client's SGD steps an epoch: its weights' change is their sum."""
+        return steps_per_epoch(payload, self.settings)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[FedDynState]:
         locals_, lambdas, membership = [], dict(self.state.lambdas), self.state.membership.copy()

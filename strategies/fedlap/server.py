@@ -25,9 +25,16 @@ from fedbayes.strategies.base import (
     Update,
     local_training,
 )
-from fedbayes.strategies.fedlap.math import Site, as_sent, global_from_sites, site_change, tempered_sums
+from fedbayes.strategies.fedlap.math import (
+    Site,
+    as_sent,
+    client_damping,
+    global_from_sites,
+    site_change,
+    tempered_sums,
+)
 from fedbayes.strategies.fedlap.settings import FedLapSettings
-from fedbayes.strategies.membership import Membership
+from fedbayes.strategies.membership import Membership, client_population
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,20 @@ class FedLap(ServerStrategy[FedLapState]):
 
     def state_norm(self) -> float:
         return torch.cat([self.global_mean, self.global_precision.log()]).norm().item()
+
+    def update_scale(self, payload: Payload) -> float:
+        """ρ_k N_k: the site step moves the site by ρ_k of the client's local posterior over the cavity, whose
+        natural parameters are sums over its N_k examples (ρ_k = N_k/N for FedLap, 1/K for FedLap-Cov, as its
+        client computes it from the server's counts)."""
+        examples = payload.reply.num_examples
+        membership = self.state.membership
+        known_clients, known_examples = client_population(
+            membership.clients, membership.total_examples, examples, fresh=not payload.reply.resumed_from_round
+        )
+        rho = client_damping(
+            self.covariance, examples, known_clients, known_examples, self.hyperparameters.site_damping
+        )
+        return rho * examples
 
     def check_reply(self, payload: Payload) -> None:
         """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0."""

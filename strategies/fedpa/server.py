@@ -24,6 +24,7 @@ from fedbayes.strategies.base import (
     TensorGroups,
     Update,
     local_training,
+    steps_per_epoch,
 )
 from fedbayes.strategies.fedpa.math import weighted_mean_delta
 from fedbayes.strategies.fedpa.settings import FedPASettings
@@ -118,6 +119,11 @@ class FedPA(ServerStrategy[ServerOptimizer]):
 
     def state_norm(self) -> float:
         return self.theta.norm().item()
+
+    def update_scale(self, payload: Payload) -> float:
+        """The client's SGD steps an epoch: its delta is the change they make (or, after the burn-in rounds, that
+        change shrunk by its samples' covariance)."""
+        return steps_per_epoch(payload, self.settings)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[ServerOptimizer]:
         examples = [float(p.reply.num_examples) for p in payloads]

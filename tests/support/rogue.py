@@ -71,6 +71,13 @@ def consistent_reply(server, content: RecordDict, change: Change, server_round: 
     return encode(payload.envelope, message, tensors)
 
 
+def with_num_examples(server, content: RecordDict, examples: int) -> RecordDict:
+    """`content` (a reply to the server half `server`) claiming `examples` examples."""
+    payload = declared_payload(content, server.reply_type)
+    payload.envelope.num_examples = examples
+    return encode(payload.envelope, payload.message, payload.tensors)
+
+
 def scaled_update(reference: dict[str, np.ndarray], group: str, factor: float) -> Change:
     """A `Change`: group `group`'s tensors moved to reference + factor x (tensor − reference)."""
 

@@ -1,5 +1,7 @@
 """BayesADMM's updates against closed forms: Prop. 3.2, federated ADMM (Eqs. 21-25), dual signs."""
 
+import math
+
 import pytest
 import torch
 
@@ -11,7 +13,11 @@ from fedbayes.strategies.bayesadmm.math import (
     collapse_warning,
     dual_step,
     newton_client_step,
+    prior_weight,
+    reply_effect,
+    server_natural,
     server_step,
+    unit_precision,
 )
 from tests.support.problems import ridge_problem
 
@@ -158,3 +164,39 @@ def test_the_share_of_a_full_precision_is_that_of_its_diagonal():
     start = Gaussian(torch.zeros(2, dtype=torch.float64), torch.tensor([[4.0, 1.0], [1.0, 8.0]], dtype=torch.float64))
     local = Gaussian(start.mean, torch.tensor([[6.0, -3.0], [-3.0, 12.0]], dtype=torch.float64))
     assert added_precision_share([local], start) == pytest.approx(0.5)
+
+
+def test_reply_effect_is_the_server_step_with_one_reply_and_q_bar_for_the_rest():
+    """Eqs. 37-38 with one local posterior and duals that make δI + ΣU_k = S̄, Σv_k = S̄ m̄ (so the prior's and the
+    duals' part is q̄ itself) move q̄ by exactly reply_effect, for K = 3 (w = 1 − α = 0.375 at ρ = 0.2)."""
+    generator = torch.Generator().manual_seed(0)
+    q_bar = Gaussian(torch.randn(6, generator=generator, dtype=torch.float64), torch.rand(6, generator=generator) + 0.5)
+    local = Gaussian(torch.randn(6, generator=generator, dtype=torch.float64), torch.rand(6, generator=generator) * 9)
+    rho, delta, clients = 0.2, 1.0, 3
+    site = Duals((q_bar.precision * q_bar.mean) / clients, (q_bar.precision.double() - delta) / clients)
+    eta, precision = server_natural([local], [site] * clients, rho, delta)
+    weight = 1.0 - prior_weight(rho, clients)
+    effect = reply_effect(local, q_bar, weight)
+    torch.testing.assert_close(effect[:6], eta / precision - q_bar.mean)
+    torch.testing.assert_close(effect[6:], precision.log() - q_bar.precision.double().log())
+    assert weight == pytest.approx(0.375)
+
+
+def test_reply_effect_in_closed_form_and_for_a_wide_local_posterior():
+    """S̄ = 2, m̄ = 1, S_k = 6, m_k = 3, w = 1/2: S̄' = 4 and m̄' − m̄ = ½·6·2 / 4 = 1.5. A local posterior 1000 x wider than
+    q̄ whose mean is 10^6 away moves q̄'s mean by w S_k Δm / S̄' ≈ 10^3 (its raw distance would be 10^6); the full
+    family's matrices, diagonal, give the diagonal's; the fixed-covariance family's is w (m_k − m̄)."""
+    one = torch.ones(1, dtype=torch.float64)
+    effect = reply_effect(Gaussian(3 * one, 6 * one), Gaussian(one, 2 * one), 0.5)
+    torch.testing.assert_close(effect, torch.tensor([1.5, math.log(2.0)], dtype=torch.float64))
+    wide = reply_effect(Gaussian(1e6 * one, 1e-3 * one), Gaussian(0 * one, one), 0.5)
+    assert wide[0].item() == pytest.approx(0.5 * 1e-3 * 1e6 / (0.5 + 0.5e-3))
+    means = torch.tensor([3.0, -1.0], dtype=torch.float64), torch.tensor([1.0, 0.5], dtype=torch.float64)
+    precisions = torch.tensor([6.0, 0.2], dtype=torch.float64), torch.tensor([2.0, 4.0], dtype=torch.float64)
+    diagonal = reply_effect(Gaussian(means[0], precisions[0]), Gaussian(means[1], precisions[1]), 0.3)
+    full = reply_effect(
+        Gaussian(means[0], torch.diag(precisions[0])), Gaussian(means[1], torch.diag(precisions[1])), 0.3
+    )
+    torch.testing.assert_close(full, diagonal)
+    fixed = reply_effect(Gaussian(means[0], unit_precision()), Gaussian(means[1], unit_precision()), 0.3)
+    torch.testing.assert_close(fixed, 0.3 * (means[0] - means[1]))

@@ -13,11 +13,45 @@ from fedbayes.strategies.base import RoundRejected
 
 
 def test_screen_bounds_use_the_median_of_the_others_the_state_and_a_unit_change():
-    bounds = screen_bounds(np.array([1.0, 2.0, 3.0, 1e30]), state_norm=0.5, size=1, ratio=10.0)
+    ones = np.ones(4)
+    bounds = screen_bounds(np.array([1.0, 2.0, 3.0, 1e30]), ones, state_norm=0.5, size=1, ratio=10.0)
     np.testing.assert_array_equal(bounds, [10 * 3.0, 10 * 3.0, 10 * 2.0, 10 * 2.0])  # medians of the other three
-    assert screen_bounds(np.array([5.0]), state_norm=2.0, size=1, ratio=10.0).tolist() == [20.0]  # one: the state
-    assert screen_bounds(np.array([5.0]), state_norm=0.0, size=16, ratio=10.0).tolist() == [40.0]  # 10 x √16
-    assert screen_bounds(np.array([1.0, 1e30]), state_norm=0.0, size=1, ratio=100.0).tolist() == [1e32, 100.0]
+    one = np.ones(1)
+    assert screen_bounds(np.array([5.0]), one, state_norm=2.0, size=1, ratio=10.0).tolist() == [20.0]  # the state
+    assert screen_bounds(np.array([5.0]), one, state_norm=0.0, size=16, ratio=10.0).tolist() == [40.0]  # 10 x √16
+    assert screen_bounds(np.array([1.0, 1e30]), np.ones(2), state_norm=0.0, size=1, ratio=100.0).tolist() == [
+        1e32,
+        100.0,
+    ]
+
+
+def test_screen_bounds_judge_each_update_by_what_is_expected_of_its_size():
+    """Client sizes 1000, 30, 30, 30 with updates growing as the size (0.1 per example): each bound is 10 x the others'
+    median per example x its own size, the large client's capped at 10 x theirs (300), and none is refused."""
+    scales = np.array([1000.0, 30.0, 30.0, 30.0])
+    update_norms = 0.1 * scales
+    bounds = screen_bounds(update_norms, scales, state_norm=0.0, size=1, ratio=10.0)
+    np.testing.assert_allclose(bounds, [10 * 0.1 * 300.0, 10 * 0.1 * 30.0, 10 * 0.1 * 30.0, 10 * 0.1 * 30.0])
+    assert (update_norms <= bounds).all()
+    same_sizes = screen_bounds(update_norms, np.ones(4), state_norm=0.0, size=1, ratio=10.0)
+    assert same_sizes[0] == 10 * 3.0 < update_norms[0]  # measured by raw norms, the large client was refused
+
+
+def test_a_claimed_size_widens_a_bound_by_at_most_ratio_times_the_others_median():
+    """A rogue claiming 10^8 examples against clients of 30: its expected size is capped at ratio x 30, so an update
+    of ratio² x an honest one per example of theirs is its limit, and a millionfold honest update is refused."""
+    honest = 0.1 * 30.0
+    scales = np.array([1e8, 30.0, 30.0, 30.0])
+    for norm, refused in ((100 * honest, False), (1e6 * honest, True)):
+        bounds = screen_bounds(np.array([norm, honest, honest, honest]), scales, state_norm=0.0, size=1, ratio=10.0)
+        assert bounds[0] == 10.0 * (10.0 * 30.0) * (honest / 30.0)  # ratio x (ratio x the others' size) x per unit
+        assert (norm > bounds[0]) == refused
+
+
+@pytest.mark.parametrize("scales", [np.array([1.0, 0.0]), np.array([1.0, np.inf]), np.array([1.0, -2.0]), np.ones(3)])
+def test_screen_bounds_refuse_scales_that_are_not_one_positive_number_per_update(scales):
+    with pytest.raises(ValueError, match="one positive finite scale per update"):
+        screen_bounds(np.array([1.0, 2.0]), scales, state_norm=0.0, size=1, ratio=10.0)
 
 
 def test_clip_factors_bring_every_norm_to_at_most_ratio_times_the_median():
