@@ -8,7 +8,7 @@ import pytest
 
 from fedbayes.strategies.fedavg.server import FedAvg
 from tests.component.test_fedavg import configured
-from tests.support import LAYOUT, InProcessFederation, fedavg_reply, reply_message, rogue, settings
+from tests.support import LAYOUT, InProcessFederation, answers, fedavg_reply, rogue, settings
 from tests.support.rogue import UPDATE_GROUP, RogueRound, assert_rejected_without_trace
 
 FAMILIES = [
@@ -45,13 +45,11 @@ def fedavg_round(replies: dict[int, tuple[int, float]]):
     """A FedAvg round from w_g = 0 on LAYOUT (15 weights): node -> (num_examples, every weight's value); the round
     core's report."""
     core = configured(FedAvg(settings(), LAYOUT), list(replies))
-    core.aggregate(
-        1,
-        [
-            reply_message(fedavg_reply(f"client-{node}", num_examples=examples, value=value), node_id=node)
-            for node, (examples, value) in replies.items()
-        ],
-    )
+    made = {
+        node: fedavg_reply(f"client-{node}", num_examples=examples, value=value)
+        for node, (examples, value) in replies.items()
+    }
+    core.aggregate(1, answers(core, 1, made))
     return core.round_report
 
 
