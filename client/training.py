@@ -106,9 +106,12 @@ def gradients(parameters: TensorList) -> list[torch.Tensor]:
 
 
 def add_flat_gradient(parameters: TensorList, gradient: torch.Tensor) -> None:
-    """Add `gradient` (one flat vector in parameter order) to the parameters' gradients as one multi-tensor add
-    (`torch._foreach_add_`): one kernel on a GPU, and on the CPU the same numbers as an add per tensor."""
-    torch._foreach_add_(gradients(parameters), parameter_views(gradient, parameters))
+    """Add `gradient` (one flat vector in parameter order) to the gradients of the parameters that require one (as
+    autograd would: a frozen parameter gets none), as one multi-tensor add (`torch._foreach_add_`): one kernel on a
+    GPU, and on the CPU the same numbers as an add per tensor."""
+    pairs = [(p, piece) for p, piece in zip(parameters, parameter_views(gradient, parameters)) if p.requires_grad]
+    if pairs:
+        torch._foreach_add_(gradients([p for p, _ in pairs]), [piece for _, piece in pairs])
 
 
 def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> GradientTerm:

@@ -62,10 +62,11 @@ def proximal_term(mu: float, anchor: list[torch.Tensor], foreach: bool | None = 
 
     def proximal(parameters: TensorList) -> torch.Tensor:
         squared = torch.zeros((), dtype=anchor[0].dtype, device=anchor[0].device)
-        for grad, p, a in zip(gradients(parameters), parameters, anchor):
+        for p, a in zip(parameters, anchor):
             diff = p.detach() - a
             squared = squared + diff.pow(2).sum()
-            grad.add_(diff * mu)
+            if p.requires_grad:  # as autograd: a frozen parameter gets no gradient
+                gradients([p])[0].add_(diff * mu)
         return 0.5 * mu * squared
 
     return proximal

@@ -56,6 +56,18 @@ def test_a_term_gives_a_parameter_the_loss_never_reached_its_gradient():
     torch.testing.assert_close(flat_grads(parameters), 2.0 * theta)
 
 
+@pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "multi-tensor"])
+def test_a_frozen_parameter_gets_no_gradient_from_a_term_as_from_autograd(foreach):
+    model = network()
+    model[0].bias.requires_grad_(False)
+    parameters = list(model.parameters())
+    anchor = [torch.zeros_like(p) for p in parameters]
+    proximal_term(1.0, anchor, foreach=foreach)(parameters)
+    anchored_penalty(torch.zeros_like(flat(parameters)), 1.0)(parameters)
+    assert model[0].bias.grad is None
+    torch.testing.assert_close(model[0].weight.grad, 2.0 * model[0].weight.detach())
+
+
 def test_the_admm_terms_are_the_dual_and_the_proximal_term_over_the_examples():
     """(v·θ + ρ/2 ‖θ − m̄‖²)/N, gradient (v + ρ (θ − m̄))/N."""
     parameters = list(network().parameters())
