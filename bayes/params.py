@@ -69,9 +69,10 @@ def weighted_mean(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np
 
 def uses_multi_tensor(foreach: bool | None, device: torch.device) -> bool:
     """Whether an update runs as torch's multi-tensor (`torch._foreach_*`) kernels: `foreach` where given, else on
-    CUDA only, as torch.optim's default. Why: on a GPU every elementwise op is a kernel launch, and one launch per
-    list replaces one per parameter tensor; on the CPU the single-tensor path is kept by default, since its numbers
-    are the ones the earlier results were made with."""
+    CUDA only, as torch.optim's default. Why: on a GPU every elementwise op is a kernel launch and the step is bound by
+    them, so one launch per list (and fused updates) replaces several per tensor. On the CPU the single-tensor path
+    stays the default because it gives the earlier results' numbers bit for bit (benchmarks/determinism.py); the
+    multi-tensor one agrees to float32 round-off and is what docs/results/cnns.md measures against it there."""
     return device.type == "cuda" if foreach is None else foreach
 
 

@@ -49,7 +49,7 @@ timeout 90 python3 -m pytest -q -p no:cacheprovider -rs -k cuda tests/unit/test_
 
 # model_cost.py merges into, and evaluation_cost.py overwrites, their file in benchmarks/results: an earlier one is
 # kept in $OUT, and each run's file goes there too.
-for earlier in model_cost-cuda.json model_cost-paths-cuda.json evaluation_cost-cuda.json; do
+for earlier in model_cost-cuda.json "model_cost-paths-cuda-${PATHS_EXAMPLES:-2000}.json" evaluation_cost-cuda.json; do
     if [ -e "benchmarks/results/$earlier" ]; then mv "benchmarks/results/$earlier" "$OUT/earlier-$earlier"; fi
 done
 for examples in ${MODEL_COST_EXAMPLES-256 6000}; do
@@ -63,7 +63,7 @@ if [ -n "${PATHS_MODELS-mlp,cnn-acar,cnn-zenke,resnet20}" ]; then
     stamp "model_cost --paths ${PATHS_EXAMPLES:-2000} examples"
     timeout 240 python3 benchmarks/model_cost.py --paths --device cuda --examples "${PATHS_EXAMPLES:-2000}" --repeats 2 \
         --models "${PATHS_MODELS-mlp,cnn-acar,cnn-zenke,resnet20}" 2>&1 | grep -v INFO | tail -36
-    mv benchmarks/results/model_cost-paths-cuda.json "$OUT/model_cost-paths-cuda-${PATHS_EXAMPLES:-2000}.json"
+    mv "benchmarks/results/model_cost-paths-cuda-${PATHS_EXAMPLES:-2000}.json" "$OUT/"
 fi
 
 stamp evaluation_cost

@@ -28,7 +28,7 @@ with the anchored penalty for FedDyn, Adam's for FedAvg (torch's own `foreach`),
 (multi-tensor on CUDA, single-tensor on the CPU: what a client runs), the median of --repeats after one warm-up.
 
     python benchmarks/model_cost.py --paths --models mlp --examples 6000 --batch-size 32
-    python benchmarks/model_cost.py --paths --models cnn-acar --examples 256     # results/model_cost-paths-cpu.json
+    python benchmarks/model_cost.py --paths --models cnn-acar --examples 256  # results/model_cost-paths-cpu-256.json
 """
 
 from __future__ import annotations
@@ -222,7 +222,8 @@ def local_training(strategy: str, model, examples: int, foreach: bool) -> tuple:
 
 def measure_paths(model_name: str, examples: int, epochs: int, batch: int, device: str, repeats: int) -> list[dict]:
     """Every PATH_STRATEGIES x PATHS pair's local epochs on `model_name`: the median of `repeats` timed runs after one
-    warm-up, each from the same initial weights."""
+    warm-up, each from the same initial weights. A strategy's two paths take turns (in alternating order), so a load
+    that drifts while they run weighs on both alike."""
     import torch
 
     from fedbayes.client.training import train_epochs
@@ -234,23 +235,24 @@ def measure_paths(model_name: str, examples: int, epochs: int, batch: int, devic
     data = load_dataset("fmnist", train=True).subset(range(examples))
     steps = epochs * math.ceil(examples / batch)
     clock = time.perf_counter if target.type == "cuda" else time.process_time
+    torch.manual_seed(0)
+    model = build_model(model_name, data.input_shape, data.num_classes).to(target)
+    initial = {name: value.clone() for name, value in model.state_dict().items()}
     rows = []
     for strategy in PATH_STRATEGIES:
-        for path, foreach in PATHS.items():
-            torch.manual_seed(0)
-            model = build_model(model_name, data.input_shape, data.num_classes).to(target)
-            initial = {name: value.clone() for name, value in model.state_dict().items()}
-            seconds = []
-            for run in range(repeats + 1):
+        seconds: dict[str, list[float]] = {path: [] for path in PATHS}
+        for run in range(repeats + 1):
+            for path in list(PATHS)[:: 1 if run % 2 == 0 else -1]:
                 model.load_state_dict(initial)
-                optimizer, options = local_training(strategy, model, examples, foreach)
+                optimizer, options = local_training(strategy, model, examples, PATHS[path])
                 if target.type == "cuda":
                     torch.cuda.synchronize()
                 started = clock()
                 train_epochs(model, data, optimizer, epochs, batch, target, seed=run, **options)
                 if run > 0:  # the first run warms up allocators, caches and torch._dynamo's import
-                    seconds.append(clock() - started)
-            median = statistics.median(seconds)
+                    seconds[path].append(clock() - started)
+        for path, runs in seconds.items():
+            median = statistics.median(runs)
             rows.append(
                 {
                     "model": model_name,
@@ -261,7 +263,7 @@ def measure_paths(model_name: str, examples: int, epochs: int, batch: int, devic
                     "steps": steps,
                     "epochs_seconds": median,
                     "step_ms": 1e3 * median / steps,
-                    "runs_seconds": seconds,
+                    "runs_seconds": runs,
                     "device": str(target),
                 }
             )
@@ -304,7 +306,7 @@ def run_paths(args: argparse.Namespace) -> None:
         if r["strategy"] == "fedavg" and r["path"] == default_path(args.device)
     }
     rows = with_ratios(rows, "epochs_seconds", fedavg)
-    path = RESULTS / f"model_cost-paths-{args.device}.json"
+    path = RESULTS / f"model_cost-paths-{args.device}-{args.examples}.json"
     settings = {"examples": args.examples, "epochs": args.epochs, "batch_size": args.batch_size, "load_average": load}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**settings, "results": rows}, indent=1))
