@@ -9,6 +9,12 @@ with delta and m_p per parameter. We keep IVON's sampling, gradient averaging an
 replace only its update (Alg. 2, lines 3, 5 and 6). All terms are per unit of `ess`, like IVON's
 gradient of the *mean* minibatch loss: divide sum-loss quantities by `ess`.
 
+Two implementations of one step, as torch.optim.Adam has (`foreach`): the single-tensor path works on IVON's flat
+vectors (ivon-opt's own layout: the parameters and gradients concatenated every step); the multi-tensor path works on
+the lists of parameter tensors, their gradients and views of the flat state with `torch._foreach_*` kernels and fused
+updates (lerp, addcmul), so a GPU launches one kernel per list where the other launches several per tensor. They agree
+to float32 round-off (tests/unit/test_bayes_ivon.py).
+
 IVON's h0 and β2 for data the paper never saw (`hessian_init`, `hessian_momentum`; run config hess-init = 0,
 beta2 = 0): the paper's values (h0 = 1e-3, β2 = 0.9998) are tuned for its FMNIST-10% client, and both depend on the
 client's data and its steps a round.
@@ -16,7 +22,8 @@ client's data and its steps a round.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from math import isfinite, pow
 from typing import Any
 
@@ -24,6 +31,8 @@ import ivon
 import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
+
+from fedbayes.bayes.params import TensorList, parameter_views, uses_multi_tensor
 
 # The paper's FMNIST-10% client (Möllenhoff et al., App. G.2; the authors' configs/fmnist_*/fedivon.yaml): IVON's
 # Hessian momentum over one round of 10 epochs x ceil(600 / 32) = 190 steps, and h0 = 1e-3 on raw 0-255 pixels, twice
@@ -98,7 +107,144 @@ def hessian_under_prior(hess: Tensor, prior_precision: Tensor) -> Tensor:
     return torch.where(hess + prior_precision > 0, hess, torch.zeros_like(hess))
 
 
+# ---- the step's math: one function per line of Alg. 2, single-tensor (flat vectors) and multi-tensor (lists) ---------
+def momentum_step(momentum: Tensor, grad: Tensor, beta1: float) -> Tensor:
+    """IVON's gradient momentum, β1 g + (1 - β1) ĝ (ivon-opt's own update)."""
+    return beta1 * momentum + (1.0 - beta1) * grad
+
+
+def hessian_sample(nll_hess: Tensor, ess: float, dual_quadratic: Tensor) -> Tensor:
+    """Alg. 2 line 3: ĥ = g·(θ - m)/σ² - u, from IVON's estimate of the loss's Hessian (`nll_hess`, per example:
+    Price's g·(θ - m)·(h + δ), or g² for `hess_approx` "gradsq")."""
+    return nll_hess * ess - dual_quadratic
+
+
+def hessian_step(hess: Tensor, sample: Tensor, delta: Tensor, beta2: float) -> Tensor:
+    """Alg. 2 line 5: IVON's Hessian update, which keeps h + δ > 0."""
+    return beta2 * hess + (1.0 - beta2) * sample + 0.5 * (1.0 - beta2) ** 2 * (hess - sample).square() / (hess + delta)
+
+
+def mean_step(
+    mean: Tensor,
+    momentum: Tensor,
+    debias: float,
+    terms: Mapping[str, Tensor],
+    hess: Tensor,
+    lr: Tensor | float,
+    clip_radius: float,
+) -> Tensor:
+    """Alg. 2 line 6: m <- m - lr (g + v - u m + δ (m - m_p)) / (h + δ), the direction clipped to ±`clip_radius`.
+    `terms`: the group's prior and Lagrange terms (weight_decay δ, prior_mean m_p, dual_linear v, dual_quadratic u)."""
+    delta = terms["weight_decay"]
+    direction = (
+        momentum / debias + terms["dual_linear"] - terms["dual_quadratic"] * mean + delta * (mean - terms["prior_mean"])
+    ) / (hess + delta)
+    return mean - lr * direction.clamp(-clip_radius, clip_radius)
+
+
+def foreach_momentum_step_(momenta: TensorList, grads: TensorList, beta1: float) -> None:
+    """`momentum_step` in place, as one lerp: g + (1 - β1)(ĝ - g)."""
+    torch._foreach_lerp_(momenta, grads, 1.0 - beta1)
+
+
+def foreach_hessian_gap(
+    hess: TensorList,
+    nll_hess: TensorList,
+    scale: TensorList | None,
+    ess: float,
+    dual_quadratic: TensorList,
+) -> TensorList:
+    """h - ĥ of Alg. 2 line 3, = h + u - ess·nll_hess·scale (`scale`: h + δ for Price's estimate, None for g²)."""
+    gap = torch._foreach_add(hess, dual_quadratic)
+    if scale is None:
+        torch._foreach_add_(gap, nll_hess, alpha=-ess)
+    else:
+        torch._foreach_addcmul_(gap, nll_hess, scale, value=-ess)
+    return gap
+
+
+def foreach_hessian_step_(hess: TensorList, gap: TensorList, hess_plus_delta: TensorList, beta2: float) -> None:
+    """`hessian_step` in place, from the gap h - ĥ: h - (1 - β2)(h - ĥ) + ½(1 - β2)²(h - ĥ)²/(h + δ)."""
+    torch._foreach_addcmul_(hess, gap, torch._foreach_div(gap, hess_plus_delta), value=0.5 * (1.0 - beta2) ** 2)
+    torch._foreach_add_(hess, gap, alpha=-(1.0 - beta2))
+
+
+def foreach_mean_step_(
+    means: TensorList,
+    momenta: TensorList,
+    debias: float,
+    terms: Mapping[str, TensorList],
+    hess: TensorList,
+    lr: float,
+    lr_scale: TensorList | None,
+    clip_radius: float,
+) -> None:
+    """`mean_step` in place; the step size is `lr`, times `lr_scale` elementwise where given (IVON's rescale_lr)."""
+    delta = terms["weight_decay"]
+    direction = torch._foreach_add(terms["dual_linear"], momenta, alpha=1.0 / debias)
+    torch._foreach_addcmul_(direction, terms["dual_quadratic"], means, value=-1.0)
+    torch._foreach_addcmul_(direction, delta, torch._foreach_sub(means, terms["prior_mean"]))
+    torch._foreach_div_(direction, torch._foreach_add(hess, delta))
+    if isfinite(clip_radius):  # the single-tensor path's clamp to ±inf changes no number
+        torch._foreach_clamp_min_(direction, -clip_radius)
+        torch._foreach_clamp_max_(direction, clip_radius)
+    if lr_scale is None:
+        torch._foreach_add_(means, direction, alpha=-lr)
+    else:
+        torch._foreach_addcmul_(means, lr_scale, direction, value=-lr)
+
+
+def foreach_running_mean(mean: TensorList | None, sample: TensorList, count: int) -> TensorList:
+    """The mean of `count` samples, `sample` the last (ivon-opt's Welford mean), as a new list: the caller may change
+    its gradients in place later (gradient clipping), and IVON's single-tensor path copies them too."""
+    if mean is None:
+        return torch._foreach_mul(sample, 1.0)
+    step = torch._foreach_sub(sample, mean)
+    torch._foreach_div_(step, float(count))
+    torch._foreach_add_(step, mean)
+    return step
+
+
+def sampled_gradient(parameter: Tensor) -> Tensor:
+    """A parameter's gradient at the sample, as ivon-opt takes it: 0 for one that requires none.
+
+    Raises:
+        ValueError: a parameter that requires a gradient has none (the loss does not reach it)."""
+    if not parameter.requires_grad:
+        return torch.zeros_like(parameter)
+    if parameter.grad is None:
+        raise ValueError(f"a parameter of shape {tuple(parameter.shape)} has no gradient at the sampled weights")
+    return parameter.grad
+
+
+# The group's flat vectors the step reads: δ, m_p, v and u, per parameter (IVON's own: momentum, hess).
+TERMS = ("weight_decay", "prior_mean", "dual_linear", "dual_quadratic")
+
+
 class IVONWithPrior(ivon.IVON):
+    """IVON with a prior N(m_p, 1/(ess·δ)) per parameter and BayesADMM's Lagrange terms v, u (Alg. 2); the prior,
+    Lagrange and posterior accessors take one parameter group.
+
+    Args:
+        params: the model's parameters, all on one device and of one dtype.
+        lr, ess, hess_init, beta1, beta2, mc_samples, hess_approx, clip_radius, debias, rescale_lr: IVON's.
+        prior_precision: δ, the prior's precision per unit of ess, until `set_prior`.
+        foreach: the multi-tensor path (True), the single-tensor one (False), or None: multi-tensor on CUDA, the
+            single-tensor path elsewhere (`fedbayes.bayes.params.uses_multi_tensor`).
+
+    Raises:
+        ValueError: for IVON's invalid arguments.
+
+    The step (`step`, after the gradients at `sampled_params`), with g the gradient momentum, h the Hessian estimate:
+
+        g <- β1 g + (1 - β1) ĝ                                          ĝ: the mean gradient at the samples
+        ĥ  = ess · ĝ·(θ - m)·(h + δ) - u                                 Alg. 2 line 3 (Price's estimate)
+        h <- β2 h + (1 - β2) ĥ + ½ (1 - β2)² (h - ĥ)² / (h + δ)          line 5
+        m <- m - lr · clip((g / (1 - β1^t) + v - u m + δ (m - m_p)) / (h + δ))   line 6
+
+    and a sample is θ = m + ε / sqrt(ess (h + δ)), ε ~ N(0, I): the same draws on both paths.
+    """
+
     def __init__(
         self,
         params: ParamsT,
@@ -113,6 +259,7 @@ class IVONWithPrior(ivon.IVON):
         clip_radius: float = float("inf"),
         debias: bool = True,
         rescale_lr: bool = True,
+        foreach: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -128,6 +275,9 @@ class IVONWithPrior(ivon.IVON):
             debias=debias,
             rescale_lr=rescale_lr,
         )
+        self.foreach = uses_multi_tensor(foreach, self._device)
+        # The multi-tensor path's views of the flat vectors, per (group, name): rebuilt when a setter replaces one.
+        self._views: dict[tuple[int, str], tuple[Tensor, list[Tensor]]] = {}
         for group in self.param_groups:
             # IVON's `weight_decay` is delta; a per-parameter vector works wherever IVON uses it.
             group["weight_decay"] = self._flat(group, prior_precision)
@@ -184,9 +334,9 @@ class IVONWithPrior(ivon.IVON):
         """The gradient momentum, the Hessian estimate and the step count, on the CPU: what `carry_on` continues
         from in a later optimizer (a BayesADMM client keeps them in its durable state between rounds)."""
         group = self._group
-        return {
-            "momentum": group["momentum"].cpu(),
-            "hess": group["hess"].cpu(),
+        return {  # copies: the multi-tensor path changes its vectors in place
+            "momentum": group["momentum"].to("cpu", copy=True),
+            "hess": group["hess"].to("cpu", copy=True),
             "step": torch.tensor([self.current_step]),
         }
 
@@ -194,46 +344,131 @@ class IVONWithPrior(ivon.IVON):
         """Continue from an earlier optimizer's `carried_state()`, under this optimizer's prior (`set_prior` first:
         the carried h is kept where h + δ > 0, `hessian_under_prior`)."""
         group = self._group
-        group["momentum"] = state["momentum"].to(self._device, self._dtype)
+        # a copy: the multi-tensor path updates it in place, and the caller's tensor is its durable state
+        group["momentum"] = state["momentum"].to(self._device, self._dtype, copy=True)
         group["hess"] = hessian_under_prior(state["hess"].to(self._device, self._dtype), group["weight_decay"])
         self.current_step = int(state["step"].item())
 
+    # ---- the step ------------------------------------------------------------------------------------------------
+    @contextmanager
+    def sampled_params(self, train: bool = False) -> Iterator[None]:
+        """The parameters at one sample θ = m + ε / sqrt(ess (h + δ)) inside the block, the mean after it; with
+        `train`, the gradients there join the step's averages."""
+        if not self.foreach:
+            with super().sampled_params(train):
+                yield
+            return
+        means, noise = self._foreach_sample()
+        yield
+        self._foreach_restore(train, means, noise)
+
     @torch.no_grad()
     def _update(self) -> None:
+        if self.foreach:
+            self._foreach_update()
+        else:
+            self._single_tensor_update()
+
+    def _single_tensor_update(self) -> None:
         self.current_step += 1
         offset = 0
         for group in self.param_groups:
             window = slice(offset, offset + group["numel"])
-            beta1, beta2, delta = group["beta1"], group["beta2"], group["weight_decay"]
+            delta = group["weight_decay"]
             mean = torch.cat([p.flatten() for p in group["params"] if p is not None])
-            group["momentum"] = self._new_momentum(self.state["avg_grad"][window], group["momentum"], beta1)
-            hess = group["hess"]
-            # Alg. 2 line 3: h_hat = g·(theta - m)/sigma^2 - u
-            hess_sample = (
-                self._get_nll_hess(self.hess_approx, hess + delta, self.state["avg_nxg"], self.state["avg_gsq"], window)
-                * group["ess"]
-                - group["dual_quadratic"]
+            group["momentum"] = momentum_step(group["momentum"], self.state["avg_grad"][window], group["beta1"])
+            nll_hess = self._get_nll_hess(
+                self.hess_approx, group["hess"] + delta, self.state["avg_nxg"], self.state["avg_gsq"], window
             )
-            # line 5: IVON's Hessian update, which keeps h + delta > 0
-            hess = (
-                beta2 * hess
-                + (1.0 - beta2) * hess_sample
-                + 0.5 * (1.0 - beta2) ** 2 * (hess - hess_sample).square() / (hess + delta)
-            )
-            group["hess"] = hess
-            # line 6: m <- m - lr (g + v - u m + delta (m - m_p)) / (h + delta)
+            sample = hessian_sample(nll_hess, group["ess"], group["dual_quadratic"])
+            group["hess"] = hessian_step(group["hess"], sample, delta, group["beta2"])
             lr = group["lr"] * (group["hess_init"] + delta) if self.rescale_lr else group["lr"]
-            debias = 1.0 - pow(beta1, float(self.current_step)) if self.debias else 1.0
-            direction = (
-                group["momentum"] / debias
-                + group["dual_linear"]
-                - group["dual_quadratic"] * mean
-                + delta * (mean - group["prior_mean"])
-            ) / (hess + delta)
-            mean = mean - lr * direction.clamp(-group["clip_radius"], group["clip_radius"])
+            terms = {name: group[name] for name in TERMS}
+            mean = mean_step(
+                mean, group["momentum"], self._debias(group), terms, group["hess"], lr, group["clip_radius"]
+            )
             group_offset = 0
             for p in group["params"]:
                 if p is not None:
                     p.data = mean[group_offset : group_offset + p.numel()].view(p.shape)
                     group_offset += p.numel()
             offset += group["numel"]
+
+    def _debias(self, group: dict[str, Any]) -> float:
+        return 1.0 - pow(group["beta1"], float(self.current_step)) if self.debias else 1.0
+
+    # ---- the multi-tensor path: lists of parameters, gradients and views of the flat vectors -----------------------
+    def _parameters(self, group: dict[str, Any]) -> list[Tensor]:
+        return [p for p in group["params"] if p is not None]
+
+    def _views_of(self, index: int, name: str) -> list[Tensor]:
+        group = self.param_groups[index]
+        flat = group[name]
+        cached = self._views.get((index, name))
+        if cached is None or cached[0] is not flat:
+            cached = (flat, parameter_views(flat, self._parameters(group)))
+            self._views[(index, name)] = cached
+        return cached[1]
+
+    def _foreach_sample(self) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+        """Each group's means (the parameters' own tensors, kept) and noise ε / sqrt(ess (h + δ)), drawn as one
+        vector per group as ivon-opt draws it; the parameters hold m + noise until `_foreach_restore`."""
+        means, noises = [], []
+        for group in self.param_groups:
+            parameters = self._parameters(group)
+            noise = torch.randn(group["numel"], device=self._device, dtype=self._dtype)
+            noise.div_((group["hess"] + group["weight_decay"]).mul_(group["ess"]).sqrt_())
+            noise_views = parameter_views(noise, parameters)
+            group_means = [p.data for p in parameters]
+            for p, sampled in zip(parameters, torch._foreach_add(group_means, noise_views)):
+                p.data = sampled
+            means.append(group_means)
+            noises.append(noise_views)
+        return means, noises
+
+    def _foreach_restore(self, train: bool, means: list[list[Tensor]], noises: list[list[Tensor]]) -> None:
+        grads: list[Tensor] = []
+        products: list[Tensor] = []
+        for group, group_means, noise in zip(self.param_groups, means, noises):
+            parameters = self._parameters(group)
+            for p, mean in zip(parameters, group_means):
+                p.data = mean
+            if train:
+                group_grads = [sampled_gradient(p) for p in parameters]
+                grads += group_grads
+                if self.hess_approx == "price":
+                    products += torch._foreach_mul(noise, group_grads)
+                else:
+                    products += torch._foreach_mul(group_grads, group_grads)
+        if not train:
+            return
+        count = self.state["count"] + 1
+        self.state["count"] = count
+        self.state["avg_grad"] = foreach_running_mean(self.state["avg_grad"], grads, count)
+        self.state["avg_nll_hess"] = (
+            products if count == 1 else foreach_running_mean(self.state["avg_nll_hess"], products, count)
+        )
+
+    def _reset_samples(self) -> None:
+        super()._reset_samples()
+        self.state["avg_nll_hess"] = None  # the multi-tensor path's g·(θ - m) (Price) or g² per parameter
+
+    def _foreach_update(self) -> None:
+        self.current_step += 1
+        offset = 0
+        for index, group in enumerate(self.param_groups):
+            parameters = self._parameters(group)
+            window = slice(offset, offset + len(parameters))
+            grads, nll_hess = self.state["avg_grad"][window], self.state["avg_nll_hess"][window]
+            momenta, hess = self._views_of(index, "momentum"), self._views_of(index, "hess")
+            terms = {name: self._views_of(index, name) for name in TERMS}
+            foreach_momentum_step_(momenta, grads, group["beta1"])
+            hess_plus_delta = torch._foreach_add(hess, terms["weight_decay"])
+            scale = hess_plus_delta if self.hess_approx == "price" else None
+            gap = foreach_hessian_gap(hess, nll_hess, scale, group["ess"], terms["dual_quadratic"])
+            foreach_hessian_step_(hess, gap, hess_plus_delta, group["beta2"])
+            lr_scale = torch._foreach_add(terms["weight_decay"], group["hess_init"]) if self.rescale_lr else None
+            foreach_mean_step_(
+                parameters, momenta, self._debias(group), terms, hess, group["lr"], lr_scale, group["clip_radius"]
+            )
+            offset += len(parameters)

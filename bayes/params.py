@@ -11,6 +11,7 @@ from numpy.typing import DTypeLike
 # What a receiver expects in one tensor group: ordered name -> shape (float32 unless stated).
 TensorLayout = Mapping[str, tuple[int, ...]]
 Tensors = dict[str, np.ndarray]  # ordered name -> array
+TensorList = list[torch.Tensor] | tuple[torch.Tensor, ...]  # what torch's multi-tensor (torch._foreach_*) ops take
 
 
 def parameter_layout(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -64,3 +65,21 @@ def weighted_mean(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np
     """Σ_k w_k x_k / Σ_k w_k in float64 (weights such as example counts can be large integers)."""
     weight = np.asarray(weights, dtype=np.float64)
     return np.tensordot(weight / weight.sum(), np.stack(vectors).astype(np.float64, copy=False), axes=1)
+
+
+def uses_multi_tensor(foreach: bool | None, device: torch.device) -> bool:
+    """Whether an update runs as torch's multi-tensor (`torch._foreach_*`) kernels: `foreach` where given, else on
+    CUDA only, as torch.optim's default. Why: on a GPU every elementwise op is a kernel launch and the step is bound by
+    them, so one launch per list (and fused updates) replaces several per tensor. On the CPU the single-tensor path
+    stays the default because it gives the earlier results' numbers bit for bit (benchmarks/determinism.py); the
+    multi-tensor one agrees to float32 round-off and is what docs/results/cnns.md measures against it there."""
+    return device.type == "cuda" if foreach is None else foreach
+
+
+def parameter_views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat` (one vector in parameter order) as views shaped like the tensors of `like`: an in-place op on a view
+    changes `flat`. Raises ValueError if the sizes do not add up."""
+    sizes = [tensor.numel() for tensor in like]
+    if sum(sizes) != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} values, the tensors need {sum(sizes)}")
+    return [piece.view_as(tensor) for piece, tensor in zip(flat.split_with_sizes(sizes), like)]

@@ -1,5 +1,6 @@
 """The local training loop every client half shares: minibatch epochs with any torch optimizer,
-including IVON (whose gradients are taken at sampled weights)."""
+including IVON (whose gradients are taken at sampled weights), and the extra terms of a local objective whose
+gradients are known in closed form (FedDyn's, FedLap's; FedProx's and federated ADMM's in their client halves)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fedbayes.bayes.params import TensorList, parameter_views
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.tasks.datasets import Dataset
 
 if TYPE_CHECKING:
     from fedbayes.client.runtime import ClientRuntime
 
-ExtraLoss = Callable[[torch.nn.Module], torch.Tensor]
+# An extra term of the local objective: called at the parameters after the loss's backward pass, it adds its gradient
+# to theirs and returns its value (0-dim, on their device), which the reported loss includes.
+GradientTerm = Callable[[TensorList], torch.Tensor]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss
 
 
@@ -37,7 +41,7 @@ def train_epochs(
     batch_size: int,
     device: torch.device,
     seed: int,
-    extra_loss: ExtraLoss | None = None,
+    extra_term: GradientTerm | None = None,
     sampled_weights: Callable[[], AbstractContextManager] = nullcontext,
     mc_samples: int = 1,
     max_grad_norm: float = 0.0,
@@ -45,7 +49,7 @@ def train_epochs(
     after_step: Callable[[], None] | None = None,
     generator: torch.Generator | None = None,
 ) -> tuple[float, float]:
-    """Minibatch training on `loss_fn` (mean cross-entropy by default) + `extra_loss(model)`; returns the last
+    """Minibatch training on `loss_fn` (mean cross-entropy by default) + `extra_term`; returns the last
     epoch's mean loss and the seconds spent training. `model` must already be on `device` (the
     optimizer holds its parameters); build the optimizer before calling, so its one-off cost (the
     first torch optimizer in a process imports torch._dynamo, 1.5-3 s) is not counted as training.
@@ -65,6 +69,7 @@ def train_epochs(
     started = time.perf_counter()
     model.train()
     images, labels = data.images.to(device), data.labels.to(device)
+    parameters: list[torch.Tensor] = list(model.parameters())
     generator = torch.Generator().manual_seed(seed) if generator is None else generator
     epoch_loss = torch.zeros((), dtype=torch.float64, device=device)
     for _ in range(epochs):
@@ -76,9 +81,9 @@ def train_epochs(
                 with sampled_weights():
                     optimizer.zero_grad(set_to_none=True)
                     loss = loss_fn(model(images[batch]), labels[batch])
-                    if extra_loss is not None:
-                        loss = loss + extra_loss(model)
                     loss.backward()
+                    if extra_term is not None:  # at the same (sampled) weights
+                        loss = loss.detach() + extra_term(parameters)
             if max_grad_norm > 0.0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
@@ -90,15 +95,35 @@ def train_epochs(
     return mean_loss, time.perf_counter() - started
 
 
-def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> ExtraLoss:
-    """½ Σ_j weight_j (θ_j − anchor_j)² over the flattened parameters θ (in `model.parameters()` order):
-    the cavity/proximal term FedDyn, FedLap and FedLap-Cov add to the mean minibatch loss
-    (docs/algorithms/fedlap.md). `weight` is a scalar or one value per parameter,
-    already in mean-loss units; both tensors must be on the model's device."""
+def gradients(parameters: TensorList) -> list[torch.Tensor]:
+    """Each parameter's .grad, a zero one made where it has none (a parameter the loss does not reach)."""
+    grads = []
+    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    return grads
 
-    def penalty(model: torch.nn.Module) -> torch.Tensor:
-        theta = torch.cat([p.reshape(-1) for p in model.parameters()])
-        return 0.5 * (weight * (theta - anchor).square()).sum()
+
+def add_flat_gradient(parameters: TensorList, gradient: torch.Tensor) -> None:
+    """Add `gradient` (one flat vector in parameter order) to the gradients of the parameters that require one (as
+    autograd would: a frozen parameter gets none), as one multi-tensor add (`torch._foreach_add_`): one kernel on a
+    GPU, and on the CPU the same numbers as an add per tensor."""
+    pairs = [(p, piece) for p, piece in zip(parameters, parameter_views(gradient, parameters)) if p.requires_grad]
+    if pairs:
+        torch._foreach_add_(gradients([p for p, _ in pairs]), [piece for _, piece in pairs])
+
+
+def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> GradientTerm:
+    """½ Σ_j weight_j (θ_j − anchor_j)² over the flattened parameters θ (in `model.parameters()` order), gradient
+    weight·(θ − anchor): the cavity/proximal term FedDyn, FedLap and FedLap-Cov add to the mean minibatch loss
+    (docs/algorithms/fedlap.md). `weight` is a scalar or one value per parameter, already in mean-loss units; both
+    tensors must be on the model's device."""
+
+    def penalty(parameters: TensorList) -> torch.Tensor:
+        diff = torch.cat([p.detach().reshape(-1) for p in parameters]) - anchor
+        add_flat_gradient(parameters, weight * diff)
+        return 0.5 * (weight * diff.square()).sum()
 
     return penalty
 
@@ -129,7 +154,7 @@ def train_anchored(
         training.batch_size,
         runtime.device,
         seed=runtime.local_seed(training.seed, server_round),
-        extra_loss=anchored_penalty(device_anchor, device_weight),
+        extra_term=anchored_penalty(device_anchor, device_weight),
         max_grad_norm=max_grad_norm,
     )
     local = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().double()

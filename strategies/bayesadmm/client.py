@@ -20,10 +20,10 @@ from fedbayes.bayes.ivon import (
     hessian_init_within_weights,
     hessian_momentum,
 )
-from fedbayes.bayes.params import TensorLayout, flatten, unflatten
+from fedbayes.bayes.params import TensorLayout, TensorList, flatten, unflatten
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
 from fedbayes.client.state import ClientState
-from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.client.training import GradientTerm, add_flat_gradient, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
 from fedbayes.strategies.bayesadmm.math import (
@@ -240,13 +240,12 @@ def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):
         for p in model.parameters():
             p.copy_(global_.mean[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
-    anchor = global_.mean.to(runtime.device, torch.float32)
-    dual = duals.mean.to(runtime.device, torch.float32)
-
-    def admm_terms(module: torch.nn.Module) -> torch.Tensor:
-        theta = torch.cat([p.flatten() for p in module.parameters()])
-        return (dual @ theta + 0.5 * instruction.rho * (theta - anchor).square().sum()) / num_examples
-
+    terms = admm_terms(
+        duals.mean.to(runtime.device, torch.float32),
+        global_.mean.to(runtime.device, torch.float32),
+        instruction.rho,
+        num_examples,
+    )
     loss_and_seconds = train_epochs(
         model,
         runtime.data,
@@ -255,8 +254,23 @@ def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):
         instruction.training.batch_size,
         runtime.device,
         seed=training_seed(local),
-        extra_loss=admm_terms,
+        extra_term=terms,
     )
     mean = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().double()
     model.cpu()
     return Gaussian(mean, unit_precision()), loss_and_seconds, {}
+
+
+def admm_terms(dual: torch.Tensor, anchor: torch.Tensor, rho: float, num_examples: int) -> GradientTerm:
+    """Federated ADMM's (v·θ + ρ/2 ‖θ − m̄‖²)/N_k (Eq. 21) over the flattened parameters θ, gradient
+    (v + ρ (θ − m̄))/N_k; `dual` (v) and `anchor` (m̄) on the model's device."""
+    # 1/N_k as a float32 tensor, and the gradient in the chain rule's order: the numbers autograd gave on the value
+    inverse = torch.ones((), dtype=anchor.dtype, device=anchor.device) / num_examples
+
+    def terms(parameters: TensorList) -> torch.Tensor:
+        theta = torch.cat([p.detach().flatten() for p in parameters])
+        diff = theta - anchor
+        add_flat_gradient(parameters, dual * inverse + diff * (inverse * rho))
+        return (dual @ theta + 0.5 * rho * diff.square().sum()) / num_examples
+
+    return terms

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
-from fedbayes.bayes.params import get_parameters, set_parameters
+from fedbayes.bayes.params import TensorList, get_parameters, set_parameters, uses_multi_tensor
 from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
 from fedbayes.client.runtime import ClientRuntime
-from fedbayes.client.training import make_optimizer, train_epochs
+from fedbayes.client.training import GradientTerm, anchored_penalty, gradients, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 
 
@@ -36,10 +34,10 @@ def train_locally(
 ) -> tuple[float, float]:
     """FedAvg's local training of `runtime.model` from its current weights (FedPA's burn-in rounds
     run exactly this); returns the last epoch's loss and the compute seconds."""
-    extra_loss = None
+    extra_term = None
     if proximal_mu > 0.0:
         anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
-        extra_loss = _proximal_term(proximal_mu, anchor)
+        extra_term = proximal_term(proximal_mu, anchor)
     model = runtime.model.to(runtime.device)
     losses = train_epochs(
         model,
@@ -49,15 +47,26 @@ def train_locally(
         training.batch_size,
         runtime.device,
         seed=runtime.local_seed(training.seed, server_round),
-        extra_loss=extra_loss,
+        extra_term=extra_term,
     )
     model.cpu()
     return losses
 
 
-def _proximal_term(mu: float, anchor: list[torch.Tensor]):
-    def proximal(model: torch.nn.Module) -> torch.Tensor:
-        squared = cast(torch.Tensor, sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor)))  # 0 + ...
+def proximal_term(mu: float, anchor: list[torch.Tensor], foreach: bool | None = None) -> GradientTerm:
+    """FedProx's ½ μ Σ ‖θ_i − anchor_i‖² over the parameter tensors θ_i, gradient μ (θ_i − anchor_i). `foreach`: the
+    multi-tensor path (one flat vector, one multi-tensor add into the gradients), the single-tensor one (per tensor),
+    or None: multi-tensor on CUDA (`fedbayes.bayes.params.uses_multi_tensor`)."""
+    if uses_multi_tensor(foreach, anchor[0].device):
+        return anchored_penalty(torch.cat([a.reshape(-1) for a in anchor]), mu)
+
+    def proximal(parameters: TensorList) -> torch.Tensor:
+        squared = torch.zeros((), dtype=anchor[0].dtype, device=anchor[0].device)
+        for p, a in zip(parameters, anchor):
+            diff = p.detach() - a
+            squared = squared + diff.pow(2).sum()
+            if p.requires_grad:  # as autograd: a frozen parameter gets no gradient
+                gradients([p])[0].add_(diff * mu)
         return 0.5 * mu * squared
 
     return proximal

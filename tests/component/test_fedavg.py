@@ -1,4 +1,5 @@
-"""FedAvg/FedProx halves in one process: weighted averaging, rejection, the proximal term."""
+"""FedAvg/FedProx halves in one process: weighted averaging, rejection, the proximal term's pull (its value and
+gradient: tests/unit/test_gradient_terms.py)."""
 
 import numpy as np
 import pytest
@@ -11,7 +12,6 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, decode, encode, new_header
 from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import get_algorithm
-from fedbayes.strategies.fedavg.client import _proximal_term
 from fedbayes.strategies.fedavg.server import FedAvg
 from tests.support import LAYOUT, FakeGrid, answers, fedavg_reply, reply_message, round_core, settings
 
@@ -63,17 +63,6 @@ def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
 def test_no_usable_reply_leaves_the_model_unchanged():
     core = round_core(FedAvg(settings(), LAYOUT))
     assert core.aggregate(1, [reply_message(None, 1, Error(code=5, reason="gone"))]) == (None, None)
-
-
-def test_proximal_term_is_half_mu_squared_distance():
-    model = torch.nn.Linear(2, 1)
-    anchor = [p.detach().clone() for p in model.parameters()]
-    with torch.no_grad():
-        model.weight.add_(torch.tensor([[1.0, 2.0]]))
-    term = _proximal_term(0.5, anchor)(model)
-    assert term.item() == pytest.approx(0.5 * 0.5 * (1.0 + 4.0))
-    term.backward()  # gradient mu * (w - w_global)
-    torch.testing.assert_close(model.weight.grad, 0.5 * torch.tensor([[1.0, 2.0]]))
 
 
 def client_round(run_settings, mu):

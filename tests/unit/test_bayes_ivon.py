@@ -1,4 +1,5 @@
-"""IVON with prior mean and Lagrange terms (BayesADMM Alg. 2) against closed forms."""
+"""IVON with prior mean and Lagrange terms (BayesADMM Alg. 2) against closed forms; its multi-tensor path against
+its single-tensor one."""
 
 import ivon
 import pytest
@@ -13,6 +14,10 @@ from fedbayes.bayes.ivon import (
     hessian_momentum,
     hessian_under_prior,
 )
+from fedbayes.bayes.params import parameter_views, uses_multi_tensor
+from tests.support import NO_GPU
+
+PATHS = pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "multi-tensor"])
 
 
 def run_quadratic(optimizer, theta, curvature, target, steps):
@@ -25,7 +30,8 @@ def run_quadratic(optimizer, theta, curvature, target, steps):
         optimizer.step()
 
 
-def test_without_prior_mean_and_duals_it_is_stock_ivon():
+@PATHS
+def test_without_prior_mean_and_duals_it_is_stock_ivon(foreach):
     results = []
     for optimizer_class in (ivon.IVON, IVONWithPrior):
         torch.manual_seed(0)
@@ -34,14 +40,15 @@ def test_without_prior_mean_and_duals_it_is_stock_ivon():
         if optimizer_class is ivon.IVON:
             optimizer = optimizer_class([theta], weight_decay=0.01, **kwargs)
         else:
-            optimizer = optimizer_class([theta], prior_precision=0.01, **kwargs)
+            optimizer = optimizer_class([theta], prior_precision=0.01, foreach=foreach, **kwargs)
         run_quadratic(optimizer, theta, torch.linspace(0.5, 2.0, 5), torch.linspace(-1.0, 1.0, 5), steps=50)
         results.append((theta.detach().clone(), optimizer.param_groups[0]["hess"].clone()))
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
 
 
-def test_reaches_the_closed_form_minimiser_of_eq_30():
+@PATHS
+def test_reaches_the_closed_form_minimiser_of_eq_30(foreach):
     """ess·E_q[loss + v·theta - 1/2 u theta^2] + KL(q || N(m_p, 1/(ess·delta))) with a quadratic loss
     is minimised by precision ess·(a - u + delta) and mean (a b - v + delta m_p) / (a - u + delta)."""
     torch.manual_seed(1)
@@ -57,7 +64,9 @@ def test_reaches_the_closed_form_minimiser_of_eq_30():
     # low variance and the final h can be compared tightly (the mean check is no weaker for it).
     v = u * target - prior_precision / ess * (target - prior_mean)
     theta = torch.nn.Parameter(torch.zeros(4))
-    optimizer = IVONWithPrior([theta], lr=0.05, ess=ess, hess_init=1.0, beta1=0.9, beta2=0.999, rescale_lr=False)
+    optimizer = IVONWithPrior(
+        [theta], lr=0.05, ess=ess, hess_init=1.0, beta1=0.9, beta2=0.999, rescale_lr=False, foreach=foreach
+    )
     optimizer.set_prior(prior_mean, prior_precision)
     optimizer.set_lagrange(v, u)
     run_quadratic(optimizer, theta, curvature, target, steps=5000)
@@ -108,6 +117,128 @@ def test_carrying_a_negative_hessian_into_a_looser_prior_samples_finite_weights(
     torch.manual_seed(0)
     run_quadratic(optimizer, theta, torch.ones(3), torch.ones(3), steps=3)
     assert torch.isfinite(theta).all() and torch.isfinite(optimizer.posterior()[1]).all()
+
+
+def small_network() -> torch.nn.Module:
+    """Tensors of four shapes (a convolution's weight and bias, a linear layer's), an unused one among them."""
+    torch.manual_seed(3)
+    network = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 3, 3), torch.nn.Sigmoid(), torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 5)
+    )
+    network.register_parameter("unused", torch.nn.Parameter(torch.zeros(2), requires_grad=False))
+    return network
+
+
+def trained(foreach: bool, device: torch.device, steps: int = 6, **options) -> tuple[torch.Tensor, ...]:
+    """`steps` steps on a small network with a prior, both Lagrange terms and a carried momentum and Hessian;
+    returns the posterior's mean and precision and IVON's momentum."""
+    network = small_network().to(device)
+    size = sum(p.numel() for p in network.parameters())
+    generator = torch.Generator().manual_seed(4)
+    values = {name: torch.randn(size, generator=generator) for name in ("mean", "v", "momentum")}
+    ess = 500.0
+    optimizer = IVONWithPrior(
+        network.parameters(), lr=0.05, ess=ess, hess_init=0.5, beta2=0.99, foreach=foreach, **options
+    )
+    optimizer.set_prior(0.1 * values["mean"].to(device), ess * torch.linspace(0.1, 1.0, size, device=device))
+    optimizer.set_lagrange(0.01 * values["v"].to(device), torch.linspace(-0.05, 0.05, size, device=device))
+    hess = torch.linspace(0.2, 2.0, size)
+    optimizer.carry_on({"momentum": 0.1 * values["momentum"], "hess": hess, "step": torch.tensor([3])})
+    images = torch.rand(16, 2, 6, 6, generator=generator).to(device)
+    labels = torch.randint(0, 5, (16,), generator=generator).to(device)
+    torch.manual_seed(5)  # the weight noise: the same draws on both paths
+    for _ in range(steps):
+        for _ in range(optimizer.mc_samples):
+            with optimizer.sampled_params(train=True):
+                optimizer.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(network(images), labels).backward()
+        optimizer.step()
+    mean, precision = optimizer.posterior()
+    return mean, precision, optimizer.param_groups[0]["momentum"]
+
+
+OPTIONS = [
+    {},
+    {"rescale_lr": False},
+    {"mc_samples": 3},
+    {"clip_radius": 0.01},
+    {"hess_approx": "gradsq"},
+    {"debias": False},
+]
+
+
+def assert_paths_agree(device: torch.device, options: dict) -> None:
+    single, multi = trained(False, device, **options), trained(True, device, **options)
+    for name, a, b in zip(("mean", "precision", "momentum"), single, multi):
+        # float32 round-off over a few steps: a few ulps of each vector's scale
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * float(a.abs().max()), msg=f"{name}, {options}")
+    before = trained(False, device, steps=0, **options)
+    assert (single[0] - before[0]).abs().max() > 1e-3  # the steps moved the mean: the comparison says something
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
+def test_the_multi_tensor_step_equals_the_single_tensor_step_on_the_cpu(options):
+    assert_paths_agree(torch.device("cpu"), options)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
+def test_the_multi_tensor_step_equals_the_single_tensor_step_on_cuda(options):
+    assert_paths_agree(torch.device("cuda"), options)
+
+
+def test_the_multi_tensor_path_is_the_default_on_cuda_only():
+    theta = torch.nn.Parameter(torch.zeros(3))
+    assert not IVONWithPrior([theta], lr=0.1, ess=10.0).foreach
+    assert IVONWithPrior([theta], lr=0.1, ess=10.0, foreach=True).foreach
+    assert uses_multi_tensor(None, torch.device("cuda")) and not uses_multi_tensor(None, torch.device("cpu"))
+    assert not uses_multi_tensor(False, torch.device("cuda")) and uses_multi_tensor(True, torch.device("cpu"))
+
+
+@PATHS
+def test_the_carried_state_is_a_copy_both_ways_that_later_steps_leave_alone(foreach):
+    """The multi-tensor path updates IVON's momentum and Hessian in place: neither what a client stored from one
+    optimizer nor what it handed to the next may move with their steps."""
+    theta = torch.nn.Parameter(torch.zeros(3))
+    optimizer = IVONWithPrior([theta], lr=0.1, ess=10.0, hess_init=1.0, foreach=foreach)
+    torch.manual_seed(0)
+    run_quadratic(optimizer, theta, torch.ones(3), torch.ones(3), steps=2)
+    carried = optimizer.carried_state()
+    kept = {name: value.clone() for name, value in carried.items()}
+    run_quadratic(optimizer, theta, torch.ones(3), torch.ones(3), steps=2)
+    assert all(torch.equal(carried[name], kept[name]) for name in kept)
+    assert not torch.equal(optimizer.param_groups[0]["hess"], kept["hess"])
+    following = IVONWithPrior([theta], lr=0.1, ess=10.0, hess_init=1.0, foreach=foreach)
+    following.carry_on(carried)
+    run_quadratic(following, theta, torch.ones(3), torch.ones(3), steps=2)
+    assert all(torch.equal(carried[name], kept[name]) for name in kept)
+    assert not torch.equal(following.param_groups[0]["momentum"], kept["momentum"])
+
+
+@PATHS
+def test_a_prior_set_between_steps_is_the_one_the_next_step_uses(foreach):
+    """The multi-tensor path keeps views of the prior's vectors: a new prior must replace them. With δ huge the step
+    pulls the mean onto the prior's mean almost at once (the loss is 0 here: no data gradient)."""
+    ess = 10.0
+    theta = torch.nn.Parameter(torch.zeros(2))
+    optimizer = IVONWithPrior([theta], lr=0.5, ess=ess, hess_init=1.0, rescale_lr=False, foreach=foreach)
+    run_quadratic(optimizer, theta, torch.zeros(2), torch.zeros(2), steps=1)
+    optimizer.set_prior(torch.tensor([2.0, -3.0]), ess * torch.tensor([1e6, 1e6]))
+    torch.manual_seed(0)
+    run_quadratic(optimizer, theta, torch.zeros(2), torch.zeros(2), steps=20)
+    torch.testing.assert_close(theta.detach(), torch.tensor([2.0, -3.0]), atol=1e-3, rtol=0)
+
+
+def test_parameter_views_are_shaped_views_of_the_flat_vector_and_refuse_a_wrong_size():
+    like = [torch.zeros(2, 3), torch.zeros(4), torch.zeros(1, 1, 2)]
+    flat = torch.arange(12.0)
+    views = parameter_views(flat, like)
+    assert [v.shape for v in views] == [t.shape for t in like]
+    torch.testing.assert_close(views[1], torch.tensor([6.0, 7.0, 8.0, 9.0]))
+    views[2].add_(100.0)
+    torch.testing.assert_close(flat[10:], torch.tensor([110.0, 111.0]))
+    with pytest.raises(ValueError, match="flat vector has 11 values, the tensors need 12"):
+        parameter_views(torch.zeros(11), like)
 
 
 @pytest.mark.parametrize("steps", [1, 5, 19, 190, 1900])
