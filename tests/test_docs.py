@@ -338,6 +338,24 @@ def test_every_home_directory_path_the_docs_name_is_where_the_code_puts_it():
     assert not wrong, f"paths no code uses (it uses {', '.join(locations)}):\n" + "\n".join(wrong)
 
 
+def test_a_page_that_starts_an_mlflow_server_installs_the_full_mlflow_and_waits_for_it():
+    """The `mlflow` extra is mlflow-skinny, which has no `mlflow server`; and a server started in the background takes
+    minutes to answer on a busy machine, so a run started right after it went untracked."""
+    started = []
+    for page in PAGES:
+        for block in fenced_blocks(page.read_text(), ("sh", "bash", "shell")):
+            lines = block.replace("\\\n", " ").splitlines()
+            for index, line in enumerate(lines):
+                if line.startswith("mlflow server "):
+                    started.append(page.name)
+                    installs = [shlex.split(other, comments=True) for other in lines if other.startswith("pip install")]
+                    assert any("mlflow" in words for words in installs), f"{page.name}: no `pip install mlflow`"
+                    assert line.rstrip().endswith("&") and "--workers 1" in line, f"{page.name}: {line}"
+                    wait = lines[index + 1]
+                    assert wait.startswith("curl ") and "--retry-connrefused" in wait and "/health &&" in wait, wait
+    assert started, "no page starts an MLflow server any more"
+
+
 @pytest.mark.parametrize("strategy", sorted(ALGORITHM_PAGES))
 def test_each_algorithm_page_explains_every_hyperparameter(strategy):
     page = (DOCS / "algorithms" / ALGORITHM_PAGES[strategy]).read_text()
