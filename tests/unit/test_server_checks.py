@@ -25,6 +25,7 @@ from fedbayes.deploy.server import (
     report_checks,
     server_checks,
 )
+from tests.support import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +149,17 @@ def test_the_commands_it_prints_next_parse_and_name_this_servers_files(tmp_path,
     assert f'client-registry="{layout.registry}"' in run[-1] and 'federation="first"' in run[-1]
     assert commands[0][commands[0].index("--registry") + 1] == str(layout.registry)
     assert commands[4][2] == str(layout.checkpoints) and "fl.example.org:9092" in commands[5]
+
+
+@pytest.mark.parametrize("unit", ["fedbayes-server.service", "fedbayes-client.service"])
+def test_the_systemd_units_run_a_command_that_parses_and_stop_it_alone(unit):
+    """KillMode=mixed: SIGTERM to the command alone, which stops its processes in order (a SuperNode signed off
+    first); systemd's default would signal every process of the unit at once."""
+    text = (ROOT / "deploy" / "systemd" / unit).read_text()
+    settings = dict(
+        line.split("=", 1) for line in text.replace("\\\n", " ").splitlines() if "=" in line and line[:1].isalpha()
+    )
+    command = shlex.split(settings["ExecStart"])
+    assert command[0].endswith("/fedbayes") and command[1] == unit.split("-")[1].removesuffix(".service")
+    cli.build_parser().parse_args(command[1:])
+    assert settings["KillMode"] == "mixed" and settings["Restart"] == "on-failure"
