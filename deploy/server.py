@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import errno
 import shlex
 import signal
 import socket
@@ -183,9 +184,12 @@ def run(args: argparse.Namespace) -> int:
     layout = ServerLayout.from_arguments(args)
     checks = server_checks(args, layout)
     if args.check:
-        return report_checks(checks, args, layout)
+        return report_checks(checks, args.name)
     for check in checks:
-        check.run()  # the first problem is the command's error
+        try:
+            check.run()
+        except CheckFailed as problem:  # the first problem is the command's error
+            raise CheckFailed(f"{check.name}: {problem} (--check reports every check)") from None
     try:
         return serve(args, layout, superlink_args)
     except KeyboardInterrupt:
@@ -227,7 +231,7 @@ def server_checks(args: argparse.Namespace, layout: ServerLayout) -> list[Check]
     ]
 
 
-def report_checks(checks: list[Check], args: argparse.Namespace, layout: ServerLayout) -> int:
+def report_checks(checks: list[Check], name: str) -> int:
     """Run every check and print one line each; 0 if all passed, else 1."""
     failed = 0
     for check in checks:
@@ -239,7 +243,7 @@ def report_checks(checks: list[Check], args: argparse.Namespace, layout: ServerL
     if failed:
         print(f"{failed} of {len(checks)} checks failed; nothing was started")
         return 1
-    print(f"ok: run the same command without --check to start the server for {args.name}")
+    print(f"ok: run the same command without --check to start the server for {name}")
     return 0
 
 
@@ -291,7 +295,9 @@ def check_certificates(directory: Path, name: str, now: datetime.datetime | None
     names = certificate_names(certificate)
     missing = [wanted for wanted in (name, CONTROL_HOST) if wanted.lower() not in (n.lower() for n in names)]
     if missing:
-        option = "--ip" if _is_ip(missing[0]) else "--name"
+        from fedbayes.deploy.fleet_probe import is_ip
+
+        option = "--ip" if is_ip(missing[0]) else "--name"
         raise CheckFailed(
             f"{files.server_cert} is valid for {', '.join(names)}, not for {' or '.join(missing)}: clients' TLS "
             f"would fail; issue one that is (`fedbayes pki init --out {directory} --force {option} {missing[0]}`; "
@@ -384,18 +390,11 @@ def bind_problem(host: str, port: int) -> str | None:
         try:
             probe.bind(address)
         except OSError as error:
-            return f"{error.strerror or error} (another SuperLink, or another program, listens there?)"
+            in_use = error.errno == errno.EADDRINUSE
+            return f"{error.strerror or error}" + (
+                " (another SuperLink, or another program, listens there)" if in_use else ""
+            )
     return None
-
-
-def _is_ip(host: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 # ---- the processes ------------------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def test_superlink_arguments_go_after_a_double_dash_and_never_override_its_own()
 def test_check_reports_every_check_and_fails_if_one_does(tmp_path, certs, capsys):
     args = server_args(tmp_path, certs, "--name", "fl.other.org", "--dataset", "npz:/nonexistent")
     layout = ServerLayout.from_arguments(args)
-    assert report_checks(server_checks(args, layout), args, layout) == 1
+    assert report_checks(server_checks(args, layout), args.name) == 1
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[:5]] == ["certificate", "registry", "state", "ports", "dataset"]
     assert lines[0].startswith("certificate  FAILED:") and lines[4].startswith("dataset      FAILED:")
