@@ -390,10 +390,8 @@ def bind_problem(host: str, port: int) -> str | None:
         try:
             probe.bind(address)
         except OSError as error:
-            in_use = error.errno == errno.EADDRINUSE
-            return f"{error.strerror or error}" + (
-                " (another SuperLink, or another program, listens there)" if in_use else ""
-            )
+            in_use = " (another SuperLink, or another program, is there)" if error.errno == errno.EADDRINUSE else ""
+            return f"{error.strerror or error}{in_use}"
     return None
 
 
