@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see tasks/compute.py
 
+import json
 import time
 from logging import INFO
 
@@ -15,13 +16,14 @@ from flwr.clientapp import ClientApp
 from flwr.common import log
 
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
-from fedbayes.client.state import ClientStateStore
+from fedbayes.client.state import ClientStateStore, leave_request_note
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TIMINGS_KEY, check_payload_size, decode_header, encode, reply_header
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads
 from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.slots import compute_slot
+from fedbayes.tasks.storage import write_atomically
 
 app = ClientApp()
 
@@ -75,7 +77,8 @@ def answer_without_training(content: RecordDict, node: NodeSettings, settings: R
 def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
     """The answer of a client leaving for good (`fedbayes client --leave --forget`) to any instruction: LeaveAndForget,
     no training. Once the instruction says the server has forgotten it (Header.forgotten_client_id; server/forget.py),
-    its durable state in that federation is deleted first, and the leave marker stops `fedbayes client`."""
+    its durable state in that federation is deleted first, and the leave marker stops `fedbayes client`; until then
+    each request is noted (the leave-request note) for `fedbayes client` to report."""
     header = decode_header(content, sender="server")
     if header.forgotten_client_id == node.client_id:
         store = ClientStateStore(node.state_dir, header.federation, node.client_id)
@@ -89,6 +92,8 @@ def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
         )
     else:
         log(INFO, "%s: asking the server to forget this client (round %d)", node.client_id, header.server_round)
+        note = {"federation": header.federation, "round": header.server_round}
+        write_atomically(leave_request_note(node.state_dir, node.client_id), json.dumps(note).encode())
     return encode(pb.LeaveAndForget(header=reply_header(header, node.client_id)), None, {})
 
 

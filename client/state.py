@@ -41,6 +41,12 @@ def left_marker(root: str | Path, client_id: str) -> Path:
     return Path(root) / f"left-{client_id}.json"
 
 
+def leave_request_note(root: str | Path, client_id: str) -> Path:
+    """<state-dir>/leaving-<client-id>.json: the federation and round in which this client last asked the server to
+    forget it (client/app.py); `fedbayes client --leave --forget` says so, and names it when it gives up."""
+    return Path(root) / f"leaving-{client_id}.json"
+
+
 class StateCorruptError(RuntimeError):
     """The state file exists but cannot be read; never silently replaced by a fresh state."""
 

@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client(
         commands.add_parser("client", help="join a federation from this machine (SuperNode + ClientApp executor)")
     )
+    _add_server(
+        commands.add_parser(
+            "server",
+            help="the server side of a federation across machines on this machine: the SuperLink (TLS, node "
+            "authentication) and the ServerApp executor, supervised (or --check)",
+        )
+    )
     _add_posterior_export(
         commands.add_parser(
             "export", help="write a round's global posterior to an open file (safetensors + JSON header)"
@@ -358,6 +365,13 @@ def _add_superexec(parser: argparse.ArgumentParser) -> None:
 
 def _add_client(parser: argparse.ArgumentParser) -> None:
     from fedbayes.deploy.client import add_arguments, run
+
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_server(parser: argparse.ArgumentParser) -> None:
+    from fedbayes.deploy.server import add_arguments, run
 
     add_arguments(parser)
     parser.set_defaults(handler=run)

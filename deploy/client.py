@@ -22,7 +22,10 @@ crash continues where the client left off.
 to forget this client (LeaveAndForget) instead of training. The server honours it only from this client's own node,
 between rounds (server/forget.py), and says so in its next instruction; the ClientApp then deletes the client's
 durable state for that federation and writes the leave marker (client/state.py), and this command signs off and
-exits 0. A refused request (e.g. the last remaining client) is asked again every round until Ctrl-C.
+exits 0. A refused request (e.g. the last remaining client) is asked again at every instruction. It waits for that
+at most --leave-timeout seconds (0: no limit), saying at the start what it waits for and each time it has asked;
+then it gives up, exits 1 and says why: no instruction came (no run is going on, or the federation ended before
+this client's turn), or the server has not confirmed the request it was sent. The client's state is kept then.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
@@ -46,6 +50,8 @@ DEFAULT_STATE_DIR = Path("/var/lib/fedbayes")
 DEFAULT_ACTIVATION_TIMEOUT = 120.0
 MAX_BACKOFF = 8.0
 SIGN_OFF_TIMEOUT = 10.0
+# How long --leave --forget waits for the server to ask and confirm: the `fedbayes forget` default wait.
+DEFAULT_LEAVE_TIMEOUT = 600.0
 
 
 def node_config(
@@ -128,6 +134,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "leave (instead of training)",
     )
     parser.add_argument("--forget", action="store_true", help="see --leave")
+    parser.add_argument(
+        "--leave-timeout",
+        type=checked_number(float, NON_NEGATIVE),
+        default=DEFAULT_LEAVE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"with --leave --forget: give up (exit 1, the state kept) when the server has not confirmed within "
+        f"this long (default {DEFAULT_LEAVE_TIMEOUT:.0f}; 0: no limit)",
+    )
     parser.add_argument(
         "--activation-timeout",
         type=checked_number(float, NON_NEGATIVE),
@@ -215,14 +229,14 @@ def wait_until_accepted(target: FleetTarget, timeout: float) -> int:
 
 
 def run_supernode(args: argparse.Namespace) -> int:
-    """The SuperNode and its ClientApp executor until interrupted or until either exits; its exit code."""
-    from fedbayes.client.state import left_marker
+    """The SuperNode and its ClientApp executor until interrupted or until either exits; its exit code (with --leave:
+    0 once the server has forgotten this client). Raises TimeoutError when --leave --forget gives up."""
     from fedbayes.deploy.launcher import console_script, process_env
 
     (runtime_port,) = free_ports(1)
     data_path = args.data.resolve() if args.data else None  # leaving needs none
     config = node_config(args.client_id, args.state_dir.resolve(), data_path=data_path, leave_and_forget=args.leave)
-    marker = left_marker(args.state_dir.resolve(), args.client_id)
+    leaving = Leaving(args.state_dir.resolve(), args.client_id, args.leave_timeout) if args.leave else None
     with ProcessGroup(args.log_dir, process_env(Path.home() / ".flwr")) as processes:
         supernode = processes.start(
             "supernode",
@@ -237,18 +251,10 @@ def run_supernode(args: argparse.Namespace) -> int:
                 "superexec", superexec_command(console_script("fedbayes"), (runtime_port, supernode.popen.pid))
             )
             say(f"{args.client_id}: SuperNode -> {args.superlink} (TLS, node auth); Ctrl-C stops")
-            if args.leave:
-                say(
-                    f"{args.client_id}: asking the server to forget this client at its next instruction; it sends no "
-                    "update, and leaves once the server confirms (its durable state is deleted then)"
-                )
+            if leaving is not None:
+                say(f"{args.client_id}: {leaving.waits_for()}")
             while supernode.popen.poll() is None and superexec.popen.poll() is None:
-                if args.leave and marker.exists():
-                    say(
-                        f"{args.client_id}: the server has forgotten this client and its state is deleted "
-                        f"({marker.read_text()}); leaving"
-                    )
-                    marker.unlink()
+                if leaving is not None and leaving.done():
                     return 0
                 time.sleep(0.5)
             stopped = supernode if supernode.popen.poll() is not None else superexec
@@ -258,6 +264,80 @@ def run_supernode(args: argparse.Namespace) -> int:
             return code
         finally:
             sign_off(processes, supernode)
+
+
+class Leaving:
+    """What `--leave --forget` waits for, read from the notes the ClientApp leaves in the state directory
+    (client/state.py): each request it sent (the leave-request note), and the server's confirmation (the leave marker,
+    written once the client's state is deleted). Notes of an earlier attempt are dropped at the start."""
+
+    def __init__(
+        self, state_dir: Path, client_id: str, timeout: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        from fedbayes.client.state import leave_request_note, left_marker
+
+        self.client_id, self.timeout, self.clock = client_id, timeout, clock
+        self.marker, self.note = left_marker(state_dir, client_id), leave_request_note(state_dir, client_id)
+        self.note.unlink(missing_ok=True)
+        self.deadline = clock() + timeout if timeout else None
+        self.asked: dict | None = None  # the newest request the ClientApp sent
+
+    def waits_for(self) -> str:
+        limit = f"up to {self.timeout:.0f} s (--leave-timeout)" if self.timeout else "with no limit (--leave-timeout 0)"
+        return (
+            f"waiting {limit} for the server's next instruction, which this client answers with a request to "
+            "forget it (it sends no update), and for the instruction after it, which confirms; the server sends "
+            "instructions only while a run goes on"
+        )
+
+    def done(self) -> bool:
+        """Whether the server has forgotten this client (said, and the marker removed). Says each new request.
+
+        Raises:
+            TimeoutError: past the deadline, saying what did not come."""
+        if self.marker.exists():
+            say(
+                f"{self.client_id}: the server has forgotten this client and its state is deleted "
+                f"({self.marker.read_text()}); leaving"
+            )
+            self.marker.unlink()
+            self.note.unlink(missing_ok=True)
+            return True
+        asked = self._read_note()
+        if asked is not None and asked != self.asked:
+            self.asked = asked
+            say(
+                f"{self.client_id}: asked the server to forget this client (federation {asked.get('federation')!r}, "
+                f"round {asked.get('round')}); waiting for its confirmation in its next instruction"
+            )
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise TimeoutError(self.gave_up())
+        return False
+
+    def gave_up(self) -> str:
+        """Why --leave --forget stops waiting: what it asked, or that nothing came to ask."""
+        waited = f"--leave --forget gave up after {self.timeout:.0f} s (--leave-timeout)"
+        kept = "this client's state is kept"
+        if self.asked is None:
+            return (
+                f"{waited}: no instruction came from the server, so client {self.client_id!r} could not ask it to "
+                "forget it. No run is going on (or the federation ended before this client's turn): run the command "
+                f"again while a run goes on, or ask the operator to run `fedbayes forget` for it; {kept}"
+            )
+        return (
+            f"{waited}: client {self.client_id!r} asked the server to forget it (federation "
+            f"{self.asked.get('federation')!r}, round {self.asked.get('round')}), and no instruction since has "
+            "confirmed it. The server refused (its operator's forget audit log says why: the last remaining client, "
+            f"or a strategy with no per-client state), or the run ended first; {kept} (the same command asks again)"
+        )
+
+    def _read_note(self) -> dict | None:
+        try:
+            return json.loads(self.note.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):  # unreadable now (it is replaced atomically, so not half written): as before
+            return self.asked
 
 
 def sign_off(processes: ProcessGroup, supernode: ManagedProcess) -> None:

@@ -158,7 +158,7 @@ def _explain_certificate_failure(target: FleetTarget, reason: str) -> str:
     valid = f"{presented.not_valid_before_utc:%Y-%m-%d %H:%M} to {presented.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
     now = datetime.datetime.now(datetime.UTC)
     if "Hostname mismatch" in reason or "IP address mismatch" in reason:
-        option = "--ip" if _is_ip(target.host) else "--name"
+        option = "--ip" if is_ip(target.host) else "--name"
         return (
             f"the SuperLink's certificate is valid for {names}, not for {target.host!r}: dial one of those names "
             f"(DNS or /etc/hosts), or ask the operator to add yours (`fedbayes pki init {option} {target.host}`, "
@@ -247,7 +247,8 @@ def _explain_rpc_failure(error: grpc.RpcError) -> ProbeError:
     return ProbeError(f"the SuperLink answered {error.code().name}: {message}")
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
+    """Whether `host` is an IP address (a certificate lists it with --ip), not a name."""
     try:
         ipaddress.ip_address(host)
     except ValueError:

@@ -10,6 +10,7 @@ import doctest
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import re
 import shlex
@@ -30,7 +31,7 @@ ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = sorted(DOCS.rglob("*.md")) + [README, ROOT / "deploy" / "README.md", ROOT / "deploy" / "CLIENT.md"]
-README_LINES = 208  # the results, "which strategy" (issue 30, item 7) and "Forget a client" (issue 28) live here too
+README_LINES = 209  # the results, "which strategy" (issue 30, item 7) and "Forget a client" (issue 28) live here too
 
 # Keys that are not run config but appear as key=value in the pages: a SuperNode's node config
 # (fedbayes.client.runtime.NodeSettings.from_node_config reads them; checked below) and Flower's federation config
@@ -292,6 +293,67 @@ def test_every_run_config_key_the_docs_name_is_declared():
     assert len(named) >= 100, "the pages' run-config keys were not found"
     unknown = sorted({f"{page}: {key}" for page, key in named if key not in keys})
     assert not unknown, "run-config keys no strategy declares:\n" + "\n".join(unknown)
+
+
+SHELL_FILES = ("~/.bashrc", "~/.profile")  # the user's own dotfiles, which a page may tell them to edit
+
+
+def code_home_locations() -> list[str]:
+    """Where under the home directory the code keeps things by default (`~/...`): the server's checkpoints, a
+    client's state and Flower's home, asked of the code in a fresh process whose environment overrides none."""
+    home = "/nonexistent/home-of-the-test"
+    script = (
+        "import json; from fedbayes.server.app import DEFAULT_SERVER_STATE_DIR as server; "
+        "from fedbayes.client.runtime import DEFAULT_STATE_DIR as client; "
+        "from flwr.supercore.utils import get_flwr_home; "
+        "print(json.dumps([str(server), str(client), str(get_flwr_home())]))"
+    )
+    overrides = ("FEDBAYES_SERVER_STATE_DIR", "FEDBAYES_STATE_DIR", "FLWR_HOME")
+    env = {name: value for name, value in os.environ.items() if name not in overrides}
+    answer = subprocess.run(
+        [sys.executable, "-c", script], env={**env, "HOME": home}, capture_output=True, text=True, timeout=300
+    )
+    assert answer.returncode == 0, answer.stderr
+    locations = json.loads(answer.stdout.splitlines()[-1])
+    assert all(location.startswith(f"{home}/") for location in locations), locations
+    return [location.replace(home, "~", 1) for location in locations]
+
+
+def test_every_home_directory_path_the_docs_name_is_where_the_code_puts_it():
+    """A page that says checkpoints live in `~/.server/<name>` when the code writes `~/.fedbayes/server` sends an
+    operator who deletes them to start over to delete nothing."""
+    locations = code_home_locations()
+    assert "~/.fedbayes/server" in locations, locations
+    named = [
+        (page.relative_to(ROOT).as_posix(), path)
+        for page in PAGES
+        for path in re.findall(r"~/\.[A-Za-z0-9_./<>-]*", page.read_text())
+    ]
+    assert any(path.startswith("~/.fedbayes/server") for _, path in named), "the pages' paths were not found"
+    wrong = [
+        f"{page}: {path}"
+        for page, path in named
+        if path not in SHELL_FILES and not any(path == place or path.startswith(f"{place}/") for place in locations)
+    ]
+    assert not wrong, f"paths no code uses (it uses {', '.join(locations)}):\n" + "\n".join(wrong)
+
+
+def test_a_page_that_starts_an_mlflow_server_installs_the_full_mlflow_and_waits_for_it():
+    """The `mlflow` extra is mlflow-skinny, which has no `mlflow server`; and a server started in the background takes
+    minutes to answer on a busy machine, so a run started right after it went untracked."""
+    started = []
+    for page in PAGES:
+        for block in fenced_blocks(page.read_text(), ("sh", "bash", "shell")):
+            lines = block.replace("\\\n", " ").splitlines()
+            for index, line in enumerate(lines):
+                if line.startswith("mlflow server "):
+                    started.append(page.name)
+                    installs = [shlex.split(other, comments=True) for other in lines if other.startswith("pip install")]
+                    assert any("mlflow" in words for words in installs), f"{page.name}: no `pip install mlflow`"
+                    assert line.rstrip().endswith("&") and "--workers 1" in line, f"{page.name}: {line}"
+                    wait = lines[index + 1]
+                    assert wait.startswith("curl ") and "--retry-connrefused" in wait and "/health &&" in wait, wait
+    assert started, "no page starts an MLflow server any more"
 
 
 @pytest.mark.parametrize("strategy", sorted(ALGORITHM_PAGES))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fedbayes.bayes.params import flatten
-from fedbayes.client.state import left_marker
+from fedbayes.client.state import leave_request_note, left_marker
 from fedbayes.deploy.cli import main
 from fedbayes.posterior.export import RunLocation
 from fedbayes.protos import payloads_pb2 as pb
@@ -335,6 +335,8 @@ def test_fedbayes_client_leave_forget_reaches_the_clientapp_which_asks_then_dele
     asked = decode(clientapp_answer(tmp_path, "", leave=True), pb.LeaveAndForget, None, {}, "c1")
     assert asked.header.client_id == "c1" and asked.header.server_round == 4
     assert store.saved_rounds() == [3]  # not told yet: kept
+    # the request noted for `fedbayes client` to say, and to name if it gives up
+    assert json.loads(leave_request_note(tmp_path / "state", "c1").read_text()) == {"federation": "fed", "round": 4}
     told = decode(clientapp_answer(tmp_path, "c1", leave=True), pb.LeaveAndForget, None, {}, "c1")
     assert told.header.client_id == "c1" and not store.directory.exists()
     assert json.loads(left_marker(tmp_path / "state", "c1").read_text())["federation"] == "fed"

@@ -1,6 +1,7 @@
 """`fedbayes client` against a real SuperLink with TLS and node authentication (loopback): `--check`
 names each problem a new client machine runs into, and the client comes back at once after Ctrl-C and
-waits (instead of failing) while the SuperLink still holds its node after a crash."""
+waits (instead of failing) while the SuperLink still holds its node after a crash; `--leave --forget` with no run
+going on gives up after its timeout, saying why."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from fedbayes.deploy.pki import init_pki, make_supernode_key
 
 pytestmark = pytest.mark.integration
 
-KEYS = ("checked", "restarted", "crashed", "stranger")
+KEYS = ("checked", "restarted", "crashed", "leaving", "stranger")
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +175,17 @@ def test_the_client_gives_up_after_its_activation_timeout(federation):
     assert client.popen.wait(timeout=60) == 1
     log = client.log_path.read_text()
     assert "trying again" in log and "fedbayes: error: the SuperLink refuses this key" in log, log
+
+
+def test_leave_and_forget_with_no_run_going_on_gives_up_after_its_timeout_saying_why(federation):
+    """No run sends an instruction, so the leaving client is never asked: it says what it waits for, and after
+    --leave-timeout exits 1 with the reason, signed off."""
+    running, directory, _ = federation
+    leaving = running.processes.start(
+        "client-leaving", join(federation, "leaving", "--leave", "--forget", "--leave-timeout", "5")
+    )
+    assert leaving.popen.wait(timeout=180) == 1
+    log = leaving.log_path.read_text()
+    assert "waiting up to 5 s (--leave-timeout) for the server's next instruction" in log, log
+    assert "fedbayes: error: --leave --forget gave up after 5 s (--leave-timeout): no instruction came" in log, log
+    assert status(federation, "leaving") == "offline"

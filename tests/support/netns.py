@@ -2,7 +2,9 @@
 
 Each namespace has its own interfaces, addresses, ports and loopback, so a SuperLink in one and
 SuperNodes in others talk over a real (virtual) Ethernet link exactly as separate hosts would, and
-a process bound to a namespace's 127.0.0.1 cannot be reached from any other. Needs root and iproute2.
+a process bound to a namespace's 127.0.0.1 cannot be reached from any other. Given host names, every namespace
+resolves them through its own /etc/hosts (`ip netns exec` mounts /etc/netns/<namespace>/hosts over it). Needs root
+and iproute2.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import random
 import shutil
 import subprocess
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
@@ -31,11 +35,16 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
-class NetnsLab:
-    """Namespaces `<tag>-<name>` on bridge `fb<tag>`, addresses 10.77.<n>.10, .11, ... in the order given."""
+NETNS_ETC = Path("/etc/netns")  # iproute2's per-namespace /etc
 
-    def __init__(self, names: list[str]) -> None:
+
+class NetnsLab:
+    """Namespaces `<tag>-<name>` on bridge `fb<tag>`, addresses 10.77.<n>.10, .11, ... in the order given.
+    `host_names`: machine name -> the host names that resolve to its address, in every namespace."""
+
+    def __init__(self, names: list[str], host_names: Mapping[str, list[str]] | None = None) -> None:
         require_root_networking()
+        self.host_names = dict(host_names or {})
         self.tag = uuid.uuid4().hex[:6]
         self.bridge = f"fb{self.tag}"
         self.subnet = self._free_subnet()
@@ -62,6 +71,7 @@ class NetnsLab:
                 _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
                 _ip("-n", host.netns, "link", "set", "eth0", "up")
                 _ip("-n", host.netns, "link", "set", "lo", "up")
+            self._write_hosts_files()
             # A Docker engine that ran on this machine leaves the FORWARD policy at DROP, and bridged
             # frames pass through iptables (br_netfilter): let this bridge's traffic through.
             if shutil.which("iptables"):
@@ -71,9 +81,20 @@ class NetnsLab:
             raise
         return self
 
+    def _write_hosts_files(self) -> None:
+        if not self.host_names:
+            return
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{self.hosts[name].address} {' '.join(names)}" for name, names in self.host_names.items()]
+        for host in self.hosts.values():
+            folder = NETNS_ETC / str(host.netns)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text("\n".join(lines) + "\n")
+
     def __exit__(self, *exc_info) -> None:
         for host in self.hosts.values():
             subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
+            shutil.rmtree(NETNS_ETC / str(host.netns), ignore_errors=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         if shutil.which("iptables"):
             subprocess.run(["iptables", "-D", *self._forward_rule], capture_output=True)
