@@ -103,6 +103,11 @@ def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> Extr
     return penalty
 
 
+def added(first: ExtraLoss, second: ExtraLoss) -> ExtraLoss:
+    """The loss term first(model) + second(model)."""
+    return lambda model: first(model) + second(model)
+
+
 def train_anchored(
     runtime: ClientRuntime,
     training: pb.LocalTraining,
@@ -111,9 +116,11 @@ def train_anchored(
     weight: torch.Tensor | float,
     server_round: int,
     max_grad_norm: float = 0.0,
+    extra_loss: ExtraLoss | None = None,
 ) -> tuple[torch.Tensor, float, float]:
-    """The local solve FedDyn, FedLap and FedLap-Cov share: from the flat weights `start`, `training.epochs` of
-    a fresh optimizer on mean CE + ½ Σ weight·(θ − anchor)² (+ the optimizer's weight decay). Returns the
+    """The local solve FedDyn, FedLap, FedLap-Cov and FedLap-Func share: from the flat weights `start`,
+    `training.epochs` of a fresh optimizer on mean CE + ½ Σ weight·(θ − anchor)² (+ `extra_loss(model)`, in mean-loss
+    units on the model's device: FedLap-Func's function-space terms) (+ the optimizer's weight decay). Returns the
     trained flat weights (float64, CPU), the last epoch's mean loss and the training seconds."""
     model = runtime.model
     with torch.no_grad():
@@ -121,6 +128,9 @@ def train_anchored(
     model.to(runtime.device)
     device_anchor = anchor.to(runtime.device, torch.float32)
     device_weight = weight.to(runtime.device, torch.float32) if isinstance(weight, torch.Tensor) else weight
+    penalty = anchored_penalty(device_anchor, device_weight)
+    if extra_loss is not None:
+        penalty = added(penalty, extra_loss)
     train_loss, seconds = train_epochs(
         model,
         runtime.data,
@@ -129,7 +139,7 @@ def train_anchored(
         training.batch_size,
         runtime.device,
         seed=runtime.local_seed(training.seed, server_round),
-        extra_loss=anchored_penalty(device_anchor, device_weight),
+        extra_loss=penalty,
         max_grad_norm=max_grad_norm,
     )
     local = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().double()
