@@ -85,30 +85,42 @@ def server_objective(
 
 
 def fit_global(
-    logits_of: Logits,
+    model: torch.nn.Module,
     anchor: torch.Tensor,
+    inputs: torch.Tensor,
     predictions: torch.Tensor,
     taus: torch.Tensor,
     prior_precision: float,
     steps: int,
     lr: float,
 ) -> tuple[torch.Tensor, float]:
-    """w_g ← argmin of `server_objective` by `steps` full-batch Adam steps at `lr`, from w_lap ([P] App. E:
-    "run global server optimisation for 5000 iterations with a learning rate of 0.001"; [P] gives no starting
-    point, w_lap is the spec's choice: FedLap's answer, which the fit only corrects). Returns w_g (float64) and the
-    objective at it (nan where no step ran). No memory point, or no step: w_lap itself, unchanged."""
+    """w_g ← argmin of `server_objective` by `steps` full-batch Adam steps at `lr` from w_lap = `anchor` ([P] App. E:
+    "run global server optimisation for 5000 iterations with a learning rate of 0.001"; [P] gives no starting point,
+    w_lap is the spec's: FedLap's answer, which the fit corrects). The variables are `model`'s own parameters (set to
+    w_lap, left at w_g; the model in eval mode, on the device of `inputs`, `predictions` and `taus`), and the
+    quadratic's gradient δ (w − w_lap) is added in closed form: the same steps as Adam on `server_objective`, without
+    a flat copy of the weights per step. Returns w_g (float64, CPU) and the objective there (nan where no step ran).
+    No memory point, or no step: w_lap itself, unchanged."""
     if len(predictions) == 0 or steps == 0:
         return anchor, math.nan
-    start, targets, taus = anchor.float(), predictions.float(), taus.float()  # the model's precision
-    weights = start.clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([weights], lr=lr)
+    parameters = list(model.parameters())
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(anchor.to(parameters[0]), parameters)
+    anchors = [parameter.detach().clone() for parameter in parameters]
+    optimizer = torch.optim.Adam(parameters, lr=lr, foreach=True)
     for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        server_objective(weights, logits_of, start, targets, taus, prior_precision).backward()
+        fit = soft_cross_entropy(predictions, model(inputs), taus)
+        gradients = torch.autograd.grad(fit, parameters, allow_unused=True)  # None: a parameter the fit does not use
+        with torch.no_grad():
+            for parameter, start, gradient in zip(parameters, anchors, gradients):
+                prior = prior_precision * (parameter - start)
+                parameter.grad = prior if gradient is None else gradient.add_(prior)
         optimizer.step()
     with torch.no_grad():
-        value = server_objective(weights, logits_of, start, targets, taus, prior_precision).item()
-    return weights.detach().double(), value
+        fit = soft_cross_entropy(predictions, model(inputs), taus)
+        shift = sum((parameter - start).square().sum() for parameter, start in zip(parameters, anchors))
+        value = (fit + 0.5 * prior_precision * shift).item()
+    return torch.nn.utils.parameters_to_vector(parameters).detach().cpu().double(), value
 
 
 def parameters_of(flat: torch.Tensor, layout: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ from fedbayes.strategies.base import (
 )
 from fedbayes.strategies.fedlap.math import as_sent
 from fedbayes.strategies.fedlap.server import FedLap, FedLapState
-from fedbayes.strategies.fedlap_func.math import fit_global, model_logits, point_weights, probability_rows_error
+from fedbayes.strategies.fedlap_func.math import fit_global, point_weights, probability_rows_error
 from fedbayes.strategies.fedlap_func.settings import FedLapFuncSettings
 from fedbayes.tasks.compute import resolve_device
 from fedbayes.tasks.config import ConfigError, RunSettings
@@ -90,8 +90,7 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
 
     @cached_property
     def model(self) -> torch.nn.Module:
-        """The run's model in eval mode, for f(x_i; w) in the server's fit (it is only ever called with the fit's
-        weights)."""
+        """The run's model in eval mode on the run's device: the server's fit trains its parameters from w_lap."""
         shape, classes = self.task
         settings = self.settings
         model = build_model(
@@ -244,15 +243,16 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
         represented = torch.cat([memories[c].represented for c in clients])
         taus = point_weights(represented, self.hyperparameters.function_weight)
         fitted, objective = fit_global(
-            model_logits(self.model, self.layout, inputs),
-            anchor.to(device),
+            self.model,
+            anchor,
+            inputs,
             predictions,
             taus.to(device),
             self.hyperparameters.prior_precision,
             self.hyperparameters.server_fit_steps,
             self.hyperparameters.server_fit_lr,
         )
-        return as_sent(fitted.cpu()), objective
+        return as_sent(fitted), objective
 
     # ---- forgetting, the screen, the posterior -----------------------------------------------------------------------
     def forget(self, client: str) -> Forgotten[FedLapFuncState]:

@@ -17,11 +17,12 @@ from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, encode
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.strategies.fedlap.math import as_sent, global_from_sites
-from fedbayes.strategies.fedlap_func.math import fit_global, model_logits, point_weights, represented_examples
+from fedbayes.strategies.fedlap_func.math import fit_global, point_weights, represented_examples
 from fedbayes.tasks.models import build_model
 from tests.support import (
     FakeGrid,
     InProcessFederation,
+    contains_run,
     declared_payload,
     newest_state,
     reply_message,
@@ -94,12 +95,6 @@ def test_with_memory_points_the_rows_differ_from_fedlaps(tmp_path):
     assert all("server_fit_objective" in row for row in func_rows)
 
 
-def contains_row(packed: np.ndarray, row: np.ndarray) -> bool:
-    """Whether `row` appears in `packed` as a contiguous run of values."""
-    starts = np.flatnonzero(packed[: len(packed) - len(row) + 1] == row[0])
-    return any(np.array_equal(packed[start : start + len(row)], row) for start in starts)
-
-
 def test_the_server_fits_w_g_to_exactly_what_its_clients_picked_and_sends_it_to_none(tmp_path):
     """Through a join (client-4 in round 2), a client that loses its state (client-1 in round 4: it draws and sends
     the same inputs again and is accepted) and a checkpoint round trip: the server's memory of each client is that
@@ -119,7 +114,7 @@ def test_the_server_fits_w_g_to_exactly_what_its_clients_picked_and_sends_it_to_
             instruction = declared_payload(message.content, pb.FedLapFuncInstruction)
             assert set(instruction.tensors) == {"global_mean", "buffers"}
             packed = message.content.array_records[TENSORS_KEY][PACKED_ARRAY].numpy()
-            assert not any(contains_row(packed, row) for rows_ in held for row in rows_)
+            assert not any(contains_run(packed, row) for rows_ in held for row in rows_)
         replies = [reply_message(federation.answer(m), m.metadata.dst_node_id) for m in messages]
         arrays, _ = core.aggregate(server_round, replies)
         federation.arrays = arrays
@@ -142,8 +137,9 @@ def test_the_server_fits_w_g_to_exactly_what_its_clients_picked_and_sends_it_to_
         clients = sorted(server.state.memories)
         inputs = torch.cat([server.state.memories[c].inputs for c in clients])
         fitted, _ = fit_global(
-            model_logits(server.model, federation.layout, inputs),
+            server.model,
             w_lap,
+            inputs,
             torch.cat([server.state.memories[c].predictions for c in clients]),
             point_weights(torch.cat([server.state.memories[c].represented for c in clients]), 0.5),
             0.5,
@@ -273,7 +269,7 @@ def test_forgetting_a_client_leaves_none_of_its_memory_inputs_in_the_checkpoint(
     rows_ = forgotten_memory.inputs.numpy().reshape(len(forgotten_memory.inputs), -1)
     for name, value in tensors.items():
         flat = np.asarray(value, dtype=np.float32).ravel()
-        assert not any(contains_row(flat, row) for row in rows_), name
+        assert not any(contains_run(flat, row) for row in rows_), name
     after = federation.newest()
     state = after.core.strategy.state
     assert sorted(state.memories) == ["client-1", "client-3"] and sorted(state.sites.sites) == ["client-1", "client-3"]

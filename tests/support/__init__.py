@@ -186,6 +186,12 @@ def synthetic_data(size: int, seed: int) -> Dataset:
     return Dataset("synthetic", torch.from_numpy(inputs), torch.from_numpy(labels), 2, pixel_scale=1.0)
 
 
+def contains_run(values: np.ndarray, run: np.ndarray) -> bool:
+    """Whether `run` appears in the flat `values` as consecutive entries (e.g. a training input inside a payload)."""
+    starts = np.flatnonzero(values[: len(values) - len(run) + 1] == run[0])
+    return any(np.array_equal(values[start : start + len(run)], run) for start in starts)
+
+
 def synthetic_task(folder: Path) -> str:
     """The run-config `dataset` of synthetic_data's task (a test.npz of 40 of its points under `folder`): what a
     server half that reads the task (one example's shape, the classes) finds."""

@@ -135,23 +135,36 @@ def test_the_server_objective_gradient_is_the_softmax_regressions_closed_form():
     torch.testing.assert_close(gradient, closed_form, rtol=1e-12, atol=1e-12)
 
 
-def test_the_fit_lowers_the_objective_and_is_fedlap_without_memory_points():
+def test_the_fit_takes_adams_steps_on_the_server_objective_from_w_lap():
+    """fit_global (the model's own parameters, the quadratic's gradient in closed form) takes the steps Adam takes on
+    `server_objective` by autograd over the flat weights, from w_lap; its value is the objective there."""
     model, layout, anchor = softmax_regression(seed=3)
     model = model.float()
     anchor = anchor.float().double()  # as a server holds w_lap: float32-representable
     inputs = torch.randn(6, 1, 1, 4)
     targets = torch.softmax(3 * torch.randn(6, 3), 1)
     taus = torch.full((6,), 4.0)
+    fitted, value = fit_global(model, anchor, inputs, targets, taus, 0.5, steps=25, lr=1e-2)
     logits_of = model_logits(model, layout, inputs)
-    fitted, value = fit_global(logits_of, anchor, targets, taus, 0.5, steps=300, lr=1e-2)
+    flat = anchor.float().clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([flat], lr=1e-2)
+    for _ in range(25):
+        optimizer.zero_grad()
+        server_objective(flat, logits_of, anchor.float(), targets, taus, 0.5).backward()
+        optimizer.step()
+    torch.testing.assert_close(fitted, flat.detach().double(), rtol=1e-5, atol=1e-6)
     start = server_objective(anchor.float(), logits_of, anchor.float(), targets, taus, 0.5).item()
-    assert value < start - 1.0 and fitted.dtype == torch.float64
-    assert value == pytest.approx(
-        server_objective(fitted.float(), logits_of, anchor.float(), targets, taus, 0.5).item()
-    )
-    unchanged, nothing = fit_global(logits_of, anchor, targets[:0], taus[:0], 0.5, steps=300, lr=1e-2)
-    assert unchanged is anchor and nothing != nothing  # nan: no fit ran
-    assert fit_global(logits_of, anchor, targets, taus, 0.5, steps=0, lr=1e-2)[0] is anchor
+    at_fit = server_objective(fitted.float(), logits_of, anchor.float(), targets, taus, 0.5).item()
+    assert value == pytest.approx(at_fit, rel=1e-6) and value < start - 1.0 and fitted.dtype == torch.float64
+
+
+def test_without_memory_points_or_steps_the_fit_is_w_lap_itself():
+    model, _, anchor = softmax_regression(seed=4)
+    model = model.float()
+    inputs, targets, taus = torch.randn(6, 1, 1, 4), torch.full((6, 3), 1 / 3), torch.ones(6)
+    unchanged, value = fit_global(model, anchor, inputs[:0], targets[:0], taus[:0], 0.5, steps=300, lr=1e-2)
+    assert unchanged is anchor and value != value  # nan: no fit ran
+    assert fit_global(model, anchor, inputs, targets, taus, 0.5, steps=0, lr=1e-2)[0] is anchor
 
 
 @pytest.mark.parametrize(
