@@ -72,6 +72,13 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
     hyperparameters: FedLapFuncSettings
 
     def __init__(self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None) -> None:
+        if buffer_layout and settings.hyperparameters(FedLapFuncSettings).memory_points_per_class:
+            # the fit runs the model on the memory points between rounds, where it has no global buffers to run with
+            raise ConfigError(
+                f"fedlap-func: the model has buffers ({', '.join(list(buffer_layout)[:3])}); the server's fit of w_g "
+                "runs the model without the global batch statistics: use a model without BatchNorm (e.g. GroupNorm), "
+                "or memory-points-per-class=0 (FedLap)"
+            )
         self.fedlap = FedLap(settings, layout, buffer_layout)  # the weight-space half, on this state's sites
         super().__init__(settings, layout, buffer_layout)
 
