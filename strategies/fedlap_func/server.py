@@ -155,8 +155,9 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
         }
 
     def check_reply(self, payload: Payload[pb.FedLapFuncReply]) -> None:
-        """The memory points: as many as the client holds classes (at least one), their inputs once and unchanged, the
-        examples they stand for summing to N_k, the predictions probability vectors."""
+        """The memory points: at least one and at most memory-points-per-class x classes, their inputs once (from a
+        client that starts afresh) and unchanged, the examples each stands for N_{k,c}/M_{k,c} summing to N_k, the
+        predictions probability vectors."""
         message, client = payload.message, payload.header.client_id
         count, resumed = message.memory_points, payload.reply.resumed_from_round
         if self.hyperparameters.memory_points_per_class and count == 0:
@@ -192,6 +193,12 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
                 f"field 'represented_examples': each point stands for at least itself and together for the "
                 f"client's {examples} examples; got {represented.min():g}..{represented.max():g}, sum "
                 f"{represented.sum():g}"
+            )
+        class_sizes = represented * self.hyperparameters.memory_points_per_class  # N_{k,c} where the class has m
+        if not np.all((represented == 1) | (np.abs(class_sizes - np.round(class_sizes)) <= EXAMPLES_TOLERANCE)):
+            raise PayloadError(
+                "field 'represented_examples': each is N_{k,c}/M_{k,c}, a class's examples over its memory points "
+                "(memory-points-per-class of them, or all of a smaller class: then 1)"
             )
         if known is not None and not (
             np.array_equal(known.inputs.numpy(), payload.tensors["memory_inputs"]["inputs"])

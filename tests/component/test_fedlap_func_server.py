@@ -217,6 +217,10 @@ def too_many(envelope, message, tensors):
 ATTACKS = {
     "other memory inputs than it sent": (lambda g: as_fresh(g, lambda x: x + 0.5), "fixed once sent"),
     "the same inputs with other counts": (lambda g: as_fresh(g, represented_change=lambda r: r * 2), "together for"),
+    "counts that are no class sizes": (
+        lambda g: as_fresh(g, represented_change=lambda r: r + np.array([0.5, -0.5])),
+        "a class's examples over its memory points",
+    ),
     "inputs of another shape": (lambda g: as_fresh(g, lambda x: x[..., :4]), "shape must be"),
     "memory inputs again while resuming": (resends_inputs, "and only then"),
     "negative predictions": (
