@@ -57,7 +57,7 @@ def function_space_terms(
     previous_predictions: torch.Tensor,
     weights: torch.Tensor,
 ) -> torch.Tensor:
-    """The client's function-space terms of [P] Eq. 17 on its own memory points:
+    """The client's function-space terms of [P] Eq. 17 (App. C.2, Eq. 25 at H = 0) on its own memory points:
     Σ_{i∈M_k} τ_i [ℓ(ŷ_{i,g}, w) − ℓ(ŷ_i, w)], the global function-space site on M_k in place of the client's
     previous one (ŷ_i: its predictions at its previous w_k; ŷ_{i,g}: the global model's).
 
@@ -76,7 +76,8 @@ def server_objective(
     taus: torch.Tensor,
     prior_precision: float,
 ) -> torch.Tensor:
-    """[P] Eq. 17, server: Σ_k Σ_{i∈M_k} τ_i ℓ(ŷ_i, w) + (δ/2)‖w‖² − δ (Σ_k v_k)·w, written (up to a constant) as
+    """[P] Eq. 17, server (Eq. 15, FedLap's server as an optimisation, with each client's contribution of Eq. 16 at
+    H^{M_k} = 0, Eq. 24): Σ_k Σ_{i∈M_k} τ_i ℓ(ŷ_i, w) + (δ/2)‖w‖² − δ (Σ_k v_k)·w, written (up to a constant) as
     Σ τ_i ℓ(ŷ_i, w) + (δ/2)‖w − w_lap‖² with w_lap FedLap's global, (Σ_k v_k + the unclaimed init)/δ here (v_k is δ
     times [P]'s). `predictions` (M, C) are every client's newest soft labels on its memory points, in the order of
     `logits_of`'s points, `taus` their weights τ_i."""
