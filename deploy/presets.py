@@ -151,8 +151,8 @@ FEDLAP_FUNC = {  # FedLap's point of the preset plus the function-space keys ([P
     ),
     "function-weight": Setting(
         0.01,
-        "[P] App. E.5 sweeps τ_f 1..1e-4 without saying which won; ours: 0.01, between the grid's ends "
-        "(docs/algorithms/fedlap-func.md)",
+        "[P] App. E.5 sweeps τ_f 1..1e-4 without saying which won; ours: 0.01, mid-grid: at δ 1e-4 refits with the "
+        "grid's ends moved the fit less than float rounding did (docs/algorithms/fedlap-func.md#measured)",
     ),
     "server-fit-steps": Setting(5000, "[P] App. E.5: 'global server optimisation for 5000 iterations'"),
     "server-fit-lr": Setting(1e-3, "[P] App. E.5: 'with a learning rate of 0.001'"),
