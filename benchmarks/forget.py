@@ -1,10 +1,10 @@
 """Forgetting a client against retraining without it (issue 28; docs/guides/forgetting.md, "How close it
 comes"): FMNIST-10 % heterogeneous (Dirichlet), 10 clients.
 
-Per strategy (BayesADMM, FedLap-Cov, FedDyn, FedAvg: the MLP with their Table 1 settings, benchmarks/reproduce_table1.py
-PRESETS; DSVGD: the README's FMNIST setting, MLP 784-100-10 ReLU, 10 particles, one client per round; any other
-strategy: that MLP's shape at the strategy's defaults, e.g. `--strategies bayesadmm-full --set model=logreg --set
-pool=4`), four phases (five with --reseeded-retrain):
+Per strategy (BayesADMM, FedLap-Cov, FedLap-Func, FedDyn, FedAvg: the MLP with their Table 1 settings,
+benchmarks/reproduce_table1.py PRESETS; DSVGD: the README's FMNIST setting, MLP 784-100-10 ReLU, 10 particles, one
+client per round; any other strategy: that MLP's shape at the strategy's defaults, e.g. `--strategies bayesadmm-full
+--set model=logreg --set pool=4`), four phases (five with --reseeded-retrain):
   full      R rounds with all 10 clients
   forget    after round R, the client with the most examples forgotten through the operator's path (server/forget.py
             Forgetting: the strategy's `forget`, committed, checkpointed, audited), then --refine-rounds ordinary rounds
@@ -49,7 +49,7 @@ a round, 10 + 1, so that the forgotten client has had its turn) into benchmarks/
 those labels' folders (mean ± standard error) and how many runs meet the targets; nothing is run.
 
     python benchmarks/forget.py [--rounds 20] [--refine-rounds 5] [--seed 0] [--reseeded-retrain] \
-        [--strategies bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg] [--label NAME --set KEY=VALUE ...]
+        [--strategies bayesadmm,fedlap-cov,fedlap-func,feddyn,dsvgd,fedavg] [--label NAME --set KEY=VALUE ...]
     python benchmarks/forget.py --report [LABEL ...]
 """
 
@@ -640,7 +640,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="rounds with all clients, and of the retraining")
     parser.add_argument("--refine-rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--strategies", default="bayesadmm,fedlap-cov,feddyn,dsvgd,fedavg")
+    parser.add_argument("--strategies", default="bayesadmm,fedlap-cov,fedlap-func,feddyn,dsvgd,fedavg")
     parser.add_argument(
         "--workdir", type=Path, default=Path("runs/bench-forget"), help="scratch: client and server state"
     )

@@ -12,8 +12,9 @@ and NLL against the round.
 Tuning runs (`--tag NAME --set key=value ...`, the overrides on top of the presets) go to
 benchmarks/results/table1/tuning/ with their own summary, so they never replace the reference runs.
 
-FedDyn, FedLap and FedLap-Cov (docs/algorithms/feddyn.md) run with Adam 1e-3 and 5 local epochs
-like FedAvg; FedDyn α = 1e-2, wd = 1e-4; FedLap/FedLap-Cov δ = 1 (one point of [P]'s grids each, not swept):
+FedDyn, FedLap, FedLap-Cov and FedLap-Func (docs/algorithms/feddyn.md) run with Adam 1e-3 and 5 local epochs
+like FedAvg; FedDyn α = 1e-2, wd = 1e-4; FedLap/FedLap-Cov/FedLap-Func δ = 1 (one point of [P]'s grids each, not
+swept; FedLap-Func at its defaults otherwise):
 
     python benchmarks/reproduce_table1.py --splits dirichlet,iid --strategies feddyn,fedlap-cov,fedlap
 
@@ -39,6 +40,7 @@ Other setups (`--setup`, results in benchmarks/results/<setup>/; heterogeneous s
   bayesadmm-paper               Table 1's FMNIST-10% rows under the paper's protocol (`fedbayes presets
                                 bayesadmm-paper`): every method on the raw 0-255 pixels of the authors' code, the
                                 baselines with 10 local epochs (FedDyn, FedLap 5); both splits (fmnist-mlp: [0, 1])
+  fedlap-paper                  [P]'s FedLap-Func rows of Table 1 (`fedbayes presets fedlap-paper`), FedLap's beside
 CIFAR needs the torchvision folder (`--data-root DIR`, cifar-10-batches-py / cifar-100-python inside; these
 machines cannot download it). BayesADMM uses the authors' IVON configuration of each setup
 (configs/{cifar10_zenke,cifar10_acar,cifar100_resnet20}/fedivon.yaml: 25 local epochs, cosine), the baselines
@@ -74,7 +76,7 @@ from fedbayes.deploy.launcher import (
     parse_override,
     run_local,
 )
-from fedbayes.deploy.presets import BAYESADMM_PAPER
+from fedbayes.deploy.presets import BAYESADMM_PAPER, FEDLAP_PAPER
 from fedbayes.deploy.processes import stop_processes_on_signals
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
@@ -119,6 +121,7 @@ PRESETS = {
             ("feddyn", {"feddyn-alpha": 0.01, "weight-decay": 1e-4}),
             ("fedlap", {"prior-precision": 1.0, "site-damping-rule": "paper"}),
             ("fedlap-cov", {"prior-precision": 1.0, "site-damping-rule": "paper"}),
+            ("fedlap-func", {"prior-precision": 1.0}),
         )
     },
     # FedPA reuses FedAvg's client setting (the paper's protocol, §5.1) and FedAvg's server (SGD, lr 1):
@@ -394,6 +397,26 @@ SETUPS = {
             for split in BAYESADMM_PAPER.splits
         },
         paper_accuracy=PAPER_ACCURACY,
+        paper_nll=PAPER_NLL,
+    ),
+    # FedLap-Func's rows under [P]'s protocol (`fedbayes presets fedlap-paper`: the preset's FedLap point with App.
+    # E.5's memory and server fit), FedLap's beside; App. E.5's 2 points per class: --tag two-points --set
+    # memory-points-per-class=2 (its paper rows, which this table does not print: 74.0 / 77.8 / 80.1 homogeneous,
+    # 73.2 / 76.1 / 78.4 heterogeneous).
+    "fedlap-paper": Setup(
+        FEDLAP_PAPER.dataset,
+        FEDLAP_PAPER.fraction,
+        {},
+        {
+            (strategy, split): FEDLAP_PAPER.run_config(strategy, split, FEDLAP_PAPER.clients)
+            for strategy in ("fedlap", "fedlap-func")
+            for split in FEDLAP_PAPER.splits
+        },
+        paper_accuracy={
+            **PAPER_ACCURACY,
+            ("iid", "fedlap-func"): (73.7, 77.9, 80.0),
+            ("dirichlet", "fedlap-func"): (72.2, 75.4, 78.1),
+        },
         paper_nll=PAPER_NLL,
     ),
     # Paper Table 1 (CIFAR-10 heterogeneous, 10 clients) and Table 2 (CIFAR-100), accuracy % and NLL.

@@ -128,6 +128,11 @@ def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> Grad
     return penalty
 
 
+def added(first: GradientTerm, second: GradientTerm) -> GradientTerm:
+    """The term first + second: each adds its gradient, the value is their sum."""
+    return lambda parameters: first(parameters) + second(parameters)
+
+
 def train_anchored(
     runtime: ClientRuntime,
     training: pb.LocalTraining,
@@ -136,16 +141,21 @@ def train_anchored(
     weight: torch.Tensor | float,
     server_round: int,
     max_grad_norm: float = 0.0,
+    extra_term: GradientTerm | None = None,
 ) -> tuple[torch.Tensor, float, float]:
-    """The local solve FedDyn, FedLap and FedLap-Cov share: from the flat weights `start`, `training.epochs` of
-    a fresh optimizer on mean CE + ½ Σ weight·(θ − anchor)² (+ the optimizer's weight decay). Returns the
-    trained flat weights (float64, CPU), the last epoch's mean loss and the training seconds."""
+    """The local solve FedDyn, FedLap, FedLap-Cov and FedLap-Func share: from the flat weights `start`,
+    `training.epochs` of a fresh optimizer on mean CE + ½ Σ weight·(θ − anchor)² (+ `extra_term`, in mean-loss units on
+    the model's device: FedLap-Func's function-space terms) (+ the optimizer's weight decay). Returns the trained flat
+    weights (float64, CPU), the last epoch's mean loss and the training seconds."""
     model = runtime.model
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(start.to(torch.float32), model.parameters())
     model.to(runtime.device)
     device_anchor = anchor.to(runtime.device, torch.float32)
     device_weight = weight.to(runtime.device, torch.float32) if isinstance(weight, torch.Tensor) else weight
+    penalty = anchored_penalty(device_anchor, device_weight)
+    if extra_term is not None:
+        penalty = added(penalty, extra_term)
     train_loss, seconds = train_epochs(
         model,
         runtime.data,
@@ -154,7 +164,7 @@ def train_anchored(
         training.batch_size,
         runtime.device,
         seed=runtime.local_seed(training.seed, server_round),
-        extra_term=anchored_penalty(device_anchor, device_weight),
+        extra_term=penalty,
         max_grad_norm=max_grad_norm,
     )
     local = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().double()

@@ -35,6 +35,7 @@ ALGORITHM_PAGES = {
     "feddyn": "feddyn.md",
     "fedlap": "fedlap.md",
     "fedlap-cov": "fedlap.md",
+    "fedlap-func": "fedlap-func.md",
     "fedpa": "fedpa.md",
     "dsvgd": "dsvgd.md",
     "p-dsvgd": "dsvgd.md",

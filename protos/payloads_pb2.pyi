@@ -150,6 +150,46 @@ class FedLapReply(_message.Message):
     curvature_seconds: float
     def __init__(self, site_mean: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., site_precision: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., curvature_seconds: _Optional[float] = ...) -> None: ...
 
+class FedLapFuncInstruction(_message.Message):
+    __slots__ = ("global_mean", "training", "prior_precision", "known_clients", "known_examples", "initial_share", "max_grad_norm", "site_damping", "memory_points_per_class", "function_weight")
+    GLOBAL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_SHARE_FIELD_NUMBER: _ClassVar[int]
+    MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    SITE_DAMPING_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_POINTS_PER_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    global_mean: _common_pb2.TensorGroup
+    training: _common_pb2.LocalTraining
+    prior_precision: float
+    known_clients: int
+    known_examples: int
+    initial_share: float
+    max_grad_norm: float
+    site_damping: float
+    memory_points_per_class: int
+    function_weight: float
+    def __init__(self, global_mean: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., training: _Optional[_Union[_common_pb2.LocalTraining, _Mapping]] = ..., prior_precision: _Optional[float] = ..., known_clients: _Optional[int] = ..., known_examples: _Optional[int] = ..., initial_share: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., site_damping: _Optional[float] = ..., memory_points_per_class: _Optional[int] = ..., function_weight: _Optional[float] = ...) -> None: ...
+
+class FedLapFuncReply(_message.Message):
+    __slots__ = ("site_mean", "memory_inputs", "memory_predictions", "memory_points", "sends_inputs", "represented_examples")
+    SITE_MEAN_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_POINTS_FIELD_NUMBER: _ClassVar[int]
+    SENDS_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    REPRESENTED_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    site_mean: _common_pb2.TensorGroup
+    memory_inputs: _common_pb2.TensorGroup
+    memory_predictions: _common_pb2.TensorGroup
+    memory_points: int
+    sends_inputs: bool
+    represented_examples: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, site_mean: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., memory_inputs: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., memory_predictions: _Optional[_Union[_common_pb2.TensorGroup, _Mapping]] = ..., memory_points: _Optional[int] = ..., sends_inputs: _Optional[bool] = ..., represented_examples: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class FedPAInstruction(_message.Message):
     __slots__ = ("weights", "training", "sampling", "shrinkage", "local_burnin_epochs", "samples")
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]

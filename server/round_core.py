@@ -22,7 +22,7 @@ import hmac
 import json
 import random
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -40,6 +40,7 @@ from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
     NONCE_BYTES,
+    Layouts,
     Payload,
     PayloadError,
     check_payload_size,
@@ -213,7 +214,10 @@ class RoundCore:
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The round's new arrays and metrics from the replies that pass every check and make a usable state, the
         strategy's state committed; (None, None) when no reply was usable (nothing changes)."""
-        layouts = {**self.strategy.reply_layouts(), "buffers": self.buffer_layout}
+
+        def layouts(message: ProtoMessage) -> dict[str, TensorLayout]:
+            return {**self.strategy.reply_layouts_for(message), "buffers": self.buffer_layout}
+
         payloads = self.decode_replies(replies, layouts, server_round)
         payloads, update_norms = self.screened(payloads)
         isolated = usable_subset(payloads, lambda subset: self.candidate(subset, server_round), update_norms)
@@ -236,7 +240,7 @@ class RoundCore:
         )
 
     def decode_replies(
-        self, replies: Iterable[Message], layouts: Mapping[str, TensorLayout], server_round: int
+        self, replies: Iterable[Message], layouts: Callable[[ProtoMessage], Layouts], server_round: int
     ) -> list[Payload[Any]]:
         """The replies of this round that pass every check, in client-id order (so aggregates do not depend on
         arrival order). Anything wrong with a reply, whatever it raises, rejects that reply alone, logged with its
@@ -269,7 +273,7 @@ class RoundCore:
         return sorted(accepted, key=lambda payload: payload.header.client_id)
 
     def _checked_reply(
-        self, reply: Message, layouts: Mapping[str, TensorLayout], server_round: int, claimed: Mapping[str, int]
+        self, reply: Message, layouts: Callable[[ProtoMessage], Layouts], server_round: int, claimed: Mapping[str, int]
     ) -> Payload[Any]:
         node = reply.metadata.src_node_id
         sender = self._claimed_label(reply)

@@ -26,6 +26,7 @@ from fedbayes.strategies.dsvgd.settings import DSVGDSettings
 from fedbayes.strategies.fedavg.settings import FedProxSettings
 from fedbayes.strategies.feddyn.settings import FedDynSettings
 from fedbayes.strategies.fedlap.settings import FedLapSettings
+from fedbayes.strategies.fedlap_func.settings import FedLapFuncSettings
 from fedbayes.strategies.fedpa.settings import FedPASettings
 from fedbayes.tasks import config
 from fedbayes.tasks.config import ConfigError, Key, NoHyperparameters, RunSettings, keys_of
@@ -106,6 +107,7 @@ BUILTIN = {
     "feddyn": Algorithm(*_builtin_halves("feddyn", "FedDyn"), FedDynSettings),
     "fedlap": Algorithm(*_builtin_halves("fedlap", "FedLap"), FedLapSettings),
     "fedlap-cov": Algorithm(*_builtin_halves("fedlap", "FedLapCov"), FedLapSettings),
+    "fedlap-func": Algorithm(*_builtin_halves("fedlap_func", "FedLapFunc"), FedLapFuncSettings),
     "fedpa": Algorithm(*_builtin_halves("fedpa", "FedPA"), FedPASettings),
     "dsvgd": Algorithm(*_builtin_halves("dsvgd", "DSVGD"), DSVGDSettings),
     "p-dsvgd": Algorithm(*_builtin_halves("dsvgd", "PDSVGD"), DSVGDSettings),

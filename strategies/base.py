@@ -18,8 +18,8 @@ its `commit`.
         def load_state(self, saved) -> MyState: ...                      # ... and back
 
 A hook left out fails when the class is instantiated, naming it. `StatelessStrategy` is the base of a strategy that
-keeps nothing but the global model. Optional hooks: `select_nodes`, `check_reply`, `update_of`, `state_norm` and
-`update_scale` (what the screen measures), `forget`, `posterior_samples`, `global_posterior`.
+keeps nothing but the global model. Optional hooks: `select_nodes`, `reply_layouts_for`, `check_reply`, `update_of`,
+`state_norm` and `update_scale` (what the screen measures), `forget`, `posterior_samples`, `global_posterior`.
 """
 
 from __future__ import annotations
@@ -247,6 +247,12 @@ class ServerStrategy(ABC, Generic[S]):
     def select_nodes(self, pool: NodePool, server_round: int) -> list[int]:
         """The nodes this round is sent to: by default the seeded `fraction-train` sample."""
         return list(pool.sample)
+
+    def reply_layouts_for(self, message: ProtoMessage) -> Mapping[str, TensorLayout]:
+        """The layouts of one reply's tensor groups, for a strategy whose shapes a field of the reply's own message
+        decides (FedLap-Func: how many memory points it carries); by default `reply_layouts()`, the same for every
+        reply. Raise to reject that reply alone."""
+        return self.reply_layouts()
 
     def check_reply(self, payload: Payload[Any]) -> None:
         """The algorithm's checks of one reply against its state; raise to reject that reply alone. The core has

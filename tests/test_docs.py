@@ -51,6 +51,7 @@ ALGORITHM_PAGES = {
     "bayesadmm": "bayesadmm.md",
     "feddyn": "feddyn.md",
     "fedlap": "fedlap.md",
+    "fedlap-func": "fedlap-func.md",
     "fedpa": "fedpa.md",
     "dsvgd": "dsvgd.md",
 }

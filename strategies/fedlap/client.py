@@ -30,7 +30,7 @@ def local_update(local: LocalRound) -> LocalResult:
         if covariance
         else torch.full_like(global_mean, delta)
     )
-    site = _stored_site(local.stored, global_mean, global_precision, instruction.initial_share)
+    site = stored_site(local.stored, global_mean, global_precision, instruction.initial_share)
     known_clients, known_examples = client_population(
         instruction.known_clients, instruction.known_examples, local.num_examples, fresh=local.stored is None
     )
@@ -67,7 +67,7 @@ def local_update(local: LocalRound) -> LocalResult:
 client_update = ClientHalf(pb.FedLapInstruction, local_update, instruction_layouts, stateful=True)
 
 
-def _stored_site(
+def stored_site(
     stored: ClientState | None, global_mean: torch.Tensor, global_precision: torch.Tensor, initial_share: float
 ) -> Site:
     """This client's site from its store; a fresh one holds `initial_share` of the global natural mean."""

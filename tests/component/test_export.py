@@ -33,6 +33,7 @@ KINDS = {
     "bayesadmm-full": "gaussian-full",
     "fedlap": "gaussian-diagonal",
     "fedlap-cov": "gaussian-diagonal",
+    "fedlap-func": "gaussian-diagonal",
     "dsvgd": "particles",
     "p-dsvgd": "particles",
     "u-dsvgd": "particles",
@@ -58,6 +59,7 @@ class Trained:
             "seed": 5,
             "eval-batch-size": 16,
             **(DSVGD if strategy.endswith("dsvgd") else {}),
+            **({"server-fit-steps": 20} if strategy == "fedlap-func" else {}),
             **overrides,
         }
         self.federation = InProcessFederation(tmp_path, self.overrides, sizes=[10, 14])
@@ -116,8 +118,12 @@ def test_every_strategy_exports_what_it_holds_and_predicts_as_its_server_evaluat
         assert default.members == 3 and (default.mutual_information > 0).any()
     if strategy in ("bayesadmm", "bayesadmm-full"):
         assert torch.equal(posterior.gaussian.precision, server.global_.precision)
-    if strategy.startswith("fedlap"):
+    if strategy in ("fedlap", "fedlap-cov"):
         assert torch.equal(posterior.gaussian.precision, server.global_precision)
+    if strategy == "fedlap-func":  # N(w_g, I/δ), and none of the memory inputs the server holds
+        assert torch.equal(posterior.gaussian.precision, server.state.sites.global_precision)
+        with safe_open(tmp_path / "q.safetensors", framework="np") as exported:
+            assert {name.split("/")[0] for name in exported.keys()} == {"mean", "precision"}
     if KINDS[strategy] == "particles":
         stacked = np.stack([flatten(particle, header.parameters, np.float32) for particle in posterior.particles])
         assert np.array_equal(stacked, server.particles)

@@ -28,6 +28,7 @@ TINY = {  # one short epoch, few particles and steps: the point is that every pi
     "local-steps": 2,
     "distill-steps": 2,
     "server-steps": 2,
+    "server-fit-steps": 2,
     "burn-in-rounds": 1,
     "samples": 2,
     "local-burnin-epochs": 0,
@@ -41,6 +42,7 @@ STRATEGIES = (
     "feddyn",
     "fedlap",
     "fedlap-cov",
+    "fedlap-func",
     "fedpa",
     "dsvgd",
     "p-dsvgd",
@@ -56,10 +58,19 @@ def image_data(size: int, seed: int) -> Dataset:
     return Dataset("cifar10", images, labels, CLASSES, pixel_scale=1.0)
 
 
+def image_task(folder) -> str:
+    """The run-config `dataset` of image_data's task: a test.npz of its images under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    test = image_data(20, seed=0)
+    np.savez(folder / "test.npz", x=test.images.numpy(), y=test.labels.numpy())
+    return f"npz:{folder}"
+
+
 def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2, device: str = "cpu", on_forward=None):
     """`rounds` rounds of two clients through the strategy's real halves; `on_forward(module, args, output)` is
     hooked onto each client's model."""
-    settings = run_settings({**DEFAULTS, **TINY, "model": model, "strategy": strategy})
+    task = {"dataset": image_task(tmp_path / "task")}  # the images' shape, for a server half that reads it
+    settings = run_settings({**DEFAULTS, **TINY, "model": model, "strategy": strategy, **task})
     algorithm = get_algorithm(strategy)
     runtimes = {
         node: client_runtime(settings, f"client-{node}", tmp_path, image_data(6 + 2 * node, node), device)
@@ -240,8 +251,9 @@ def test_a_model_with_buffers_trains_and_the_core_averages_its_buffers(tmp_path,
     assert all(np.isfinite(arrays[name].numpy()).all() for name in arrays.keys())
 
 
-def test_dsvgd_refuses_a_model_with_buffers_by_name():
-    settings = run_settings({**DEFAULTS, **TINY, "strategy": "dsvgd"})
+@pytest.mark.parametrize("strategy", ["dsvgd", "fedlap-func"])
+def test_dsvgd_and_fedlap_func_refuse_a_model_with_buffers_by_name(strategy):
+    settings = run_settings({**DEFAULTS, **TINY, "strategy": strategy})
     model = BatchNormNet()
     with pytest.raises(ConfigError, match="the model has buffers .*norm.running_mean.*GroupNorm"):
-        get_algorithm("dsvgd").build_server(settings, parameter_layout(model), buffer_layout(model))
+        get_algorithm(strategy).build_server(settings, parameter_layout(model), buffer_layout(model))

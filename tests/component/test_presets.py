@@ -55,10 +55,24 @@ def test_bayesadmm_paper_follows_the_authors_configs_per_split():
 def test_fedlap_paper_runs_the_baselines_as_bayesadmm_paper_on_each_split():
     # [C] takes its baseline rows from [P]: the two presets must not drift apart, per-split values included
     bayesadmm, fedlap = get_preset("bayesadmm-paper"), get_preset("fedlap-paper")
-    for strategy in fedlap.strategies:
+    assert set(fedlap.strategies) - set(bayesadmm.strategies) == {"fedlap-func"}  # not in [C]'s tables
+    for strategy in bayesadmm.strategies.keys() & fedlap.strategies.keys():
         for split in fedlap.splits:
             expected = bayesadmm.run_config(strategy, split, 10)
             assert fedlap.run_config(strategy, split, 10) == expected, (strategy, split)
+
+
+def test_fedlap_paper_runs_fedlap_func_as_its_fedlap_plus_the_memory_of_app_e5():
+    preset = get_preset("fedlap-paper")
+    for split in preset.splits:
+        func, fedlap = preset.run_config("fedlap-func", split, 10), preset.run_config("fedlap", split, 10)
+        assert {key: value for key, value in func.items() if key in fedlap} == fedlap
+        assert {key: func[key] for key in func.keys() - fedlap.keys()} == {
+            "memory-points-per-class": 1,
+            "function-weight": 0.01,
+            "server-fit-steps": 5000,
+            "server-fit-lr": 1e-3,
+        }
 
 
 def test_dsvgd_paper_schedules_one_fedavg_client_a_round_with_about_200_steps():

@@ -14,6 +14,7 @@ from fedbayes.protos.codec import ENVELOPE_KEY, PACKED_ARRAY, TENSORS_KEY, encod
 from fedbayes.strategies.bayesadmm.server import BayesADMMState
 from fedbayes.strategies.feddyn.server import FedDynState
 from fedbayes.strategies.fedlap.server import FedLapState
+from fedbayes.strategies.fedlap_func.server import FedLapFuncState
 from tests.support import FakeGrid, InProcessFederation, declared_payload, envelope_of, reply_message
 from tests.support.rogue import (
     ROGUE_NODE,
@@ -34,6 +35,7 @@ STRATEGIES = [
     "feddyn",
     "fedlap",
     "fedlap-cov",
+    "fedlap-func",
     "fedpa",
     "p-dsvgd",
 ]
@@ -237,6 +239,8 @@ def server_mirror(state, client):
         return {"feddyn_lambda": state.lambdas[client].value}
     if isinstance(state, FedLapState):
         return {"site_mean": state.sites[client].mean, "site_precision": state.sites[client].precision}
+    if isinstance(state, FedLapFuncState):  # its site, and the predictions its next round removes
+        return {**server_mirror(state.sites, client), "memory_predictions": state.memories[client].predictions}
     return {"local_particles": state.local_particles[client]}
 
 
@@ -259,7 +263,9 @@ def assert_server_matches_clients(federation):
             )
 
 
-@pytest.mark.parametrize("strategy", ["bayesadmm", "fedadmm", "feddyn", "fedlap", "fedlap-cov", "p-dsvgd"])
+@pytest.mark.parametrize(
+    "strategy", ["bayesadmm", "fedadmm", "feddyn", "fedlap", "fedlap-cov", "fedlap-func", "p-dsvgd"]
+)
 def test_a_dropped_and_a_late_reply_leave_client_and_server_in_step(tmp_path, strategy):
     federation = InProcessFederation(tmp_path, {**overrides(strategy), "fraction-train": 1.0}, sizes=SIZES)
     core, nodes = federation.core, [1, 2, 3]

@@ -17,6 +17,7 @@ FAMILIES = [
     "feddyn",
     "fedlap",
     "fedlap-cov",
+    "fedlap-func",
     "fedpa",
     "bayesadmm",
     "bayesadmm-full",

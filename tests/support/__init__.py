@@ -216,6 +216,21 @@ def synthetic_data(size: int, seed: int) -> Dataset:
     return Dataset("synthetic", torch.from_numpy(inputs), torch.from_numpy(labels), 2, pixel_scale=1.0)
 
 
+def contains_run(values: np.ndarray, run: np.ndarray) -> bool:
+    """Whether `run` appears in the flat `values` as consecutive entries (e.g. a training input inside a payload)."""
+    starts = np.flatnonzero(values[: len(values) - len(run) + 1] == run[0])
+    return any(np.array_equal(values[start : start + len(run)], run) for start in starts)
+
+
+def synthetic_task(folder: Path) -> str:
+    """The run-config `dataset` of synthetic_data's task (a test.npz of 40 of its points under `folder`): what a
+    server half that reads the task (one example's shape, the classes) finds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    test = synthetic_data(40, seed=0)
+    np.savez(folder / "test.npz", x=test.images.numpy(), y=test.labels.numpy())
+    return f"npz:{folder}"
+
+
 def client_runtime(
     run: RunSettings, client_id: str, state_dir: Path, data: Dataset, device: str = "cpu"
 ) -> ClientRuntime:
@@ -246,10 +261,11 @@ def newest_state(store):
 class InProcessFederation:
     """A strategy's server half in its round core (`server`, `core`) and real client halves (durable stores under
     `tmp_path`) exchanging real encoded payloads in this process, no network: node k holds client-k with
-    synthetic_data(sizes[k-1], k) and a logistic regression."""
+    synthetic_data(sizes[k-1], k) and a logistic regression; the run's dataset is synthetic_task's."""
 
     def __init__(self, tmp_path: Path, overrides: dict, sizes: list[int]) -> None:
-        self.settings = run_settings({**DEFAULTS, "model": "logreg", "federation": "fed", **overrides})
+        task = synthetic_task(tmp_path / "task")
+        self.settings = run_settings({**DEFAULTS, "model": "logreg", "federation": "fed", "dataset": task, **overrides})
         algorithm = get_algorithm(self.settings.strategy)
         self.client_update = algorithm.client_half()
         self.runtimes = {

@@ -28,7 +28,7 @@ def with_pythonpath(folder: Path) -> str:
 
 def fault_env(fault: str, **variables: str) -> dict[str, str]:
     """Environment for one SuperNode whose ClientApps misbehave as FEDBAYES_FAULT=`fault` says (tests/support/faults:
-    nan, raise, stall, rogue), with its `variables` (e.g. FEDBAYES_ROGUE_ATTACK)."""
+    nan, raise, stall, rogue; record, which only records), with its `variables` (e.g. FEDBAYES_ROGUE_ATTACK)."""
     return {"PYTHONPATH": with_pythonpath(FAULTS), "FEDBAYES_FAULT": fault, **variables}
 
 

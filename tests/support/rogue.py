@@ -31,6 +31,7 @@ UPDATE_GROUP = {
     "fedpa": "delta",
     "fedlap": "site_mean",
     "fedlap-cov": "site_mean",
+    "fedlap-func": "site_mean",
     "p-dsvgd": "local_particles",
     "dsvgd": "particles",
     "u-dsvgd": "particles",
@@ -124,6 +125,7 @@ def overrides(strategy: str) -> dict:
         "local-steps": 2,
         "distill-steps": 2,
         "server-steps": 2,
+        "server-fit-steps": 20,
         "burn-in-rounds": 1,
         "samples": 2,
     }

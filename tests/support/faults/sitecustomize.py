@@ -18,6 +18,9 @@ the ServerApp and the daemons run unchanged. Nothing in fedbayes knows about thi
                           that recording sent again, its round edited to the current one
               mean-scale:<f>  BayesADMM: the local posterior's mean is multiplied by <f> before the client's own dual
                           step, so the reply is well-formed and its duals agree with the server's replay
+  record    no fault: every instruction a client half receives is written, as it arrived, to
+            $FEDBAYES_RECORD_DIR/<client id>-round-<r>.npz (`packed`: its one float32 Array of tensors; `envelope`: its
+            serialized Instruction), so a test can see everything that reached the client
 """
 
 import os
@@ -144,7 +147,38 @@ def inject_rogue() -> None:
         bayesadmm._train_ivon = scaled_training  # local_update looks it up at each call
 
 
-FAULTS = {"nan": inject_nan, "raise": inject_raise, "stall": inject_stall, "rogue": inject_rogue}
+def inject_record() -> None:
+    from pathlib import Path
+
+    import numpy as np
+
+    from fedbayes.client.core import ClientHalf
+    from fedbayes.protos.codec import ENVELOPE_KEY, PACKED_ARRAY, TENSORS_KEY, decode_header
+
+    directory = Path(os.environ["FEDBAYES_RECORD_DIR"])
+    directory.mkdir(parents=True, exist_ok=True)
+    answer = ClientHalf.__call__
+
+    def recording_answer(self, content, runtime):
+        round_ = decode_header(content, sender="server").server_round
+        envelope = content.config_records[ENVELOPE_KEY]["message"]
+        np.savez(
+            directory / f"{runtime.node.client_id}-round-{round_}.npz",
+            packed=content.array_records[TENSORS_KEY][PACKED_ARRAY].numpy(),
+            envelope=np.frombuffer(envelope, dtype=np.uint8),
+        )
+        return answer(self, content, runtime)
+
+    ClientHalf.__call__ = recording_answer  # every strategy's client half is a ClientHalf
+
+
+FAULTS = {
+    "nan": inject_nan,
+    "raise": inject_raise,
+    "stall": inject_stall,
+    "rogue": inject_rogue,
+    "record": inject_record,
+}
 
 if in_a_clientapp() and os.environ.get("FEDBAYES_FAULT"):
     FAULTS[os.environ["FEDBAYES_FAULT"]]()
