@@ -143,6 +143,7 @@ class RoundCore:
         self.leave_requests: list[tuple[str, int]] = []  # (client id, node) of this round's LeaveAndForget
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
         self._refused_nodes: set[int] = set()  # nodes whose reply this round was refused
+        self.client_examples: dict[str, int] = {}  # client id -> num_examples of its last accepted reply
 
     @property
     def buffer_layout(self) -> TensorLayout:
@@ -405,6 +406,7 @@ class RoundCore:
             self.identities.bind(self._reply_nodes[client], client)
             self.identities.ledger.record_contribution(client, server_round)
             self.accepted_rounds[client] = server_round
+            self.client_examples[client] = payload.reply.num_examples
             self.round_report.accepted.append(client)
 
     def failed(self, reason: str) -> None:
@@ -426,6 +428,11 @@ class RoundCore:
     def absent(self, node: int, why: str) -> None:
         """`node` sent nothing usable in time (round-timeout, straggler-wait)."""
         self.round_report.rejected[self.node_label(node)] = why
+
+    def examples_of(self, node: int) -> int | None:
+        """The examples `node`'s client reported in its last accepted reply (None: none accepted in this process)."""
+        client = self.identities.client_of(node)
+        return self.client_examples.get(client) if client else None
 
     # ---- labels and rejections -----------------------------------------------------------------------------------
     def node_label(self, node: int) -> str:

@@ -1,0 +1,211 @@
+"""Stragglers: how long rounds take, and whose replies a `straggler-wait` cuts, on heterogeneous federations.
+
+`run` runs one federation as `fedbayes local` does (FMNIST, `--fraction`, `--clients`, a Dirichlet split by default),
+optionally with one slow client: its ClientApp sleeps `--slow-seconds` after computing each round, outside its
+compute slot, as a client on a slow machine or link would (benchmarks/stragglers/sitecustomize.py). It writes the
+results rows with each client's example count (from the split) to `--out`:
+
+    python benchmarks/stragglers.py run --strategy fedavg --seed 0 --rounds 5 --set straggler-wait=0 --out F.json
+    python benchmarks/stragglers.py run ... --slow-client 3 --slow-seconds 15 --out F.json
+
+`table` prints, per run, its rounds' seconds and the replies cut; and, for a run with straggler-wait=0 (nothing cut,
+every reply's arrival time recorded: the row's `reply_seconds`), what each `--waits` would have cut and how long its
+rounds would have taken, under the plain multiple (the round ends (1 + w) x the time half the replies took after it
+started) and under the server's rule (`server/loop.py` `straggler_deadlines`: that allowance scaled by each client's
+examples against the median of the replies in by then, a client of unknown size waited for once):
+
+    python benchmarks/stragglers.py table F.json ... [--waits 1,2,3,5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SLOW_ENV = "FEDBAYES_SLOW_SECONDS"
+
+
+def partition_sizes(clients: int, fraction: float, split: str, seed: int) -> dict[str, int]:
+    """Each client's example count, as `fedbayes partitions` prints it: client id -> examples."""
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedbayes",
+            "partitions",
+            "--clients",
+            str(clients),
+            "--fraction",
+            str(fraction),
+            "--split",
+            split,
+            "--seed",
+            str(seed),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rows = [line.split() for line in printed.splitlines() if re.match(r"\s*\d+\s", line)]
+    return {f"client-{int(row[0])}": int(row[1]) for row in rows}
+
+
+def run(args: argparse.Namespace) -> None:
+    from fedbayes.deploy.launcher import LocalFederation, LocalRun, check_run_config, parse_override
+
+    workdir = args.workdir.resolve()
+    results = workdir / "results.jsonl"
+    spec = LocalRun(
+        args.strategy,
+        args.clients,
+        args.rounds,
+        fraction=args.fraction,
+        split=args.split,
+        seed=args.seed,
+        overrides=dict(parse_override(text) for text in args.set),
+    )
+    config = spec.run_config(workdir, results)
+    settings = check_run_config(config, args.clients)
+    with LocalFederation(workdir, preload_supernodes=True, max_message_mb=settings.max_payload_mb) as federation:
+        for index in range(args.clients):
+            slow = index == args.slow_client
+            env = {"PYTHONPATH": f"{HERE / 'stragglers'}:{HERE.parent}", SLOW_ENV: str(args.slow_seconds)}
+            federation.start_supernode(index, args.clients, extra_env=env if slow else None)
+        rows = federation.follow(results, federation.submit(config), args.rounds, on_row=lambda row: None)
+    report = {
+        "strategy": args.strategy,
+        "seed": args.seed,
+        "split": args.split,
+        "fraction": args.fraction,
+        "clients": args.clients,
+        "overrides": config | {"results-path": None},
+        "straggler_wait": settings.straggler_wait,
+        "slow_client": None if args.slow_client is None else f"client-{args.slow_client}",
+        "slow_seconds": args.slow_seconds if args.slow_client is not None else 0.0,
+        "examples": partition_sizes(args.clients, args.fraction, args.split, args.seed),
+        "load": Path("/proc/loadavg").read_text().split()[:3],
+        "rows": [
+            {
+                key: row.get(key)
+                for key in ("round", "clients", "clients_sent", "round_seconds", "rejected", "reply_seconds")
+            }
+            for row in rows
+        ],
+    }
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}: rounds {[round(row['round_seconds'], 1) for row in rows]} s")
+
+
+def cut_by_straggler_wait(row: dict[str, Any]) -> list[str]:
+    return sorted(who for who, why in (row["rejected"] or {}).items() if "straggler-wait" in why)
+
+
+def replay(
+    arrivals: dict[str, float], examples: dict[str, int | None], wait: float, by_examples: bool, graced: set[str]
+) -> tuple[float, list[str]]:
+    """A round whose replies arrived at `arrivals` (seconds from the push) under straggler-wait `wait`: (its seconds,
+    the clients it would have cut). The plain multiple, or (`by_examples`) the server's rule, with `examples` what the
+    server knew of each client (None: unknown) and `graced` the clients of unknown size waited for once already."""
+    from fedbayes.server.loop import straggler_deadlines
+
+    order = sorted(arrivals, key=arrivals.__getitem__)
+    half = max(1, math.ceil(len(order) / 2))
+    half_seconds = arrivals[order[half - 1]]
+    replied, waiting = order[:half], order[half:]
+    if by_examples:
+        deadlines = straggler_deadlines(
+            half_seconds,
+            {client: examples[client] for client in waiting},
+            [n for client in replied if (n := examples[client]) is not None],
+            wait,
+            graced,
+        )
+    else:
+        deadlines = dict.fromkeys(waiting, (1 + wait) * half_seconds)
+    end, cut = half_seconds, []
+    for index, client in enumerate(waiting):
+        still = waiting[index:]
+        stop = max(deadlines[other] for other in still)
+        if arrivals[client] > stop:
+            return stop, still
+        end = arrivals[client]
+    return end, cut
+
+
+def table(args: argparse.Namespace) -> None:
+    waits = [float(w) for w in args.waits.split(",")]
+    print("run | load | w | rule | round seconds | replies cut (honest) | slow client cut")
+    for path in args.files:
+        report = json.loads(Path(path).read_text())
+        name = (
+            f"{report['strategy']} seed {report['seed']}"
+            + (f" slow {report['slow_client']} +{report['slow_seconds']:g} s" if report["slow_client"] else "")
+            + "".join(
+                f" {key}={value}"
+                for key, value in report["overrides"].items()
+                if key in ("local-epochs", "model", "batch-size")
+            )
+        )
+        rows, slow = report["rows"], report["slow_client"]
+        load = "/".join(report["load"])
+        seconds = " ".join(f"{row['round_seconds']:.1f}" for row in rows)
+        cuts = [cut_by_straggler_wait(row) for row in rows]
+        honest = sum(1 for cut in cuts for who in cut if slow is None or slow not in who)
+        slow_cut = sum(1 for cut in cuts if slow is not None and any(slow in who for who in cut))
+        print(f"{name} | {load} | {report['straggler_wait']:g} | run | {seconds} | {honest} | {slow_cut}/{len(rows)}")
+        if report["straggler_wait"] != 0:
+            continue
+        for wait in waits:
+            for by_examples in (False, True):
+                known: dict[str, int | None] = dict.fromkeys(report["examples"])
+                graced: set[str] = set()
+                times, honest, slow_cut = [], 0, 0
+                for row in rows:
+                    arrivals = {client: s for client, s in row["reply_seconds"].items() if client in known}
+                    seconds_, cut = replay(arrivals, known, wait, by_examples, graced)
+                    times.append(seconds_)
+                    honest += sum(1 for client in cut if client != slow)
+                    slow_cut += slow in cut
+                    graced |= {client for client in arrivals if known[client] is None}
+                    known |= {client: report["examples"][client] for client in arrivals if client not in cut}
+                rule = "by examples" if by_examples else "plain"
+                shown = " ".join(f"{t:.1f}" for t in times)
+                print(f"{name} | {load} | {wait:g} | {rule} (replayed) | {shown} | {honest} | {slow_cut}/{len(rows)}")
+    print(
+        "round seconds: from the push to the last reply taken (replayed: the reply_seconds of the w=0 run; "
+        f"medians per run in `--medians`) {statistics.__name__}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("run")
+    one.add_argument("--strategy", required=True)
+    one.add_argument("--seed", type=int, default=0)
+    one.add_argument("--rounds", type=int, default=5)
+    one.add_argument("--clients", type=int, default=10)
+    one.add_argument("--fraction", type=float, default=0.1)
+    one.add_argument("--split", default="dirichlet")
+    one.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    one.add_argument("--slow-client", type=int)
+    one.add_argument("--slow-seconds", type=float, default=15.0)
+    one.add_argument("--workdir", type=Path, required=True)
+    one.add_argument("--out", type=Path, required=True)
+    many = commands.add_parser("table")
+    many.add_argument("files", nargs="+")
+    many.add_argument("--waits", default="1,2,3,5")
+    args = parser.parse_args()
+    run(args) if args.command == "run" else table(args)
+
+
+if __name__ == "__main__":
+    main()
