@@ -1,12 +1,13 @@
 """Stragglers: how long rounds take, and whose replies a `straggler-wait` cuts, on heterogeneous federations.
 
 `run` runs one federation as `fedbayes local` does (FMNIST, `--fraction`, `--clients`, a Dirichlet split by default),
-optionally with one slow client: its ClientApp sleeps `--slow-seconds` after computing each round, outside its
-compute slot, as a client on a slow machine or link would (benchmarks/stragglers/sitecustomize.py). It writes the
+optionally with one slow client, `--slow-factor` times slower than its data explains: after computing each round,
+outside its compute slot, its ClientApp sleeps (factor - 1) x the seconds it computed, as a client on a slow machine or
+link would (benchmarks/stragglers/sitecustomize.py). It writes the
 results rows with each client's example count (from the split) to `--out`:
 
     python benchmarks/stragglers.py run --strategy fedavg --seed 0 --rounds 5 --set straggler-wait=0 --out F.json
-    python benchmarks/stragglers.py run ... --slow-client 3 --slow-seconds 15 --out F.json
+    python benchmarks/stragglers.py run ... --slow-client 3 --slow-factor 10 --out F.json
 
 `table` prints, per run, its rounds' seconds and the replies cut; and, for a run with straggler-wait=0 (nothing cut,
 every reply's arrival time recorded: the row's `reply_seconds`), what each `--waits` would have cut and how long its
@@ -23,23 +24,21 @@ import argparse
 import json
 import math
 import re
-import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SLOW_ENV = "FEDBAYES_SLOW_SECONDS"
+SLOW_ENV = "FEDBAYES_SLOW_FACTOR"
 
 
 def partition_sizes(clients: int, fraction: float, split: str, seed: int) -> dict[str, int]:
     """Each client's example count, as `fedbayes partitions` prints it: client id -> examples."""
+    from fedbayes.deploy.processes import console_script
+
     printed = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "fedbayes",
+            console_script("fedbayes"),
             "partitions",
             "--clients",
             str(clients),
@@ -74,10 +73,11 @@ def run(args: argparse.Namespace) -> None:
     )
     config = spec.run_config(workdir, results)
     settings = check_run_config(config, args.clients)
+    examples = partition_sizes(args.clients, args.fraction, args.split, args.seed)
     with LocalFederation(workdir, preload_supernodes=True, max_message_mb=settings.max_payload_mb) as federation:
         for index in range(args.clients):
             slow = index == args.slow_client
-            env = {"PYTHONPATH": f"{HERE / 'stragglers'}:{HERE.parent}", SLOW_ENV: str(args.slow_seconds)}
+            env = {"PYTHONPATH": f"{HERE / 'stragglers'}:{HERE.parent}", SLOW_ENV: str(args.slow_factor)}
             federation.start_supernode(index, args.clients, extra_env=env if slow else None)
         rows = federation.follow(results, federation.submit(config), args.rounds, on_row=lambda row: None)
     report = {
@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> None:
         "overrides": config | {"results-path": None},
         "straggler_wait": settings.straggler_wait,
         "slow_client": None if args.slow_client is None else f"client-{args.slow_client}",
-        "slow_seconds": args.slow_seconds if args.slow_client is not None else 0.0,
-        "examples": partition_sizes(args.clients, args.fraction, args.split, args.seed),
+        "slow_factor": args.slow_factor if args.slow_client is not None else 1.0,
+        "examples": examples,
         "load": Path("/proc/loadavg").read_text().split()[:3],
         "rows": [
             {
@@ -140,28 +140,35 @@ def replay(
     return end, cut
 
 
+def describe(report: dict[str, Any]) -> str:
+    slow = f" slow {report['slow_client']} x{report.get('slow_factor', 1):g}" if report["slow_client"] else ""
+    shown = ("local-epochs", "model", "batch-size")
+    extra = "".join(f" {key}={value}" for key, value in report["overrides"].items() if key in shown)
+    return f"{report['strategy']} seed {report['seed']}{slow}{extra}"
+
+
+def seconds_list(values: list[float]) -> str:
+    return " ".join(f"{value:.1f}" for value in values)
+
+
 def table(args: argparse.Namespace) -> None:
+    """Per run: its rounds' seconds and the honest replies (and slow client) cut; for a run at straggler-wait=0, the
+    exchanges replayed under each wait and rule. The exchange: from the push to the last reply taken, or the cut."""
     waits = [float(w) for w in args.waits.split(",")]
-    print("run | load | w | rule | round seconds | replies cut (honest) | slow client cut")
+    print("| run | load | straggler-wait | rule | round seconds (exchange) | honest replies cut | slow client cut |")
+    print("|---|---|---|---|---|---|---|")
     for path in args.files:
         report = json.loads(Path(path).read_text())
-        name = (
-            f"{report['strategy']} seed {report['seed']}"
-            + (f" slow {report['slow_client']} +{report['slow_seconds']:g} s" if report["slow_client"] else "")
-            + "".join(
-                f" {key}={value}"
-                for key, value in report["overrides"].items()
-                if key in ("local-epochs", "model", "batch-size")
-            )
-        )
-        rows, slow = report["rows"], report["slow_client"]
+        name, rows, slow = describe(report), report["rows"], report["slow_client"]
         load = "/".join(report["load"])
-        seconds = " ".join(f"{row['round_seconds']:.1f}" for row in rows)
         cuts = [cut_by_straggler_wait(row) for row in rows]
         honest = sum(1 for cut in cuts for who in cut if slow is None or slow not in who)
         slow_cut = sum(1 for cut in cuts if slow is not None and any(slow in who for who in cut))
-        print(f"{name} | {load} | {report['straggler_wait']:g} | run | {seconds} | {honest} | {slow_cut}/{len(rows)}")
-        if report["straggler_wait"] != 0:
+        exchanges = [max(row["reply_seconds"].values()) for row in rows]
+        shown = f"{seconds_list([row['round_seconds'] for row in rows])} ({seconds_list(exchanges)})"
+        wait = report["straggler_wait"]
+        print(f"| {name} | {load} | {wait:g} | run | {shown} | {honest} | {slow_cut}/{len(rows) if slow else '-'} |")
+        if wait != 0:
             continue
         for wait in waits:
             for by_examples in (False, True):
@@ -170,19 +177,17 @@ def table(args: argparse.Namespace) -> None:
                 times, honest, slow_cut = [], 0, 0
                 for row in rows:
                     arrivals = {client: s for client, s in row["reply_seconds"].items() if client in known}
-                    seconds_, cut = replay(arrivals, known, wait, by_examples, graced)
-                    times.append(seconds_)
+                    end, cut = replay(arrivals, known, wait, by_examples, graced)
+                    times.append(end)
                     honest += sum(1 for client in cut if client != slow)
                     slow_cut += slow in cut
                     graced |= {client for client in arrivals if known[client] is None}
                     known |= {client: report["examples"][client] for client in arrivals if client not in cut}
-                rule = "by examples" if by_examples else "plain"
-                shown = " ".join(f"{t:.1f}" for t in times)
-                print(f"{name} | {load} | {wait:g} | {rule} (replayed) | {shown} | {honest} | {slow_cut}/{len(rows)}")
-    print(
-        "round seconds: from the push to the last reply taken (replayed: the reply_seconds of the w=0 run; "
-        f"medians per run in `--medians`) {statistics.__name__}"
-    )
+                rule = "by size" if by_examples else "plain"
+                print(
+                    f"| {name} | {load} | {wait:g} | {rule}, replayed | ({seconds_list(times)}) | {honest} |"
+                    f" {slow_cut}/{len(rows) if slow else '-'} |"
+                )
 
 
 def main() -> None:
@@ -197,7 +202,7 @@ def main() -> None:
     one.add_argument("--split", default="dirichlet")
     one.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     one.add_argument("--slow-client", type=int)
-    one.add_argument("--slow-seconds", type=float, default=15.0)
+    one.add_argument("--slow-factor", type=float, default=10.0)
     one.add_argument("--workdir", type=Path, required=True)
     one.add_argument("--out", type=Path, required=True)
     many = commands.add_parser("table")

@@ -58,7 +58,7 @@ class LoopSettings:
     min_clients: int = 1  # before every round
     max_payload_mb: float = 512.0
     max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
-    straggler_wait: float = 0.0  # once half the replies are in, wait at most this multiple of their time, by size
+    straggler_wait: float = 0.0  # run config straggler-wait (Stragglers); 0: wait for every reply up to round_timeout
     results_exists: str = "refuse"  # a new federation's results file that holds rows: refuse, append or replace
     pipeline_evaluation: bool = True  # evaluate and checkpoint round t while round t+1 trains (RoundFinisher)
 

@@ -16,6 +16,8 @@ the ServerApp and the daemons run unchanged. Nothing in fedbayes knows about thi
               late:<r>    the reply of round <r> is honest but sent after $FEDBAYES_ROGUE_DELAY seconds
               mean-scale:<f>  BayesADMM: the local posterior's mean is multiplied by <f> before the client's own dual
                           step, so the reply is well-formed and its duals agree with the server's replay
+              pad:<MiB>   every reply carries <MiB> MiB of random float32 more (a record of its own), past the client's
+                          own size check
 """
 
 import os
@@ -100,6 +102,10 @@ def inject_rogue() -> None:
         elif attack.startswith("late:") and header.server_round == int(attack.removeprefix("late:")):
             time.sleep(float(os.environ["FEDBAYES_ROGUE_DELAY"]))
         content = encode(envelope, message, tensors)
+        if attack.startswith("pad:"):
+            floats = int(float(attack.removeprefix("pad:")) * 2**20) // 4
+            padding = np.random.default_rng(0).standard_normal(floats, dtype=np.float32)  # random: no chunk dedup
+            content["padding"] = ArrayRecord({"x": Array(padding)})
         if attack == "dtype":
             group = next(iter(content.array_records))
             arrays = dict(content.array_records[group].items())
@@ -110,6 +116,10 @@ def inject_rogue() -> None:
         return content
 
     core.encode = hostile_encode  # the client's round core encodes every strategy's reply
+    if attack.startswith("pad:"):
+        import fedbayes.protos.codec as codec
+
+        codec.check_payload_size = lambda *args, **kwargs: None  # before client.app imports it
 
     if attack.startswith("mean-scale:"):
         import fedbayes.strategies.bayesadmm.client as bayesadmm
