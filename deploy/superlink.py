@@ -88,6 +88,9 @@ class ReplyBound:
         self.limit = message_bytes_limit(max_message_mb)
         self.stale_seconds = stale_seconds
         self.lock = threading.Lock()
+        # Held while Flower stores a reply's registration and the bound records it, and while Flower answers the
+        # ServerApp's ask for replies: else an ask already past `sort` could be handed a reply registered meanwhile.
+        self.handover = threading.Lock()
         self.by_session: dict[str, ReplyPush] = {}
         self.by_instruction: dict[str, ReplyPush] = {}
 
@@ -200,11 +203,12 @@ def registering_reply_pushes(push_messages: Callable, bound: ReplyBound) -> Call
     telling `bound` of the reply and the objects it will count."""
 
     def push_messages_registered(servicer, request, context):
-        response = push_messages(servicer, request, context)
         from flwr.common.serde import message_from_proto
 
-        reply = message_from_proto(request.messages_list[0]).metadata  # Flower took the first, and only, message
-        bound.started(response.session_id, request.node.node_id, reply, list(response.objects_to_push))
+        with bound.handover:
+            response = push_messages(servicer, request, context)
+            reply = message_from_proto(request.messages_list[0]).metadata  # Flower took the first, and only, message
+            bound.started(response.session_id, request.node.node_id, reply, list(response.objects_to_push))
         return response
 
     return push_messages_registered
@@ -246,8 +250,9 @@ def holding_back_unfinished_replies(pull_messages: Callable, bound: ReplyBound) 
         from flwr.proto.runtime_pb2 import PullAppMessagesRequest
         from flwr.supercore.inflatable.inflatable_object import get_object_tree
 
-        answerable, stand_ins = bound.sort(list(request.message_ids), task.run_id)
-        response = pull_messages(PullAppMessagesRequest(message_ids=answerable), state, task)
+        with bound.handover:
+            answerable, stand_ins = bound.sort(list(request.message_ids), task.run_id)
+            response = pull_messages(PullAppMessagesRequest(message_ids=answerable), state, task)
         for error_reply in stand_ins:
             response.messages_list.append(message_to_proto(error_reply))
             response.message_object_trees.append(get_object_tree(error_reply))

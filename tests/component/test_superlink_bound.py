@@ -166,3 +166,30 @@ def test_the_option_is_taken_out_of_flowers_arguments_and_checked():
     with pytest.raises(SystemExit, match="grpc-rere Fleet API only"):
         superlink.check_fleet_api_type(["--fleet-api-type", "grpc-adapter"])
     assert grpc.StatusCode.RESOURCE_EXHAUSTED  # what the refused SuperNode is told
+
+
+def test_flower_stores_a_registration_and_answers_an_ask_only_while_holding_the_handover(monkeypatch):
+    """Else the ServerApp's ask, once past the bound's check, could be handed a reply registered meanwhile, still
+    being pushed (Flower's SQLite state made that race visible: the refused reply had been handed out)."""
+    held = []
+    push_messages, pull_messages = FleetServicer.PushMessages, runtime_handlers.pull_messages
+    bound = superlink.ReplyBound(1.0, stale_seconds=180.0)
+
+    def pushing(servicer, request, context):
+        held.append(("push", bound.handover.locked()))
+        return push_messages(servicer, request, context)
+
+    def pulling(request, state, task):
+        held.append(("pull", bound.handover.locked()))
+        return pull_messages(request, state, task)
+
+    monkeypatch.setattr(FleetServicer, "PushMessages", pushing)
+    monkeypatch.setattr(FleetServicer, "PushObject", FleetServicer.PushObject)
+    monkeypatch.setattr(runtime_handlers, "pull_messages", pulling)
+    superlink.bounding_replies(bound)
+    grid, (node,) = simulated_link(1, [(0, 0.0)])
+    (instruction,) = grid.state.get_message_ins(node_id=node, limit=1)
+    servicer = FleetServicer(SimpleNamespace(state=lambda: grid.state), None, enable_supernode_auth=False)
+    register(servicer, reply_to(instruction, padding_mb=0.5)[0])
+    pull(grid.state, instruction)
+    assert held == [("push", True), ("pull", True)]
