@@ -1,13 +1,12 @@
 """Stragglers: how long rounds take, and whose replies a `straggler-wait` cuts, on heterogeneous federations.
 
 `run` runs one federation as `fedbayes local` does (FMNIST, `--fraction`, `--clients`, a Dirichlet split by default),
-optionally with one slow client, `--slow-factor` times slower than its data explains: after computing each round,
-outside its compute slot, its ClientApp sleeps (factor - 1) x the seconds it computed, as a client on a slow machine or
-link would (benchmarks/stragglers/sitecustomize.py). It writes the
-results rows with each client's example count (from the split) to `--out`:
+optionally with one slow client: its ClientApp sleeps `--slow-seconds` after each round's computation, once it has
+given back its compute slot, as a client on a slow machine or link would (benchmarks/stragglers/sitecustomize.py). It
+writes the results rows with each client's example count (from the split) to `--out`:
 
     python benchmarks/stragglers.py run --strategy fedavg --seed 0 --rounds 5 --set straggler-wait=0 --out F.json
-    python benchmarks/stragglers.py run ... --slow-client 3 --slow-factor 10 --out F.json
+    python benchmarks/stragglers.py run ... --slow-client 3 --slow-seconds 60 --out F.json
 
 `table` prints, per run, its rounds' seconds and the replies cut; and, for a run with straggler-wait=0 (nothing cut,
 every reply's arrival time recorded: the row's `reply_seconds`), what each `--waits` would have cut and how long its
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SLOW_ENV = "FEDBAYES_SLOW_FACTOR"
+SLOW_ENV = "FEDBAYES_SLOW_SECONDS"
 
 
 def partition_sizes(clients: int, fraction: float, split: str, seed: int) -> dict[str, int]:
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> None:
     with LocalFederation(workdir, preload_supernodes=True, max_message_mb=settings.max_payload_mb) as federation:
         for index in range(args.clients):
             slow = index == args.slow_client
-            env = {"PYTHONPATH": f"{HERE / 'stragglers'}:{HERE.parent}", SLOW_ENV: str(args.slow_factor)}
+            env = {"PYTHONPATH": f"{HERE / 'stragglers'}:{HERE.parent}", SLOW_ENV: str(args.slow_seconds)}
             federation.start_supernode(index, args.clients, extra_env=env if slow else None)
         rows = federation.follow(results, federation.submit(config), args.rounds, on_row=lambda row: None)
     report = {
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> None:
         "overrides": config | {"results-path": None},
         "straggler_wait": settings.straggler_wait,
         "slow_client": None if args.slow_client is None else f"client-{args.slow_client}",
-        "slow_factor": args.slow_factor if args.slow_client is not None else 1.0,
+        "slow_seconds": args.slow_seconds if args.slow_client is not None else 0.0,
         "examples": examples,
         "load": Path("/proc/loadavg").read_text().split()[:3],
         "rows": [
@@ -141,7 +140,7 @@ def replay(
 
 
 def describe(report: dict[str, Any]) -> str:
-    slow = f" slow {report['slow_client']} x{report.get('slow_factor', 1):g}" if report["slow_client"] else ""
+    slow = f" slow {report['slow_client']} +{report['slow_seconds']:g} s" if report["slow_client"] else ""
     shown = ("local-epochs", "model", "batch-size")
     extra = "".join(f" {key}={value}" for key, value in report["overrides"].items() if key in shown)
     return f"{report['strategy']} seed {report['seed']}{slow}{extra}"
@@ -202,7 +201,7 @@ def main() -> None:
     one.add_argument("--split", default="dirichlet")
     one.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     one.add_argument("--slow-client", type=int)
-    one.add_argument("--slow-factor", type=float, default=10.0)
+    one.add_argument("--slow-seconds", type=float, default=60.0)
     one.add_argument("--workdir", type=Path, required=True)
     one.add_argument("--out", type=Path, required=True)
     many = commands.add_parser("table")

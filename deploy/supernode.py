@@ -185,9 +185,10 @@ def refusing_oversize_instructions(
 
     Flower 1.39 pulls every object of the message it takes into memory, then stores them. Here an object that takes
     the message past the limit raises ObjectPullError, which stops Flower's other pulls; Flower then logs "Failed to
-    receive message", drops the message and fails its task. This then confirms the message to the SuperLink (which
-    drops its objects), and stores the error reply that Flower's loop pushes next, as it does its own FAB-verification
-    error reply."""
+    receive message", drops the message and fails its task. This then stores the error reply that Flower's loop pushes
+    next, as it does its own FAB-verification error reply. It does not confirm the message to the SuperLink, as
+    Flower does not after a failed pull: the ServerApp may still be pushing the message's objects, and a confirmed
+    message's are dropped, which failed that push and ended the run."""
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode
     from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
@@ -224,7 +225,6 @@ def refusing_oversize_instructions(
         if run_id is not None or not refusal or not taken:
             return run_id
         message = taken[0]
-        kwargs["confirm_message_received"](message.metadata.run_id, message.metadata.message_id)
         error = Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=refusal[0])
         _insert_message(Message(error, reply_to=message), kwargs["state"], kwargs["object_store"])
         return message.metadata.run_id  # Flower's loop pushes the error reply next

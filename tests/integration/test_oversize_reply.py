@@ -79,3 +79,28 @@ def test_a_reply_over_the_limit_is_refused_by_the_superlink_before_it_is_stored(
     # a fork counts the pages it shares with its executor: what the ServerApp took is what it holds beyond those
     assert memory.peaks["ServerApp"] - memory.peaks["executor"] < SERVERAPP_OWN_MIB, memory.peaks
     assert database_mb[0] < DATABASE_PEAK_MB, database_mb
+
+
+def test_an_instruction_over_a_supernodes_limit_is_refused_by_it_and_named_in_the_round(tmp_path):
+    """SuperNodes bounding messages at 1 MiB (`fedbayes supernode --max-message-mb 1`) under a run whose
+    max-payload-mb is 512: the instruction of an MLP of 3 MiB is refused by the SuperNode as it pulls it, and its
+    error reply names the limit in the round's report."""
+    from fedbayes.tasks.runlog import RunFailed
+
+    workdir, results = tmp_path / "fed", tmp_path / "results.jsonl"
+    config = {
+        "strategy": "fedavg",
+        "num-server-rounds": 1,
+        "federation": "oversize-instruction",
+        "fraction": 0.02,
+        "hidden": "1000",  # 784 x 1000 float32 weights: 3 MiB
+        "results-path": str(results),
+        "wait-for-clients": 1,
+    }
+    with LocalFederation(workdir, max_message_mb=1.0) as federation:
+        federation.start_supernode(0, 1)
+        with pytest.raises(RunFailed) as failed:
+            federation.follow(results, federation.submit(config), 1, on_row=lambda row: None)
+        supernode_log = (federation.log_dir / "supernode-0.log").read_text()
+    assert "client error: the SuperNode refused the instruction: it is over --max-message-mb=1 (" in str(failed.value)
+    assert "Failed to receive message" in supernode_log  # Flower's own line, with the reason
