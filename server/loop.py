@@ -215,11 +215,11 @@ class Stragglers:
 
     def why(self, node: int, half_seconds: float, deadline: float) -> str:
         """Why the round stopped waiting for `node` at `deadline` seconds."""
-        examples = self.examples_of(node)
-        scaled = deadline > half_seconds * (1 + self.wait) * (1 + 1e-9)
+        size = (deadline / half_seconds - 1) / self.wait
+        scaled = f", x its size {size:.2g} ({self.examples_of(node)} examples against the median of those replies)"
         return (
             f"no reply within {deadline:.1f} s: straggler-wait={self.wait:g} x the {half_seconds:.1f} s half the "
-            "replies took" + (f", x its size ({examples} examples against their median)" if scaled else "")
+            "replies took" + (scaled if size > 1 + 1e-9 else "")
         )
 
 

@@ -31,5 +31,5 @@ def test_the_policy_remembers_whom_it_waited_for_and_knows_sizes_from_accepted_r
     examples[3] = 40  # accepted meanwhile: 4 x the median of the replies in
     assert stragglers.deadlines(0.5, [3], [1, 2]) == {3: 0.5 * (1 + 2.0 * 4)}
     assert "straggler-wait=2 x the 0.5 s" in stragglers.why(3, 0.5, 4.5)
-    assert "x its size (40 examples" in stragglers.why(3, 0.5, 4.5)
+    assert "x its size 4 (40 examples against the median" in stragglers.why(3, 0.5, 4.5)
     assert "size" not in stragglers.why(1, 0.5, 1.5)
