@@ -37,8 +37,8 @@ from pathlib import Path
 
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
-from fedbayes.tasks.config import NON_NEGATIVE, Check, checked_number
-from fedbayes.tasks.object_pulls import MAX_MESSAGE_MB, MAX_MESSAGE_OPTION, default_max_message_mb
+from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, checked_number
+from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION, default_max_message_mb
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, is_safe_name
 
@@ -131,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--forget", action="store_true", help="see --leave")
     parser.add_argument(
         MAX_MESSAGE_OPTION,
-        type=checked_number(float, Check(lambda mb: 0 < mb <= MAX_MESSAGE_MB, f"must be in (0, {MAX_MESSAGE_MB:g}]")),
+        type=checked_number(float, POSITIVE),
         default=default_max_message_mb(),
         metavar="MB",
         help="refuse an instruction over this many MiB as it arrives, with an error reply naming the limit "

@@ -49,15 +49,17 @@ def message_bytes_limit(max_message_mb: float) -> int:
 def call_bytes_limit(max_message_mb: float) -> int:
     """The most bytes one gRPC call may carry between a SuperLink and a SuperNode bounding messages at
     `max_message_mb` MiB: one object of such a message, or one array chunk (FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, which a
-    message just over a small limit is cut into), plus OBJECT_OVERHEAD_BYTES. Above the chunk a call is refused by
-    gRPC before anyone reads it; up to it, the object reaches the per-message count that refuses it by name."""
+    message just over a small limit is cut into), plus OBJECT_OVERHEAD_BYTES; at most gRPC's own 2 GiB - 1 (Flower's
+    GRPC_MAX_MESSAGE_LENGTH: a larger message travels as several objects). Above it a call is refused by gRPC before
+    anyone reads it; up to it, the object reaches the per-message count that refuses it by name."""
     from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    from flwr.supercore.grpc import GRPC_MAX_MESSAGE_LENGTH
 
-    return max(int(max_message_mb * 2**20), FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE) + OBJECT_OVERHEAD_BYTES
+    largest = max(int(max_message_mb * 2**20), FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE) + OBJECT_OVERHEAD_BYTES
+    return min(largest, GRPC_MAX_MESSAGE_LENGTH)
 
 
 MAX_MESSAGE_OPTION = "--max-message-mb"
-MAX_MESSAGE_MB = 2046.0  # the largest bound whose calls (call_bytes_limit) stay under gRPC's 2 GiB - 1
 
 
 def default_max_message_mb() -> float:
@@ -70,7 +72,7 @@ def default_max_message_mb() -> float:
 def max_message_option(argv: list[str]) -> tuple[float, list[str]]:
     """`fedbayes superlink`'s and `fedbayes supernode`'s own option: (the --max-message-mb given, or
     `default_max_message_mb()`; the other arguments, for Flower's command as they are). SystemExit naming the option
-    for a value that is not a number in (0, MAX_MESSAGE_MB]."""
+    for a value that is not a finite number of MiB > 0."""
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -80,10 +82,8 @@ def max_message_option(argv: list[str]) -> tuple[float, list[str]]:
         megabytes = float(known.max_message_mb)
     except ValueError:
         megabytes = math.nan
-    if not 0 < megabytes <= MAX_MESSAGE_MB:
-        raise SystemExit(
-            f"{MAX_MESSAGE_OPTION} must be a number of MiB in (0, {MAX_MESSAGE_MB:g}], got {known.max_message_mb!r}"
-        )
+    if not 0 < megabytes < math.inf:
+        raise SystemExit(f"{MAX_MESSAGE_OPTION} must be a finite number of MiB > 0, got {known.max_message_mb!r}")
     return megabytes, rest
 
 

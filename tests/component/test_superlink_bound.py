@@ -150,6 +150,7 @@ def test_the_fleet_api_takes_calls_of_the_limit_or_one_array_chunk(monkeypatch):
     superlink.bounding_fleet_calls(100.0)
     assert flower_superlink.GRPC_MAX_MESSAGE_LENGTH == 100 * 2**20 + OBJECT_OVERHEAD_BYTES
     assert call_bytes_limit(1.0) == FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE + OBJECT_OVERHEAD_BYTES  # a chunk gets through
+    assert call_bytes_limit(4096.0) == 2**31 - 1  # gRPC's own: a larger message travels as several objects
 
 
 def test_the_option_is_taken_out_of_flowers_arguments_and_checked():
@@ -160,8 +161,8 @@ def test_the_option_is_taken_out_of_flowers_arguments_and_checked():
         ["--insecure", "--database", "x"],
     )
     assert max_message_option(["--insecure"]) == (512.0, ["--insecure"])  # max-payload-mb's default
-    for bad in ("0", "nan", "4096", "lots"):
-        with pytest.raises(SystemExit, match="--max-message-mb must be a number of MiB in"):
+    for bad in ("0", "-1", "nan", "inf", "lots"):
+        with pytest.raises(SystemExit, match="--max-message-mb must be a finite number of MiB > 0"):
             max_message_option(["--max-message-mb", bad])
     with pytest.raises(SystemExit, match="grpc-rere Fleet API only"):
         superlink.check_fleet_api_type(["--fleet-api-type", "grpc-adapter"])
