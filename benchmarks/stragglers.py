@@ -29,6 +29,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SLOW_ENV = "FEDBAYES_SLOW_SECONDS"
+CUT = re.compile(r"no reply within ([0-9.]+) s: straggler-wait")  # server/loop.py Stragglers.why
 
 
 def partition_sizes(clients: int, fraction: float, split: str, seed: int) -> dict[str, int]:
@@ -103,6 +104,13 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}: rounds {[round(row['round_seconds'], 1) for row in rows]} s")
 
 
+def exchange_seconds(row: dict[str, Any]) -> float:
+    """How long the round waited for replies: until its last reply, or until it stopped waiting for one it cut (the
+    seconds its refusal names)."""
+    cut_at = [float(found[1]) for why in (row["rejected"] or {}).values() if (found := CUT.match(why))]
+    return max([*row["reply_seconds"].values(), *cut_at])
+
+
 def cut_by_straggler_wait(row: dict[str, Any]) -> list[str]:
     return sorted(who for who, why in (row["rejected"] or {}).items() if "straggler-wait" in why)
 
@@ -152,7 +160,8 @@ def seconds_list(values: list[float]) -> str:
 
 def table(args: argparse.Namespace) -> None:
     """Per run: its rounds' seconds and the honest replies (and slow client) cut; for a run at straggler-wait=0, the
-    exchanges replayed under each wait and rule. The exchange: from the push to the last reply taken, or the cut."""
+    exchanges replayed under each wait and rule. The exchange: from the push to the last reply taken, or the cut
+    (`exchange_seconds`)."""
     waits = [float(w) for w in args.waits.split(",")]
     print("| run | load | straggler-wait | rule | round seconds (exchange) | honest replies cut | slow client cut |")
     print("|---|---|---|---|---|---|---|")
@@ -163,7 +172,7 @@ def table(args: argparse.Namespace) -> None:
         cuts = [cut_by_straggler_wait(row) for row in rows]
         honest = sum(1 for cut in cuts for who in cut if slow is None or slow not in who)
         slow_cut = sum(1 for cut in cuts if slow is not None and any(slow in who for who in cut))
-        exchanges = [max(row["reply_seconds"].values()) for row in rows]
+        exchanges = [exchange_seconds(row) for row in rows]
         shown = f"{seconds_list([row['round_seconds'] for row in rows])} ({seconds_list(exchanges)})"
         wait = report["straggler_wait"]
         print(f"| {name} | {load} | {wait:g} | run | {shown} | {honest} | {slow_cut}/{len(rows) if slow else '-'} |")
