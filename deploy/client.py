@@ -41,7 +41,8 @@ from pathlib import Path
 
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
-from fedbayes.tasks.config import NON_NEGATIVE, checked_number
+from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, checked_number
+from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION, default_max_message_mb
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, is_safe_name
 
@@ -141,6 +142,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"with --leave --forget: give up (exit 1, the state kept) when the server has not confirmed within "
         f"this long (default {DEFAULT_LEAVE_TIMEOUT:.0f}; 0: no limit)",
+    )
+    parser.add_argument(
+        MAX_MESSAGE_OPTION,
+        type=checked_number(float, POSITIVE),
+        default=default_max_message_mb(),
+        metavar="MB",
+        help="refuse an instruction over this many MiB as it arrives, with an error reply naming the limit "
+        "(default: max-payload-mb's default; at least the federation's max-payload-mb)",
     )
     parser.add_argument(
         "--activation-timeout",
@@ -244,6 +253,8 @@ def run_supernode(args: argparse.Namespace) -> int:
                 console_script("fedbayes"),
                 "supernode",
                 *supernode_arguments(args.superlink, config, runtime_port, args.ca.resolve(), args.key.resolve()),
+                MAX_MESSAGE_OPTION,
+                repr(args.max_message_mb),
             ],
         )
         try:

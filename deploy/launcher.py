@@ -52,6 +52,7 @@ from fedbayes.deploy.processes import (
 from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
+from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RunFailed, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
@@ -176,7 +177,11 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     # writes its rows again from its checkpoint's round on, and they are read by round).
     earlier_lines = 0 if spec.resume else _line_count(results)
     with LocalFederation(
-        workdir, spec.executor, parallel_tasks=spec.parallel_tasks, preload_supernodes=True
+        workdir,
+        spec.executor,
+        parallel_tasks=spec.parallel_tasks,
+        preload_supernodes=True,
+        max_message_mb=settings.max_payload_mb,
     ) as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
@@ -225,9 +230,12 @@ class LocalFederation:
         node_auth: bool = False,
         parallel_tasks: int | None = None,
         preload_supernodes: bool = False,
+        max_message_mb: float | None = None,
     ) -> None:
         """`preload_supernodes`: start the SuperNodes' fork server beside the SuperLink, not with the first SuperNode
-        (for a caller about to start SuperNodes on this machine's loopback)."""
+        (for a caller about to start SuperNodes on this machine's loopback). `max_message_mb`: the largest reply the
+        SuperLink takes and instruction the SuperNodes take (`--max-message-mb`; None: their default, max-payload-mb's
+        default); a run whose max-payload-mb is larger has its larger messages refused by them."""
         if executor not in EXECUTORS:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
         check_parallel_tasks(parallel_tasks)
@@ -260,6 +268,7 @@ class LocalFederation:
         self.awaiting_shared: set[int] | None = set() if executor == "shared" else None
         self.preload_supernodes = preload_supernodes
         self.supernode_forks: ForkServer | None = None
+        self.message_limit = [] if max_message_mb is None else [MAX_MESSAGE_OPTION, repr(float(max_message_mb))]
 
     def __enter__(self) -> LocalFederation:
         try:
@@ -302,6 +311,7 @@ class LocalFederation:
                     console_script("fedbayes"),
                     "superlink",
                     *security,
+                    *self.message_limit,
                     "--isolation",
                     isolation,
                     "--disable-runtime-dependency-installation",
@@ -383,7 +393,10 @@ class LocalFederation:
         config = node_config(f"client-{index}", self.workdir / "client-state", partition=(index, num_partitions))
         isolation = "subprocess" if self.executor == "subprocess" else "process"
         tls = None if self.tls is None else self.tls.ca_cert
-        arguments = supernode_arguments(self.fleet_address, config, port, tls, auth_key, isolation)
+        arguments = [
+            *supernode_arguments(self.fleet_address, config, port, tls, auth_key, isolation),
+            *self.message_limit,
+        ]
         name = f"supernode-{index}"
         if host == LOOPBACK and not extra_env:
             node = self.processes.fork(name, self.start_supernode_forkserver(), arguments, self.workdir)

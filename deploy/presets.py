@@ -84,6 +84,7 @@ FMNIST_MLP = {
     "dirichlet-alpha-classes": Setting(0.5, "[P] App. E.1 (α2 = 0.5)"),
     "eval-every": Setting(1, "[C]/[P] Table 1 average rounds t-2..t: every round evaluated"),
     "eval-fraction": Setting(1.0, "the full 10,000 test images, as REF evaluates"),
+    "straggler-wait": Setting(0.0, "[C]/[P], REF: every client's update in every round (rounds wait for all)"),
 }
 ADAM_BASELINE = {
     "optimizer": Setting("adam", "[P] App. E.5: local Adam"),

@@ -1,5 +1,5 @@
-"""`fedbayes superlink`: Flower's own SuperLink, whose log stream ends sooner after its run and whose database waits
-longer for its lock.
+"""`fedbayes superlink`: Flower's own SuperLink, whose log stream ends sooner after its run, whose database waits
+longer for its lock, and which refuses a reply over `--max-message-mb` before it stores it.
 
 `flwr run --stream` (what `fedbayes run` and so `fedbayes local` wait on) ends when the SuperLink ends the run's log
 stream, and Flower 1.39's SuperLink looks for new log lines and for the run's end every 0.5 s
@@ -17,18 +17,265 @@ log uploader thread ends (the run's later lines never reach `flwr log`), and a S
 receiving. Here requests wait up to `BUSY_TIMEOUT_MS` instead: a slow disk or a starved process delays the
 federation rather than breaking it (tests/integration/test_superlink_busy.py holds the lock 8 s).
 
+Flower 1.39 moves a reply as a tree of content-addressed objects: the SuperNode registers the reply and its object
+tree (Fleet `PushMessages`, which stores the reply and answers with the objects to push), then pushes each object
+(`PushObject`, one call per object; an array is cut into 5 MiB chunks), and the SuperLink stores every one it is sent
+(in memory, or in its SQLite file). The tree names no sizes, and the Fleet API takes calls of up to 2 GiB - 1
+(`GRPC_MAX_MESSAGE_LENGTH`), so a reply of any size was stored whole before the ServerApp could refuse it: a 200 MiB
+pad under `max-payload-mb=1` took the SuperLink to 0.55 GB with --database (benchmarks/oversize_reply.py). With
+`--max-message-mb MB` (default: max-payload-mb's default) this SuperLink
+- takes Fleet calls of at most `call_bytes_limit(MB)` (MB or one array chunk, plus framing), refused by gRPC before
+  they are read (`bounding_fleet_calls`);
+- counts each reply's objects as they arrive and refuses the object that would take them past
+  `message_bytes_limit(MB)` before storing it (`ReplyBound`, `counting_reply_objects`). The refused reply is dropped
+  with what was stored of it, the SuperNode's push fails with RESOURCE_EXHAUSTED naming the limit, and an error reply
+  naming it stands in for it (`refuse_reply`), which the ServerApp takes as that node's refusal;
+- hands the ServerApp a reply only once all its objects are stored (`holding_back_unfinished_replies`), so the
+  ServerApp never starts pulling a reply that is then refused (nor waits on the objects of one a SuperNode stopped
+  pushing: that node is late, as one that never replied).
+`fedbayes local` sets MB to its run's max-payload-mb; a deployment passes it (docker-compose.yml).
+
 The patches are tied to the code they were read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from fedbayes.deploy.processes import exit_without_teardown
+from fedbayes.tasks.object_pulls import (
+    MAX_MESSAGE_OPTION,
+    call_bytes_limit,
+    max_message_option,
+    message_bytes_limit,
+)
 
 PATCHED_FLOWER = "1.39.0"
 STREAM_INTERVAL = 0.1  # seconds between a streamed log's looks for new lines and for the run's end (Flower: 0.5)
 BUSY_TIMEOUT_MS = 60_000  # how long a request waits for the SQLite database's lock (Flower: 5000)
+
+
+@dataclass
+class ReplyPush:
+    """A reply a SuperNode is pushing (one Flower push session): whose it is, what of it the SuperLink holds."""
+
+    session_id: str
+    node_id: int
+    reply: Any  # the reply's flwr Metadata, as the SuperNode registered it
+    pending: set[str]  # ids of its objects not stored yet
+    stored_bytes: int = 0  # of its objects stored or being stored
+    refused: bool = False
+    stand_in: Any = None  # the error reply (a flwr Message) that stands in for it once refused
+    touched: float = field(default_factory=time.monotonic)
+
+
+class ReplyBound:
+    """Which replies the SuperLink is still receiving, and how many bytes of each it holds: an object that would
+    take a reply past `message_bytes_limit(max_message_mb)` is refused, and so is every later one of that reply.
+    A reply stays held back from the ServerApp until it is whole, or, refused, until its stand-in is handed out.
+    A push untouched for `stale_seconds` (Flower's push-session lifetime: Flower refuses its objects by then) is
+    forgotten. Thread-safe: the Fleet and Runtime APIs serve calls on several threads."""
+
+    def __init__(self, max_message_mb: float, stale_seconds: float) -> None:
+        self.max_message_mb = max_message_mb
+        self.limit = message_bytes_limit(max_message_mb)
+        self.stale_seconds = stale_seconds
+        self.lock = threading.Lock()
+        # Held while Flower stores a reply's registration and the bound records it, and while Flower answers the
+        # ServerApp's ask for replies: else an ask already past `sort` could be handed a reply registered meanwhile.
+        self.handover = threading.Lock()
+        self.by_session: dict[str, ReplyPush] = {}
+        self.by_instruction: dict[str, ReplyPush] = {}
+
+    def started(self, session_id: str, node_id: int, reply: Any, pending: list[str]) -> None:
+        """A SuperNode registered `reply` (its Metadata) and is to push the objects `pending`; with none to push it
+        is whole already."""
+        with self.lock:
+            self._forget_stale()
+            if pending:
+                push = ReplyPush(session_id, node_id, reply, set(pending))
+                self.by_session[session_id] = push
+                self.by_instruction[reply.reply_to_message_id] = push
+
+    def reserve(self, session_id: str, size: int) -> tuple[ReplyPush | None, bool]:
+        """Before an object of `size` bytes of push `session_id` is stored: (the push, whether the object is
+        refused), counting the object's bytes if not; (None, False) for an object of no reply push held here."""
+        with self.lock:
+            push = self.by_session.get(session_id)
+            if push is None:
+                return None, False
+            push.touched = time.monotonic()
+            if push.refused or push.stored_bytes + size > self.limit:
+                push.refused = True
+                return push, True
+            push.stored_bytes += size
+            return push, False
+
+    def settle(self, push: ReplyPush, object_id: str, size: int, stored: bool) -> None:
+        """The object `reserve` let through was stored, or not (its bytes no longer count then). A push with no
+        object pending is whole: the ServerApp may take it."""
+        with self.lock:
+            if not stored:
+                push.stored_bytes -= size
+                return
+            push.pending.discard(object_id)
+            if not push.pending and not push.refused:
+                self._forget(push)
+
+    def stand_in(self, push: ReplyPush, error_reply: Any) -> None:
+        """The error reply the ServerApp gets in place of refused `push`."""
+        with self.lock:
+            push.stand_in = error_reply
+
+    def sort(self, instruction_ids: list[str], run_id: int) -> tuple[list[str], list[Any]]:
+        """Of the instructions whose replies the ServerApp of run `run_id` asks for: (those Flower may answer,
+        the stand-ins for refused replies, each handed out once). A reply still being pushed is in neither."""
+        with self.lock:
+            self._forget_stale()
+            answerable, stand_ins = [], []
+            for instruction_id in instruction_ids:
+                push = self.by_instruction.get(instruction_id)
+                if push is None or push.reply.run_id != run_id:
+                    answerable.append(instruction_id)
+                elif push.stand_in is not None:
+                    stand_ins.append(push.stand_in)
+                    del self.by_instruction[instruction_id]  # its session stays: its later objects are refused
+            return answerable, stand_ins
+
+    def refusal(self, push: ReplyPush, size: int) -> str:
+        """Why an object of `size` bytes of `push` was refused."""
+        arrived = (push.stored_bytes + size) / 2**20
+        return (
+            f"the SuperLink refused the reply of node {push.node_id}: it is over {MAX_MESSAGE_OPTION}="
+            f"{self.max_message_mb:g} ({arrived:.1f} MiB of its objects sent, the rest not taken); the run's "
+            f"max-payload-mb must not be above the SuperLink's {MAX_MESSAGE_OPTION}"
+        )
+
+    def _forget(self, push: ReplyPush) -> None:
+        self.by_session.pop(push.session_id, None)
+        if self.by_instruction.get(push.reply.reply_to_message_id) is push:
+            del self.by_instruction[push.reply.reply_to_message_id]
+
+    def _forget_stale(self) -> None:
+        oldest = time.monotonic() - self.stale_seconds
+        for push in [push for push in self.by_session.values() if push.touched < oldest]:
+            self._forget(push)
+
+
+def refuse_reply(state: Any, push: ReplyPush, reason: str) -> Any:
+    """Drop what the SuperLink `state` holds of refused `push` (the reply, the instruction it answers, the objects
+    stored of it) and store, as Flower stores the error replies it makes for a node, an error reply for that
+    instruction naming `reason`; that error reply (a flwr Message)."""
+    from flwr.app import Error, Metadata
+    from flwr.app.message import make_message
+    from flwr.common.constant import ErrorCode
+    from flwr.supercore.date import now
+
+    reply = push.reply
+    state.delete_messages(message_ins_ids={reply.reply_to_message_id})
+    state.object_store.delete(reply.message_id)
+    metadata = Metadata(
+        run_id=reply.run_id,
+        message_id="",
+        src_node_id=push.node_id,
+        dst_node_id=reply.dst_node_id,
+        reply_to_message_id=reply.reply_to_message_id,
+        group_id=reply.group_id,
+        message_type=reply.message_type,
+        created_at=now().timestamp(),
+        ttl=reply.ttl,
+    )
+    error_reply = make_message(metadata=metadata, error=Error(code=ErrorCode.REPLY_MESSAGE_UNAVAILABLE, reason=reason))
+    error_reply.metadata.__dict__["_message_id"] = error_reply.object_id  # as Flower names the errors it makes
+    state._store_generated_message(error_reply)
+    return error_reply
+
+
+def registering_reply_pushes(push_messages: Callable, bound: ReplyBound) -> Callable:
+    """Flower's FleetServicer.PushMessages (a SuperNode registers its reply and is told which objects to push),
+    telling `bound` of the reply and the objects it will count."""
+
+    def push_messages_registered(servicer, request, context):
+        from flwr.common.serde import message_from_proto
+
+        with bound.handover:
+            response = push_messages(servicer, request, context)
+            reply = message_from_proto(request.messages_list[0]).metadata  # Flower took the first, and only, message
+            bound.started(response.session_id, request.node.node_id, reply, list(response.objects_to_push))
+        return response
+
+    return push_messages_registered
+
+
+def counting_reply_objects(push_object: Callable, bound: ReplyBound) -> Callable:
+    """Flower's FleetServicer.PushObject (stores one object a SuperNode pushes), refusing, before it is stored, an
+    object that takes its reply past `bound`: the reply is refused then (`refuse_reply`) and the call aborted with
+    RESOURCE_EXHAUSTED, which the SuperNode logs and gives up the reply for."""
+    import grpc
+
+    def push_object_counted(servicer, request, context):
+        size = len(request.object_content)
+        push, refused = bound.reserve(request.session_id, size)
+        if push is None:
+            return push_object(servicer, request, context)
+        if refused:
+            reason = bound.refusal(push, size)
+            if push.stand_in is None:
+                bound.stand_in(push, refuse_reply(servicer.state_factory.state(), push, reason))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+        stored = False
+        try:
+            response = push_object(servicer, request, context)
+            stored = response.stored
+            return response
+        finally:
+            bound.settle(push, request.object_id, size, stored)
+
+    return push_object_counted
+
+
+def holding_back_unfinished_replies(pull_messages: Callable, bound: ReplyBound) -> Callable:
+    """Flower's Runtime API `pull_messages` (the ServerApp asks for the replies to its instructions), answering
+    only for replies whose objects are all stored, and with the stand-ins of refused ones."""
+
+    def pull_whole_messages(request, state, task):
+        from flwr.common.serde import message_to_proto
+        from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+        from flwr.supercore.inflatable.inflatable_object import get_object_tree
+
+        with bound.handover:
+            answerable, stand_ins = bound.sort(list(request.message_ids), task.run_id)
+            response = pull_messages(PullAppMessagesRequest(message_ids=answerable), state, task)
+        for error_reply in stand_ins:
+            response.messages_list.append(message_to_proto(error_reply))
+            response.message_object_trees.append(get_object_tree(error_reply))
+        return response
+
+    return pull_whole_messages
+
+
+def bounding_fleet_calls(max_message_mb: float) -> None:
+    """Flower's Fleet API server takes calls of up to `call_bytes_limit(max_message_mb)` instead of 2 GiB - 1:
+    `_run_fleet_api_grpc_rere` reads the module's GRPC_MAX_MESSAGE_LENGTH when it creates the server."""
+    flower_superlink = importlib.import_module("flwr.superlink.cli.flower_superlink")
+    flower_superlink.GRPC_MAX_MESSAGE_LENGTH = call_bytes_limit(max_message_mb)  # type: ignore[attr-defined]
+
+
+def bounding_replies(bound: ReplyBound) -> None:
+    from flwr.server.superlink.fleet.grpc_rere.fleet_servicer import FleetServicer
+    from flwr.superlink.servicer.runtime import runtime_handlers
+
+    FleetServicer.PushMessages = registering_reply_pushes(FleetServicer.PushMessages, bound)  # type: ignore[method-assign]
+    FleetServicer.PushObject = counting_reply_objects(FleetServicer.PushObject, bound)  # type: ignore[method-assign]
+    # the Runtime API's router looks the handler up in this module at every request
+    runtime_handlers.pull_messages = holding_back_unfinished_replies(runtime_handlers.pull_messages, bound)
 
 
 def patch_flower(interval: float, busy_timeout_ms: int) -> None:
@@ -52,10 +299,51 @@ def patch_flower(interval: float, busy_timeout_ms: int) -> None:
     sql_mixin.SQLITE_PRAGMAS = tuple(pragmas.items())  # type: ignore[assignment]
 
 
+def bound_messages(max_message_mb: float) -> ReplyBound:
+    """Bound Flower's Fleet calls and replies at `max_message_mb` (`bounding_fleet_calls`, `bounding_replies`); the
+    bound. SystemExit on a Flower other than the one this was read in."""
+    import flwr
+    from flwr.server.superlink.fleet.grpc_rere.fleet_servicer import FleetServicer
+    from flwr.supercore.constant import OBJECT_PUSH_SESSION_TTL_SECONDS
+    from flwr.superlink.servicer.runtime import runtime_handlers
+
+    flower_superlink = importlib.import_module("flwr.superlink.cli.flower_superlink")
+    if (
+        flwr.__version__ != PATCHED_FLOWER
+        or not hasattr(flower_superlink, "GRPC_MAX_MESSAGE_LENGTH")
+        or not all(hasattr(FleetServicer, name) for name in ("PushMessages", "PushObject"))
+        or not hasattr(runtime_handlers, "pull_messages")
+    ):
+        raise SystemExit(
+            f"fedbayes superlink patches Flower {PATCHED_FLOWER}'s Fleet and Runtime APIs ({MAX_MESSAGE_OPTION}), "
+            f"but Flower {flwr.__version__} is installed; use `flower-superlink` instead"
+        )
+    bound = ReplyBound(max_message_mb, OBJECT_PUSH_SESSION_TTL_SECONDS)
+    bounding_fleet_calls(max_message_mb)
+    bounding_replies(bound)
+    return bound
+
+
+def check_fleet_api_type(argv: list[str]) -> None:
+    """The reply bound is on Flower's gRPC request-response Fleet API (its default); refuse another."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--fleet-api-type", default="grpc-rere")
+    fleet_api_type = parser.parse_known_args(argv)[0].fleet_api_type
+    if fleet_api_type != "grpc-rere":
+        raise SystemExit(
+            f"fedbayes superlink bounds replies ({MAX_MESSAGE_OPTION}) on the grpc-rere Fleet API only, "
+            f"not --fleet-api-type {fleet_api_type}; use `flower-superlink` for that"
+        )
+
+
 def main(argv: list[str]) -> int:
-    """Run `flower-superlink` with `argv` as its arguments; the process ends with it (`exit_without_teardown`)."""
+    """Run `flower-superlink` with `argv`, less our --max-message-mb, as its arguments; the process ends with it
+    (`exit_without_teardown`)."""
+    max_message_mb, flower_argv = max_message_option(argv)
+    check_fleet_api_type(flower_argv)
     patch_flower(STREAM_INTERVAL, BUSY_TIMEOUT_MS)
+    bound_messages(max_message_mb)
     from flwr.superlink.cli import flower_superlink
 
-    sys.argv = ["flower-superlink", *argv]
+    sys.argv = ["flower-superlink", *flower_argv]
     exit_without_teardown(flower_superlink)

@@ -11,6 +11,12 @@ of once every 3 s costs one small gRPC call each. It also shortens the 1 s back-
 a message leaves behind when its run turns out to be stopped while the SuperNode takes it (`dropping_stopped_runs`).
 Once Flower's own graceful shutdown is done, it exits without the interpreter's teardown (`exit_without_teardown`).
 
+With `--max-message-mb MB` (default: max-payload-mb's default) it refuses an instruction over MB as it receives it:
+its Fleet calls carry at most `call_bytes_limit(MB)` (`bounding_fleet_calls`), and an instruction whose objects pass
+`message_bytes_limit(MB)` while they are pulled is dropped, the pull stopped, and answered with an error reply naming
+the limit (`refusing_oversize_instructions`), as the SuperLink refuses a reply (deploy/superlink.py). Flower's
+SuperNode pulls every object of an instruction into memory before its ClientApp could look at its size.
+
 The patch is tied to the code it was read in: any Flower but 1.39.0 is refused rather than patched blindly.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections.abc import Callable
 from logging import INFO
@@ -25,7 +32,14 @@ from types import SimpleNamespace
 
 from fedbayes.deploy.doorbell import ring
 from fedbayes.deploy.processes import exit_without_teardown
-from fedbayes.tasks.object_pulls import seconds_from_env, shorten_pull_backoff
+from fedbayes.tasks.object_pulls import (
+    MAX_MESSAGE_OPTION,
+    call_bytes_limit,
+    max_message_option,
+    message_bytes_limit,
+    seconds_from_env,
+    shorten_pull_backoff,
+)
 
 PATCHED_FLOWER = "1.39.0"
 FLOWER_WAITS = (3, 0.5)  # the idle sleep between pulls, and the wait for a reply or an object
@@ -163,11 +177,75 @@ def drop_stopped_message(state, object_store, message, tasks_before: set[int]) -
     )
 
 
-def patch_flower(poll: float, runtime_port: int | None = None) -> None:
+def refusing_oversize_instructions(
+    pull_and_store: Callable[..., int | None], max_message_mb: float
+) -> Callable[..., int | None]:
+    """Flower's `_pull_and_store_message`, stopping the pull of an instruction once its objects pass
+    `message_bytes_limit(max_message_mb)` bytes, and answering it with an error reply that names the limit.
+
+    Flower 1.39 pulls every object of the message it takes into memory, then stores them. Here an object that takes
+    the message past the limit raises ObjectPullError, which stops Flower's other pulls; Flower then logs "Failed to
+    receive message", drops the message and fails its task. This then stores the error reply that Flower's loop pushes
+    next, as it does its own FAB-verification error reply. It does not confirm the message to the SuperLink, as
+    Flower does not after a failed pull: the ServerApp may still be pushing the message's objects, and a confirmed
+    message's are dropped, which failed that push and ended the run."""
+    from flwr.app import Error, Message
+    from flwr.common.constant import ErrorCode
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+    from flwr.supernode.start_client_internal import _insert_message
+
+    limit = message_bytes_limit(max_message_mb)
+
+    def pull_and_store_bounded(**kwargs) -> int | None:
+        taken: list = []  # the message received by this call
+        refusal: list[str] = []
+        pulled, lock = [0], threading.Lock()  # objects are pulled on several threads
+
+        def receive() -> tuple | None:
+            received = kwargs["receive"]()
+            if received is not None:
+                taken.append(received[0])
+            return received
+
+        def pull_counted(run_id: int, object_id: str) -> bytes:
+            content = kwargs["pull_object"](run_id, object_id)
+            with lock:
+                pulled[0] += len(content)
+                total = pulled[0]
+            if total > limit:
+                reason = (
+                    f"the SuperNode refused the instruction: it is over {MAX_MESSAGE_OPTION}={max_message_mb:g} "
+                    f"({total / 2**20:.1f} MiB of its objects pulled, the rest not)"
+                )
+                refusal.append(reason)
+                raise ObjectPullError(object_id, reason)
+            return content
+
+        run_id = pull_and_store(**{**kwargs, "receive": receive, "pull_object": pull_counted})
+        if run_id is not None or not refusal or not taken:
+            return run_id
+        message = taken[0]
+        error = Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=refusal[0])
+        _insert_message(Message(error, reply_to=message), kwargs["state"], kwargs["object_store"])
+        return message.metadata.run_id  # Flower's loop pushes the error reply next
+
+    return pull_and_store_bounded
+
+
+def bounding_fleet_calls(start_client_internal, max_message_mb: float) -> None:
+    """The SuperNode's channel to the Fleet API carries calls of up to `call_bytes_limit(max_message_mb)` instead
+    of 2 GiB - 1: `_init_connection` reads the module's GRPC_MAX_MESSAGE_LENGTH when it connects."""
+    start_client_internal.GRPC_MAX_MESSAGE_LENGTH = call_bytes_limit(max_message_mb)
+
+
+def patch_flower(poll: float, runtime_port: int | None = None, max_message_mb: float | None = None) -> None:
+    """Flower's SuperNode loop without its idle sleeps (`polling_time`), dropping a stopped run's message
+    (`dropping_stopped_runs`), ringing the executor's doorbell on `runtime_port` (if given), refusing an instruction
+    over `max_message_mb` (if given)."""
     import flwr
     from flwr.supernode import start_client_internal
 
-    if flwr.__version__ != PATCHED_FLOWER:
+    if flwr.__version__ != PATCHED_FLOWER or not hasattr(start_client_internal, "GRPC_MAX_MESSAGE_LENGTH"):
         raise SystemExit(
             f"fedbayes supernode patches Flower {PATCHED_FLOWER}'s SuperNode loop, but Flower "
             f"{flwr.__version__} is installed; use `flower-supernode` instead"
@@ -175,6 +253,9 @@ def patch_flower(poll: float, runtime_port: int | None = None) -> None:
     # a stand-in for the time module, its sleep remapped (polling_time): no ModuleType, but all Flower's loop uses
     start_client_internal.time = polling_time(poll)  # type: ignore[assignment]
     pull_and_store = dropping_stopped_runs(start_client_internal._pull_and_store_message)
+    if max_message_mb is not None:
+        bounding_fleet_calls(start_client_internal, max_message_mb)
+        pull_and_store = refusing_oversize_instructions(pull_and_store, max_message_mb)
     if runtime_port is not None:
         pull_and_store = ringing(pull_and_store, runtime_port)
     start_client_internal._pull_and_store_message = pull_and_store
@@ -191,9 +272,11 @@ def runtime_port(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Run `flower-supernode` with `argv` as its arguments; the process ends with it (`exit_without_teardown`)."""
-    patch_flower(poll_interval(), runtime_port(argv))
+    """Run `flower-supernode` with `argv`, less our --max-message-mb, as its arguments; the process ends with it
+    (`exit_without_teardown`)."""
+    max_message_mb, flower_argv = max_message_option(argv)
+    patch_flower(poll_interval(), runtime_port(flower_argv), max_message_mb)
     from flwr.supernode.cli import flower_supernode
 
-    sys.argv = ["flower-supernode", *argv]
+    sys.argv = ["flower-supernode", *flower_argv]
     exit_without_teardown(flower_supernode)

@@ -21,10 +21,10 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ class LoopSettings:
     min_clients: int = 1  # before every round
     max_payload_mb: float = 512.0
     max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
-    straggler_wait: float = 0.0  # once half the replies are in, wait at most this multiple of their time (0: off)
+    straggler_wait: float = 0.0  # run config straggler-wait (Stragglers); 0: wait for every reply up to round_timeout
     results_exists: str = "refuse"  # a new federation's results file that holds rows: refuse, append or replace
     pipeline_evaluation: bool = True  # evaluate and checkpoint round t while round t+1 trains (RoundFinisher)
 
@@ -186,12 +186,56 @@ class RunFailed(RuntimeError):
     """The federation trained nothing for `max-failed-rounds` rounds in a row."""
 
 
-def straggler_deadline(started: float, now: float, replied: int, sent: int, wait: float) -> float | None:
-    """When the round stops waiting for its stragglers (run config `straggler-wait`): once half the replies are in,
-    `wait` times the time they took from now on; None while fewer have come, or when the policy is off."""
-    if wait <= 0 or replied < max(1, math.ceil(sent / 2)):
-        return None
-    return now + wait * (now - started)
+def straggler_deadlines(
+    half_seconds: float,
+    waiting: Mapping[Any, int | None],
+    replied_examples: Sequence[int],
+    wait: float,
+    waited_once: Set[Any],
+) -> dict[Any, float]:
+    """When the round stops waiting for each of the clients still `waiting` (client -> the examples of its last
+    accepted reply, None: unknown) once half the replies are in, `half_seconds` after the round started (run config
+    `straggler-wait` = `wait`), in seconds from the round's start: `half_seconds` x (1 + `wait` x its size), its size
+    being its examples over the median of those that replied (`replied_examples`), at least 1. A client's compute grows
+    with its examples, so the largest honest client is allowed its share, and one slower than its data explains is cut.
+    A client of unknown size (or when no reply's is known) counts as size 1, except that one never `waited_once` for
+    is waited for up to round-timeout (math.inf): the server learns its size from that reply."""
+    reference = statistics.median(replied_examples) if replied_examples else None
+    deadlines = {}
+    for client, examples in waiting.items():
+        if examples is None and client not in waited_once:
+            deadlines[client] = math.inf
+            continue
+        size = max(1.0, examples / reference) if examples is not None and reference else 1.0
+        deadlines[client] = half_seconds * (1 + wait * size)
+    return deadlines
+
+
+@dataclass
+class Stragglers:
+    """The round loop's straggler policy (`straggler_deadlines`) and what it keeps across rounds: `examples_of` a node
+    (its client's last accepted reply's; None: unknown), and the nodes of unknown size it has waited for once."""
+
+    wait: float
+    examples_of: Callable[[int], int | None]
+    waited_once: set[int] = field(default_factory=set)
+
+    def deadlines(self, half_seconds: float, waiting: Iterable[int], replied: Iterable[int]) -> dict[int, float]:
+        """Per waiting node, the seconds from the round's start after which the round stops waiting for it."""
+        sizes = {node: self.examples_of(node) for node in waiting}
+        replied_examples = [examples for node in replied if (examples := self.examples_of(node)) is not None]
+        deadlines = straggler_deadlines(half_seconds, sizes, replied_examples, self.wait, self.waited_once)
+        self.waited_once |= {node for node, examples in sizes.items() if examples is None}
+        return deadlines
+
+    def why(self, node: int, half_seconds: float, deadline: float) -> str:
+        """Why the round stopped waiting for `node` at `deadline` seconds."""
+        size = (deadline / half_seconds - 1) / self.wait
+        scaled = f", x its size {size:.2g} ({self.examples_of(node)} examples against the median of those replies)"
+        return (
+            f"no reply within {deadline:.1f} s: straggler-wait={self.wait:g} x the {half_seconds:.1f} s half the "
+            "replies took" + (scaled if size > 1 + 1e-9 else "")
+        )
 
 
 def exchange(
@@ -200,12 +244,14 @@ def exchange(
     timeout: float,
     poll_interval: float,
     phases: dict[str, float],
-    straggler_wait: float = 0.0,
+    stragglers: Stragglers | None = None,
+    arrivals: dict[int, float] | None = None,
 ) -> tuple[list[Message], dict[int, str], dict[int, Error]]:
-    """Send `messages` and collect replies until all arrived, `timeout` passed, or the straggler deadline
-    (`straggler_deadline`) passed; (replies, silent node -> why, node -> the error it answered with). A reply that
-    comes later is never pulled: the server does not use it, and its client rolls back. Records in `phases` the
-    seconds the push took and, from the push, until the first and the last reply."""
+    """Send `messages` and collect replies until all arrived, `timeout` passed, or `stragglers`' deadlines passed
+    (from the moment half the replies are in: `straggler_deadlines`); (replies, silent node -> why, node -> the error
+    it answered with). A reply that comes later is never pulled: the server does not use it, and its client rolls
+    back. Records in `phases` the seconds the push took and, from the push, until the first and the last reply; in
+    `arrivals` (if given), per node that answered, the seconds from the push until its reply or error was pulled."""
     pushed = time.perf_counter()
     message_ids = list(grid.push_messages(messages))
     phases["push"] = time.perf_counter() - pushed
@@ -214,30 +260,42 @@ def exchange(
     replies: list[Message] = []
     errors: dict[int, Error] = {}
     started = time.monotonic()
-    deadline, why_late = started + timeout, f"no reply within round-timeout ({timeout:.0f} s)"
-    while pending and time.monotonic() < deadline:
-        cutoff = straggler_deadline(started, time.monotonic(), len(replies), len(destination), straggler_wait)
-        if cutoff is not None and cutoff < deadline:
-            deadline = cutoff
-            why_late = (
-                f"no reply within straggler-wait={straggler_wait:g} x the {time.monotonic() - started:.1f} s "
-                "half the replies took"
-            )
+    half = max(1, math.ceil(len(destination) / 2))
+    deadlines: dict[int, float] | None = None  # per waiting node, seconds from `started`, once half the replies are in
+    half_seconds = 0.0
+    while pending and time.monotonic() < started + timeout:
+        if stragglers is not None and stragglers.wait > 0 and deadlines is None and len(replies) >= half:
+            half_seconds = time.monotonic() - started
+            replied = [reply.metadata.src_node_id for reply in replies]
+            deadlines = stragglers.deadlines(half_seconds, [destination[mid] for mid in pending], replied)
+        if deadlines is not None and time.monotonic() > started + max(deadlines[destination[m]] for m in pending):
+            break
         for reply in grid.pull_messages(list(pending)):
             phases.setdefault("first_reply", time.perf_counter() - pushed)
             phases["last_reply"] = time.perf_counter() - pushed
+            node = destination.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if arrivals is not None:
+                arrivals[node] = phases["last_reply"]
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error():
                 # SuperLink-made errors (node unavailable) come from node 1: the node is the one the instruction
                 # went to.
-                errors[destination.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)] = reply.error
+                errors[node] = reply.error
             else:
                 replies.append(reply)
         if pending:
             time.sleep(poll_interval)
-    silent = {destination[message_id]: why_late for message_id in pending}
-    for node in silent:
-        log(WARNING, "node %d: %s; the round goes on without it", node, why_late)
+    silent = {}
+    for message_id in pending:
+        node = destination[message_id]
+        deadline = deadlines[node] if deadlines is not None else math.inf
+        cut = stragglers is not None and deadline < timeout
+        silent[node] = (
+            stragglers.why(node, half_seconds, deadline)
+            if stragglers is not None and cut
+            else f"no reply within round-timeout ({timeout:.0f} s)"
+        )
+        log(WARNING, "node %d: %s; the round goes on without it", node, silent[node])
     return replies, silent, errors
 
 
@@ -491,9 +549,10 @@ def _run_rounds(
         sinks,
     )
     failed_rounds = 0
+    stragglers = Stragglers(settings.straggler_wait, core.examples_of)
     try:
         for server_round in range(first_round, settings.num_rounds + 1):
-            finished = train_round(grid, core, arrays, settings, server_round, finisher)
+            finished = train_round(grid, core, arrays, settings, server_round, finisher, stragglers)
             arrays = finished.arrays
             finisher.submit(finished)
             if forgetting.has_work(core):  # between rounds: once this one is checkpointed, before the next starts
@@ -518,7 +577,13 @@ def _run_rounds(
 
 
 def train_round(
-    grid: Grid, core: RoundCore, arrays: ArrayRecord, settings: LoopSettings, server_round: int, finisher: RoundFinisher
+    grid: Grid,
+    core: RoundCore,
+    arrays: ArrayRecord,
+    settings: LoopSettings,
+    server_round: int,
+    finisher: RoundFinisher,
+    stragglers: Stragglers,
 ) -> FinishedRound:
     """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
     checkpointed) meanwhile, and before this one aggregates."""
@@ -530,8 +595,15 @@ def train_round(
         messages = core.configure(server_round, arrays, grid)
     for message in messages:  # too big for the clients' limit: every one of them would refuse it
         check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
+    arrivals: dict[int, float] = {}
     replies, silent, errors = exchange(
-        grid, messages, settings.round_timeout, settings.poll_interval, phases.seconds, settings.straggler_wait
+        grid,
+        messages,
+        settings.round_timeout,
+        settings.poll_interval,
+        phases.seconds,
+        stragglers,
+        arrivals,
     )
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
@@ -548,6 +620,10 @@ def train_round(
         "fresh_starts": list(report.fresh_starts),  # accepted clients that had lost their state and started afresh
         "quarantined": sorted(report.quarantined),  # nodes that sit out the next round (server/isolation.py)
         "warnings": list(report.warnings),  # what the strategy warned of (e.g. BayesADMM's collapsing precision)
+        # seconds from the push to each answer, by client id (node id where the node's client is not known)
+        "reply_seconds": {
+            core.identities.client_of(node) or f"node {node}": round(seconds, 3) for node, seconds in arrivals.items()
+        },
         # the strategy's round metrics (round_metrics: train-loss, compute-seconds, and its own, e.g. K)
         "train_loss": None,
         "client_compute_seconds": None,

@@ -152,6 +152,7 @@ class RoundCore:
         # rounds): the only reply it may send is the answer to that message. Never checkpointed: a resumed server
         # refuses every answer to its predecessor's messages.
         self._nonces: dict[int, bytes] = {}
+        self.client_examples: dict[str, int] = {}  # client id -> num_examples of its last accepted reply
 
     @property
     def buffer_layout(self) -> TensorLayout:
@@ -431,6 +432,7 @@ class RoundCore:
             self.identities.bind(self._reply_nodes[client], client)
             self.identities.ledger.record_contribution(client, server_round)
             self.accepted_rounds[client] = server_round
+            self.client_examples[client] = payload.reply.num_examples
             self.round_report.accepted.append(client)
 
     def failed(self, reason: str) -> None:
@@ -452,6 +454,11 @@ class RoundCore:
     def absent(self, node: int, why: str) -> None:
         """`node` sent nothing usable in time (round-timeout, straggler-wait)."""
         self.round_report.rejected[self.node_label(node)] = why
+
+    def examples_of(self, node: int) -> int | None:
+        """The examples `node`'s client reported in its last accepted reply (None: none accepted in this process)."""
+        client = self.identities.client_of(node)
+        return self.client_examples.get(client) if client else None
 
     # ---- labels and rejections -----------------------------------------------------------------------------------
     def node_label(self, node: int) -> str:

@@ -278,9 +278,10 @@ class RunSettings:
     )
     quarantine_rounds: int = key(10, "rounds a quarantined node is left out of sampling and scheduling", AT_LEAST_ONE)
     straggler_wait: float = key(
-        0.0,
-        "once half the round's replies are in, wait at most this multiple of the time they "
-        "took for the rest (0 = wait up to round-timeout)",
+        2.0,
+        "once half the round's replies are in, after h seconds, wait for each other client at most "
+        "h x (1 + this x its size), its size being its examples over the median of the replies in, at least 1 (one "
+        "whose size the server does not know yet is waited for up to round-timeout once); 0 = wait up to round-timeout",
         NON_NEGATIVE,
     )
     results_exists: str = key(

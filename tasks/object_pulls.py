@@ -27,6 +27,7 @@ need not import fedbayes.deploy.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -37,6 +38,53 @@ DEFAULT_BACKOFF = 0.05
 # and the records' framing, a few hundred bytes per object; what is then still over is refused by
 # check_payload_size (protos/codec.py), which counts the records themselves.
 OBJECT_OVERHEAD_BYTES = 2**20
+
+
+def message_bytes_limit(max_message_mb: float) -> int:
+    """The most bytes of objects a message under `max_message_mb` MiB may take: its records plus
+    OBJECT_OVERHEAD_BYTES of framing."""
+    return int(max_message_mb * 2**20) + OBJECT_OVERHEAD_BYTES
+
+
+def call_bytes_limit(max_message_mb: float) -> int:
+    """The most bytes one gRPC call may carry between a SuperLink and a SuperNode bounding messages at
+    `max_message_mb` MiB: one object of such a message, or one array chunk (FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, which a
+    message just over a small limit is cut into), plus OBJECT_OVERHEAD_BYTES; at most gRPC's own 2 GiB - 1 (Flower's
+    GRPC_MAX_MESSAGE_LENGTH: a larger message travels as several objects). Above it a call is refused by gRPC before
+    anyone reads it; up to it, the object reaches the per-message count that refuses it by name."""
+    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    from flwr.supercore.grpc import GRPC_MAX_MESSAGE_LENGTH
+
+    largest = max(int(max_message_mb * 2**20), FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE) + OBJECT_OVERHEAD_BYTES
+    return min(largest, GRPC_MAX_MESSAGE_LENGTH)
+
+
+MAX_MESSAGE_OPTION = "--max-message-mb"
+
+
+def default_max_message_mb() -> float:
+    """What a SuperLink or SuperNode bounds messages at unless told: the run config's max-payload-mb default."""
+    from fedbayes.tasks.config import RunSettings, keys_of
+
+    return float(next(key.default for key in keys_of(RunSettings) if key.name == "max-payload-mb"))
+
+
+def max_message_option(argv: list[str]) -> tuple[float, list[str]]:
+    """`fedbayes superlink`'s and `fedbayes supernode`'s own option: (the --max-message-mb given, or
+    `default_max_message_mb()`; the other arguments, for Flower's command as they are). SystemExit naming the option
+    for a value that is not a finite number of MiB > 0."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(MAX_MESSAGE_OPTION, default=str(default_max_message_mb()))
+    known, rest = parser.parse_known_args(argv)
+    try:
+        megabytes = float(known.max_message_mb)
+    except ValueError:
+        megabytes = math.nan
+    if not 0 < megabytes < math.inf:
+        raise SystemExit(f"{MAX_MESSAGE_OPTION} must be a finite number of MiB > 0, got {known.max_message_mb!r}")
+    return megabytes, rest
 
 
 def seconds_from_env(name: str, default: float, maximum: float) -> float:
@@ -89,7 +137,7 @@ def bound_reply_pulls(grid, max_payload_mb: float) -> bool:
             ConfirmMessageReceivedRequest(node=grid.node, run_id=grid.run.run_id, message_object_id=message_id)
         )
 
-    limit = int(max_payload_mb * 2**20) + OBJECT_OVERHEAD_BYTES
+    limit = message_bytes_limit(max_payload_mb)
     http_grid.pull_objects = bounded_pulls(inflatable_utils.pull_objects, limit, max_payload_mb, release)
     return True
 

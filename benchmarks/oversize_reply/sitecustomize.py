@@ -12,8 +12,8 @@ if sys.argv[1:2] == ["superexec"]:
     import fedbayes.client.core as core
     import fedbayes.protos.codec as codec
 
-    def padded_encode(message, tensors):
-        content = codec.encode(message, tensors)
+    def padded_encode(*args, **kwargs):
+        content = codec.encode(*args, **kwargs)
         floats = int(float(os.environ["FEDBAYES_PADDING_MB"]) * 2**20) // 4
         padding = np.random.default_rng(0).standard_normal(floats, dtype=np.float32)  # random: no chunk dedup
         content["padding"] = ArrayRecord({"x": Array(padding)})

@@ -25,7 +25,8 @@ def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_pa
     message = str(failure.value)
     assert message.startswith("2 rounds in a row (max-failed-rounds) accepted no client reply")
     assert "client 'client-1' (node 1): rejected reply: field 'num_examples': 0 is not in" in message
-    assert "node 2: no reply within round-timeout" in message
+    # waited for up to round-timeout in round 1 (its size unknown), cut by straggler-wait in round 2
+    assert "node 2: no reply within" in message and "straggler-wait=2 x the" in message
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 2  # the failed rounds are on record
 
 
@@ -50,8 +51,9 @@ def test_a_node_refused_round_after_round_is_quarantined_and_the_others_go_on(tm
 
 
 def test_a_straggler_cannot_set_the_pace_of_every_round(tmp_path):
-    """Node 1 replies 0.2 s into each round, node 2 never: with straggler-wait=2 a round waits ~0.6 s, not the
-    5 s round-timeout, and says why node 2 was left out."""
+    """Node 1 replies 0.2 s into each round, node 2 never. With straggler-wait=2 the server waits for node 2, whose
+    size it does not know, up to round-timeout once; from round 2 on a round waits ~0.6 s, not the 3 s round-timeout,
+    and says why node 2 was left out."""
     round_started = {}
 
     def reply(server_round, node):
@@ -60,11 +62,39 @@ def test_a_straggler_cannot_set_the_pace_of_every_round(tmp_path):
             return fedavg_reply("client-1", server_round, value=1.0)
         return None
 
-    started = time.monotonic()
-    core, _ = run(tmp_path, reply, rounds=2, round_timeout=5.0, **{"straggler-wait": 2.0})
-    assert time.monotonic() - started < 4.0  # two rounds of ~0.6 s (a timeout would take 10 s)
-    assert all(row["clients"] == 1 for row in rows(tmp_path))
-    assert "straggler-wait=2 x the" in core.round_report.rejected["node 2"]
+    run(tmp_path, reply, rounds=3, round_timeout=3.0, **{"straggler-wait": 2.0})
+    written = rows(tmp_path)
+    assert [row["clients"] for row in written] == [1, 1, 1]
+    assert "round-timeout" in written[0]["rejected"]["node 2"]
+    for row in written[1:]:
+        assert "straggler-wait=2 x the" in row["rejected"]["node 2"]
+        assert row["round_seconds"] < 3.0  # cut before round-timeout
+    assert set(written[1]["reply_seconds"]) == {"client-1"}  # who answered, and when
+
+
+def test_a_client_is_waited_for_by_its_size_and_one_slower_than_its_size_is_cut(tmp_path):
+    """Nodes 1 and 2 hold 10 examples each and reply 0.1 s into a round; node 3 holds 100 and replies after 1 s (its
+    compute grows with its data), node 4 holds 10 and replies after 2.5 s. Round 1 waits for all (their sizes are
+    not known yet); from round 2 on straggler-wait=2 allows node 3 21 x the time half the replies took (its size is
+    10 x their median) and node 4 3 x: node 3 is in every round, node 4 cut."""
+    round_started = {}
+    arrives = {1: (0.1, 10), 2: (0.1, 10), 3: (1.0, 100), 4: (2.5, 10)}  # node -> (seconds, examples)
+
+    def reply(server_round, node):
+        started = round_started.setdefault(server_round, time.monotonic())
+        seconds, examples = arrives[node]
+        if time.monotonic() - started >= seconds:
+            return fedavg_reply(f"client-{node}", server_round, num_examples=examples, value=1.0)
+        return None
+
+    grid = FakeGrid([1, 2, 3, 4], scripted(reply))
+    run(tmp_path, reply, rounds=3, round_timeout=10.0, grid=grid, **{"straggler-wait": 2.0})
+    written = rows(tmp_path)
+    assert [row["clients"] for row in written] == [4, 3, 3]
+    for row in written[1:]:
+        assert list(row["rejected"]) == ["client 'client-4' (node 4)"]
+        assert "straggler-wait=2 x the" in row["rejected"]["client 'client-4' (node 4)"]
+        assert "client-3" in row["reply_seconds"]
 
 
 def test_a_bad_round_between_good_ones_does_not_stop_the_run(tmp_path):
@@ -146,7 +176,14 @@ class RecordingStore(CheckpointStore):
         self.saved.append((checkpoint.server_round, rows, arrays, checkpoint.strategy_state.metadata))
 
 
-TIMING_KEYS = {"round_seconds", "wall_seconds", "phase_seconds", "client_phase_seconds", "client_phase_max"}
+TIMING_KEYS = {
+    "round_seconds",
+    "wall_seconds",
+    "phase_seconds",
+    "client_phase_seconds",
+    "client_phase_max",
+    "reply_seconds",
+}
 
 
 def deterministic_run(tmp_path, pipeline):

@@ -585,3 +585,71 @@ def test_the_supernode_client_and_run_commands_import_neither_torch_nor_the_laun
     }
     assert module in imported  # the trace is there
     assert "torch" not in imported and "fedbayes.deploy.launcher" not in imported
+
+
+def test_an_instruction_over_max_message_mb_is_refused_while_pulled_and_answered_with_an_error(
+    monkeypatch, pull_defaults
+):
+    """`fedbayes supernode --max-message-mb 1`: an instruction padded with 20 MiB (four 5 MiB chunks) is dropped at the
+    first chunk past the limit, pulled no further, and answered with an error reply naming the limit, which Flower's
+    loop pushes next; no ClientApp is asked to run it. It is not confirmed to the SuperLink: the ServerApp may still
+    be pushing its objects, which a confirmation drops (that failed the ServerApp's push, and its run)."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, Message, RecordDict
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.constant import Status
+    from flwr.common.serde import message_from_proto, message_to_proto
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.supernode import start_client_internal as loop
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    from fedbayes.tasks.object_pulls import OBJECT_OVERHEAD_BYTES
+
+    monkeypatch.setattr(loop, "time", loop.time)
+    monkeypatch.setattr(loop, "_pull_and_store_message", loop._pull_and_store_message)
+    monkeypatch.setattr(loop, "GRPC_MAX_MESSAGE_LENGTH", loop.GRPC_MAX_MESSAGE_LENGTH)
+    supernode.patch_flower(0.01, max_message_mb=1.0)
+    assert loop.GRPC_MAX_MESSAGE_LENGTH == 5 * 2**20 + OBJECT_OVERHEAD_BYTES  # one array chunk gets to the count
+
+    padding = np.random.default_rng(0).standard_normal(5 * 2**20, dtype=np.float32)
+    message = Message(RecordDict({"pad": ArrayRecord({"x": Array(padding)})}), dst_node_id=NODE, message_type="train")
+    message.metadata.__dict__.update(_run_id=NEW_RUN, _src_node_id=1)
+    message.metadata.__dict__["_message_id"] = message.object_id
+    objects = {object_id: item.deflate() for object_id, item in get_all_nested_objects(message).items()}
+    taken = message_from_proto(message_to_proto(remove_content_from_message(message)))
+    state = NodeStateFactory(ObjectStoreFactory()).state()
+    state.set_node_id(NODE)
+    state.store_run(Run.create_empty(NEW_RUN))
+    pulled, confirmed = [], []
+
+    def pull_object(run_id, object_id):
+        pulled.append(len(objects[object_id]))
+        return objects[object_id]
+
+    run_id = loop._pull_and_store_message(
+        state=state,
+        object_store=state.object_store,
+        node_config={},
+        receive=lambda: (taken, get_object_tree(message)),
+        get_run=pytest.fail,
+        get_fab=pytest.fail,
+        pull_object=pull_object,
+        confirm_message_received=lambda run_id, message_id: confirmed.append(message_id),
+        trusted_entities=None,
+    )
+    assert run_id == NEW_RUN and confirmed == []
+    assert sum(pulled) <= 2 * (5 * 2**20 + 4096)  # the chunk that passed the limit and one in flight, of four
+    assert all(task.status.status == Status.FINISHED for task in state.get_tasks(run_ids=[NEW_RUN]))
+    assert state.get_messages(is_reply=False) == []
+    sent = []
+
+    def send(reply, object_tree, clientapp_runtime):
+        sent.append(reply)
+        return set(), "session"
+
+    loop._push_messages(state=state, object_store=state.object_store, send=send, push_object=pytest.fail)
+    (reply,) = sent
+    assert reply.has_error() and reply.metadata.reply_to_message_id == message.metadata.message_id
+    assert "the SuperNode refused the instruction: it is over --max-message-mb=1 (" in reply.error.reason

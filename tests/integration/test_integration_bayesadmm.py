@@ -111,6 +111,7 @@ def test_a_killed_server_resumes_from_its_checkpoint_and_loses_nothing(tmp_path)
         "wait-for-clients": 2,
         "min-clients": 2,
         "round-timeout": 120.0,
+        "straggler-wait": 0.0,  # round 3 waits for the held client until the kill
     }
     straight = {**base, "federation": "straight", "results-path": str(workdir / "straight.jsonl")}
     resumed = {**base, "federation": "resumed", "results-path": str(workdir / "resumed.jsonl")}

@@ -40,6 +40,7 @@ def test_a_superlink_locked_past_its_busy_timeout_does_not_end_the_run(tmp_path,
         "results-path": str(results),
         "wait-for-clients": 2,
         "round-timeout": 120.0,
+        "straggler-wait": 0.0,  # round 2 waits for the held client through the lock
     }
     with LocalFederation(workdir, tls=init_pki(tmp_path / "pki", ips=["127.0.0.1"])) as federation:
         federation.start_supernode(0, 2)

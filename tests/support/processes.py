@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +86,43 @@ def command_line(pid: int) -> bytes:
 def processes_of(flwr_home: Path) -> list[int]:
     """Live processes whose environment says they belong to this federation."""
     return processes_with_env("FLWR_HOME", str(flwr_home))
+
+
+def resident_mib(pid: int, field: str = "VmHWM") -> float:
+    """The process's peak resident set (VmHWM), or its resident set now (VmRSS), in MiB; 0 once it has exited."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith(f"{field}:")), 0.0)
+
+
+class PeakMemory:
+    """While a `with` block runs, samples every 0.1 s the peak resident set of each process `pids()` lists, by what
+    `role(pid)` calls it (None: not watched): `peaks` holds each role's largest, read before its processes exit, and
+    `first` each role's resident set when first seen (for a fork, mostly the pages it shares with its parent)."""
+
+    def __init__(self, pids: Callable[[], list[int]], role: Callable[[int], str | None]) -> None:
+        self.pids, self.role = pids, role
+        self.peaks: dict[str, float] = {}
+        self.first: dict[str, float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.1):
+            for pid in self.pids():
+                if (role := self.role(pid)) is not None:
+                    self.first.setdefault(role, resident_mib(pid, "VmRSS"))
+                    self.peaks[role] = max(self.peaks.get(role, 0.0), resident_mib(pid))
+
+    def __enter__(self) -> PeakMemory:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 # ---- machines that fail ----------------------------------------------------------------------------------------

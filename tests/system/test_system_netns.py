@@ -115,6 +115,7 @@ def test_joins_and_a_killed_client_over_tls(lab, credentials, tmp_path):
         "federation": "members",
         "results-path": str(results),
         "round-timeout": ROUND_TIMEOUT,
+        "straggler-wait": 0.0,  # the held and hung clients are waited for up to round-timeout
     }
     federation, node_ids = secured_federation(workdir, lab, credentials)
 
@@ -195,6 +196,7 @@ def test_a_dead_server_machine_resumes_and_loses_nothing(lab, credentials, tmp_p
         "num-server-rounds": 3,
         "federation": "straight",
         "round-timeout": 120.0,
+        "straggler-wait": 0.0,  # round 3 waits for the held client until the server machine dies
         "results-path": str(workdir / "straight.jsonl"),
     }
     resumed = {**straight, "federation": "resumed", "results-path": str(workdir / "resumed.jsonl")}

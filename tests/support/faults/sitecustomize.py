@@ -18,6 +18,8 @@ the ServerApp and the daemons run unchanged. Nothing in fedbayes knows about thi
                           that recording sent again, its round edited to the current one
               mean-scale:<f>  BayesADMM: the local posterior's mean is multiplied by <f> before the client's own dual
                           step, so the reply is well-formed and its duals agree with the server's replay
+              pad:<MiB>   every reply carries <MiB> MiB of random float32 more (a record of its own), past the client's
+                          own size check
   record    no fault: every instruction a client half receives is written, as it arrived, to
             $FEDBAYES_RECORD_DIR/<client id>-round-<r>.npz (`packed`: its one float32 Array of tensors; `envelope`: its
             serialized Instruction), so a test can see everything that reached the client
@@ -108,6 +110,10 @@ def inject_rogue() -> None:
         content = encode(envelope, message, tensors)
         if attack == "replay":
             content = replayed(content, header.server_round)
+        if attack.startswith("pad:"):
+            floats = int(float(attack.removeprefix("pad:")) * 2**20) // 4
+            padding = np.random.default_rng(0).standard_normal(floats, dtype=np.float32)  # random: no chunk dedup
+            content["padding"] = ArrayRecord({"x": Array(padding)})
         if attack == "dtype":
             group = next(iter(content.array_records))
             arrays = dict(content.array_records[group].items())
@@ -133,6 +139,10 @@ def inject_rogue() -> None:
         return with_envelope(RecordDict({TENSORS_KEY: ArrayRecord({PACKED_ARRAY: Array(tensors)})}), envelope)
 
     core.encode = hostile_encode  # the client's round core encodes every strategy's reply
+    if attack.startswith("pad:"):
+        import fedbayes.protos.codec as codec
+
+        codec.check_payload_size = lambda *args, **kwargs: None  # before client.app imports it
 
     if attack.startswith("mean-scale:"):
         import fedbayes.strategies.bayesadmm.client as bayesadmm
