@@ -195,7 +195,7 @@ def _check_header_length(path: Path, limit: int) -> None:
     except OSError as error:
         raise PosteriorFileError(f"exported posterior {path} is unreadable: {error.strerror or error}") from None
     if problem:
-        raise PosteriorFileError(f"exported posterior {path}: its safetensors header length {problem}")
+        raise PosteriorFileError(f"exported posterior {path} is unreadable: its safetensors header length {problem}")
 
 
 def _over_limit(path: Path, limits: PosteriorLimits) -> Callable[[str, int, str], None]:

@@ -180,6 +180,18 @@ def wait_for_clients(grid: Grid, count: int, timeout: float, poll_interval: floa
 
 
 ROW_KEYS = {"compute-seconds": "client_compute_seconds"}  # a round metric's key in the results row, where not its own
+# A results row's wall-clock fields: the only ones that differ between two runs of the same seed.
+TIMING_FIELDS = frozenset(
+    {
+        "round_seconds",
+        "wall_seconds",
+        "phase_seconds",
+        "client_phase_seconds",
+        "client_phase_max",
+        "client_compute_seconds",
+        "reply_seconds",
+    }
+)
 
 
 class RunFailed(RuntimeError):

@@ -15,7 +15,7 @@ from fedbayes.bayes.params import flatten, set_parameters
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, encode
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.loop import TIMING_FIELDS, LoopSettings, run_rounds
 from fedbayes.strategies.fedlap.math import as_sent, global_from_sites
 from fedbayes.strategies.fedlap_func.math import fit_global, point_weights, represented_examples
 from fedbayes.tasks.models import build_model
@@ -32,14 +32,6 @@ from tests.support.forgetting import Federation
 from tests.support.rogue import RogueRound, assert_rejected_without_trace
 
 FIT = {"server-fit-steps": 40, "server-fit-lr": 1e-2, "function-weight": 0.5}
-TIMINGS = {
-    "round_seconds",
-    "wall_seconds",
-    "phase_seconds",
-    "client_phase_seconds",
-    "client_phase_max",
-    "client_compute_seconds",
-}
 OWN_METRICS = {"memory_points", "server_fit_seconds", "server_fit_objective"}  # FedLap-Func's own row keys
 
 
@@ -79,8 +71,8 @@ def test_without_memory_points_it_is_fedlap_row_for_row(tmp_path):
     assert [row["memory_points"] for row in func_rows] == [0] * 5
     assert all(not OWN_METRICS & row.keys() for row in fedlap_rows)
     for fedlap, func in zip(fedlap_rows, func_rows, strict=True):
-        assert {k: v for k, v in func.items() if k not in TIMINGS | OWN_METRICS} == {
-            k: v for k, v in fedlap.items() if k not in TIMINGS
+        assert {k: v for k, v in func.items() if k not in TIMING_FIELDS | OWN_METRICS} == {
+            k: v for k, v in fedlap.items() if k not in TIMING_FIELDS
         }
     assert fedlap_rows[-1]["clients"] == 3 and fedlap_rows[-1]["accuracy"] > fedlap_rows[0]["accuracy"]
     for name in fedlap_arrays:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.loop import RunFailed
+from fedbayes.server.loop import TIMING_FIELDS, RunFailed
 from fedbayes.strategies.fedavg.server import FedAvg
 from tests.support import FakeGrid, fedavg_reply, no_metrics, rows, scripted
 from tests.support import run_loop as run
@@ -176,16 +176,6 @@ class RecordingStore(CheckpointStore):
         self.saved.append((checkpoint.server_round, rows, arrays, checkpoint.strategy_state.metadata))
 
 
-TIMING_KEYS = {
-    "round_seconds",
-    "wall_seconds",
-    "phase_seconds",
-    "client_phase_seconds",
-    "client_phase_max",
-    "reply_seconds",
-}
-
-
 def deterministic_run(tmp_path, pipeline):
     """Five rounds whose replies differ per round and client; the metrics depend on the evaluated arrays. With
     pipelining, round 1's evaluation holds on until round 2's instructions were pushed: it overlaps for sure."""
@@ -201,7 +191,7 @@ def deterministic_run(tmp_path, pipeline):
         return {"accuracy": total, "nll": float(server_round), "ece": total / 7}
 
     run(tmp_path, None, rounds=5, evaluate=evaluate, pipeline=pipeline, grid=grid, checkpoints=checkpoints)
-    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows(tmp_path)], checkpoints.saved
+    return [{k: v for k, v in row.items() if k not in TIMING_FIELDS} for row in rows(tmp_path)], checkpoints.saved
 
 
 def wait_until(condition, timeout=10.0):
