@@ -57,5 +57,36 @@ def main(argv: list[str]) -> int:
     patch_flower(STREAM_INTERVAL, BUSY_TIMEOUT_MS)
     from flwr.superlink.cli import flower_superlink
 
+    index_instructions_by_node()
+
     sys.argv = ["flower-superlink", *argv]
     exit_without_teardown(flower_superlink)
+
+
+def index_instructions_by_node() -> None:
+    """Every in-memory link state this SuperLink makes (its state without `--database`: `fedbayes local`) answers a
+    node's PullMessages from an index of the undelivered instructions by node (tasks/simulation_polls.py
+    `OwnMessages`, the one the simulation engine's link state gets), not by walking every stored instruction.
+
+    Flower 1.39's `InMemoryLinkState.get_message_ins` checks every instruction in the store at every node's pull,
+    under the state's lock, whichever node it is for, and a round's m instructions stay there until their replies are
+    taken: with N nodes polling about once a second, N x m checks a second (docs/results/performance.md, "One
+    SuperLink, many nodes"). Which instructions a pull returns, in which order, and their checks and delivery marks
+    are Flower's. SystemExit on a Flower other than the one this was read in."""
+    import flwr
+    from flwr.server.superlink.linkstate import InMemoryLinkState
+
+    from fedbayes.tasks.simulation_polls import OwnMessages
+
+    if flwr.__version__ != PATCHED_FLOWER or not hasattr(InMemoryLinkState, "get_message_ins"):
+        raise SystemExit(
+            f"fedbayes superlink patches Flower {PATCHED_FLOWER}'s in-memory link state, but Flower "
+            f"{flwr.__version__} is installed; use `flower-superlink` instead"
+        )
+    flowers_init = InMemoryLinkState.__init__
+
+    def init_indexed(state: InMemoryLinkState, *args, **kwargs) -> None:
+        flowers_init(state, *args, **kwargs)
+        state.get_message_ins = OwnMessages(state).get_message_ins  # type: ignore[method-assign]
+
+    InMemoryLinkState.__init__ = init_indexed  # type: ignore[method-assign,assignment]
