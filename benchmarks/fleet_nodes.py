@@ -2,8 +2,9 @@
 
 Each node is one thread that speaks Flower 1.39's Fleet API through Flower's own SuperNode connection
 (`flwr.client.grpc_rere_client.connection.grpc_request_response`: its own gRPC channel, a fresh key pair, every call
-signed, RegisterNode and ActivateNode, Flower's heartbeat thread, the retry policy) and runs the loop of
-`fedbayes supernode` (Flower's `start_client_internal` with fedbayes' waits, deploy/supernode.py `polling_time`):
+signed, RegisterNode and ActivateNode, Flower's heartbeat thread, the retry policy; a TCP connection of its own, as
+each SuperNode process has) and runs the loop of `fedbayes supernode` (Flower's `start_client_internal` with fedbayes'
+waits, deploy/supernode.py `polling_time`, `--poll` standing for its FEDBAYES_SUPERNODE_POLL):
 
   PullMessages                  idle: again after 0.2 s, backing off x1.5 up to 1 s
   GetRun, GetFab                once per run, as a SuperNode does for a run it does not know
@@ -47,6 +48,7 @@ import benchmarks.environment  # noqa: F401  (no telemetry, no update check: bef
 
 # isort: split
 
+import grpc
 import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.app.message import remove_content_from_message
@@ -175,7 +177,7 @@ def serve(index: int, args: argparse.Namespace, counters: Counters, stop: thread
     connects ends this process, as it ends a SuperNode (Flower's `flwr_exit`)."""
     client_id = f"load-{index}"
     rng = np.random.default_rng(index)
-    clock = polling_time(DEFAULT_POLL)
+    clock = polling_time(args.poll)
     known_runs: set[int] = set()
     with grpc_request_response(
         args.superlink,
@@ -236,6 +238,18 @@ def serve(index: int, args: argparse.Namespace, counters: Counters, stop: thread
                 counters.connected -= 1
 
 
+def own_connections() -> None:
+    """Give each node's channel a TCP connection of its own, as each SuperNode process has one: gRPC shares one
+    connection among a process's channels to the same address unless a channel asks for a subchannel pool of its own.
+    (Flower's `create_channel` opens its channel through `grpc.insecure_channel`.)"""
+    shared = grpc.insecure_channel
+
+    def insecure_channel_of_its_own(target: str, options=None, compression=None) -> grpc.Channel:
+        return shared(target, [*(options or ()), ("grpc.use_local_subchannel_pool", 1)], compression)
+
+    grpc.insecure_channel = insecure_channel_of_its_own
+
+
 def write_stats(path: Path, counters: Counters, stop: threading.Event) -> None:
     with path.open("a") as stats:
         while True:
@@ -252,6 +266,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, required=True, help="nodes in all (client ids load-0, load-1, ...)")
     parser.add_argument("--processes", type=int, default=1, help="processes sharing them (forks of this one)")
     parser.add_argument("--compute-seconds", type=float, default=1.0, help="each reply's simulated compute")
+    parser.add_argument(
+        "--poll", type=float, default=DEFAULT_POLL, help="fedbayes supernode's FEDBAYES_SUPERNODE_POLL (seconds)"
+    )
     parser.add_argument("--noise", type=float, default=0.01, help="sd of the noise added to the received weights")
     parser.add_argument("--connect-rate", type=float, default=100.0, help="nodes started per second, per process")
     parser.add_argument("--output", type=Path, required=True, help="a directory: nodes-<i>.jsonl, replies-<i>.jsonl")
@@ -291,6 +308,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     shorten_pull_backoff()  # as fedbayes supernode does
+    own_connections()
     children = []
     for index in range(1, args.processes):
         pid = os.fork()

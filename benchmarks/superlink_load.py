@@ -57,6 +57,7 @@ import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before t
 from benchmarks.network_vs_inprocess import per_round, phase_medians
 from fedbayes.deploy.launcher import LocalFederation, _read_rows
 from fedbayes.deploy.processes import ManagedProcess, is_serverapp, stop_processes_on_signals
+from fedbayes.deploy.supernode import DEFAULT_POLL
 from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.tasks.runlog import RunFailed
 
@@ -65,6 +66,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_INTERVAL = 0.5  # seconds between /proc samples
 CONNECT_TIMEOUT_PER_NODE = 0.1  # seconds each node may add to the wait for all of them to connect
+GENERATOR_STOP_TIMEOUT = 60.0  # seconds the nodes get to sign off (benchmarks/fleet_nodes.py JOIN_TIMEOUT: 30)
 PROFILE_TOP = 12
 # the files of fedbayes and Flower, as py-spy names them (relative to sys.path: the checkout's root, site-packages)
 PARTS = ("bayes", "protos", "tasks", "strategies", "client", "server", "posterior", "deploy")
@@ -80,7 +82,8 @@ class LoadSettings:
     processes: int = 4
     fraction: float = 0.05
     idle_seconds: float = 10.0
-    connect_rate: float = 100.0  # nodes per second, per load generator
+    connect_rate: float = 100.0  # nodes per second, per load generator process
+    poll: float = DEFAULT_POLL  # the nodes' FEDBAYES_SUPERNODE_POLL (deploy/supernode.py)
     round_timeout: float = 120.0
     profile: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -286,6 +289,7 @@ def run_config(nodes: int, sampled: int, settings: LoadSettings, results: Path, 
         "min-clients": sampled,
         "wait-for-clients": nodes,
         "round-timeout": settings.round_timeout,
+        "straggler-wait": 0.0,  # every sampled node's reply is waited for (up to round-timeout)
         "max-clients": max(nodes, 10000),
         **settings.overrides,
     }
@@ -312,6 +316,8 @@ def start_generator(federation: LocalFederation, nodes: int, settings: LoadSetti
         str(settings.compute_seconds),
         "--connect-rate",
         str(settings.connect_rate),
+        "--poll",
+        str(settings.poll),
         "--output",
         str(output),
     ]
@@ -463,27 +469,45 @@ def committed(rows: list[dict[str, Any]], replies: list[dict[str, Any]], sampled
 
 def run_nodes(nodes: int, sampled: list[int], settings: LoadSettings, root: Path) -> list[dict[str, Any]]:
     """One SuperLink and N nodes; one run per m. A row per case, with `failure` where it failed (and no later m of
-    this N is run: the federation is not in a state to measure)."""
-    workdir = root / f"load-{nodes}"
-    base = {"nodes": nodes, "processes": min(settings.processes, nodes), "compute_seconds": settings.compute_seconds}
-    out: list[dict[str, Any]] = []
-    with LocalFederation(workdir, executor="fork") as federation:
+    this N is run: the federation is not in a state to measure). The nodes sign off before the SuperLink stops."""
+    base = {
+        "nodes": nodes,
+        "processes": min(settings.processes, nodes),
+        "compute_seconds": settings.compute_seconds,
+        "poll": settings.poll,
+    }
+    with LocalFederation(root / f"load-{nodes}", executor="fork") as federation:
+        generator = start_generator(federation, nodes, settings)
         try:
-            generator = start_generator(federation, nodes, settings)
-            connect_s = wait_connected(generator, nodes, 60 + CONNECT_TIMEOUT_PER_NODE * nodes)
-            idle = measure_idle(federation, generator, settings.idle_seconds, settings.profile)
-        except (CaseFailed, RunFailed, RuntimeError, TimeoutError) as error:
-            return [{**base, "sampled": m, **machine_load(), "failure": f"start: {error}"} for m in sampled]
-        for m in sampled:
-            load = machine_load()
+            return [{**base, **case} for case in measure_cases(federation, generator, nodes, sampled, settings)]
+        finally:
+            federation.processes.stop(generator.process)
             try:
-                case = run_case(federation, generator, nodes, m, settings)
-            except (CaseFailed, RunFailed, RuntimeError, TimeoutError) as error:
-                out.append({**base, "sampled": m, "load": load, "load_after": machine_load(), "failure": str(error)})
-                break
-            out.append({**base, "sampled": m, "connect_s": connect_s, "idle": idle, "load": load, **case})
-            out[-1]["load_after"] = machine_load()
-        return out
+                generator.process.popen.wait(timeout=GENERATOR_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:  # the federation's exit kills it
+                pass
+
+
+def measure_cases(
+    federation: LocalFederation, generator: Generator, nodes: int, sampled: list[int], settings: LoadSettings
+) -> list[dict[str, Any]]:
+    """Every node connected, the idle federation, then one run per m (`run_nodes`)."""
+    try:
+        connect_s = wait_connected(generator, nodes, 60 + CONNECT_TIMEOUT_PER_NODE * nodes)
+        idle = measure_idle(federation, generator, settings.idle_seconds, settings.profile)
+    except (CaseFailed, RunFailed, RuntimeError, TimeoutError) as error:
+        return [{"sampled": m, "load": machine_load(), "failure": f"start: {error}"} for m in sampled]
+    out: list[dict[str, Any]] = []
+    for m in sampled:
+        load = machine_load()
+        try:
+            case = run_case(federation, generator, nodes, m, settings)
+        except (CaseFailed, RunFailed, RuntimeError, TimeoutError) as error:
+            out.append({"sampled": m, "load": load, "load_after": machine_load(), "failure": str(error)})
+            break
+        out.append({"sampled": m, "connect_s": connect_s, "idle": idle, "load": load, **case})
+        out[-1]["load_after"] = machine_load()
+    return out
 
 
 # ---- the table ----------------------------------------------------------------------------------------------------
@@ -541,6 +565,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fraction", type=float, default=LoadSettings.fraction, help="share of FMNIST (server)")
     parser.add_argument("--idle-seconds", type=float, default=LoadSettings.idle_seconds)
     parser.add_argument("--connect-rate", type=float, default=LoadSettings.connect_rate)
+    parser.add_argument("--poll", type=float, default=LoadSettings.poll, help="the nodes' FEDBAYES_SUPERNODE_POLL")
     parser.add_argument("--profile", action="store_true", help="py-spy the SuperLink and the ServerApp")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--label", default="", help="a name for these rows (e.g. before/after a change)")
@@ -560,6 +585,7 @@ def main() -> None:
         fraction=args.fraction,
         idle_seconds=args.idle_seconds,
         connect_rate=args.connect_rate,
+        poll=args.poll,
         profile=args.profile,
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)

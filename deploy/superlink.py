@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
     from flwr.superlink.cli import flower_superlink
 
     index_instructions_by_node()
+    passing_runtime_requests_through()
 
     sys.argv = ["flower-superlink", *argv]
     exit_without_teardown(flower_superlink)
@@ -90,3 +91,64 @@ def index_instructions_by_node() -> None:
         state.get_message_ins = OwnMessages(state).get_message_ins  # type: ignore[method-assign]
 
     InMemoryLinkState.__init__ = init_indexed  # type: ignore[method-assign,assignment]
+
+
+def passing_runtime_requests_through() -> None:
+    """The Control API's four middlewares hand a request they have nothing to do for straight to the app below them,
+    instead of through Starlette's BaseHTTPMiddleware (a task group, memory streams and a cached request per layer).
+
+    Flower 1.39's SuperLink serves its Control and Runtime APIs from one FastAPI app whose every request passes six
+    BaseHTTPMiddleware layers. Four are the Control API's: for a Runtime API request (the ServerApp's: each object
+    of each instruction pushed and of each reply pulled is one) each only calls the next layer, at that layer's cost
+    (docs/results/performance.md, "One SuperLink, many nodes"). Here each skips the request exactly when its own
+    `dispatch` would only pass it on: not a Control path (authentication, license: also without a license plugin),
+    not a sensitive Control route (no-cache headers), no event log plugin (event log). The error translation and the
+    protobuf translation still see every request. SystemExit on a Flower other than the one this was read in."""
+    import flwr
+    from fastapi import Request
+    from flwr.superlink.routers.control import middlewares
+
+    def off_control_paths(layer, request: Request) -> bool:
+        return not middlewares._is_control_path(request.url.path)
+
+    def not_sensitive(layer, request: Request) -> bool:
+        return not middlewares._is_control_sensitive_route(request)
+
+    def no_license_check(layer, request: Request) -> bool:
+        return layer._license_plugin is None or off_control_paths(layer, request)
+
+    def no_authentication(layer, request: Request) -> bool:
+        return off_control_paths(layer, request) or middlewares._is_control_auth_route(request)
+
+    def no_event_log(layer, request: Request) -> bool:
+        return getattr(request.app.state, "control_event_log_plugin", None) is None
+
+    passes = {
+        "ControlSensitiveResponseMiddleware": not_sensitive,
+        "ControlAuthenticationMiddleware": no_authentication,
+        "ControlLicenseMiddleware": no_license_check,
+        "ControlEventLogMiddleware": no_event_log,
+    }
+    helpers = ("_is_control_path", "_is_control_sensitive_route", "_is_control_auth_route")
+    if flwr.__version__ != PATCHED_FLOWER or not all(hasattr(middlewares, name) for name in (*passes, *helpers)):
+        raise SystemExit(
+            f"fedbayes superlink patches Flower {PATCHED_FLOWER}'s Control API middlewares, but Flower "
+            f"{flwr.__version__} is installed; use `flower-superlink` instead"
+        )
+    for name, passes_through in passes.items():
+        layer_class = getattr(middlewares, name)
+        layer_class.__call__ = passing_through(layer_class.__call__, passes_through)
+
+
+def passing_through(call, passes_through):
+    """A BaseHTTPMiddleware's `__call__` that hands an HTTP request for which `passes_through(layer, request)` holds
+    to the app below it, unchanged."""
+    from fastapi import Request
+
+    async def call_or_pass(layer, scope, receive, send) -> None:
+        if scope["type"] == "http" and passes_through(layer, Request(scope)):
+            await layer.app(scope, receive, send)
+        else:
+            await call(layer, scope, receive, send)
+
+    return call_or_pass
