@@ -59,6 +59,7 @@ def main(argv: list[str]) -> int:
 
     index_instructions_by_node()
     passing_runtime_requests_through()
+    queueing_pending_calls(*PENDING_CALLS)
 
     sys.argv = ["flower-superlink", *argv]
     exit_without_teardown(flower_superlink)
@@ -152,3 +153,39 @@ def passing_through(call, passes_through):
             await call(layer, scope, receive, send)
 
     return call_or_pass
+
+
+# calls the Fleet API holds for a busy server before gRPC drops some, and before it drops all (gRPC: 1000, 3000)
+PENDING_CALLS = (20_000, 40_000)
+PENDING_CALLS_OPTION, PENDING_CALLS_HARD_OPTION = (
+    "grpc.server.max_pending_requests",
+    "grpc.server.max_pending_requests_hard_limit",
+)
+
+
+def queueing_pending_calls(soft_limit: int, hard_limit: int) -> None:
+    """This SuperLink's gRPC servers (the Fleet API's) hold up to `soft_limit` calls that arrived before the server
+    could take them, and drop calls only between `soft_limit` and `hard_limit`, instead of gRPC's 1,000 and 3,000.
+
+    gRPC drops (cancels, at random, more often the longer the backlog) the calls that wait for a Python server busy
+    with others once more than 1,000 wait. A SuperNode has up to two calls in flight (its pull and its heartbeat),
+    so a thousand nodes or more reach that whenever the SuperLink falls behind, and Flower 1.39's SuperNode does not
+    retry a CANCELLED call: it exits (docs/results/performance.md, "One SuperLink, many nodes"). A call that waits
+    costs a few kilobytes; the SuperLink now answers late instead. SystemExit on a Flower other than the one this was
+    read in."""
+    import flwr
+    import grpc
+    from flwr.supercore import grpc as flower_grpc
+
+    if flwr.__version__ != PATCHED_FLOWER or not hasattr(flower_grpc, "generic_create_grpc_server"):
+        raise SystemExit(
+            f"fedbayes superlink patches Flower {PATCHED_FLOWER}'s gRPC servers, but Flower {flwr.__version__} is "
+            "installed; use `flower-superlink` instead"
+        )
+    limits = [(PENDING_CALLS_OPTION, soft_limit), (PENDING_CALLS_HARD_OPTION, hard_limit)]
+    grpcs_server = grpc.server
+
+    def server_queueing_calls(*args, options=None, **kwargs) -> grpc.Server:
+        return grpcs_server(*args, options=[*(options or ()), *limits], **kwargs)
+
+    grpc.server = server_queueing_calls  # Flower's generic_create_grpc_server makes every server with it
