@@ -3,8 +3,9 @@
 Each node is one thread that speaks Flower 1.39's Fleet API through Flower's own SuperNode connection
 (`flwr.client.grpc_rere_client.connection.grpc_request_response`: its own gRPC channel, a fresh key pair, every call
 signed, RegisterNode and ActivateNode, Flower's heartbeat thread, the retry policy; a TCP connection of its own, as
-each SuperNode process has) and runs the loop of `fedbayes supernode` (Flower's `start_client_internal` with fedbayes'
-waits, deploy/supernode.py `polling_time`, `--poll` standing for its FEDBAYES_SUPERNODE_POLL):
+each SuperNode process has, and no connectivity watch: `own_connections`) and runs the loop of `fedbayes supernode`
+(Flower's `start_client_internal` with fedbayes' waits, deploy/supernode.py `polling_time`, `--poll` standing for its
+FEDBAYES_SUPERNODE_POLL):
 
   PullMessages                  idle: again after 0.2 s, backing off x1.5 up to 1 s
   GetRun, GetFab                once per run, as a SuperNode does for a run it does not know
@@ -241,11 +242,16 @@ def serve(index: int, args: argparse.Namespace, counters: Counters, stop: thread
 def own_connections() -> None:
     """Give each node's channel a TCP connection of its own, as each SuperNode process has one: gRPC shares one
     connection among a process's channels to the same address unless a channel asks for a subchannel pool of its own.
-    (Flower's `create_channel` opens its channel through `grpc.insecure_channel`.)"""
+    (Flower's `create_channel` opens its channel through `grpc.insecure_channel`.) And leave out the channel's
+    connectivity watch, which Flower's connection subscribes to only to log state changes: it sends nothing, but it is
+    a thread per channel that wakes five times a second, and a thousand of them in one process took more CPU than
+    the nodes' calls."""
     shared = grpc.insecure_channel
 
     def insecure_channel_of_its_own(target: str, options=None, compression=None) -> grpc.Channel:
-        return shared(target, [*(options or ()), ("grpc.use_local_subchannel_pool", 1)], compression)
+        channel = shared(target, [*(options or ()), ("grpc.use_local_subchannel_pool", 1)], compression)
+        channel.subscribe = lambda callback, try_to_connect=False: None  # type: ignore[method-assign]
+        return channel
 
     grpc.insecure_channel = insecure_channel_of_its_own
 
