@@ -2,11 +2,12 @@
 
 For each N (`--nodes`), this starts `fedbayes superlink` and its ServerApp executor on 127.0.0.1, insecure, as
 `fedbayes local` does (deploy/launcher.py `LocalFederation`, `--executor fork`: the SuperLink's warm executor forks
-the run's ServerApp), and `--processes` load generators (benchmarks/fleet_nodes.py) that run N/`--processes` nodes
-each: Flower's own SuperNode connection and `fedbayes supernode`'s loop per node, each answering its instruction
-with a valid fedbayes FedAvg reply after `--compute-seconds`. Once every node is connected it measures the idle
-federation for `--idle-seconds`, then, for each m (`--sampled`), runs FedAvg with logreg on a `--fraction` of FMNIST
-for `--rounds` rounds that sample m of the N nodes (`fraction-train` m/N, `min-clients` m, `wait-for-clients` N)
+the run's ServerApp), and the load generator (benchmarks/fleet_nodes.py), `--processes` processes sharing the N
+nodes: Flower's own SuperNode connection and `fedbayes supernode`'s loop per node (`--poll`: its
+FEDBAYES_SUPERNODE_POLL), each answering its instruction with a valid fedbayes FedAvg reply after
+`--compute-seconds`. Once every node is connected it measures the idle federation for `--idle-seconds`, then, for
+each m (`--sampled`), runs FedAvg with logreg on a `--fraction` of FMNIST for `--rounds` rounds that sample m of the
+N nodes (`fraction-train` m/N, `min-clients` m, `wait-for-clients` N, `straggler-wait` 0: every reply is waited for)
 and reports, over rounds 2..R (round 1 also pays for the run's start):
 
   wall_s        a round's wall: its start to the next round's start (the last: to its row), server/loop.py's clock
@@ -21,11 +22,13 @@ and reports, over rounds 2..R (round 1 also pays for the run's start):
 
 `--profile` samples the SuperLink and the ServerApp with py-spy (`pip install py-spy`) over the rounds' window and
 prints the functions that held the CPU most: by own samples, and by the innermost fedbayes or Flower function running.
-A case that fails (the run, a load generator, a node) is reported with why, and the next N is still run.
+A case that fails (the run, the load generator, a node) is reported with why, and the next N is still run. The
+federations' logs, the nodes' counters and the profiles are kept under `--workdir` if given.
 
 Each case's row is appended to `--output` (JSONL, default benchmarks/results/scale/superlink_load.jsonl) with the
-machine's load (`os.getloadavg()`) before and after it: the load generators share this machine's cores with the
-SuperLink and the ServerApp, and so does everything else running on it.
+machine's load (`os.getloadavg()`) before and after it, and `--label`: the load generator shares this machine's cores
+with the SuperLink and the ServerApp, and so does everything else running on it (its node threads count in the load
+average too).
 
     python benchmarks/superlink_load.py --nodes 100 1000 --sampled 10 100 --rounds 6 [--profile]
 """
@@ -43,7 +46,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,7 @@ import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before t
 # isort: split
 
 from benchmarks.network_vs_inprocess import per_round, phase_medians
-from fedbayes.deploy.launcher import LocalFederation, _read_rows
+from fedbayes.deploy.launcher import LocalFederation
 from fedbayes.deploy.processes import ManagedProcess, is_serverapp, stop_processes_on_signals
 from fedbayes.deploy.supernode import DEFAULT_POLL
 from fedbayes.strategies import default_run_config, run_settings
@@ -66,6 +69,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_INTERVAL = 0.5  # seconds between /proc samples
 CONNECT_TIMEOUT_PER_NODE = 0.1  # seconds each node may add to the wait for all of them to connect
+LAST_LINE_BYTES = 64 * 2**10  # more than a stats line: the last complete one is in the file's last this many bytes
 GENERATOR_STOP_TIMEOUT = 60.0  # seconds the nodes get to sign off (benchmarks/fleet_nodes.py JOIN_TIMEOUT: 30)
 PROFILE_TOP = 12
 # the files of fedbayes and Flower, as py-spy names them (relative to sys.path: the checkout's root, site-packages)
@@ -86,7 +90,6 @@ class LoadSettings:
     poll: float = DEFAULT_POLL  # the nodes' FEDBAYES_SUPERNODE_POLL (deploy/supernode.py)
     round_timeout: float = 120.0
     profile: bool = False
-    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,7 +101,18 @@ class Generator:
     processes: int
 
     def snapshots(self, index: int) -> list[dict[str, Any]]:
+        """Process `index`'s stats lines, one a second."""
         return read_jsonl(self.output / f"nodes-{index}.jsonl")
+
+    def latest(self, index: int) -> dict[str, Any] | None:
+        """Process `index`'s last stats line, read from the file's end (the run's checks ask for it often)."""
+        path = self.output / f"nodes-{index}.jsonl"
+        if not path.exists():
+            return None
+        with path.open("rb") as stats:
+            stats.seek(max(0, path.stat().st_size - LAST_LINE_BYTES))
+            lines = [line for line in stats.read().split(b"\n")[1:-1] if line.strip()]
+        return json.loads(lines[-1]) if lines else None
 
     def replies_sent(self) -> list[dict[str, Any]]:
         files = (self.output / f"replies-{index}.jsonl" for index in range(self.processes))
@@ -107,11 +121,7 @@ class Generator:
     def pids(self) -> list[int]:
         """The generator's process and its forks."""
         pid = self.process.popen.pid
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError):
-            return []
-        return [pid, *map(int, children)]
+        return [pid, *children(pid)]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -181,17 +191,20 @@ class ProcSampler(threading.Thread):
 
 
 # ---- the nodes' counters ------------------------------------------------------------------------------------------
-def node_totals(generator: Generator, moment: float) -> dict[str, Any]:
-    """The nodes' counters summed over the generator's processes, each at its last stats line up to `moment`."""
+def node_totals(generator: Generator, moment: float | None = None) -> dict[str, Any]:
+    """The nodes' counters summed over the generator's processes, each at its last stats line up to `moment` (None:
+    its last)."""
     calls: Counter[str] = Counter()
     seconds: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     connected, failed = 0, []
     for index in range(generator.processes):
-        lines = [line for line in generator.snapshots(index) if line["t"] <= moment]
-        if not lines:
+        if moment is None:
+            line = generator.latest(index)
+        else:
+            line = next((line for line in reversed(generator.snapshots(index)) if line["t"] <= moment), None)
+        if line is None:
             continue
-        line = lines[-1]
         connected += line["connected"]
         failed += line["failed"]
         for method, (count, spent) in line["calls"].items():
@@ -291,7 +304,6 @@ def run_config(nodes: int, sampled: int, settings: LoadSettings, results: Path, 
         "round-timeout": settings.round_timeout,
         "straggler-wait": 0.0,  # every sampled node's reply is waited for (up to round-timeout)
         "max-clients": max(nodes, 10000),
-        **settings.overrides,
     }
     run_settings({**default_run_config("fedavg"), **config})
     return config
@@ -335,7 +347,7 @@ def check_generator(generator: Generator) -> None:
         raise CaseFailed(
             f"the load generator exited with code {generator.process.popen.returncode}:\n{generator.process.log_tail()}"
         )
-    failed = node_totals(generator, time.monotonic())["failed"]
+    failed = node_totals(generator)["failed"]
     if failed:
         raise CaseFailed(f"{len(failed)} node(s) stopped by an error; the first: {failed[0]}")
 
@@ -343,7 +355,7 @@ def check_generator(generator: Generator) -> None:
 def wait_connected(generator: Generator, nodes: int, timeout: float) -> float:
     """Seconds until every node is connected (RegisterNode and ActivateNode answered)."""
     started = time.monotonic()
-    while (connected := node_totals(generator, time.monotonic())["connected"]) < nodes:
+    while (connected := node_totals(generator)["connected"]) < nodes:
         check_generator(generator)
         if time.monotonic() - started > timeout:
             raise CaseFailed(f"only {connected} of {nodes} nodes connected within {timeout:.0f} s")
@@ -356,7 +368,16 @@ def superlink_pids(federation: LocalFederation) -> list[int]:
 
 
 def serverapp_pids(federation: LocalFederation) -> list[int]:
-    return sorted(pid for pid in federation.processes.members() if is_serverapp(pid))
+    """The run's ServerApp: a fork of the SuperLink's warm executor."""
+    executor = federation.serverapp_superexec
+    return [] if executor is None else [pid for pid in children(executor.popen.pid) if is_serverapp(pid)]
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
 
 
 def machine_load() -> dict[str, float]:
@@ -404,7 +425,7 @@ def run_case(
     try:
         while True:
             check_generator(generator)
-            for row in _read_rows(results):
+            for row in read_jsonl(results):
                 seen.setdefault(row["round"], time.monotonic())
             if settings.profile and 1 in seen and not profiles:
                 pids = {"superlink": superlink_pids(federation), "serverapp": serverapp_pids(federation)}
@@ -421,7 +442,7 @@ def run_case(
         for process in profiles.values():
             stop_profile(process)
         sampler.stop()
-    rows = _read_rows(results)
+    rows = read_jsonl(results)
     status = federation.run_status(run_id)
     if submit.popen.returncode != 0 or len(rows) < settings.rounds:
         raise CaseFailed(
