@@ -31,7 +31,7 @@ ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = sorted(DOCS.rglob("*.md")) + [README, ROOT / "deploy" / "README.md", ROOT / "deploy" / "CLIENT.md"]
-README_LINES = 209  # the results, "which strategy" (issue 30, item 7) and "Forget a client" (issue 28) live here too
+README_LINES = 150  # install, demo, tests, deploy, results, strategy choice, posterior, forget, extending
 
 # Keys that are not run config but appear as key=value in the pages: a SuperNode's node config
 # (fedbayes.client.runtime.NodeSettings.from_node_config reads them; checked below) and Flower's federation config
