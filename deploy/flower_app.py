@@ -3,7 +3,7 @@ which `flwr run DIR` (or `fedbayes run DIR`) submits; `fedbayes local` writes on
 carries the run config only; the ServerApp and ClientApps are the `fedbayes` package installed on each machine.
 The run config lists every declared key (fedbayes.strategies.declared_keys) with its default, so `-c key=value`
 accepts exactly the keys `fedbayes strategies` lists. A source checkout's pyproject.toml lists the same keys and
-defaults (tests/test_config.py checks it)."""
+defaults (tests/unit/test_config.py checks it)."""
 
 from __future__ import annotations
 

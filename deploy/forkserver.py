@@ -2,7 +2,7 @@
 
 A SuperNode's start is almost all imports: about 2 CPU-s of Flower's modules (its gRPC and HTTP stacks, its state
 stores) before it dials the SuperLink. `fedbayes local` starts ten of them at once on a 2-core machine, so their
-imports held both cores for most of its start-up (issue 33, item 4). `fedbayes supernode-forkserver` imports them
+imports held both cores for most of its start-up. `fedbayes supernode-forkserver` imports them
 once and then forks one SuperNode per request; a fork starts in milliseconds and shares the imported pages.
 
 The fork server reads requests from its stdin and answers on its stdout, one JSON object per line:

@@ -9,7 +9,7 @@ a new federation needs a new or empty one, and `resume` continues the federation
 
 The same LocalFederation also runs a secured federation across hosts (TLS + SuperNode authentication,
 deploy/pki.py), where a host is this machine or a Linux network namespace with its own IP standing in
-for another machine (tests/test_system_netns.py). Without TLS it refuses anything but 127.0.0.1.
+for another machine (tests/system/test_system_netns.py). Without TLS it refuses anything but 127.0.0.1.
 
 ClientApps run, by default, as forks of one warm `fedbayes superexec` (deploy/warm_executor.py) that serves every
 SuperNode on this machine's loopback (`executor="shared"`: an idle client is its SuperNode alone). It starts beside

@@ -3,17 +3,17 @@
 
 For a simulation connection (address ":local:") `flwr` starts a SuperLink of its own, kills it and fails
 if it does not answer within 15 s, and takes it for absent if a later probe gets no answer within 0.4 s.
-On a machine busy with other federations a SuperLink takes longer than that to start (seen: 2-core
-machine, load 20-30). `fedbayes run` calls `flwr` through this module, which raises both bounds.
+On a machine busy with other federations a SuperLink takes longer than that to start. `fedbayes run` calls
+`flwr` through this module, which raises both bounds.
 
 `flwr run DIR` bundles DIR into a FAB: Flower 1.39 lists and resolves every file below DIR before it filters
 them, the project's virtualenv included, which every FAB leaves out. In a checkout with its `.venv` (72,000
-files) that cost 15-28 CPU-s before anything started. Here the listing does not enter the directories every
+files) that cost seconds of CPU before anything started. Here the listing does not enter the directories every
 FAB leaves out (`collect_app_files`); the FAB is the same, byte for byte.
 
 `flwr run --stream` ends when the run has; `fedbayes run` waits for this process's exit before it asks for the
 run's status, so the process ends without the interpreter's teardown of Flower's modules (0.11-0.16 s of every
-run's exit, 2-core machine, load 0.1), as the SuperNodes do (`exit_without_teardown`).
+run's exit), as the SuperNodes do (`exit_without_teardown`).
 
 It patches Flower 1.39's names (pinned in pyproject.toml); a name Flower no longer has is an error, not a
 silent no-op.

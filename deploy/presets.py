@@ -3,7 +3,7 @@
 `fedbayes local --preset NAME` starts from them (every `--set` still wins), `fedbayes presets` lists them with the
 source of each value and prints them as a `-c` string for `fedbayes run` and compose. A paper's numbers and ours are
 comparable only under the same protocol: the BayesADMM authors' code, for one, feeds raw 0-255 pixels to every
-method, which our defaults never do (issue 30).
+method, which our defaults never do.
 
 Sources: [C] Möllenhoff et al., Federated ADMM from Bayesian Duality (App. G); REF its authors' code
 (team-approx-bayes/bayes-admm, configs/fmnist_*10/fedivon.yaml); [P] Swaroop et al., Connecting Federated ADMM to

@@ -135,8 +135,8 @@ def exit_without_teardown(entry: Callable[[], int | None]) -> NoReturn:
     """Run `entry`, then end the process as Python would (the status it returns or exits with, non-daemon threads
     joined, logging and stdio flushed), but without the interpreter's teardown of every module and object, for
     processes whose work is done by then. After SIGTERM, Flower's SuperNode signs off, stops its servers and raises
-    SystemExit in about 0.2 s; tearing down its ~1,500 modules took 1.5 s more (2-core machine, load 4), on every
-    client's way out, and torch's teardown about 0.9 s of `fedbayes local`'s last second. An exception other than
+    SystemExit quickly; tearing down its ~1,500 modules then takes longer than all of that, on every client's
+    way out (docs/results/performance.md has the figures). An exception other than
     SystemExit takes Python's usual path (traceback, exit status 1)."""
     try:
         returned = entry()

@@ -4,15 +4,15 @@ longer for its lock, and which refuses a reply over `--max-message-mb` before it
 `flwr run --stream` (what `fedbayes run` and so `fedbayes local` wait on) ends when the SuperLink ends the run's log
 stream, and Flower 1.39's SuperLink looks for new log lines and for the run's end every 0.5 s
 (`LOG_STREAM_INTERVAL`, flwr/superlink/servicer/control/control_handlers.py): every run's command waited 0-0.5 s
-after its ServerApp had ended (2026-11-28, 2-core machine: last row -> exit 0.8-1.5 s against the BayesADMM authors'
-single process, 0.9-1.0 s). This entry point runs the same `flower-superlink` (same arguments and behaviour) with that
-interval at `STREAM_INTERVAL`; a look is two reads of the SuperLink's state, only while a log is streamed. Once Flower
-has stopped its servers the process ends without the interpreter's teardown (`exit_without_teardown`).
+after its ServerApp had ended. This entry point runs the same `flower-superlink` (same arguments and behaviour)
+with that interval at `STREAM_INTERVAL`; a look is two reads of the SuperLink's state, only while a log is
+streamed. Once Flower has stopped its servers the process ends without the interpreter's teardown
+(`exit_without_teardown`).
 
 A SuperLink with `--database FILE` (TLS deployments, compose) keeps its state in SQLite, whose requests wait at most
 5 s for the database's write lock (Flower's `busy_timeout` pragma); past that the request fails with "database is
 locked", which Flower's SuperLink answers as a 500 (HTTP) or INTERNAL (gRPC). No Flower client retries those: the
-ServerApp's poll that got it ended the run (a compose federation on a loaded CI machine, 2026-11-29), the ServerApp's
+ServerApp's poll that got it ended the run (seen in a compose federation on a loaded machine), the ServerApp's
 log uploader thread ends (the run's later lines never reach `flwr log`), and a SuperNode drops the instruction it was
 receiving. Here requests wait up to `BUSY_TIMEOUT_MS` instead: a slow disk or a starved process delays the
 federation rather than breaking it (tests/integration/test_superlink_busy.py holds the lock 8 s).

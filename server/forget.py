@@ -1,4 +1,4 @@
-"""Forgetting a client (issue 28): take one client's contribution out of a federation's server state, revoke its id,
+"""Forgetting a client: take one client's contribution out of a federation's server state, revoke its id,
 and record it, on a stopped federation or between the rounds of a running one.
 
 Who asks. The operator, with `fedbayes forget RUN --client ID` (deploy/cli.py), or the client itself, with

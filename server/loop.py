@@ -411,7 +411,7 @@ class RoundFinisher:
     so the evaluation never sees the strategy change under it, before it stops, and before it raises. What the
     next round's exchange did not hide is the row's `previous_round` phase. Row t is always on disk before
     checkpoint t, and checkpoint t before row t+1, exactly as without pipelining; the numbers are the same
-    (tests/test_loop.py). The thread runs at the lowest CPU priority (yield_cpu): on a machine whose cores the
+    (tests/component/test_loop.py). The thread runs at the lowest CPU priority (yield_cpu): on a machine whose cores the
     clients keep busy it waits for them rather than slowing them down."""
 
     def __init__(

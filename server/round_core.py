@@ -516,8 +516,7 @@ class RoundCore:
         self.identities.restore(core["identities"])
         self.accepted_rounds = {client: int(r) for client, r in core["accepted_rounds"].items()}
         self.quarantine.restore(core["quarantine"])
-        if "forget-ledger" in core:  # a checkpoint written before forgetting existed: no forget, no contributions kept
-            self.identities.ledger = ForgetLedger.from_metadata(core["forget-ledger"])
+        self.identities.ledger = ForgetLedger.from_metadata(core["forget-ledger"])
         self.strategy.commit(self.strategy.load_state(state))
         self.checkpoint_written(state)
 

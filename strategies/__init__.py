@@ -53,14 +53,6 @@ class Algorithm:
     client: Callable[..., Any] | str
     settings: type = NoHyperparameters
 
-    def __post_init__(self) -> None:
-        if isinstance(self.settings, tuple):  # how fedbayes 0.1 declared a strategy's keys
-            raise TypeError(
-                "Algorithm(server, client, settings): `settings` is now a frozen dataclass whose fields "
-                "declare the strategy's keys with fedbayes.tasks.config.key(default, doc, check), not a "
-                'tuple of Key (README "Write your own strategy")'
-            )
-
     @property
     def hyperparameters(self) -> tuple[Key, ...]:
         """The run-config keys `settings` declares."""

@@ -331,14 +331,3 @@ class StatelessStrategy(ServerStrategy[None]):
 
     def load_state(self, saved: ServerState) -> None:
         return None
-
-
-def __getattr__(name: str) -> Any:
-    """Names of the strategy API before ServerStrategy, refused with what replaces them."""
-    if name == "WireStrategy":
-        raise ImportError(
-            "fedbayes.strategies.base.WireStrategy was replaced by ServerStrategy (an abstract base class "
-            "with a declared state; StatelessStrategy for a strategy with none): see this module's "
-            "docstring and docs/extending/strategy.md"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,7 @@ _MNIST_FILES = (
     "t10k-labels-idx1-ubyte",
 )
 # The files torchvision 0.29 reads under data-root (its datasets' _check_exists / _check_integrity; kept
-# here because importing torchvision alone takes seconds; tests/test_preflight.py compares them).
+# here because importing torchvision alone takes seconds; tests/component/test_preflight.py compares them).
 TORCHVISION_FILES = {
     "fmnist": ("FashionMNIST/raw", _MNIST_FILES),
     "mnist": ("MNIST/raw", _MNIST_FILES),

@@ -10,6 +10,7 @@ import doctest
 import importlib
 import importlib.util
 import inspect
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 from unittest import mock
 
@@ -381,3 +383,41 @@ def test_the_readme_and_deploy_pages_link_to_files_that_exist():
             if not re.match(r"[a-z]+://", target) and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "\n".join(broken)
+
+
+# A path in a comment or docstring that starts at one of the repository's own folders (a Flower source path, a
+# placeholder such as DIR/pyproject.toml or the authors' config files do not).
+REPOSITORY_PATH = re.compile(
+    r"(?<![\w./-])((?:bayes|benchmarks|client|deploy|docs|posterior|protos|server|strategies|tasks|tests)"
+    r"/(?:[\w.-]+/)*[\w-]+\.(?:py|md|proto|toml|yml|yaml|sh|json|jsonl))\b"
+)
+PACKAGE_FOLDERS = ("bayes", "client", "deploy", "posterior", "protos", "server", "strategies", "tasks")
+
+
+def repository_paths_in_comments(source: str) -> list[tuple[int, str]]:
+    """(line, path) for every repository path named in `source`'s comments and string literals."""
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in (tokenize.COMMENT, tokenize.STRING):
+            found += [(token.start[0], match.group(1)) for match in REPOSITORY_PATH.finditer(token.string)]
+    return found
+
+
+def test_every_repository_path_named_in_the_code_exists():
+    stale = [
+        f"{module.relative_to(ROOT)}:{line}: {path}"
+        for folder in PACKAGE_FOLDERS
+        for module in sorted((ROOT / folder).rglob("*.py"))
+        if not module.name.endswith("_pb2.py")
+        for line, path in repository_paths_in_comments(module.read_text())
+        if not (ROOT / path).exists()
+    ]
+    assert not stale, "paths that do not exist:\n" + "\n".join(stale)
+
+
+def test_a_stale_path_in_a_comment_is_found():
+    source = '"""Checked in tests/unit/test_config.py and tests/test_gone.py."""\n# see flwr/common/x.py, DIR/a.toml\n'
+    assert [path for _, path in repository_paths_in_comments(source)] == [
+        "tests/unit/test_config.py",
+        "tests/test_gone.py",
+    ]

@@ -23,7 +23,7 @@ distilled for an update the server never received are not used.
 Scheduling: the server learns a node's stable client id from its first reply, so a node it has not yet sent work
 to (a new client, or one whose SuperNode restarted) is scheduled first; after that clients take turns in
 client-id order, and a node that was sent work but never got a reply accepted takes its turn after them (it may
-not claim every round: that starved the others). A quarantined node is skipped (strategies/isolation.py);
+not claim every round: that starved the others). A quarantined node is skipped (server/isolation.py);
 `dsvgd-scheduler = "random"` draws one eligible node per round instead.
 
 P-DSVGD (`p-dsvgd`): a `fraction-train` of the clients per round run both loops from the server's φ and upload

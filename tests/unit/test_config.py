@@ -144,16 +144,6 @@ def test_a_written_app_lists_every_key_and_an_out_of_tree_strategys_own(tmp_path
         run_settings({**default_run_config(), "trim-share": 0.25})  # fedavg has no such key
 
 
-def test_a_strategy_declaring_its_keys_the_old_way_is_told_what_replaced_it():
-    from fedbayes.strategies import Algorithm
-    from fedbayes.tasks.config import Key
-
-    with pytest.raises(
-        TypeError, match="`settings` is now a frozen dataclass whose fields declare the strategy's keys"
-    ):
-        Algorithm("plugin:Server", "plugin:client", (Key("trim-share", 0.1, "the share trimmed"),))
-
-
 def test_a_settings_field_whose_default_is_not_its_type_is_refused_where_it_is_declared():
     from dataclasses import dataclass
 
