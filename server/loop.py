@@ -243,6 +243,8 @@ def run_outcome_problem(outcomes: RoundOutcomes, rounds_run: int) -> str | None:
     evaluated accuracy is under ACCURACY_COLLAPSE of its first."""
     failed = outcomes.failed_rounds
     if failed and (failed == rounds_run or failed >= ENDING_FAILED_ROUNDS):
+        if failed == rounds_run == 1:
+            return f"its one round ({outcomes.failed_span()}) accepted no client reply"
         which = f"none of the {failed} rounds" if failed == rounds_run else f"none of the last {failed} rounds"
         return f"{which} accepted a client reply ({outcomes.failed_span()})"
     first, last = outcomes.first_evaluated, outcomes.last_evaluated

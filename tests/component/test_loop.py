@@ -36,6 +36,8 @@ def test_a_run_with_fewer_rounds_than_max_failed_rounds_that_trains_nothing_fail
     ):
         run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=0), rounds=2)
     assert len(rows(tmp_path)) == 2
+    with pytest.raises(RunFailed, match=r"^its one round \(round 1\) accepted no client reply; last round: "):
+        run(tmp_path / "one", lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=0), rounds=1)
 
 
 def test_max_failed_rounds_stop_the_run_early_naming_the_rounds(tmp_path):
