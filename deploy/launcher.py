@@ -545,12 +545,12 @@ class LocalFederation:
         notices = _NoticeReader(submit.log_path)
         while True:
             finished = submit.popen.poll() is not None
-            for notice in notices.read():
-                on_notice(notice)
             for row in _read_rows(results, skip_lines):
                 if row["round"] not in rows:
                     on_row(row)
                 rows[row["round"]] = row
+            for notice in notices.read():  # after the rows: a row is written before its tracking can fail
+                on_notice(notice)
             # Checked before `finished`: a dying SuperLink also ends `flwr run`, and that is no normal end.
             superlink = [] if self.superlink_killed else [self.superlink]
             shared = [] if self.shared_superexec is None else [self.shared_superexec]
