@@ -54,7 +54,7 @@ from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
 from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION
 from fedbayes.tasks.preflight import unwritable
-from fedbayes.tasks.runlog import RunFailed, failure_reason
+from fedbayes.tasks.runlog import RunFailed, failure_reason, tracking_notice
 from fedbayes.tasks.slots import SLOTS_ENV
 from fedbayes.tasks.storage import complete_lines
 
@@ -63,7 +63,11 @@ CONNECTION = "fedbayes-local"
 FLWR_HOME = "flwr-home"  # Flower's home in a workdir; its presence marks a workdir that holds a federation
 STARTUP_TIMEOUT = 60.0
 EXECUTORS = ("shared", "fork", "subprocess")
-TABLE_HEADER = " round  accuracy      nll      ece  clients  round_s   wall_s"
+# The table's metric columns (row key, heading, width): the global model's, and those a Bayesian strategy's evaluation
+# adds over its posterior samples (server/evaluation.py).
+METRIC_COLUMNS = (("accuracy", "accuracy", 8), ("nll", "nll", 7), ("ece", "ece", 7))
+ENSEMBLE_COLUMNS = (("accuracy_ensemble", "ens_acc", 8), ("nll_ensemble", "ens_nll", 7), ("ece_ensemble", "ens_ece", 7))
+LEFT_OUT_REASON_CHARS = 120  # of each left-out client's reason in a row of the table
 STRING_KEYS = frozenset(key.name for key in keys_of(RunSettings) if key.type is str)  # `--set` keeps them as typed
 
 
@@ -192,16 +196,17 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
         )
         if spec.resume_hint:
             say(f"federation {workdir.name} in {workdir}; to resume it after an interruption: {spec.resume_hint}")
-        say(TABLE_HEADER)
         if spec.quiet:
             return federation.follow(results, submit, spec.rounds, on_row=lambda row: None, skip_lines=earlier_lines)
+        table = RoundTable()
         with Progress() as progress:  # a live line on a terminal (deploy/progress.py)
             return federation.follow(
                 results,
                 submit,
                 spec.rounds,
-                on_row=lambda row: show_row(progress, row, spec.rounds),
+                on_row=lambda row: show_row(progress, row, spec.rounds, table),
                 skip_lines=earlier_lines,
+                on_notice=lambda notice: progress.print(f"tracking: {notice}"),
             )
 
 
@@ -527,19 +532,25 @@ class LocalFederation:
         rounds: int,
         on_row: Callable[[dict[str, Any]], None],
         skip_lines: int = 0,
+        on_notice: Callable[[str], None] = lambda notice: None,
     ) -> list[dict[str, Any]]:
         """Hand each round's results to `on_row` as the ServerApp appends them after the file's first
-        `skip_lines` lines (an earlier run's); return them all when the submission ends. Raise RuntimeError
-        when the SuperLink or a SuperNode dies, RunFailed when the run fails, its ServerApp dies or it ends
-        before `rounds` rounds. A submission stopped on purpose (ProcessGroup.stop) just ends the following."""
+        `skip_lines` lines (an earlier run's), and each `fedbayes tracking:` notice its log streams (tasks/runlog.py)
+        to `on_notice`; return the rows when the submission ends. Raise RuntimeError when the SuperLink or a
+        SuperNode dies, RunFailed when the run fails, its ServerApp dies or it ends before `rounds` rounds. A
+        submission stopped on purpose (ProcessGroup.stop) just ends the following."""
         rows: dict[int, dict[str, Any]] = {}  # by round: a resumed run writes again the rounds after its checkpoint
         serverapp = _ServerAppWatch(self, submit)
+        assert submit.log_path is not None  # a federation's processes log into its workdir
+        notices = _NoticeReader(submit.log_path)
         while True:
             finished = submit.popen.poll() is not None
             for row in _read_rows(results, skip_lines):
                 if row["round"] not in rows:
                     on_row(row)
                 rows[row["round"]] = row
+            for notice in notices.read():  # after the rows: a row is written before its tracking can fail
+                on_notice(notice)
             # Checked before `finished`: a dying SuperLink also ends `flwr run`, and that is no normal end.
             superlink = [] if self.superlink_killed else [self.superlink]
             shared = [] if self.shared_superexec is None else [self.shared_superexec]
@@ -591,21 +602,81 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, raw
 
 
-def format_row(row: dict[str, Any]) -> str:
-    """A row of TABLE_HEADER's table: `-` for the metrics of a round the server did not evaluate (`eval-every`), and
-    how many test examples a round evaluated on part of the test set (`eval-fraction`) used."""
+def table_header(ensemble: bool = False) -> str:
+    """The header of the table of rounds (`format_row`), with the ensemble's columns or without."""
+    columns = METRIC_COLUMNS + (ENSEMBLE_COLUMNS if ensemble else ())
+    return f" round  {'  '.join(f'{heading:>{width}}' for _, heading, width in columns)}  clients  round_s   wall_s"
+
+
+TABLE_HEADER = table_header()
+
+
+def format_row(row: dict[str, Any], ensemble: bool | None = None) -> str:
+    """A row of `table_header(ensemble)`'s table (`ensemble` None: with the ensemble's columns where the row has its
+    metrics): `-` for the metrics of a round the server did not evaluate (`eval-every`), how many test examples a
+    round evaluated on part of the test set (`eval-fraction`) used, and the clients the round left out, with why."""
+    if ensemble is None:
+        ensemble = "accuracy_ensemble" in row
+    columns = METRIC_COLUMNS + (ENSEMBLE_COLUMNS if ensemble else ())
+    metrics = "  ".join(
+        f"{row[key]:{width}.4f}" if row.get(key) is not None else f"{'-':>{width}}" for key, _, width in columns
+    )
     clients = f"{row['clients']}/{row['clients_sent']}"
-    accuracy, nll, ece = (
-        f"{row[key]:{width}.4f}" if row[key] is not None else f"{'-':>{width}}"
-        for key, width in (("accuracy", 8), ("nll", 7), ("ece", 7))
-    )
-    line = (
-        f"{row['round']:>6}  {accuracy}  {nll}  {ece}  {clients:>7}"
-        f"  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}"
-    )
+    line = f"{row['round']:>6}  {metrics}  {clients:>7}  {row['round_seconds']:>7.1f}  {row['wall_seconds']:>7.1f}"
     if 0 < row.get("eval_fraction", 1.0) < 1:
         line += f"  (on {row['eval_examples']} test examples)"
+    if left_out := row.get("rejected"):
+        line += f"  ({left_out_note(left_out)})"
     return line
+
+
+def left_out_note(rejected: dict[str, str]) -> str:
+    """`2 left out: client-1: <reason>; node 7: <reason>`: each client the round's row lists (server/round_core.py),
+    by its id where its label names one, in order, and the start of why (LEFT_OUT_REASON_CHARS)."""
+    reasons = []
+    for label, reason in sorted(rejected.items()):
+        client = re.fullmatch(r"client '([^']*)' \(node \d+\)", label)
+        short = reason if len(reason) <= LEFT_OUT_REASON_CHARS else f"{reason[: LEFT_OUT_REASON_CHARS - 3]}..."
+        reasons.append(f"{client.group(1) if client else label}: {short}")
+    return f"{len(rejected)} left out: {'; '.join(reasons)}"
+
+
+class RoundTable:
+    """The table of rounds `fedbayes local` prints: its header with the first row, with the ensemble's columns when
+    that row has the ensemble's metrics (a Bayesian strategy's evaluated round). Where the first row brings none (its
+    round not evaluated, `eval-every`) and a later one does, the header is printed again there, with them."""
+
+    def __init__(self) -> None:
+        self.ensemble: bool | None = None  # None: no row yet
+
+    def lines(self, row: dict[str, Any]) -> list[str]:
+        """The row's line, after the header where one is due."""
+        has_ensemble = "accuracy_ensemble" in row
+        header = []
+        if self.ensemble is None or (has_ensemble and not self.ensemble):
+            self.ensemble = has_ensemble
+            header = [table_header(has_ensemble)]
+        return [*header, format_row(row, self.ensemble)]
+
+
+class _NoticeReader:
+    """The `fedbayes tracking:` notices (tasks/runlog.py) of a `fedbayes run` log that grows, each once, as its
+    complete lines come in."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[str]:
+        try:
+            with self.path.open("rb") as log_file:
+                log_file.seek(self.offset)
+                text = log_file.read()
+        except FileNotFoundError:
+            return []
+        complete = text[: text.rfind(b"\n") + 1]  # a last line still being written is read next time
+        self.offset += len(complete)
+        lines = complete.decode(errors="replace").splitlines()
+        return [notice for line in lines if (notice := tracking_notice(line)) is not None]
 
 
 class _ServerAppWatch:
@@ -658,10 +729,11 @@ def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int
     return env
 
 
-def show_row(progress: Progress, row: dict[str, Any], rounds: int) -> None:
-    """A round's row in the table, the strategy's warnings of that round, and the progress line after it (of a run of
-    `rounds` rounds)."""
-    progress.print(format_row(row))
+def show_row(progress: Progress, row: dict[str, Any], rounds: int, table: RoundTable | None = None) -> None:
+    """A round's row in the table (`table`'s, with its header where one is due; None: the row alone), the strategy's
+    warnings of that round, and the progress line after it (of a run of `rounds` rounds)."""
+    for line in table.lines(row) if table is not None else [format_row(row)]:
+        progress.print(line)
     for warning in row.get("warnings", ()):
         progress.print(f"  warning: {warning}")
     progress.round_done(RoundDone(row["round"], rounds, row["accuracy"], row["clients"], row["clients_sent"]))

@@ -195,7 +195,65 @@ TIMING_FIELDS = frozenset(
 
 
 class RunFailed(RuntimeError):
-    """The federation trained nothing for `max-failed-rounds` rounds in a row."""
+    """The federation trained nothing for `max-failed-rounds` rounds in a row, ended on rounds that trained nothing,
+    or ended far worse than it began (`run_outcome_problem`)."""
+
+
+# A run that ends on this many rounds in a row that accepted no reply fails, even where they are fewer than
+# max-failed-rounds: it ended on a federation that no longer trains. One such round at the end can be a lone
+# client's turn to leave (DSVGD's round robin samples one client a round).
+ENDING_FAILED_ROUNDS = 2
+# A run fails when its last evaluated accuracy is below this share of its first (of this start of the ServerApp):
+# training diverged. Well above the noise of a few rounds, well below what forgetting a client costs.
+ACCURACY_COLLAPSE = 0.5
+
+
+@dataclass
+class RoundOutcomes:
+    """What the loop keeps of the rounds of this start to judge the run by: the rounds in a row that accepted no
+    reply so far, and the first and last evaluated (round, accuracy)."""
+
+    failed_since: int | None = None  # the first round of the current streak of rounds that accepted no reply
+    failed_rounds: int = 0
+    first_evaluated: tuple[int, float] | None = None
+    last_evaluated: tuple[int, float] | None = None
+
+    def round_trained(self, server_round: int, accepted: int) -> None:
+        if accepted:
+            self.failed_since, self.failed_rounds = None, 0
+        else:
+            self.failed_since = self.failed_since or server_round
+            self.failed_rounds += 1
+
+    def evaluated(self, server_round: int, accuracy: float | None) -> None:
+        if accuracy is not None:
+            self.first_evaluated = self.first_evaluated or (server_round, accuracy)
+            self.last_evaluated = (server_round, accuracy)
+
+    def failed_span(self) -> str:
+        """The current streak of failed rounds: "round 4" or "rounds 3-5"."""
+        assert self.failed_since is not None
+        last = self.failed_since + self.failed_rounds - 1
+        return f"round {last}" if self.failed_rounds == 1 else f"rounds {self.failed_since}-{last}"
+
+
+def run_outcome_problem(outcomes: RoundOutcomes, rounds_run: int) -> str | None:
+    """Why a run that went through its `rounds_run` rounds (of this start) did not end well, or None if it did: it
+    ended on ENDING_FAILED_ROUNDS or more rounds that accepted no reply (or every one of its rounds did), or its last
+    evaluated accuracy is under ACCURACY_COLLAPSE of its first."""
+    failed = outcomes.failed_rounds
+    if failed and (failed == rounds_run or failed >= ENDING_FAILED_ROUNDS):
+        if failed == rounds_run == 1:
+            return f"its one round ({outcomes.failed_span()}) accepted no client reply"
+        which = f"none of the {failed} rounds" if failed == rounds_run else f"none of the last {failed} rounds"
+        return f"{which} accepted a client reply ({outcomes.failed_span()})"
+    first, last = outcomes.first_evaluated, outcomes.last_evaluated
+    if first is not None and last is not None and last[1] < ACCURACY_COLLAPSE * first[1]:
+        return (
+            f"accuracy fell from {first[1]:.4f} (round {first[0]}) to {last[1]:.4f} (round {last[0]}), under "
+            f"{ACCURACY_COLLAPSE:g} x its first value: training diverged"
+        )
+    return None
 
 
 def straggler_deadlines(
@@ -435,6 +493,7 @@ class RoundFinisher:
         )
         self.pending: Future | None = None
         self.checkpoint_seconds: float | None = None  # the previous round's, reported in the next row
+        self.outcomes = RoundOutcomes()  # the evaluated accuracies, in round order (the loop adds the failed rounds)
 
     def submit(self, finished: FinishedRound) -> None:
         self.wait()
@@ -458,6 +517,7 @@ class RoundFinisher:
     def finish(self, finished: FinishedRound) -> None:
         with finished.phases("evaluate"):
             metrics = self.evaluate(finished.arrays, finished.server_round)
+        self.outcomes.evaluated(finished.server_round, metrics.get("accuracy"))
         ended = time.monotonic()
         record = {
             "round": finished.server_round,
@@ -560,7 +620,7 @@ def _run_rounds(
         core.checkpoint_written,
         sinks,
     )
-    failed_rounds = 0
+    outcomes = finisher.outcomes
     stragglers = Stragglers(settings.straggler_wait, core.examples_of)
     try:
         for server_round in range(first_round, settings.num_rounds + 1):
@@ -570,19 +630,18 @@ def _run_rounds(
             if forgetting.has_work(core):  # between rounds: once this one is checkpointed, before the next starts
                 finisher.wait()
                 arrays = forgetting.settle_records(core, arrays, server_round, time.monotonic() - finisher.clock_start)
-            failed_rounds = 0 if finished.row["clients"] else failed_rounds + 1
-            if failed_rounds >= settings.max_failed_rounds:
+            outcomes.round_trained(server_round, finished.row["clients"])
+            if outcomes.failed_rounds >= settings.max_failed_rounds:
                 finisher.wait()  # the failed rounds are on record before the run stops
                 raise RunFailed(
-                    f"{failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply; "
-                    f"last round: {failure_reasons(core.round_report)}"
+                    f"{outcomes.failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply "
+                    f"({outcomes.failed_span()}); the run stopped after round {server_round} of "
+                    f"{settings.num_rounds}; last round: {failure_reasons(core.round_report)}"
                 )
-        if failed_rounds == settings.num_rounds - first_round + 1:  # fewer rounds than max-failed-rounds, none trained
-            finisher.wait()
-            raise RunFailed(
-                f"none of the {failed_rounds} rounds accepted a client reply; last round: "
-                f"{failure_reasons(core.round_report)}"
-            )
+        finisher.wait()  # the last round's evaluation is in `outcomes`
+        if problem := run_outcome_problem(outcomes, settings.num_rounds - first_round + 1):
+            last = f"; last round: {failure_reasons(core.round_report)}" if outcomes.failed_rounds else ""
+            raise RunFailed(f"{problem}{last}")
     finally:
         finisher.close()
     return arrays

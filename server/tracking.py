@@ -12,10 +12,15 @@ fedbayes[mlflow]) or `tensorboard:DIR` (event files in DIR/<federation>; extra f
 Each start of the ServerApp is a run of its own, named after the federation (MLflow: tagged `fedbayes.federation`);
 a resumed federation's starts at the round after its checkpoint.
 
-A tracking server that is down or slow never stops or slows the federation: rows go through a bounded queue to one
-background thread, which does all the importing and talking. Its first failure, or a full queue, is logged once as a
-warning; after a failure the tracker drops whatever it gets, and the run goes on (its rows are in results-path). At
-the end the ServerApp waits at most CLOSE_TIMEOUT seconds for the figures and the posterior to be logged.
+The tracked run is started before round 1, in the ServerApp's main thread: a tracking server that cannot be reached
+then (or a TensorBoard directory that cannot be written) stops the run before it starts, naming the URI
+(TrackingUnavailable; `fedbayes local` asks the server before it starts any process, tasks/preflight.py). Once
+started, the tracker logs where it sends, once: `fedbayes tracking: sending to ...` (tasks/runlog.py), which `fedbayes
+run` streams and `fedbayes local` prints beside its table. From then on a tracking server that is down or slow never
+stops or slows the federation: rows go through a bounded queue to one background thread, which does all the talking.
+Each row it fails to log, and each row a full queue drops, is a `fedbayes tracking:` warning, and the next row is
+tried again (the rows are in results-path all the same). At the end the ServerApp waits at most CLOSE_TIMEOUT seconds
+for the figures and the posterior to be logged.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flwr.common import log
 
 from fedbayes.tasks.config import parse_tracking
+from fedbayes.tasks.runlog import tracking_line
 
 if TYPE_CHECKING:
     from fedbayes.server.loop import RowSink
@@ -82,9 +88,16 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
 
 
-class Backend(Protocol):
-    """Where a tracker logs: opened, started and used on the tracking thread only."""
+class TrackingUnavailable(RuntimeError):
+    """Run config `tracking` could not start the tracked run: the run does not start either."""
 
+
+class Backend(Protocol):
+    """Where a tracker logs: opened and started by the ServerApp's main thread, then used by the tracking thread
+    only. `destination`: where it sends, for the operator (after `start`)."""
+
+    @property
+    def destination(self) -> str: ...
     def start(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
     def log_report(self, directory: Path) -> None: ...
@@ -100,13 +113,25 @@ class MlflowBackend:
             os.environ.setdefault(variable, value)
         from mlflow.tracking import MlflowClient
 
-        self.client, self.name, self.run_id = MlflowClient(tracking_uri=uri), name, ""
+        self.client, self.uri, self.name, self.run_id = MlflowClient(tracking_uri=uri), uri, name, ""
+        self.experiment_id = ""
+
+    @property
+    def destination(self) -> str:
+        page = (
+            f"; {self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+            if self.uri.startswith(("http://", "https://"))
+            else ""
+        )
+        return f"MLflow at {self.uri}, experiment {EXPERIMENT!r}, run {self.name!r} ({self.run_id}{page})"
 
     def start(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+        self.experiment_id = experiment_id = (
+            experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+        )
         self.run_id = self.client.create_run(
             experiment_id, run_name=self.name, tags={FEDERATION_TAG: self.name}
         ).info.run_id
@@ -139,6 +164,10 @@ class TensorBoardBackend:
         self.directory = Path(directory) / name
         self.writer = SummaryWriter(log_dir=str(self.directory))
         self.session_end: Any = None  # HParams' session-end summary, written by `end` of a completed run
+
+    @property
+    def destination(self) -> str:
+        return f"TensorBoard event files in {self.directory} (to view: tensorboard --logdir {self.directory.parent})"
 
     def start(self, params: dict[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams
@@ -185,34 +214,44 @@ class _Finish:
 
 
 class Tracker:
-    """A RowSink that logs rows on a background thread (see the module's docstring); `close` ends it."""
+    """A RowSink that logs rows on a background thread (see the module's docstring); `close` ends it.
+
+    Args: `tracking` (the run config value), `name` (the federation: the tracked run's name), `params` (the run
+    config, logged as params), `export` (writes the posterior into a directory, logged at a completed run's end).
+    Raises: TrackingUnavailable, naming `tracking`, where the tracked run cannot be started (before any thread)."""
 
     def __init__(
         self, tracking: str, name: str, params: dict[str, Any], export: Callable[[Path], Path] | None = None
     ) -> None:
         self.tracking, self.name, self.params, self.export = tracking, name, params, export
+        try:
+            self.backend = open_backend(tracking, name)
+            self.backend.start(params)
+        except Exception as error:  # whatever the backend raises: the run has not started
+            raise TrackingUnavailable(
+                f"tracking ({tracking}) cannot start this run's tracking ({_one_line(error)}); the run was not "
+                'started: make the tracking server reachable (or the directory writable), or set tracking="" '
+                "to run untracked"
+            ) from error
+        log(INFO, "%s", tracking_line(f"sending to {self.backend.destination}"))
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_ROWS)
-        self.rows: list[dict[str, Any]] = []  # those logged, for the figures at the end
-        self.failed = threading.Event()
-        self._warned, self._warn_lock = False, threading.Lock()
+        self.rows: list[dict[str, Any]] = []  # every row handed over, for the figures at the end
         self.thread = threading.Thread(target=self._work, name="tracking", daemon=True)
         self.thread.start()
 
     def __call__(self, row: dict[str, Any]) -> None:
-        if self.failed.is_set():
-            return
         try:
             self.queue.put_nowait(row)
         except queue.Full:
             self._warn(
-                f"tracking ({self.tracking}) falls behind: {QUEUE_ROWS} rows wait for it; round {row['round']}'s "
-                "row and any that come while they wait are not tracked"
+                f"falls behind: {QUEUE_ROWS} rows wait for it; round {row['round']}'s row is not tracked "
+                "(it is in results-path)"
             )
 
     def close(self, completed: bool) -> None:
         """Hand the tracking thread the end of the run and wait for it, at most CLOSE_TIMEOUT seconds."""
         deadline = time.monotonic() + CLOSE_TIMEOUT
-        while not self.failed.is_set() and time.monotonic() < deadline:
+        while self.thread.is_alive() and time.monotonic() < deadline:
             try:
                 self.queue.put(_Finish(completed), timeout=0.2)
                 break
@@ -220,34 +259,26 @@ class Tracker:
                 continue
         self.thread.join(max(0.0, deadline - time.monotonic()))
         if self.thread.is_alive():
-            self._warn(
-                f"tracking ({self.tracking}) did not take this run's end within {CLOSE_TIMEOUT:.0f} s; the "
-                "run ends without it"
-            )
+            self._warn(f"did not take this run's end within {CLOSE_TIMEOUT:.0f} s; the run ends without it")
 
     def _warn(self, message: str) -> None:
-        with self._warn_lock:
-            if self._warned:
-                return
-            self._warned = True
-        log(WARNING, "%s", message)
+        log(WARNING, "%s", tracking_line(f"{self.tracking} {message}"))
 
     def _work(self) -> None:
+        while not isinstance(item := self.queue.get(), _Finish):
+            self.rows.append(item)
+            try:
+                self.backend.log_metrics(item["round"], row_metrics(item))
+            except Exception as error:  # whatever the backend raises: the run goes on, the next row is tried
+                self._warn(
+                    f"failed to log round {item['round']}'s row ({_one_line(error)}); it is in results-path, and "
+                    "the next round's is tried again"
+                )
         try:
-            backend = open_backend(self.tracking, self.name)
-            backend.start(self.params)
-            while not isinstance(item := self.queue.get(), _Finish):
-                backend.log_metrics(item["round"], row_metrics(item))
-                self.rows.append(item)
-            self._log_artifacts(backend, item.completed)
-            backend.end(item.completed)
-        except Exception as error:  # whatever the backend raises: the run goes on without it
-            self.failed.set()
-            since = f"after round {self.rows[-1]['round']}" if self.rows else "from its start"
-            self._warn(
-                f"tracking ({self.tracking}) failed ({_one_line(error)}); this run is not tracked {since} "
-                "(its rows are in results-path)"
-            )
+            self._log_artifacts(self.backend, item.completed)
+            self.backend.end(item.completed)
+        except Exception as error:  # as above
+            self._warn(f"failed to log the run's end ({_one_line(error)}): its figures or status may be missing")
 
     def _log_artifacts(self, backend: Backend, completed: bool) -> None:
         """The figures of the rows logged and, for a completed run, its posterior (a failed one may have none)."""
@@ -265,12 +296,7 @@ class Tracker:
                 try:
                     posterior = self.export(Path(scratch))
                 except Exception as error:  # the export's own failure; the figures are logged all the same
-                    log(
-                        WARNING,
-                        "tracking (%s): the posterior is not logged: exporting it failed (%s)",
-                        self.tracking,
-                        _one_line(error),
-                    )
+                    self._warn(f"did not log the posterior: exporting it failed ({_one_line(error)})")
                 else:
                     backend.log_file(posterior)
 
@@ -293,7 +319,9 @@ def tracked_run(
     tracking: str, federation: str, run_config: Mapping[str, Any], export: Callable[[Path], Path] | None = None
 ) -> Iterator[list[RowSink]]:
     """The row sinks run config `tracking` asks for (none when it is ""), for run_rounds; on exit the figures and
-    `export`'s file are logged and the tracked run is marked completed, or failed when the block raised."""
+    `export`'s file are logged and the tracked run is marked completed, or failed when the block raised.
+
+    Raises: TrackingUnavailable where the tracked run cannot be started (before the block runs)."""
     if not tracking:
         yield []
         return

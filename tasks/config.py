@@ -230,7 +230,9 @@ class RunSettings:
         512.0, "larger instructions or replies are refused, by name, before they are decoded", POSITIVE
     )
     max_failed_rounds: int = key(
-        3, "this many consecutive rounds with no accepted reply stop the run, non-zero", AT_LEAST_ONE
+        3,
+        "this many consecutive rounds with no accepted reply stop the run, non-zero (so does ending on 2 or more)",
+        AT_LEAST_ONE,
     )
     max_clients: int = key(
         10000, "client ids the federation may ever count (K); a new id beyond this is refused", AT_LEAST_ONE

@@ -18,6 +18,8 @@ import importlib.util
 import math
 import os
 import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +100,9 @@ def check_output_paths(settings: RunSettings, new_federation: bool) -> None:
 
 
 def check_tracking(tracking: str) -> None:
-    """Run config `tracking` needs its extra installed where the ServerApp runs, and a TensorBoard directory it can
-    write. The tracking server itself is not asked: one that is down must not stop the run (server/tracking.py)."""
+    """Run config `tracking` needs its extra installed where the ServerApp runs, a TensorBoard directory it can
+    write, and an MLflow tracking server (an http(s) URI) that answers now: a run it cannot track is refused before
+    it starts (ConfigError naming the URI). One that goes down later does not stop the run (server/tracking.py)."""
     kind, target = parse_tracking(tracking)
     if not kind:
         return
@@ -111,6 +114,35 @@ def check_tracking(tracking: str) -> None:
         )
     if kind == "tensorboard" and (problem := unwritable(Path(target), directory=True)):
         raise ConfigError(f"run config 'tracking': {problem}")
+    if kind == "mlflow" and (problem := unanswered(target)):
+        raise ConfigError(
+            f"run config 'tracking': no MLflow tracking server answers at {target} ({problem}); start it first and "
+            f"wait until {health_url(target)} answers (a new `mlflow server` can take a minute), or set "
+            'tracking="" to run untracked'
+        )
+
+
+TRACKING_PROBE_TIMEOUT = 5.0  # seconds an MLflow tracking server has to answer the check before a run
+
+
+def health_url(uri: str) -> str:
+    """The health check of the MLflow tracking server at `uri` (`mlflow server` answers OK there)."""
+    return f"{uri.rstrip('/')}/health"
+
+
+def unanswered(uri: str) -> str | None:
+    """Why nothing answers HTTP at the MLflow tracking URI `uri` (None: something does, whatever its answer, or `uri`
+    is no http(s) URI: a local store, written by the ServerApp itself)."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        with urllib.request.urlopen(health_url(uri), timeout=TRACKING_PROBE_TIMEOUT):
+            return None
+    except urllib.error.HTTPError:  # an answer: the server is there (the tracked run's start asks it properly)
+        return None
+    except (OSError, ValueError) as error:  # refused, unresolvable, timed out; a malformed URI
+        reason = error.reason if isinstance(error, urllib.error.URLError) else error
+        return " ".join(str(reason).split()) or type(reason).__name__
 
 
 def missing_modules(kind: str) -> list[str]:

@@ -3,7 +3,8 @@
 The ServerApp runs in Flower's executor, maybe on another machine; all `fedbayes run` and `fedbayes local`
 see of it is the log `flwr run --stream` prints and the run's status. Flower reports a failed ServerApp
 only as a status whose details hold the exception's message, not its type, and a federation named by
-the ServerApp itself is known nowhere else, so both are logged as one line of a fixed form.
+the ServerApp itself is known nowhere else, so both are logged as one line of a fixed form; so is what run config
+`tracking` has to say (where it sends, each time it fails), which `fedbayes local` shows beside its table.
 """
 
 from __future__ import annotations
@@ -44,3 +45,17 @@ def new_federation(line: str) -> str | None:
     """The federation a log line announces as newly named by the ServerApp, or None."""
     match = _NEW_FEDERATION_PATTERN.search(line)
     return match.group(1) if match else None
+
+
+TRACKING = "fedbayes tracking: "  # where run config `tracking` sends, and each time it fails (server/tracking.py)
+
+
+def tracking_line(message: str) -> str:
+    """`fedbayes tracking: <message>`, the message on one line."""
+    return f"{TRACKING}{' '.join(message.split())}"
+
+
+def tracking_notice(line: str) -> str | None:
+    """What follows `fedbayes tracking: ` in a log line, or None if the line is no such notice."""
+    _, found, notice = line.partition(TRACKING)
+    return notice.strip() if found else None

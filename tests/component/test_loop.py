@@ -31,9 +31,72 @@ def test_rounds_without_an_accepted_reply_stop_the_run_naming_the_reasons(tmp_pa
 
 
 def test_a_run_with_fewer_rounds_than_max_failed_rounds_that_trains_nothing_fails(tmp_path):
-    with pytest.raises(RunFailed, match="none of the 2 rounds accepted a client reply; last round: .*num_examples"):
+    with pytest.raises(
+        RunFailed, match=r"none of the 2 rounds accepted a client reply \(rounds 1-2\); last round: .*num_examples"
+    ):
         run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=0), rounds=2)
     assert len(rows(tmp_path)) == 2
+    with pytest.raises(RunFailed, match=r"^its one round \(round 1\) accepted no client reply; last round: "):
+        run(tmp_path / "one", lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=0), rounds=1)
+
+
+def test_max_failed_rounds_stop_the_run_early_naming_the_rounds(tmp_path):
+    def reply(server_round, node):  # from round 2 on nothing usable
+        return fedavg_reply(f"client-{node}", server_round, num_examples=5 if server_round == 1 else 0)
+
+    with pytest.raises(RunFailed) as failure:
+        run(tmp_path, reply, rounds=10, **{"max-failed-rounds": 3})
+    assert str(failure.value).startswith(
+        "3 rounds in a row (max-failed-rounds) accepted no client reply (rounds 2-4); the run stopped after round 4 "
+        "of 10; last round: "
+    )
+    assert [row["clients"] for row in rows(tmp_path)] == [2, 0, 0, 0]
+
+
+def test_a_run_that_ends_on_rounds_without_an_accepted_reply_fails_though_they_are_fewer_than_the_limit(tmp_path):
+    """Rounds 4 and 5 of 5 accept nothing (as after a forget left one client that sends NaN): two rounds, under
+    max-failed-rounds (3), but the run ends on a federation that no longer trains."""
+
+    def reply(server_round, node):
+        return fedavg_reply(f"client-{node}", server_round, num_examples=0 if server_round >= 4 else 5)
+
+    with pytest.raises(RunFailed) as failure:
+        run(tmp_path, reply, rounds=5)
+    message = str(failure.value)
+    assert message.startswith("none of the last 2 rounds accepted a client reply (rounds 4-5); last round: "), message
+    assert "field 'num_examples': 0 is not in" in message
+    assert len(rows(tmp_path)) == 5  # every round on record
+
+
+def test_a_run_whose_last_round_alone_accepts_nothing_completes(tmp_path):
+    """One such round at the end can be a lone client's turn to leave: not a failure by itself."""
+    run(tmp_path, lambda r, node: fedavg_reply(f"client-{node}", r, num_examples=0 if r == 5 else 5), rounds=5)
+    assert [row["clients"] for row in rows(tmp_path)] == [2, 2, 2, 2, 0]
+
+
+@pytest.mark.parametrize(("last", "fails"), [(0.39, True), (0.41, False)])
+def test_a_run_whose_accuracy_collapses_fails_naming_the_rounds(tmp_path, last, fails):
+    """Accuracy 0.8 after round 1, `last` after round 3: under half of round 1's (ACCURACY_COLLAPSE) fails the run,
+    once every row and checkpoint is written."""
+    accuracies = {1: 0.8, 2: 0.6, 3: last}
+
+    def evaluate(arrays, server_round):
+        return {"accuracy": accuracies[server_round], "nll": 1.0, "ece": 0.1}
+
+    def reply(server_round, node):
+        return fedavg_reply(f"client-{node}", server_round)
+
+    store = CheckpointStore(tmp_path / "state", "fed", {})
+    if fails:
+        with pytest.raises(RunFailed) as failure:
+            run(tmp_path, reply, rounds=3, evaluate=evaluate, checkpoints=store)
+        assert str(failure.value) == (
+            f"accuracy fell from 0.8000 (round 1) to {last:.4f} (round 3), under 0.5 x its first value: training "
+            "diverged"
+        )
+    else:
+        run(tmp_path, reply, rounds=3, evaluate=evaluate, checkpoints=store)
+    assert len(rows(tmp_path)) == 3 and store.load().server_round == 3
 
 
 def test_a_node_refused_round_after_round_is_quarantined_and_the_others_go_on(tmp_path):

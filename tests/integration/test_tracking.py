@@ -1,10 +1,11 @@
 """Run config `tracking` (server/tracking.py) on the real round loop (in process, scripted grid): a real MLflow
 tracking server started here gets the run config, every round's metrics, the report's figures and the posterior,
 read back with MlflowClient; TensorBoard event files read back with TensorBoard's own reader; a tracking server that
-is down or hangs neither stops nor slows the run, and says so once."""
+is down at the start stops the run before round 1 (tests/component/test_tracking.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from fedbayes.deploy.processes import free_ports
 from fedbayes.server import tracking
 from fedbayes.server.tracking import row_metrics
 from fedbayes.tasks.report import PLOTS, read_rows
+from fedbayes.tasks.runlog import TRACKING
 from tests.support.tracked import ROUNDS, tracked_federation, tracking_warnings
 
 
@@ -90,7 +92,8 @@ def test_mlflow_gets_the_run_config_every_rounds_metrics_the_figures_and_the_pos
 
     from fedbayes.posterior import load
 
-    run_config, _ = tracked_federation(tmp_path, f"mlflow:{mlflow_server}")
+    with caplog.at_level(logging.INFO):
+        run_config, _ = tracked_federation(tmp_path, f"mlflow:{mlflow_server}")
     assert tracking_warnings(caplog) == []
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
@@ -98,6 +101,11 @@ def test_mlflow_gets_the_run_config_every_rounds_metrics_the_figures_and_the_pos
         [experiment.experiment_id], filter_string=f"tags.`{tracking.FEDERATION_TAG}` = '{run_config['federation']}'"
     )
     assert run.info.status == "FINISHED" and run.info.run_name == run_config["federation"]
+    page = f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+    assert (
+        f"{TRACKING}sending to MLflow at {mlflow_server}, experiment 'fedbayes', run '{run_config['federation']}' "
+        f"({run.info.run_id}; {page})"
+    ) in caplog.text  # where the run is, once, before round 1
     assert run.data.params == {key: str(value) for key, value in run_config.items()}
 
     rows = read_rows(Path(run_config["results-path"]))

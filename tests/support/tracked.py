@@ -17,6 +17,7 @@ from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.strategies.fedavg.server import FedAvg
+from fedbayes.tasks.runlog import TRACKING
 from tests.support import FakeGrid, improving_metrics, round_core, scripted
 
 LOGREG = {"1.weight": (10, 784), "1.bias": (10,)}  # model=logreg on Fashion-MNIST: the export rebuilds it
@@ -70,5 +71,5 @@ def tracking_warnings(caplog) -> list[str]:
     return [
         record.getMessage()
         for record in caplog.records
-        if record.levelno == logging.WARNING and record.getMessage().startswith("tracking")
+        if record.levelno == logging.WARNING and record.getMessage().startswith(TRACKING)
     ]

@@ -7,7 +7,14 @@ from __future__ import annotations
 import io
 import os
 
-from fedbayes.deploy.launcher import TABLE_HEADER, format_row, show_row
+from fedbayes.deploy.launcher import (
+    LEFT_OUT_REASON_CHARS,
+    TABLE_HEADER,
+    RoundTable,
+    format_row,
+    show_row,
+    table_header,
+)
 from fedbayes.deploy.progress import Progress, RoundDone, parse_round_log_line
 from fedbayes.server.loop import progress_line
 from tests.support.terminal import ROW, open_terminal, read_all, rendered
@@ -83,3 +90,40 @@ def test_the_serverapps_round_line_is_read_as_it_logs_it():
 
 
 # A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s.
+
+
+def test_the_table_has_the_ensembles_columns_where_the_rows_have_its_metrics():
+    """A Bayesian strategy's rows carry `*_ensemble` metrics: the header, printed with the first row, names them, and
+    each value ends where its heading does."""
+    bayesian = ROW | {"accuracy_ensemble": 0.7012, "nll_ensemble": 0.9, "ece_ensemble": 0.05}
+    header, line = RoundTable().lines(bayesian)
+    assert header == table_header(ensemble=True) and header.startswith(TABLE_HEADER.split("  clients")[0])
+    for heading, value in (("ens_acc", "0.7012"), ("ens_nll", "0.9000"), ("ens_ece", "0.0500"), ("clients", "2/3")):
+        assert line.index(value) + len(value) == header.index(heading) + len(heading), (heading, header, line)
+    assert RoundTable().lines(ROW) == [TABLE_HEADER, format_row(ROW)]  # a point estimate's: no ensemble columns
+
+
+def test_the_header_comes_again_with_the_ensembles_columns_after_a_first_round_not_evaluated():
+    table = RoundTable()
+    not_evaluated = ROW | {"accuracy": None, "nll": None, "ece": None}
+    assert table.lines(not_evaluated) == [TABLE_HEADER, format_row(not_evaluated)]
+    evaluated = ROW | {"round": 2, "accuracy_ensemble": 0.7, "nll_ensemble": 0.9, "ece_ensemble": 0.05}
+    header, line = table.lines(evaluated)
+    assert header == table_header(ensemble=True) and line.split()[4:7] == ["0.7000", "0.9000", "0.0500"]
+    third = ROW | {"round": 3, "accuracy": None, "nll": None, "ece": None}
+    assert table.lines(third) == [format_row(third, ensemble=True)]  # no header again; `-` in every metric column
+    assert format_row(third, ensemble=True).split()[1:7] == ["-"] * 6
+
+
+def test_a_row_says_which_clients_the_round_left_out_and_why():
+    long = "rejected reply: " + "x" * 300
+    row = ROW | {
+        "rejected": {
+            "client 'client-2' (node 4021)": "rejected reply: field 'local_mean/1.weight': contains NaN or Inf",
+            "node 17": long,
+        }
+    }
+    line = format_row(row)
+    assert line.startswith(format_row(ROW) + "  (2 left out: client-2: rejected reply: field 'local_mean/1.weight': ")
+    assert line.endswith(f"; node 17: {long[: LEFT_OUT_REASON_CHARS - 3]}...)")
+    assert format_row(ROW | {"rejected": {}}) == format_row(ROW)
