@@ -20,7 +20,9 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import ENVELOPE_KEY, decode_header
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.preflight import check_model_and_strategy
 from fedbayes.strategies.fedavg.client import local_update as fedavg_update
+from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.models import build_model
 from fedbayes.tasks.report import load_runs, write_report
 from tests.support import (
@@ -30,6 +32,7 @@ from tests.support import (
     envelope_of,
     no_metrics,
     rows,
+    settings,
     synthetic_data,
 )
 
@@ -189,6 +192,19 @@ def test_a_client_half_that_names_no_global_model_refuses_to_evaluate_before_tra
     with pytest.raises(ValueError, match="names no global model to evaluate .*set client-eval-fraction = 0"):
         half(message.content, fed.runtimes[1])
     assert trained == []
+
+
+FEDAVGM = {"strategy": "fedavgm_plugin:FEDAVGM", "fedavgm-momentum": 0.9, "fedavgm-lr": 1.0}  # no global_model
+
+
+def test_a_strategy_whose_client_half_cannot_evaluate_is_refused_before_the_run(plugin_path):
+    check_model_and_strategy(settings(**FEDAVGM))  # the default asks nothing of it
+    with pytest.raises(
+        ConfigError, match="'client-eval-fraction' \\(0.2\\): the client half of strategy 'fedavgm_plugin"
+    ):
+        check_model_and_strategy(settings(**FEDAVGM, **{"client-eval-fraction": 0.2}))
+    for strategy in ("fedavg", "bayesadmm", "dsvgd", "fedlap-func"):  # every built-in one can
+        check_model_and_strategy(settings(strategy=strategy, **{"client-eval-fraction": 0.2}))
 
 
 def test_the_report_shows_each_client_and_their_mean_and_worst(tmp_path):
