@@ -3,18 +3,25 @@ data of its reliability diagram."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from fedbayes.bayes.params import set_parameters
+
 ECE_BINS = 15
+PROBABILITY_FLOOR = 1e-12  # the NLL clamps p(y|x) here, so one confident mistake cannot make it infinite
+MAX_NLL = -math.log(PROBABILITY_FLOOR)  # so no NLL exceeds this
 
 
 def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> dict[str, Any]:
     """Metrics of predictive class probabilities `probs` (N, C) against integer `labels` (N,).
 
-    NLL is the mean of -log p(y|x) (clamped at 1e-12 so one confident mistake cannot make it
-    infinite); ECE is the top-label calibration error over `bins` equal-width confidence bins,
+    NLL is the mean of -log p(y|x) (p clamped at PROBABILITY_FLOOR so one confident mistake cannot make it
+    infinite, nor any NLL over MAX_NLL); ECE is the top-label calibration error over `bins` equal-width confidence bins,
     weighted by the fraction of examples in each bin (Guo et al., 2017). `reliability` holds those bins
     (reliability_bins), so that a results row can be drawn as a reliability diagram (`fedbayes report`).
     """
@@ -26,7 +33,7 @@ def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, bins: int 
     true_class_prob = probs.gather(1, labels.view(-1, 1)).squeeze(1)
     return {
         "accuracy": correct.mean().item(),
-        "nll": -true_class_prob.clamp_min(1e-12).log().mean().item(),
+        "nll": -true_class_prob.clamp_min(PROBABILITY_FLOOR).log().mean().item(),
         "ece": expected_calibration_error(confidence, correct, bins),
         "reliability": reliability_bins(confidence, correct, bins),
     }
@@ -67,3 +74,30 @@ def predict_probs(model: torch.nn.Module, images: torch.Tensor, batch_size: int,
         for i in range(0, len(images), batch_size)
     ]
     return torch.cat(chunks)
+
+
+def member_probs(
+    model: torch.nn.Module,
+    members: Sequence[Mapping[str, np.ndarray]],
+    images: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """Each member's softmax probabilities on `images`, one pass per member.
+
+    Args:
+        model: the model the members are states of; each is loaded into it in turn, and it is left on the CPU.
+        members: model states by name (its parameters, and its buffers where they differ from the model's).
+        images: (N, ...) inputs.
+        batch_size: images per forward pass.
+        device: where to compute.
+
+    Returns:
+        (S, N, C) probabilities, on the CPU.
+    """
+    probs = []
+    for weights in members:
+        set_parameters(model, weights)
+        probs.append(predict_probs(model.to(device), images, batch_size, device))
+        model.cpu()
+    return torch.stack(probs)

@@ -2,12 +2,16 @@
 model, load the durable state the server's accepted rounds point to, run the algorithm's `local_update`, commit
 the new state, and wrap its reply in a Reply envelope (header, echoing the instruction's nonce; num_examples,
 train_loss, compute_seconds, resumed_from_round, the model's buffers). The algorithm supplies only `local_update`,
-from what the instruction says: a client never reads the run config to learn what the server meant. Where a
+from what the instruction says: a client never reads the run config to learn what the server meant. Where the
+instruction asks for it (Instruction.client_evaluation), the core holds out a share of the client's examples from
+training and reports the metrics on it of the global model and of the client's own posterior (client/evaluation.py),
+which the strategy names (`ClientHalf.global_model`, `ClientHalf.local_posterior`). Where a
 strategy's forget needs the client's own part (its factor lives only here), `ForgetHalf` answers that request from
 the durable state alone."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -16,7 +20,8 @@ import torch
 from flwr.app import RecordDict
 from google.protobuf.message import Message as ProtoMessage
 
-from fedbayes.bayes.params import TensorLayout, get_parameters, set_parameters
+from fedbayes.bayes.params import TensorLayout, Tensors, get_parameters, set_parameters, unflatten
+from fedbayes.client.evaluation import held_out_metrics, held_out_split
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.client.state import ClientState, ClientStateStore
 from fedbayes.protos import payloads_pb2 as pb
@@ -29,6 +34,7 @@ from fedbayes.protos.codec import (
     reply_header,
 )
 from fedbayes.tasks.compute import resolve_device
+from fedbayes.tasks.datasets import Dataset
 
 
 @dataclass
@@ -134,6 +140,12 @@ class ForgetHalf:
         return encode(envelope, result.reply, result.tensors)
 
 
+# The members of a predictive, each the model's parameters by name (one: a point estimate or a Gaussian's mean;
+# several: particles): of the global model, from the instruction; of the client's own posterior, after training.
+GlobalModel = Callable[["LocalRound"], list[Tensors]]
+LocalPosterior = Callable[["LocalRound", "LocalResult"], list[Tensors]]
+
+
 @dataclass(frozen=True)
 class ClientHalf:
     """A strategy's client half: `ClientHalf(...)(content, runtime)` turns an instruction into a reply.
@@ -144,6 +156,11 @@ class ClientHalf:
     stateful          the half keeps durable state between rounds (client/state.py)
     forget            where the client's factor lives only in its durable store: the half that computes the client's
                       part of its own forget (ForgetHalf; None: the server forgets without the client)
+    global_model      LocalRound -> the global model's members, from the instruction (`model_group`): what the
+                      client evaluates on its held-out examples before training, where the server asks
+                      (client-eval-fraction); None: this half cannot evaluate, and refuses such an instruction
+    local_posterior   (LocalRound, LocalResult) -> the members of the client's own posterior after training, also
+                      evaluated there; None (or no members): the strategy keeps no posterior of the client's own
 
     The model's buffers (BatchNorm statistics) are the core's: it loads the global ones before `local_update`
     and returns the model's after it; `runtime.layout` and the algorithm's math are the parameters alone.
@@ -154,6 +171,8 @@ class ClientHalf:
     layouts: Callable[[ProtoMessage, TensorLayout], Mapping[str, TensorLayout]]
     stateful: bool = False
     forget: ForgetHalf | None = None
+    global_model: GlobalModel | None = None
+    local_posterior: LocalPosterior | None = None
 
     def __post_init__(self) -> None:
         register_message_types(self.instruction_type)
@@ -164,9 +183,17 @@ class ClientHalf:
 
         payload = decode(content, pb.Instruction, self.instruction_type, layouts, sender="server")
         header = payload.header
+        held_out = None
+        if payload.envelope.HasField("client_evaluation"):  # train on the rest, evaluate on the held-out share
+            training, held_out = self.held_out(payload.envelope.client_evaluation, runtime)
+            runtime = dataclasses.replace(runtime, data=training)  # shares runtime.timings
         set_parameters(runtime.model, payload.tensors["buffers"])  # the global buffers; training updates them
         stored = runtime.load_state(header) if self.stateful else None
-        result = self.local_update(LocalRound(payload.message, payload.tensors, header, runtime, stored))
+        local = LocalRound(payload.message, payload.tensors, header, runtime, stored)
+        global_metrics = None
+        if held_out is not None:  # before training, at the global buffers
+            global_metrics = self.metrics(runtime, self.global_members(local), payload.tensors["buffers"], held_out)
+        result = self.local_update(local)
         if self.stateful:
             runtime.save_state(header, ClientState(result.state, {"federation": header.federation}))
         envelope = pb.Reply(
@@ -177,7 +204,76 @@ class ClientHalf:
             resumed_from_round=stored.round if stored is not None else 0,
         )
         buffers = get_parameters(runtime.model, runtime.buffer_layout)
+        if held_out is not None and global_metrics is not None:
+            envelope.evaluation.CopyFrom(self.evaluation(local, result, held_out, global_metrics, buffers))
         return encode(envelope, result.reply, {**result.tensors, "buffers": buffers})
+
+    def held_out(self, request: pb.ClientEvaluationRequest, runtime: ClientRuntime) -> tuple[Dataset, Dataset]:
+        """(the examples to train on, the held-out ones), as the server's `request` asks (client/evaluation.py).
+
+        Raises:
+            ValueError: this half names no global model to evaluate (before anything is trained), or the share
+                leaves nothing to train on or to evaluate on.
+        """
+        if self.global_model is None:
+            raise ValueError(
+                f"the server asks this client to evaluate on held-out examples (client-eval-fraction), but the client "
+                f"half of {self.instruction_type.DESCRIPTOR.name} names no global model to evaluate "
+                "(ClientHalf.global_model); set client-eval-fraction = 0"
+            )
+        return held_out_split(runtime.data, request, runtime.node.client_id)
+
+    def global_members(self, local: LocalRound) -> list[Tensors]:
+        if self.global_model is None:  # held_out refuses such an instruction before this
+            raise ValueError(f"the client half of {self.instruction_type.DESCRIPTOR.name} names no global model")
+        return self.global_model(local)
+
+    def evaluation(
+        self,
+        local: LocalRound,
+        result: LocalResult,
+        held_out: Dataset,
+        global_metrics: pb.HeldOutMetrics,
+        buffers: Tensors,
+    ) -> pb.ClientEvaluation:
+        """The reply's held-out metrics: the global model's (before training), and the client's own posterior's after
+        training (at the model's buffers after training), where the strategy keeps one."""
+        evaluation = pb.ClientEvaluation(examples=len(held_out.labels), global_model=global_metrics)
+        members = self.local_posterior(local, result) if self.local_posterior is not None else []
+        if members:
+            evaluation.local_posterior.CopyFrom(self.metrics(local.runtime, members, buffers, held_out))
+        return evaluation
+
+    @staticmethod
+    def metrics(
+        runtime: ClientRuntime, members: list[Tensors], buffers: Tensors, held_out: Dataset
+    ) -> pb.HeldOutMetrics:
+        return held_out_metrics(runtime.model, [member | buffers for member in members], held_out, runtime.device)
+
+
+def model_group(group: str) -> GlobalModel:
+    """A `ClientHalf.global_model` for an instruction whose tensor group `group` holds the global model.
+
+    Args:
+        group: the instruction's tensor group shaped like the model (FedAvg's "weights").
+
+    Returns:
+        LocalRound -> [that group's tensors]: one member, a point estimate.
+    """
+    return lambda local: [dict(local.tensors[group])]
+
+
+def particle_members(particles: np.ndarray, layout: TensorLayout) -> list[Tensors]:
+    """Particles as the members of a predictive.
+
+    Args:
+        particles: (N, P), each row all P parameters flat, in `layout` order.
+        layout: the model's parameters.
+
+    Returns:
+        N members, each the model's parameters by name.
+    """
+    return [unflatten(np.asarray(row), layout) for row in particles]
 
 
 def model_layouts(*groups: str) -> Callable[[ProtoMessage, TensorLayout], dict[str, TensorLayout]]:

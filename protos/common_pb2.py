@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65\x64\x62\x61yes/protos/common.proto\x12\x0b\x66\x65\x64\x62\x61yes.v1\x1a\x19google/protobuf/any.proto\"L\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x05\x64type\x18\x02 \x01(\x0e\x32\x12.fedbayes.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"7\n\x0bTensorGroup\x12(\n\x07tensors\x18\x01 \x03(\x0b\x32\x17.fedbayes.v1.TensorSpec\"\xa3\x03\n\x06Header\x12\x32\n\x0eschema_version\x18\x01 \x01(\x0e\x32\x1a.fedbayes.v1.SchemaVersion\x12\x12\n\nfederation\x18\x02 \x01(\t\x12\x14\n\x0cserver_round\x18\x03 \x01(\x04\x12\x11\n\tclient_id\x18\x04 \x01(\t\x12@\n\x0f\x61\x63\x63\x65pted_rounds\x18\x05 \x03(\x0b\x32\'.fedbayes.v1.Header.AcceptedRoundsEntry\x12H\n\x13\x63heckpointed_rounds\x18\x06 \x03(\x0b\x32+.fedbayes.v1.Header.CheckpointedRoundsEntry\x12\x1b\n\x13\x66orgotten_client_id\x18\x07 \x01(\t\x12\r\n\x05nonce\x18\x08 \x01(\x0c\x1a\x35\n\x13\x41\x63\x63\x65ptedRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x39\n\x17\x43heckpointedRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x81\x01\n\rLocalTraining\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x11\n\toptimizer\x18\x04 \x01(\t\x12\x14\n\x0cweight_decay\x18\x05 \x01(\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"\x81\x01\n\x0bInstruction\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedbayes.v1.Header\x12)\n\x07\x62uffers\x18\x02 \x01(\x0b\x32\x18.fedbayes.v1.TensorGroup\x12\"\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x14.google.protobuf.Any\"\xda\x01\n\x05Reply\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedbayes.v1.Header\x12)\n\x07\x62uffers\x18\x02 \x01(\x0b\x32\x18.fedbayes.v1.TensorGroup\x12\x14\n\x0cnum_examples\x18\x03 \x01(\x04\x12\x12\n\ntrain_loss\x18\x04 \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x05 \x01(\x01\x12\x1a\n\x12resumed_from_round\x18\x06 \x01(\x04\x12\"\n\x04\x62ody\x18\x07 \x01(\x0b\x32\x14.google.protobuf.Any\"5\n\x0eLeaveAndForget\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedbayes.v1.Header*\xdf\x01\n\rSchemaVersion\x12\x1e\n\x1aSCHEMA_VERSION_UNSPECIFIED\x10\x00\x12\x14\n\x10SCHEMA_VERSION_1\x10\x01\x12\x14\n\x10SCHEMA_VERSION_2\x10\x02\x12\x14\n\x10SCHEMA_VERSION_3\x10\x03\x12\x14\n\x10SCHEMA_VERSION_4\x10\x04\x12\x14\n\x10SCHEMA_VERSION_5\x10\x05\x12\x14\n\x10SCHEMA_VERSION_6\x10\x06\x12\x14\n\x10SCHEMA_VERSION_7\x10\x07\x12\x14\n\x10SCHEMA_VERSION_8\x10\x08*8\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65\x64\x62\x61yes/protos/common.proto\x12\x0b\x66\x65\x64\x62\x61yes.v1\x1a\x19google/protobuf/any.proto\"L\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x05\x64type\x18\x02 \x01(\x0e\x32\x12.fedbayes.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"7\n\x0bTensorGroup\x12(\n\x07tensors\x18\x01 \x03(\x0b\x32\x17.fedbayes.v1.TensorSpec\"\xa3\x03\n\x06Header\x12\x32\n\x0eschema_version\x18\x01 \x01(\x0e\x32\x1a.fedbayes.v1.SchemaVersion\x12\x12\n\nfederation\x18\x02 \x01(\t\x12\x14\n\x0cserver_round\x18\x03 \x01(\x04\x12\x11\n\tclient_id\x18\x04 \x01(\t\x12@\n\x0f\x61\x63\x63\x65pted_rounds\x18\x05 \x03(\x0b\x32\'.fedbayes.v1.Header.AcceptedRoundsEntry\x12H\n\x13\x63heckpointed_rounds\x18\x06 \x03(\x0b\x32+.fedbayes.v1.Header.CheckpointedRoundsEntry\x12\x1b\n\x13\x66orgotten_client_id\x18\x07 \x01(\t\x12\r\n\x05nonce\x18\x08 \x01(\x0c\x1a\x35\n\x13\x41\x63\x63\x65ptedRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x39\n\x17\x43heckpointedRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x81\x01\n\rLocalTraining\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\r\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x15\n\rlearning_rate\x18\x03 \x01(\x01\x12\x11\n\toptimizer\x18\x04 \x01(\t\x12\x14\n\x0cweight_decay\x18\x05 \x01(\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"\xc2\x01\n\x0bInstruction\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedbayes.v1.Header\x12)\n\x07\x62uffers\x18\x02 \x01(\x0b\x32\x18.fedbayes.v1.TensorGroup\x12\"\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x14.google.protobuf.Any\x12?\n\x11\x63lient_evaluation\x18\x04 \x01(\x0b\x32$.fedbayes.v1.ClientEvaluationRequest\"9\n\x17\x43lientEvaluationRequest\x12\x10\n\x08\x66raction\x18\x01 \x01(\x01\x12\x0c\n\x04seed\x18\x02 \x01(\x04\"<\n\x0eHeldOutMetrics\x12\x10\n\x08\x61\x63\x63uracy\x18\x01 \x01(\x01\x12\x0b\n\x03nll\x18\x02 \x01(\x01\x12\x0b\n\x03\x65\x63\x65\x18\x03 \x01(\x01\"\x8d\x01\n\x10\x43lientEvaluation\x12\x10\n\x08\x65xamples\x18\x01 \x01(\x04\x12\x31\n\x0cglobal_model\x18\x02 \x01(\x0b\x32\x1b.fedbayes.v1.HeldOutMetrics\x12\x34\n\x0flocal_posterior\x18\x03 \x01(\x0b\x32\x1b.fedbayes.v1.HeldOutMetrics\"\x8d\x02\n\x05Reply\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedbayes.v1.Header\x12)\n\x07\x62uffers\x18\x02 \x01(\x0b\x32\x18.fedbayes.v1.TensorGroup\x12\x14\n\x0cnum_examples\x18\x03 \x01(\x04\x12\x12\n\ntrain_loss\x18\x04 \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x05 \x01(\x01\x12\x1a\n\x12resumed_from_round\x18\x06 \x01(\x04\x12\"\n\x04\x62ody\x18\x07 \x01(\x0b\x32\x14.google.protobuf.Any\x12\x31\n\nevaluation\x18\x08 \x01(\x0b\x32\x1d.fedbayes.v1.ClientEvaluation\"5\n\x0eLeaveAndForget\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedbayes.v1.Header*\xf5\x01\n\rSchemaVersion\x12\x1e\n\x1aSCHEMA_VERSION_UNSPECIFIED\x10\x00\x12\x14\n\x10SCHEMA_VERSION_1\x10\x01\x12\x14\n\x10SCHEMA_VERSION_2\x10\x02\x12\x14\n\x10SCHEMA_VERSION_3\x10\x03\x12\x14\n\x10SCHEMA_VERSION_4\x10\x04\x12\x14\n\x10SCHEMA_VERSION_5\x10\x05\x12\x14\n\x10SCHEMA_VERSION_6\x10\x06\x12\x14\n\x10SCHEMA_VERSION_7\x10\x07\x12\x14\n\x10SCHEMA_VERSION_8\x10\x08\x12\x14\n\x10SCHEMA_VERSION_9\x10\t*8\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,10 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEADER_ACCEPTEDROUNDSENTRY']._serialized_options = b'8\001'
   _globals['_HEADER_CHECKPOINTEDROUNDSENTRY']._loaded_options = None
   _globals['_HEADER_CHECKPOINTEDROUNDSENTRY']._serialized_options = b'8\001'
-  _globals['_SCHEMAVERSION']._serialized_start=1170
-  _globals['_SCHEMAVERSION']._serialized_end=1393
-  _globals['_DTYPE']._serialized_start=1395
-  _globals['_DTYPE']._serialized_end=1451
+  _globals['_SCHEMAVERSION']._serialized_start=1551
+  _globals['_SCHEMAVERSION']._serialized_end=1796
+  _globals['_DTYPE']._serialized_start=1798
+  _globals['_DTYPE']._serialized_end=1854
   _globals['_TENSORSPEC']._serialized_start=72
   _globals['_TENSORSPEC']._serialized_end=148
   _globals['_TENSORGROUP']._serialized_start=150
@@ -53,9 +53,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOCALTRAINING']._serialized_start=630
   _globals['_LOCALTRAINING']._serialized_end=759
   _globals['_INSTRUCTION']._serialized_start=762
-  _globals['_INSTRUCTION']._serialized_end=891
-  _globals['_REPLY']._serialized_start=894
-  _globals['_REPLY']._serialized_end=1112
-  _globals['_LEAVEANDFORGET']._serialized_start=1114
-  _globals['_LEAVEANDFORGET']._serialized_end=1167
+  _globals['_INSTRUCTION']._serialized_end=956
+  _globals['_CLIENTEVALUATIONREQUEST']._serialized_start=958
+  _globals['_CLIENTEVALUATIONREQUEST']._serialized_end=1015
+  _globals['_HELDOUTMETRICS']._serialized_start=1017
+  _globals['_HELDOUTMETRICS']._serialized_end=1077
+  _globals['_CLIENTEVALUATION']._serialized_start=1080
+  _globals['_CLIENTEVALUATION']._serialized_end=1221
+  _globals['_REPLY']._serialized_start=1224
+  _globals['_REPLY']._serialized_end=1493
+  _globals['_LEAVEANDFORGET']._serialized_start=1495
+  _globals['_LEAVEANDFORGET']._serialized_end=1548
 # @@protoc_insertion_point(module_scope)

@@ -19,6 +19,7 @@ class SchemaVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_VERSION_6: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_7: _ClassVar[SchemaVersion]
     SCHEMA_VERSION_8: _ClassVar[SchemaVersion]
+    SCHEMA_VERSION_9: _ClassVar[SchemaVersion]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +35,7 @@ SCHEMA_VERSION_5: SchemaVersion
 SCHEMA_VERSION_6: SchemaVersion
 SCHEMA_VERSION_7: SchemaVersion
 SCHEMA_VERSION_8: SchemaVersion
+SCHEMA_VERSION_9: SchemaVersion
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -105,17 +107,47 @@ class LocalTraining(_message.Message):
     def __init__(self, epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., optimizer: _Optional[str] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Instruction(_message.Message):
-    __slots__ = ("header", "buffers", "body")
+    __slots__ = ("header", "buffers", "body", "client_evaluation")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_EVALUATION_FIELD_NUMBER: _ClassVar[int]
     header: Header
     buffers: TensorGroup
     body: _any_pb2.Any
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ..., body: _Optional[_Union[_any_pb2.Any, _Mapping]] = ...) -> None: ...
+    client_evaluation: ClientEvaluationRequest
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ..., body: _Optional[_Union[_any_pb2.Any, _Mapping]] = ..., client_evaluation: _Optional[_Union[ClientEvaluationRequest, _Mapping]] = ...) -> None: ...
+
+class ClientEvaluationRequest(_message.Message):
+    __slots__ = ("fraction", "seed")
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    fraction: float
+    seed: int
+    def __init__(self, fraction: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class HeldOutMetrics(_message.Message):
+    __slots__ = ("accuracy", "nll", "ece")
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    NLL_FIELD_NUMBER: _ClassVar[int]
+    ECE_FIELD_NUMBER: _ClassVar[int]
+    accuracy: float
+    nll: float
+    ece: float
+    def __init__(self, accuracy: _Optional[float] = ..., nll: _Optional[float] = ..., ece: _Optional[float] = ...) -> None: ...
+
+class ClientEvaluation(_message.Message):
+    __slots__ = ("examples", "global_model", "local_posterior")
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_MODEL_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_POSTERIOR_FIELD_NUMBER: _ClassVar[int]
+    examples: int
+    global_model: HeldOutMetrics
+    local_posterior: HeldOutMetrics
+    def __init__(self, examples: _Optional[int] = ..., global_model: _Optional[_Union[HeldOutMetrics, _Mapping]] = ..., local_posterior: _Optional[_Union[HeldOutMetrics, _Mapping]] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("header", "buffers", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "body")
+    __slots__ = ("header", "buffers", "num_examples", "train_loss", "compute_seconds", "resumed_from_round", "body", "evaluation")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +155,7 @@ class Reply(_message.Message):
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     header: Header
     buffers: TensorGroup
     num_examples: int
@@ -130,7 +163,8 @@ class Reply(_message.Message):
     compute_seconds: float
     resumed_from_round: int
     body: _any_pb2.Any
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., body: _Optional[_Union[_any_pb2.Any, _Mapping]] = ...) -> None: ...
+    evaluation: ClientEvaluation
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., buffers: _Optional[_Union[TensorGroup, _Mapping]] = ..., num_examples: _Optional[int] = ..., train_loss: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., resumed_from_round: _Optional[int] = ..., body: _Optional[_Union[_any_pb2.Any, _Mapping]] = ..., evaluation: _Optional[_Union[ClientEvaluation, _Mapping]] = ...) -> None: ...
 
 class LeaveAndForget(_message.Message):
     __slots__ = ("header",)

@@ -9,6 +9,9 @@ from fedbayes.protos.common_pb2 import TensorGroup as TensorGroup
 from fedbayes.protos.common_pb2 import Header as Header
 from fedbayes.protos.common_pb2 import LocalTraining as LocalTraining
 from fedbayes.protos.common_pb2 import Instruction as Instruction
+from fedbayes.protos.common_pb2 import ClientEvaluationRequest as ClientEvaluationRequest
+from fedbayes.protos.common_pb2 import HeldOutMetrics as HeldOutMetrics
+from fedbayes.protos.common_pb2 import ClientEvaluation as ClientEvaluation
 from fedbayes.protos.common_pb2 import Reply as Reply
 from fedbayes.protos.common_pb2 import LeaveAndForget as LeaveAndForget
 from fedbayes.protos.common_pb2 import SchemaVersion as SchemaVersion
@@ -24,6 +27,7 @@ SCHEMA_VERSION_5: _common_pb2.SchemaVersion
 SCHEMA_VERSION_6: _common_pb2.SchemaVersion
 SCHEMA_VERSION_7: _common_pb2.SchemaVersion
 SCHEMA_VERSION_8: _common_pb2.SchemaVersion
+SCHEMA_VERSION_9: _common_pb2.SchemaVersion
 DTYPE_UNSPECIFIED: _common_pb2.DType
 FLOAT32: _common_pb2.DType
 FLOAT64: _common_pb2.DType

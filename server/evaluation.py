@@ -24,8 +24,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedbayes.bayes.metrics import classification_metrics, predict_probs
-from fedbayes.bayes.params import set_parameters
+from fedbayes.bayes.metrics import classification_metrics, member_probs
 from fedbayes.tasks.config import RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset
 
@@ -128,18 +127,6 @@ def compute_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def member_probs(
-    model: nn.Module, members: list[Weights], images: torch.Tensor, batch_size: int, device: torch.device
-) -> torch.Tensor:
-    """(S, N, C): each member's softmax probabilities on `images`, one pass per member."""
-    probs = []
-    for weights in members:
-        set_parameters(model, weights)
-        probs.append(predict_probs(model.to(device), images, batch_size, device))
-        model.cpu()
-    return torch.stack(probs)
 
 
 @torch.no_grad()

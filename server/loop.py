@@ -35,6 +35,7 @@ from flwr.serverapp import Grid
 
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
+from fedbayes.server.client_metrics import row_fields as client_metrics_row
 from fedbayes.server.forget import ClientLink, Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
@@ -691,6 +692,7 @@ def train_round(
         "fresh_starts": list(report.fresh_starts),  # accepted clients that had lost their state and started afresh
         "quarantined": sorted(report.quarantined),  # nodes that sit out the next round (server/isolation.py)
         "warnings": list(report.warnings),  # what the strategy warned of (e.g. BayesADMM's collapsing precision)
+        **client_metrics_row(report.client_metrics),  # the clients' held-out metrics (client-eval-fraction)
         # seconds from the push to each answer, by client id (node id where the node's client is not known)
         "reply_seconds": {
             core.identities.client_of(node) or f"node {node}": round(seconds, 3) for node, seconds in arrivals.items()

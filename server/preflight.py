@@ -63,9 +63,25 @@ def check_model_and_strategy(settings: RunSettings, clients: int | None = None) 
     algorithm = get_algorithm(settings.strategy)
     # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
     strategy = algorithm.build_server(settings, layout, buffers)
+    check_client_evaluation(settings, algorithm.client_half())
     reply = reply_size(settings, algorithm, strategy, buffers)
     check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
     check_payload_limit(reply, settings.max_payload_mb)
+
+
+def check_client_evaluation(settings: RunSettings, client_half: object) -> None:
+    """A run that asks its clients for held-out metrics (client-eval-fraction > 0) has a strategy whose client half
+    names the global model to evaluate (ClientHalf.global_model); its clients would otherwise answer every round with
+    an error.
+
+    Raises:
+        ConfigError: naming the key and the strategy.
+    """
+    if settings.client_eval_fraction > 0 and getattr(client_half, "global_model", None) is None:
+        raise ConfigError(
+            f"run config 'client-eval-fraction' ({settings.client_eval_fraction:g}): the client half of strategy "
+            f"{settings.strategy!r} names no global model to evaluate (ClientHalf.global_model); set it to 0"
+        )
 
 
 def _model_layouts(

@@ -3,10 +3,11 @@
   configure   the nodes that may take part (connected, not quarantined, the client registry re-read), the ones the
               strategy selects, and one message per node: the strategy's instruction with the core's header (the
               rounds that node's client had accepted, those the newest checkpoint holds, a forget's confirmation, a
-              nonce of its own) and the model's buffers
+              nonce of its own), the model's buffers and what it asks of the clients' held-out evaluation
   aggregate   the trust boundary: every reply decoded and checked inside one guard (wire schema, round, federation,
               the nonce of the instruction it answers, the client id bound to its node, num_examples,
-              resumed_from_round, then the strategy's own checks), each update screened against the others
+              resumed_from_round, the held-out metrics (server/client_metrics.py), then the strategy's own checks),
+              each update screened against the others
               (server/isolation.py), the round committed from the replies that make a usable state (the strategy's
               `absorb`, checked as it will be stored), refused nodes quarantined; then the round's arrays (the
               strategy's weights and the clients' averaged buffers) and metrics
@@ -51,6 +52,7 @@ from fedbayes.protos.codec import (
     new_header,
     with_envelope,
 )
+from fedbayes.server.client_metrics import ClientMetrics, check_evaluation, client_entry, evaluation_request
 from fedbayes.server.identity import ClientIdentities, ForgetLedger
 from fedbayes.server.isolation import Quarantine, usable_subset
 from fedbayes.strategies.base import (
@@ -73,8 +75,8 @@ MAX_REASON = 400  # characters of a rejection reason that are logged and reporte
 class RoundReport:
     """Who took part in the last round: the nodes sent work, the accepted client ids, why others were left out, the
     clients whose accepted reply started afresh although the server held an accepted round of theirs (they lost
-    their state), the nodes that sit out rounds (quarantined: label -> the last round it sits out), and what the
-    strategy warned of (its `Update.warning`)."""
+    their state), the nodes that sit out rounds (quarantined: label -> the last round it sits out), what the strategy
+    warned of (its `Update.warning`), and the accepted clients' held-out metrics (client-eval-fraction)."""
 
     sent: int = 0
     accepted: list[str] = field(default_factory=list)
@@ -82,6 +84,8 @@ class RoundReport:
     fresh_starts: list[str] = field(default_factory=list)
     quarantined: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # the accepted clients' held-out metrics (server/client_metrics.py); None: the round asked for none
+    client_metrics: ClientMetrics | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,9 @@ class RoundCore:
         nodes = self.strategy.select_nodes(self.node_pool(grid, server_round), server_round)
         body, tensors = self.strategy.instruction(server_round, arrays, nodes)
         instruction = pb.Instruction(header=new_header(self.settings.federation, server_round))
+        request = evaluation_request(self.settings)
+        if request is not None:
+            instruction.client_evaluation.CopyFrom(request)
         buffers = {name: arrays[name].numpy() for name in self.buffer_layout}
         return self.instructions(instruction, body, {**tensors, "buffers": buffers}, nodes)
 
@@ -187,7 +194,8 @@ class RoundCore:
         of its own (Header.nonce), which that node's reply must echo."""
         content = encode(instruction, body, tensors)
         nodes = list(nodes)
-        self.round_report = RoundReport(sent=len(nodes))
+        asked = evaluation_request(self.settings) is not None
+        self.round_report = RoundReport(sent=len(nodes), client_metrics={} if asked else None)
         self._refused_nodes, self.leave_requests, self._nonces = set(), [], {}
         checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
         return [self._addressed(content, instruction, node, checkpointed) for node in nodes]
@@ -290,6 +298,9 @@ class RoundCore:
                 f"{self.settings.max_client_examples}]"
             )
         self._check_resumed(payload)
+        check_evaluation(
+            payload.reply, evaluation_request(self.settings) is not None, self.settings.max_client_examples
+        )
         self.strategy.check_reply(payload)
         return payload
 
@@ -434,11 +445,15 @@ class RoundCore:
             self.accepted_rounds[client] = server_round
             self.client_examples[client] = payload.reply.num_examples
             self.round_report.accepted.append(client)
+            if self.round_report.client_metrics is not None:
+                self.round_report.client_metrics[client] = client_entry(payload.reply.evaluation)
 
     def failed(self, reason: str) -> None:
         """The round could not be absorbed (a bug, or a reply the strategy should have refused): nothing of it is
         committed, and the report says why."""
         self.round_report.accepted.clear()
+        if self.round_report.client_metrics is not None:
+            self.round_report.client_metrics.clear()
         self.round_report.rejected["round"] = reason
 
     def client_error(self, node: int, error: Error) -> None:

@@ -339,6 +339,14 @@ class RunSettings:
         "evaluate the ensemble's samples as one vmapped model rather than one pass each "
         "(equal to round-off; slower on the CPU, benchmarks/evaluation_cost.py)",
     )
+    # the clients' evaluation (client/evaluation.py)
+    client_eval_fraction: float = key(
+        0.0,
+        "the share of each client's examples it holds out of training (the same ones every round, drawn from the "
+        "run's seed and its client id) and evaluates the global model it receives, and its own posterior where the "
+        "strategy keeps one, on: the rows' client_metrics; 0 = off, every client trains on all of its examples",
+        Check(lambda value: 0.0 <= value < 1.0, "must be in [0, 1)"),
+    )
     # every strategy's own keys, parsed: attribute -> value (`hyperparameters` reads a strategy's, typed)
     hyperparameter_values: Mapping[str, Any] = field(default_factory=dict)
 

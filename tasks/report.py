@@ -8,11 +8,13 @@ one run per federation. Every figure shows every run, side by side:
 - metrics.png: accuracy, NLL and ECE of the global model per round (the `*_ensemble` metrics dashed);
 - reliability.png: each run's last round as a reliability diagram, from the row's per-bin data (`reliability`,
   bayes/metrics.py);
-- clients.png: replies accepted and rejected, work sent, and nodes quarantined, per round;
+- clients.png: replies accepted and rejected, work sent, and nodes quarantined, per round; where the rows carry the
+  clients' held-out metrics (run config `client-eval-fraction`, server/client_metrics.py), each client's accuracy,
+  NLL and ECE per round below, with their mean and the worst client's;
 - phases.png: where each round's time went, the server's phases and the clients' medians (docs/architecture.md,
   the data path of one round);
-- index.html: the figures and each run's summary and settings (its run config; "settings unknown" for a bare
-  results file).
+- index.html: the figures, each run's summary and settings (its run config; "settings unknown" for a bare
+  results file), and each client's held-out metrics in the last round that has them.
 
 Figures are drawn with matplotlib's Agg renderer into files (no display, no pyplot state: the ServerApp's tracking,
 server/tracking.py, draws them on its own thread). matplotlib is the optional extra fedbayes[report].
@@ -37,6 +39,9 @@ from fedbayes.tasks.storage import MAX_LINE_BYTES, OUTPUT_MODE, complete_lines, 
 
 REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all (None: not evaluated)
 METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
+# The clients' held-out metrics (server/client_metrics.py): of the global model, and of each client's own posterior
+# after training (`_local`), with how each is drawn.
+CLIENT_PARTS = (("", "global model", "-"), ("_local", "own posterior", ":"))
 # The server's phases of a round (server/loop.py) in the order they happen. first_reply and last_reply are both
 # counted from the push, so the bar shows last_reply - first_reply as "first to last reply".
 SERVER_PHASES = (
@@ -209,6 +214,13 @@ def _seconds(value: Any) -> bool:
     return isinstance(value, dict) and all(seconds is None or _number(seconds) for seconds in value.values())
 
 
+def _client_metrics(value: Any) -> bool:
+    """A row's `client_metrics`: client id -> metric name -> a finite number."""
+    return isinstance(value, dict) and all(
+        isinstance(entry, dict) and all(map(_number, entry.values())) for entry in value.values()
+    )
+
+
 def _bins(value: Any) -> bool:
     """null, or reliability bins as bayes/metrics.py `reliability_bins` writes them: per bin its example count and,
     when it holds any, their mean confidence and accuracy."""
@@ -242,6 +254,13 @@ ROW_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "an object of seconds",
     ),
     **{key: (_bins, "null or reliability bins") for key in ("reliability", "reliability_ensemble")},
+    "client_metrics": (_client_metrics, "an object of each client's metrics (finite numbers)"),
+    **{
+        f"client_{key}{suffix}_{summary}": (lambda value: value is None or _number(value), "a finite number or null")
+        for key, _ in METRICS
+        for suffix, _, _ in CLIENT_PARTS
+        for summary in ("mean", "worst")
+    },
 }
 
 
@@ -379,8 +398,20 @@ def reliability_bars(axis, bins: dict[str, list], bar_colour: str) -> list:
     ]
 
 
+def client_rows(run: Run) -> list[dict[str, Any]]:
+    """The rows with the clients' held-out metrics (run config `client-eval-fraction`)."""
+    return [row for row in run.rows if "client_metrics" in row]
+
+
 def plot_clients(runs: Sequence[Run], path: Path) -> None:
-    figure, axes = new_figure(len(runs))
+    with_metrics = any(client_rows(run) for run in runs)
+    figure, axes = new_figure(len(runs), rows=1 + len(METRICS) * with_metrics)
+    if with_metrics:
+        for row_axes, (key, label) in zip(axes[1:], METRICS):
+            for index, (axis, run) in enumerate(zip(row_axes, runs)):
+                client_metric_lines(axis, run, key, colour(index))
+                axis.set(title=f"{run.name}: clients' held-out {label}", ylabel=label)
+                integer_rounds(axis)
     for axis, run in zip(axes[0], runs):
         rounds = [row["round"] for row in run.rows]
         accepted = [row.get("clients", 0) for row in run.rows]
@@ -412,6 +443,35 @@ def plot_clients(runs: Sequence[Run], path: Path) -> None:
         integer_rounds(axis, integer_y=True)
         axis.legend(fontsize="small", loc="upper left", ncols=2)
     save_figure(figure, path)
+
+
+def client_metric_lines(axis, run: Run, key: str, run_colour: str) -> None:
+    """Each client's `key` per round (thin lines), their mean and the worst client's, of the global model it received
+    (solid) and of its own posterior after training (dotted, where the strategy keeps one)."""
+    rows = client_rows(run)
+    if not rows:
+        no_data(axis, "client metrics (client-eval-fraction)")
+        return
+    rounds = [row["round"] for row in rows]
+    clients = list(dict.fromkeys(client for row in rows for client in row["client_metrics"]))
+    for suffix, part, style in CLIENT_PARTS:
+        name = f"{key}{suffix}"
+        if not any(name in entry for row in rows for entry in row["client_metrics"].values()):
+            continue
+        for client in clients:
+            values = [row["client_metrics"].get(client, {}).get(name, math.nan) for row in rows]
+            axis.plot(rounds, values, style, color=run_colour, alpha=0.3, linewidth=0.8)
+        for summary, marker, line_colour in (("mean", "o", run_colour), ("worst", "v", "tab:red")):
+            values = [row.get(f"client_{name}_{summary}") for row in rows]
+            axis.plot(
+                rounds,
+                [math.nan if value is None else value for value in values],
+                f"{marker}{style}",
+                markersize=4,
+                color=line_colour,
+                label=f"{part}: {summary}",
+            )
+    axis.legend(fontsize="small")
 
 
 def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
@@ -479,7 +539,15 @@ def plot_phases(runs: Sequence[Run], path: Path) -> None:
 PLOTS = (
     Plot("metrics.png", "Accuracy, NLL and ECE per round", plot_metrics),
     Plot("reliability.png", "Reliability diagram of the last round", plot_reliability),
-    Plot("clients.png", "Clients per round", plot_clients),
+    Plot(
+        "clients.png",
+        "Clients per round",
+        plot_clients,
+        "Where the run set client-eval-fraction, the panels below the counts show each accepted client's metrics on "
+        "the examples it held out of training (thin lines): of the global model it received, before training "
+        "(solid), and of its own posterior after training (dotted; BayesADMM, DSVGD), with the clients' mean and the "
+        "worst client's (lowest accuracy, highest NLL and ECE), each client counting once.",
+    ),
     Plot(
         "phases.png",
         "Where each round's time went",
@@ -507,6 +575,7 @@ def summary(run: Run) -> dict[str, str]:
     evaluated = evaluated_rows(run)
     if evaluated:
         lines |= evaluation_summary(evaluated[-1], last)
+    lines |= client_summary(run)
     if "clients" in last:
         lines["last round's clients"] = f"{last['clients']} of {last.get('clients_sent', '?')} accepted"
     if "wall_seconds" in last:
@@ -528,6 +597,51 @@ def evaluation_summary(evaluated: dict[str, Any], last: dict[str, Any]) -> dict[
     if evaluated is not last or evaluated.get("eval_fraction", 1.0) < 1:
         lines["evaluated"] = f"round {evaluated['round']}, on {evaluated.get('eval_examples', '?')} test examples"
     return lines
+
+
+def client_summary(run: Run) -> dict[str, str]:
+    """The index's lines on the clients' held-out metrics of the run's last round that has them."""
+    rows = [row for row in client_rows(run) if row.get("client_accuracy_mean") is not None]
+    if not rows:
+        return {}
+    last, lines = rows[-1], {}
+    for suffix, part, _ in CLIENT_PARTS:
+        if last.get(f"client_accuracy{suffix}_mean") is None:
+            continue
+        values = [f"{last[f'client_{key}{suffix}_mean']:.4f}" for key, _ in METRICS]
+        worst = [f"{last[f'client_{key}{suffix}_worst']:.4f}" for key, _ in METRICS]
+        lines[f"clients' {part}: mean accuracy / NLL / ECE"] = " / ".join(values) + f" (round {last['round']})"
+        lines[f"clients' {part}: worst"] = " / ".join(worst)
+    return lines
+
+
+def client_tables(runs: Sequence[Run]) -> str:
+    """Per run with the clients' held-out metrics, one table of each client's in its last round that has them."""
+    sections = []
+    for run in runs:
+        rows = [row for row in client_rows(run) if row["client_metrics"]]
+        if not rows:
+            continue
+        last = rows[-1]
+        names = list(dict.fromkeys(name for entry in last["client_metrics"].values() for name in entry))
+        cells = [
+            (client, [shown_number(entry.get(name)) for name in names], False)
+            for client, entry in sorted(last["client_metrics"].items())
+        ]
+        sections.append(f"<h3>{html.escape(run.name)}: round {last['round']}</h3>\n{table(['client', *names], cells)}")
+    if not sections:
+        return ""
+    return (
+        "<h2>Each client's held-out metrics</h2>\n<p>On the examples each client held out of training "
+        "(client-eval-fraction): the global model it received, and, with <code>_local</code>, its own posterior "
+        "after training.</p>\n" + "\n".join(sections)
+    )
+
+
+def shown_number(value: Any) -> str:
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.4f}"
 
 
 def table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[str], bool]]) -> str:
@@ -590,6 +704,7 @@ img {{ max-width: 100%; border: 1px solid #ddd; }}
 key's default).</p>
 {table(["key", *names], settings_rows(runs))}
 {figures}
+{client_tables(runs)}
 </body></html>
 """
 

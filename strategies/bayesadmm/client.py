@@ -21,7 +21,7 @@ from fedbayes.bayes.ivon import (
     hessian_momentum,
 )
 from fedbayes.bayes.params import TensorLayout, TensorList, flatten, unflatten
-from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_group
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import GradientTerm, add_flat_gradient, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
@@ -75,7 +75,15 @@ def local_update(local: LocalRound) -> LocalResult:
     return LocalResult(pb.BayesADMMReply(), tensors, train_loss, compute_seconds, state)
 
 
-client_update = ClientHalf(pb.BayesADMMInstruction, local_update, instruction_layouts, stateful=True)
+client_update = ClientHalf(
+    pb.BayesADMMInstruction,
+    local_update,
+    instruction_layouts,
+    stateful=True,
+    global_model=model_group("global_mean"),
+    # q_k at its mean (the isotropic family's fixed covariance adds nothing to a point's predictions)
+    local_posterior=lambda local, result: [dict(result.tensors["local_mean"])],
+)
 
 
 def training_seed(local: LocalRound) -> int:

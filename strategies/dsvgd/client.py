@@ -9,8 +9,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fedbayes.bayes.params import TensorLayout
-from fedbayes.client.core import ClientHalf, ForgetHalf, ForgetResult, ForgetRound, LocalResult, LocalRound
+from fedbayes.bayes.params import TensorLayout, Tensors
+from fedbayes.client.core import (
+    ClientHalf,
+    ForgetHalf,
+    ForgetResult,
+    ForgetRound,
+    LocalResult,
+    LocalRound,
+    particle_members,
+)
 from fedbayes.client.state import ClientState
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
@@ -192,7 +200,16 @@ client_update = ClientHalf(
     instruction_layouts,
     stateful=True,
     forget=ForgetHalf(pb.DSVGDForgetInstruction, forget_step, forget_layouts),
+    global_model=lambda local: particle_members(local.tensors["particles"]["particles"], local.runtime.layout),
+    local_posterior=lambda local, result: local_particle_members(local, result),
 )
+
+
+def local_particle_members(local: LocalRound, result: LocalResult) -> list[Tensors]:
+    """DSVGD's and P-DSVGD's local particles after this round, as the members of the client's own posterior (U-DSVGD
+    keeps visits, no local particles: none)."""
+    kept = result.state.get("local_particles")
+    return [] if kept is None else particle_members(kept.numpy(), local.runtime.layout)
 
 
 def _stored_local_particles(

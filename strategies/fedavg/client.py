@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fedbayes.bayes.params import TensorList, get_parameters, set_parameters, uses_multi_tensor
-from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_group, model_layouts
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.training import GradientTerm, anchored_penalty, gradients, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
@@ -26,7 +26,9 @@ def local_update(local: LocalRound) -> LocalResult:
     )
 
 
-client_update = ClientHalf(pb.FedAvgInstruction, local_update, model_layouts("weights"))
+client_update = ClientHalf(
+    pb.FedAvgInstruction, local_update, model_layouts("weights"), global_model=model_group("weights")
+)
 
 
 def train_locally(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fedbayes.bayes.params import flatten, unflatten
-from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_group, model_layouts
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.strategies.feddyn.math import client_alpha, lambda_sketch, lambda_step
@@ -45,4 +45,10 @@ def local_update(local: LocalRound) -> LocalResult:
     )
 
 
-client_update = ClientHalf(pb.FedDynInstruction, local_update, model_layouts("global_weights"), stateful=True)
+client_update = ClientHalf(
+    pb.FedDynInstruction,
+    local_update,
+    model_layouts("global_weights"),
+    stateful=True,
+    global_model=model_group("global_weights"),
+)

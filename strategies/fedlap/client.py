@@ -8,7 +8,7 @@ import torch
 
 from fedbayes.bayes.curvature import diag_ggn
 from fedbayes.bayes.params import TensorLayout, flatten, unflatten
-from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_group
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import train_anchored
 from fedbayes.protos import payloads_pb2 as pb
@@ -64,7 +64,9 @@ def local_update(local: LocalRound) -> LocalResult:
     )
 
 
-client_update = ClientHalf(pb.FedLapInstruction, local_update, instruction_layouts, stateful=True)
+client_update = ClientHalf(
+    pb.FedLapInstruction, local_update, instruction_layouts, stateful=True, global_model=model_group("global_mean")
+)
 
 
 def stored_site(

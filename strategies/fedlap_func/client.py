@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from fedbayes.bayes.params import TensorLayout, TensorList, flatten, unflatten
-from fedbayes.client.core import ClientHalf, LocalResult, LocalRound
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_group
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.client.state import ClientState
 from fedbayes.client.training import GradientTerm, train_anchored
@@ -87,7 +87,9 @@ def local_update(local: LocalRound) -> LocalResult:
     return LocalResult(reply, tensors, train_loss, seconds, state)
 
 
-client_update = ClientHalf(pb.FedLapFuncInstruction, local_update, instruction_layouts, stateful=True)
+client_update = ClientHalf(
+    pb.FedLapFuncInstruction, local_update, instruction_layouts, stateful=True, global_model=model_group("global_mean")
+)
 
 
 def chosen_memory(local: LocalRound, per_class: int, seed: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from fedbayes.bayes.params import set_parameters, unflatten
-from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_layouts
+from fedbayes.client.core import ClientHalf, LocalResult, LocalRound, model_group, model_layouts
 from fedbayes.client.training import Loss, make_optimizer, train_epochs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.strategies.fedavg.client import train_locally
@@ -101,4 +101,6 @@ def local_update(local: LocalRound) -> LocalResult:
     return LocalResult(reply, {"delta": unflatten(delta.numpy(), runtime.layout)}, train_loss, compute_seconds)
 
 
-client_update = ClientHalf(pb.FedPAInstruction, local_update, model_layouts("weights"))
+client_update = ClientHalf(
+    pb.FedPAInstruction, local_update, model_layouts("weights"), global_model=model_group("weights")
+)

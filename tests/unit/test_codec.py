@@ -156,11 +156,11 @@ def drop(key):
         (drop(TENSORS_KEY), TENSORS_KEY, "missing ArrayRecord"),
         (lambda c: set_envelope(c, type="fedbayes.v1.Instruction"), "type", "expected fedbayes.v1.Reply"),
         (lambda c: set_envelope(c, message=b"\xff\xff\xff"), "message", "malformed"),
-        (with_envelope_fields(schema_version=9), "header.schema_version", "expected 8, got 9"),
+        (with_envelope_fields(schema_version=10), "header.schema_version", "expected 9, got 10"),
         (
             with_envelope_fields(schema_version=7),
             "header.schema_version",
-            "expected 8, got 7: this fedbayes speaks schema version 8 only; run the same fedbayes",
+            "expected 9, got 7: this fedbayes speaks schema version 9 only; run the same fedbayes",
         ),
         (with_envelope_fields(train_loss=float("nan")), "train_loss", "must be finite"),
         (
@@ -241,7 +241,7 @@ def test_a_payload_of_an_older_fedbayes_is_refused_by_its_schema_version():
         with pytest.raises(
             PayloadError,
             match="field 'header.schema_version': 6, but this fedbayes speaks schema version "
-            "8, whose payloads are envelopes .*run the same fedbayes",
+            "9, whose payloads are envelopes .*run the same fedbayes",
         ):
             read(old)
 
@@ -254,7 +254,7 @@ def test_a_peer_of_schema_version_7_is_told_its_version_not_that_its_payloads_ar
         decode_reply(instruction)
     reply = encode(pb.Reply(header=pb.Header(schema_version=7, federation="fed")), pb.FedAvgReply(), {})
     for read in (decode_reply, lambda content: decode_header(content, "client 'client-7' (node 42)")):
-        with pytest.raises(PayloadError, match="'header.schema_version': expected 8, got 7: .*run the same fedbayes"):
+        with pytest.raises(PayloadError, match="'header.schema_version': expected 9, got 7: .*run the same fedbayes"):
             read(reply)
 
 
