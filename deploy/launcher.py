@@ -50,6 +50,7 @@ from fedbayes.deploy.processes import (
     process_env,
 )
 from fedbayes.deploy.progress import Progress, RoundDone
+from fedbayes.deploy.runfile import write_run_file
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
 from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION
@@ -183,6 +184,7 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
         preload_supernodes=True,
         max_message_mb=settings.max_payload_mb,
     ) as federation:
+        write_run_file(workdir, spec)  # what `--resume WORKDIR` reads: the options and run config, resolved
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
         submit = federation.submit(spec.run_config(workdir, results))
