@@ -7,11 +7,12 @@ A run file holds the command's own options at its top level, named as the flags 
 over the file. The file is data: its size is bounded before it is read, and an unknown option or key, or a value of
 the wrong type, is refused naming the file and the key (with the closest known name) before any process starts.
 
-The workdir's file (`RUN_FILE`) is the same format, written by `fedbayes local` when the federation's processes have
-started: the options and run config as resolved (paths absolute, a preset's values spelt out). A resume reads it as
-its base; what the command line gives beside `--resume` may change only what a resumed federation may change (the
-rounds, the executor, the results file, the run-config keys server/checkpoint.py lists as RESUMABLE_KEYS), and is
-said at the start; anything else is refused, as the checkpoint would refuse it once the federation had started.
+The workdir's file (`RUN_FILE`) is the same format, written by `fedbayes local` once its checks have passed, before
+its first process starts: the options and run config as resolved (paths absolute, a preset's values spelt out). A
+resume reads it as its base; what the command line gives beside `--resume` may change only what a resumed federation
+may change (the rounds, the executor, the results file, the run-config keys server/checkpoint.py lists as
+RESUMABLE_KEYS), and is said at the start; anything else is refused, as the checkpoint would refuse it once the
+federation had started.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ def local_command(argv: Sequence[str], parser: argparse.ArgumentParser, run_conf
     prepass.add_argument("--resume", nargs="?", const=True, default=False)
     prepass.add_argument("--workdir", type=Path)
     prepass.add_argument("--strategy")
+    prepass.add_argument("--rounds")
+    prepass.add_argument("--clients")
     prepass.add_argument("--set", action="append", default=[])
     known, _ = prepass.parse_known_args(list(argv))
     keys = list(run_config_keys)
@@ -194,8 +197,22 @@ def local_command(argv: Sequence[str], parser: argparse.ArgumentParser, run_conf
                 known.strategy or given_values.options.get("strategy"),
                 models[-1] if models else given_values.run_config.get("model"),
             )
+        elif not any((known.strategy, known.rounds, known.clients, given)):
+            raise ValueError(f"--resume: {workdir} {_not_resumable(workdir)}")
     files = [run_file for run_file in (stored, given) if run_file is not None]
     return LocalCommand([token for run_file in files for token in run_file.tokens()] + list(argv), stored, given)
+
+
+def _not_resumable(workdir: Path) -> str:
+    """Why `--resume WORKDIR` alone cannot resume WORKDIR, which holds no RUN_FILE."""
+    from fedbayes.deploy.launcher import FLWR_HOME  # the launcher writes run files: imported where it is used
+
+    if not (workdir / FLWR_HOME).is_dir():
+        return f"holds no federation to resume (no {FLWR_HOME}/ in it)"
+    return (
+        f"holds no {RUN_FILE} (a federation started before fedbayes wrote run files): give the command it was "
+        "started with beside --resume, once; that start writes the file"
+    )
 
 
 def local_run_config(command: LocalCommand, known: Mapping[str, Any]) -> dict[str, Any]:

@@ -312,3 +312,13 @@ def test_the_documented_simulation_run_file_spells_out_as_the_readme_command_doe
         "fraction": 0.1,
         "results-exists": "replace",
     }
+
+
+def test_resume_alone_says_why_a_workdir_without_a_run_file_cannot_be_resumed(tmp_path):
+    with pytest.raises(ValueError, match=r"^--resume: .*nothing holds no federation to resume \(no flwr-home/ in it\)"):
+        command(["--resume", str(tmp_path / "nothing")])
+    (tmp_path / "old" / "flwr-home").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"holds no run.toml \(a federation started before fedbayes wrote run files"):
+        command(["--resume", str(tmp_path / "old")])
+    whole = command([*"--strategy fedavg --clients 2 --rounds 1 --workdir".split(), str(tmp_path / "old"), "--resume"])
+    assert whole.stored is None and "--resume" in whole.argv  # the command line it was started with still resumes it
