@@ -172,7 +172,13 @@ def check_run_config(run_file: RunFile, known: Mapping[str, Any]) -> dict[str, A
 def local_command(argv: Sequence[str], parser: argparse.ArgumentParser, run_config_keys: Iterable[str]) -> LocalCommand:
     """`fedbayes local ARGV` with its run files: the --config file's options, and on a resume from a workdir that holds
     a RUN_FILE (`--resume WORKDIR`, or `--workdir WORKDIR --resume`) the options it was started with, before the
-    command line's. `parser`: `fedbayes local`'s own (the options a file may give, and their checks)."""
+    command line's. `parser`: `fedbayes local`'s own (the options a file may give, and their checks);
+    `run_config_keys`: every run-config key's name (one at a file's top level is pointed to [run-config]).
+
+    Raises:
+        ValueError: a run file is refused (read_run_file); the resume names no workdir or two; its workdir holds no
+            RUN_FILE and the command gives no options; the workdir's file names code the command does not name.
+    """
     prepass = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     prepass.add_argument("--config", type=Path)
     prepass.add_argument("--resume", nargs="?", const=True, default=False)
@@ -187,20 +193,31 @@ def local_command(argv: Sequence[str], parser: argparse.ArgumentParser, run_conf
     stored = None
     if known.resume:
         workdir = resume_workdir(known.resume, known.workdir, given)
-        if (workdir / RUN_FILE).is_file():
-            stored_path = workdir / RUN_FILE
-            stored = read_run_file(stored_path, local_option_checks(parser, stored_path), keys)
-            given_values = given or RunFile(Path())
-            models = [item.partition("=")[2] for item in known.set if item.partition("=")[0] == "model"]
-            check_stored_code(
-                stored,
-                known.strategy or given_values.options.get("strategy"),
-                models[-1] if models else given_values.run_config.get("model"),
-            )
-        elif not any((known.strategy, known.rounds, known.clients, given)):
-            raise ValueError(f"--resume: {workdir} {_not_resumable(workdir)}")
+        stored = _stored_run_file(workdir, known, given, local_option_checks(parser, workdir / RUN_FILE), keys)
     files = [run_file for run_file in (stored, given) if run_file is not None]
     return LocalCommand([token for run_file in files for token in run_file.tokens()] + list(argv), stored, given)
+
+
+def _stored_run_file(
+    workdir: Path,
+    known: argparse.Namespace,
+    given: RunFile | None,
+    options: Mapping[str, Callable[[str, Any], Any]],
+    keys: list[str],
+) -> RunFile | None:
+    """The workdir's run file a resume reads; None where there is none and the command gives the options itself
+    (`known`: its --strategy, --rounds, --clients and --set; `given`: its --config file)."""
+    path = workdir / RUN_FILE
+    if not path.is_file():
+        if not any((known.strategy, known.rounds, known.clients, given)):
+            raise ValueError(f"--resume: {workdir} {_not_resumable(workdir)}")
+        return None
+    stored = read_run_file(path, options, keys)
+    given_options, given_config = (given.options, given.run_config) if given else ({}, {})
+    models = [item.partition("=")[2] for item in known.set if item.partition("=")[0] == "model"]
+    strategy = known.strategy or given_options.get("strategy")
+    check_stored_code(stored, strategy, models[-1] if models else given_config.get("model"))
+    return stored
 
 
 def _not_resumable(workdir: Path) -> str:

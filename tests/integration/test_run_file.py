@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import fedbayes, is_table_row, processes_of, read_until, start_fedbayes, wait_for_file
+from tests.support.processes import (
+    cli_env,
+    fedbayes,
+    is_table_row,
+    processes_of,
+    read_until,
+    start_fedbayes,
+    wait_for_file,
+)
 
 RUN_FILE = """\
 strategy = "fedavg"
@@ -87,3 +95,22 @@ def test_a_bad_run_file_is_refused_naming_the_file_and_the_key_before_any_proces
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.last_error_line.startswith(f"fedbayes: error: run file {config}: {message}"), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_fedbayes_run_takes_its_connection_from_the_run_file_and_refuses_a_misspelt_key_before_flwr(tmp_path):
+    env = cli_env(FLWR_HOME=str(tmp_path / "flwr-home"))
+    config = tmp_path / "run.toml"
+    config.write_text('app = "."\nsuperlink = "no-such-connection"\n[run-config]\nnum-server-rounds = 1\n')
+    submitted = fedbayes(["run", "--config", str(config)], env=env)
+    assert submitted.returncode == 1
+    assert submitted.last_error_line.startswith("fedbayes run failed: flwr run exited with code"), submitted.stderr
+    assert "no-such-connection" in submitted.stdout + submitted.stderr, "the file's superlink reached flwr run"
+
+    config.write_text('superlink = "local"\n[run-config]\nnum-server-round = 1\n')
+    refused = fedbayes(["run", "--config", str(config)], env=env)
+    assert refused.returncode == 1
+    assert refused.last_error_line == (
+        f"fedbayes: error: run file {config}: [run-config] unknown run-config key 'num-server-round' "
+        "(did you mean 'num-server-rounds'?)"
+    )
+    assert "flwr" not in refused.stdout, "refused before flwr run started"
