@@ -28,9 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     # parser's subcommands import what they run (the client's, torch among it), which would cost every SuperNode about
     # 2 CPU-s and 500 MB.
     if argv[:1] == ["run"]:
-        from fedbayes.deploy.flwr_run import main as flwr_run
-
-        command = functools.partial(flwr_run, argv[1:])
+        command = functools.partial(_flwr_run, argv[1:])
     elif argv[:1] == ["supernode"]:
         from fedbayes.deploy.supernode import main as supernode
 
@@ -44,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
         command = functools.partial(forkserver, argv[1:])
     else:
-        args = build_parser().parse_args(argv)
-        args.argv = argv  # `fedbayes local` prints the command that resumes it
+        parser = build_parser()
+        local = _local_command(parser, argv[1:]) if argv[:1] == ["local"] else None
+        args = parser.parse_args(["local", *local.argv] if local else argv)
+        args.local_command = local  # its run files
         command = functools.partial(args.handler, args)
     from fedbayes.deploy.processes import exit_without_teardown, stop_processes_on_signals
 
@@ -72,6 +72,32 @@ def outcome(command: Callable[[], int]) -> int:
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as error:
         print(f"fedbayes: error: {error}", file=sys.stderr)
         return 1
+
+
+def _flwr_run(argv: list[str]) -> int:
+    """`fedbayes run ARGV`, a --config run file spelt out as flwr run's arguments (deploy/runfile.py)."""
+    from fedbayes.deploy.flwr_run import main as flwr_run
+    from fedbayes.deploy.runfile import flwr_run_argv
+
+    def known_keys(strategy: str):
+        from fedbayes.strategies import declared_keys
+
+        return declared_keys(strategy)
+
+    return flwr_run(flwr_run_argv(argv, known_keys))
+
+
+def _local_command(parser: argparse.ArgumentParser, argv: list[str]):
+    """`fedbayes local ARGV` with its run files (deploy/runfile.py); a refused file ends the command, exit code 1."""
+    from fedbayes.deploy.runfile import local_command
+    from fedbayes.strategies import declared_keys
+
+    options = argparse.ArgumentParser(add_help=False)
+    _add_local(options)
+    try:
+        return local_command(argv, options, declared_keys())
+    except ValueError as error:
+        parser.exit(1, f"fedbayes: error: {error}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,7 +210,20 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
         "(default: runs/<time>-<strategy>), or with --resume one that holds a federation",
     )
     parser.add_argument(
-        "--resume", action="store_true", help="continue the federation in --workdir after its last checkpointed round"
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="WORKDIR",
+        help="continue the federation in WORKDIR (or --workdir) after its last checkpointed round, with the options "
+        "and run config it was started with (WORKDIR/run.toml); what is given beside it may change only the rounds, "
+        "executor, results and the run-config keys a resume may change",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="a run file (TOML): these options by name, run-config keys under [run-config]; the command line wins",
     )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, e.g. proximal-mu=0.1"
@@ -217,11 +256,14 @@ def _add_local(parser: argparse.ArgumentParser) -> None:
 def _run_local(args: argparse.Namespace) -> int:
     from fedbayes.deploy.launcher import LocalRun, default_workdir, parse_override, run_local
     from fedbayes.deploy.presets import get_preset
+    from fedbayes.deploy.runfile import local_run_config
+    from fedbayes.strategies import declared_keys
 
     preset = get_preset(args.preset) if args.preset else None
     dataset = args.dataset or (preset.dataset if preset else "fmnist")
     fraction = args.fraction or (preset.fraction if preset else 1.0)
-    overrides = dict(parse_override(item) for item in args.set)
+    from_files = local_run_config(args.local_command, declared_keys(args.strategy)) if args.local_command else {}
+    overrides = {**from_files, **dict(parse_override(item) for item in args.set)}
     if preset:
         overrides = {**preset.run_config(args.strategy, args.split, args.clients), **overrides}
         print(
@@ -234,26 +276,39 @@ def _run_local(args: argparse.Namespace) -> int:
     for key in ("data-root", "split-file"):  # made absolute: the federation's processes run in the workdir
         if isinstance(overrides.get(key), str) and overrides[key]:
             overrides[key] = str(Path(overrides[key]).resolve())
-    workdir = args.workdir or default_workdir(args.strategy)
-    run_local(
-        LocalRun(
-            strategy=args.strategy,
-            clients=args.clients,
-            rounds=args.rounds,
-            dataset=_absolute_npz(dataset),
-            fraction=fraction,
-            split=args.split,
-            seed=args.seed,
-            results=args.results,
-            workdir=workdir,
-            overrides=overrides,
-            executor=args.executor,
-            parallel_tasks=args.parallel_tasks,
-            resume=args.resume,
-            resume_hint=shlex.join(["fedbayes", *_without_workdir(args.argv), "--workdir", str(workdir), "--resume"]),
-        )
+    resumed = Path(args.resume) if isinstance(args.resume, str) else None  # --resume WORKDIR
+    workdir = resumed or args.workdir or default_workdir(args.strategy)
+    spec = LocalRun(
+        strategy=args.strategy,
+        clients=args.clients,
+        rounds=args.rounds,
+        dataset=_absolute_npz(dataset),
+        fraction=fraction,
+        split=args.split,
+        seed=args.seed,
+        results=args.results,
+        workdir=workdir,
+        overrides=overrides,
+        executor=args.executor,
+        parallel_tasks=args.parallel_tasks,
+        resume=bool(args.resume),
+        resume_hint=shlex.join(["fedbayes", "local", "--resume", str(workdir)]),  # its run file says the rest
     )
+    if args.local_command and args.local_command.stored:
+        _say_resume_changes(args.local_command.stored, spec)
+    run_local(spec)
     return 0
+
+
+def _say_resume_changes(stored, spec) -> None:
+    """Print what a resume changes of the run its workdir's run file describes; refuse what it may not change."""
+    from fedbayes.deploy.runfile import resume_changes
+    from fedbayes.server.checkpoint import RESUMABLE_KEYS
+    from fedbayes.strategies import default_run_config
+
+    changes = resume_changes(stored, spec, default_run_config(spec.strategy), RESUMABLE_KEYS)
+    if changes:
+        print(f"resuming as {stored.path} says, but with {'; '.join(changes)}")
 
 
 def _absolute_npz(dataset: str) -> str:
@@ -262,18 +317,6 @@ def _absolute_npz(dataset: str) -> str:
 
     folder = npz_folder(dataset)
     return dataset if folder is None or dataset == NPZ_PREFIX else f"{NPZ_PREFIX}{folder.resolve()}"
-
-
-def _without_workdir(argv: list[str]) -> list[str]:
-    """A command line without its --workdir and --resume (a later --workdir would win anyway; this is for reading)."""
-    kept = []
-    arguments = iter(argv)
-    for arg in arguments:
-        if arg == "--workdir":
-            next(arguments, None)  # its value
-        elif arg != "--resume" and not arg.startswith("--workdir="):
-            kept.append(arg)
-    return kept
 
 
 def _add_report(parser: argparse.ArgumentParser) -> None:

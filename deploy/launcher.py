@@ -50,6 +50,7 @@ from fedbayes.deploy.processes import (
     process_env,
 )
 from fedbayes.deploy.progress import Progress, RoundDone
+from fedbayes.deploy.runfile import write_run_file
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
 from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION
@@ -180,13 +181,16 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
     # A new federation's rows start after the lines the file holds (appended to: results-exists=append; a resume
     # writes its rows again from its checkpoint's round on, and they are read by round).
     earlier_lines = 0 if spec.resume else _line_count(results)
-    with LocalFederation(
+    local = LocalFederation(
         workdir,
         spec.executor,
         parallel_tasks=spec.parallel_tasks,
         preload_supernodes=True,
         max_message_mb=settings.max_payload_mb,
-    ) as federation:
+    )  # makes the workdir, starts nothing yet
+    # What `--resume WORKDIR` reads (the options and run config, resolved), there before any process that could fail
+    write_run_file(workdir, spec)
+    with local as federation:
         for index in range(spec.clients):
             federation.start_supernode(index, spec.clients)
         submit = federation.submit(spec.run_config(workdir, results))

@@ -124,7 +124,8 @@ def render() -> str:
         "(`fedbayes.tasks.config.CORE_KEYS`, each strategy's settings dataclass of `key` fields); this page is "
         "generated from those declarations. `fedbayes strategies [NAME]` prints the same from the installed package.",
         "",
-        "Set a key with `fedbayes local --set key=value`, or with `fedbayes run ... -c 'key=value'` "
+        "Set a key with `fedbayes local --set key=value` or under `[run-config]` in a "
+        "[run file](../running/local.md#run-files), or with `fedbayes run ... -c 'key=value'` "
         "(`flwr run`'s TOML syntax: strings in double quotes, `-c 'strategy=\"bayesadmm\" rho=0.5'`). "
         "Both halves parse every key with the same checks. A bad value, or a key that no strategy declares, "
         "is refused by name before the run starts.",

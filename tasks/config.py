@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -356,7 +357,7 @@ class RunSettings:
         keys = merge_keys(strategy_keys)
         unknown = sorted(set(run_config) - set(keys))
         if unknown:
-            raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)} (`fedbayes strategies` lists them)")
+            raise ConfigError(f"{unknown_keys(unknown, keys)}; `fedbayes strategies` lists them")
         missing = [name for name in keys if name not in run_config]
         if missing:
             raise ConfigError(f"run config is missing '{missing[0]}'")
@@ -426,6 +427,26 @@ def merge_keys(strategy_keys: Iterable[Key]) -> dict[str, Key]:
                 f"and {declared.default!r}"
             )
     return keys
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" naming the known name closest to a misspelt `name`, or "" when none is close.
+
+    Examples:
+        >>> did_you_mean("local-epoch", ["local-epochs", "lr"])
+        " (did you mean 'local-epochs'?)"
+    """
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def unknown_keys(names: Iterable[str], known: Iterable[str], what: str = "run-config key") -> str:
+    """ "unknown <what> 'a' (did you mean 'b'?)": each of `names`, none of which is in `known`, with the closest
+    known name where one is close; `what` says what the names are ("run-config key", "option")."""
+    known = list(known)
+    names = list(names)
+    shown = ", ".join(f"'{name}'{did_you_mean(name, known)}" for name in names)
+    return f"unknown {what}{'s' if len(names) > 1 else ''} {shown}"
 
 
 def checked_number(kind: type[int] | type[float], check: Check | None) -> Callable[[str], int | float]:

@@ -27,6 +27,7 @@ import pytest
 from fedbayes.client.runtime import NodeSettings
 from fedbayes.deploy import cli
 from fedbayes.deploy.flwr_run import flwr_run_arguments
+from fedbayes.deploy.runfile import flwr_run_argv
 from fedbayes.strategies import declared_keys, get_algorithm
 
 ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "mkdocs.yml").is_file())
@@ -57,6 +58,12 @@ ALGORITHM_PAGES = {
     "fedpa": "fedpa.md",
     "dsvgd": "dsvgd.md",
 }
+
+
+@pytest.fixture(autouse=True)
+def in_the_checkout(monkeypatch):
+    """The pages' commands run from the checkout's root: the run files they name (examples/) are read from there."""
+    monkeypatch.chdir(ROOT)
 
 
 # ---- reading the pages ---------------------------------------------------------------------------------------
@@ -139,9 +146,10 @@ def capture_parser() -> argparse.ArgumentParser:
 def dry_parse(argv: list[str]) -> argparse.Namespace | dict:
     """Parse `fedbayes ARGV` as the command would, and run nothing. SystemExit (argparse) or click's UsageError
     (flwr run) when it does not parse."""
-    if argv[0] == "run":  # fedbayes hands these to `flwr run`: fedbayes' own reading, then Flower's
-        flwr_run_arguments(argv[1:])
-        return flower_run_parse(argv[1:])
+    if argv[0] == "run":  # fedbayes hands these to `flwr run` (a --config run file spelt out): its reading, Flower's
+        arguments = flwr_run_argv(argv[1:], declared_keys)
+        flwr_run_arguments(arguments)
+        return flower_run_parse(arguments)
     if argv[0] == "supernode":
         raise AssertionError("no dry parse for `fedbayes supernode` (flower-supernode's arguments): add one")
     original = argparse.ArgumentParser.parse_args
@@ -204,7 +212,7 @@ def test_the_site_builds_strictly_with_every_page_and_the_api_reference(tmp_path
 
 def test_a_broken_link_fails_the_strict_build(tmp_path):
     """The build above passing means something: the same site with one link to a missing page does not build."""
-    for name in ("fedbayes", "benchmarks", "tests", "pyproject.toml", "CHANGELOG.md"):
+    for name in ("fedbayes", "benchmarks", "tests", "examples", "pyproject.toml", "CHANGELOG.md"):
         (tmp_path / name).symlink_to(ROOT / name)
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(DOCS, tmp_path / "docs")

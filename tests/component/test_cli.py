@@ -7,15 +7,9 @@ import numpy as np
 import pytest
 
 from fedbayes.deploy import processes
-from fedbayes.deploy.cli import _without_workdir, main
+from fedbayes.deploy.cli import main
 from fedbayes.deploy.pki import init_pki, make_supernode_key
 from tests.support.processes import LOCAL
-
-
-def test_the_resume_command_is_the_command_with_its_workdir():
-    argv = ["local", "--strategy", "fedavg", "--workdir", "old", "--rounds", "3", "--workdir=older", "--resume"]
-    assert _without_workdir(argv) == ["local", "--strategy", "fedavg", "--rounds", "3"]
-
 
 CLIENT = ["client", "--superlink", "127.0.0.1:1", "--ca", "{ca}", "--key", "{key}"]
 

@@ -21,6 +21,7 @@ from tests.support.processes import LOCAL, fedbayes
             "run config 'data-root': dataset 'cifar100' is not under {empty} (missing cifar-100-python/train",
         ),
         (["--set", "hidden=abc"], "run config 'hidden': hidden must be comma-separated positive integers"),
+        (["--set", "local-epoch=3"], "unknown run-config key 'local-epoch' (did you mean 'local-epochs'?)"),
         (["--set", "pool=64"], "run config 'pool' (64) does not fit the 28x28 images of 'fmnist'"),
         (["--set", "min-clients=3"], "run config 'min-clients' is 3, more than the federation's 2 clients"),
         (["--set", "wait-for-clients=3"], "run config 'wait-for-clients' is 3, more than the federation's 2 clients"),

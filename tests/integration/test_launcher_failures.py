@@ -115,7 +115,7 @@ def test_an_interrupted_federation_is_resumed_only_when_asked(tmp_path):
     launcher = start_fedbayes(command)
     started = read_until(launcher, is_table_row(1))
     resume_hint = next(line for line in started if "to resume it after an interruption:" in line)
-    assert resume_hint.rstrip().endswith(f"--workdir {workdir} --resume")
+    assert resume_hint.rstrip().endswith(f"fedbayes local --resume {workdir}")  # its run file says the rest
     # Round 1's row is written before its checkpoint; stopped between the two, the resume would start over
     # (tests/component/test_preflight.py covers that), so stop it once there is a round to resume after.
     # `fedbayes local` names the federation after its workdir and keeps its server state there.

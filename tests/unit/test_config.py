@@ -85,7 +85,7 @@ def test_set_overrides_are_typed_and_accept_underscores():
     [
         ("nope", {}, "'strategy' must be one of"),
         ("fedavg", {"lr": -1.0}, "'lr' must be > 0"),
-        ("fedavg", {"lrr": 1.0}, "unknown run-config key.* lrr"),
+        ("fedavg", {"lrr": 1.0}, r"unknown run-config key 'lrr' \(did you mean 'lr'\?\)"),
     ],
 )
 def test_fedbayes_local_refuses_a_bad_run_config_before_starting_anything(tmp_path, strategy, overrides, message):
