@@ -171,7 +171,7 @@ def test_the_client_waits_while_the_superlink_still_holds_its_node(federation):
 
 def test_the_client_gives_up_after_its_activation_timeout(federation):
     running, _, _ = federation
-    client = running.processes.start("client-stranger", join(federation, "stranger", "--activation-timeout", "3"))
+    client = running.processes.start("client-stranger", join(federation, "stranger", "--activation-timeout", "12"))
     assert client.popen.wait(timeout=60) == 1
     log = client.log_path.read_text()
     assert "trying again" in log and "fedbayes: error: the SuperLink refuses this key" in log, log
