@@ -95,6 +95,7 @@ def test_status_of_the_stopped_federation_gives_each_clients_rounds_and_refusals
     assert status["status"] == "finished" and (status["rounds_done"], status["rounds_planned"]) == (3, 3)
     assert status["metrics"]["round"] == 3 and status["metrics"]["accuracy"] == run.rows[-1]["accuracy"]
     clients = {client["client"]: client for client in status["clients"]}
+    assert sorted(clients) == ["client-0", "client-1", "client-2"]  # client-2's node is client-2, not a client
     assert [clients[c]["accepted"] for c in ("client-0", "client-1", "client-2")] == [3, 3, 0]
     refused = clients["client-2"]
     assert refused["refused"] == 2 and sorted(r for reason in refused["reasons"] for r in reason["rounds"]) == [1, 2]

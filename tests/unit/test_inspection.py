@@ -1,6 +1,6 @@
-"""What `fedbayes runs`, `status` and `clients` (deploy/inspection.py) decide from a run's files: its status, each
-client's rounds and refusals, the lock a running server holds; and a damaged file named, never a traceback. The
-commands on a real federation: tests/integration/test_inspection.py."""
+"""What `fedbayes runs`, `status` and `clients` (tasks/runfiles.py, deploy/inspection.py) decide from a run's files:
+its status, each client's rounds and refusals, the lock a running server holds; and a damaged file named, never a
+traceback. The commands on a real federation: tests/integration/test_inspection.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import os
 import pytest
 
 from fedbayes.deploy.cli import main
-from fedbayes.deploy.inspection import Status, client_tallies, decide_status, locate, lock_holders, snapshot
 from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.tasks.runfiles import Status, client_tallies, decide_status, locate, lock_holders, snapshot
 from tests.support import checkpoint
 
 
@@ -33,10 +33,11 @@ def test_a_status_is_decided_by_processes_then_a_failure_then_the_rounds_done(
     assert decide_status(processes, done, planned, failure) == expected
 
 
-@pytest.mark.parametrize(("planned", "of"), [(3, "after 1 rounds of 3 and"), (None, "after 1 rounds and")])
-def test_a_run_short_of_its_rounds_with_no_process_and_no_failure_is_stopped(planned, of):
+@pytest.mark.parametrize(("planned", "done"), [(3, "1 of 3 rounds done"), (None, "1 rounds done (of a number not")])
+def test_a_run_short_of_its_rounds_with_no_process_and_no_failure_is_stopped(planned, done):
     status = decide_status([], 1, planned, None)
-    assert status.state == "stopped" and of in status.why and "interrupted, killed" in status.why
+    assert status.state == "stopped" and f"no process runs it; {done}" in status.why
+    assert status.why.endswith("and no failure reported: interrupted, killed, or its machine went down")
 
 
 def row(server_round, clients, replied, rejected=None):
@@ -55,11 +56,11 @@ def test_each_clients_accepted_and_refused_rounds_come_from_the_rows():
     nan = "bayesadmm: local_mean/1.weight contains NaN or Inf"
     rows = [
         row(1, 2, ["a", "b", "c"], {"client 'c' (node 12) claiming to be client 'b'": nan}),
-        row(2, 2, ["a", "b", "c"], {"client 'c' (node 12)": nan, "node 30": "no reply within 60.0 s"}),
+        row(2, 2, ["a", "b", "node 12"], {"client 'c' (node 12)": nan, "node 30": "no reply within 60.0 s"}),
         row(3, 0, ["a", "b"], {"round": "the round could not be absorbed"}),  # nothing was committed
     ]
     tallies = client_tallies(rows)
-    assert list(tallies) == ["a", "b", "c", "node 30", "round"]
+    assert list(tallies) == ["a", "b", "c", "node 30", "round"]  # "node 12" is c's node, timed under it
     assert [(t.accepted, t.refused, t.last_round) for t in tallies.values()] == [
         (2, 0, 3),  # round 3 accepted nothing: it answered, but no reply of that round counts
         (2, 0, 3),
@@ -192,3 +193,13 @@ def test_a_superlink_that_does_not_answer_is_named(capsys):
         "fedbayes: error: the SuperLink's Control API at 127.0.0.1:1, asked insecurely (a TLS SuperLink needs --ca), "
         "did not answer: "
     )
+
+
+def test_the_file_names_it_reads_are_those_the_server_and_the_launcher_write():
+    """Named in tasks/runfiles.py, which may import neither the server nor the launcher."""
+    from fedbayes.deploy import launcher
+    from fedbayes.server import forget, loop
+    from fedbayes.tasks import runfiles
+
+    assert (runfiles.LOCK_FILE, runfiles.AUDIT_LOG) == (forget.LOCK_FILE, forget.AUDIT_LOG)
+    assert (runfiles.RESULTS_START, runfiles.FLWR_HOME) == (loop.RESULTS_START, launcher.FLWR_HOME)
