@@ -174,7 +174,29 @@ def build_parser() -> argparse.ArgumentParser:
             "(or --readmit one); between rounds of a running federation",
         )
     )
+    _add_inspection(commands)
     return parser
+
+
+def _add_inspection(commands: argparse._SubParsersAction) -> None:
+    """`fedbayes runs`, `status` and `clients` (deploy/inspection.py): what a run's files and its SuperLink say."""
+    from fedbayes.deploy.inspection import add_clients_arguments, add_runs_arguments, add_status_arguments
+
+    add_runs_arguments(
+        commands.add_parser("runs", help="list the `fedbayes local` workdirs: strategy, rounds, status, last metrics")
+    )
+    add_status_arguments(
+        commands.add_parser(
+            "status",
+            help="a run's round, clients accepted and left out (why), checkpoint and tracking; or a SuperLink's "
+            "nodes and runs (--superlink)",
+        )
+    )
+    add_clients_arguments(
+        commands.add_parser(
+            "clients", help="a federation's clients: ids, bound nodes, rounds accepted, quarantines, forgotten ids"
+        )
+    )
 
 
 def _add_split_arguments(parser: argparse.ArgumentParser) -> None:

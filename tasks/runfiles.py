@@ -1,0 +1,428 @@
+"""What a federation's own files say about it, for `fedbayes runs`, `status` and `clients` (deploy/inspection.py).
+
+A RUN is a `fedbayes local` workdir (its run-config.toml names the server state directory, the federation and the
+results file), or a server state directory with `--federation NAME` (where `fedbayes run` and `fedbayes server` keep
+a federation: its results file is the one its results-start.json names). Every file is data: each is read through
+the bounded readers (tasks/storage.py) and checked, and one that is damaged is named with what is wrong with it,
+never a traceback. Nothing is written, and the server lock is never taken.
+
+A run's status is decided from what is on disk (`decide_status`):
+
+- running: a process holds the federation's server lock (<server-state-dir>/<federation>/server.lock, looked up in
+  /proc/locks, not taken), or, for a workdir, a live process has the workdir's Flower home (its SuperLink and
+  SuperNodes: `fedbayes local` is up, its ServerApp maybe not yet);
+- failed: not running, and the newest start's server log (<workdir>/logs*/flwr-run.log) reports
+  `fedbayes run failed: <reason>`;
+- finished: not running, and the results hold the planned rounds (num-server-rounds, raised by a forget's refinement
+  rounds, forget-audit.jsonl);
+- stopped: none of these: interrupted (Ctrl-C), killed, or its machine went down before its planned rounds
+  (`fedbayes local ... --resume` continues it). Without a run config (a bare state directory) the planned rounds are
+  unknown, so a federation neither running nor failed is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedbayes.tasks.config import RUN_CONFIG_FILE
+from fedbayes.tasks.report import parsed_row, split_federations
+from fedbayes.tasks.runlog import failure_reason
+from fedbayes.tasks.storage import MAX_LINE_BYTES, MAX_RECORD_BYTES, complete_lines, is_safe_name, read_bounded
+
+MAX_CONFIG_BYTES = 2**20  # a run-config.toml or Flower connection file: a few hundred keys
+# The names the server and the launcher give their files; tasks imports neither (tests/unit/test_inspection.py
+# checks that the names agree).
+FLWR_HOME = "flwr-home"  # deploy/launcher.py FLWR_HOME
+LOCK_FILE = "server.lock"  # server/forget.py LOCK_FILE
+AUDIT_LOG = "forget-audit.jsonl"  # server/forget.py AUDIT_LOG
+RESULTS_START = "results-start.json"  # server/loop.py RESULTS_START
+METRICS = ("accuracy", "nll", "ece")  # of the global model; the Bayesian strategies' ensemble's too: <name>_ensemble
+SERVER_LOG = "flwr-run.log"  # the log of `fedbayes run`, which streams the ServerApp's (deploy/launcher.py)
+_LOG_MESSAGE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s+(.*)$")
+# A results row's label of a client left out (server/round_core.py node_label, _claimed_label): its id comes first.
+_CLIENT_LABEL = re.compile(r"^client '([A-Za-z0-9._-]+)' \(node (\d+)\)")
+
+
+class InspectError(ValueError):
+    """A run's file cannot be read or is not what fedbayes writes there: the message names the file and why."""
+
+
+def warn(message: str) -> None:
+    """A file's problem that does not stop the command (a line left out), on stderr."""
+    print(f"fedbayes: warning: {message}", file=sys.stderr)
+
+
+# ---- where a run keeps its files ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunFiles:
+    """One federation's files: its server state directory and name, and, for a `fedbayes local` workdir, the
+    workdir and the run config it was submitted with ({} for a bare state directory)."""
+
+    name: str
+    state_dir: Path
+    federation: str
+    run_config: dict[str, Any]
+    workdir: Path | None = None
+
+    @property
+    def directory(self) -> Path:
+        """<server-state-dir>/<federation>: its checkpoints, lock, results start and forget audit log."""
+        return self.state_dir / self.federation
+
+
+def locate(run: Path, federation: str | None = None) -> RunFiles:
+    """The files of RUN: a `fedbayes local` workdir, or with `federation` a server state directory holding it.
+
+    Raises:
+        InspectError: RUN is neither, or its run config is damaged.
+    """
+    if federation:
+        if not is_safe_name(federation):
+            raise InspectError(f"--federation {federation[:64]!r} is no federation name ([A-Za-z0-9._-]+)")
+        if not (run / federation).is_dir():
+            raise InspectError(f"{run / federation} is no directory: {run} holds no federation {federation!r}")
+        return RunFiles(federation, run, federation, {})
+    config_file = run / RUN_CONFIG_FILE
+    if not config_file.is_file():
+        raise InspectError(
+            f"{run} is not a `fedbayes local` workdir (it has no {RUN_CONFIG_FILE}); for a server state directory, "
+            "name the federation with --federation"
+        )
+    config = read_toml(config_file, "a run config")
+    for key in ("server-state-dir", "federation"):
+        if not isinstance(config.get(key), str) or not config[key]:
+            raise InspectError(f"{config_file} names no {key} (`fedbayes local` writes it)")
+    return RunFiles(run.name, Path(config["server-state-dir"]), config["federation"], config, run)
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file of ours, bounded; InspectError naming it if it is too large or no TOML."""
+    try:
+        return tomllib.loads(read_bounded(path, MAX_CONFIG_BYTES, what).decode())
+    except (OSError, ValueError) as error:  # FileTooLarge, UnicodeDecodeError and TOMLDecodeError are ValueErrors
+        raise InspectError(f"{path}: cannot read {what}: {error}") from None
+
+
+def read_json_record(path: Path, what: str) -> dict[str, Any] | None:
+    """A one-object JSON file of ours (None: there is none); InspectError naming it if it is damaged."""
+    try:
+        record = json.loads(read_bounded(path, MAX_RECORD_BYTES, what))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as error:
+        raise InspectError(f"{path}: cannot read {what}: {error}") from None
+    if not isinstance(record, dict):
+        raise InspectError(f"{path}: {what} is a JSON {type(record).__name__}, not an object")
+    return record
+
+
+# ---- results rows -------------------------------------------------------------------------------------------------
+def results_location(files: RunFiles) -> tuple[Path | None, int]:
+    """The federation's results file and the line its rows start after: what its results-start.json records (the
+    ServerApp notes it when it starts), else its run config's results-path from the file's start (None: unknown)."""
+    start_file = files.directory / RESULTS_START
+    start = read_json_record(start_file, "a results start record")
+    if start is not None:
+        path, first_line = start.get("path"), start.get("first_line")
+        if not isinstance(path, str) or type(first_line) is not int or first_line < 0:
+            raise InspectError(f"{start_file}: not a results start record (a path and a first_line >= 0)")
+        return Path(path), first_line
+    configured = files.run_config.get("results-path")
+    if isinstance(configured, str) and configured:
+        return Path(configured), 0
+    return (files.workdir / "results.jsonl", 0) if files.workdir else (None, 0)
+
+
+def read_rows(path: Path, first_line: int = 0, say: Callable[[str], None] = warn) -> list[dict[str, Any]]:
+    """The federation's rows: those after the file's first `first_line` lines (an earlier federation's), the last
+    federation's where the rounds start again. A line that is no row is left out and `say`d, named by file and line.
+
+    Raises:
+        InspectError: the file cannot be read, or none of its lines is a row.
+    """
+    rows, unusable = [], 0
+    try:
+        for line in complete_lines(path):
+            if line.number <= first_line or (line.text is not None and not line.text.strip()):
+                continue
+            row = row_or_problem(line.text)
+            if isinstance(row, str):
+                unusable += 1
+                say(f"{path}:{line.number}: {row}; left out")
+            else:
+                rows.append(row)
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        raise InspectError(f"{path}: cannot read the results: {error}") from None
+    if unusable and not rows:
+        raise InspectError(f"{path}: none of its {unusable} lines is a results row (each is named above)")
+    federations = split_federations(rows)
+    return federations[-1] if federations else []
+
+
+def row_or_problem(text: bytes | None) -> dict[str, Any] | str:
+    """A results row, or why the line holds none: what the report checks (tasks/report.py parsed_row), and the
+    fields only these commands read."""
+    if text is None:
+        return f"over {MAX_LINE_BYTES} bytes, longer than any results row"
+    row = parsed_row(text.decode(errors="replace"))
+    if isinstance(row, str):
+        return row
+    checks: dict[str, tuple[Callable[[Any], bool], str]] = {
+        "rejected": (
+            lambda value: isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
+            "an object of reasons",
+        ),
+        "reply_seconds": (lambda value: isinstance(value, dict), "an object of seconds"),
+        "warnings": (lambda value: isinstance(value, list) and all(isinstance(v, str) for v in value), "a list"),
+    }
+    for key, (usable, what) in checks.items():
+        if key in row and not usable(row[key]):
+            return f"field {key!r} is not {what}"
+    return row
+
+
+def last_evaluated(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The last row whose round the server evaluated (`eval-every`)."""
+    return next((row for row in reversed(rows) if row.get("accuracy") is not None), None)
+
+
+def client_of_label(label: str) -> tuple[str, int | None]:
+    """The client a results row's label of a left-out reply names, and its node: its client id, else the label
+    (`node 7`, `round`)."""
+    match = _CLIENT_LABEL.match(label)
+    if match:
+        return match.group(1), int(match.group(2))
+    node = re.fullmatch(r"node (\d+)", label)
+    return label, int(node.group(1)) if node else None
+
+
+@dataclass
+class ClientTally:
+    """One client's rounds in the results: accepted, left out (refused, silent or absent) with each reason's rounds,
+    and the last round it answered or was left out in."""
+
+    client: str
+    node: int | None = None  # the node it answered from, as the rows name it (a refused id's claimed node too)
+    accepted: int = 0
+    refused: int = 0
+    last_round: int = 0
+    reasons: dict[str, list[int]] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        reasons = [{"reason": reason, "rounds": rounds} for reason, rounds in self.reasons.items()]
+        return {**{k: v for k, v in vars(self).items() if k != "reasons"}, "reasons": reasons}
+
+
+def client_tallies(rows: Iterable[Mapping[str, Any]]) -> dict[str, ClientTally]:
+    """Per client (by id; `node N` where the row names no id), what the rows say: its reply was accepted in a round
+    that accepted any where it answered (`reply_seconds`) and was not left out (`rejected`); it was seen in each
+    round it answered or was left out in."""
+    tallies: dict[str, ClientTally] = {}
+
+    def tally(client: str, server_round: int) -> ClientTally:
+        entry = tallies.setdefault(client, ClientTally(client))
+        entry.last_round = max(entry.last_round, server_round)
+        return entry
+
+    for row in rows:
+        server_round = row["round"]
+        left_out = {client_of_label(label): reason for label, reason in row.get("rejected", {}).items()}
+        for (client, node), reason in left_out.items():
+            entry = tally(client, server_round)
+            entry.node = node if node is not None else entry.node
+            entry.refused += 1
+            entry.reasons.setdefault(reason, []).append(server_round)
+        # a reply is timed under its node's client id, or as `node N` where its node is bound to none
+        refused = {client for client, _ in left_out} | {f"node {node}" for _, node in left_out if node is not None}
+        for client in row.get("reply_seconds", {}):
+            if client not in refused:
+                tally(client, server_round).accepted += bool(row.get("clients"))
+    return dict(sorted(tallies.items()))
+
+
+# ---- logs and processes ---------------------------------------------------------------------------------------------
+def newest_log_dir(workdir: Path) -> Path | None:
+    """The logs of the workdir's newest start: logs, or for a resume logs-2, logs-3, ... (deploy/launcher.py)."""
+    numbered = []
+    for path in workdir.glob("logs*"):
+        match = re.fullmatch(r"logs(?:-(\d+))?", path.name)
+        if match and path.is_dir() and any(path.iterdir()):
+            numbered.append((int(match.group(1) or 1), path))
+    return max(numbered)[1] if numbered else None
+
+
+@dataclass(frozen=True)
+class LogFindings:
+    """What the server log of a start says: the failure it reported (None: none) and its tracking messages."""
+
+    log: Path | None
+    failure: str | None = None
+    tracking: tuple[str, ...] = ()
+
+
+def read_server_log(workdir: Path | None) -> LogFindings:
+    """The failure and tracking lines of the newest start's server log (a line over the bound is skipped)."""
+    log_dir = newest_log_dir(workdir) if workdir else None
+    log = log_dir / SERVER_LOG if log_dir else None
+    if log is None or not log.is_file():
+        return LogFindings(log)
+    failure, tracking = None, []
+    try:
+        for line in complete_lines(log):
+            text = "" if line.text is None else line.text.decode(errors="replace").strip()
+            failure = failure_reason(text) or failure
+            message = _LOG_MESSAGE.match(text)
+            if message and message.group(1).startswith("tracking"):
+                tracking.append(message.group(1))
+    except OSError as error:
+        raise InspectError(f"{log}: cannot read the server log: {error}") from None
+    return LogFindings(log, failure, tuple(tracking))
+
+
+def lock_holders(lock: Path, locks_table: Path = Path("/proc/locks")) -> list[int]:
+    """The processes that hold `lock` (an flock), from the kernel's table of locks: nothing is locked to find out."""
+    try:
+        stat = os.stat(lock)
+        table = read_bounded(locks_table, 64 * 2**20, "the kernel's table of locks").decode()
+    except (FileNotFoundError, PermissionError):
+        return []
+    file_id = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    holders = []
+    for line in table.splitlines():
+        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF" ("->" marks a waiter)
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == file_id and fields[4].isdigit():
+            holders.append(int(fields[4]))
+    return sorted(set(holders))
+
+
+def processes_with_flwr_home(flwr_home: Path) -> list[int]:
+    """Live processes of this user whose environment says FLWR_HOME=`flwr_home` (a local federation's)."""
+    needle = f"FLWR_HOME={flwr_home}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z":
+                continue
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except (OSError, IndexError):  # gone meanwhile, or another user's
+            continue
+    return sorted(found)
+
+
+def live_processes(files: RunFiles) -> list[int]:
+    """The processes that make the federation running (module docstring)."""
+    workdir = [] if files.workdir is None else processes_with_flwr_home((files.workdir / FLWR_HOME).resolve())
+    return sorted({*lock_holders(files.directory / LOCK_FILE), *workdir})
+
+
+# ---- the decision ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Status:
+    state: str  # running | failed | finished | stopped
+    why: str
+
+
+def decide_status(processes: Sequence[int], done: int, planned: int | None, failure: str | None) -> Status:
+    """The status of a federation whose results hold `done` rounds of `planned` (None: unknown), with `processes`
+    live and the newest start's reported `failure` (module docstring)."""
+    if processes:
+        return Status("running", f"live process {', '.join(map(str, processes))}")
+    if failure is not None:
+        return Status("failed", failure)
+    if planned is not None and done >= planned:
+        return Status("finished", f"all {planned} rounds are done")
+    done_of = (
+        f"{done} of {planned} rounds done" if planned is not None else f"{done} rounds done (of a number not known)"
+    )
+    return Status(
+        "stopped",
+        f"no process runs it; {done_of}, and no failure reported: interrupted, killed, or its machine went down",
+    )
+
+
+def audit_records(files: RunFiles) -> list[dict[str, Any]]:
+    """The forget audit log's records (server/forget.py); a line that is none is named and skipped."""
+    path = files.directory / AUDIT_LOG
+    records = []
+    try:
+        for line in complete_lines(path):
+            try:
+                record = json.loads(line.text) if line.text is not None else None
+            except (ValueError, RecursionError):
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                warn(f"{path}:{line.number}: not a forget audit record; left out")
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        raise InspectError(f"{path}: cannot read the forget audit log: {error}") from None
+    return records
+
+
+def planned_rounds(files: RunFiles, records: Sequence[Mapping[str, Any]]) -> int | None:
+    """num-server-rounds, raised to the last round a forget's refinement asked for (server/forget.py rounds_to_run);
+    None without a run config."""
+    configured = files.run_config.get("num-server-rounds")
+    if type(configured) is not int:
+        return None
+    refined = [
+        record["refine_through_round"]
+        for record in records
+        if record.get("event") == "forgotten" and type(record.get("refine_through_round")) is int
+    ]
+    return max([configured, *refined])
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a federation's files say, read once for any of the three commands."""
+
+    files: RunFiles
+    rows: list[dict[str, Any]]
+    results: Path | None
+    status: Status
+    planned: int | None
+    log: LogFindings
+    records: list[dict[str, Any]]
+
+    @property
+    def strategy(self) -> str:
+        return str(self.files.run_config.get("strategy", "?"))
+
+
+def snapshot(files: RunFiles) -> Snapshot:
+    """Read the federation's rows, audit log and server log, and decide its status.
+
+    Raises:
+        InspectError: one of those files is damaged (named, with why).
+    """
+    results, first_line = results_location(files)
+    rows = read_rows(results, first_line) if results is not None else []
+    records = audit_records(files)
+    planned = planned_rounds(files, records)
+    log = read_server_log(files.workdir)
+    done = rows[-1]["round"] if rows else 0
+    status = decide_status(live_processes(files), done, planned, log.failure)
+    return Snapshot(files, rows, results, status, planned, log, records)
+
+
+def metrics_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The last evaluated round's metrics (the ensemble's too, where the strategy has one)."""
+    evaluated = last_evaluated(rows)
+    if evaluated is None:
+        return None
+    names = [f"{name}{kind}" for kind in ("", "_ensemble") for name in METRICS]
+    return {"round": evaluated["round"], **{name: evaluated[name] for name in names if name in evaluated}}
