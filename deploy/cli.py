@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         local = _local_command(parser, argv[1:]) if argv[:1] == ["local"] else None
         args = parser.parse_args(["local", *local.argv] if local else argv)
         args.local_command = local  # its run files
+        args.argv = argv  # `fedbayes server` passes what follows `--` on to the SuperLink
         command = functools.partial(args.handler, args)
     from fedbayes.deploy.processes import exit_without_teardown, stop_processes_on_signals
 
