@@ -143,17 +143,22 @@ BASELINES: dict[str, dict[str, Setting]] = {
         "server-lr": Setting(1.0, "FedAvg's server"),
     },
 }
-FEDLAP_FUNC = {  # FedLap's point of the preset plus the function-space keys ([P] App. E.5 runs both on one grid)
+FEDLAP_FUNC = {  # FedLap's point of the preset, its own δ, and the function-space keys ([P] App. E.5)
     **BASELINES["fedlap"],
     "memory-points-per-class": Setting(
         1,
         "[P] App. E.5: 'each client randomly picks 1 point per class present in the client' (2 for App. E.5's extra "
         "rows: --set memory-points-per-class=2)",
     ),
+    "prior-precision": Setting(
+        1.0,
+        "[P] App. E.5 sweeps δ 1..1e-4 for FedLap-Func as for FedLap without saying which won; ours: 1, the best "
+        "of 1, 1e-2, 1e-4 at τ_f 1e-2 (docs/algorithms/fedlap-func.md#measured)",
+    ),
     "function-weight": Setting(
-        0.01,
-        "[P] App. E.5 sweeps τ_f 1..1e-4 without saying which won; ours: 0.01, mid-grid: at δ 1e-4 refits with the "
-        "grid's ends moved the fit less than float rounding did (docs/algorithms/fedlap-func.md#measured)",
+        1e-3,
+        "[P] App. E.5 sweeps τ_f 1..1e-4 without saying which won; ours: 1e-3, the best of that grid at δ 1 "
+        "(docs/algorithms/fedlap-func.md#measured)",
     ),
     "server-fit-steps": Setting(5000, "[P] App. E.5: 'global server optimisation for 5000 iterations'"),
     "server-fit-lr": Setting(1e-3, "[P] App. E.5: 'with a learning rate of 0.001'"),

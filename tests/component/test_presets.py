@@ -62,14 +62,16 @@ def test_fedlap_paper_runs_the_baselines_as_bayesadmm_paper_on_each_split():
             assert fedlap.run_config(strategy, split, 10) == expected, (strategy, split)
 
 
-def test_fedlap_paper_runs_fedlap_func_as_its_fedlap_plus_the_memory_of_app_e5():
+def test_fedlap_paper_runs_fedlap_func_as_its_fedlap_with_its_own_delta_and_the_memory_of_app_e5():
     preset = get_preset("fedlap-paper")
     for split in preset.splits:
         func, fedlap = preset.run_config("fedlap-func", split, 10), preset.run_config("fedlap", split, 10)
-        assert {key: value for key, value in func.items() if key in fedlap} == fedlap
+        assert fedlap["prior-precision"] == 1e-4 and func["prior-precision"] == 1.0
+        shared = fedlap.keys() - {"prior-precision"}
+        assert {key: func[key] for key in shared} == {key: fedlap[key] for key in shared}
         assert {key: func[key] for key in func.keys() - fedlap.keys()} == {
             "memory-points-per-class": 1,
-            "function-weight": 0.01,
+            "function-weight": 1e-3,
             "server-fit-steps": 5000,
             "server-fit-lr": 1e-3,
         }
