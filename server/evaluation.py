@@ -55,7 +55,8 @@ class EvaluationDefaults:
 FULL = EvaluationDefaults(every=1, fraction=1.0, samples=32, threads=1)
 # An evaluated round before the last: 5 passes over 1,000 images (~4 s of one core for cnn-zenke), every 5th round, so
 # 1,000 image-passes a round on average: less than one client's epoch on FMNIST-10% (600 images, forward and backward
-# ~3 passes each). The last round: 5 passes over the whole test set. On every core.
+# ~3 passes each). The last round: 5 passes over the whole test set. On every core. The 1,000 OOD inputs (ood-inputs,
+# tasks/ood.py) add 5 passes to each, so 2,000 image-passes a round on average: about one such epoch.
 LIGHT = EvaluationDefaults(every=5, fraction=0.1, samples=4, threads=0)
 
 NOT_EVALUATED = {

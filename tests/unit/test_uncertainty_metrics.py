@@ -166,3 +166,13 @@ def test_no_ood_inputs_and_an_unknown_kind():
     assert ood_inputs("none", features(), seed=0) is None
     with pytest.raises(ValueError, match="ood-inputs must be one of noise, inverted, permuted, none"):
         ood_inputs("mnist", features(), seed=0)
+
+
+@pytest.mark.parametrize("kind", ["noise", "inverted", "permuted"])
+def test_tabular_data_gets_ood_inputs_of_its_shape_in_its_range(kind):
+    features = torch.randn(50, 7, generator=torch.Generator().manual_seed(0)) * torch.arange(1.0, 8.0)  # scales differ
+    test = Dataset("npz:t", features, torch.zeros(50, dtype=torch.long), 2)
+    inputs = ood_inputs(kind, test, seed=0, count=20)
+    assert inputs.shape == (20, 7) and inputs.dtype == torch.float32
+    if kind != "permuted":  # which moves values between features of different ranges
+        assert bool(((inputs >= test.images.amin(0)) & (inputs <= test.images.amax(0))).all())
