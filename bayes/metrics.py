@@ -1,5 +1,6 @@
 """Classification metrics of a predictive distribution: accuracy, NLL, expected calibration error, and the per-bin
-data of its reliability diagram."""
+data of its reliability diagram; and what its uncertainty is for: AUROC (rank-based, ties averaged) of a score for
+telling misclassified or out-of-distribution inputs apart, and selective accuracy at a coverage."""
 
 from __future__ import annotations
 
@@ -63,6 +64,103 @@ def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int 
         "accuracy": [total / n if n else None for total, n in zip(correct_sum.tolist(), count.tolist())],
         "count": count.tolist(),
     }
+
+
+def auroc(scores: torch.Tensor, positives: torch.Tensor) -> float | None:
+    """Area under the ROC curve of `scores` for telling the `positives` from the rest: the chance that a random
+    positive scores higher than a random negative, a tie counting one half (the Mann-Whitney U statistic over
+    n_positive x n_negative, from ranks with tied scores given their mean rank).
+
+    Args:
+        scores: (N,) real scores, higher meaning "more likely positive".
+        positives: (N,) booleans (or 0/1), which examples are positives.
+
+    Returns:
+        The AUROC in [0, 1]; None where it is undefined: no positives or no negatives (every prediction right, say).
+
+    Raises:
+        ValueError: the shapes differ, or a score is NaN.
+
+    Examples:
+        >>> auroc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1]))  # 3 of the 4 pairs ordered
+        0.75
+        >>> auroc(torch.tensor([1.0, 1.0]), torch.tensor([0, 1]))  # one tied pair
+        0.5
+        >>> auroc(torch.tensor([0.2, 0.3]), torch.tensor([1, 1])) is None
+        True
+    """
+    scores, positives = scores.double().flatten(), positives.bool().flatten()
+    if scores.shape != positives.shape:
+        raise ValueError(
+            f"scores and positives must have one entry per example, got {scores.numel()} and {positives.numel()}"
+        )
+    if scores.isnan().any():
+        raise ValueError("a score is NaN: it has no rank")
+    count = int(positives.sum())
+    negatives = scores.numel() - count
+    if count == 0 or negatives == 0:
+        return None
+    sorted_scores, order = torch.sort(scores, stable=True)
+    _, group, group_size = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
+    last_rank = group_size.cumsum(0).double()  # 1-based rank of each run of equal scores' last member
+    ranks = torch.empty_like(scores)
+    ranks[order] = (last_rank - (group_size - 1) / 2.0)[group]  # the run's mean rank
+    u_statistic = ranks[positives].sum().item() - count * (count + 1) / 2.0
+    return u_statistic / (count * negatives)
+
+
+def misclassification_auroc(uncertainty: torch.Tensor, correct: torch.Tensor) -> float | None:
+    """AUROC of `uncertainty` (N,) for telling the wrong predictions from the right ones (`correct`, (N,) booleans):
+    auroc with the mistakes as positives, so None where every prediction is right, or every one wrong."""
+    return auroc(uncertainty, ~correct.bool())
+
+
+def ood_auroc(in_distribution: torch.Tensor, out_of_distribution: torch.Tensor) -> float | None:
+    """AUROC of an uncertainty score for telling out-of-distribution inputs from in-distribution ones: `in_distribution`
+    (N,) and `out_of_distribution` (M,) are the scores of each, the OOD inputs the positives. None where either is
+    empty."""
+    scores = torch.cat([in_distribution.double().flatten(), out_of_distribution.double().flatten()])
+    positives = torch.arange(scores.numel()) >= in_distribution.numel()
+    return auroc(scores, positives)
+
+
+def selective_accuracy(probs: torch.Tensor, labels: torch.Tensor, coverage: float) -> float:
+    """Accuracy on the `coverage` share of the examples the predictive is surest of (highest max probability):
+    round(coverage x N) of them, at least one. Examples tied at the last kept confidence are all kept in part (their
+    mean accuracy for the places left), so the result does not depend on their order: the expected accuracy under a
+    random tie break.
+
+    Args:
+        probs: (N, C) predictive class probabilities.
+        labels: (N,) integer labels.
+        coverage: the share kept, in (0, 1].
+
+    Returns:
+        The accuracy on the kept examples.
+
+    Raises:
+        ValueError: bad shapes, no examples, or a coverage outside (0, 1].
+
+    Examples:
+        Confidences 0.9 (right), 0.8 (wrong), 0.7 (right), 0.6 (wrong); half kept: the first two.
+
+        >>> probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.4, 0.6]])
+        >>> selective_accuracy(probs, torch.tensor([0, 0, 0, 0]), 0.5)
+        0.5
+    """
+    if probs.ndim != 2 or labels.shape != probs.shape[:1] or len(labels) == 0:
+        raise ValueError(
+            f"probs must be (N, C) and labels (N,), N > 0, got {tuple(probs.shape)} and {tuple(labels.shape)}"
+        )
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+    confidence, predicted = probs.max(dim=1)
+    correct = (predicted == labels).double()
+    kept = max(1, round(coverage * len(labels)))
+    threshold = torch.sort(confidence, descending=True).values[kept - 1]
+    above, tied = confidence > threshold, confidence == threshold
+    places_left = kept - int(above.sum())
+    return ((correct[above].sum() + places_left * correct[tied].mean()) / kept).item()
 
 
 @torch.no_grad()

@@ -1,6 +1,7 @@
 """Uncertainty for error detection on FMNIST-10% (10 clients, heterogeneous split): how well BayesADMM's mutual
 information (epistemic) and predictive entropy tell the test examples its posterior predictive gets wrong from those
-it gets right, against FedAvg's softmax entropy, as AUROC (0.5: no better than chance).
+it gets right, against FedAvg's softmax entropy, as AUROC (0.5: no better than chance; bayes/metrics.py's, as the
+server's rows compute it: `misclassification_auroc`).
 
 Runs both federations through `fedbayes local` with Table 1's settings (benchmarks/reproduce_table1.py presets,
 dirichlet split, MLP 784-200-100-10), exports the final round (`fedbayes export`'s code, posterior/export.py) and
@@ -21,17 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from sklearn.metrics import roc_auc_score
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reproduce_table1 import COMMON, PRESETS
 
+from fedbayes.bayes.metrics import misclassification_auroc
 from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local
 from fedbayes.deploy.processes import stop_processes_on_signals
-from fedbayes.posterior import Prediction, load
+from fedbayes.posterior import load
 from fedbayes.posterior.export import export_posterior, locate_run
 from fedbayes.tasks.datasets import load_dataset
 
@@ -82,12 +81,6 @@ def train(strategy: str, args: argparse.Namespace) -> Path:
     return workdir
 
 
-def auroc(prediction: Prediction, labels: torch.Tensor, score: torch.Tensor) -> float:
-    """AUROC of `score` (higher: less sure) for separating the examples `prediction` gets wrong from the rest."""
-    errors = (prediction.predicted != labels).numpy()
-    return float(roc_auc_score(errors, score.numpy()))
-
-
 def measure(strategy: str, workdir: Path) -> list[dict]:
     """AUROC rows of the run's final round: its global model's softmax entropy, and, where the strategy has a
     posterior, its predictive's entropy and mutual information."""
@@ -111,7 +104,7 @@ def measure(strategy: str, workdir: Path) -> list[dict]:
                     "members": prediction.members,
                     "score": score_name,
                     "accuracy": (prediction.predicted == test.labels).double().mean().item(),
-                    "auroc": auroc(prediction, test.labels, score),
+                    "auroc": misclassification_auroc(score, prediction.predicted == test.labels),
                     "round": header.round,
                 }
             )
@@ -122,8 +115,9 @@ def table(rows: list[dict]) -> str:
     lines = [f"{'strategy':<10} {'predictive':<16} {'score':<19} {'accuracy':>8} {'AUROC':>7}"]
     for row in rows:
         predictive = row["predictive"] if row["members"] == 1 else f"{row['predictive']} ({row['members']})"
+        shown_auroc = "-" if row["auroc"] is None else f"{row['auroc']:.4f}"  # None: no mistakes, or no right ones
         lines.append(
-            f"{row['strategy']:<10} {predictive:<16} {row['score']:<19} {row['accuracy']:>8.4f} {row['auroc']:>7.4f}"
+            f"{row['strategy']:<10} {predictive:<16} {row['score']:<19} {row['accuracy']:>8.4f} {shown_auroc:>7}"
         )
     return "\n".join(lines)
 

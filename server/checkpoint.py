@@ -51,7 +51,7 @@ CHECKPOINT_FILE = "checkpoint.safetensors"  # a link to the newest checkpoint-<r
 _ROUND_FILE = re.compile(r"checkpoint-([0-9]+)\.safetensors")
 FORMAT_VERSION = "4"  # 2: bound client ids and accepted rounds; 3: per-client records, model buffers; 4: checksum
 # Run-config keys a resumed run may change: how long to run and wait, where to log, what hardware, when and on what
-# share of the test set the server evaluates.
+# share of the test set and against which OOD inputs the server evaluates.
 RESUMABLE_KEYS = frozenset(
     {
         "num-server-rounds",
@@ -87,6 +87,7 @@ RESUMABLE_KEYS = frozenset(
         "eval-fraction",
         "eval-threads",
         "eval-batched",
+        "ood-inputs",
     }
 )
 _GLOBAL, _STRATEGY = "global/", "strategy/"

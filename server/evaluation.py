@@ -2,6 +2,10 @@
 posterior samples; every `eval-every` rounds and always in the last, on a fixed seeded `eval-fraction` of the test
 set in between and on all of it in the last, with `eval-threads` CPU threads.
 
+Besides accuracy, NLL and ECE, each predictive's uncertainty metrics (posterior/uncertainty.py uncertainty_metrics:
+misclassification and OOD AUROC, selective accuracy) come from the same probabilities; only the OOD inputs
+(run config ood-inputs, tasks/ood.py: 1,000 of them) add a pass per member.
+
 What it costs (benchmarks/evaluation_cost.py): one pass of cnn-zenke over FMNIST's 10,000 test images is ~8 s of one
 core, so the 33 passes of every round before these keys (the mean and 32 samples) were ~270 s of CPU a round, and 782 s
 of wall time at nice 19 in a 2-client run. The model's cost therefore picks the defaults (`evaluation_defaults`).
@@ -25,8 +29,10 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from fedbayes.bayes.metrics import classification_metrics, member_probs
+from fedbayes.posterior.uncertainty import predictive, uncertainty_metrics
 from fedbayes.tasks.config import RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset
+from fedbayes.tasks.ood import ood_inputs
 
 Weights = dict[str, np.ndarray]
 
@@ -49,7 +55,8 @@ class EvaluationDefaults:
 FULL = EvaluationDefaults(every=1, fraction=1.0, samples=32, threads=1)
 # An evaluated round before the last: 5 passes over 1,000 images (~4 s of one core for cnn-zenke), every 5th round, so
 # 1,000 image-passes a round on average: less than one client's epoch on FMNIST-10% (600 images, forward and backward
-# ~3 passes each). The last round: 5 passes over the whole test set. On every core.
+# ~3 passes each). The last round: 5 passes over the whole test set. On every core. The 1,000 OOD inputs (ood-inputs,
+# tasks/ood.py) add 5 passes to each, so 2,000 image-passes a round on average: about one such epoch.
 LIGHT = EvaluationDefaults(every=5, fraction=0.1, samples=4, threads=0)
 
 NOT_EVALUATED = {
@@ -60,6 +67,10 @@ NOT_EVALUATED = {
     "eval_examples": 0,
     "eval_fraction": 0.0,
     "eval_samples": 0,
+    "misclassification_auroc": None,
+    "selective_accuracy_80": None,
+    "ood_auroc": None,
+    "ood_inputs": None,
 }
 
 
@@ -150,10 +161,12 @@ def batched_member_probs(
 
 class ServerEvaluation:
     """The round loop's `evaluate(arrays, round)` (server/loop.py): the round's row metrics, `accuracy`, `nll`, `ece`,
-    `reliability` (bayes/metrics.py) at the global model and the same with `_ensemble` over the strategy's posterior
-    samples, and what they were computed on: `eval_examples`, `eval_fraction` (of the test set), `eval_samples` (the
-    ensemble's members; 0: none). A round not evaluated gets NOT_EVALUATED: those keys, metrics None. `settings` must
-    have been through with_evaluation_defaults."""
+    `reliability` (bayes/metrics.py) and the uncertainty metrics (`misclassification_auroc`, `selective_accuracy_80`,
+    `ood_auroc`, and with more than one member their `_mi` variants: posterior/uncertainty.py) at the global model, the
+    same with `_ensemble` over the strategy's posterior samples, and what they were computed on: `eval_examples`,
+    `eval_fraction` (of the test set), `eval_samples` (the ensemble's members; 0: none), `ood_inputs` (run config
+    ood-inputs, tasks/ood.py). A round not evaluated gets NOT_EVALUATED: those keys, metrics None. `settings` must have
+    been through with_evaluation_defaults."""
 
     def __init__(self, model: nn.Module, test: Dataset, strategy, settings: RunSettings, device: torch.device) -> None:
         self.model, self.strategy, self.settings, self.device = model, strategy, settings, device
@@ -164,6 +177,7 @@ class ServerEvaluation:
             else test.subset(evaluation_subset(len(test), settings.eval_fraction, settings.seed))
         )
         self.names = list(model.state_dict())  # the global model's arrays: parameters and buffers
+        self.ood = ood_inputs(settings.ood_inputs, test, settings.seed)  # the same ones every round
 
     def test_set(self, server_round: int) -> Dataset:
         return self.full if server_round == self.settings.num_server_rounds else self.subset
@@ -174,21 +188,26 @@ class ServerEvaluation:
         test = self.test_set(server_round)
         with compute_threads(self.settings.eval_threads):
             mean = {name: arrays[name].numpy() for name in self.names}
-            metrics = classification_metrics(self.probs([mean], test.images).squeeze(0), test.labels)
+            metrics = self.predictive_metrics([mean], test)
             # samples drawn with a per-round seed: a resumed run evaluates exactly like an uninterrupted one
             generator = torch.Generator().manual_seed(round_seed(self.settings.seed, server_round))
             samples = self.strategy.posterior_samples(self.settings.ensemble_samples, generator)
             if samples:
                 buffers = {name: mean[name] for name in self.strategy.buffer_layout}  # samples are parameters
-                ensemble = self.probs([sample | buffers for sample in samples], test.images).mean(0)
-                metrics |= {
-                    f"{key}_ensemble": value for key, value in classification_metrics(ensemble, test.labels).items()
-                }
+                ensemble = self.predictive_metrics([sample | buffers for sample in samples], test)
+                metrics |= {f"{key}_ensemble": value for key, value in ensemble.items()}
         return metrics | {
             "eval_examples": len(test),
             "eval_fraction": len(test) / len(self.full),
             "eval_samples": len(samples),
+            "ood_inputs": self.settings.ood_inputs,
         }
+
+    def predictive_metrics(self, members: list[Weights], test: Dataset) -> dict[str, Any]:
+        """The row metrics of the predictive that averages `members` on `test`, and on the OOD inputs if any."""
+        prediction = predictive(self.probs(members, test.images))
+        ood = None if self.ood is None else predictive(self.probs(members, self.ood))
+        return classification_metrics(prediction.probs, test.labels) | uncertainty_metrics(prediction, test.labels, ood)
 
     def probs(self, members: list[Weights], images: torch.Tensor) -> torch.Tensor:
         """(S, N, C) of `members` on `images`: one pass each, or (eval-batched) one vmapped pass over them all."""

@@ -30,6 +30,8 @@ RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was
 # installed by the extra fedbayes[<kind>]. RunSettings checks the value's form, tasks/preflight.py that these are
 # installed.
 TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
+# Run config `ood-inputs`: the out-of-distribution inputs of the server's evaluation (tasks/ood.py says what each is).
+OOD_INPUTS = ("noise", "inverted", "permuted", "none")
 H = TypeVar("H", bound="DataclassInstance")  # a strategy's settings dataclass
 
 
@@ -339,6 +341,14 @@ class RunSettings:
         False,
         "evaluate the ensemble's samples as one vmapped model rather than one pass each "
         "(equal to round-off; slower on the CPU, benchmarks/evaluation_cost.py)",
+    )
+    ood_inputs: str = key(
+        "noise",
+        "the inputs the federation never saw that the server's evaluation scores (the rows' ood_auroc): noise "
+        "(uniform, each input feature in its test-set range) | inverted (test inputs mirrored in that range) | "
+        "permuted (test inputs' features in one fixed shuffled order) | none; 1,000 of them, fixed by the run's seed "
+        "(tasks/ood.py)",
+        choices=OOD_INPUTS,
     )
     # the clients' evaluation (client/evaluation.py)
     client_eval_fraction: float = key(

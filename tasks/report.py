@@ -13,8 +13,9 @@ one run per federation. Every figure shows every run, side by side:
   NLL and ECE per round below, with their mean and the worst client's;
 - phases.png: where each round's time went, the server's phases and the clients' medians (docs/architecture.md,
   the data path of one round);
-- index.html: the figures, each run's summary and settings (its run config; "settings unknown" for a bare
-  results file), and each client's held-out metrics in the last round that has them.
+- index.html: the figures, each run's summary (its last evaluated round's accuracy, NLL, ECE and uncertainty
+  metrics: misclassification and OOD AUROC, selective accuracy) and settings (its run config; "settings unknown"
+  for a bare results file), and each client's held-out metrics in the last round that has them.
 
 Figures are drawn with matplotlib's Agg renderer into files (no display, no pyplot state: the ServerApp's tracking,
 server/tracking.py, draws them on its own thread). matplotlib is the optional extra fedbayes[report].
@@ -39,6 +40,15 @@ from fedbayes.tasks.storage import MAX_LINE_BYTES, OUTPUT_MODE, complete_lines, 
 
 REQUIRED_KEYS = ("round", "accuracy", "nll", "ece")  # what a row needs to be drawn at all (None: not evaluated)
 METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
+# What a predictive's uncertainty is for (posterior/uncertainty.py uncertainty_metrics), each null where undefined,
+# and the `_mi` ones only where the predictive has more than one member.
+UNCERTAINTY_METRICS = (
+    "misclassification_auroc",
+    "misclassification_auroc_mi",
+    "ood_auroc",
+    "ood_auroc_mi",
+    "selective_accuracy_80",
+)
 # The clients' held-out metrics (server/client_metrics.py): of the global model, and of each client's own posterior
 # after training (`_local`), with how each is drawn.
 CLIENT_PARTS = (("", "global model", "-"), ("_local", "own posterior", ":"))
@@ -254,6 +264,12 @@ ROW_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "an object of seconds",
     ),
     **{key: (_bins, "null or reliability bins") for key in ("reliability", "reliability_ensemble")},
+    **{
+        f"{key}{suffix}": (lambda value: value is None or _number(value), "a finite number or null")
+        for key in UNCERTAINTY_METRICS
+        for suffix in ("", "_ensemble")
+    },
+    "ood_inputs": (lambda value: value is None or isinstance(value, str), "a name or null"),
     "client_metrics": (_client_metrics, "an object of each client's metrics (finite numbers)"),
     **{
         f"client_{key}{suffix}_{summary}": (lambda value: value is None or _number(value), "a finite number or null")
@@ -594,9 +610,28 @@ def evaluation_summary(evaluated: dict[str, Any], last: dict[str, Any]) -> dict[
         lines["ensemble"] = (
             f"{evaluated['accuracy_ensemble']:.4f} / {evaluated['nll_ensemble']:.4f} / {evaluated['ece_ensemble']:.4f}"
         )
+    for suffix, part in (("", "last"), ("_ensemble", "ensemble")):
+        if f"misclassification_auroc{suffix}" in evaluated:
+            lines[f"{part} AUROC errors / OOD ({evaluated.get('ood_inputs')}), accuracy at 80%"] = uncertainty_line(
+                evaluated, suffix
+            )
     if evaluated is not last or evaluated.get("eval_fraction", 1.0) < 1:
         lines["evaluated"] = f"round {evaluated['round']}, on {evaluated.get('eval_examples', '?')} test examples"
     return lines
+
+
+def uncertainty_line(row: dict[str, Any], suffix: str) -> str:
+    """A row's uncertainty metrics, `suffix` "" (the global model) or "_ensemble": the AUROCs by predictive entropy,
+    by mutual information after them where the row has them, and the selective accuracy; "-" where undefined."""
+
+    def value(key: str) -> str:
+        number = row.get(f"{key}{suffix}")
+        return "-" if number is None else f"{number:.4f}"
+
+    aurocs = f"{value('misclassification_auroc')} / {value('ood_auroc')}"
+    if f"misclassification_auroc_mi{suffix}" in row:
+        aurocs += f" (by MI {value('misclassification_auroc_mi')} / {value('ood_auroc_mi')})"
+    return f"{aurocs}, {value('selective_accuracy_80')}"
 
 
 def client_summary(run: Run) -> dict[str, str]:

@@ -47,6 +47,7 @@ DOCTEST_MODULES = (
     "fedbayes.tasks.config",
     "fedbayes.protos.codec",
     "fedbayes.posterior.uncertainty",
+    "fedbayes.bayes.metrics",
 )
 # The algorithm page of each strategy's hyperparameters.
 ALGORITHM_PAGES = {

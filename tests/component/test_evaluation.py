@@ -17,6 +17,7 @@ from fedbayes.bayes.metrics import classification_metrics, predict_probs
 from fedbayes.bayes.params import set_parameters
 from fedbayes.deploy.launcher import format_row
 from fedbayes.deploy.progress import Progress, parse_round_log_line
+from fedbayes.posterior.uncertainty import predictive, uncertainty_metrics
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import (
     ServerEvaluation,
@@ -30,7 +31,8 @@ from fedbayes.server.loop import progress_line
 from fedbayes.tasks.config import ConfigError, round_seed
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import build_model
-from fedbayes.tasks.report import load_runs, summary
+from fedbayes.tasks.ood import ood_inputs
+from fedbayes.tasks.report import load_runs, read_rows, summary
 from tests.support import DEFAULTS, NO_GPU, fedavg_reply, rows, settings
 from tests.support import run_loop as run
 
@@ -135,7 +137,34 @@ def test_the_default_mlp_evaluation_computes_what_the_server_computed_before():
     ensemble = torch.stack([predict(sample) for sample in samples]).mean(0)
     before |= {f"{key}_ensemble": value for key, value in classification_metrics(ensemble, test.labels).items()}
     now = evaluate(arrays, 2)
-    assert now == before | {"eval_examples": 300, "eval_fraction": 1.0, "eval_samples": 32}  # bit for bit
+    assert {key: now[key] for key in before} == before  # bit for bit
+    assert (now["eval_examples"], now["eval_fraction"], now["eval_samples"]) == (300, 1.0, 32)
+
+
+def test_the_uncertainty_metrics_are_those_of_each_predictive_on_the_test_and_ood_inputs():
+    evaluate, model, test = evaluation("mlp", count=120, **{"ensemble-samples": 3, "ood-inputs": "inverted"})
+    arrays = global_arrays(model)
+    mean = {name: arrays[name].numpy() for name in arrays}
+    samples = evaluate.strategy.posterior_samples(3, torch.Generator().manual_seed(round_seed(0, 1)))
+    ood = ood_inputs("inverted", test, seed=0)
+    row = evaluate(arrays, 1)
+    for suffix, members in (("", [mean]), ("_ensemble", samples)):
+        on_test, on_ood = (predictive(member_probs(model, members, inputs, 2000, CPU)) for inputs in (test.images, ood))
+        expected = uncertainty_metrics(on_test, test.labels, on_ood)
+        assert {f"{key}{suffix}": value for key, value in expected.items()} == {
+            f"{key}{suffix}": row[f"{key}{suffix}"] for key in expected
+        }
+    assert "misclassification_auroc_mi" not in row and "ood_auroc_mi" not in row  # the mean is one model
+    assert 0 <= row["ood_auroc_mi_ensemble"] <= 1 and row["ood_inputs"] == "inverted"
+    assert evaluation("mlp", count=120, **{"ensemble-samples": 3, "ood-inputs": "inverted"})[0](arrays, 1) == row
+
+
+def test_without_ood_inputs_the_ood_aurocs_are_null_and_the_row_says_why():
+    evaluate, model, _ = evaluation("logreg", count=60, **{"ensemble-samples": 2, "ood-inputs": "none"})
+    row = evaluate(global_arrays(model), 1)
+    assert row["ood_inputs"] == "none"
+    assert [row[key] for key in ("ood_auroc", "ood_auroc_ensemble", "ood_auroc_mi_ensemble")] == [None, None, None]
+    assert 0 <= row["misclassification_auroc_mi_ensemble"] <= 1 and 0 <= row["selective_accuracy_80"] <= 1
 
 
 def test_defaults_follow_the_model_cost_and_what_is_set_is_kept():
@@ -255,6 +284,8 @@ def test_eval_every_writes_rows_without_test_metrics_that_every_reader_of_rows_c
                 0,
                 0,
             ) and "accuracy_ensemble" not in row
+            assert [row[key] for key in ("misclassification_auroc", "selective_accuracy_80", "ood_auroc")] == [None] * 3
+            assert row["ood_inputs"] is None and "ood_auroc_ensemble" not in row
         else:
             full = row["round"] == 5
             assert (row["eval_examples"], row["eval_fraction"], row["eval_samples"]) == (
@@ -291,7 +322,17 @@ def test_eval_every_writes_rows_without_test_metrics_that_every_reader_of_rows_c
     assert "test examples" not in table[4]
     # `fedbayes report`: the last evaluated row's metrics
     results = tmp_path / "r.jsonl"
-    assert summary(load_runs([results])[0])["last accuracy / NLL / ECE"].startswith(f"{written[4]['accuracy']:.4f}")
+    assert read_rows(results, pytest.fail) == written  # every field one the report can read
+    lines = summary(load_runs([results])[0])
+    assert lines["last accuracy / NLL / ECE"].startswith(f"{written[4]['accuracy']:.4f}")
+    last = written[4]
+    assert lines["last AUROC errors / OOD (noise), accuracy at 80%"] == ", ".join(
+        [f"{last['misclassification_auroc']:.4f} / {last['ood_auroc']:.4f}", f"{last['selective_accuracy_80']:.4f}"]
+    )
+    assert (
+        f"(by MI {last['misclassification_auroc_mi_ensemble']:.4f} / "
+        in (lines["ensemble AUROC errors / OOD (noise), accuracy at 80%"])
+    )
     results.write_text("".join(json.dumps(row) + "\n" for row in written[:3]))  # a run still going: round 3 is last
     assert summary(load_runs([results])[0])["evaluated"] == "round 2, on 20 test examples"
 
@@ -301,6 +342,7 @@ def test_the_evaluation_keys_may_change_on_resume(tmp_path):
 
     CheckpointStore(tmp_path, "fed", DEFAULTS).save(checkpoint())
     changed = {**DEFAULTS, "eval-every": 7, "eval-fraction": 0.3, "eval-threads": 1, "eval-batched": True}
+    changed["ood-inputs"] = "none"
     assert CheckpointStore(tmp_path, "fed", changed).load().server_round == 3
 
 
@@ -313,6 +355,7 @@ def test_the_evaluation_keys_may_change_on_resume(tmp_path):
         ("eval-threads", -2, "must be >= 0"),
         ("ensemble-samples", -2, "must be >= 0, or -1"),
         ("eval-batched", "yes", "must be bool"),
+        ("ood-inputs", "mnist", "must be one of noise, inverted, permuted, none"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key(key, value, requirement):

@@ -37,6 +37,10 @@ DAMAGED = {
     "not an object": ("[2, 0.5, 1.0, 0.1]", "not a results row (a JSON list, not an object)"),
     "wall seconds a string": (row(2, wall_seconds="12 s"), "field 'wall_seconds' is \"12 s\", not a finite number"),
     "negative clients": (row(2, clients=-1), "field 'clients' is -1, not a count"),
+    "an AUROC a string": (
+        row(2, ood_auroc_ensemble="0.9"),
+        "field 'ood_auroc_ensemble' is \"0.9\", not a finite number or null",
+    ),
     "phases a list": (row(2, phase_seconds=[1.0]), "field 'phase_seconds' is [1.0], not an object of seconds"),
     "client phase null": (row(2, client_phase_seconds={"train": None}), "field 'client_phase_seconds' is"),
     "bins of unequal length": (
