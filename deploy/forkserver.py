@@ -3,7 +3,9 @@
 A SuperNode's start is almost all imports: about 2 CPU-s of Flower's modules (its gRPC and HTTP stacks, its state
 stores) before it dials the SuperLink. `fedbayes local` starts ten of them at once on a 2-core machine, so their
 imports held both cores for most of its start-up. `fedbayes supernode-forkserver` imports them
-once and then forks one SuperNode per request; a fork starts in milliseconds and shares the imported pages.
+once and then forks one SuperNode per request; a fork starts in milliseconds and shares the imported pages, which the
+fork server first freezes out of the garbage collector (`gc.freeze`), as the warm executor does, so that an idle
+SuperNode's collections do not copy them.
 
 The fork server reads requests from its stdin and answers on its stdout, one JSON object per line:
 
@@ -19,6 +21,7 @@ environment, so only SuperNodes that need no environment of their own are forked
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -42,6 +45,8 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
     """Import the SuperNode once, then answer requests until `requests` closes."""
     for module in PRELOAD:
         importlib.import_module(module)
+    gc.collect()
+    gc.freeze()  # a fork's collections then skip the imported objects, whose pages they would otherwise copy
     if threading.active_count() != 1:  # a fork copies only the thread that forks: nothing may run beside it
         raise SystemExit(f"supernode-forkserver: {threading.active_count()} threads after the imports; forks need 1")
     for line in requests:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,3 +97,17 @@ def test_supernodes_outlive_a_dead_fork_server_and_still_stop_with_the_group(tmp
             processes.fork("supernode-1", server, dialing_nowhere(), tmp_path)
     assert node.popen.poll() == EXIT_UNKNOWN  # its status went with the fork server
     assert processes.members() == []
+
+
+def test_the_fork_server_freezes_what_it_imported_before_it_forks():
+    """Frozen out of the garbage collector, the imported objects' pages stay shared with every fork."""
+    probe = (
+        "import gc, io\n"
+        "from fedbayes.deploy.forkserver import serve\n"
+        "serve(io.StringIO(''), io.StringIO())\n"
+        "print(gc.get_freeze_count())\n"
+    )
+    frozen = subprocess.run(
+        [sys.executable, "-c", probe], env=process_env(None), capture_output=True, text=True, timeout=120, check=True
+    )
+    assert int(frozen.stdout.split()[-1]) > 100_000
