@@ -205,6 +205,16 @@ def job_config(spec: CompareSpec, strategy: str, settings: dict[str, Any], seed:
 
 
 def tuning_jobs(spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], dataset: str) -> list[Job]:
+    """Every grid point of every strategy on `dataset` (the validation split), seed 0.
+
+    Args:
+        spec: the comparison.
+        grid: per strategy its points.
+        dataset: the validation split as npz:DIR.
+
+    Returns:
+        The jobs, strategy by strategy, point by point.
+    """
     return [
         Job(
             "tune",
@@ -220,6 +230,16 @@ def tuning_jobs(spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], datase
 
 
 def final_jobs(spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], winners: dict[str, int]) -> list[Job]:
+    """Each strategy's winning point on seeds 0..S-1 and the real dataset.
+
+    Args:
+        spec: the comparison.
+        grid: per strategy its points.
+        winners: per strategy its winning point.
+
+    Returns:
+        The jobs, strategy by strategy, seed by seed.
+    """
     return [
         Job(
             "final",
@@ -287,6 +307,7 @@ class ProgressLine:
         self.shown = ""
 
     def show(self, phase: str, done: int, total: int, running: list[str]) -> None:
+        """Draw the line: `done` of `total` runs of `phase` finished, `running` the names of those running."""
         text = f"compare: {phase} {done}/{total} runs | {clock_text(time.monotonic() - self.started)} elapsed"
         text += f" | running {', '.join(running)}" if running else ""
         if self.live:
@@ -297,6 +318,7 @@ class ProgressLine:
         self.stream.flush()
 
     def close(self) -> None:
+        """End a live line, so that what follows starts on a line of its own."""
         if self.live and self.shown:
             self.stream.write("\n")
             self.stream.flush()
@@ -421,6 +443,7 @@ def table_columns(summary: dict[str, Any]) -> list[str]:
 
 
 def table_cells(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The table's header and, per strategy, its cells: settings, each column's mean ± sd ("-": none), seeds."""
     columns = table_columns(summary)
     header = ["strategy", "settings", *(HEADINGS[key] for key in columns), "seeds"]
     body = []
@@ -443,7 +466,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
         "",
         f"Each strategy at the point of the `{protocol['grid']}` grid with the best {protocol['score']} (the "
         f"clients' data less {protocol['validation_share']:.0%} each, seed {protocol['tuning_seed']}); then that "
-        f"point on seeds {', '.join(map(str, protocol['seeds']))} and the test set: mean ± sd over the seeds of each "
+        f"point on seed{'s' if len(protocol['seeds']) > 1 else ''} {', '.join(map(str, protocol['seeds']))} and the "
+        f"test set: mean ± sd over the seeds of each "
         f"seed's mean over its last {TAIL_ROUNDS} evaluated rounds. Engine: {protocol['engine']}.",
         "",
         "| " + " | ".join(header) + " |",
@@ -454,6 +478,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
 
 def terminal_table(summary: dict[str, Any]) -> str:
+    """The table as aligned plain text, for the terminal."""
     header, body = table_cells(summary)
     widths = [max(len(row[index]) for row in (header, *body)) for index in range(len(header))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in (header, *body))
@@ -473,6 +498,7 @@ def mean_curve(runs: list[list[dict[str, Any]]], key: str) -> tuple[list[int], l
 
 
 def plot_curves(finals: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
+    """Test accuracy, NLL and ECE per round, each strategy's mean over its seeds (own predictive)."""
     from fedbayes.tasks.report import colour, integer_rounds, new_figure, save_figure
 
     figure, axes = new_figure(len(METRICS), share_y=False)
@@ -650,7 +676,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """`fedbayes compare` as parsed."""
+    """`fedbayes compare` as parsed.
+
+    Returns:
+        0 (a failure raises).
+    """
     from fedbayes.deploy.launcher import parse_override
     from fedbayes.tasks.npzdata import NPZ_PREFIX, npz_folder
 

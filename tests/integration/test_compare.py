@@ -1,6 +1,6 @@
 """`fedbayes compare` as a real process, and its engine: the in-process federation (deploy/inprocess.py) gives a
 `fedbayes local` run's rows round for round, and the command, killed mid-run and started again, runs only what had
-not finished and writes every output."""
+not finished and writes every output; runs in parallel subprocesses write what runs one at a time do."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ import time
 
 import pytest
 
-from fedbayes.deploy.compare import PLOT_FILES, SUMMARY_FILE, TABLE_FILE
+from fedbayes.deploy.compare import (
+    PLOT_FILES,
+    SUMMARY_FILE,
+    TABLE_FILE,
+    CompareSpec,
+    ProgressLine,
+    job_config,
+    run_jobs,
+    tuning_jobs,
+    validation_dataset,
+)
 from fedbayes.deploy.inprocess import run_inprocess
 from fedbayes.deploy.launcher import LocalRun, run_local
 from tests.support import write_digits
@@ -94,3 +104,20 @@ def test_compare_killed_mid_run_resumes_without_running_a_finished_run_again(tmp
     assert "| fedavg |" in (out / TABLE_FILE).read_text()
     assert "compare: final 2/2 runs" in finished.stderr and "fedavg" in finished.stdout
     assert not (out / "work").exists()  # the killed run's state is gone
+
+
+def test_parallel_runs_in_subprocesses_give_the_rows_of_runs_one_at_a_time(tmp_path):
+    """--parallel 2: two tuning runs at once, each in a subprocess, write the rows the same runs write one after
+    the other in this process."""
+    dataset = f"npz:{write_digits(tmp_path / 'digits')}"
+    grid = {"fedavg": [{"lr": 0.01}, {"lr": 0.03}]}
+    metrics = {}
+    for parallel in (2, 1):
+        tiny = {"model": "logreg", "batch-size": 64, "input-scale": 0.0625}
+        spec = CompareSpec(
+            dataset, 2, ("fedavg",), 2, 1, tmp_path / f"out-{parallel}", overrides=tiny, parallel=parallel
+        )
+        validation = validation_dataset(spec, job_config(spec, "fedavg", {}, 0, dataset))
+        rows = run_jobs(tuning_jobs(spec, grid, validation), spec, "tune", ProgressLine())
+        metrics[parallel] = {name: [[row[key] for key in METRICS[:3]] for row in run] for name, run in rows.items()}
+    assert metrics[2] == metrics[1] and set(metrics[1]) == {"tune-fedavg-p0", "tune-fedavg-p1"}
