@@ -72,6 +72,15 @@ HEADINGS = {
 RUNS, VALIDATION, WORK = "runs", "validation", "work"
 SUMMARY_FILE, TABLE_FILE = "summary.json", "table.md"
 PLOT_FILES = ("curves.png", "reliability.png", "uncertainty.png")
+# what the command's own options set, or the protocol does (the seeds), and --set may not
+OPTION_KEYS = {
+    "strategy": "--strategies",
+    "num-server-rounds": "--rounds",
+    "dataset": "--dataset",
+    "fraction": "--fraction",
+    "split": "--split",
+    "seed": "--seeds",
+}
 UNTRACKED_KEYS = ("results-path", "federation", "server-state-dir")  # where a run writes, not what it computes
 ENGINE = "in-process (deploy/inprocess.py: the code of `fedbayes local` in one process, equal round for round)"
 
@@ -609,6 +618,9 @@ def compare(
     check_strategies(spec.strategies, grid, spec.grid)
     if spec.seeds < 1 or spec.rounds < 1 or spec.parallel < 1:
         raise ValueError("--seeds, --rounds and --parallel must be >= 1")
+    options = [f"{key} (that is {option})" for key, option in OPTION_KEYS.items() if key in spec.overrides]
+    if options:
+        raise ValueError(f"--set {', '.join(options)}: give it as the option")
     tuned_keys = sorted({key for strategy in spec.strategies for point in grid[strategy] for key in point})
     clash = [key for key in tuned_keys if key in spec.overrides]
     if clash:

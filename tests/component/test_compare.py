@@ -65,6 +65,8 @@ def test_an_unknown_strategy_is_refused_before_anything_starts(tmp_path):
         cmp.compare(spec(tmp_path, strategies=("fedavg", "fedlap-cv")))
     with pytest.raises(ValueError, match="run config 'local-epochs'"):  # a bad --set: refused before any run too
         cmp.compare(spec(tmp_path, overrides={**TINY, "local-epochs": 0}))
+    with pytest.raises(ValueError, match=r"--set seed \(that is --seeds\): give it as the option"):
+        cmp.compare(spec(tmp_path, overrides={**TINY, "seed": 3}))
     with pytest.raises(ValueError, match="--set lr: the small grid tunes it"):
         cmp.compare(spec(tmp_path, overrides={**TINY, "lr": 0.1}))
     assert not (tmp_path / "out").exists()
