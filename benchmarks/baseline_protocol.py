@@ -14,7 +14,7 @@ expresses (deploy/presets.py, REF_DIFFERENCES), each switched on alone here:
   their-training  their-order with adam-kept: both at once
   their-split   their data generator's split (authors_baselines.py --write-split; --split-file F), not ours
 
-The runs are in one process (the ServerApp's and ClientApp's code on benchmarks/network_vs_inprocess.py's in-process
+The runs are in one process (the ServerApp's and ClientApp's code on deploy/inprocess.py's in-process
 grid); `ours` is the preset unchanged, the baseline each variant is read against (FedAvg's rows are within 0.8 points
 of Table 1's network rows of 2026-11-26 at rounds 10 / 25 / 50, not identical to them). The training variants wrap the
 strategy's client training for the run (an experiment, not an option of the client): adam-kept loads the client's last
@@ -54,10 +54,10 @@ import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before t
 import torch
 
 from benchmarks.authors_baselines import AUTHORS, RESULTS, seed_cells
-from benchmarks.network_vs_inprocess import run_inprocess
 from benchmarks.reproduce_table1 import PAPER_ACCURACY
 from fedbayes.client import training
 from fedbayes.client.runtime import ClientRuntime
+from fedbayes.deploy.inprocess import run_inprocess
 from fedbayes.deploy.launcher import LocalRun
 from fedbayes.deploy.presets import BAYESADMM_PAPER
 from fedbayes.strategies.fedavg import client as fedavg_client

@@ -9,7 +9,7 @@ For each width in --widths and each strategy (fedavg, dsvgd) one federation runs
 batch 100, input-scale 0.99; DSVGD N = 20 particles, L = L' = 200, KDE bandwidth 0.55, AdaGrad-with-momentum 1e-3,
 prior precision e, round-robin; FedAvg: one agent per round, 7 local epochs of Adam 1e-3) with `hidden=<width>`
 and every other value the preset's (`--set KEY=VALUE` changes any, for trials). Each run goes through the in-process
-engine of benchmarks/network_vs_inprocess.py (`run_inprocess`: the same ServerApp and ClientApp code as the network
+engine of deploy/inprocess.py (`run_inprocess`: the same ServerApp and ClientApp code as the network
 federation, the clients' messages run in this process, one after the other; client i gets partition i of 20, as
 `fedbayes local` gives it). Then the final server checkpoint's model is evaluated on the 10,000 FMNIST test images:
 DSVGD by its particle-averaged predictive (eq. 27), FedAvg by its weights. Recorded: accuracy, NLL, the ECE and the
@@ -204,7 +204,7 @@ def git_commit() -> str:
 def run_one(config: dict[str, Any], clients: int, width: int, overrides: dict) -> tuple[dict[str, Any], Path]:
     """Train one federation in this process and evaluate its final checkpoint: the JSONL line, and the working
     directory this made for the run (runs/<timestamp>-...)."""
-    from benchmarks.network_vs_inprocess import run_inprocess
+    from fedbayes.deploy.inprocess import run_inprocess
 
     strategy, seed = config["strategy"], config["seed"]
     name = f"{EXPERIMENT}-{strategy}-h{width}-seed{seed}"
@@ -212,7 +212,7 @@ def run_one(config: dict[str, Any], clients: int, width: int, overrides: dict) -
     workdir.mkdir(parents=True)  # a new directory, this run's own: the only one removed afterwards
     federation = {**config, "federation": name}
     load_start, started = os.getloadavg(), time.monotonic()
-    rows = run_inprocess(federation, clients, workdir, pipelined=True)
+    rows = run_inprocess(federation, clients, workdir, pipeline_evaluation=True)
     trained = time.monotonic()
     evaluation = evaluate(config, workdir / "server-state" / name / "checkpoint.safetensors")
     finished = time.monotonic()

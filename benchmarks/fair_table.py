@@ -17,7 +17,7 @@ The protocol (the same for every method; where it departs from a paper, this is 
   least 0.80; "-" when none of the 20 is).
 - DSVGD, P-DSVGD and U-DSVGD are not in this table: DSVGD trains one client per round, so the same 20 rounds would be
   a tenth of everyone else's client work (docs/results/dsvgd.md has its own comparisons under its paper's protocol).
-- The engine is the in-process grid of benchmarks/network_vs_inprocess.py: the ServerApp and ClientApp code of a
+- The engine is the in-process grid of deploy/inprocess.py: the ServerApp and ClientApp code of a
   `fedbayes local` run, in one process, whose rows equal the network path's (seconds, not minutes, of start-up).
 
     python benchmarks/fair_table.py tune [--strategies fedavg,bayesadmm]   # the grids on the validation split
@@ -44,14 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.network_vs_inprocess import run_inprocess
+from fedbayes.deploy.inprocess import run_inprocess
 from fedbayes.deploy.launcher import LocalRun
 from fedbayes.tasks.datasets import load_dataset
 from fedbayes.tasks.partitions import partition_dataset
+from fedbayes.tasks.validation import write_validation_folder
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fair"
 CLIENTS, ROUNDS, FRACTION, SPLIT, TUNING_SEED, SEEDS = 10, 20, 0.1, "dirichlet", 0, (0, 1, 2)
@@ -107,19 +106,8 @@ def validation_folder(root: Path) -> Path:
     if (folder / "test.npz").is_file():
         return folder
     train = load_dataset("fmnist", train=True)
-    pixels, labels = train.pixels.numpy(), train.labels.numpy()
-    parts = partition_dataset(labels, CLIENTS, SPLIT, TUNING_SEED, fraction=FRACTION)
-    generator = np.random.default_rng(TUNING_SEED)
-    held_out = []
-    folder.mkdir(parents=True)
-    for index, part in enumerate(parts):
-        shuffled = generator.permutation(part)
-        cut = max(1, round(VALIDATION_SHARE * len(part)))
-        held_out.append(np.sort(shuffled[:cut]))
-        kept = np.sort(shuffled[cut:])
-        np.savez(folder / f"client-{index}.npz", x=pixels[kept], y=labels[kept], num_classes=10)
-    validation = np.concatenate(held_out)
-    np.savez(folder / "test.npz", x=pixels[validation], y=labels[validation], num_classes=10)
+    parts = partition_dataset(train.labels.numpy(), CLIENTS, SPLIT, TUNING_SEED, fraction=FRACTION)
+    write_validation_folder(folder, [train.subset(part) for part in parts], VALIDATION_SHARE, TUNING_SEED)
     return folder
 
 
@@ -148,7 +136,9 @@ def run(strategy: str, settings: dict[str, Any], dataset: str, seed: int, path: 
     load, started = os.getloadavg()[0], time.monotonic()
     try:
         workdir.mkdir()
-        rows = run_inprocess(spec.run_config(workdir, workdir / "results.jsonl"), CLIENTS, workdir, pipelined=True)
+        rows = run_inprocess(
+            spec.run_config(workdir, workdir / "results.jsonl"), CLIENTS, workdir, pipeline_evaluation=True
+        )
     finally:
         shutil.rmtree(workdir.parent, ignore_errors=True)
     for row in rows:

@@ -9,8 +9,8 @@ Two measurements, one table (issue 16's targets):
   bayesadmm  BayesADMM, 10 clients, FMNIST-10% homogeneous (iid; MLP 784-200-100-10 sigmoid, 10 local epochs,
              batch 32, the iid preset of benchmarks/reproduce_table1.py), `--bayesadmm-rounds` rounds,
              (1) through `fedbayes local` and (2) in this process, one thread: the same ServerApp code
-             (server/app.py's run_federation, server/loop.py's rounds, evaluation and checkpoints) driving an
-             in-process grid whose "push" runs every message through the same ClientApp function
+             (server/app.py's run_federation, server/loop.py's rounds, evaluation and checkpoints) driving
+             deploy/inprocess.py's grid whose "push" runs every message through the same ClientApp function
              (client/app.py's train) with each client's node config, one after the other. Same run config,
              same code, no processes, no serialisation, no polling. ratio = network / in-process. The
              in-process run is done twice: as the code runs (the loop evaluates round t on a second thread
@@ -44,7 +44,6 @@ at the start and end is printed and saved; compare ratios from one run, not seco
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -62,12 +61,10 @@ import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before t
 
 # isort: split
 
-from flwr.app import Context, Message, RecordDict
-
 from benchmarks.reproduce_table1 import COMMON, PRESETS
+from fedbayes.deploy.inprocess import run_inprocess
 from fedbayes.deploy.launcher import FLWR_HOME, LocalRun, run_local
 from fedbayes.deploy.processes import command_line, stop_processes_on_signals
-from fedbayes.strategies import default_run_config
 from tests.support.processes import processes_with_env
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -97,83 +94,6 @@ def parse_args() -> argparse.Namespace:
         help="how the network runs' SuperNodes run their ClientApps (`fedbayes local --executor`)",
     )
     return parser.parse_args()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The in-process federation
-
-
-class InProcessGrid:
-    """What server/loop.py needs of Flower's Grid, with every client in this process: `push_messages` runs each
-    message through the ClientApp's train function at once, with that client's node config, and keeps the
-    reply for `pull_messages`."""
-
-    def __init__(self, run_config: dict[str, Any], clients: int, state_dir: Path) -> None:
-        from fedbayes.client.app import train
-
-        self.train = train
-        # Node ids as Flower might number them; partition and client id exactly as the launcher sets them.
-        self.contexts = {
-            1000 + index: Context(
-                run_id=1,
-                node_id=1000 + index,
-                state=RecordDict(),
-                run_config=run_config,
-                node_config={
-                    "client-id": f"client-{index}",
-                    "state-dir": str(state_dir),
-                    "partition-id": index,
-                    "num-partitions": clients,
-                },
-            )
-            for index in range(clients)
-        }
-        self.replies: dict[str, Message] = {}
-        self.pushed = 0
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def push_messages(self, messages: list[Message]) -> list[str]:
-        ids = []
-        for message in messages:
-            self.pushed += 1
-            message_id = f"m{self.pushed}"
-            message.metadata.__dict__["_message_id"] = message_id  # what the SuperLink would assign
-            self.replies[message_id] = self.train(message, self.contexts[message.metadata.dst_node_id])
-            ids.append(message_id)
-        return ids
-
-    def pull_messages(self, message_ids: list[str]) -> list[Message]:
-        return [self.replies.pop(message_id) for message_id in message_ids if message_id in self.replies]
-
-
-def run_inprocess(run_config: dict[str, Any], clients: int, root: Path, pipelined: bool) -> list[dict[str, Any]]:
-    """The ServerApp's run_federation on an InProcessGrid; returns the results rows. `pipelined=False` turns the
-    loop's evaluation pipelining off: everything then runs on this one thread, one step after the other."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    from fedbayes.server import app as server_app
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told
-    config = {
-        **default_run_config(str(run_config["strategy"])),
-        **run_config,
-        "server-state-dir": str(root / "server-state"),
-        "results-path": str(root / "results.jsonl"),
-        "client-identity": "reconnect",
-    }
-    loop_settings = server_app.LoopSettings
-    if "pipeline_evaluation" in loop_settings.__dataclass_fields__:  # older loops never pipelined
-        server_app.LoopSettings = functools.partial(loop_settings, pipeline_evaluation=pipelined)
-    try:
-        server_app.run_federation(
-            InProcessGrid(config, clients, root / "client-state"),
-            Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config),
-        )
-    finally:
-        server_app.LoopSettings = loop_settings
-    return [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines()]
 
 
 def run_network(

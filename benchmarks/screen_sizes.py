@@ -4,7 +4,7 @@ scikit-learn's digits (1,797 x 64, 10 classes), standardised with the training p
 283 examples held out for the server (stratified, seed 0) and the other 1,514 dealt at random (`--seed`) to four
 clients of 1,310 / 74 / 97 / 33 examples, as pre-partitioned npz:DIR files (docs/extending/data.md). Every strategy
 with every key at its default (`--set KEY=VALUE` changes one), 20 rounds, in one process (the in-process grid of
-benchmarks/network_vs_inprocess.py: the real ServerApp, round core and ClientApp code).
+deploy/inprocess.py: the real ServerApp, round core and ClientApp code).
 
 Prints, per strategy: the rounds in which the screen refused a client (and which), the rounds a node sat out in
 quarantine (of the 20), the accuracy at the last round before the first refusal and at the end. Rows go to
@@ -29,8 +29,8 @@ from sklearn.model_selection import train_test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.network_vs_inprocess import run_inprocess
 from benchmarks.user_defaults import STRATEGIES
+from fedbayes.deploy.inprocess import run_inprocess
 from fedbayes.deploy.launcher import LocalRun, parse_override
 
 RESULTS = Path(__file__).resolve().parent / "results" / "screen_sizes"
@@ -72,7 +72,7 @@ def run(label: str, strategy: str, args: argparse.Namespace, data: Path) -> list
         try:
             workdir.mkdir()
             config = spec.run_config(workdir, workdir / "results.jsonl")
-            rows = run_inprocess(config, len(args.sizes), workdir, pipelined=True)
+            rows = run_inprocess(config, len(args.sizes), workdir, pipeline_evaluation=True)
         finally:
             shutil.rmtree(workdir.parent, ignore_errors=True)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ benchmarks/results/user_defaults/<label>/<dataset>-<strategy>.jsonl and are reus
     python benchmarks/user_defaults.py --label trial --strategies bayesadmm,fedavg --set temperature=1
 
 `--engine inprocess` runs each federation in this process instead (the same ServerApp and ClientApp code driven
-through benchmarks/network_vs_inprocess.py's in-process grid, no processes: seconds instead of a minute a run, the
+through deploy/inprocess.py's in-process grid, no processes: seconds instead of a minute a run, the
 same rows as the network path; for trials).
 """
 
@@ -34,7 +34,7 @@ from sklearn.model_selection import train_test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.network_vs_inprocess import run_inprocess
+from fedbayes.deploy.inprocess import run_inprocess
 from fedbayes.deploy.launcher import LocalRun, parse_override, run_local
 from fedbayes.deploy.processes import stop_processes_on_signals
 
@@ -89,7 +89,7 @@ def run(label: str, dataset: str, strategy: str, args: argparse.Namespace, data:
             if args.engine == "inprocess":
                 workdir.mkdir()
                 config = spec.run_config(workdir, workdir / "results.jsonl")
-                rows = run_inprocess(config, args.clients, workdir, pipelined=True)
+                rows = run_inprocess(config, args.clients, workdir, pipeline_evaluation=True)
             else:
                 rows = run_local(spec)
         finally:

@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     _add_report(commands.add_parser("report", help="plot runs' results (PNG) with a one-page index.html"))
+    _add_compare(
+        commands.add_parser(
+            "compare",
+            help="tune strategies on a validation split of the clients' data, run the winners over seeds, and "
+            "tabulate and plot them",
+        )
+    )
     _add_forget(
         commands.add_parser(
             "forget",
@@ -355,6 +362,12 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
     )
     _add_force(parser, "--out is not empty: write the report's files there, replacing those of the same names")
     parser.set_defaults(handler=_write_report)
+
+
+def _add_compare(parser: argparse.ArgumentParser) -> None:
+    from fedbayes.deploy.compare import add_arguments
+
+    add_arguments(parser)
 
 
 def _add_force(parser: argparse.ArgumentParser, does: str) -> None:

@@ -46,7 +46,15 @@ def main(grid: Grid, context: Context) -> None:
         raise
 
 
-def run_federation(grid: Grid, context: Context) -> None:
+def run_federation(grid: Grid, context: Context, pipeline_evaluation: bool = True) -> None:
+    """Run the federation the run config describes on `grid` to its last round.
+
+    Args:
+        grid: the clients' link (Flower's Grid, or one of the same shape such as deploy/inprocess.py's).
+        context: the ServerApp's context; its run config describes the federation.
+        pipeline_evaluation: evaluate and checkpoint round t while round t+1 trains; False: one step after the
+            other, on this thread.
+    """
     configure_threads()
     settings = run_settings(context.run_config)
     preflight(settings)
@@ -113,6 +121,7 @@ def run_federation(grid: Grid, context: Context) -> None:
                 max_failed_rounds=settings.max_failed_rounds,
                 straggler_wait=settings.straggler_wait,
                 results_exists=settings.results_exists,
+                pipeline_evaluation=pipeline_evaluation,
             ),
             ServerEvaluation(model, test, strategy, settings, device),
             settings.results_path,

@@ -1,0 +1,181 @@
+"""`fedbayes compare` in process (deploy/compare.py, tasks/validation.py): the grids are data with the same budget
+for every strategy, an unknown strategy is refused before anything runs, the validation split is carved from the
+clients' own examples and shares none with their kept data or the test set, tuning never reads the test set, the
+winner is the best validation score (ties to the earlier point), each strategy is read at its own predictive, and a
+finished run is not run again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedbayes.deploy import compare as cmp
+from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.npzdata import client_file
+from fedbayes.tasks.partitions import partition_dataset
+from fedbayes.tasks.validation import carve, write_validation_folder
+from tests.support import write_digits
+
+TINY = {"model": "logreg", "batch-size": 64, "input-scale": 0.0625}
+
+
+def spec(tmp_path, **fields) -> cmp.CompareSpec:
+    values = {
+        "dataset": f"npz:{write_digits(tmp_path / 'digits')}",
+        "clients": 2,
+        "strategies": ("fedavg", "bayesadmm"),
+        "rounds": 2,
+        "seeds": 1,
+        "out": tmp_path / "out",
+        "overrides": TINY,
+        **fields,
+    }
+    return cmp.CompareSpec(**values)
+
+
+def rows(accuracies: list[float | None], **extra) -> list[dict]:
+    return [
+        {"round": number, "accuracy": accuracy, "nll": 1.0, "ece": 0.1, **extra}
+        for number, accuracy in enumerate(accuracies, 1)
+    ]
+
+
+def test_the_grids_give_every_strategy_the_same_budget():
+    small, paper = cmp.load_grid("small"), cmp.load_grid("paper")
+    assert set(small) == set(paper)
+    assert {len(points) for points in small.values()} == {2}
+    sizes = {len(points) for points in paper.values()}
+    assert len(sizes) == 1 and 8 <= sizes.pop() <= 12
+    for points in (*small.values(), *paper.values()):
+        assert {point["lr-schedule"] for point in points} == {"constant", "cosine"}
+        assert len({json.dumps(point, sort_keys=True) for point in points}) == len(points)  # no point twice
+    # an axis of tables sets its keys together; the product runs the first axis slowest
+    assert paper["bayesadmm"][:2] == [
+        {"hess-init": 0.001, "beta2": 0.9998, "lr": 1e-3, "lr-schedule": "constant"},
+        {"hess-init": 0.001, "beta2": 0.9998, "lr": 1e-3, "lr-schedule": "cosine"},
+    ]
+
+
+def test_an_unknown_strategy_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match=r"no small grid for 'fedlap-cv' \(did you mean 'fedlap-cov'\?\)"):
+        cmp.compare(spec(tmp_path, strategies=("fedavg", "fedlap-cv")))
+    with pytest.raises(ValueError, match="run config 'local-epochs'"):  # a bad --set: refused before any run too
+        cmp.compare(spec(tmp_path, overrides={**TINY, "local-epochs": 0}))
+    with pytest.raises(ValueError, match=r"--set seed \(that is --seeds\): give it as the option"):
+        cmp.compare(spec(tmp_path, overrides={**TINY, "seed": 3}))
+    with pytest.raises(ValueError, match="--set lr: the small grid tunes it"):
+        cmp.compare(spec(tmp_path, overrides={**TINY, "lr": 0.1}))
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_best_point_is_the_best_score_and_a_tie_goes_to_the_earlier_point():
+    assert cmp.best_point([0.5, 0.7, 0.7, 0.6]) == 1
+    assert cmp.best_point([None, 0.2]) == 1
+    tail = cmp.tail_mean(rows([0.9, 0.1, 0.2, None, 0.3]), "accuracy")  # the last 3 evaluated rounds
+    assert tail == pytest.approx(0.2)
+    assert cmp.tail_mean(rows([0.4, 0.6]), "accuracy") == pytest.approx(0.5)  # fewer rounds than 3: all of them
+
+
+def test_each_strategy_is_read_at_its_own_predictive_and_absent_keys_show_as_a_dash(tmp_path):
+    compare = spec(tmp_path, seeds=2)
+    grid = {"fedavg": [{"lr": 1e-3}, {"lr": 3e-3}], "bayesadmm": [{"lr": 1e-3}, {"lr": 3e-3}]}
+    tuned = {
+        "tune-fedavg-p0": rows([0.5, 0.5]),
+        "tune-fedavg-p1": rows([0.6, 0.6]),
+        "tune-bayesadmm-p0": rows([0.5, 0.5], accuracy_ensemble=0.9),
+        "tune-bayesadmm-p1": rows([0.6, 0.6]),
+    }
+    finals = {
+        "fedavg": [rows([0.7, 0.8], misclassification_auroc=0.6), rows([0.7, 0.6], misclassification_auroc=0.8)],
+        "bayesadmm": [rows([0.5, 0.5], accuracy_ensemble=0.9, ece_ensemble=0.02)] * 2,
+    }
+    summary = cmp.summarise(compare, grid, tuned, finals, {"fedavg": 1, "bayesadmm": 0})
+    fedavg, bayesadmm = summary["strategies"]["fedavg"], summary["strategies"]["bayesadmm"]
+    assert bayesadmm["grid"][0]["validation_accuracy"] == pytest.approx(0.9)  # the ensemble's, not the mean's
+    assert fedavg["test"]["accuracy"]["mean"] == pytest.approx(0.7)
+    assert fedavg["test"]["accuracy"]["sd"] == pytest.approx(np.std([0.75, 0.65], ddof=1))
+    assert bayesadmm["test"]["ece"]["mean"] == pytest.approx(0.02)
+    assert fedavg["test"]["misclassification_auroc"]["mean"] == pytest.approx(0.7)
+    lines = cmp.markdown_table(summary).splitlines()
+    header, fedavg_row, bayesadmm_row = (
+        next(line for line in lines if line.startswith(f"| {first} |")) for first in ("strategy", "fedavg", "bayesadmm")
+    )
+    assert "misclass. AUROC" in header and "OOD AUROC" not in header  # a column only for keys some row holds
+    assert bayesadmm_row.split(" | ")[-2] == "-"  # bayesadmm's rows hold no misclassification AUROC
+    assert "0.7000 ± 0.0707" in fedavg_row
+    written = cmp.write_report(summary, finals, tmp_path / "report", print)
+    assert [path.name for path in written] == [cmp.SUMMARY_FILE, cmp.TABLE_FILE, *cmp.PLOT_FILES]
+    assert all(path.stat().st_size > 1000 for path in written[2:])
+
+
+def test_the_validation_split_is_carved_from_each_clients_own_examples():
+    """Fashion-MNIST, 3 clients of a Dirichlet split: by index, each client's kept and given parts are disjoint and
+    together its partition; the files hold exactly those rows; no validation image is a test image."""
+    train = load_dataset("fmnist", train=True)
+    parts = partition_dataset(train.labels.numpy(), 3, "dirichlet", 0, fraction=0.03)
+    carved = carve([len(part) for part in parts], 0.1, seed=0)
+    given_rows = []
+    for part, split in zip(parts, carved):
+        kept, given = part[split.kept], part[split.given]
+        assert not set(kept) & set(given) and sorted([*kept, *given]) == sorted(part)
+        assert len(given) == round(0.1 * len(part))
+        given_rows.append(given)
+    everyone_kept = {index for part, split in zip(parts, carved) for index in part[split.kept]}
+    validation_rows = np.concatenate(given_rows)
+    assert not everyone_kept & set(validation_rows)
+    again = carve([len(part) for part in parts], 0.1, seed=0)  # seeded
+    assert all(np.array_equal(a.kept, b.kept) and np.array_equal(a.given, b.given) for a, b in zip(again, carved))
+
+
+def test_the_validation_folder_holds_the_carved_rows_and_no_test_example(tmp_path):
+    train = load_dataset("fmnist", train=True)
+    parts = partition_dataset(train.labels.numpy(), 2, "iid", 0, fraction=0.02)
+    carved = write_validation_folder(tmp_path, [train.subset(part) for part in parts], 0.1, seed=0)
+    validation = np.load(tmp_path / "test.npz")
+    given = np.concatenate([part[split.given] for part, split in zip(parts, carved)])
+    assert np.array_equal(validation["x"], train.pixels[given].numpy())
+    assert np.array_equal(validation["y"], train.labels[given].numpy())
+    for index, (part, split) in enumerate(zip(parts, carved)):
+        kept = np.load(client_file(tmp_path, index))
+        assert np.array_equal(kept["x"], train.pixels[part[split.kept]].numpy())
+    test_images = {image.tobytes() for image in load_dataset("fmnist", train=False).pixels.numpy()}
+    assert not test_images & {image.tobytes() for image in validation["x"]}
+
+
+def test_tuning_reads_no_test_set_and_a_finished_run_is_not_run_again(tmp_path):
+    """The validation folder of an npz:DIR dataset, then one tuning run with the real test.npz gone: it trains on
+    the kept rows and evaluates on the given ones. Run again, a finished run is read; one cut short or run with
+    other settings is run afresh."""
+    compare = spec(tmp_path)
+    base = cmp.job_config(compare, "fedavg", {}, 0, compare.dataset)
+    dataset = cmp.validation_dataset(compare, base)
+    digits, folder = tmp_path / "digits", Path(dataset[len("npz:") :])
+    kept = {row.tobytes() for index in (0, 1) for row in np.load(client_file(folder, index))["x"]}
+    assert not kept & {row.tobytes() for row in np.load(folder / "test.npz")["x"]}
+    shutil.move(digits / "test.npz", tmp_path / "test-elsewhere.npz")
+    jobs = cmp.tuning_jobs(compare, {"fedavg": [{"lr": 0.01}], "bayesadmm": []}, dataset)
+    progress = cmp.ProgressLine()
+    ran = []
+
+    def runner(job, clients, out):
+        ran.append(job.name)
+        return cmp.run_job(job, clients, out)
+
+    first = cmp.run_jobs(jobs, compare, "tune", progress, runner)["tune-fedavg-p0"]
+    assert [row["round"] for row in first] == [1, 2] and all(0 <= row["accuracy"] <= 1 for row in first)
+    assert first[0]["compare"]["settings"] == {"lr": 0.01}
+    path = compare.out / "runs" / "tune-fedavg-p0.jsonl"
+    stamp = path.stat().st_mtime_ns
+    assert cmp.run_jobs(jobs, compare, "tune", progress, runner)["tune-fedavg-p0"] == first
+    assert ran == ["tune-fedavg-p0"] and path.stat().st_mtime_ns == stamp
+    whole = path.read_text()
+    path.write_text(whole.splitlines()[0] + "\n")  # a run cut short
+    cmp.run_jobs(jobs, compare, "tune", progress, lambda job, clients, out: ran.append(job.name) or first)
+    path.write_text(whole)
+    other = cmp.tuning_jobs(compare, {"fedavg": [{"lr": 0.02}], "bayesadmm": []}, dataset)  # the same run's name
+    cmp.run_jobs(other, compare, "tune", progress, lambda job, clients, out: ran.append(job.name) or first)
+    assert ran == ["tune-fedavg-p0"] * 3
