@@ -6,7 +6,7 @@ protocol presets' page, docs/reference/presets.md, from fedbayes.deploy.presets.
 
 The keys come from the code, never from this page: fedbayes.tasks.config.CORE_KEYS (every run has them) and each
 built-in strategy's own hyperparameters (fedbayes.strategies.get_algorithm(name).hyperparameters). Together they
-must be exactly fedbayes.tasks.config.declared_keys(). tests/test_docs.py fails when the page is stale.
+must be exactly fedbayes.tasks.config.declared_keys(). tests/component/test_docs.py fails when the page is stale.
 """
 
 from __future__ import annotations
