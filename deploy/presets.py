@@ -303,7 +303,17 @@ PRESETS = PRESET_FILE.presets
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called `name`, or a ConfigError that lists them."""
+    """The preset called `name`.
+
+    Args:
+        name: a preset's name (`fedbayes presets` lists them).
+
+    Returns:
+        The preset.
+
+    Raises:
+        ConfigError: no preset has that name; the message lists them.
+    """
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}: one of {', '.join(PRESETS)} (`fedbayes presets`)")
     return PRESETS[name]
@@ -311,7 +321,20 @@ def get_preset(name: str) -> Preset:
 
 def describe(name: str = "", strategy: str = "", split: str = "", clients: int = 0) -> str:
     """`fedbayes presets`: every preset in a line; one preset's values, each with its source; or, given a strategy,
-    its values as a `-c` string for `fedbayes run` (`flwr run`) and compose."""
+    its values as a `-c` string for `fedbayes run` (`flwr run`) and compose.
+
+    Args:
+        name: the preset; "" lists them all.
+        strategy: one strategy of the preset; "" shows every one (and no `-c` string).
+        split: the split; "" is the preset's first.
+        clients: the number of clients the values are for; 0 is the preset's.
+
+    Returns:
+        The text to print.
+
+    Raises:
+        ConfigError: an unknown preset, or a strategy or split it does not cover.
+    """
     from fedbayes.deploy.flower_app import toml_value
 
     if not name:
