@@ -1,6 +1,7 @@
-"""Classification metrics of a predictive distribution: accuracy, NLL, expected calibration error, and the per-bin
-data of its reliability diagram; and what its uncertainty is for: AUROC (rank-based, ties averaged) of a score for
-telling misclassified or out-of-distribution inputs apart, and selective accuracy at a coverage."""
+"""Classification metrics of a predictive distribution: accuracy, NLL, expected and maximum calibration error, the
+per-bin data of its reliability diagram; what its uncertainty is for: AUROC (rank-based, ties averaged) of a score for
+telling misclassified or out-of-distribution inputs apart, and selective accuracy at a coverage; and the
+membership-inference AUC of per-example losses."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from fedbayes.bayes.params import set_parameters
@@ -53,6 +55,23 @@ def _bin_sums(confidence: torch.Tensor, correct: torch.Tensor, bins: int) -> tup
 def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
     _, confidence_sum, correct_sum = _bin_sums(confidence, correct, bins)
     return ((confidence_sum - correct_sum).abs().sum() / confidence.numel()).item()
+
+
+def maximum_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """The largest gap between a bin's mean confidence and its accuracy, over the non-empty bins (Naeini et al., 2015;
+    the bins are the ECE's).
+
+    Args:
+        confidence: (N,) top-label probabilities.
+        correct: (N,) whether each top label is right (bool or 0/1).
+        bins: equal-width confidence bins.
+
+    Returns:
+        The maximum calibration error, in [0, 1].
+    """
+    count, confidence_sum, correct_sum = _bin_sums(confidence, correct, bins)
+    filled = count > 0
+    return ((confidence_sum - correct_sum)[filled].abs() / count[filled]).max().item()
 
 
 def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> dict[str, list[Any]]:
@@ -199,3 +218,57 @@ def member_probs(
         probs.append(predict_probs(model.to(device), images, batch_size, device))
         model.cpu()
     return torch.stack(probs)
+
+
+def membership_auc(members: npt.ArrayLike, others: npt.ArrayLike) -> float:
+    """The loss-threshold membership attack's AUC: the probability that a member's loss is below another example's,
+    ties counted half, over every pair (a model that remembers its training examples gives them lower losses).
+
+    Args:
+        members: per-example losses of the examples trained on.
+        others: per-example losses of examples not trained on.
+
+    Returns:
+        The AUC, in [0, 1]: 0.5 where members and others look alike.
+
+    Raises:
+        ValueError: `members` or `others` is empty.
+    """
+    member_losses = torch.from_numpy(np.asarray(members, dtype=float)).flatten()
+    other_losses = torch.from_numpy(np.asarray(others, dtype=float)).flatten()
+    if not member_losses.numel() or not other_losses.numel():
+        raise ValueError("the membership AUC needs at least one member and one other example")
+    is_member = torch.cat([torch.ones(member_losses.numel()), torch.zeros(other_losses.numel())])
+    area = auroc(-torch.cat([member_losses, other_losses]), is_member)  # a lower loss: more likely a member
+    assert area is not None  # both groups are non-empty
+    return area
+
+
+def class_matched_membership_auc(
+    members: npt.ArrayLike, member_labels: npt.ArrayLike, others: npt.ArrayLike, other_labels: npt.ArrayLike
+) -> float:
+    """The membership attack with one threshold per class (Song & Mittal 2021, their class-dependent threshold): each
+    class's AUC of the members against the others of that class, weighted by the members' count in it. Under a skewed
+    split the plain AUC also measures how well the model knows the members' classes; this one asks only whether the
+    members look more familiar than unseen examples of their class.
+
+    Args:
+        members: per-example losses of the examples trained on.
+        member_labels: their classes.
+        others: per-example losses of examples not trained on.
+        other_labels: their classes.
+
+    Returns:
+        The weighted AUC over the members' classes that the others have too.
+
+    Raises:
+        ValueError: no class of the members is among the others'.
+    """
+    member_losses, member_classes = np.asarray(members, dtype=float), np.asarray(member_labels)
+    other_losses, other_classes = np.asarray(others, dtype=float), np.asarray(other_labels)
+    classes = [c for c in np.unique(member_classes) if (other_classes == c).any()]
+    if not classes:
+        raise ValueError("no class of the members is among the other examples'")
+    weights = np.array([(member_classes == c).sum() for c in classes], dtype=float)
+    aucs = [membership_auc(member_losses[member_classes == c], other_losses[other_classes == c]) for c in classes]
+    return float(np.dot(weights, aucs) / weights.sum())

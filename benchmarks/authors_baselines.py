@@ -3,10 +3,11 @@ the paper's baseline rows come out of the code whose protocol our `bayesadmm-pap
 
 The paper ([C] Table 1) takes its baseline rows from Swaroop et al. ([P]), "as our setup is identical"; our FedAvg
 and FedProx rows under that protocol are 1.1-3.5 points above the paper's on the heterogeneous split, and our
-100-client FedDyn row 1.5-4.1 below. Protocol differences no run-config key expresses remain (deploy/presets.py,
-REF_DIFFERENCES): the authors' code keeps each client's Adam state from round to round, gives every client the same
-minibatch order every round, uses an unsquared proximal norm and its own split, and its FedDyn scales α and the
-server's correction by the last client's share N_K/N. This script runs that code (team-approx-bayes/bayes-admm,
+100-client FedDyn row 1.5-4.1 below. Protocol differences no run-config key expresses remain
+(deploy/presets.toml, notes.ref-differences): the authors' code keeps each client's Adam state from round to round,
+gives every client the same minibatch order every round, uses an unsquared proximal norm and its own split, and its
+FedDyn scales α and the server's correction by the last client's share N_K/N. This script runs that code
+(team-approx-bayes/bayes-admm,
 `train.py`; a checkout with Fashion-MNIST under DIR/data/FashionMNIST/raw, as benchmarks/startup_shutdown.py needs)
 with the preset's values for each method: if its rows land where ours do, the paper's rows are not what this code
 gives, and the gap is not in our implementation.
@@ -49,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.reproduce_table1 import REPORT_ROUNDS, SETUPS, last_three
-from fedbayes.deploy.presets import BAYESADMM_PAPER
+from fedbayes.deploy.presets import get_preset
 
 METHODS = {"fedavg": "FedAvg", "fedprox": "FedProx", "feddyn": "FedDyn", "fedlap": "FedLap"}
 # What their `federated_step_size` is, per method: FedProx's μ, FedDyn's α, FedLap's δ (FedAvg has none).
@@ -70,7 +71,7 @@ ROUND_LINE = re.compile(r"^Comm round (\d+): Test-acc: ([0-9.]+), test-nll: ([0-
 
 def authors_config(method: str, split: str, seed: int, rounds: int, clients: int) -> dict:
     """Their train.py's YAML keys for `method` with the bayesadmm-paper preset's values at `clients` clients."""
-    preset = BAYESADMM_PAPER.run_config(method, split, clients)
+    preset = get_preset("bayesadmm-paper").run_config(method, split, clients)
     if preset["activation"] != "sigmoid" or preset["input-scale"] != 255.0:
         raise SystemExit("their MLP is sigmoid on raw pixels; the preset no longer is: the rows would not compare")
     if method == "fedlap" and (preset["site-damping"], preset["site-damping-rule"]) != (0.0, "paper"):

@@ -3,7 +3,7 @@
 Under the `bayesadmm-paper` preset our FedAvg (heterogeneous FMNIST-10%, 10 clients) ends 3.5 points above the
 paper's row, while the authors' own code with the same values lands on it (benchmarks/authors_baselines.py); our
 FedLap ends below its row, and our FedDyn's homogeneous early rounds too. What their code does that no run-config key
-expresses (deploy/presets.py, REF_DIFFERENCES), each switched on alone here:
+expresses (deploy/presets.toml, notes.ref-differences), each switched on alone here:
 
   adam-kept     each client's Adam state (moments, step count) carries over from round to round: their worker builds
                 its optimizer once, for every method; ours builds a fresh one every round
@@ -59,12 +59,13 @@ from fedbayes.client import training
 from fedbayes.client.runtime import ClientRuntime
 from fedbayes.deploy.inprocess import run_inprocess
 from fedbayes.deploy.launcher import LocalRun
-from fedbayes.deploy.presets import BAYESADMM_PAPER
+from fedbayes.deploy.presets import get_preset
 from fedbayes.strategies.fedavg import client as fedavg_client
 from fedbayes.strategies.feddyn import client as feddyn_client
 from fedbayes.strategies.fedlap import client as fedlap_client
 from fedbayes.tasks.config import round_seed as training_seed
 
+BAYESADMM_PAPER = get_preset("bayesadmm-paper")
 PROTOCOL = RESULTS / "protocol"
 VARIANTS = ("ours", "adam-kept", "same-order", "their-split", "their-order", "their-training")
 KEEPS_ADAM = ("adam-kept", "their-training")

@@ -72,7 +72,13 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from fedbayes.bayes.metrics import classification_metrics, predict_probs
+from fedbayes.bayes.metrics import (
+    classification_metrics,
+    expected_calibration_error,
+    maximum_calibration_error,
+    predict_probs,
+    reliability_bins,
+)
 from fedbayes.bayes.params import parameter_layout, set_parameters, unflatten
 from fedbayes.deploy.launcher import check_run_config, parse_override
 from fedbayes.deploy.presets import get_preset
@@ -108,18 +114,15 @@ ROW_KEYS = (  # what each server row keeps in the JSONL (the *_ensemble keys: DS
 
 
 def reliability(confidence: torch.Tensor, correct: torch.Tensor, bins: int = BINS) -> dict[str, list[float] | float]:
-    """Per bin (j-1)/B < c <= j/B: accuracy, mean confidence, count; MCE and ECE over the non-empty bins."""
-    index = (confidence * bins).ceil().long().clamp(1, bins) - 1
-    count = torch.bincount(index, minlength=bins).double()
-    accuracy = torch.bincount(index, weights=correct.double(), minlength=bins) / count.clamp_min(1)
-    mean_confidence = torch.bincount(index, weights=confidence.double(), minlength=bins) / count.clamp_min(1)
-    gap = (accuracy - mean_confidence).abs()
+    """Per bin (j-1)/B < c <= j/B: accuracy, mean confidence (0 for an empty bin), count; MCE and ECE over the
+    non-empty bins (bayes/metrics.py)."""
+    diagram = reliability_bins(confidence, correct, bins)
     return {
-        "accuracy": accuracy.tolist(),
-        "confidence": mean_confidence.tolist(),
-        "count": count.tolist(),
-        "mce": gap[count > 0].max().item(),
-        "ece": (gap * count).sum().item() / count.sum().item(),
+        "accuracy": [value or 0.0 for value in diagram["accuracy"]],
+        "confidence": [value or 0.0 for value in diagram["confidence"]],
+        "count": [float(count) for count in diagram["count"]],
+        "mce": maximum_calibration_error(confidence, correct, bins),
+        "ece": expected_calibration_error(confidence, correct, bins),
     }
 
 

@@ -25,9 +25,8 @@ Runs (`--figures`):
 - 5: Fig. 5, K = 4 agents, N = 6 particles, split "homogeneous" (each label's training examples split equally over the
   agents) or "heterogeneous" (agents 1-2 hold 40% each of label +1 and 10% each of label -1, agents 3-4 the reverse).
 The T trials of one configuration run at once, as one batch of T independent particle sets (bayes/kernels.py takes
-(T, N, d)); trial t's numbers do not depend on which other trials share its batch, to round-off
-(tests/unit/test_dsvgd_logreg_benchmark.py). One JSON line per configuration is appended to the results file; a
-configuration already there is skipped (`--force` reruns it).
+(T, N, d)); trial t's numbers do not depend on which other trials share its batch, to round-off. One JSON line per
+configuration is appended to the results file; a configuration already there is skipped (`--force` reruns it).
 
     python benchmarks/dsvgd_logreg.py                       # both figures, 4 datasets, 20 trials, 40 rounds
     python benchmarks/dsvgd_logreg.py --figures 4 --datasets twonorm --agents 2 --trials 2 --rounds 5 --results /tmp/l

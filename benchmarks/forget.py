@@ -31,8 +31,8 @@ and, for the forgotten model right after the forget (refine 0), after refinement
   (b) accuracy and NLL on the forgotten client's own training data;
   (c) a loss-threshold membership-inference AUC: P(the loss of one of its training examples < the loss of a test
       example), ties half (0.5: its data look like unseen data; the full model's is the reference); and the same
-      attack with a threshold per class (class_matched_membership_auc), which the client's skewed classes do not
-      move;
+      attack with a threshold per class (bayes/metrics.py class_matched_membership_auc), which the client's skewed
+      classes do not move;
   (d) KL(forgotten ‖ retrained) where both are Gaussians, and ‖w_forgotten − w_retrained‖ / ‖w_retrained‖ of the
       global models (flat parameters);
   (e) cost: rounds, seconds and bytes (instructions + replies as encoded, protos/codec.py payload_bytes) of forget +
@@ -74,11 +74,15 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
-from sklearn.metrics import roc_auc_score
 
 from benchmarks.reproduce_table1 import COMMON, PRESETS
 from fedbayes.bayes.gaussian import kl_divergence
-from fedbayes.bayes.metrics import classification_metrics, predict_probs
+from fedbayes.bayes.metrics import (
+    class_matched_membership_auc,
+    classification_metrics,
+    membership_auc,
+    predict_probs,
+)
 from fedbayes.bayes.params import flatten, get_parameters, set_parameters
 from fedbayes.client.runtime import ClientRuntime, NodeSettings, split_rows
 from fedbayes.deploy.launcher import parse_override
@@ -269,26 +273,6 @@ def forgotten_client_link(settings: RunSettings, runtime: ClientRuntime, spent: 
 
 def example_losses(probabilities: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
     return -torch.log(probabilities[torch.arange(len(labels)), labels].clamp_min(1e-12)).numpy()
-
-
-def membership_auc(members: np.ndarray, others: np.ndarray) -> float:
-    """The loss-threshold attack's AUC: P(member loss < other loss), ties half."""
-    is_member = np.r_[np.ones(len(members)), np.zeros(len(others))]
-    return float(roc_auc_score(is_member, -np.concatenate([members, others])))
-
-
-def class_matched_membership_auc(
-    members: np.ndarray, member_labels: np.ndarray, others: np.ndarray, other_labels: np.ndarray
-) -> float:
-    """The attack with one threshold per class (Song & Mittal 2021, "Systematic evaluation of privacy risks of
-    machine learning models", their class-dependent threshold): each class's AUC of the members against the others
-    of that class, weighted by the members' count in it. Under a skewed split the plain AUC also measures how well
-    the model knows the client's classes (the retrained model's 0.37 on seed 0: it knows them less, not the
-    examples); this one asks only whether the client's examples look more familiar than unseen ones of their class."""
-    classes = [c for c in np.unique(member_labels) if (other_labels == c).any()]
-    weights = np.array([(member_labels == c).sum() for c in classes], dtype=float)
-    aucs = [membership_auc(members[member_labels == c], others[other_labels == c]) for c in classes]
-    return float(np.dot(weights, aucs) / weights.sum())
 
 
 def posterior_distance(forgotten: Federation, retrained: Federation) -> dict:

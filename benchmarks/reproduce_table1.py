@@ -76,10 +76,11 @@ from fedbayes.deploy.launcher import (
     parse_override,
     run_local,
 )
-from fedbayes.deploy.presets import BAYESADMM_PAPER, FEDLAP_PAPER
+from fedbayes.deploy.presets import get_preset
 from fedbayes.deploy.processes import stop_processes_on_signals
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table1"
+BAYESADMM_PAPER, FEDLAP_PAPER = get_preset("bayesadmm-paper"), get_preset("fedlap-paper")
 REPORT_ROUNDS = (10, 25, 50)
 
 COMMON = {"model": "mlp", "hidden": "200,100", "activation": "sigmoid", "batch-size": 32}
@@ -385,7 +386,7 @@ SETUPS = {
             ("two-class", "bayesadmm"): (0.40, 0.22, 0.15),
         },
     ),
-    # The same rows as fmnist-mlp under the paper's own protocol (deploy/presets.py): what the paper's numbers are
+    # The same rows as fmnist-mlp under the paper's own protocol (deploy/presets.toml): what the paper's numbers are
     # comparable with.
     "bayesadmm-paper": Setup(
         BAYESADMM_PAPER.dataset,

@@ -5,17 +5,19 @@ source of each value and prints them as a `-c` string for `fedbayes run` and com
 comparable only under the same protocol: the BayesADMM authors' code, for one, feeds raw 0-255 pixels to every
 method, which our defaults never do.
 
-Sources: [C] Möllenhoff et al., Federated ADMM from Bayesian Duality (App. G); REF its authors' code
-(team-approx-bayes/bayes-admm, configs/fmnist_*10/fedivon.yaml); [P] Swaroop et al., Connecting Federated ADMM to
-Bayes (App. E); [K] Kassab & Simeone, DSVGD (Sec. 7, App. C). Where a paper gives only a sweep grid, the value is
-ours and its source says why. What a paper does that no run-config key can express is in `Preset.unmatched`.
+The presets are data, deploy/presets.toml (shipped with the package; its header describes the format): each value with
+its source, each preset with its paper, results and section, and what a paper does that no run-config key can express
+(`Preset.unmatched`). Reading it refuses, naming the file and the key, anything it does not know.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from fedbayes.tasks.config import ConfigError
@@ -29,17 +31,28 @@ class Setting:
     source: str
 
     def resolve(self, clients: int) -> Any:
+        """The value for `clients` clients.
+
+        Args:
+            clients: the federation's number of clients.
+
+        Returns:
+            The value, computed from `clients` where it depends on them.
+        """
         return self.value(clients) if callable(self.value) else self.value
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A paper's protocol: the splits it describes and the data it ran on (`dataset`, `fraction`, `clients`,
-    `rounds`: what `fedbayes local` takes when not told otherwise), the keys every strategy gets, each strategy's own
-    (a (strategy, split) entry wins over the strategy's), and what no key can express."""
+    """A paper's protocol: where it comes from (`paper`, the `results` it reproduces, the `section` that describes
+    them), the splits it describes and the data it ran on (`dataset`, `fraction`, `clients`, `rounds`: what `fedbayes
+    local` takes when not told otherwise), the keys every strategy gets, each strategy's own (a (strategy, split)
+    entry wins over the strategy's), and what no key can express."""
 
     name: str
     paper: str
+    results: str
+    section: str
     splits: tuple[str, ...]
     dataset: str
     fraction: float
@@ -50,9 +63,25 @@ class Preset:
     by_split: Mapping[tuple[str, str], Mapping[str, Setting]] = field(default_factory=dict)
     unmatched: tuple[str, ...] = ()
 
+    @property
+    def source(self) -> str:
+        """The paper, the results and the section, in one line."""
+        return f"{self.paper}, {self.results}, {self.section}"
+
     def settings(self, strategy: str, split: str) -> dict[str, Setting]:
-        """Every key this preset sets for `strategy` on `split`, with its source; refuses a strategy it does not
-        cover, or a split the paper did not run (there is no protocol to follow)."""
+        """Every key this preset sets for `strategy` on `split`, with its source.
+
+        Args:
+            strategy: a strategy the preset covers.
+            split: a split the paper ran.
+
+        Returns:
+            The settings by run-config key: the common ones, the strategy's, then the strategy's for `split`.
+
+        Raises:
+            ConfigError: a strategy the preset does not cover, or a split the paper did not run (there is no protocol
+                to follow).
+        """
         if split not in self.splits:
             raise ConfigError(f"preset {self.name!r} describes the splits {', '.join(self.splits)}, not {split!r}")
         if strategy not in self.strategies:
@@ -63,239 +92,228 @@ class Preset:
         return {**self.common, **self.strategies[strategy], **self.by_split.get((strategy, split), {})}
 
     def run_config(self, strategy: str, split: str, clients: int) -> dict[str, Any]:
-        """The run-config values for `strategy` on `split` with `clients` clients."""
+        """The run-config values for `strategy` on `split` with `clients` clients.
+
+        Args:
+            strategy: a strategy the preset covers.
+            split: a split the paper ran.
+            clients: the federation's number of clients.
+
+        Returns:
+            The values by run-config key.
+
+        Raises:
+            ConfigError: as `settings`.
+        """
         return {key: setting.resolve(clients) for key, setting in self.settings(strategy, split).items()}
 
 
-# --- [C] Table 1 / [P] Table 1: FMNIST-10%, MLP 784-200-100-10 sigmoid, 10 clients, batch 32 ----------------------
+@dataclass(frozen=True)
+class PresetFile:
+    """What a presets file holds: the sources its settings cite, by label, and the presets by name."""
 
-RAW_PIXELS = Setting(
-    255.0,
-    "REF data_generators.py: FashionMNIST's uint8 tensor cast to float32, no /255, for every method ([C] reports "
-    "the baselines of [P], 'as our setup is identical', App. G.2; [P] itself does not say)",
-)
-FMNIST_MLP = {
-    "model": Setting("mlp", "[C] App. G.1-G.2, [P] App. E.5"),
-    "hidden": Setting("200,100", "[C] App. G.1, [P] App. E.5"),
-    "activation": Setting("sigmoid", "[C] App. G.1; REF models.py"),
-    "batch-size": Setting(32, "[C] App. G.2, [P] App. E.5"),
-    "input-scale": RAW_PIXELS,
-    "dirichlet-alpha-sizes": Setting(1.0, "[P] App. E.1 (α1 = 1)"),
-    "dirichlet-alpha-classes": Setting(0.5, "[P] App. E.1 (α2 = 0.5)"),
-    "eval-every": Setting(1, "[C]/[P] Table 1 average rounds t-2..t: every round evaluated"),
-    "eval-fraction": Setting(1.0, "the full 10,000 test images, as REF evaluates"),
-    "straggler-wait": Setting(0.0, "[C]/[P], REF: every client's update in every round (rounds wait for all)"),
-}
-ADAM_BASELINE = {
-    "optimizer": Setting("adam", "[P] App. E.5: local Adam"),
-    "lr": Setting(1e-3, "[P] App. E.5: 'Local Adam learning rate is set to 10^-3'"),
-    "lr-schedule": Setting("constant", "[P] names none; REF schedules only FedIVON's learning rate"),
-    "local-epochs": Setting(
-        10, "[P] App. E.5 sweeps {1, 5, 10} without saying which won; ours: 10, as every MLP config of REF"
-    ),
-}
-BASELINES: dict[str, dict[str, Setting]] = {
-    "fedavg": ADAM_BASELINE,
-    "fedprox": {
-        **ADAM_BASELINE,
-        "proximal-mu": Setting(0.01, "[P] App. E.5 sweeps 1..1e-4; ours: 0.01, REF's mnist_heterog/fedprox.yaml"),
-    },
-    "feddyn": {
-        **ADAM_BASELINE,
-        "feddyn-alpha": Setting(
-            1e-4,
-            "[P] App. E.5 sweeps 1e-2..1e-6; ours: 1e-4, the point of its grid (45 measured) closest to [P]'s rows "
-            "(docs/results/table1.md, FedDyn over the paper's grid)",
-        ),
-        "weight-decay": Setting(1e-6, "[P] App. E.5 sweeps 1e-4..1e-6; ours: 1e-6, with α 1e-4 (the same grid)"),
-        "local-epochs": Setting(5, "[P] App. E.5 sweeps {1, 5, 10}; ours: 5, with α 1e-4 (the same grid)"),
-    },
-    "fedlap": {
-        **ADAM_BASELINE,
-        "prior-precision": Setting(
-            1e-4,
-            "[P] App. E.5 sweeps δ 1..1e-4; ours: 1e-4, the point of its grid closest to [P]'s rows (REF's "
-            "mnist_heterog/fedlap.yaml has 1; docs/results/table1.md)",
-        ),
-        "local-epochs": Setting(5, "[P] App. E.5 sweeps {1, 5, 10}; ours: 5, with δ 1e-4 (the same grid)"),
-        "site-damping": Setting(0.0, "[P] App. E: ρ_k = N_k/N (0: the paper's rule)"),
-        "site-damping-rule": Setting("paper", "[P] App. E: one ρ_k for every coordinate"),
-    },
-    "fedlap-cov": {
-        **ADAM_BASELINE,
-        "prior-precision": Setting(
-            1.0,
-            "[P] App. E.5 sweeps δ 1..1e-4; ours: 1, within 1.2 points of [P]'s rows at every checkpoint, 10 and "
-            "100 clients (REF's one MLP config, MNIST with 100 clients, has 1e-4)",
-        ),
-        "site-damping": Setting(0.0, "[P] App. E: ρ_k = 1/K, after Ashman et al. (2022) (0: the paper's rule)"),
-        "site-damping-rule": Setting("paper", "[P] App. E: one ρ_k for every coordinate"),
-    },
-    "fedpa": {
-        **ADAM_BASELINE,
-        "burn-in-rounds": Setting(
-            10, "not in [C] or [P]: FedAvg's protocol, then FedPA's 10 burn-in rounds (spec fedpa.md §6.3)"
-        ),
-        "local-burnin-epochs": Setting(1, "the released FedPA code"),
-        "samples": Setting(9, "one sample per epoch after the burn-in epoch: FedAvg's 10 epochs"),
-        "shrinkage": Setting(0.1, "spec fedpa.md §6.3"),
-        "server-optimizer": Setting("sgd", "FedAvg's server"),
-        "server-lr": Setting(1.0, "FedAvg's server"),
-    },
-}
-FEDLAP_FUNC = {  # FedLap's point of the preset, its own δ, and the function-space keys ([P] App. E.5)
-    **BASELINES["fedlap"],
-    "memory-points-per-class": Setting(
-        1,
-        "[P] App. E.5: 'each client randomly picks 1 point per class present in the client' (2 for App. E.5's extra "
-        "rows: --set memory-points-per-class=2)",
-    ),
-    "prior-precision": Setting(
-        1.0,
-        "[P] App. E.5 sweeps δ 1..1e-4 for FedLap-Func as for FedLap without saying which won; ours: 1, the best "
-        "of 1, 1e-2, 1e-4 at τ_f 1e-2 (docs/algorithms/fedlap-func.md#measured)",
-    ),
-    "function-weight": Setting(
-        1e-3,
-        "[P] App. E.5 sweeps τ_f 1..1e-4 without saying which won; ours: 1e-3, the best of that grid at δ 1 "
-        "(docs/algorithms/fedlap-func.md#measured)",
-    ),
-    "server-fit-steps": Setting(5000, "[P] App. E.5: 'global server optimisation for 5000 iterations'"),
-    "server-fit-lr": Setting(1e-3, "[P] App. E.5: 'with a learning rate of 0.001'"),
-}
-BAYESADMM = {
-    "local-epochs": Setting(10, "REF fmnist_*10/fedivon.yaml num_epochs_local"),
-    "lr": Setting(5e-5, "REF fedivon.yaml learning_rate_local"),
-    "hess-init": Setting(1e-3, "REF fedivon.yaml h0_local"),
-    "temperature": Setting(1e-3, "REF fedivon.yaml temperature"),
-    "dual-damping": Setting(1e-3, "REF fedivon.yaml dual_update_damping"),
-    "beta2": Setting(0.9998, "REF fedivon.yaml beta2_local"),
-    "noise": Setting("shared", "REF reseeds every client's training from the run seed each round"),
-    "row-order": Setting(
-        "by-class",
-        "REF data_generators.py lists each client's rows class by class, for every method; it matters only where "
-        "every client draws the same permutation of its rows (noise=shared): the clients then meet the same classes "
-        "at the same step",
-    ),
-    "ensemble-samples": Setting(32, "[C] Sec. 5: 32 posterior samples; REF testmcsamples"),
-}
-BAYESADMM_BY_SPLIT = {
-    ("bayesadmm", "dirichlet"): {
-        "prior-precision": Setting(1.0, "REF fmnist_heterog10/fedivon.yaml local_prior_prec"),
-        "rho": Setting(0.2, "REF fmnist_heterog10/fedivon.yaml federated_step_size"),
-        "lr-schedule": Setting("cosine", "REF fmnist_heterog10/fedivon.yaml use_scheduler: True"),
-    },
-    ("bayesadmm", "iid"): {
-        "prior-precision": Setting(0.5, "REF fmnist_homog10/fedivon.yaml local_prior_prec"),
-        "rho": Setting(0.1, "REF fmnist_homog10/fedivon.yaml federated_step_size"),
-        "lr-schedule": Setting("constant", "REF fmnist_homog10/fedivon.yaml use_scheduler: False"),
-    },
-}
-REF_DIFFERENCES = (
-    "REF keeps each client's Adam state from round to round; ours starts a fresh optimizer every round (measured: "
-    "kept, our FedAvg lands on the paper's row, 3.6 points lower at round 50, and homogeneous FedLap within 1 point "
-    "of it, 2.6 higher; docs/results/table1.md)",
-    "REF gives the baselines the same minibatch order every round and, its rows class by class, every client of "
-    "one size the same classes at the same step (it reseeds each with the run seed); ours draws one per client and "
-    "round (measured with their order for FedDyn, homogeneous: no gain; docs/results/table1.md)",
-    "REF's proximal terms (FedProx, FedLap) use an unsquared norm; ours, the papers' squared one",
-    "REF's FedDyn gives every client α·N_K/N, the last client's share (its clients share one settings dict), and "
-    "scales the server's correction by the same share; ours follows FedDyn's α_k = α·N/(K·N_k) (measured with "
-    "REF's scaling: about 3 points lower at round 10 on both splits, further from [P]'s rows; REF's own FedDyn at "
-    "the preset's point climbs 2-4 points past [P]'s rows by round 50; docs/results/table1.md)",
-    "REF takes 10% of each class and its own split; ours a random 10% from the seed (its exact split: --set "
-    "split-file=..., `fedbayes partitions`)",
-)
+    references: Mapping[str, str]
+    presets: Mapping[str, Preset]
 
-BAYESADMM_PAPER = Preset(
-    name="bayesadmm-paper",
-    paper="[C] Möllenhoff et al., Federated ADMM from Bayesian Duality, Table 1 FMNIST rows, App. G.2",
-    splits=("iid", "dirichlet"),
-    dataset="fmnist",
-    fraction=0.1,
-    clients=10,
-    rounds=50,
-    common=FMNIST_MLP,
-    strategies={**BASELINES, "bayesadmm": BAYESADMM},
-    by_split=BAYESADMM_BY_SPLIT,
-    unmatched=REF_DIFFERENCES,
-)
-FEDLAP_PAPER = replace(  # [C] calls its FMNIST setup [P]'s: the same data, model and baselines
-    BAYESADMM_PAPER,
-    name="fedlap-paper",
-    paper="[P] Swaroop et al., Connecting Federated ADMM to Bayes, Table 1 FMNIST rows, App. E.5",
-    strategies={**BASELINES, "fedlap-func": FEDLAP_FUNC},
-    by_split={},
-    unmatched=(
-        "[P] does not say how it scales the pixels: raw 0-255 as [C]'s REF, which [C] calls the same setup",
-        "FedLap-Func's clients swap in the global function-space term on their own memory points only; [P]'s is on "
-        "every client's, whose inputs its server sends to every client (here no memory input leaves the server; "
-        "docs/algorithms/fedlap-func.md)",
-        "[P] does not say where FedLap-Func's server fit starts: here from FedLap's global w_lap (the spec's choice)",
-        *REF_DIFFERENCES,
-    ),
-)
 
-# --- [K] Sec. 7.3, Figs. 7-8: a Bayesian MLP (one hidden layer of 100) on FMNIST, 20 agents -------------------------
-
-SVGD = {
-    "particles": Setting(20, "[K] Sec. 7.3: N = 20"),
-    "local-steps": Setting(200, "[K] Sec. 7.3: L = 200"),
-    "distill-steps": Setting(200, "[K] Sec. 7.3: L' = 200"),
-    "server-steps": Setting(200, "[K] Fig. 15 (P-DSVGD): as L"),
-    "kde-bandwidth": Setting(0.55, "[K] App. C, Table 3"),
-    "svgd-lr": Setting(1e-3, "[K] App. C, Table 3"),
-    "distill-lr": Setting(1e-3, "[K] App. C, Table 3"),
-    "svgd-beta": Setting(0.9, "[K] App. C, Table 3"),
-    "svgd-fudge": Setting(1e-6, "[K] App. C, Table 3"),
-    "dsvgd-alpha": Setting(1.0, "[K] Sec. 4: α = 1"),
-    "prior-precision": Setting(math.e, "[K] Sec. 7.3: the prior's precision λ = e"),
-    "dsvgd-scheduler": Setting("round-robin", "[K] App. C.1"),
+# The keys of a preset's table and the type of each; the first eight are required.
+PRESET_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "paper": str,
+    "results": str,
+    "section": str,
+    "splits": list,
+    "dataset": str,
+    "fraction": (int, float),
+    "clients": int,
+    "rounds": int,
+    "common": dict,
+    "strategies": dict,
+    "by-split": dict,
+    "unmatched": list,
+    "unmatched-with": list,
 }
-DSVGD_PAPER = Preset(
-    name="dsvgd-paper",
-    paper="[K] Kassab & Simeone, DSVGD, Sec. 7.3 (Figs. 7-8) and App. C",
-    splits=("iid",),
-    dataset="fmnist",
-    fraction=1.0,
-    clients=20,
-    rounds=10,
-    common={
-        "model": Setting("mlp", "[K] Sec. 7.3: a Bayesian neural network"),
-        "hidden": Setting("100", "[K] Sec. 7.3: one hidden layer of 100 units"),
-        "activation": Setting("relu", "[K] follows Hernández-Lobato & Adams (ReLU)"),
-        "batch-size": Setting(100, "[K] App. C, Table 2"),
-        "input-scale": Setting(0.99, "[K] App. C.1: pixels·0.99/255 + 0.01 (the +0.01 has no key)"),
-    },
-    strategies={
-        "dsvgd": SVGD,
-        "p-dsvgd": SVGD,
-        "u-dsvgd": SVGD,
-        "fedavg": {
-            "fraction-train": Setting(
-                lambda clients: 1.0 / clients, "[K] App. C.1: FedAvg schedules a single agent per round"
-            ),
-            "local-epochs": Setting(
-                lambda clients: max(1, round(200 * 100 * clients / 60_000)),
-                "[K] App. C.1: L = 200 SGD iterations of 100 examples, in whole epochs of each agent's 60,000/K "
-                "(7 for 20 agents, 1 for 2)",
-            ),
-            "optimizer": Setting("adam", "ours: [K]'s AdaGrad-with-momentum rule is not a FedAvg optimizer"),
-            "lr": Setting(1e-3, "[K] App. C, Table 3 (every scheme but DSGLD/SGLD)"),
-        },
-    },
-    unmatched=(
-        "FedAvg's agent is drawn at random each round (fraction-train = 1/K), not in [K]'s round-robin order",
-        "FedAvg's local work is whole epochs (7 for 20 agents), not exactly L = 200 iterations; Adam, not [K]'s rule",
-        "the +0.01 pixel offset, and [K]'s 86%/14% re-split of train and test in each trial",
-    ),
-)
+REQUIRED_FIELDS = tuple(PRESET_FIELDS)[:8]
+VALUE_KINDS = ("value", "divided-by-clients", "epochs-for-steps")
+EPOCHS_FOR_STEPS = ("steps", "batch", "examples")
 
-PRESETS = {preset.name: preset for preset in (BAYESADMM_PAPER, FEDLAP_PAPER, DSVGD_PAPER)}
+
+def divided_by_clients(numerator: float, clients: int) -> float:
+    """`numerator` / `clients` (a share of the clients, as one client a round)."""
+    return numerator / clients
+
+
+def epochs_for_steps(steps: int, batch: int, examples: int, clients: int) -> int:
+    """`steps` steps of `batch` examples, on one of `clients` clients sharing `examples`, in whole epochs (at least
+    one)."""
+    return max(1, round(steps * batch * clients / examples))
+
+
+class _Reader:
+    """Reads one presets file, naming it and the key in every refusal."""
+
+    def __init__(self, name: str, document: dict[str, Any]):
+        from fedbayes.strategies import declared_keys
+
+        self.name, self.document, self.run_config_keys = name, document, declared_keys()
+        self.sets: dict[str, dict[str, Setting]] = {}  # the named settings sets read so far
+
+    def refuse(self, where: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.name}: {where}: {problem}")
+
+    def known(self, key: str, among: Mapping[str, Any] | tuple[str, ...], where: str) -> None:
+        if key not in among:
+            raise self.refuse(f"{where}.{key}" if where else key, f"unknown key (known: {', '.join(among)})")
+
+    def only_known(self, table: Mapping[str, Any], among: Mapping[str, Any] | tuple[str, ...], where: str) -> None:
+        for key in table:
+            self.known(key, among, where)
+
+    def named(self, kind: str, name: str, where: str) -> Any:
+        """The entry `name` of the top-level table `kind` (settings, notes), which `where` names."""
+        entries = self.typed(self.document.get(kind, {}), dict, kind)
+        if name not in entries:
+            raise self.refuse(where, f"no {kind}.{name} (there are {', '.join(entries) or 'none'})")
+        return entries[name]
+
+    def typed(self, value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+        if isinstance(value, bool) or not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(each.__name__ for each in kind)
+            raise self.refuse(where, f"must be {names}, not {value!r}")
+        return value
+
+    def strings(self, value: Any, where: str) -> tuple[str, ...]:
+        return tuple(self.typed(each, str, f"{where}[{i}]") for i, each in enumerate(self.typed(value, list, where)))
+
+    def read(self) -> PresetFile:
+        self.only_known(self.document, ("references", "settings", "notes", "presets"), "")
+        references = {
+            label: self.typed(text, str, f"references.{label}")
+            for label, text in self.typed(self.document.get("references", {}), dict, "references").items()
+        }
+        presets = {
+            name: self.preset(name, self.typed(table, dict, f"presets.{name}"))
+            for name, table in self.typed(self.document.get("presets", {}), dict, "presets").items()
+        }
+        return PresetFile(references, presets)
+
+    def preset(self, name: str, table: dict[str, Any]) -> Preset:
+        where = f"presets.{name}"
+        self.only_known(table, PRESET_FIELDS, where)
+        for key, kind in PRESET_FIELDS.items():
+            if key in table:
+                self.typed(table[key], kind, f"{where}.{key}")
+            elif key in REQUIRED_FIELDS:
+                raise self.refuse(f"{where}.{key}", "missing")
+        splits = self.strings(table["splits"], f"{where}.splits")
+        strategies = {
+            strategy: self.settings(
+                self.typed(own, dict, f"{where}.strategies.{strategy}"), f"{where}.strategies.{strategy}"
+            )
+            for strategy, own in table.get("strategies", {}).items()
+        }
+        by_split: dict[tuple[str, str], dict[str, Setting]] = {}
+        for strategy, per_split in table.get("by-split", {}).items():
+            self.known(strategy, strategies, f"{where}.by-split")
+            self.only_known(
+                self.typed(per_split, dict, f"{where}.by-split.{strategy}"), splits, f"{where}.by-split.{strategy}"
+            )
+            for split, own in per_split.items():
+                at = f"{where}.by-split.{strategy}.{split}"
+                by_split[strategy, split] = self.settings(self.typed(own, dict, at), at)
+        unmatched = self.strings(table.get("unmatched", []), f"{where}.unmatched")
+        for note in self.strings(table.get("unmatched-with", []), f"{where}.unmatched-with"):
+            unmatched += self.strings(self.named("notes", note, f"{where}.unmatched-with"), f"notes.{note}")
+        return Preset(
+            name=name,
+            paper=table["paper"],
+            results=table["results"],
+            section=table["section"],
+            splits=splits,
+            dataset=table["dataset"],
+            fraction=float(table["fraction"]),
+            clients=table["clients"],
+            rounds=table["rounds"],
+            common=self.settings(table.get("common", {}), f"{where}.common"),
+            strategies=strategies,
+            by_split=by_split,
+            unmatched=unmatched,
+        )
+
+    def settings(self, table: dict[str, Any], where: str, within: tuple[str, ...] = ()) -> dict[str, Setting]:
+        """A settings table: the named sets it takes `with`, in order, then its own keys (which win)."""
+        result: dict[str, Setting] = {}
+        for name in self.strings(table.get("with", []), f"{where}.with"):
+            result.update(self.named_set(name, f"{where}.with", within))
+        for key, entry in table.items():
+            if key == "with":
+                continue
+            if key not in self.run_config_keys:
+                raise self.refuse(f"{where}.{key}", "not a run-config key (`fedbayes strategies` lists them)")
+            result[key] = self.setting(self.typed(entry, dict, f"{where}.{key}"), f"{where}.{key}")
+        return result
+
+    def named_set(self, name: str, where: str, within: tuple[str, ...]) -> dict[str, Setting]:
+        table = self.typed(self.named("settings", name, where), dict, f"settings.{name}")
+        if name in within:
+            raise self.refuse(f"settings.{name}", f"takes itself: {' -> '.join((*within, name))}")
+        if name not in self.sets:
+            self.sets[name] = self.settings(table, f"settings.{name}", (*within, name))
+        return self.sets[name]
+
+    def setting(self, entry: dict[str, Any], where: str) -> Setting:
+        self.only_known(entry, ("source", *VALUE_KINDS), where)
+        kinds = [kind for kind in VALUE_KINDS if kind in entry]
+        if len(kinds) != 1:
+            raise self.refuse(where, f"needs exactly one of {', '.join(VALUE_KINDS)}")
+        source = self.typed(entry.get("source"), str, f"{where}.source")
+        value = entry[kinds[0]]
+        if kinds[0] == "divided-by-clients":
+            value = functools.partial(divided_by_clients, float(self.typed(value, (int, float), f"{where}.{kinds[0]}")))
+        elif kinds[0] == "epochs-for-steps":
+            at = f"{where}.{kinds[0]}"
+            self.only_known(self.typed(value, dict, at), EPOCHS_FOR_STEPS, at)
+            counts = [self.typed(value.get(key), int, f"{at}.{key}") for key in EPOCHS_FOR_STEPS]
+            value = functools.partial(epochs_for_steps, *counts)
+        return Setting(value, source)
+
+
+def load_presets(path: Traversable) -> PresetFile:
+    """Read and check a presets file (the format: deploy/presets.toml's header).
+
+    Args:
+        path: the TOML file.
+
+    Returns:
+        Its references and presets.
+
+    Raises:
+        ConfigError: the file is not TOML, or holds a key it may not (one the format does not know, a setting that is
+            not a run-config key, a named set or note that does not exist), a value of the wrong type, or misses a
+            preset's required key; the message names the file and the key.
+    """
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not TOML: {error}") from error
+    return _Reader(str(path), document).read()
+
+
+PRESET_FILE = load_presets(resources.files("fedbayes.deploy") / "presets.toml")
+PRESETS = PRESET_FILE.presets
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called `name`, or a ConfigError that lists them."""
+    """The preset called `name`.
+
+    Args:
+        name: a preset's name (`fedbayes presets` lists them).
+
+    Returns:
+        The preset.
+
+    Raises:
+        ConfigError: no preset has that name; the message lists them.
+    """
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}: one of {', '.join(PRESETS)} (`fedbayes presets`)")
     return PRESETS[name]
@@ -303,19 +321,33 @@ def get_preset(name: str) -> Preset:
 
 def describe(name: str = "", strategy: str = "", split: str = "", clients: int = 0) -> str:
     """`fedbayes presets`: every preset in a line; one preset's values, each with its source; or, given a strategy,
-    its values as a `-c` string for `fedbayes run` (`flwr run`) and compose."""
+    its values as a `-c` string for `fedbayes run` (`flwr run`) and compose.
+
+    Args:
+        name: the preset; "" lists them all.
+        strategy: one strategy of the preset; "" shows every one (and no `-c` string).
+        split: the split; "" is the preset's first.
+        clients: the number of clients the values are for; 0 is the preset's.
+
+    Returns:
+        The text to print.
+
+    Raises:
+        ConfigError: an unknown preset, or a strategy or split it does not cover.
+    """
     from fedbayes.deploy.flower_app import toml_value
 
     if not name:
         return "\n".join(
-            f"{preset.name}: {preset.paper}\n  {preset.dataset}, fraction {preset.fraction}, {preset.clients} clients, "
-            f"{preset.rounds} rounds, splits {', '.join(preset.splits)}; strategies {', '.join(preset.strategies)}"
+            f"{preset.name}: {preset.source}\n  {preset.dataset}, fraction {preset.fraction}, "
+            f"{preset.clients} clients, {preset.rounds} rounds, splits {', '.join(preset.splits)}; "
+            f"strategies {', '.join(preset.strategies)}"
             for preset in PRESETS.values()
         )
     preset = get_preset(name)
     split = split or preset.splits[0]
     lines = [
-        f"{preset.name}: {preset.paper}",
+        f"{preset.name}: {preset.source}",
         f"  {preset.dataset}, fraction {preset.fraction}, {preset.clients} clients, {preset.rounds} rounds",
     ]
     for each in [strategy] if strategy else list(preset.strategies):

@@ -22,6 +22,7 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
+pytest_plugins = ["tests.support.fixtures"]  # fixtures several tiers share
 TIERS = {
     "unit": ("unit",),
     "component": ("component",),

@@ -37,14 +37,6 @@ from tests.support.crafted import edit_json_metadata, in_child, rewrite_safetens
 from tests.support.forgetting import LEAVING, ClientsGrid, Federation
 
 
-@pytest.fixture
-def trained(tmp_path):
-    """Two rounds of the 3-client BayesADMM federation, stopped."""
-    federation = Federation(tmp_path)
-    federation.run(2)
-    return federation
-
-
 def test_an_operator_forget_on_a_stopped_federation(trained):
     """The newest checkpoint becomes the strategy's `forget` committed: client-3's duals gone, the global model its
     Forgotten.weights, the id unbound, revoked and out of the accepted rounds; the older checkpoint, which holds the

@@ -1,4 +1,4 @@
-"""Protocol presets (deploy/presets.py): every value is a declared run-config key the strategy accepts, `fedbayes
+"""Protocol presets (deploy/presets.toml): every value is a declared run-config key the strategy accepts, `fedbayes
 local --preset` starts from them with every --set winning, the `-c` string of `fedbayes presets` reads back as the
 same run config under Flower's own parser, and what a preset does not cover is refused before any process starts."""
 

@@ -54,19 +54,6 @@ def test_a_bad_poll_interval_is_refused(monkeypatch, value):
         supernode.poll_interval()
 
 
-@pytest.fixture
-def pull_defaults():
-    """Flower's object-pull keyword defaults, restored after the test."""
-    from flwr.supercore.inflatable import inflatable_utils
-
-    functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
-    saved = [dict(function.__kwdefaults__) for function in functions]
-    yield functions
-    for function, defaults in zip(functions, saved):
-        function.__kwdefaults__.clear()
-        function.__kwdefaults__.update(defaults)
-
-
 def test_object_pulls_retry_after_the_configured_backoff_not_1_s(monkeypatch, pull_defaults):
     from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
 
@@ -150,15 +137,6 @@ def grid_holding_reply(padding_mb: float):
     grid._client = api
     grid.set_run(Run.create_empty(run_id=1))
     return grid, api
-
-
-@pytest.fixture
-def grid_pulls(monkeypatch):
-    """Flower's HttpGrid module with its own `pull_objects`, restored after the test."""
-    from flwr.superlink.grid import http_grid
-
-    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
-    return http_grid
 
 
 def test_the_serverapp_stops_pulling_a_reply_over_the_payload_limit_and_releases_it(grid_pulls):

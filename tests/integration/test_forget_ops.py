@@ -25,17 +25,7 @@ from fedbayes.server.forget import (
     ForgetError,
 )
 from tests.support import ROOT
-from tests.support.forgetting import Federation
 from tests.support.processes import cli_env, run_loopback, stall_env, wait_for_file
-
-
-@pytest.fixture
-def trained(tmp_path):
-    """Two rounds of the 3-client BayesADMM federation, stopped."""
-    federation = Federation(tmp_path)
-    federation.run(2)
-    return federation
-
 
 # ---- a SIGKILL inside the operation ------------------------------------------------------------------------------
 KILL_AT = {

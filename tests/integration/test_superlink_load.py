@@ -1,8 +1,9 @@
-"""The SuperLink load test, small (benchmarks/superlink_load.py): 200 nodes speaking Flower's Fleet API from two
-processes (benchmarks/fleet_nodes.py: Flower's SuperNode connection, fedbayes supernode's loop, replies built with the
-codec) against a real `fedbayes superlink` and ServerApp on loopback, 20 of them sampled a round. The run completes,
-and every round commits the reply of every node it sampled: the results rows accept as many clients as they sent
-work to and refuse none, and the nodes sent exactly those replies."""
+"""The SuperLink load test, small (tests/support/superlink_load.py, which benchmarks/superlink_load.py sweeps): 200
+nodes speaking Flower's Fleet API from two processes (tests/support/fleet_nodes.py: Flower's SuperNode connection,
+fedbayes supernode's loop, replies built with the codec) against a real `fedbayes superlink` and ServerApp on
+loopback, 20 of them sampled a round. The run completes, and every round commits the reply of every node it sampled:
+the results rows accept as many clients as they sent work to and refuse none, and the nodes sent exactly those
+replies."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.superlink_load import LoadSettings, read_jsonl, run_nodes
+from tests.support.superlink_load import LoadSettings, read_jsonl, run_nodes
 
 pytestmark = pytest.mark.integration
 

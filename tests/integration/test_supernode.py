@@ -8,28 +8,6 @@ import os
 import pytest
 
 
-@pytest.fixture
-def pull_defaults():
-    """Flower's object-pull keyword defaults, restored after the test."""
-    from flwr.supercore.inflatable import inflatable_utils
-
-    functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
-    saved = [dict(function.__kwdefaults__) for function in functions]
-    yield functions
-    for function, defaults in zip(functions, saved):
-        function.__kwdefaults__.clear()
-        function.__kwdefaults__.update(defaults)
-
-
-@pytest.fixture
-def grid_pulls(monkeypatch):
-    """Flower's HttpGrid module with its own `pull_objects`, restored after the test."""
-    from flwr.superlink.grid import http_grid
-
-    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
-    return http_grid
-
-
 def test_the_doorbell_answers_only_its_supernodes_process_and_reports_a_stranger_once():
     import subprocess
     import sys

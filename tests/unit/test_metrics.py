@@ -1,11 +1,18 @@
-"""Accuracy, NLL and ECE against hand computations."""
+"""Accuracy, NLL, ECE and MCE against hand computations; the membership AUCs against their pairwise definition."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from fedbayes.bayes.metrics import classification_metrics, expected_calibration_error
+from fedbayes.bayes.metrics import (
+    class_matched_membership_auc,
+    classification_metrics,
+    expected_calibration_error,
+    maximum_calibration_error,
+    membership_auc,
+)
 
 
 def test_metrics_match_hand_computation():
@@ -54,3 +61,44 @@ def test_confident_mistake_has_finite_nll():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="probs must be"):
         classification_metrics(torch.ones(3, 2) / 2, torch.tensor([0, 1]))
+
+
+def test_the_maximum_calibration_error_is_the_largest_gap_of_a_filled_bin():
+    confidence = torch.tensor([0.05, 0.15, 0.15, 0.95, 1.0])
+    correct = torch.tensor([False, True, False, True, True])
+    # gaps: bin 1 |0 - 0.05|, bin 2 |0.5 - 0.15|, bin 10 |1 - 0.975|; the empty bins count for nothing
+    assert maximum_calibration_error(confidence, correct, bins=10) == pytest.approx(0.35)
+    assert expected_calibration_error(confidence, correct, bins=10) == pytest.approx((0.05 + 2 * 0.35 + 2 * 0.025) / 5)
+    assert maximum_calibration_error(torch.ones(3), torch.ones(3, dtype=torch.bool)) == 0.0
+
+
+def pairwise_auc(members: np.ndarray, others: np.ndarray) -> float:
+    """P(member loss < other loss) + ½ P(tie), counted over every pair."""
+    lower = (members[:, None] < others[None, :]).mean()
+    tied = (members[:, None] == others[None, :]).mean()
+    return float(lower + tied / 2)
+
+
+def test_the_membership_auc_is_the_pairwise_probability_with_ties_half():
+    assert membership_auc(np.array([1.0, 2.0]), np.array([2.0, 3.0])) == pytest.approx(3.5 / 4)
+    assert membership_auc(np.array([1.0, 3.0]), np.array([2.0, 2.0])) == pytest.approx(0.5)
+    generator = np.random.default_rng(0)
+    members, others = generator.integers(0, 20, 50).astype(float), generator.integers(5, 25, 70).astype(float)
+    assert membership_auc(members, others) == pytest.approx(pairwise_auc(members, others))
+    with pytest.raises(ValueError, match="at least one member"):
+        membership_auc(np.array([]), others)
+
+
+def test_the_class_matched_auc_compares_within_classes_weighted_by_the_members():
+    # The members are all of class 0, which the model knows well; the others' class 1 it knows badly. The members look
+    # no more familiar than unseen examples of class 0, so the class-matched AUC is ½ where the plain one is 1.
+    members, member_labels = np.array([0.1, 0.2, 0.3]), np.zeros(3, dtype=int)
+    others, other_labels = np.array([0.1, 0.2, 0.3, 5.0, 6.0]), np.array([0, 0, 0, 1, 1])
+    assert membership_auc(members, np.array([5.0, 6.0])) == 1.0
+    assert class_matched_membership_auc(members, member_labels, others, other_labels) == pytest.approx(0.5)
+    # Class 0: every member below every other (1); class 1: above (0); three members against one: ¾.
+    members, member_labels = np.array([0.1, 0.1, 0.1, 9.0]), np.array([0, 0, 0, 1])
+    others, other_labels = np.array([1.0, 2.0]), np.array([0, 1])
+    assert class_matched_membership_auc(members, member_labels, others, other_labels) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="no class of the members"):
+        class_matched_membership_auc(members, member_labels + 5, others, other_labels)

@@ -1,4 +1,4 @@
-"""The documentation (issue 32): the site builds with `mkdocs build --strict`, the generated configuration reference
+"""The documentation: the site builds with `mkdocs build --strict`, the generated configuration reference
 is what the declared keys give, every `fedbayes ...` command shown in the docs and the READMEs parses (argparse and
 Flower's `flwr run` parser, without running anything), every run-config key they name is declared, the algorithm
 pages name every hyperparameter, and the public API's docstring examples run."""

@@ -1,4 +1,4 @@
-"""Many SuperNodes in one process, for the SuperLink load test (benchmarks/superlink_load.py).
+"""Many SuperNodes in one process, the SuperLink load harness's load generator (tests/support/superlink_load.py).
 
 Each node is one thread that speaks Flower 1.39's Fleet API through Flower's own SuperNode connection
 (`flwr.client.grpc_rere_client.connection.grpc_request_response`: its own gRPC channel, a fresh key pair, every call
@@ -25,7 +25,7 @@ they share its imports. What process i did goes to `--output`: nodes-<i>.jsonl, 
 calls and their seconds), and replies-<i>.jsonl, one line per reply sent (run, round, node id, client id, compute
 seconds). SIGTERM stops the nodes (each signs off, as a SuperNode does on its way out) and writes a last stats line.
 
-    python -m benchmarks.fleet_nodes --superlink 127.0.0.1:9092 --nodes 1000 --processes 4 --output DIR
+    python tests/support/fleet_nodes.py --superlink 127.0.0.1:9092 --nodes 1000 --processes 4 --output DIR
 """
 
 from __future__ import annotations
@@ -42,10 +42,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # `python benchmarks/fleet_nodes.py` from a source checkout
-
-import benchmarks.environment  # noqa: F401  (no telemetry, no update check: before flwr)
+# What fedbayes.deploy.processes gives every Flower process, set before Flower is imported (a value the caller set is
+# kept).
+FLOWER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+for name, value in FLOWER_ENV.items():
+    os.environ.setdefault(name, value)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the checkout's fedbayes
 
 # isort: split
 
