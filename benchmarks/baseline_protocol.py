@@ -53,7 +53,7 @@ import benchmarks.environment  # noqa: F401  (one thread, no telemetry: before t
 # isort: split
 import torch
 
-from benchmarks.authors_baselines import AUTHORS, RESULTS, seed_cells
+from benchmarks.authors_baselines import results_dir, seed_cells
 from benchmarks.reproduce_table1 import PAPER_ACCURACY
 from fedbayes.client import training
 from fedbayes.client.runtime import ClientRuntime
@@ -66,7 +66,8 @@ from fedbayes.strategies.fedlap import client as fedlap_client
 from fedbayes.tasks.config import round_seed as training_seed
 
 BAYESADMM_PAPER = get_preset("bayesadmm-paper")
-PROTOCOL = RESULTS / "protocol"
+RESULTS = results_dir(10)  # the 10-client rows of Table 1
+AUTHORS, PROTOCOL = RESULTS / "authors", RESULTS / "protocol"
 VARIANTS = ("ours", "adam-kept", "same-order", "their-split", "their-order", "their-training")
 KEEPS_ADAM = ("adam-kept", "their-training")
 ALIGNED = ("their-order", "their-training")  # by-class rows, one seed for every client and round
