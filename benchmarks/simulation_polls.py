@@ -1,4 +1,4 @@
-"""The simulation engine's instruction polls (fedbayes.tasks.simulation_polls): what one sweep costs with Flower
+"""The simulation engine's instruction polls (fedbayes.flowerseam.simulation_polls): what one sweep costs with Flower
 1.39's `InMemoryLinkState.get_message_ins` and with ours.
 
 Flower's engine asks for every node's next instruction, one node after the other, then waits 0.1 s. While a round
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedbayes.tasks.simulation_polls import check_only_own_messages
+from fedbayes.flowerseam.simulation_polls import check_only_own_messages
 from tests.support.linkstate import simulated_link
 
 ENGINE_WAIT = 0.1  # seconds the engine waits between sweeps (flwr/server/superlink/fleet/vce/vce_api.py)

@@ -42,7 +42,7 @@ from pathlib import Path
 from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
 from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, checked_number
-from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION, default_max_message_mb
+from fedbayes.tasks.message_limits import MAX_MESSAGE_OPTION, default_max_message_mb
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.storage import MAX_CLIENT_ID_LENGTH, is_safe_name
 

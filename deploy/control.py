@@ -17,9 +17,9 @@ from pathlib import Path
 
 def node_id_of_key(public_key: Path, connection: str) -> int | None:
     """The node the SuperLink bound to this public key, or None if it holds no (live) node for it."""
-    from flwr.cli.supernode.register import try_load_public_key
+    from fedbayes.flowerseam.control import public_key_bytes
 
-    key = try_load_public_key(public_key)  # the bytes `flwr supernode register` sent for this file
+    key = public_key_bytes(public_key)  # the bytes `flwr supernode register` sent for this file
     matches = [
         node.node_id for node in list_nodes(connection) if node.public_key == key and node.status != "unregistered"
     ]
@@ -28,13 +28,11 @@ def node_id_of_key(public_key: Path, connection: str) -> int | None:
 
 def list_nodes(connection: str) -> list:
     """Every node the SuperLink knows (Flower's NodeInfo: node_id, status, public_key, ...)."""
-    from flwr.cli.flower_config import read_superlink_connection
-    from flwr.cli.utils import init_http_client_from_connection
-    from flwr.proto.control_pb2 import ListNodesRequest  # pylint: disable=no-name-in-module
+    from fedbayes.flowerseam import control
 
-    client = init_http_client_from_connection(read_superlink_connection(connection))
+    client = control.connect(connection)
     try:
-        return list(client.ListNodes(ListNodesRequest()).nodes_info)
+        return control.list_nodes(client)
     finally:
         client.close()
 

@@ -178,7 +178,7 @@ def _explain_certificate_failure(target: FleetTarget, reason: str) -> str:
 
 def activate_and_release(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> int:
     """Activate this key's node and deactivate it at once; its node id."""
-    from flwr.common.constant import HEARTBEAT_MIN_INTERVAL
+    from fedbayes.flowerseam.constants import HEARTBEAT_MIN_INTERVAL
 
     with fleet_stub(target, key) as stub:
         node_id = activate(stub, key, HEARTBEAT_MIN_INTERVAL)
@@ -189,25 +189,21 @@ def activate_and_release(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -
 @contextmanager
 def fleet_stub(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> Iterator:
     """A Fleet API stub over TLS that signs every call with the client's key, as a SuperNode's does."""
-    from flwr.client.grpc_rere_client.node_auth_client_interceptor import NodeAuthClientInterceptor
-    from flwr.proto.fleet_pb2_grpc import FleetStub
+    from fedbayes.flowerseam.fleet import signed_fleet_stub
 
     credentials = grpc.ssl_channel_credentials(_readable(target.ca_cert, "--ca").read_bytes())
     channel = grpc.secure_channel(target.address, credentials)
     try:
-        yield FleetStub(grpc.intercept_channel(channel, NodeAuthClientInterceptor(key, key.public_key())))
+        yield signed_fleet_stub(channel, key)
     finally:
         channel.close()
 
 
 def activate(stub, key: ec.EllipticCurvePrivateKey, heartbeat_interval: float) -> int:
     """ActivateNode for this key, promising a heartbeat every `heartbeat_interval` s; the node id."""
-    from flwr.proto.fleet_pb2 import ActivateNodeRequest  # pylint: disable=no-name-in-module
-    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+    from fedbayes.flowerseam.fleet import activate_node_request
 
-    request = ActivateNodeRequest(
-        public_key=public_key_to_bytes(key.public_key()), heartbeat_interval=heartbeat_interval
-    )
+    request = activate_node_request(key, heartbeat_interval)
     try:
         return stub.ActivateNode(request, timeout=RPC_TIMEOUT).node_id
     except grpc.RpcError as error:
@@ -215,19 +211,19 @@ def activate(stub, key: ec.EllipticCurvePrivateKey, heartbeat_interval: float) -
 
 
 def deactivate(stub, node_id: int) -> None:
-    from flwr.proto.fleet_pb2 import DeactivateNodeRequest  # pylint: disable=no-name-in-module
+    from fedbayes.flowerseam.fleet import deactivate_node_request
 
     try:
-        stub.DeactivateNode(DeactivateNodeRequest(node_id=node_id), timeout=RPC_TIMEOUT)
+        stub.DeactivateNode(deactivate_node_request(node_id), timeout=RPC_TIMEOUT)
     except grpc.RpcError as error:
         raise _explain_rpc_failure(error) from None
 
 
 def _explain_rpc_failure(error: grpc.RpcError) -> ProbeError:
-    from flwr.supercore.error import FlowerError
+    from fedbayes.flowerseam.fleet import flower_error as flower_error_in
 
     details = error.details() or ""
-    flower_error = FlowerError.from_json(details)
+    flower_error = flower_error_in(details)
     if flower_error is not None and flower_error.code == ACTIVATION_REFUSED:
         return ProbeError(
             "the SuperLink refuses this key (Flower code 2004). Either it is not registered (send the .pub file to the "

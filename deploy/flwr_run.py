@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from fedbayes.deploy.processes import free_ports, process_env, stop_processes_with_env
 from fedbayes.deploy.progress import Progress, parse_round_log_line
+from fedbayes.flowerseam.control import STATUS_CLIENT_MODULES
 from fedbayes.tasks.runlog import RUN_FAILED, failure_reason, new_federation
 
 MARKER_VARIABLE = "FEDBAYES_SUBMISSION"
@@ -218,21 +219,13 @@ def failure(
     return streamed.failure or f"run {streamed.run_id} is {status.status} ({status.details})"
 
 
-STATUS_CLIENT = (
-    "flwr.cli.flower_config",
-    "flwr.cli.utils",
-    "flwr.common.serde",
-    "flwr.proto.control_pb2",
-)  # what run_status_here uses of Flower's CLI
-
-
 def import_status_client() -> None:
     """Import what run_status_here needs in a thread of its own, while the run goes on (about 1.5 CPU-s, which would
     otherwise come at the run's end). An import that fails here fails again, with its message, in run_status_here."""
 
     def quietly() -> None:
         try:
-            for module in STATUS_CLIENT:
+            for module in STATUS_CLIENT_MODULES:
                 importlib.import_module(module)
         except Exception:  # noqa: BLE001, S110 - raised again where the status is asked
             pass
@@ -243,26 +236,22 @@ def import_status_client() -> None:
 def run_status_here(connection: str | None, run_id: int) -> RunStatus:
     """The run's status as its SuperLink reports it, asked from this process the way `flwr ls --run-id N` asks
     (Flower 1.39's Control API client; patient with a simulation SuperLink as deploy/patient_flwr.py is)."""
-    from flwr.cli.flower_config import read_superlink_connection
-    from flwr.cli.utils import init_http_client_from_connection
-    from flwr.common.serde import run_from_proto
-    from flwr.proto.control_pb2 import ListRunsRequest
-
     from fedbayes.deploy.patient_flwr import be_patient  # Flower's CLI reads its ports at import: not before main's
+    from fedbayes.flowerseam import control
 
     be_patient()
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its "Using SuperLink: ..." line: the run's output is over
-            client = init_http_client_from_connection(read_superlink_connection(connection))
+            client = control.connect(connection)
         try:
-            response = client.ListRuns(ListRunsRequest(run_id=run_id))
+            runs = control.list_runs(client, run_id)
         finally:
             client.close()
     except Exception as error:  # noqa: BLE001 - Flower's CLI errors (click, HTTP) as one line
         raise RuntimeError(f"the SuperLink gave no status for run {run_id}: {_one_line(str(error))}") from error
-    if run_id not in response.run_dict:
+    if run_id not in runs:
         raise RuntimeError(f"the SuperLink has no run {run_id}")
-    status = run_from_proto(response.run_dict[run_id]).status
+    status = runs[run_id].status
     return RunStatus(f"{status.status}:{status.sub_status}" if status.sub_status else status.status, status.details)
 
 

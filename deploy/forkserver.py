@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedbayes.deploy.processes import name_this_process, running
+from fedbayes.flowerseam.supernode import SUPERNODE_MODULES
 
-PRELOAD = ("fedbayes.deploy.supernode", "flwr.supernode.start_client_internal", "flwr.supernode.cli")
+PRELOAD = ("fedbayes.deploy.supernode", *SUPERNODE_MODULES)
 EXIT_UNKNOWN = 255  # the returncode of a fork whose fork server died before it could tell
 
 

@@ -17,6 +17,8 @@ from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedbayes.client.app import train
+from fedbayes.flowerseam.executor import identify_as_serverapp_task
+from fedbayes.flowerseam.messages import assign_message_id
 from fedbayes.server.app import run_federation
 from fedbayes.strategies import default_run_config
 
@@ -74,7 +76,7 @@ class InProcessGrid(Grid):
         for message in messages:
             self.pushed += 1
             message_id = f"m{self.pushed}"
-            message.metadata.__dict__["_message_id"] = message_id  # what the SuperLink would assign
+            assign_message_id(message, message_id)  # what the SuperLink would assign
             self.replies[message_id] = train(message, self.contexts[message.metadata.dst_node_id])
             ids.append(message_id)
         return ids
@@ -98,9 +100,7 @@ def run_inprocess(
     Returns:
         The results rows, one per round.
     """
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told
+    identify_as_serverapp_task(run_id=1, node_id=1, task_id=1)
     results = root / "results.jsonl"
     config = {
         **default_run_config(str(run_config["strategy"])),

@@ -287,23 +287,14 @@ def ask_superlink(address: str, ca: str | Path | None) -> dict[str, Any]:
     Raises:
         RuntimeError: it did not answer (the message says what Flower's client said).
     """
-    from flwr.cli.typing import SuperLinkConnection
-    from flwr.cli.utils import init_http_client_from_connection
-    from flwr.common.serde import run_from_proto
-    from flwr.proto.control_pb2 import ListNodesRequest, ListRunsRequest  # pylint: disable=no-name-in-module
+    from fedbayes.flowerseam import control
 
-    connection = SuperLinkConnection(
-        name="fedbayes-status",
-        address=address,
-        root_certificates=None if ca is None else str(Path(ca).resolve()),
-        insecure=ca is None,
-    )
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its "Using SuperLink: ..." line
-            client = init_http_client_from_connection(connection)
+            client = control.connect_to("fedbayes-status", address, None if ca is None else str(Path(ca).resolve()))
         try:
-            nodes = list(client.ListNodes(ListNodesRequest()).nodes_info)
-            runs = [run_from_proto(run) for run in client.ListRuns(ListRunsRequest()).run_dict.values()]
+            nodes = control.list_nodes(client)
+            runs = list(control.list_runs(client).values())
         finally:
             client.close()
     except Exception as error:  # noqa: BLE001 - Flower's client errors (HTTP, TLS, click) as one line

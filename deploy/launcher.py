@@ -53,7 +53,7 @@ from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.deploy.runfile import write_run_file
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
-from fedbayes.tasks.object_pulls import MAX_MESSAGE_OPTION
+from fedbayes.tasks.message_limits import MAX_MESSAGE_OPTION
 from fedbayes.tasks.preflight import unwritable
 from fedbayes.tasks.runlog import RunFailed, failure_reason, tracking_notice
 from fedbayes.tasks.slots import SLOTS_ENV

@@ -42,8 +42,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from flwr.common.constant import PUBLIC_KEY_ALREADY_IN_USE_MESSAGE
 
+from fedbayes.flowerseam.constants import PUBLIC_KEY_ALREADY_IN_USE_MESSAGE
 from fedbayes.tasks.storage import OUTPUT_MODE, check_new_files, is_safe_name, write_atomically
 
 DEFAULT_SERVER_NAMES = ("superlink", "localhost")

@@ -46,15 +46,15 @@ import os
 import select
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from fedbayes.deploy.doorbell import HEARD_POLL, Doorbell
 from fedbayes.deploy.processes import name_this_process
-from fedbayes.tasks.object_pulls import shorten_pull_backoff
+from fedbayes.flowerseam import executor as flower
+from fedbayes.flowerseam.object_pulls import shorten_pull_backoff
 
 # What a fedbayes ClientApp or ServerApp needs; importing it here is the whole point. Importing torch does not
 # initialise CUDA, so each forked child still sets up its own GPU context. torch._dynamo (2+ s) is the ClientApps':
@@ -65,11 +65,10 @@ PRELOAD = {
         *SHARED_PRELOAD,
         "torch._dynamo",
         "ivon",
-        "flwr.clientapp",
-        "flwr.supernode.runtime.run_clientapp",
+        *flower.RUNTIME_MODULES["clientapp"],
         "fedbayes.client.app",
     ),
-    "serverapp": (*SHARED_PRELOAD, "flwr.serverapp", "flwr.superlink.runtime.run_serverapp", "fedbayes.server.app"),
+    "serverapp": (*SHARED_PRELOAD, *flower.RUNTIME_MODULES["serverapp"], "fedbayes.server.app"),
 }
 TASK_TYPE = {"clientapp": "flwr-clientapp", "serverapp": "flwr-serverapp"}  # Flower's TaskType values
 UNREACHABLE_RETRY = 1.0  # seconds before asking a SuperNode again whose Runtime API did not answer
@@ -130,10 +129,8 @@ class ForkExecutor:
         """Forking has no capacity gate."""
 
     def launch(self, spec):
-        from flwr.supercore.superexec.executor import LaunchResult
-
         if spec.task_type != self.task_type:
-            return LaunchResult.failed(
+            return flower.launch_failed(
                 f"this fedbayes superexec runs {self.task_type} tasks only, not {spec.task_type}"
             )
         self.before_fork()
@@ -144,7 +141,7 @@ class ForkExecutor:
             _exit_after(lambda: _run_task(spec))
         self.children.add(pid)
         self.after_fork()
-        return LaunchResult.accepted()
+        return flower.launch_accepted()
 
     def reconcile(self) -> None:
         """Reap the tasks that have ended, without waiting for the others: a task can hang (one whose run was
@@ -174,11 +171,7 @@ class ForkExecutor:
 def _run_task(spec) -> None:
     """Child side of the fork: run one ClientApp or ServerApp task with Flower's own runner, as its
     `flwr-clientapp` or `flwr-serverapp` command would."""
-    from flwr.supercore.exit import exit_handler
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
-
-    # Exit handlers the parent may have registered were copied by fork; they must not run when this task exits.
-    exit_handler.registered_exit_handlers.clear()
+    flower.forget_exit_handlers()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     name_this_process(spec.task_type)
@@ -186,60 +179,14 @@ def _run_task(spec) -> None:
         "runtime_api_address": spec.runtime_api_address,
         "token": spec.token,
         "insecure": spec.insecure,
-        "certificates": validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+        "certificates": flower.root_certificates(spec.root_certificates_path, spec.insecure),
         "parent_pid": spec.parent_pid,
         "runtime_dependency_install": False,
     }
     if spec.task_type == TASK_TYPE["serverapp"]:
-        _run_serverapp(connection)
+        flower.run_serverapp_task(connection)
     else:
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
-
-        run_clientapp(**connection)
-
-
-def _run_serverapp(connection: dict) -> None:
-    """Flower's `flwr-serverapp` minus its argument parsing: the output is mirrored into a queue that the
-    ServerApp streams to the SuperLink (`flwr log`, `flwr run --stream`)."""
-    from queue import Queue
-
-    from flwr.supercore.logger import mirror_output_to_queue, restore_output
-    from flwr.superlink.runtime import run_serverapp
-
-    flush_logs_exactly()
-    log_queue: Queue[str | None] = Queue()
-    mirror_output_to_queue(log_queue)
-    run_serverapp(log_queue=log_queue, **connection)
-    restore_output()
-
-
-def flush_logs_exactly() -> bool:
-    """Make the ServerApp's last log flush wait for the uploads, not for a fixed second. Flower's `flush_logs`, called
-    before the ServerApp reports its outcome, waits until the log queue is empty and then sleeps 1 s for the last
-    upload to finish: a second at the end of every run. Here it ends the uploader instead (the end-of-queue mark
-    Flower's `stop_log_uploader` puts later) and waits for its thread, which uploads all it has before it ends, so
-    every log line is on the SuperLink before the outcome, as Flower intends. False (and nothing changed) on a
-    Flower other than the one this was read in."""
-    import flwr
-
-    runtime: Any = importlib.import_module("flwr.superlink.runtime.run_serverapp")  # the module, not its function
-    if flwr.__version__ != "1.39.0":
-        return False
-    uploaders: list[threading.Thread] = []
-    start_log_uploader = runtime.start_log_uploader
-
-    def start_and_keep(*args, **kwargs) -> threading.Thread:
-        uploaders.append(start_log_uploader(*args, **kwargs))
-        return uploaders[-1]
-
-    def flush(log_queue, timeout: float = 3.0) -> bool:
-        log_queue.put(None)
-        for uploader in uploaders:
-            uploader.join(timeout)
-        return not any(uploader.is_alive() for uploader in uploaders)
-
-    runtime.start_log_uploader, runtime.flush_logs = start_and_keep, flush
-    return True
+        flower.run_clientapp_task(connection)
 
 
 def _exit_after(body: Callable[[], object]) -> NoReturn:
@@ -285,31 +232,15 @@ class ServedRuntime:
         executor: ForkExecutor | None = None,
     ) -> None:
         """`executor`: the one forking its tasks (default: a ForkExecutor for `app`'s tasks)."""
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.runtime import RuntimeHttpClient
-        from flwr.supercore.superexec.plugin import AutoExecPlugin
-        from flwr.supercore.tls import validate_and_resolve_root_certificates
-
         self.address, self.poll, self.app = address, poll, app
         self.name = f"the {'SuperNode' if app == 'clientapp' else 'SuperLink'} at {address}"  # for messages
         self.executor = executor or ForkExecutor(TASK_TYPE[app])
-        validate_and_resolve_root_certificates(root_certificates, insecure)  # Flower's error for a missing CA file
+        flower.root_certificates(root_certificates, insecure)  # Flower's error for a missing CA file
         # No retry invoker (Flower's retries a call for as long as it fails) and a short timeout: one SuperNode that
         # is not up, or hangs, must not stop this loop from serving the others.
-        self.client = RuntimeHttpClient(
-            f"{'http' if insecure else 'https'}://{address}",
-            verify=False if insecure else (root_certificates or True),
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            timeout=ASK_TIMEOUT,
-        )
+        self.client = flower.runtime_client(address, insecure, root_certificates, ASK_TIMEOUT)
         # Flower's own plugin turns an acquired task into the launch spec our executor forks for.
-        self.plugin = AutoExecPlugin(
-            runtime_api_address=address,
-            insecure=insecure,
-            root_certificates_path=root_certificates,
-            runtime_dependency_install=False,
-            executor=self.executor,
-        )
+        self.plugin = flower.exec_plugin(address, insecure, root_certificates, self.executor)
         self.bell = _doorbell(address, parent_pid) if app == "clientapp" else None  # a SuperLink never rings
         self.process = None if parent_pid is None else os.pidfd_open(parent_pid)  # readable once it has exited
         self.next_ask = 0.0
@@ -328,14 +259,10 @@ class ServedRuntime:
 
     def ask(self) -> None:
         """Ask the SuperNode for a ClientApp task and fork it, if there is one."""
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest
-
         self.executor.reconcile()
         supported, fab_hashes = self.executor.get_eligible_capacity(set(self.plugin.supported_task_types))
         try:
-            reply = self.client.AcquireTask(
-                AcquireTaskRequest(supported_task_types=supported, agentapp_fab_hashes=fab_hashes)
-            )
+            reply = self.client.AcquireTask(flower.acquire_task_request(supported, fab_hashes))
         except Exception as error:  # noqa: BLE001 - not up yet, restarting, or gone: the others are still served
             if self.unreachable is None:
                 self.unreachable = f"{type(error).__name__}: {error}"
@@ -482,8 +409,6 @@ def exit_on_term(*_: object) -> NoReturn:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
-
     addresses, parent_pids = args.runtime_api_address, args.parent_pid or [None] * len(args.runtime_api_address)
     if len(parent_pids) != len(addresses):
         raise SystemExit(f"give one --parent-pid per --runtime-api-address ({len(parent_pids)} for {len(addresses)})")
@@ -491,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
     # the ServerApp is forked, or before the first ClientApp is, so that they do not hold up the ServerApp's start.
     client_side = Preloader({"clientapp"} - {args.app} if args.supernodes_from_stdin else set())
     try:
-        poll = _get_task_poll_interval()  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL, Flower's own check
+        poll = flower.task_poll_interval()  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL, Flower's own check
         nodes = [
             ServedRuntime(
                 address,

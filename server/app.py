@@ -16,9 +16,9 @@ import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout
+from fedbayes.flowerseam.simulation_polls import InMemoryGrid
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
 from fedbayes.server.loop import LoopSettings, run_rounds

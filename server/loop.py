@@ -33,14 +33,14 @@ from flwr.app import Array, ArrayRecord, Error, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedbayes.flowerseam.object_pulls import bound_reply_pulls, shorten_pull_backoff
+from fedbayes.flowerseam.simulation_polls import check_only_own_messages
 from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.client_metrics import row_fields as client_metrics_row
 from fedbayes.server.forget import ClientLink, Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
-from fedbayes.tasks.object_pulls import bound_reply_pulls, shorten_pull_backoff
-from fedbayes.tasks.simulation_polls import check_only_own_messages
 from fedbayes.tasks.storage import MAX_RECORD_BYTES, complete_lines, read_bounded, write_atomically
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
@@ -577,9 +577,11 @@ def _run_rounds(
     checkpoints: CheckpointStore,
     sinks: Sequence[RowSink],
 ) -> ArrayRecord:
-    shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (tasks/object_pulls.py)
+    shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (flowerseam/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
-    check_only_own_messages(grid)  # under Flower's simulation engine: its instruction polls (tasks/simulation_polls.py)
+    check_only_own_messages(
+        grid
+    )  # under Flower's simulation engine: its instruction polls (flowerseam/simulation_polls.py)
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
     forgetting = Forgetting(checkpoints, client_link(grid, settings))
     checkpoint = checkpoints.load()

@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from google.protobuf.message import Message as ProtoMessage
 
 from fedbayes.bayes.params import TensorLayout, flatten, unflatten, weighted_mean
 from fedbayes.bayes.robust import norms, screen_bounds
+from fedbayes.flowerseam.constants import ErrorCode
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import (
     NONCE_BYTES,

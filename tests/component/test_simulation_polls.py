@@ -1,13 +1,13 @@
-"""tasks/simulation_polls.py against Flower's own `InMemoryLinkState.get_message_ins`, on link states set up as
-Flower's simulation sets up its own (tests/support/linkstate.py): the same asks return the same instructions, mark
-them delivered, and drop an expired one."""
+"""fedbayes.flowerseam.simulation_polls against Flower's own `InMemoryLinkState.get_message_ins`, on link states set
+up as Flower's simulation sets up its own (tests/support/linkstate.py): the same asks return the same instructions,
+mark them delivered, and drop an expired one."""
 
 import time
 
 import pytest
 from flwr.server.superlink.linkstate import InMemoryLinkState
 
-from fedbayes.tasks import simulation_polls
+from fedbayes.flowerseam import simulation_polls
 from tests.support.linkstate import push, simulated_link
 
 

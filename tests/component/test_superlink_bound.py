@@ -23,6 +23,7 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, 
 from flwr.superlink.servicer.runtime import runtime_handlers
 
 from fedbayes.deploy import superlink
+from fedbayes.flowerseam import superlink as superlink_patches
 from tests.support.linkstate import RUN_ID, simulated_link
 
 
@@ -45,8 +46,8 @@ def bounded(monkeypatch):
     for name in ("PushMessages", "PushObject"):
         monkeypatch.setattr(FleetServicer, name, getattr(FleetServicer, name))
     monkeypatch.setattr(runtime_handlers, "pull_messages", runtime_handlers.pull_messages)
-    bound = superlink.ReplyBound(1.0, stale_seconds=180.0)
-    superlink.bounding_replies(bound)
+    bound = superlink_patches.ReplyBound(1.0, stale_seconds=180.0)
+    superlink_patches.bounding_replies(bound)
     grid, (node,) = simulated_link(1, [(0, 0.0)])
     (instruction,) = grid.state.get_message_ins(node_id=node, limit=1)
     factory = SimpleNamespace(state=lambda: grid.state)
@@ -143,18 +144,19 @@ def test_the_fleet_api_takes_calls_of_the_limit_or_one_array_chunk(monkeypatch):
 
     from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
-    from fedbayes.tasks.object_pulls import OBJECT_OVERHEAD_BYTES, call_bytes_limit
+    from fedbayes.flowerseam.object_pulls import call_bytes_limit
+    from fedbayes.tasks.message_limits import OBJECT_OVERHEAD_BYTES
 
     flower_superlink = importlib.import_module("flwr.superlink.cli.flower_superlink")
     monkeypatch.setattr(flower_superlink, "GRPC_MAX_MESSAGE_LENGTH", flower_superlink.GRPC_MAX_MESSAGE_LENGTH)
-    superlink.bounding_fleet_calls(100.0)
+    superlink_patches.bounding_fleet_calls(100.0)
     assert flower_superlink.GRPC_MAX_MESSAGE_LENGTH == 100 * 2**20 + OBJECT_OVERHEAD_BYTES
     assert call_bytes_limit(1.0) == FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE + OBJECT_OVERHEAD_BYTES  # a chunk gets through
     assert call_bytes_limit(4096.0) == 2**31 - 1  # gRPC's own: a larger message travels as several objects
 
 
 def test_the_option_is_taken_out_of_flowers_arguments_and_checked():
-    from fedbayes.tasks.object_pulls import max_message_option
+    from fedbayes.tasks.message_limits import max_message_option
 
     assert max_message_option(["--insecure", "--max-message-mb", "3.5", "--database", "x"]) == (
         3.5,
@@ -174,7 +176,7 @@ def test_flower_stores_a_registration_and_answers_an_ask_only_while_holding_the_
     being pushed (Flower's SQLite state made that race visible: the refused reply had been handed out)."""
     held = []
     push_messages, pull_messages = FleetServicer.PushMessages, runtime_handlers.pull_messages
-    bound = superlink.ReplyBound(1.0, stale_seconds=180.0)
+    bound = superlink_patches.ReplyBound(1.0, stale_seconds=180.0)
 
     def pushing(servicer, request, context):
         held.append(("push", bound.handover.locked()))
@@ -187,7 +189,7 @@ def test_flower_stores_a_registration_and_answers_an_ask_only_while_holding_the_
     monkeypatch.setattr(FleetServicer, "PushMessages", pushing)
     monkeypatch.setattr(FleetServicer, "PushObject", FleetServicer.PushObject)
     monkeypatch.setattr(runtime_handlers, "pull_messages", pulling)
-    superlink.bounding_replies(bound)
+    superlink_patches.bounding_replies(bound)
     grid, (node,) = simulated_link(1, [(0, 0.0)])
     (instruction,) = grid.state.get_message_ins(node_id=node, limit=1)
     servicer = FleetServicer(SimpleNamespace(state=lambda: grid.state), None, enable_supernode_auth=False)

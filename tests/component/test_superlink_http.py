@@ -12,7 +12,7 @@ from flwr.proto.message_pb2 import PullObjectRequest
 from flwr.superlink.main import create_app
 from flwr.superlink.routers.control import middlewares
 
-from fedbayes.deploy.superlink import passing_runtime_requests_through
+from fedbayes.flowerseam.superlink import passing_runtime_requests_through
 
 CONTROL_LAYERS = (
     "ControlSensitiveResponseMiddleware",

@@ -6,7 +6,7 @@ import flwr
 import pytest
 from flwr.server.superlink.linkstate import InMemoryLinkState
 
-from fedbayes.deploy.superlink import index_instructions_by_node
+from fedbayes.flowerseam.superlink import index_instructions_by_node
 from tests.component.test_simulation_polls import sweeps
 from tests.support.linkstate import push, simulated_link
 

@@ -1,5 +1,5 @@
 """`fedbayes supernode`: Flower's SuperNode loop with its fixed waits shortened, and nothing else changed; Flower's
-object pulls with a short first back-off (tasks/object_pulls.py)."""
+object pulls with a short first back-off (fedbayes.flowerseam.object_pulls)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import sys
 import pytest
 
 from fedbayes.deploy import supernode
+from fedbayes.flowerseam import supernode as supernode_patches
 
 
 def test_the_supernode_loop_polls_instead_of_sleeping_3_s(monkeypatch):
     slept = []
-    monkeypatch.setattr(supernode.time, "sleep", slept.append)
-    patched = supernode.polling_time(0.2)
+    monkeypatch.setattr(supernode_patches.time, "sleep", slept.append)
+    patched = supernode_patches.polling_time(0.2)
     for seconds in (3, 0.5, 1.0, 10):
         patched.sleep(seconds)
     assert slept == [0.2, 0.2, 1.0, 10]
@@ -23,12 +24,12 @@ def test_the_supernode_loop_polls_instead_of_sleeping_3_s(monkeypatch):
 
 def test_idle_polls_back_off_to_a_second_and_a_message_resets_them(monkeypatch):
     slept = []
-    monkeypatch.setattr(supernode.time, "sleep", slept.append)
-    patched = supernode.polling_time(0.2)
+    monkeypatch.setattr(supernode_patches.time, "sleep", slept.append)
+    patched = supernode_patches.polling_time(0.2)
     for seconds in (3,) * 7 + (0.5, 3, 3):  # idle polls, a message (waiting for its reply), idle again
         patched.sleep(seconds)
     assert slept == pytest.approx([0.2, 0.3, 0.45, 0.675, 1.0, 1.0, 1.0, 0.2, 0.2, 0.3])
-    assert patched.time is supernode.time.time and patched.monotonic is supernode.time.monotonic
+    assert patched.time is supernode_patches.time.time and patched.monotonic is supernode_patches.time.monotonic
 
 
 def test_it_patches_only_the_flower_it_was_read_in(monkeypatch):
@@ -40,7 +41,7 @@ def test_it_patches_only_the_flower_it_was_read_in(monkeypatch):
     monkeypatch.setattr(start_client_internal, "_pull_and_store_message", pull_and_store)
     monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "1")  # Flower's own object-pull back-off, unchanged
     supernode.patch_flower(0.1, runtime_port=9123)
-    assert start_client_internal.time.sleep is not supernode.time.sleep
+    assert start_client_internal.time.sleep is not supernode_patches.time.sleep
     assert start_client_internal._pull_and_store_message is not pull_and_store
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
     with pytest.raises(SystemExit, match="Flower 1.40.0 is installed"):
@@ -57,7 +58,7 @@ def test_a_bad_poll_interval_is_refused(monkeypatch, value):
 def test_object_pulls_retry_after_the_configured_backoff_not_1_s(monkeypatch, pull_defaults):
     from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
 
-    from fedbayes.tasks import object_pulls
+    from fedbayes.flowerseam import object_pulls
 
     monkeypatch.setenv("FEDBAYES_PULL_BACKOFF", "0.01")
     assert object_pulls.shorten_pull_backoff()
@@ -77,7 +78,7 @@ def test_object_pulls_retry_after_the_configured_backoff_not_1_s(monkeypatch, pu
 def test_object_pulls_are_left_alone_on_another_flower_and_a_bad_backoff_is_refused(monkeypatch, pull_defaults):
     import flwr
 
-    from fedbayes.tasks import object_pulls
+    from fedbayes.flowerseam import object_pulls
 
     before = [function.__kwdefaults__["initial_backoff"] for function in pull_defaults]
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
@@ -140,7 +141,7 @@ def grid_holding_reply(padding_mb: float):
 
 
 def test_the_serverapp_stops_pulling_a_reply_over_the_payload_limit_and_releases_it(grid_pulls):
-    from fedbayes.tasks import object_pulls
+    from fedbayes.flowerseam import object_pulls
 
     grid, api = grid_holding_reply(padding_mb=40)
     assert object_pulls.bound_reply_pulls(grid, 1.0)
@@ -161,7 +162,7 @@ def test_the_serverapp_stops_pulling_a_reply_over_the_payload_limit_and_releases
 def test_reply_pulls_are_left_alone_on_another_flower_or_grid(monkeypatch, grid_pulls):
     import flwr
 
-    from fedbayes.tasks import object_pulls
+    from fedbayes.flowerseam import object_pulls
 
     pull_objects = grid_pulls.pull_objects
     assert not object_pulls.bound_reply_pulls(object(), 1.0)  # e.g. simulation's in-memory grid
@@ -195,7 +196,7 @@ def test_the_supernode_rings_when_it_has_taken_a_message_and_reads_its_runtime_p
     rung = []
     monkeypatch.setattr(supernode, "ring", rung.append)
     results = iter([None, 7])
-    pull_and_store = supernode.ringing(lambda *args, **kwargs: next(results), 9123)
+    pull_and_store = supernode_patches.ringing(lambda *args, **kwargs: next(results), lambda: supernode.ring(9123))
     assert pull_and_store("anything") is None and rung == []  # nothing for this node
     assert pull_and_store("anything") == 7 and rung == [9123]
     assert supernode.runtime_port(["--insecure", "--port", "23456", "--superlink", "x:1"]) == 23456
@@ -309,7 +310,7 @@ def test_the_forked_serverapps_last_log_flush_waits_for_the_uploads_not_a_second
     import time
     from queue import Queue
 
-    from fedbayes.deploy.warm_executor import flush_logs_exactly
+    from fedbayes.flowerseam.executor import flush_logs_exactly
 
     runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
     for name in ("start_log_uploader", "flush_logs"):  # restored after the test: the patch is meant for a fork
@@ -583,7 +584,7 @@ def test_an_instruction_over_max_message_mb_is_refused_while_pulled_and_answered
     from flwr.supernode import start_client_internal as loop
     from flwr.supernode.nodestate import NodeStateFactory
 
-    from fedbayes.tasks.object_pulls import OBJECT_OVERHEAD_BYTES
+    from fedbayes.tasks.message_limits import OBJECT_OVERHEAD_BYTES
 
     monkeypatch.setattr(loop, "time", loop.time)
     monkeypatch.setattr(loop, "_pull_and_store_message", loop._pull_and_store_message)

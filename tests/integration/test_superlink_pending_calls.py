@@ -26,7 +26,8 @@ from flwr.supercore.primitives.asymmetric import public_key_to_bytes, sign_messa
 from flwr.supercore.runtime_version_compatibility import RuntimeVersionMetadata
 
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, console_script, free_ports, process_env
-from fedbayes.deploy.superlink import PENDING_CALLS, queueing_pending_calls
+from fedbayes.deploy.superlink import PENDING_CALLS
+from fedbayes.flowerseam.superlink import queueing_pending_calls
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """`fedbayes supernode`: Flower's SuperNode loop with its fixed waits shortened, and nothing else changed; Flower's
-object pulls with a short first back-off (tasks/object_pulls.py)."""
+object pulls with a short first back-off (fedbayes.flowerseam.object_pulls)."""
 
 from __future__ import annotations
 

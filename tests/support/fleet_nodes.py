@@ -71,10 +71,11 @@ from flwr.supercore.inflatable.inflatable_utils import (
 from flwr.supercore.retry import make_simple_grpc_retry_invoker
 
 from fedbayes.deploy.processes import name_this_process
-from fedbayes.deploy.supernode import DEFAULT_POLL, FLOWER_WAITS, polling_time
+from fedbayes.deploy.supernode import DEFAULT_POLL
+from fedbayes.flowerseam.object_pulls import shorten_pull_backoff
+from fedbayes.flowerseam.supernode import FLOWER_WAITS, polling_time
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TIMINGS_KEY, decode, encode, reply_header
-from fedbayes.tasks.object_pulls import shorten_pull_backoff
 
 IDLE_WAIT, REPLY_WAIT = FLOWER_WAITS  # the waits of Flower's SuperNode loop, as `polling_time` maps them
 FLEET_METHODS = (

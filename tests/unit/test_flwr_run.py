@@ -21,7 +21,7 @@ from fedbayes.deploy.flwr_run import (
     flwr_run_arguments,
     submission_env,
 )
-from fedbayes.deploy.patient_flwr import PATIENCE, bundle_quickly, collect_app_files
+from fedbayes.flowerseam.flwr_cli import PATIENCE, bundle_quickly, collect_app_files
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.servicer.control import control_handlers
 
-from fedbayes.deploy.superlink import BUSY_TIMEOUT_MS, STREAM_INTERVAL, patch_flower
+from fedbayes.deploy.superlink import BUSY_TIMEOUT_MS, STREAM_INTERVAL
+from fedbayes.flowerseam.superlink import patch_log_stream_and_database as patch_flower
 
 
 @pytest.fixture(autouse=True)

@@ -21,29 +21,19 @@ the ServerApp may still hold the limit plus the objects in flight (FLWR_PRIVATE_
 at most an array chunk (5 MiB) from an honest Flower sender, but up to the Fleet API's 2 GiB gRPC limit from a
 rogue one (or a ConfigRecord, which is one object however large).
 
-It lives in fedbayes.tasks, below both its users (the SuperNode and the ServerApp's round loop), so the ServerApp
-need not import fedbayes.deploy.
+It lives in the seam (fedbayes.flowerseam), below both its users (the SuperNode and the ServerApp's round loop), so
+the ServerApp need not import fedbayes.deploy.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 from collections.abc import Callable
 
-PATCHED_FLOWER = "1.39.0"
+from fedbayes.flowerseam.version import flower_is_patched
+from fedbayes.tasks.message_limits import OBJECT_OVERHEAD_BYTES, message_bytes_limit, seconds_from_env
+
 DEFAULT_BACKOFF = 0.05
-# What a reply's objects may take beyond max-payload-mb: every object's head and child ids, the Message's metadata
-# and the records' framing, a few hundred bytes per object; what is then still over is refused by
-# check_payload_size (protos/codec.py), which counts the records themselves.
-OBJECT_OVERHEAD_BYTES = 2**20
-
-
-def message_bytes_limit(max_message_mb: float) -> int:
-    """The most bytes of objects a message under `max_message_mb` MiB may take: its records plus
-    OBJECT_OVERHEAD_BYTES of framing."""
-    return int(max_message_mb * 2**20) + OBJECT_OVERHEAD_BYTES
 
 
 def call_bytes_limit(max_message_mb: float) -> int:
@@ -59,46 +49,6 @@ def call_bytes_limit(max_message_mb: float) -> int:
     return min(largest, GRPC_MAX_MESSAGE_LENGTH)
 
 
-MAX_MESSAGE_OPTION = "--max-message-mb"
-
-
-def default_max_message_mb() -> float:
-    """What a SuperLink or SuperNode bounds messages at unless told: the run config's max-payload-mb default."""
-    from fedbayes.tasks.config import RunSettings, keys_of
-
-    return float(next(key.default for key in keys_of(RunSettings) if key.name == "max-payload-mb"))
-
-
-def max_message_option(argv: list[str]) -> tuple[float, list[str]]:
-    """`fedbayes superlink`'s and `fedbayes supernode`'s own option: (the --max-message-mb given, or
-    `default_max_message_mb()`; the other arguments, for Flower's command as they are). SystemExit naming the option
-    for a value that is not a finite number of MiB > 0."""
-    import argparse
-
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument(MAX_MESSAGE_OPTION, default=str(default_max_message_mb()))
-    known, rest = parser.parse_known_args(argv)
-    try:
-        megabytes = float(known.max_message_mb)
-    except ValueError:
-        megabytes = math.nan
-    if not 0 < megabytes < math.inf:
-        raise SystemExit(f"{MAX_MESSAGE_OPTION} must be a finite number of MiB > 0, got {known.max_message_mb!r}")
-    return megabytes, rest
-
-
-def seconds_from_env(name: str, default: float, maximum: float) -> float:
-    """The environment variable `name` as seconds in (0, maximum], `default` when unset; ValueError naming it."""
-    value = os.environ.get(name, str(default))
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
-    if not 0 < seconds <= maximum:
-        raise ValueError(f"{name} must be in (0, {maximum:g}] seconds, got {seconds}")
-    return seconds
-
-
 def pull_backoff() -> float:
     return seconds_from_env("FEDBAYES_PULL_BACKOFF", DEFAULT_BACKOFF, 1.0)
 
@@ -106,10 +56,9 @@ def pull_backoff() -> float:
 def shorten_pull_backoff() -> bool:
     """Set the first retry of Flower's object pulls in this process to `pull_backoff()`; False (and nothing
     changed) on a Flower other than the one this was read in."""
-    import flwr
     from flwr.supercore.inflatable import inflatable_utils
 
-    if flwr.__version__ != PATCHED_FLOWER:
+    if not flower_is_patched():
         return False
     backoff = pull_backoff()
     for function in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
@@ -124,12 +73,11 @@ def bound_reply_pulls(grid, max_payload_mb: float) -> bool:
     plus OBJECT_OVERHEAD_BYTES, and release that reply on the SuperLink as taking it would have (else the SuperLink
     would keep its objects until the run ends). False (and nothing changed) for another grid (simulation's pulls
     nothing over a network) or a Flower other than the one this was read in. Calling it again replaces the bound."""
-    import flwr
     from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
     from flwr.supercore.inflatable import inflatable_utils
     from flwr.superlink.grid import http_grid
 
-    if flwr.__version__ != PATCHED_FLOWER or not isinstance(grid, http_grid.HttpGrid):
+    if not flower_is_patched() or not isinstance(grid, http_grid.HttpGrid):
         return False
 
     def release(message_id: str) -> None:  # what HttpGrid.pull_messages sends once it has taken a reply

@@ -22,17 +22,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-PATCHED_FLOWER = "1.39.0"
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid  # the simulation engine's grid (server/app.py asks)
+
+from fedbayes.flowerseam.version import flower_is_patched
 
 
 def check_only_own_messages(grid: object) -> bool:
     """Give the link state behind the simulation's `grid` an OwnMessages index; False (and nothing changed) for another
     grid (a deployment ServerApp's) or on a Flower other than the one this was read in."""
-    import flwr
     from flwr.server.superlink.linkstate import InMemoryLinkState
-    from flwr.superlink.grid import InMemoryGrid
 
-    if flwr.__version__ != PATCHED_FLOWER or not isinstance(grid, InMemoryGrid):
+    if not flower_is_patched() or not isinstance(grid, InMemoryGrid):
         return False
     state = grid.state
     if not isinstance(state, InMemoryLinkState):
