@@ -14,8 +14,9 @@
   state       the core's part of a checkpoint (identities, accepted rounds, quarantine, the forget ledger) and the
               strategy's, saved and restored together
 
-The loop (server/loop.py) drives it; forgetting (server/forget/) commits through its BetweenRounds interface. The
-strategy's state changes only through its `commit`, once a round or a forget is committed."""
+The loop (server/loop.py) drives it; forgetting (server/forget/) commits through the interface it needs of the core
+(server/forget/interface.py BetweenRounds). The strategy's state changes only through its `commit`, once a round or a
+forget is committed."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from logging import INFO, WARNING
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,36 +99,6 @@ class Change:
     record: Mapping[str, Any] | None = None
 
 
-class BetweenRounds(Protocol):
-    """What the round core offers whoever changes the federation's state between rounds (server/forget/): the
-    settings and strategy it runs, what it knows of the clients, one message to a node and the check of its answer,
-    and the commit of a Change."""
-
-    settings: RunSettings
-    strategy: ServerStrategy[Any]
-    leave_requests: list[tuple[str, int]]
-
-    @property
-    def buffer_layout(self) -> TensorLayout: ...
-    def client_of(self, node: int) -> str | None: ...
-    def bound_node(self, client: str) -> int | None: ...
-    def last_accepted(self) -> dict[str, int]: ...
-    def ledger_records(self) -> tuple[dict[str, Any], ...]: ...
-    def forget_of(self, client: str) -> dict[str, Any] | None: ...
-    def contributed_rounds(self, client: str) -> list[list[int]]: ...
-    def take_leave_requests(self) -> list[tuple[str, int]]: ...
-    def message_between_rounds(
-        self, server_round: int, node: int, body: ProtoMessage | None = None, tensors: TensorGroups | None = None
-    ) -> Message: ...
-    def reply_label(self, reply: Message) -> str: ...
-    def checked_lone_reply(
-        self, reply: Message, client: str, reply_type: Any, layouts: Layouts, server_round: int
-    ) -> Payload[Any]: ...
-    def state_dict(self, change: Change | None = None) -> ServerState: ...
-    def adopt(self, change: Change) -> None: ...
-    def checkpoint_written(self, state: ServerState) -> None: ...
-
-
 def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int, server_round: int) -> list[int]:
     """The nodes to train this round: a `fraction` of the connected ones (at least `minimum`), drawn with a
     per-round seed so that a server resumed from its checkpoint draws as an uninterrupted one would."""
@@ -192,7 +163,7 @@ class RoundCore:
     def buffer_layout(self) -> TensorLayout:
         return self.strategy.buffer_layout
 
-    # ---- what the core knows of the clients (BetweenRounds) ------------------------------------------------------
+    # ---- what the core knows of the clients (server/forget/) ------------------------------------------------------
     def client_of(self, node: int) -> str | None:
         """The client id bound to `node` (None: none)."""
         return self.identities.client_of(node)
@@ -614,7 +585,7 @@ class RoundCore:
     def _accepted_after(self, change: Change) -> dict[str, int]:
         return {client: r for client, r in self.accepted_rounds.items() if client != change.dropped}
 
-    # ---- one message between rounds (BetweenRounds) ----------------------------------------------------------------
+    # ---- one message between rounds (server/forget/) ----------------------------------------------------------------
     def message_between_rounds(
         self, server_round: int, node: int, body: ProtoMessage | None = None, tensors: TensorGroups | None = None
     ) -> Message:

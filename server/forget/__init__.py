@@ -47,9 +47,9 @@ has left count; a federation resumed before round t + R runs through round t + R
 (run_rounds raises it and logs so).
 
 The package, by role: requests.py (who asks, the operators' queue), audit.py (the audit log), lock.py (the server
-lock), settling.py (deciding and committing requests against a round core, through its BetweenRounds interface:
-server/round_core.py), client_part.py (the check of a client's part), stopped.py (a stopped federation's server,
-rebuilt: server/assembly.py), command.py (`fedbayes forget`).
+lock), settling.py (deciding and committing requests against a round core), interface.py (BetweenRounds: what
+settling asks of the round core), client_part.py (the check of a client's part), stopped.py (a stopped federation's
+server, rebuilt: server/assembly.py), command.py (`fedbayes forget`).
 """
 
 from __future__ import annotations

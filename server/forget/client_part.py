@@ -10,7 +10,7 @@ from flwr.app import Message
 
 from fedbayes.bayes.robust import norms, screen_bounds
 from fedbayes.protos.codec import Payload, PayloadError
-from fedbayes.server.round_core import BetweenRounds
+from fedbayes.server.forget.interface import BetweenRounds
 from fedbayes.strategies.base import ClientForget, ForgetRefused
 
 

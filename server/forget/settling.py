@@ -17,6 +17,7 @@ from fedbayes.bayes.params import unflatten
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.forget.audit import AUDIT_LOG, AuditLog
 from fedbayes.server.forget.client_part import checked_forget_reply
+from fedbayes.server.forget.interface import BetweenRounds
 from fedbayes.server.forget.requests import (
     REQUESTS_DIRECTORY,
     ForgetRequest,
@@ -24,7 +25,7 @@ from fedbayes.server.forget.requests import (
     not_a_client_id,
     refinement_problem,
 )
-from fedbayes.server.round_core import BetweenRounds, Change, non_finite
+from fedbayes.server.round_core import Change, non_finite
 from fedbayes.strategies.base import ClientForget, ForgetRefused, Forgotten
 from fedbayes.tasks.storage import fsync_directory
 
