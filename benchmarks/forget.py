@@ -6,7 +6,7 @@ benchmarks/reproduce_table1.py PRESETS; DSVGD: the README's FMNIST setting, MLP 
 client per round; any other strategy: that MLP's shape at the strategy's defaults, e.g. `--strategies bayesadmm-full
 --set model=logreg --set pool=4`), four phases (five with --reseeded-retrain):
   full      R rounds with all 10 clients
-  forget    after round R, the client with the most examples forgotten through the operator's path (server/forget.py
+  forget    after round R, the client with the most examples forgotten through the operator's path (server/forget/
             Forgetting: the strategy's `forget`, committed, checkpointed, audited), then --refine-rounds ordinary rounds
             among the other 9. DSVGD's factor t_k lives on the client (its forget is a ClientForget): Forgetting asks
             the forgotten client's node for its part between rounds, through a ClientLink to that client as the full

@@ -76,7 +76,7 @@ def answer_without_training(content: RecordDict, node: NodeSettings, settings: R
 
 def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
     """The answer of a client leaving for good (`fedbayes client --leave --forget`) to any instruction: LeaveAndForget,
-    no training. Once the instruction says the server has forgotten it (Header.forgotten_client_id; server/forget.py),
+    no training. Once the instruction says the server has forgotten it (Header.forgotten_client_id; server/forget/),
     its durable state in that federation is deleted first, and the leave marker stops `fedbayes client`; until then
     each request is noted (the leave-request note) for `fedbayes client` to report."""
     header = decode_header(content, sender="server")

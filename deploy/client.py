@@ -20,7 +20,7 @@ crash continues where the client left off.
 
 `--leave --forget` (no --data needed): the same SuperNode, whose ClientApp answers every instruction with a request
 to forget this client (LeaveAndForget) instead of training. The server honours it only from this client's own node,
-between rounds (server/forget.py), and says so in its next instruction; the ClientApp then deletes the client's
+between rounds (server/forget/), and says so in its next instruction; the ClientApp then deletes the client's
 durable state for that federation and writes the leave marker (client/state.py), and this command signs off and
 exits 0. A refused request (e.g. the last remaining client) is asked again at every instruction. It waits for that
 at most --leave-timeout seconds (0: no limit), saying at the start what it waits for and each time it has asked;

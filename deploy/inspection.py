@@ -428,7 +428,7 @@ def run_config_default(name: str) -> Any:
 
 
 def record_json(record: Mapping[str, Any]) -> dict[str, Any]:
-    """What `fedbayes clients` tells of a forget's or readmission's record (server/forget.py)."""
+    """What `fedbayes clients` tells of a forget's or readmission's record (server/forget/)."""
     keys = ("client", "round", "request", "asked_by", "decided_at", "refine_rounds", "refine_through_round")
     return {key: record.get(key) for key in keys}
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedbayes.bayes.params import buffer_layout, flatten, parameter_layout, unflatten
+from fedbayes.bayes.params import flatten, unflatten
 from fedbayes.posterior.file import (
     BUFFER,
     MEAN,
@@ -39,13 +39,13 @@ from fedbayes.posterior.file import (
     read_signing_key,
     write_posterior_file,
 )
+from fedbayes.server.assembly import ModelMismatch, assemble_server
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.evaluation import with_evaluation_defaults
-from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.strategies.base import GlobalPosterior
 from fedbayes.tasks.config import unnamed_code
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.models import build_model_holding, parse_hidden
+from fedbayes.tasks.models import parse_hidden
 
 WORKDIR_RUN_CONFIG = "run-config.toml"  # what `fedbayes local` submitted (deploy/launcher.py LocalFederation.submit)
 
@@ -143,17 +143,13 @@ def export_posterior(
     spec = ModelSpec(settings.model, parse_hidden(settings.hidden), settings.activation, settings.pool)
     held = {name: tuple(value.shape) for name, value in checkpoint.arrays.items()}
     try:
-        model = build_model_holding(
-            spec.model, test.input_shape, test.num_classes, spec.hidden, spec.activation, spec.pool, held
-        )
-    except Exception as error:  # a user's model builder may raise anything
+        parts = assemble_server(settings, test.input_shape, test.num_classes, held)
+    except ModelMismatch as error:
         raise ExportError(
             f"{source}: its global arrays ({len(held)} tensors) do not fit the model its run config builds here "
-            f"({spec}): {type(error).__name__}: {error}"
+            f"({spec}): {type(error.cause).__name__}: {error}"
         ) from None
-    settings = with_evaluation_defaults(settings, model, test.input_shape)  # ensemble-samples -1: what the server used
-    layout, buffers = parameter_layout(model), buffer_layout(model)
-    strategy = get_algorithm(settings.strategy).build_server(settings, layout, buffers)
+    settings, strategy, layout, buffers = parts.settings, parts.strategy, parts.layout, parts.buffers
     strategy.commit(strategy.load_state(checkpoint.strategy_state))
     posterior = strategy.global_posterior()
     kind, tensors = posterior_tensors(posterior, checkpoint.arrays, layout, buffers, source)

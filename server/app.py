@@ -17,18 +17,18 @@ from flwr.app import Array, ArrayRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedbayes.bayes.params import buffer_layout, get_parameters, parameter_layout
+from fedbayes.bayes.params import get_parameters
 from fedbayes.flowerseam.simulation_polls import InMemoryGrid
+from fedbayes.server.assembly import assemble_server
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.evaluation import ServerEvaluation, with_evaluation_defaults
+from fedbayes.server.evaluation import ServerEvaluation
 from fedbayes.server.loop import LoopSettings, run_rounds
 from fedbayes.server.preflight import preflight
 from fedbayes.server.round_core import RoundCore
 from fedbayes.server.tracking import posterior_export, tracked_run
-from fedbayes.strategies import default_run_config, get_algorithm, run_settings
+from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.tasks.compute import configure_threads, resolve_device
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.runlog import new_federation_line, run_failed_line
 
 app = ServerApp()
@@ -67,21 +67,11 @@ def run_federation(grid: Grid, context: Context, pipeline_evaluation: bool = Tru
         # the nodes of the run a resume continues would refuse every client. Nothing crosses a network here.
         log(INFO, "simulation: client ids may move to the new run's nodes (client-identity=reconnect)")
         settings = settings.replace(client_identity="reconnect")
-    algorithm = get_algorithm(settings.strategy)
-    test = load_dataset(settings.dataset, train=False, data_root=settings.data_root, download=settings.download).scaled(
-        settings.input_scale
-    )
-    torch.manual_seed(settings.seed)
-    model = build_model(
-        settings.model,
-        test.input_shape,
-        test.num_classes,
-        parse_hidden(settings.hidden),
-        settings.activation,
-        settings.pool,
-    )
-    settings = with_evaluation_defaults(settings, model, test.input_shape)  # by the model's cost where left to it
-    strategy = algorithm.build_server(settings, parameter_layout(model), buffer_layout(model))
+    test = load_dataset(settings.dataset, train=False, data_root=settings.data_root, download=settings.download)
+    torch.manual_seed(settings.seed)  # the initial model, and every later draw of this run, follow from the seed
+    parts = assemble_server(settings, test.input_shape, test.num_classes)
+    settings, strategy = parts.settings, parts.strategy
+    assert parts.model is not None, "a server that runs builds its model"
     device = resolve_device(settings.device)
     log(
         INFO,
@@ -92,7 +82,7 @@ def run_federation(grid: Grid, context: Context, pipeline_evaluation: bool = Tru
         settings.num_server_rounds,
     )
 
-    initial = ArrayRecord({name: Array(np.asarray(value)) for name, value in get_parameters(model).items()})
+    initial = ArrayRecord({name: Array(np.asarray(value)) for name, value in get_parameters(parts.model).items()})
     # the ensemble's size as evaluated: a checkpoint (and the posterior `fedbayes export` makes of it) records it
     run_config = {
         **context.run_config,
@@ -123,7 +113,7 @@ def run_federation(grid: Grid, context: Context, pipeline_evaluation: bool = Tru
                 results_exists=settings.results_exists,
                 pipeline_evaluation=pipeline_evaluation,
             ),
-            ServerEvaluation(model, test, strategy, settings, device),
+            ServerEvaluation(parts.model, test.scaled(settings.input_scale), strategy, settings, device),
             settings.results_path,
             # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
             CheckpointStore(

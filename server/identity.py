@@ -11,7 +11,7 @@ A reply's header names its client id, but the client chose that name. The server
 Either way a node cannot change its id, two nodes cannot share one, and at most `max-clients` ids are ever
 counted (a node inventing a new id each round is refused once the bound is reached).
 
-A forgotten client's id is revoked (server/forget.py): every later reply claiming it is refused by name, from any
+A forgotten client's id is revoked (server/forget/): every later reply claiming it is refused by name, from any
 node, until the operator readmits it (`fedbayes forget RUN --readmit ID`), after which it is a new client. The
 ledger of what forgetting needs (each client's accepted rounds, the revoked ids, the record of every forget) is
 checkpointed with the bindings.
@@ -58,7 +58,7 @@ def read_registry(path: str, max_clients: int) -> dict[str, int]:
 
 @dataclass
 class ForgetLedger:
-    """What forgetting a client needs the server to remember (server/forget.py): the rounds whose reply of each
+    """What forgetting a client needs the server to remember (server/forget/): the rounds whose reply of each
     client was accepted, as [first, last] ranges; the revoked ids (forgotten and not readmitted); and the record of
     every forget and readmission applied, oldest first (their audit lines). A forget or readmission makes a new
     ledger rather than editing this one, so the state it was computed from stays as it was until the caller commits."""

@@ -371,7 +371,7 @@ def exchange(
 
 
 def client_link(grid: Grid, settings: LoopSettings) -> ClientLink:
-    """One message to one node and its reply, between rounds (server/forget.py: a client's part of its own forget),
+    """One message to one node and its reply, between rounds (server/forget/: a client's part of its own forget),
     bounded by round-timeout like a round's exchange."""
 
     def ask(message: Message) -> Message | str:
@@ -561,7 +561,7 @@ def run_rounds(
     """Rounds 1..num_rounds, or, when the federation has a checkpoint, the rounds after it. Each round:
     configure, exchange, aggregate, then (RoundFinisher, overlapping the next round's training) evaluate, log,
     checkpoint. A crash before the checkpoint means the round runs again on resume; clients then start it from
-    their state before it (client/state.py). Forget requests (server/forget.py) are settled between rounds, under the
+    their state before it (client/state.py). Forget requests (server/forget/) are settled between rounds, under the
     federation's server lock, which the run holds throughout."""
     with server_lock(checkpoints.directory):
         return _run_rounds(grid, core, initial_arrays, settings, evaluate, results_path, checkpoints, sinks)

@@ -43,17 +43,19 @@ def check_model_and_strategy(settings: RunSettings, clients: int | None = None) 
     max-payload-mb. A built-in model is laid out on the meta device, so a model too large for this machine is
     refused by the memory check, not by the allocation of its weights; a user model is built (only its code knows
     its layout)."""
+    from fedbayes.server.assembly import ModelMismatch, assemble_server
     from fedbayes.strategies import get_algorithm
     from fedbayes.tasks.models import parse_hidden
 
     try:
-        hidden = parse_hidden(settings.hidden)
+        parse_hidden(settings.hidden)
     except ValueError as error:
         raise ConfigError(f"run config 'hidden': {error}") from None
     shape, num_classes = input_shape_and_classes(settings.dataset)
     try:
-        layout, buffers = _model_layouts(settings, shape, num_classes, hidden)
-    except (RuntimeError, ValueError) as error:  # e.g. a pooling window larger than the image, pool on a CNN
+        # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
+        parts = assemble_server(settings, shape, num_classes, planned=True)
+    except ModelMismatch as error:  # e.g. a pooling window larger than the image, pool on a CNN
         key, value = ("pool", settings.pool) if settings.pool > 1 else ("model", repr(settings.model))
         examples = f"{shape[1]}x{shape[2]} images" if len(shape) == 3 else f"examples of shape {shape}"
         raise ConfigError(
@@ -61,10 +63,8 @@ def check_model_and_strategy(settings: RunSettings, clients: int | None = None) 
             f"{' '.join(str(error).split())}"
         ) from None
     algorithm = get_algorithm(settings.strategy)
-    # builds no payload (DSVGD draws its particles in round 1); refuses a model the strategy cannot take
-    strategy = algorithm.build_server(settings, layout, buffers)
     check_client_evaluation(settings, algorithm.client_half())
-    reply = reply_size(settings, algorithm, strategy, buffers)
+    reply = reply_size(settings, algorithm, parts.strategy, parts.buffers)
     check_memory(reply, clients)  # first: the payload limit's remedy, a larger limit, would not help
     check_payload_limit(reply, settings.max_payload_mb)
 
@@ -82,15 +82,3 @@ def check_client_evaluation(settings: RunSettings, client_half: object) -> None:
             f"run config 'client-eval-fraction' ({settings.client_eval_fraction:g}): the client half of strategy "
             f"{settings.strategy!r} names no global model to evaluate (ClientHalf.global_model); set it to 0"
         )
-
-
-def _model_layouts(
-    settings: RunSettings, shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...]
-) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
-    from fedbayes.bayes.params import buffer_layout, parameter_layout
-    from fedbayes.tasks.models import build_model, is_user_model, planned_layouts
-
-    if not is_user_model(settings.model):
-        return planned_layouts(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
-    model = build_model(settings.model, shape, num_classes, hidden, settings.activation, settings.pool)
-    return parameter_layout(model), buffer_layout(model)

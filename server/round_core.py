@@ -14,8 +14,9 @@
   state       the core's part of a checkpoint (identities, accepted rounds, quarantine, the forget ledger) and the
               strategy's, saved and restored together
 
-The loop (server/loop.py) drives it; forgetting (server/forget.py) commits through it. The strategy's state changes
-only through its `commit`, once a round or a forget is committed."""
+The loop (server/loop.py) drives it; forgetting (server/forget/) commits through the interface it needs of the core
+(server/forget/interface.py BetweenRounds). The strategy's state changes only through its `commit`, once a round or a
+forget is committed."""
 
 from __future__ import annotations
 
@@ -56,8 +57,6 @@ from fedbayes.server.client_metrics import ClientMetrics, check_evaluation, clie
 from fedbayes.server.identity import ClientIdentities, ForgetLedger
 from fedbayes.server.isolation import Quarantine, usable_subset
 from fedbayes.strategies.base import (
-    ClientForget,
-    ForgetRefused,
     NodePool,
     RoundRejected,
     ServerState,
@@ -90,12 +89,14 @@ class RoundReport:
 
 @dataclass(frozen=True)
 class Change:
-    """What a forget or a readmission changes (server/forget.py): the strategy's state (None: unchanged), the
-    identities, and the accepted rounds (None: unchanged)."""
+    """A change of the federation's state decided between rounds rather than by one (server/forget/: a forget or a
+    readmission): the strategy's new state (None: unchanged), the client whose accepted round goes (None: none), and
+    the ledger's record of the decision (None: none), a "forgotten" one revoking its client's id, unbinding it and
+    dropping its contributions, a "readmitted" one lifting the revocation."""
 
-    identities: ClientIdentities
     strategy_state: Any = None
-    accepted_rounds: Mapping[str, int] | None = None
+    dropped: str | None = None
+    record: Mapping[str, Any] | None = None
 
 
 def sample_nodes(nodes: Iterable[int], fraction: float, minimum: int, seed: int, server_round: int) -> list[int]:
@@ -161,6 +162,31 @@ class RoundCore:
     @property
     def buffer_layout(self) -> TensorLayout:
         return self.strategy.buffer_layout
+
+    # ---- what the core knows of the clients (server/forget/) ------------------------------------------------------
+    def client_of(self, node: int) -> str | None:
+        """The client id bound to `node` (None: none)."""
+        return self.identities.client_of(node)
+
+    def bound_node(self, client: str) -> int | None:
+        """The node `client` is bound to (None: none)."""
+        return self.identities.bound_node(client)
+
+    def last_accepted(self) -> dict[str, int]:
+        """Client id -> the last round whose reply of it was accepted (a copy)."""
+        return dict(self.accepted_rounds)
+
+    def ledger_records(self) -> tuple[dict[str, Any], ...]:
+        """Every forget and readmission applied, oldest first (server/identity.py ForgetLedger)."""
+        return self.identities.ledger.records
+
+    def forget_of(self, client: str) -> dict[str, Any] | None:
+        """The record of the last forget of `client`, if its id is revoked."""
+        return self.identities.ledger.forget_of(client)
+
+    def contributed_rounds(self, client: str) -> list[list[int]]:
+        """The rounds whose reply of `client` was accepted, as [first, last] ranges."""
+        return self.identities.ledger.contributed.get(client, [])
 
     # ---- configure -------------------------------------------------------------------------------------------------
     def configure(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
@@ -285,7 +311,7 @@ class RoundCore:
         self, reply: Message, layouts: Callable[[ProtoMessage], Layouts], server_round: int, claimed: Mapping[str, int]
     ) -> Payload[Any]:
         node = reply.metadata.src_node_id
-        sender = self._claimed_label(reply)
+        sender = self.reply_label(reply)
         check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
         payload = decode(reply.content, pb.Reply, self.strategy.reply_type, layouts, sender=sender)
         header = payload.header
@@ -341,10 +367,10 @@ class RoundCore:
 
     def _leave_request(self, reply: Message, server_round: int) -> None:
         """A client's LeaveAndForget, sent instead of its reply: nothing of it enters the round. A well-formed one is
-        kept in `leave_requests` for server/forget.py, which decides it after the round is committed and honours it
+        kept in `leave_requests` for server/forget/, which decides it after the round is committed and honours it
         only from the node the client id is bound to."""
         node = reply.metadata.src_node_id
-        label = self._claimed_label(reply)
+        label = self.reply_label(reply)
         try:
             check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
             header = decode(reply.content, pb.LeaveAndForget, None, {}, sender=label).header
@@ -480,7 +506,8 @@ class RoundCore:
         client = self.identities.client_of(node)
         return f"client {client!r} (node {node})" if client else f"node {node}"
 
-    def _claimed_label(self, reply: Message) -> str:
+    def reply_label(self, reply: Message) -> str:
+        """How logs name the sender of `reply`: its bound client, or the client it claims to be, and its node."""
         node = reply.metadata.src_node_id
         claimed = claimed_client_id(reply.content)
         known = self.identities.client_of(node)
@@ -491,7 +518,7 @@ class RoundCore:
         return self.node_label(node)
 
     def _reject_reply(self, reply: Message, what: str, error: Exception) -> None:
-        label = self._claimed_label(reply)
+        label = self.reply_label(reply)
         reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
         self._reject(label, f"{what}: {reason.removeprefix(f'{label}: ')}", reply.metadata.src_node_id)
 
@@ -510,15 +537,13 @@ class RoundCore:
         """Everything a restarted server needs besides the global arrays (which the loop checkpoints itself): the
         strategy's state and the core's bound identities, accepted rounds, quarantine and forget ledger; as they
         are, or as `change` would make them (nothing is changed)."""
-        identities = self.identities if change is None else change.identities
-        accepted = self.accepted_rounds if change is None or change.accepted_rounds is None else change.accepted_rounds
-        strategy_state = (
-            self.strategy.state if change is None or change.strategy_state is None else change.strategy_state
-        )
+        change = change or Change()
+        identities = self._identities_after(change)
+        strategy_state = self.strategy.state if change.strategy_state is None else change.strategy_state
         state = self.strategy.save_state(strategy_state)
         core = {
             "identities": identities.to_metadata(),
-            "accepted_rounds": dict(accepted),
+            "accepted_rounds": self._accepted_after(change),
             "quarantine": self.quarantine.to_metadata(),
             "forget-ledger": identities.ledger.to_metadata(),
         }
@@ -542,82 +567,68 @@ class RoundCore:
         core = json.loads(state.metadata[CORE_STATE_KEY])
         self.checkpointed_rounds = {client: int(r) for client, r in core["accepted_rounds"].items()}
 
-    def accepted_without(self, client: str) -> dict[str, int]:
-        """The accepted rounds once `client` is forgotten: no instruction names a state of it any more."""
-        return {c: r for c, r in self.accepted_rounds.items() if c != client}
-
     def adopt(self, change: Change) -> None:
-        """Take a committed forget or readmission (server/forget.py) as the federation's state."""
-        self.identities = change.identities
-        if change.accepted_rounds is not None:
-            self.accepted_rounds = dict(change.accepted_rounds)
+        """Take a committed change (a forget's or a readmission's, server/forget/) as the federation's state."""
+        self.identities = self._identities_after(change)
+        self.accepted_rounds = self._accepted_after(change)
         if change.strategy_state is not None:
             self.strategy.commit(change.strategy_state)
 
-    # ---- a client's part of its own forget (server/forget.py) -------------------------------------------------------
-    def forget_message(
+    def _identities_after(self, change: Change) -> ClientIdentities:
+        """A copy of the identities with the change's record applied (these themselves when it has none)."""
+        record = change.record
+        if record is None:
+            return self.identities
+        apply = self.identities.readmitting if record["event"] == "readmitted" else self.identities.forgetting
+        return apply(record["client"], record)
+
+    def _accepted_after(self, change: Change) -> dict[str, int]:
+        return {client: r for client, r in self.accepted_rounds.items() if client != change.dropped}
+
+    # ---- one message between rounds (server/forget/) ----------------------------------------------------------------
+    def message_between_rounds(
         self, server_round: int, node: int, body: ProtoMessage | None = None, tensors: TensorGroups | None = None
     ) -> Message:
-        """A message to `node` between rounds, outside any round's bookkeeping: the strategy's request for the part of
-        a forget only the node's client can compute (ClientForget.instruction), or, with no body, the confirmation
-        that its client is forgotten. Its header is the one the node's instructions carry (the accepted round: the
-        state the client works from; a forget's confirmation), for round `server_round`, the round it follows."""
+        """A message to `node` between rounds, outside any round's bookkeeping (server/forget/: the part of a forget
+        only the node's client can compute, or, with no body, the confirmation that its client is forgotten). Its
+        header is the one the node's instructions carry (the accepted round: the state the client works from; a
+        forget's confirmation), for round `server_round`, the round it follows, with a new nonce."""
         instruction = pb.Instruction(header=new_header(self.settings.federation, server_round))
         content = encode(instruction, body, tensors or {})
         return self._addressed(content, instruction, node, self.checkpointed_rounds)
 
-    def checked_forget_reply(
-        self, reply: Message, client: str, asked: ClientForget[Any], server_round: int
+    def checked_lone_reply(
+        self, reply: Message, client: str, reply_type: Any, layouts: Layouts, server_round: int
     ) -> Payload[Any]:
-        """`client`'s reply to `asked` (its part of its forget), checked as a round's reply is (size, wire schema,
-        round, federation, the nonce of this request, the id and the node it is bound to, the strategy's checks),
-        and also: it worked from the state of its last accepted round (resumed_from_round), and its update passes the
-        screen a lone reply meets (screen-ratio x the larger of the state's norm and an RMS change of 1).
-        ForgetRefused, with why, otherwise."""
-        label = self._claimed_label(reply)
-        try:
-            if reply.has_error():
-                raise PayloadError(f"client error: {reply.error.reason}")
-            check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
-            payload = decode(reply.content, pb.Reply, asked.reply_type, asked.reply_layouts, sender=label)
-            self._check_header(payload.header, server_round, reply.metadata.src_node_id)
-            if payload.header.client_id != client:
-                raise PayloadError(f"field 'header.client_id': {payload.header.client_id[:64]!r} is not {client!r}")
-            self.identities.check(reply.metadata.src_node_id, client, self.connected, {})
-            self._check_forget_basis(payload, client)
-            self.strategy.check_reply(payload)
-            self._screen_alone(payload)
-        except Exception as error:  # the guard: no reply may stop the server
-            reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
-            raise ForgetRefused(
-                f"the forget reply of {label} was refused: {reason.removeprefix(f'{label}: ')}"
-            ) from None
+        """`client`'s answer to `message_between_rounds`, checked as a round's reply is.
+
+        Args:
+            reply: the node's answer.
+            client: the client id it must be of.
+            reply_type: the reply's body type (the wire schema), with `layouts` its tensors'.
+            layouts: the layouts of the reply's tensor groups.
+            server_round: the round the message followed.
+
+        Returns:
+            The decoded reply: no client error, its size, wire schema, round, federation, the nonce of that message,
+            the client id, the node it is bound to and the strategy's own checks all passed.
+
+        Raises:
+            PayloadError: naming what is wrong; whatever the strategy's check raises, as it raises it.
+        """
+        label = self.reply_label(reply)
+        if reply.has_error():
+            raise PayloadError(f"client error: {reply.error.reason}")
+        check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
+        payload = decode(reply.content, pb.Reply, reply_type, layouts, sender=label)
+        self._check_header(payload.header, server_round, reply.metadata.src_node_id)
+        if payload.header.client_id != client:
+            raise PayloadError(f"field 'header.client_id': {payload.header.client_id[:64]!r} is not {client!r}")
+        self.identities.check(reply.metadata.src_node_id, client, self.connected, {})
+        self.strategy.check_reply(payload)
         return payload
 
-    def _check_forget_basis(self, payload: Payload[Any], client: str) -> None:
-        resumed, accepted = payload.reply.resumed_from_round, self.accepted_rounds.get(client, 0)
-        if resumed != accepted:
-            raise PayloadError(
-                f"field 'resumed_from_round': {resumed}, but the factor the server's state holds of client {client!r} "
-                f"is of round {accepted}"
-            )
-
-    def _screen_alone(self, payload: Payload[Any]) -> None:
-        update = self.strategy.update_of(payload)
-        if update is None:
-            return
-        (norm,) = norms([update])
-        # alone, an update has no others to be compared with for its size (a forget's reply claims no examples)
-        (bound,) = screen_bounds(
-            np.array([norm]), np.ones(1), self.strategy.state_norm(), update.size, self.settings.screen_ratio
-        )
-        if norm > bound:
-            raise PayloadError(
-                f"refused by the screen: its update's norm {norm:.3g} is over {bound:.3g} (screen-ratio="
-                f"{self.settings.screen_ratio:g} x the larger of the state's norm and an RMS change of 1)"
-            )
-
     def take_leave_requests(self) -> list[tuple[str, int]]:
-        """This round's leave requests, handed over once: server/forget.py decides them."""
+        """This round's leave requests, handed over once to whoever decides them (server/forget/)."""
         requests, self.leave_requests = self.leave_requests, []
         return requests

@@ -128,7 +128,7 @@ class Forgotten(Generic[S]):
 class ClientForget(Generic[S]):
     """What `forget(client)` returns where the client's factor lives only on the client's machine (DSVGD, U-DSVGD):
     the server cannot compute the state without it, so the client computes its part. The forget machinery
-    (server/forget.py) sends `instruction` with `tensors` to the client's node between rounds; the reply must be a
+    (server/forget/) sends `instruction` with `tensors` to the client's node between rounds; the reply must be a
     `reply_type` of `reply_layouts`, and once the round core has checked it as it checks any reply, `finish(payload)`
     computes the Forgotten state from it (ForgetRefused where the reply is unusable), without changing the strategy.
     `factor`: what of the client's the factor is, for messages ("its local particles")."""

@@ -53,7 +53,7 @@ AT_LEAST_ONE = Check(lambda value: value >= 1, "must be >= 1")
 MOMENTUM = Check(lambda value: 0.0 <= value < 1.0, "must be in [0, 1)")  # a momentum or a moment decay
 SHARE = Check(lambda value: 0.0 < value <= 1.0, "must be in (0, 1]")
 # `fedbayes forget --refine-rounds`: the rounds after a forget it may ask for, which a resume runs whatever its
-# num-server-rounds (server/forget.py). Twenty times the longest protocol here (deploy/presets.toml, 50 rounds): a
+# num-server-rounds (server/forget/). Twenty times the longest protocol here (deploy/presets.toml, 50 rounds): a
 # refinement longer than a training is a retraining, and a mistyped count must not keep a federation running for ever.
 MAX_REFINE_ROUNDS = 1000
 REFINE_ROUNDS = Check(lambda value: 0 <= value <= MAX_REFINE_ROUNDS, f"must be in [0, {MAX_REFINE_ROUNDS}]")

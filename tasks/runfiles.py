@@ -41,13 +41,13 @@ MAX_CONFIG_BYTES = 2**20  # a run-config.toml or Flower connection file: a few h
 # The names the server and the launcher give their files; tasks imports neither (tests/unit/test_inspection.py
 # checks that the names agree).
 FLWR_HOME = "flwr-home"  # deploy/launcher.py FLWR_HOME
-LOCK_FILE = "server.lock"  # server/forget.py LOCK_FILE
-AUDIT_LOG = "forget-audit.jsonl"  # server/forget.py AUDIT_LOG
+LOCK_FILE = "server.lock"  # server/forget/lock.py LOCK_FILE
+AUDIT_LOG = "forget-audit.jsonl"  # server/forget/audit.py AUDIT_LOG
 RESULTS_START = "results-start.json"  # server/loop.py RESULTS_START
 METRICS = ("accuracy", "nll", "ece")  # of the global model; the Bayesian strategies' ensemble's too: <name>_ensemble
 SERVER_LOG = "flwr-run.log"  # the log of `fedbayes run`, which streams the ServerApp's (deploy/launcher.py)
 _LOG_MESSAGE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s+(.*)$")
-# A results row's label of a client left out (server/round_core.py node_label, _claimed_label): its id comes first.
+# A results row's label of a client left out (server/round_core.py node_label, reply_label): its id comes first.
 _CLIENT_LABEL = re.compile(r"^client '([A-Za-z0-9._-]+)' \(node (\d+)\)")
 
 
@@ -352,7 +352,7 @@ def decide_status(processes: Sequence[int], done: int, planned: int | None, fail
 
 
 def audit_records(files: RunFiles) -> list[dict[str, Any]]:
-    """The forget audit log's records (server/forget.py); a line that is none is named and skipped."""
+    """The forget audit log's records (server/forget/); a line that is none is named and skipped."""
     path = files.directory / AUDIT_LOG
     records = []
     try:
@@ -373,8 +373,8 @@ def audit_records(files: RunFiles) -> list[dict[str, Any]]:
 
 
 def planned_rounds(files: RunFiles, records: Sequence[Mapping[str, Any]]) -> int | None:
-    """num-server-rounds, raised to the last round a forget's refinement asked for (server/forget.py rounds_to_run);
-    None without a run config."""
+    """num-server-rounds, raised to the last round a forget's refinement asked for (server/forget/settling.py
+    rounds_to_run); None without a run config."""
     configured = files.run_config.get("num-server-rounds")
     if type(configured) is not int:
         return None

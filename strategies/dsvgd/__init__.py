@@ -55,5 +55,5 @@ particles towards q/t_k = p_0 Π_{j≠k} t_j. Where t_k lives decides who can ru
             no data is needed and a leaving client can answer) and uploads Θ' in a DSVGDForgetReply; the server checks
             it as any reply and adopts it as Θ, as it adopts a round's upload. A particle estimate: the KDE factors
             widen each t_k by λ². The other clients' factors stay as they are; refinement rounds go on from Θ'. The
-            client must be connected to a running server (server/forget.py): a stopped federation refuses.
+            client must be connected to a running server (server/forget/): a stopped federation refuses.
 """

@@ -910,7 +910,7 @@ def test_committed_forget_lets_the_remaining_clients_go_on_and_holds_nothing_of_
         federation.round(server_round, [1, 2, 3])
     core = federation.core
     forgotten = core.strategy.forget("client-2")
-    core.adopt(Change(core.identities, forgotten.state, core.accepted_without("client-2")))
+    core.adopt(Change(forgotten.state, dropped="client-2"))
     federation.arrays = ArrayRecord({n: Array(v) for n, v in unflatten(forgotten.weights, federation.layout).items()})
     federation.round(3, [1, 3])
     assert core.round_report.accepted == ["client-1", "client-3"] and not core.round_report.rejected

@@ -1,5 +1,5 @@
 """Forgetting a DSVGD or U-DSVGD client (Forget-SVGD): its factor t_k lives only in its own durable store, so the server
-asks it, between rounds, for SVGD from the global particles towards q/t_k (server/forget.py, client/core.py ForgetHalf).
+asks it, between rounds, for SVGD from the global particles towards q/t_k (server/forget/, client/core.py ForgetHalf).
 The real round loop and the real server and client halves in one process behind a scripted grid
 (tests/support/forgetting.py: 3 clients, logistic regression on synthetic data): a client's `--leave --forget`, the
 operator's request while the client is connected, and what is refused with the state unchanged: a stopped federation,

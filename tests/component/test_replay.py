@@ -130,7 +130,7 @@ def test_every_message_to_every_node_carries_a_nonce_of_its_own(tmp_path):
     run = federation(tmp_path, "fedavg")
     first = run.core.configure(1, run.arrays, FakeGrid([1, 2, 3]))
     second = run.core.configure(2, run.arrays, FakeGrid([1, 2, 3]))
-    between = run.core.forget_message(2, 1)
+    between = run.core.message_between_rounds(2, 1)
     nonces = [nonce_of(message) for message in (*first, *second, between)]
     assert all(len(nonce) == NONCE_BYTES for nonce in nonces) and len(set(nonces)) == len(nonces)
     replies = [reply_message(run.answer(message), message.metadata.dst_node_id) for message in second]

@@ -1,4 +1,4 @@
-"""Forgetting a client, the operations (server/forget.py): the operator's `fedbayes forget` on a stopped federation and
+"""Forgetting a client, the operations (server/forget/): the operator's `fedbayes forget` on a stopped federation and
 between the rounds of a running one (a request made mid-round waits for the round's end), a client's own request
 (`fedbayes client --leave --forget`: only from its own node, confirmed, its state deleted), the revoked id refused
 afterwards, readmission, refinement rounds on resume, the refusals that change nothing, a SIGKILL at every step
