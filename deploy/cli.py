@@ -365,9 +365,40 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_compare(parser: argparse.ArgumentParser) -> None:
-    from fedbayes.deploy.compare import add_arguments
+    """`fedbayes compare`'s options (deploy/compare.py runs it)."""
+    parser.add_argument("--dataset", default="fmnist", help="fmnist, mnist, cifar10, cifar100, or npz:DIR")
+    parser.add_argument("--data-root", default="", help="torchvision layout root ('' = Debian's Fashion-MNIST)")
+    parser.add_argument("--clients", type=checked_number(int, AT_LEAST_ONE), required=True)
+    parser.add_argument("--fraction", type=run_config_number("fraction"), default=1.0)
+    parser.add_argument("--split", default="iid", choices=("iid", "dirichlet", "two-class"))
+    parser.add_argument(
+        "--strategies", required=True, help="comma-separated, e.g. fedavg,bayesadmm,fedlap-cov (each needs a grid)"
+    )
+    parser.add_argument("--rounds", type=run_config_number("num-server-rounds"), required=True)
+    parser.add_argument(
+        "--seeds", type=checked_number(int, AT_LEAST_ONE), default=3, help="the winners run on seeds 0..S-1 (default 3)"
+    )
+    parser.add_argument("--grid", default="small", help="small: 2 points a strategy; paper: 8 (compare_grids.toml)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the runs, table, figures and summary; run again to resume"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, for every run"
+    )
+    parser.add_argument(
+        "--parallel",
+        type=checked_number(int, AT_LEAST_ONE),
+        default=1,
+        metavar="N",
+        help="federations run at once, each in a subprocess (default 1: one at a time, in this process)",
+    )
+    parser.set_defaults(handler=_compare)
 
-    add_arguments(parser)
+
+def _compare(args: argparse.Namespace) -> int:
+    from fedbayes.deploy.compare import run
+
+    return run(args)
 
 
 def _add_force(parser: argparse.ArgumentParser, does: str) -> None:

@@ -44,7 +44,6 @@ from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
 from fedbayes.tasks.validation import VALIDATION_SHARE
 
 GRIDS_FILE = Path(__file__).with_name("compare_grids.toml")
-GRID_NAMES = ("small", "paper")
 TAIL_ROUNDS = 3  # a run's metric: the mean over its last this many evaluated rounds
 METRICS = ("accuracy", "nll", "ece")
 UNCERTAINTY_KEYS = (
@@ -291,11 +290,16 @@ def run_job(job: Job, clients: int, out: Path) -> list[dict[str, Any]]:
     """
     from fedbayes.deploy.inprocess import run_inprocess
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)  # the progress line says how far it is
     workdir = out / WORK / job.name
     shutil.rmtree(workdir, ignore_errors=True)  # what a killed run left
     workdir.mkdir(parents=True)
-    rows = run_inprocess(job.run_config, clients, workdir)
+    flower = logging.getLogger("flwr")
+    level = flower.level
+    flower.setLevel(logging.WARNING)  # the progress line says how far it is
+    try:
+        rows = run_inprocess(job.run_config, clients, workdir)
+    finally:
+        flower.setLevel(level)
     for row in rows:
         row["compare"] = job.record
     write_atomically(
@@ -652,39 +656,6 @@ def compare(
     say(terminal_table(summary))
     say(f"wrote {', '.join(str(path) for path in written)}")
     return summary
-
-
-def add_arguments(parser) -> None:
-    """`fedbayes compare`'s options."""
-    from fedbayes.tasks.config import AT_LEAST_ONE, checked_number, run_config_number
-
-    parser.add_argument("--dataset", default="fmnist", help="fmnist, mnist, cifar10, cifar100, or npz:DIR")
-    parser.add_argument("--data-root", default="", help="torchvision layout root ('' = Debian's Fashion-MNIST)")
-    parser.add_argument("--clients", type=checked_number(int, AT_LEAST_ONE), required=True)
-    parser.add_argument("--fraction", type=run_config_number("fraction"), default=1.0)
-    parser.add_argument("--split", default="iid", choices=("iid", "dirichlet", "two-class"))
-    parser.add_argument(
-        "--strategies", required=True, help="comma-separated, e.g. fedavg,bayesadmm,fedlap-cov (each needs a grid)"
-    )
-    parser.add_argument("--rounds", type=run_config_number("num-server-rounds"), required=True)
-    parser.add_argument(
-        "--seeds", type=checked_number(int, AT_LEAST_ONE), default=3, help="the winners run on seeds 0..S-1 (default 3)"
-    )
-    parser.add_argument("--grid", default="small", choices=GRID_NAMES, help="small: 2 points a strategy; paper: 8")
-    parser.add_argument(
-        "--out", type=Path, required=True, help="the runs, table, figures and summary; run again to resume"
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key, for every run"
-    )
-    parser.add_argument(
-        "--parallel",
-        type=checked_number(int, AT_LEAST_ONE),
-        default=1,
-        metavar="N",
-        help="federations run at once, each in a subprocess (default 1: one at a time, in this process)",
-    )
-    parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
