@@ -28,8 +28,17 @@ from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.tasks.compute import configure_threads, resolve_device
 from fedbayes.tasks.datasets import load_dataset
+from fedbayes.tasks.events import (
+    COMPLETED,
+    EVENTS_FILE,
+    FAILED,
+    RUN_ENDED,
+    RUN_STARTED,
+    TRACKING,
+    EventLog,
+)
 from fedbayes.tasks.models import build_model, parse_hidden
-from fedbayes.tasks.runlog import new_federation_line, run_failed_line
+from fedbayes.tasks.runlog import error_reason, new_federation_line, run_failed_line
 
 app = ServerApp()
 DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.home() / ".fedbayes" / "server"))
@@ -38,22 +47,35 @@ DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower records a failed ServerApp only as a run status without the exception's type, and the
-    traceback it logs spans many lines: log the cause as one line the CLI tools can find."""
+    traceback it logs spans many lines: log the cause as one line, and end the event stream (tasks/events.py) with
+    the run's outcome, which the CLI tools read."""
+    events = EventLog(mirror=lambda line: log(INFO, "%s", line))
     try:
-        run_federation(grid, context)
+        run_federation(grid, context, events)
     except Exception as error:
         log(ERROR, "%s", run_failed_line(error))
+        events.emit(RUN_ENDED, outcome=FAILED, reason=error_reason(error))
         raise
+    events.emit(RUN_ENDED, outcome=COMPLETED, reason=None)
 
 
-def run_federation(grid: Grid, context: Context) -> None:
+def run_federation(grid: Grid, context: Context, events: EventLog) -> None:
     configure_threads()
     settings = run_settings(context.run_config)
     preflight(settings)
     server_state_dir = settings.server_state_dir or DEFAULT_SERVER_STATE_DIR
-    if not settings.federation:
+    named_here = not settings.federation
+    if named_here:
         settings = settings.replace(federation=new_federation_name(server_state_dir))
         log(INFO, "%s", new_federation_line(settings.federation))
+    events.write_to(Path(server_state_dir) / settings.federation / EVENTS_FILE)
+    events.emit(
+        RUN_STARTED,
+        federation=settings.federation,
+        named_by_server=named_here,
+        strategy=settings.strategy,
+        rounds=settings.num_server_rounds,
+    )
     if isinstance(grid, InMemoryGrid) and settings.client_identity != "reconnect":
         # Simulation: virtual clients in this process, with new random node ids in every run, so ids bound to
         # the nodes of the run a resume continues would refuse every client. Nothing crosses a network here.
@@ -97,6 +119,7 @@ def run_federation(grid: Grid, context: Context) -> None:
         settings.federation,
         run_config,
         posterior_export(server_state_dir, settings.federation, run_config),
+        notice=lambda message: events.emit(TRACKING, message=message),
     ) as sinks:
         run_rounds(
             grid,
@@ -127,6 +150,7 @@ def run_federation(grid: Grid, context: Context) -> None:
                 defaults=default_run_config(settings.strategy),
             ),
             sinks,
+            events,
         )
 
 

@@ -218,8 +218,9 @@ class AuditLog:
     """forget-audit.jsonl: one JSON object per decided request (forgotten, readmitted, refused), appended and fsynced.
     A line a crash cut short is no record: it is ended before the next one is appended, and never read."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_append: Callable[[Mapping[str, Any]], None] = lambda record: None) -> None:
         self.path = path
+        self.on_append = on_append  # each record once it is on disk (the ServerApp's event stream)
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -237,6 +238,7 @@ class AuditLog:
             audit_file.write(b"\n" * torn + json.dumps(record, sort_keys=True).encode() + b"\n")
             audit_file.flush()
             os.fsync(audit_file.fileno())
+        self.on_append(record)
 
 
 def _parsed_line(path: Path, line: Line) -> dict[str, Any] | None:
@@ -291,12 +293,17 @@ class Forgetting:
     running server's way to its nodes, for the strategies whose forget needs the client's own part (ClientForget);
     None on a stopped federation, which refuses those."""
 
-    def __init__(self, store: CheckpointStore, link: ClientLink | None = None) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        link: ClientLink | None = None,
+        on_record: Callable[[Mapping[str, Any]], None] = lambda record: None,
+    ) -> None:
         self.store = store
         self.link = link
         self.federation = store.directory.name
         self.queue = RequestQueue(store.directory / REQUESTS_DIRECTORY)
-        self.audit = AuditLog(store.directory / AUDIT_LOG)
+        self.audit = AuditLog(store.directory / AUDIT_LOG, on_record)
 
     def has_work(self, core: RoundCore) -> bool:
         return bool(core.leave_requests) or self.queue.waiting()
