@@ -30,6 +30,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -518,7 +519,9 @@ class LocalFederation:
     def _event_tail(federation_dir: Path) -> EventTail:
         path = federation_dir / EVENTS_FILE
         start = path.stat().st_size if path.exists() else 0
-        return EventTail(path, start, on_malformed=lambda error: print(f"fedbayes: warning: {error}; left out"))
+        return EventTail(
+            path, start, on_malformed=lambda error: print(f"fedbayes: warning: {error}; left out", file=sys.stderr)
+        )
 
     def run_id(self, submit: ManagedProcess, timeout: float = 30.0) -> int:
         """The Flower run id a `submit` started (the CLI prints it when it starts streaming)."""
@@ -584,10 +587,12 @@ class LocalFederation:
 
     @staticmethod
     def _submission_failure(submit: ManagedProcess) -> str:
-        """The reason on `fedbayes run`'s last line, or its exit code where that line gives none."""
+        """The reason `fedbayes run` gave on its last such line (one that starts `fedbayes run failed: `; the
+        ServerApp's lines start with their level), or its exit code where it gave none."""
         assert submit.log_path is not None  # a federation's processes log into its workdir
         lines = submit.log_path.read_text(errors="replace").splitlines()
-        reason = failure_reason(lines[-1]) if lines and lines[-1].startswith(RUN_FAILED) else None
+        own = next((line for line in reversed(lines) if line.startswith(RUN_FAILED)), None)
+        reason = failure_reason(own) if own is not None else None
         return reason or f"`fedbayes run` exited with code {submit.popen.returncode}"
 
     def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int, ended: Event | None) -> None:

@@ -100,7 +100,10 @@ FIELDS: dict[str, tuple[bool, dict[str, tuple[Check, str]]]] = {
         },
     ),
     TRACKING: (False, {"message": (_is_text, "a string")}),
-    RUN_ENDED: (False, {"outcome": (_is_outcome, f"{COMPLETED!r} or {FAILED!r}"), "reason": (_is_optional_text, "")}),
+    RUN_ENDED: (
+        False,
+        {"outcome": (_is_outcome, f"{COMPLETED!r} or {FAILED!r}"), "reason": (_is_optional_text, "a string or null")},
+    ),
 }
 
 
@@ -154,7 +157,7 @@ def parse_event(line: str | bytes) -> Event:
         raise MalformedEvent(f"a {kind} event's time is a number (Unix seconds)")
     for name, (usable, what) in fields.items():
         if name not in record or not usable(record[name]):
-            raise MalformedEvent(f"a {kind} event's field {name!r} is missing or not {what or 'a string or null'}")
+            raise MalformedEvent(f"a {kind} event's field {name!r} is missing or not {what}")
     if extra := sorted(set(record) - set(fields)):
         raise MalformedEvent(f"a {kind} event has no field {extra[0][:64]!r}")
     return Event(kind, server_round, float(when), record)
@@ -243,6 +246,8 @@ def _read_lines(path: Path, start: int) -> Iterator[tuple[int, Event | Malformed
                 return  # the end of the file, not of a line
             line_start = offset
             offset += len(piece) + _skip_line(events_file, piece)
+            if piece == b"\n":  # the end of a line a crash cut short (EventLog.write_to), read from its middle
+                continue
             try:
                 if not piece.endswith(b"\n"):
                     raise MalformedEvent(f"a line over the {MAX_EVENT_BYTES} bytes an event may have")

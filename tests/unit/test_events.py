@@ -123,12 +123,14 @@ def test_a_last_line_still_being_written_is_read_once_it_is_complete(tmp_path):
 def test_a_start_after_a_crash_ends_the_torn_line_before_its_events(tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_text('{"type": "committed", "rou')  # a crash mid-line (the writer itself never leaves one)
+    tail = EventTail(path, path.stat().st_size)  # a follower of the next start, from the file's size before it
     events = EventLog()
     events.write_to(path)
     write_run(events)
     refused: list[MalformedEvent] = []
     read = [event for _, event in read_events(path, on_malformed=refused.append)]
     assert len(refused) == 1 and [event.type for event in last_start(read)][0] == RUN_STARTED
+    assert tail.read() == read  # the torn line's end is no event of its own
 
 
 def test_the_newest_start_is_from_its_run_started_event_on(tmp_path):
