@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord
 
 from fedbayes.deploy.progress import RoundDone, RoundEvents
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.loop import LoopSettings, RunFailed, run_rounds
+from fedbayes.server.loop import LoopSettings, RunFailed, forgotten_event, run_rounds
 from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies.fedavg.server import FedAvg
 from fedbayes.tasks.events import (
@@ -18,6 +18,7 @@ from fedbayes.tasks.events import (
     COMMITTED,
     EVALUATED,
     EVENTS_FILE,
+    FORGOTTEN,
     REFUSED,
     REPLIES,
     ROUND_STARTED,
@@ -104,3 +105,18 @@ def test_a_round_that_accepted_nothing_is_committed_with_none_and_its_refusals(t
     assert [event.type for event in read if event.type == REFUSED] == [REFUSED, REFUSED]
     assert next(event.fields for event in read if event.type == COMMITTED) == {"clients": 0, "clients_sent": 2}
     assert read[-1].type == CHECKPOINTED  # the failed round is on record before the run stops
+
+
+def test_a_forget_audit_record_that_forgot_a_client_is_a_forgotten_event(tmp_path):
+    events = EventLog()
+    events.write_to(tmp_path / EVENTS_FILE)
+    report = forgotten_event(events)
+    record = {"event": "forgotten", "request": "r1", "client": "client-2", "round": 3, "asked_by": "operator"}
+    report({**record, "refine_through_round": 5})
+    report({**record, "event": "refused", "reason": "no such client"})  # refused and readmitted are no forget
+    report(record)  # no refinement rounds
+    read = [event for _, event in read_events(tmp_path / EVENTS_FILE)]
+    assert [(event.type, event.round, dict(event.fields)) for event in read] == [
+        (FORGOTTEN, 3, {"client": "client-2", "request": "r1", "refine_through_round": 5}),
+        (FORGOTTEN, 3, {"client": "client-2", "request": "r1", "refine_through_round": None}),
+    ]
