@@ -69,7 +69,12 @@ def test_a_superlink_locked_past_its_busy_timeout_does_not_end_the_run(tmp_path,
         # the run's whole log, event lines with the rest: a stream followed again skips lines of it
         follow_log = [console_script("flwr"), "log", str(federation.run_id(submit)), CONNECTION, "--stream"]
         replayed = subprocess.run(
-            follow_log, env=federation.processes.env, capture_output=True, text=True, timeout=120
+            follow_log,
+            env=federation.processes.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # as `stream` reads it
+            text=True,
+            timeout=120,
         ).stdout.splitlines()
         raw = [_ANSI_ESCAPE.sub("", line) for line in replayed]
         raw = raw[next(i for i, line in enumerate(raw) if "Starting logstream" in line) + 1 :]
