@@ -1,17 +1,16 @@
 """`fedbayes run ARGS...`: Flower's `flwr run ARGS... --stream`, made to fail loudly and to leave nothing behind.
 
-`flwr run --stream` exits 0 whatever became of the run: a ServerApp that raised, a resume its checkpoint
-refused, a ServerApp killed (Flower marks that run failed once its heartbeat lapses) all look like
-success. This command hands its arguments to `flwr run` unchanged (adding --stream), echoes the streamed
-log (without colour codes where its output is no terminal; without the ServerApp's event lines, which it reads:
-tasks/events.py), then asks the SuperLink for the run's final
-status. A stream that ends while the run still goes (Flower's CLI exits 0 when the SuperLink fails a look at the
-run's state mid-stream, as its SQLite database locked under load made it) is followed again with `flwr log RUN_ID
---stream`, the lines already shown skipped, up to `REATTACH_LIMIT` times. Anything but finished:completed exits 1,
-the reason on the last line: `fedbayes run failed: <reason>` (the reason of the ServerApp's own `run_ended` event
-where it sent one, tasks/events.py). It asks in its own process, through Flower's Control API client
-(`run_status_here`), which it imports while the run's rounds go: a `flwr ls` process cost about 1.5 CPU-s of imports
-at the end of every run.
+`flwr run --stream` exits 0 whatever became of the run: a ServerApp that raised, a resume its checkpoint refused, a
+ServerApp killed (Flower marks that run failed once its heartbeat lapses) all look like success. This command hands
+its arguments to `flwr run` unchanged (adding --stream), echoes the streamed log (without colour codes where its
+output is no terminal; without the ServerApp's event lines, which it reads: tasks/events.py), then asks the
+SuperLink for the run's final status. A stream that ends while the run still goes (Flower's CLI exits 0 when the
+SuperLink fails a look at the run's state mid-stream, as its SQLite database locked under load made it) is followed
+again with `flwr log RUN_ID --stream`, the lines already shown skipped, up to `REATTACH_LIMIT` times. Anything but
+finished:completed exits 1, the reason on the last line: `fedbayes run failed: <reason>` (the reason of the
+ServerApp's own `run_ended` event where it sent one, tasks/events.py). It asks in its own process, through Flower's
+Control API client (`run_status_here`), which it imports while the run's rounds go: a `flwr ls` process cost about
+1.5 CPU-s of imports at the end of every run.
 
 A simulation connection (address ":local:") makes `flwr` start a SuperLink of its own on two fixed
 ports and leave it running, shared by every user of the machine. Each `fedbayes run` gives that
@@ -77,7 +76,7 @@ class Streamed:
     returncode: int
     run_id: int | None
     failure: str | None  # the reason of the ServerApp's failed `run_ended` event, if it sent one
-    log_lines: int = 0  # lines of the run's log shown (those after Flower's `Starting logstream` line)
+    log_lines: int = 0  # lines of the run's log read, event lines too (those after Flower's `Starting logstream` line)
 
 
 def main(argv: Sequence[str]) -> int:
