@@ -1,15 +1,16 @@
 """`fedbayes run ARGS...`: Flower's `flwr run ARGS... --stream`, made to fail loudly and to leave nothing behind.
 
-`flwr run --stream` exits 0 whatever became of the run: a ServerApp that raised, a resume its checkpoint
-refused, a ServerApp killed (Flower marks that run failed once its heartbeat lapses) all look like
-success. This command hands its arguments to `flwr run` unchanged (adding --stream), echoes the streamed
-log (without colour codes where its output is no terminal), then asks the SuperLink for the run's final
-status. A stream that ends while the run still goes (Flower's CLI exits 0 when the SuperLink fails a look at the
-run's state mid-stream, as its SQLite database locked under load made it) is followed again with `flwr log RUN_ID
---stream`, the lines already shown skipped, up to `REATTACH_LIMIT` times. Anything but finished:completed exits 1,
-the reason on the last line: `fedbayes run failed: <reason>` (the ServerApp's own one-line report where it made
-one, tasks/runlog.py). It asks in its own process, through Flower's Control API client (`run_status_here`), which it
-imports while the run's rounds go: a `flwr ls` process cost about 1.5 CPU-s of imports at the end of every run.
+`flwr run --stream` exits 0 whatever became of the run: a ServerApp that raised, a resume its checkpoint refused, a
+ServerApp killed (Flower marks that run failed once its heartbeat lapses) all look like success. This command hands
+its arguments to `flwr run` unchanged (adding --stream), echoes the streamed log (without colour codes where its
+output is no terminal; without the ServerApp's event lines, which it reads: tasks/events.py), then asks the
+SuperLink for the run's final status. A stream that ends while the run still goes (Flower's CLI exits 0 when the
+SuperLink fails a look at the run's state mid-stream, as its SQLite database locked under load made it) is followed
+again with `flwr log RUN_ID --stream`, the lines already shown skipped, up to `REATTACH_LIMIT` times. Anything but
+finished:completed exits 1, the reason on the last line: `fedbayes run failed: <reason>` (the reason of the
+ServerApp's own `run_ended` event where it sent one, tasks/events.py). It asks in its own process, through Flower's
+Control API client (`run_status_here`), which it imports while the run's rounds go: a `flwr ls` process cost about
+1.5 CPU-s of imports at the end of every run.
 
 A simulation connection (address ":local:") makes `flwr` start a SuperLink of its own on two fixed
 ports and leave it running, shared by every user of the machine. Each `fedbayes run` gives that
@@ -38,9 +39,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fedbayes.deploy.processes import free_ports, process_env, stop_processes_with_env
-from fedbayes.deploy.progress import Progress, parse_round_log_line
+from fedbayes.deploy.progress import Progress, RoundEvents
 from fedbayes.flowerseam.control import STATUS_CLIENT_MODULES
-from fedbayes.tasks.runlog import RUN_FAILED, failure_reason, new_federation
+from fedbayes.tasks.events import FAILED, RUN_ENDED, RUN_STARTED, MalformedEvent, event_of_log_line
+from fedbayes.tasks.runlog import RUN_FAILED
 
 MARKER_VARIABLE = "FEDBAYES_SUBMISSION"
 LOCAL_SUPERLINK_PORTS = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")  # Flower 1.39's names
@@ -74,8 +76,8 @@ class RunStatus:
 class Streamed:
     returncode: int
     run_id: int | None
-    failure: str | None  # the ServerApp's `fedbayes run failed: ...` report, if it made one
-    log_lines: int = 0  # lines of the run's log shown (those after Flower's `Starting logstream` line)
+    failure: str | None  # the reason of the ServerApp's failed `run_ended` event, if it sent one
+    log_lines: int = 0  # lines of the run's log read, event lines too (those after Flower's `Starting logstream` line)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -149,9 +151,10 @@ def stream(
     after_first_round: Callable[[], object] = lambda: None,
     shown: Streamed | None = None,
 ) -> Streamed:
-    """Run `flwr run ... --stream`, echoing its output, and note what the run's log says about it; call
-    `after_first_round` once the log reports the first round done. `shown`: what an earlier stream of the same run
-    showed (`command` then follows its log again from the start: its first `shown.log_lines` lines are skipped)."""
+    """Run `flwr run ... --stream`, echoing its output but for the ServerApp's event lines, and note what those
+    events say about the run (tasks/events.py); call `after_first_round` once they report the first round done.
+    `shown`: what an earlier stream of the same run showed (`command` then follows its log again from the start:
+    its first `shown.log_lines` lines are skipped)."""
     process = subprocess.Popen(
         list(command),
         env=dict(env),
@@ -165,8 +168,9 @@ def stream(
     to_skip = shown.log_lines if shown else 0
     log_lines: int | None = None  # counted from Flower's `Starting logstream` line on
     rounds_seen = shown is not None
+    rounds = RoundEvents()
     assert process.stdout is not None  # stdout=PIPE
-    with Progress() as progress:  # a live line on a terminal, fed by the ServerApp's round lines (deploy/progress.py)
+    with Progress() as progress:  # a live line on a terminal, fed by the ServerApp's round events (deploy/progress.py)
         for raw in process.stdout:
             line = raw.decode(errors="replace")
             plain = _ANSI_ESCAPE.sub("", line)
@@ -176,15 +180,24 @@ def stream(
                 log_lines = 0
             if shown and (log_lines is None or log_lines <= to_skip):  # `flwr log`'s preamble, or shown already
                 continue
-            progress.print(line if keep_colour else plain)
-            if done := parse_round_log_line(plain):
+            try:
+                event = event_of_log_line(plain)
+            except MalformedEvent as error:
+                progress.print(f"fedbayes run: warning: a ServerApp event line left out: {error}")
+                continue
+            if event is None:
+                progress.print(line if keep_colour else plain)
+                run_id = run_id or _run_id(plain)
+                continue
+            if done := rounds.feed(event):
                 progress.round_done(done)
                 if not rounds_seen:
                     rounds_seen = True
                     after_first_round()
-            run_id = run_id or _run_id(plain)
-            reported = failure_reason(plain) or reported
-            if name := new_federation(plain):
+            if event.type == RUN_ENDED and event.fields["outcome"] == FAILED:
+                reported = event.fields["reason"] or reported
+            if event.type == RUN_STARTED and event.fields["named_by_server"]:
+                name = event.fields["federation"]
                 resume = shlex.join([*resume_command, "-c", f'federation="{name}"'])
                 progress.print(f"fedbayes: federation {name}; to resume it after an interruption: {resume}")
     returncode = process.wait()

@@ -191,8 +191,8 @@ def status_report(files: RunFiles) -> dict[str, Any]:
         "checkpoint": checkpoint_json(view),
         "tracking": {
             "target": tracking,
-            "messages": list(shot.log.tracking),
-            "log": None if shot.log.log is None else str(shot.log.log),
+            "messages": list(shot.events.tracking),
+            "events": str(shot.events.path),
         },
     }
     return report

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,9 +54,10 @@ from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.deploy.runfile import write_run_file
 from fedbayes.strategies import run_settings
 from fedbayes.tasks.config import RUN_CONFIG_FILE, RunSettings, keys_of
+from fedbayes.tasks.events import EVENTS_FILE, FAILED, RUN_ENDED, TRACKING, Event, EventTail
 from fedbayes.tasks.message_limits import MAX_MESSAGE_OPTION
 from fedbayes.tasks.preflight import unwritable
-from fedbayes.tasks.runlog import RunFailed, failure_reason, tracking_notice
+from fedbayes.tasks.runlog import RUN_FAILED, RunFailed, failure_reason
 from fedbayes.tasks.slots import SLOTS_ENV
 from fedbayes.tasks.storage import complete_lines
 
@@ -498,6 +500,8 @@ class LocalFederation:
             "poll-interval": LOCAL_POLL_INTERVAL,
             **run_config,
         }
+        # the ServerApp's event stream (tasks/events.py): this submission's events are those after what it holds now
+        self.events = self._event_tail(Path(run_config["server-state-dir"]) / str(run_config["federation"]))
         overrides = self.workdir / RUN_CONFIG_FILE
         overrides.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in run_config.items()))
         app = write_app(self.workdir / APP, str(run_config.get("strategy", "")))
@@ -509,6 +513,14 @@ class LocalFederation:
                 [console_script("fedbayes"), "run", str(app), CONNECTION, "--stream", "-c", str(overrides)]
             ),
             cwd=self.workdir,
+        )
+
+    @staticmethod
+    def _event_tail(federation_dir: Path) -> EventTail:
+        path = federation_dir / EVENTS_FILE
+        start = path.stat().st_size if path.exists() else 0
+        return EventTail(
+            path, start, on_malformed=lambda error: print(f"fedbayes: warning: {error}; left out", file=sys.stderr)
         )
 
     def run_id(self, submit: ManagedProcess, timeout: float = 30.0) -> int:
@@ -539,22 +551,23 @@ class LocalFederation:
         on_notice: Callable[[str], None] = lambda notice: None,
     ) -> list[dict[str, Any]]:
         """Hand each round's results to `on_row` as the ServerApp appends them after the file's first
-        `skip_lines` lines (an earlier run's), and each `fedbayes tracking:` notice its log streams (tasks/runlog.py)
-        to `on_notice`; return the rows when the submission ends. Raise RuntimeError when the SuperLink or a
+        `skip_lines` lines (an earlier run's), and each tracking notice of its event stream (tasks/events.py) to
+        `on_notice`; return the rows when the submission ends. Raise RuntimeError when the SuperLink or a
         SuperNode dies, RunFailed when the run fails, its ServerApp dies or it ends before `rounds` rounds. A
         submission stopped on purpose (ProcessGroup.stop) just ends the following."""
         rows: dict[int, dict[str, Any]] = {}  # by round: a resumed run writes again the rounds after its checkpoint
         serverapp = _ServerAppWatch(self, submit)
-        assert submit.log_path is not None  # a federation's processes log into its workdir
-        notices = _NoticeReader(submit.log_path)
+        ended: list[Event] = []  # the run's run_ended event, once it came
         while True:
             finished = submit.popen.poll() is not None
             for row in _read_rows(results, skip_lines):
                 if row["round"] not in rows:
                     on_row(row)
                 rows[row["round"]] = row
-            for notice in notices.read():  # after the rows: a row is written before its tracking can fail
-                on_notice(notice)
+            for event in self.events.read():  # after the rows: a row is written before its tracking can fail
+                if event.type == TRACKING:
+                    on_notice(event.fields["message"])
+                ended += [event] if event.type == RUN_ENDED else []
             # Checked before `finished`: a dying SuperLink also ends `flwr run`, and that is no normal end.
             superlink = [] if self.superlink_killed else [self.superlink]
             shared = [] if self.shared_superexec is None else [self.shared_superexec]
@@ -566,21 +579,28 @@ class LocalFederation:
             if finished:
                 in_order = [rows[number] for number in sorted(rows)]
                 if not submit.stopped:
-                    self._check_outcome(submit, len(in_order), rounds)
+                    self._check_outcome(submit, len(in_order), rounds, ended[-1] if ended else None)
                 return in_order
             if len(rows) < rounds:  # after its last row the ServerApp ends by itself: no need to ask why it is gone
                 serverapp.check()
             time.sleep(0.2)
 
-    def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int) -> None:
+    @staticmethod
+    def _submission_failure(submit: ManagedProcess) -> str:
+        """The reason `fedbayes run` gave on its last such line (one that starts `fedbayes run failed: `; the
+        ServerApp's lines start with their level), or its exit code where it gave none."""
+        assert submit.log_path is not None  # a federation's processes log into its workdir
+        lines = submit.log_path.read_text(errors="replace").splitlines()
+        own = next((line for line in reversed(lines) if line.startswith(RUN_FAILED)), None)
+        reason = failure_reason(own) if own is not None else None
+        return reason or f"`fedbayes run` exited with code {submit.popen.returncode}"
+
+    def _check_outcome(self, submit: ManagedProcess, rounds_done: int, rounds: int, ended: Event | None) -> None:
+        """RunFailed unless the submission completed its `rounds`: why, from the ServerApp's run_ended event
+        (`ended`), else from `fedbayes run`'s last line (`fedbayes run failed: <reason>`, deploy/flwr_run.py)."""
         if submit.popen.returncode != 0:
-            assert submit.log_path is not None  # a federation's processes log into its workdir
-            reported = [
-                reason
-                for line in submit.log_path.read_text(errors="replace").splitlines()
-                if (reason := failure_reason(line)) is not None
-            ]
-            reason = reported[-1] if reported else f"`fedbayes run` exited with code {submit.popen.returncode}"
+            reason = ended.fields["reason"] if ended is not None and ended.fields["outcome"] == FAILED else None
+            reason = reason or self._submission_failure(submit)
             raise RunFailed(f"{reason} (logs in {self.log_dir})")
         if rounds_done < rounds:
             raise RunFailed(f"the run ended after {rounds_done} of {rounds} rounds (logs in {self.log_dir})")
@@ -661,26 +681,6 @@ class RoundTable:
             self.ensemble = has_ensemble
             header = [table_header(has_ensemble)]
         return [*header, format_row(row, self.ensemble)]
-
-
-class _NoticeReader:
-    """The `fedbayes tracking:` notices (tasks/runlog.py) of a `fedbayes run` log that grows, each once, as its
-    complete lines come in."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-
-    def read(self) -> list[str]:
-        try:
-            with self.path.open("rb") as log_file:
-                log_file.seek(self.offset)
-                text = log_file.read()
-        except FileNotFoundError:
-            return []
-        complete = text[: text.rfind(b"\n") + 1]  # a last line still being written is read next time
-        self.offset += len(complete)
-        lines = complete.decode(errors="replace").splitlines()
-        return [notice for line in lines if (notice := tracking_notice(line)) is not None]
 
 
 class _ServerAppWatch:

@@ -11,7 +11,6 @@ round: `accuracy 0.8123 (round 5)`.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 import time
@@ -19,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from fedbayes.tasks.events import CHECKPOINTED, COMMITTED, EVALUATED, Event
+
 TICK = 1.0  # seconds between redraws of the live line (its elapsed time)
 CLEAR_LINE = "\r\x1b[K"  # back to the line's start, then erase it
 DEFAULT_COLUMNS = 80
-# The ServerApp's log line of a finished round (server/loop.py progress_line), as `flwr run --stream` shows it.
-ROUND_LOG_LINE = re.compile(r"round\s+(\d+)/(\d+) \| acc ([0-9.]+|-) .*?\| clients (\d+)/(\d+)")
 
 
 @dataclass(frozen=True)
@@ -35,15 +34,26 @@ class RoundDone:
     clients_sent: int
 
 
-def parse_round_log_line(line: str) -> RoundDone | None:
-    """The round a ServerApp log line reports finished, or None for any other line."""
-    match = ROUND_LOG_LINE.search(line)
-    if match is None:
+class RoundEvents:
+    """Folds the ServerApp's events (tasks/events.py) into the rounds they finish: a round is done once it is
+    checkpointed, with the clients its commit accepted and, if it was evaluated, its accuracy."""
+
+    def __init__(self) -> None:
+        self.clients: dict[int, tuple[int, int]] = {}  # round -> (accepted, sent)
+        self.accuracy: dict[int, float] = {}
+
+    def feed(self, event: Event) -> RoundDone | None:
+        """The round `event` finishes, or None for any other event."""
+        if event.round is None:
+            return None
+        if event.type == COMMITTED:
+            self.clients[event.round] = (event.fields["clients"], event.fields["clients_sent"])
+        elif event.type == EVALUATED and "accuracy" in event.fields["metrics"]:
+            self.accuracy[event.round] = event.fields["metrics"]["accuracy"]
+        elif event.type == CHECKPOINTED:
+            clients, sent = self.clients.pop(event.round, (0, 0))
+            return RoundDone(event.round, event.fields["rounds"], self.accuracy.pop(event.round, None), clients, sent)
         return None
-    server_round, rounds, accuracy, clients, sent = match.groups()
-    return RoundDone(
-        int(server_round), int(rounds), None if accuracy == "-" else float(accuracy), int(clients), int(sent)
-    )
 
 
 def clock_text(seconds: float) -> str:

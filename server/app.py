@@ -29,7 +29,16 @@ from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.tasks.compute import configure_threads, resolve_device
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.runlog import new_federation_line, run_failed_line
+from fedbayes.tasks.events import (
+    COMPLETED,
+    EVENTS_FILE,
+    FAILED,
+    RUN_ENDED,
+    RUN_STARTED,
+    TRACKING,
+    EventLog,
+)
+from fedbayes.tasks.runlog import error_reason, new_federation_line, run_failed_line
 
 app = ServerApp()
 DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.home() / ".fedbayes" / "server"))
@@ -37,31 +46,51 @@ DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower records a failed ServerApp only as a run status without the exception's type, and the
-    traceback it logs spans many lines: log the cause as one line the CLI tools can find."""
-    try:
-        run_federation(grid, context)
-    except Exception as error:
-        log(ERROR, "%s", run_failed_line(error))
-        raise
+    """The ServerApp: `run_federation` on Flower's grid."""
+    run_federation(grid, context)
 
 
 def run_federation(grid: Grid, context: Context, pipeline_evaluation: bool = True) -> None:
-    """Run the federation the run config describes on `grid` to its last round.
+    """Run the federation the run config describes on `grid` to its last round. Flower records a failed ServerApp
+    only as a run status without the exception's type, and the traceback it logs spans many lines: the cause is
+    logged as one line, and the event stream (tasks/events.py), which the CLI tools read, ends with the outcome.
 
     Args:
         grid: the clients' link (Flower's Grid, or one of the same shape such as deploy/inprocess.py's).
         context: the ServerApp's context; its run config describes the federation.
         pipeline_evaluation: evaluate and checkpoint round t while round t+1 trains; False: one step after the
             other, on this thread.
+
+    Raises:
+        Exception: whatever ended the run, once logged and recorded.
     """
+    events = EventLog(mirror=lambda line: log(INFO, "%s", line))
+    try:
+        _run_federation(grid, context, events, pipeline_evaluation)
+    except Exception as error:
+        log(ERROR, "%s", run_failed_line(error))
+        events.emit(RUN_ENDED, outcome=FAILED, reason=error_reason(error))
+        raise
+    events.emit(RUN_ENDED, outcome=COMPLETED, reason=None)
+
+
+def _run_federation(grid: Grid, context: Context, events: EventLog, pipeline_evaluation: bool) -> None:
     configure_threads()
     settings = run_settings(context.run_config)
     preflight(settings)
     server_state_dir = settings.server_state_dir or DEFAULT_SERVER_STATE_DIR
-    if not settings.federation:
+    named_here = not settings.federation
+    if named_here:
         settings = settings.replace(federation=new_federation_name(server_state_dir))
         log(INFO, "%s", new_federation_line(settings.federation))
+    events.write_to(Path(server_state_dir) / settings.federation / EVENTS_FILE)
+    events.emit(
+        RUN_STARTED,
+        federation=settings.federation,
+        named_by_server=named_here,
+        strategy=settings.strategy,
+        rounds=settings.num_server_rounds,
+    )
     if isinstance(grid, InMemoryGrid) and settings.client_identity != "reconnect":
         # Simulation: virtual clients in this process, with new random node ids in every run, so ids bound to
         # the nodes of the run a resume continues would refuse every client. Nothing crosses a network here.
@@ -95,6 +124,7 @@ def run_federation(grid: Grid, context: Context, pipeline_evaluation: bool = Tru
         settings.federation,
         run_config,
         posterior_export(server_state_dir, settings.federation, run_config),
+        notice=lambda message: events.emit(TRACKING, message=message),
     ) as sinks:
         run_rounds(
             grid,
@@ -126,6 +156,7 @@ def run_federation(grid: Grid, context: Context, pipeline_evaluation: bool = Tru
                 defaults=default_run_config(settings.strategy),
             ),
             sinks,
+            events,
         )
 
 

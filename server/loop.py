@@ -41,6 +41,16 @@ from fedbayes.server.client_metrics import row_fields as client_metrics_row
 from fedbayes.server.forget import ClientLink, Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
+from fedbayes.tasks.events import (
+    CHECKPOINTED,
+    COMMITTED,
+    EVALUATED,
+    FORGOTTEN,
+    REFUSED,
+    REPLIES,
+    ROUND_STARTED,
+    EventLog,
+)
 from fedbayes.tasks.storage import MAX_RECORD_BYTES, complete_lines, read_bounded, write_atomically
 
 # (global arrays, round) -> metrics (numbers, reliability bins; None in a round not evaluated, server/evaluation.py)
@@ -483,8 +493,10 @@ class RoundFinisher:
         pipelined: bool,
         checkpoint_written: Callable[[ServerState], None],
         sinks: Sequence[RowSink] = (),
+        events: EventLog | None = None,
     ) -> None:
         self.evaluate, self.results, self.checkpoints, self.sinks = evaluate, results, checkpoints, sinks
+        self.events = events or EventLog()
         self.checkpoint_written = checkpoint_written  # the round core's: clients keep what this checkpoint names
         self.clock_start, self.num_rounds = clock_start, num_rounds
         self.pool = (
@@ -519,6 +531,8 @@ class RoundFinisher:
         with finished.phases("evaluate"):
             metrics = self.evaluate(finished.arrays, finished.server_round)
         self.outcomes.evaluated(finished.server_round, metrics.get("accuracy"))
+        if metrics.get("accuracy") is not None:
+            self.events.emit(EVALUATED, finished.server_round, metrics=evaluated_numbers(metrics))
         ended = time.monotonic()
         record = {
             "round": finished.server_round,
@@ -546,6 +560,13 @@ class RoundFinisher:
         self.checkpoint_seconds = time.perf_counter() - checkpoint_started
         self.checkpoint_written(finished.state)
         log(INFO, progress_line(record, self.num_rounds))
+        self.events.emit(CHECKPOINTED, finished.server_round, rounds=self.num_rounds)
+
+
+def evaluated_numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The evaluation's numbers (accuracy, nll, ece, the ensemble's, ...), without its reliability bins."""
+    numbers = {key: value for key, value in metrics.items() if isinstance(value, int | float)}
+    return {key: float(value) for key, value in numbers.items() if not isinstance(value, bool) and math.isfinite(value)}
 
 
 def run_rounds(
@@ -557,14 +578,18 @@ def run_rounds(
     results_path: str,
     checkpoints: CheckpointStore,
     sinks: Sequence[RowSink] = (),
+    events: EventLog | None = None,
 ) -> ArrayRecord:
     """Rounds 1..num_rounds, or, when the federation has a checkpoint, the rounds after it. Each round:
     configure, exchange, aggregate, then (RoundFinisher, overlapping the next round's training) evaluate, log,
     checkpoint. A crash before the checkpoint means the round runs again on resume; clients then start it from
     their state before it (client/state.py). Forget requests (server/forget/) are settled between rounds, under the
-    federation's server lock, which the run holds throughout."""
+    federation's server lock, which the run holds throughout. `events`: where each step is reported as data
+    (tasks/events.py); None: nowhere."""
     with server_lock(checkpoints.directory):
-        return _run_rounds(grid, core, initial_arrays, settings, evaluate, results_path, checkpoints, sinks)
+        return _run_rounds(
+            grid, core, initial_arrays, settings, evaluate, results_path, checkpoints, sinks, events or EventLog()
+        )
 
 
 def _run_rounds(
@@ -576,6 +601,7 @@ def _run_rounds(
     results_path: str,
     checkpoints: CheckpointStore,
     sinks: Sequence[RowSink],
+    events: EventLog,
 ) -> ArrayRecord:
     shorten_pull_backoff()  # replies are pulled while their SuperNodes still upload them (flowerseam/object_pulls.py)
     bound_reply_pulls(grid, settings.max_payload_mb)  # an oversize reply is refused while it is pulled
@@ -583,7 +609,7 @@ def _run_rounds(
         grid
     )  # under Flower's simulation engine: its instruction polls (flowerseam/simulation_polls.py)
     arrays, first_round, elapsed = initial_arrays, 1, 0.0
-    forgetting = Forgetting(checkpoints, client_link(grid, settings))
+    forgetting = Forgetting(checkpoints, client_link(grid, settings), forgotten_event(events))
     checkpoint = checkpoints.load()
     if checkpoint is not None:
         arrays = ArrayRecord({name: Array(value) for name, value in checkpoint.arrays.items()})
@@ -622,12 +648,13 @@ def _run_rounds(
         settings.pipeline_evaluation,
         core.checkpoint_written,
         sinks,
+        events,
     )
     outcomes = finisher.outcomes
     stragglers = Stragglers(settings.straggler_wait, core.examples_of)
     try:
         for server_round in range(first_round, settings.num_rounds + 1):
-            finished = train_round(grid, core, arrays, settings, server_round, finisher, stragglers)
+            finished = train_round(grid, core, arrays, settings, server_round, finisher, stragglers, events)
             arrays = finished.arrays
             finisher.submit(finished)
             if forgetting.has_work(core):  # between rounds: once this one is checkpointed, before the next starts
@@ -658,10 +685,12 @@ def train_round(
     server_round: int,
     finisher: RoundFinisher,
     stragglers: Stragglers,
+    events: EventLog,
 ) -> FinishedRound:
     """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
     checkpointed) meanwhile, and before this one aggregates."""
     round_started = time.monotonic()
+    events.emit(ROUND_STARTED, server_round, rounds=settings.num_rounds)
     phases = PhaseTimer()
     with phases("wait_clients"):
         wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
@@ -679,6 +708,7 @@ def train_round(
         stragglers,
         arrivals,
     )
+    events.emit(REPLIES, server_round, sent=len(messages), replies=len(replies), silent=len(silent))
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
@@ -686,6 +716,9 @@ def train_round(
     if new_arrays is None:
         log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
     report: RoundReport = core.round_report
+    for label, reason in report.rejected.items():
+        events.emit(REFUSED, server_round, client=label, reason=reason)
+    events.emit(COMMITTED, server_round, clients=len(report.accepted), clients_sent=report.sent)
     row = {
         "clients": len(report.accepted),
         "clients_sent": report.sent,
@@ -721,10 +754,27 @@ def train_round(
     )
 
 
+def forgotten_event(events: EventLog) -> Callable[[Mapping[str, Any]], None]:
+    """What reports each forget audit record (server/forget.py) that forgot a client, as a `forgotten` event."""
+
+    def report(record: Mapping[str, Any]) -> None:
+        if record.get("event") == "forgotten":
+            refine = record.get("refine_through_round")
+            events.emit(
+                FORGOTTEN,
+                record["round"],
+                client=str(record["client"]),
+                request=str(record["request"]),
+                refine_through_round=refine if type(refine) is int else None,
+            )
+
+    return report
+
+
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:
-    """The round's log line (deploy/progress.py parses it). A round the server did not evaluate (run config
-    `eval-every`) shows `-` for its metrics; one evaluated on part of the test set (`eval-fraction`) says on how
-    much."""
+    """The round's log line, for people (the tools read the event stream, tasks/events.py). A round the server did
+    not evaluate (run config `eval-every`) shows `-` for its metrics; one evaluated on part of the test set
+    (`eval-fraction`) says on how much."""
     metrics = (
         "acc - | nll - | ece -"
         if record["accuracy"] is None

@@ -16,10 +16,11 @@ The tracked run is started before round 1, in the ServerApp's main thread: a tra
 then (or a TensorBoard directory that cannot be written) stops the run before it starts, naming the URI
 (TrackingUnavailable; `fedbayes local` asks the server before it starts any process, tasks/preflight.py). Once
 started, the tracker logs where it sends, once: `fedbayes tracking: sending to ...` (tasks/runlog.py), which `fedbayes
-run` streams and `fedbayes local` prints beside its table. From then on a tracking server that is down or slow never
-stops or slows the federation: rows go through a bounded queue to one background thread, which does all the talking.
-Each row it fails to log, and each row a full queue drops, is a `fedbayes tracking:` warning, and the next row is
-tried again (the rows are in results-path all the same). At the end the ServerApp waits at most CLOSE_TIMEOUT seconds
+run` streams; the same notice is a `tracking` event (tasks/events.py), which `fedbayes local` prints beside its
+table. From then on a tracking server that is down or slow never stops or slows the federation: rows go through a
+bounded queue to one background thread, which does all the talking. Each row it fails to log, and each row a full
+queue drops, is a `fedbayes tracking:` warning, and the next row is tried again (the rows are in results-path all the
+same). At the end the ServerApp waits at most CLOSE_TIMEOUT seconds
 for the figures and the posterior to be logged.
 """
 
@@ -221,9 +222,15 @@ class Tracker:
     Raises: TrackingUnavailable, naming `tracking`, where the tracked run cannot be started (before any thread)."""
 
     def __init__(
-        self, tracking: str, name: str, params: dict[str, Any], export: Callable[[Path], Path] | None = None
+        self,
+        tracking: str,
+        name: str,
+        params: dict[str, Any],
+        export: Callable[[Path], Path] | None = None,
+        notice: Callable[[str], None] = lambda message: None,
     ) -> None:
         self.tracking, self.name, self.params, self.export = tracking, name, params, export
+        self.notice = notice  # each notice as data too (the ServerApp's event stream, tasks/events.py)
         try:
             self.backend = open_backend(tracking, name)
             self.backend.start(params)
@@ -234,6 +241,7 @@ class Tracker:
                 "to run untracked"
             ) from error
         log(INFO, "%s", tracking_line(f"sending to {self.backend.destination}"))
+        notice(" ".join(f"sending to {self.backend.destination}".split()))
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_ROWS)
         self.rows: list[dict[str, Any]] = []  # every row handed over, for the figures at the end
         self.thread = threading.Thread(target=self._work, name="tracking", daemon=True)
@@ -263,6 +271,7 @@ class Tracker:
 
     def _warn(self, message: str) -> None:
         log(WARNING, "%s", tracking_line(f"{self.tracking} {message}"))
+        self.notice(" ".join(f"{self.tracking} {message}".split()))
 
     def _work(self) -> None:
         while not isinstance(item := self.queue.get(), _Finish):
@@ -316,16 +325,21 @@ def posterior_export(server_state_dir: str, federation: str, run_config: Mapping
 
 @contextmanager
 def tracked_run(
-    tracking: str, federation: str, run_config: Mapping[str, Any], export: Callable[[Path], Path] | None = None
+    tracking: str,
+    federation: str,
+    run_config: Mapping[str, Any],
+    export: Callable[[Path], Path] | None = None,
+    notice: Callable[[str], None] = lambda message: None,
 ) -> Iterator[list[RowSink]]:
     """The row sinks run config `tracking` asks for (none when it is ""), for run_rounds; on exit the figures and
-    `export`'s file are logged and the tracked run is marked completed, or failed when the block raised.
+    `export`'s file are logged and the tracked run is marked completed, or failed when the block raised. `notice`
+    gets each of the tracker's notices (where it sends, each failure), one line each.
 
     Raises: TrackingUnavailable where the tracked run cannot be started (before the block runs)."""
     if not tracking:
         yield []
         return
-    tracker = Tracker(tracking, federation, dict(run_config), export)
+    tracker = Tracker(tracking, federation, dict(run_config), export, notice)
     completed = False
     try:
         yield [tracker]

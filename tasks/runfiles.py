@@ -11,8 +11,8 @@ A run's status is decided from what is on disk (`decide_status`):
 - running: a process holds the federation's server lock (<server-state-dir>/<federation>/server.lock, looked up in
   /proc/locks, not taken), or, for a workdir, a live process has the workdir's Flower home (its SuperLink and
   SuperNodes: `fedbayes local` is up, its ServerApp maybe not yet);
-- failed: not running, and the newest start's server log (<workdir>/logs*/flwr-run.log) reports
-  `fedbayes run failed: <reason>`;
+- failed: not running, and the newest start of its ServerApp ended failed, with a reason (its event stream,
+  <server-state-dir>/<federation>/events.jsonl, tasks/events.py);
 - finished: not running, and the results hold the planned rounds (num-server-rounds, raised by a forget's refinement
   rounds, forget-audit.jsonl);
 - stopped: none of these: interrupted (Ctrl-C), killed, or its machine went down before its planned rounds
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from fedbayes.tasks.config import RUN_CONFIG_FILE
+from fedbayes.tasks.events import EVENTS_FILE, FAILED, RUN_ENDED, TRACKING, last_start, read_events
 from fedbayes.tasks.report import parsed_row, split_federations
-from fedbayes.tasks.runlog import failure_reason
 from fedbayes.tasks.storage import MAX_LINE_BYTES, MAX_RECORD_BYTES, complete_lines, is_safe_name, read_bounded
 
 MAX_CONFIG_BYTES = 2**20  # a run-config.toml or Flower connection file: a few hundred keys
@@ -45,8 +45,6 @@ LOCK_FILE = "server.lock"  # server/forget/lock.py LOCK_FILE
 AUDIT_LOG = "forget-audit.jsonl"  # server/forget/audit.py AUDIT_LOG
 RESULTS_START = "results-start.json"  # server/loop.py RESULTS_START
 METRICS = ("accuracy", "nll", "ece")  # of the global model; the Bayesian strategies' ensemble's too: <name>_ensemble
-SERVER_LOG = "flwr-run.log"  # the log of `fedbayes run`, which streams the ServerApp's (deploy/launcher.py)
-_LOG_MESSAGE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s+(.*)$")
 # A results row's label of a client left out (server/round_core.py node_label, reply_label): its id comes first.
 _CLIENT_LABEL = re.compile(r"^client '([A-Za-z0-9._-]+)' \(node (\d+)\)")
 
@@ -250,43 +248,38 @@ def client_tallies(rows: Iterable[Mapping[str, Any]]) -> dict[str, ClientTally]:
     return dict(sorted(tallies.items()))
 
 
-# ---- logs and processes ---------------------------------------------------------------------------------------------
-def newest_log_dir(workdir: Path) -> Path | None:
-    """The logs of the workdir's newest start: logs, or for a resume logs-2, logs-3, ... (deploy/launcher.py)."""
-    numbered = []
-    for path in workdir.glob("logs*"):
-        match = re.fullmatch(r"logs(?:-(\d+))?", path.name)
-        if match and path.is_dir() and any(path.iterdir()):
-            numbered.append((int(match.group(1) or 1), path))
-    return max(numbered)[1] if numbered else None
-
-
+# ---- events and processes ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class LogFindings:
-    """What the server log of a start says: the failure it reported (None: none) and its tracking messages."""
+class EventFindings:
+    """What the events of the newest start of the ServerApp say (tasks/events.py): the failure it ended with (None:
+    none) and its tracking notices."""
 
-    log: Path | None
+    path: Path
     failure: str | None = None
     tracking: tuple[str, ...] = ()
 
 
-def read_server_log(workdir: Path | None) -> LogFindings:
-    """The failure and tracking lines of the newest start's server log (a line over the bound is skipped)."""
-    log_dir = newest_log_dir(workdir) if workdir else None
-    log = log_dir / SERVER_LOG if log_dir else None
-    if log is None or not log.is_file():
-        return LogFindings(log)
-    failure, tracking = None, []
+def read_run_events(files: RunFiles) -> EventFindings:
+    """The failure and tracking notices of the federation's newest start, from its events file (a line that is no
+    event is named and left out).
+
+    Raises:
+        InspectError: the file cannot be read.
+    """
+    path = files.directory / EVENTS_FILE
     try:
-        for line in complete_lines(log):
-            text = "" if line.text is None else line.text.decode(errors="replace").strip()
-            failure = failure_reason(text) or failure
-            message = _LOG_MESSAGE.match(text)
-            if message and message.group(1).startswith("tracking"):
-                tracking.append(message.group(1))
+        events = [event for _, event in read_events(path, on_malformed=lambda error: warn(f"{error}; left out"))]
+    except FileNotFoundError:
+        return EventFindings(path)
     except OSError as error:
-        raise InspectError(f"{log}: cannot read the server log: {error}") from None
-    return LogFindings(log, failure, tuple(tracking))
+        raise InspectError(f"{path}: cannot read the events: {error}") from None
+    newest = last_start(events)
+    ended = [event.fields for event in newest if event.type == RUN_ENDED]
+    failure = None
+    if ended and ended[-1]["outcome"] == FAILED:
+        failure = ended[-1]["reason"] or "the ServerApp gave no reason"
+    tracking = tuple(event.fields["message"] for event in newest if event.type == TRACKING)
+    return EventFindings(path, failure, tracking)
 
 
 def lock_holders(lock: Path, locks_table: Path = Path("/proc/locks")) -> list[int]:
@@ -395,7 +388,7 @@ class Snapshot:
     results: Path | None
     status: Status
     planned: int | None
-    log: LogFindings
+    events: EventFindings
     records: list[dict[str, Any]]
 
     @property
@@ -404,7 +397,7 @@ class Snapshot:
 
 
 def snapshot(files: RunFiles) -> Snapshot:
-    """Read the federation's rows, audit log and server log, and decide its status.
+    """Read the federation's rows, audit log and events, and decide its status.
 
     Raises:
         InspectError: one of those files is damaged (named, with why).
@@ -413,10 +406,10 @@ def snapshot(files: RunFiles) -> Snapshot:
     rows = read_rows(results, first_line) if results is not None else []
     records = audit_records(files)
     planned = planned_rounds(files, records)
-    log = read_server_log(files.workdir)
+    events = read_run_events(files)
     done = rows[-1]["round"] if rows else 0
-    status = decide_status(live_processes(files), done, planned, log.failure)
-    return Snapshot(files, rows, results, status, planned, log, records)
+    status = decide_status(live_processes(files), done, planned, events.failure)
+    return Snapshot(files, rows, results, status, planned, events, records)
 
 
 def metrics_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

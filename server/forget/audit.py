@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,9 @@ class AuditLog:
     """forget-audit.jsonl: one JSON object per decided request (forgotten, readmitted, refused), appended and fsynced.
     A line a crash cut short is no record: it is ended before the next one is appended, and never read."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_append: Callable[[Mapping[str, Any]], None] = lambda record: None) -> None:
         self.path = path
+        self.on_append = on_append  # each record once it is on disk (the ServerApp's event stream)
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -39,6 +40,7 @@ class AuditLog:
             audit_file.write(b"\n" * torn + json.dumps(record, sort_keys=True).encode() + b"\n")
             audit_file.flush()
             os.fsync(audit_file.fileno())
+        self.on_append(record)
 
 
 def _parsed_line(path: Path, line: Line) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ forget's refinement asks the federation to run (the package docstring has the wh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from typing import Any
@@ -48,12 +48,17 @@ class Forgetting:
     running server's way to its nodes, for the strategies whose forget needs the client's own part (ClientForget);
     None on a stopped federation, which refuses those."""
 
-    def __init__(self, store: CheckpointStore, link: ClientLink | None = None) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        link: ClientLink | None = None,
+        on_record: Callable[[Mapping[str, Any]], None] = lambda record: None,
+    ) -> None:
         self.store = store
         self.link = link
         self.federation = store.directory.name
         self.queue = RequestQueue(store.directory / REQUESTS_DIRECTORY)
-        self.audit = AuditLog(store.directory / AUDIT_LOG)
+        self.audit = AuditLog(store.directory / AUDIT_LOG, on_record)
 
     def has_work(self, core: BetweenRounds) -> bool:
         return bool(core.leave_requests) or self.queue.waiting()

@@ -106,7 +106,7 @@ def test_clients_that_add_no_precision_are_reported_and_warned_of_and_the_round_
         _, metrics = server.aggregate(1, answers(server, 1, {1: a1}))
     # shares (50 - 1)/1 and (60 - 1)/1 over δ = 1; the median of two is the lower (torch.median)
     assert metrics["client-precision-share"] == pytest.approx(49.0, rel=1e-5)
-    assert "q̄'s precision" not in caplog.text and server.round_report.warnings == []
+    assert server.round_report.warnings == []
     # Round 2: the client comes back with q̄'s own precision, as a client whose IVON Hessian restarted at 0 and
     # hardly grew does: it added nothing, and S̄ falls.
     global_2 = server.strategy.global_

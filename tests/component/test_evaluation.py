@@ -16,7 +16,7 @@ from torch import nn
 from fedbayes.bayes.metrics import classification_metrics, predict_probs
 from fedbayes.bayes.params import set_parameters
 from fedbayes.deploy.launcher import format_row
-from fedbayes.deploy.progress import Progress, parse_round_log_line
+from fedbayes.deploy.progress import Progress, RoundDone
 from fedbayes.posterior.uncertainty import predictive, uncertainty_metrics
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import (
@@ -292,10 +292,10 @@ def test_eval_every_writes_rows_without_test_metrics_that_every_reader_of_rows_c
                 (40, 1.0, 2) if full else (20, 0.5, 2)
             )
             assert 0 <= row["accuracy_ensemble"] <= 1
-    # the ServerApp's log line, and the progress line `fedbayes local` and `fedbayes run` make of it
+    # the ServerApp's log line, and the progress line `fedbayes local` makes of the rows
     lines = [progress_line(row, 5) for row in written]
     assert "acc - | nll - | ece -" in lines[0] and "on 20 test examples" in lines[1] and "test examples" not in lines[4]
-    done = [parse_round_log_line(line) for line in lines]
+    done = [RoundDone(row["round"], 5, row["accuracy"], row["clients"], row["clients_sent"]) for row in written]
     assert [d.accuracy is None for d in done] == [True, False, True, False, False]
 
     class Stream:

@@ -20,7 +20,7 @@ from fedbayes.tasks.preflight import (
     check_split_file,
     unwritable,
 )
-from fedbayes.tasks.runlog import failure_reason, new_federation, new_federation_line, run_failed_line
+from fedbayes.tasks.runlog import error_reason, failure_reason, run_failed_line
 from tests.support import settings
 from tests.support.crafted import in_child
 
@@ -59,11 +59,7 @@ def test_a_failure_is_reported_on_one_line_with_its_type():
     assert line == "fedbayes run failed: ValueError: first line second line"
     assert failure_reason(f"ERROR :      {line}") == "ValueError: first line second line"
     assert failure_reason("INFO :      round 1/3") is None
-
-
-def test_a_new_federation_is_announced_by_name():
-    assert new_federation(f"INFO :      {new_federation_line('20260101-120000-ab12')}") == "20260101-120000-ab12"
-    assert new_federation("INFO :      fedbayes: federation x, strategy fedavg") is None
+    assert error_reason(RuntimeError()) == "RuntimeError"  # a run_ended event's reason (tasks/events.py)
 
 
 def test_an_empty_federation_means_new_and_a_name_must_be_safe():

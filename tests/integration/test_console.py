@@ -8,6 +8,7 @@ import pytest
 
 from fedbayes.deploy.launcher import FLWR_HOME, table_header
 from fedbayes.deploy.processes import free_ports
+from fedbayes.tasks.events import EVENTS_FILE
 from tests.support.processes import cli_env, fault_env, fedbayes, is_table_row
 
 pytestmark = pytest.mark.integration
@@ -31,7 +32,8 @@ def test_a_dead_mlflow_server_is_an_error_before_any_process_starts(tmp_path):
         f"fedbayes: error: run config 'tracking': no MLflow tracking server answers at {uri} ("
     ), result.stderr
     assert f"wait until {uri}/health answers" in result.last_error_line
-    assert not (workdir / FLWR_HOME).exists() and "SuperLink" not in result.stdout  # nothing was started
+    # nothing was started: no Flower home, and no ServerApp wrote an event
+    assert not (workdir / FLWR_HOME).exists() and not (workdir / "server-state" / "run" / EVENTS_FILE).exists()
 
 
 def test_a_bayesian_strategys_table_shows_the_ensemble_and_tracking_says_once_where_it_sends(tmp_path):

@@ -1,6 +1,6 @@
 """The progress line of `fedbayes local` and `fedbayes run` (deploy/progress.py): on a terminal (a pty, rendered as a
 terminal shows it) one line redrawn in place below the output; elsewhere plain lines. `fedbayes run` reads the rounds
-from the ServerApp's own log lines (server/loop.py progress_line); `fedbayes local` from its results rows."""
+from the ServerApp's event lines (tasks/events.py) and shows its other lines; `fedbayes local` from its results rows."""
 
 from __future__ import annotations
 
@@ -14,19 +14,50 @@ import pytest
 
 from fedbayes.deploy.launcher import TABLE_HEADER
 from fedbayes.server.loop import progress_line
+from fedbayes.tasks.events import (
+    CHECKPOINTED,
+    COMMITTED,
+    COMPLETED,
+    EVALUATED,
+    EVENTS_FILE,
+    LOG_PREFIX,
+    REPLIES,
+    ROUND_STARTED,
+    RUN_ENDED,
+    RUN_STARTED,
+    Event,
+    read_events,
+)
 from tests.support import ROOT
 from tests.support.processes import cli_env
 from tests.support.terminal import ROW, open_terminal, read_all, rendered
 
 # A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s (the lines
-# made here: importing the ServerApp's loop would cost the stand-in torch's import, 4 CPU-s).
+# made here: importing the ServerApp's loop would cost the stand-in torch's import, 4 CPU-s): each round's events,
+# with the line people read before the last.
 ROUND_LINES = [f"INFO :      {progress_line(ROW | {'round': number}, 2)}" for number in (1, 2)]
+
+
+def event_line(event: Event) -> str:
+    return f"INFO :      {LOG_PREFIX}{event.json_line()}"
+
+
+def round_lines(server_round: int, round_line: str) -> list[str]:
+    return [
+        event_line(Event(COMMITTED, server_round, 1.0, {"clients": 2, "clients_sent": 3})),
+        event_line(Event(EVALUATED, server_round, 2.0, {"metrics": {"accuracy": 0.6356, "nll": 1.0, "ece": 0.1}})),
+        round_line,
+        event_line(Event(CHECKPOINTED, server_round, 3.0, {"rounds": 2})),
+    ]
+
+
+LOGGED = [round_lines(number, line) for number, line in zip((1, 2), ROUND_LINES, strict=True)]
 FAKE_FLWR = textwrap.dedent("""
     import time
     print("Successfully started run 7", flush=True)
-    for line in {ROUND_LINES!r}:
+    for lines in {LOGGED!r}:
         time.sleep(1.5)
-        print(line, flush=True)
+        print("\\n".join(lines), flush=True)
 """)
 STREAM = (
     "import os, sys; from fedbayes.deploy.flwr_run import stream; "
@@ -36,7 +67,7 @@ STREAM = (
 
 def run_stream(stdout) -> subprocess.Popen:
     """deploy/flwr_run.py `stream`, as `fedbayes run` calls it, on the fake `flwr run`'s output."""
-    code = STREAM.format(fake=FAKE_FLWR.format(ROUND_LINES=ROUND_LINES))
+    code = STREAM.format(fake=FAKE_FLWR.format(LOGGED=LOGGED))
     return subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -113,3 +144,21 @@ def test_fedbayes_local_shows_the_table_and_a_live_line_on_a_terminal(tmp_path):
     assert screen[header + 3].startswith("round 2/2 | ") and "| ETA 0:00 | accuracy 0." in screen[header + 3]
     assert screen[header + 3].endswith("| clients 2/2") and len(screen) == header + 4
     assert "\r\x1b[K" in output
+    assert LOG_PREFIX not in output  # the ServerApp's event lines are read, not shown
+    # the ServerApp's event stream of the run, in its server state directory
+    events = [event for _, event in read_events(tmp_path / "run" / "server-state" / "run" / EVENTS_FILE)]
+    assert [(event.type, event.round) for event in events if event.round is None] == [
+        (RUN_STARTED, None),
+        (RUN_ENDED, None),
+    ]
+    assert events[0].fields == {"federation": "run", "named_by_server": False, "strategy": "fedavg", "rounds": 2}
+    assert events[-1].fields == {"outcome": COMPLETED, "reason": None}
+    for server_round in (1, 2):
+        assert [event.type for event in events if event.round == server_round] == [
+            ROUND_STARTED,
+            REPLIES,
+            COMMITTED,
+            EVALUATED,
+            CHECKPOINTED,
+        ]
+    assert {event.fields["clients"] for event in events if event.type == COMMITTED} == {2}

@@ -7,19 +7,22 @@ uploader stopped, so `flwr run --stream` showed no line after round 1.
 
 A log stream that still ends early (`fedbayes run` follows it again, deploy/flwr_run.py) is followed through Flower's
 `flwr log RUN_ID --stream`, which starts the log again from its first line: followed on this real SuperLink from round
-1's line on, it shows what `flwr run --stream` showed after that line, and nothing twice."""
+1's line on, it shows what `flwr run --stream` showed after that line (but for the ServerApp's event lines, which it
+reads and does not show), and nothing twice."""
 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import time
 
 import pytest
 
-from fedbayes.deploy.flwr_run import Streamed, stream
+from fedbayes.deploy.flwr_run import _ANSI_ESCAPE, Streamed, stream
 from fedbayes.deploy.launcher import CONNECTION, LocalFederation
 from fedbayes.deploy.pki import init_pki
 from fedbayes.deploy.processes import console_script
+from fedbayes.tasks.events import event_of_log_line
 from tests.support.processes import processes_of, stall_env, wait_for_file
 
 pytestmark = pytest.mark.integration
@@ -63,10 +66,22 @@ def test_a_superlink_locked_past_its_busy_timeout_does_not_end_the_run(tmp_path,
         # `fedbayes run`'s own progress lines are not the run's log
         streamed = [line for line in server_log.splitlines() if not line.startswith("progress: ")]
         log_lines = streamed[next(i for i, line in enumerate(streamed) if "Starting logstream" in line) + 1 :]
-        round_1 = next(i for i, line in enumerate(log_lines) if "round 1: 2 replies" in line) + 1
+        # the run's whole log, event lines with the rest: a stream followed again skips lines of it
+        follow_log = [console_script("flwr"), "log", str(federation.run_id(submit)), CONNECTION, "--stream"]
+        replayed = subprocess.run(
+            follow_log,
+            env=federation.processes.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # as `stream` reads it
+            text=True,
+            timeout=120,
+        ).stdout.splitlines()
+        raw = [_ANSI_ESCAPE.sub("", line) for line in replayed]
+        raw = raw[next(i for i, line in enumerate(raw) if "Starting logstream" in line) + 1 :]
+        round_1 = next(i for i, line in enumerate(raw) if "round 1: 2 replies" in line) + 1
         capsys.readouterr()
         followed = stream(
-            [console_script("flwr"), "log", str(federation.run_id(submit)), CONNECTION, "--stream"],
+            follow_log,
             federation.processes.env,
             ["fedbayes", "run"],
             shown=Streamed(0, federation.run_id(submit), None, round_1),
@@ -77,9 +92,10 @@ def test_a_superlink_locked_past_its_busy_timeout_does_not_end_the_run(tmp_path,
     assert "database is locked" not in superlink_log, superlink_log[-3000:]
     for number in (1, 2, 3):  # the ServerApp's log reached `flwr run --stream` after the lock as before it
         assert server_log.count(f"round {number}: 2 replies pass the checks") == 1, server_log[-3000:]
-    assert followed.returncode == 0 and followed.log_lines == len(log_lines)
+    assert [line for line in raw if event_of_log_line(line) is None] == log_lines  # what `fedbayes run` showed
+    assert followed.returncode == 0 and followed.log_lines == len(raw)
     shown_again = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("progress: ")]
-    assert shown_again == log_lines[round_1:]
+    assert shown_again == [line for line in raw[round_1:] if event_of_log_line(line) is None]
     shown_text = "\n".join(shown_again)
     assert "round 1: 2 replies" not in shown_text and "round 2: 2 replies" in shown_text
     assert processes_of(federation.flwr_home) == []

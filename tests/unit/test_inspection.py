@@ -12,6 +12,7 @@ import pytest
 
 from fedbayes.deploy.cli import main
 from fedbayes.server.checkpoint import CheckpointStore
+from fedbayes.tasks.events import EVENTS_FILE, FAILED, RUN_ENDED, RUN_STARTED, TRACKING, EventLog
 from fedbayes.tasks.runfiles import Status, client_tallies, decide_status, locate, lock_holders, snapshot
 from tests.support import checkpoint
 
@@ -103,17 +104,26 @@ def write_rows(workdir, lines):
     (workdir / "results.jsonl").write_text("".join(f"{line}\n" for line in lines))
 
 
-def write_log(workdir, folder, text):
-    (workdir / folder).mkdir()
-    (workdir / folder / "flwr-run.log").write_text(text)
+def start(events: EventLog) -> None:
+    events.emit(RUN_STARTED, federation="fed", named_by_server=False, strategy="fedavg", rounds=3)
 
 
-def test_the_newest_starts_log_decides_whether_a_run_failed(workdir):
+def test_the_newest_starts_events_decide_whether_a_run_failed(workdir, capsys):
     assert snapshot(locate(workdir)).status.state == "stopped"
-    write_log(workdir, "logs", "INFO :      round   1/3 | ...\nfedbayes run failed: RunFailed: nothing trained\n")
-    assert snapshot(locate(workdir)).status == Status("failed", "RunFailed: nothing trained")
-    write_log(workdir, "logs-2", "INFO :      resuming after round 2\n")  # the resumed start, later stopped
-    assert snapshot(locate(workdir)).status.state == "stopped"
+    events = EventLog()
+    events.write_to(workdir / "server-state" / "fed" / EVENTS_FILE)
+    start(events)
+    events.emit(TRACKING, message="sending to tensorboard:/tmp/tb")
+    events.emit(RUN_ENDED, outcome=FAILED, reason="RunFailed: nothing trained")
+    shot = snapshot(locate(workdir))
+    assert shot.status == Status("failed", "RunFailed: nothing trained")
+    assert shot.events.tracking == ("sending to tensorboard:/tmp/tb",)
+    start(events)  # the resumed start, later stopped
+    with (workdir / "server-state" / "fed" / EVENTS_FILE).open("a") as events_file:
+        events_file.write("{not an event\n")
+    shot = snapshot(locate(workdir))
+    assert shot.status.state == "stopped" and shot.events.tracking == ()
+    assert "events.jsonl at byte" in capsys.readouterr().err  # named, left out
 
 
 def test_a_forgets_refinement_raises_the_rounds_planned(workdir):

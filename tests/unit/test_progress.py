@@ -1,6 +1,6 @@
 """The progress line of `fedbayes local` and `fedbayes run` (deploy/progress.py): on a terminal (a pty, rendered as a
 terminal shows it) one line redrawn in place below the output; elsewhere plain lines. `fedbayes run` reads the rounds
-from the ServerApp's own log lines (server/loop.py progress_line); `fedbayes local` from its results rows."""
+from the ServerApp's events (tasks/events.py); `fedbayes local` from its results rows."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from fedbayes.deploy.launcher import (
     show_row,
     table_header,
 )
-from fedbayes.deploy.progress import Progress, RoundDone, parse_round_log_line
-from fedbayes.server.loop import progress_line
+from fedbayes.deploy.progress import Progress, RoundDone, RoundEvents
+from fedbayes.tasks.events import CHECKPOINTED, COMMITTED, EVALUATED, REFUSED, Event
 from tests.support.terminal import ROW, open_terminal, read_all, rendered
 
 
@@ -82,11 +82,24 @@ def test_a_rounds_warnings_follow_its_row():
     assert stream.getvalue().splitlines()[:2] == [format_row(ROW), "  warning: the clients added 0.0% to q̄'s precision"]
 
 
-def test_the_serverapps_round_line_is_read_as_it_logs_it():
-    line = progress_line(ROW | {"accuracy_ensemble": 0.7, "nll_ensemble": 1.0}, 50)
-    assert parse_round_log_line(f"INFO :      {line}\n") == RoundDone(1, 50, 0.6356, 2, 3)
-    assert parse_round_log_line(f"\x1b[92mINFO \x1b[0m:      {line}\n") == RoundDone(1, 50, 0.6356, 2, 3)
-    assert parse_round_log_line("INFO :      round 1: 2 replies pass the checks, 0 left out") is None
+def test_a_round_is_done_once_checkpointed_with_its_commit_and_evaluation():
+    rounds = RoundEvents()
+    events = [
+        Event(COMMITTED, 1, 1.0, {"clients": 2, "clients_sent": 3}),
+        Event(REFUSED, 1, 1.0, {"client": "node 7", "reason": "no reply"}),
+        Event(EVALUATED, 1, 2.0, {"metrics": {"accuracy": 0.6356, "nll": 1.1}}),
+        Event(CHECKPOINTED, 1, 3.0, {"rounds": 50}),
+        Event(COMMITTED, 2, 4.0, {"clients": 3, "clients_sent": 3}),
+        Event(CHECKPOINTED, 2, 5.0, {"rounds": 50}),  # not evaluated (eval-every)
+    ]
+    assert [rounds.feed(event) for event in events] == [
+        None,
+        None,
+        None,
+        RoundDone(1, 50, 0.6356, 2, 3),
+        None,
+        RoundDone(2, 50, None, 3, 3),
+    ]
 
 
 # A stand-in for `flwr run --stream`: the ServerApp's log lines of a two-round run, a round every 1.5 s.
