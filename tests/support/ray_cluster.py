@@ -107,14 +107,17 @@ class RayCluster:
         """The value of HOST_MARKER in the environment of host `name`'s Ray processes."""
         return f"{self.tag}-{name}"
 
-    def kill(self, name: str) -> None:
-        """SIGKILL every Ray process of worker host `name`, as a machine that lost its power."""
+    def kill(self, name: str) -> list[int]:
+        """SIGKILL every Ray process of worker host `name`, as a machine that lost its power; the pids it found."""
+        found: set[int] = set()
         deadline = time.monotonic() + STOP_TIMEOUT
         while (left := processes_with_env(HOST_MARKER, self.marker(name))) and time.monotonic() < deadline:
+            found.update(left)
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.2)
+        return sorted(found)
 
     def tasks_by_node(self) -> dict:
         """{"alive": the IPs of the live nodes, "runs": ClientAppActor.run tasks by node IP} as the GCS has them."""
