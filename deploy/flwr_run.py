@@ -18,6 +18,11 @@ SuperLink two free ports instead (unless FLWR_LOCAL_SUPERLINK_HTTP_API_PORT / FL
 are set), gives it time to start on a busy machine (deploy/patient_flwr.py) and, once the run is over,
 stops every process its `flwr run` caused to start (the SuperLink, its executor, the simulation and Ray's
 workers) by process id: they inherit a marker in their environment. Nothing it did not start is touched.
+
+`--ray-address ADDRESS` (ours, not `flwr run`'s) runs the simulation's virtual clients on a Ray cluster started
+beforehand with `ray start`: Flower 1.39's federation config has no key for Ray's address, and its Ray backend calls
+`ray.init()` without one, which then reads RAY_ADDRESS. The address is checked first: one that cannot be reached fails
+the command at once, where Ray would retry for a minute and no local Ray is started in its place.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -57,6 +63,9 @@ PATIENT_FLWR = [
 ]  # `flwr`, waiting longer for its simulation SuperLink
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _LOG_STARTS = "Starting logstream for run_id"  # Flower's CLI, before the run's log, in `flwr run` and `flwr log`
+RAY_ADDRESS_OPTION = "--ray-address"
+RAY_CLIENT_PORT = 10001  # Ray's default port for a `ray://HOST` address without one
+RAY_PROBE_TIMEOUT = 10.0  # seconds to wait for the Ray cluster's port to accept a connection
 REATTACH_LIMIT = 10  # times the log is followed again before the run is given up on
 REATTACH_PAUSE = 1.0  # seconds before following it again
 _RUN_ID = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # default and --format json output
@@ -83,27 +92,34 @@ class Streamed:
 def main(argv: Sequence[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(
-            "usage: fedbayes run ARGS: `flwr run ARGS --stream` that exits 1, with the reason on its last line, "
-            "unless the run completed; and stops the simulation SuperLink it started. `flwr run`'s ARGS:\n",
+            "usage: fedbayes run [--ray-address HOST:PORT] ARGS: `flwr run ARGS --stream` that exits 1, with the "
+            "reason on its last line, unless the run completed; and stops the simulation SuperLink it started. "
+            "--ray-address: run the simulation's virtual clients on that Ray cluster (ray start --head's address, "
+            "ray://HOST[:PORT] or auto), which must be reachable. `flwr run`'s ARGS:\n",
             flush=True,
         )
         return subprocess.call([*PATIENT_FLWR, "run", "--help"], env=process_env(flwr_home=None))
+    resume_command = ["fedbayes", "run", *argv]
+    ray_address, argv = split_ray_address(argv)
+    if ray_address is not None and (unreachable := ray_cluster_problem(ray_address)):
+        print(f"{RUN_FAILED}{unreachable}", file=sys.stderr, flush=True)
+        return 1
     connection = flwr_run_arguments(argv).superlink
     command = [*PATIENT_FLWR, "run", *argv, *([] if "--stream" in argv else ["--stream"])]
     marker = uuid.uuid4().hex
     env = submission_env(marker)
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
     os.environ.update({variable: env[variable] for variable in LOCAL_SUPERLINK_PORTS})  # for run_status_here
     try:
-        streamed = stream(
-            command, env, resume_command=["fedbayes", "run", *argv], after_first_round=import_status_client
-        )
+        streamed = stream(command, env, resume_command=resume_command, after_first_round=import_status_client)
         reason = failure(
             streamed,
             lambda run_id: run_status_here(connection, run_id),
             lambda shown: stream(
                 [*PATIENT_FLWR, "log", str(shown.run_id), *([connection] if connection else []), "--stream"],
                 env,
-                resume_command=["fedbayes", "run", *argv],
+                resume_command=resume_command,
                 shown=shown,
             ),
         )
@@ -120,6 +136,57 @@ def main(argv: Sequence[str]) -> int:
         print(f"{RUN_FAILED}{reason}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def split_ray_address(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take `--ray-address ADDRESS` (or `--ray-address=ADDRESS`) out of `fedbayes run`'s arguments.
+
+    Args:
+        argv: `fedbayes run`'s arguments.
+
+    Returns:
+        The address (None without the option, the last one if given twice) and the arguments for `flwr run`.
+
+    Raises:
+        ValueError: the option came last, without its address.
+    """
+    address, rest = None, []
+    arguments = iter(argv)
+    for argument in arguments:
+        if argument == RAY_ADDRESS_OPTION:
+            address = next(arguments, None)
+            if address is None:
+                raise ValueError(f"{RAY_ADDRESS_OPTION} needs an address: HOST:PORT, ray://HOST[:PORT] or auto")
+        elif argument.startswith(f"{RAY_ADDRESS_OPTION}="):
+            address = argument.partition("=")[2]
+        else:
+            rest.append(argument)
+    return address, rest
+
+
+def ray_cluster_problem(address: str, timeout: float = RAY_PROBE_TIMEOUT) -> str | None:
+    """Why the Ray cluster at `address` cannot be used, or None when its port accepts a connection.
+
+    Args:
+        address: the head's GCS address `HOST:PORT`, a Ray client address `ray://HOST[:PORT]`, or `auto` (a cluster
+            that `ray start` started on this machine; Ray itself fails clearly when there is none).
+        timeout: seconds to wait for the connection.
+
+    Returns:
+        A one-line reason, or None.
+    """
+    if address == "auto":
+        return None
+    scheme, _, rest = address.rpartition("://")
+    host, _, port = rest.partition(":")
+    default_port = RAY_CLIENT_PORT if scheme == "ray" else None
+    if not host or not (port.isdigit() or (not port and default_port)):
+        return f"{RAY_ADDRESS_OPTION} {address!r}: expected HOST:PORT, ray://HOST[:PORT] or auto"
+    try:
+        socket.create_connection((host, int(port) if port else default_port), timeout=timeout).close()
+    except OSError as error:
+        return f"cannot reach the Ray cluster at {address} ({error}); is `ray start --head` running there?"
+    return None
 
 
 def flwr_run_arguments(argv: Sequence[str]) -> argparse.Namespace:

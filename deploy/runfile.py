@@ -413,6 +413,7 @@ def _flwr_run_positionals(tokens: list[str]) -> argparse.Namespace:
     parser.add_argument("--federation-config", action="append")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--format")
+    parser.add_argument("--ray-address")  # fedbayes run's own option, whose value is no positional
     parsed, _ = parser.parse_known_args(tokens)
     return parsed
 

@@ -26,7 +26,7 @@ import pytest
 
 from fedbayes.client.runtime import NodeSettings
 from fedbayes.deploy import cli
-from fedbayes.deploy.flwr_run import flwr_run_arguments
+from fedbayes.deploy.flwr_run import flwr_run_arguments, split_ray_address
 from fedbayes.deploy.runfile import flwr_run_argv
 from fedbayes.strategies import declared_keys, get_algorithm
 
@@ -148,7 +148,7 @@ def dry_parse(argv: list[str]) -> argparse.Namespace | dict:
     """Parse `fedbayes ARGV` as the command would, and run nothing. SystemExit (argparse) or click's UsageError
     (flwr run) when it does not parse."""
     if argv[0] == "run":  # fedbayes hands these to `flwr run` (a --config run file spelt out): its reading, Flower's
-        arguments = flwr_run_argv(argv[1:], declared_keys)
+        arguments = split_ray_address(flwr_run_argv(argv[1:], declared_keys))[1]
         flwr_run_arguments(arguments)
         return flower_run_parse(arguments)
     if argv[0] == "supernode":

@@ -4,6 +4,7 @@ gives `flwr`, the Flower names it patches, and how it follows a log stream that 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from fedbayes.deploy.flwr_run import (
     MARKER_VARIABLE,
     RAY_FUTURE_WARNING,
     flwr_run_arguments,
+    ray_cluster_problem,
+    split_ray_address,
     submission_env,
 )
 from fedbayes.flowerseam.flwr_cli import PATIENCE, bundle_quickly, collect_app_files
@@ -35,6 +38,48 @@ from fedbayes.flowerseam.flwr_cli import PATIENCE, bundle_quickly, collect_app_f
 )
 def test_the_connection_is_read_wherever_the_options_are(argv, connection):
     assert flwr_run_arguments(argv).superlink == connection
+
+
+@pytest.mark.parametrize(
+    ("argv", "address", "rest"),
+    [
+        (
+            [".", "local", "--ray-address", "10.0.0.1:6379", "-c", "lr=0.1"],
+            "10.0.0.1:6379",
+            [".", "local", "-c", "lr=0.1"],
+        ),
+        (["--ray-address=ray://head", ".", "local"], "ray://head", [".", "local"]),
+        ([".", "local", "--stream"], None, [".", "local", "--stream"]),
+    ],
+)
+def test_the_ray_address_is_taken_out_of_flwr_runs_arguments(argv, address, rest):
+    assert split_ray_address(argv) == (address, rest)
+
+
+def test_a_ray_address_option_without_its_address_is_refused():
+    with pytest.raises(ValueError, match="needs an address"):
+        split_ray_address([".", "local", "--ray-address"])
+
+
+def test_a_listening_ray_port_passes_and_a_closed_one_or_a_malformed_address_is_named():
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert ray_cluster_problem(f"127.0.0.1:{port}") is None
+        assert ray_cluster_problem(f"ray://127.0.0.1:{port}") is None
+    closed = ray_cluster_problem(f"127.0.0.1:{port}", timeout=2.0)
+    assert closed is not None and closed.startswith(f"cannot reach the Ray cluster at 127.0.0.1:{port}")
+    assert "expected HOST:PORT" in ray_cluster_problem("head-without-port")
+    assert ray_cluster_problem("auto") is None  # Ray looks for this machine's cluster and fails clearly without one
+
+
+def test_an_unreachable_ray_cluster_fails_the_command_at_once(capsys):
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        port = listening.getsockname()[1]  # bound, never listening: connections are refused
+        assert flwr_run.main([".", "local", "--ray-address", f"127.0.0.1:{port}"]) == 1
+    assert capsys.readouterr().err.startswith(f"fedbayes run failed: cannot reach the Ray cluster at 127.0.0.1:{port}")
 
 
 def test_flwr_gets_free_simulation_ports_unless_given_and_a_quiet_ray(monkeypatch):
