@@ -755,7 +755,7 @@ def train_round(
 
 
 def forgotten_event(events: EventLog) -> Callable[[Mapping[str, Any]], None]:
-    """What reports each forget audit record (server/forget.py) that forgot a client, as a `forgotten` event."""
+    """What reports each forget audit record (server/forget/) that forgot a client, as a `forgotten` event."""
 
     def report(record: Mapping[str, Any]) -> None:
         if record.get("event") == "forgotten":
