@@ -23,7 +23,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
+
+from fedbayes.tasks.storage import complete_lines
 
 EVENTS_FILE = "events.jsonl"  # in a federation's server state directory, beside its checkpoints
 LOG_PREFIX = "fedbayes event: "  # an event's line in the ServerApp's log
@@ -238,30 +240,19 @@ def read_events(
 
 def _read_lines(path: Path, start: int) -> Iterator[tuple[int, Event | MalformedEvent]]:
     """Per complete line from `start` on, the offset after it and its event, or why it holds none."""
-    with path.open("rb") as events_file:
-        events_file.seek(start)
-        offset = start
-        while piece := events_file.readline(MAX_EVENT_BYTES + 2):
-            if not piece.endswith(b"\n") and len(piece) <= MAX_EVENT_BYTES:
-                return  # the end of the file, not of a line
-            line_start = offset
-            offset += len(piece) + _skip_line(events_file, piece)
-            if piece == b"\n":  # the end of a line a crash cut short (EventLog.write_to), read from its middle
-                continue
-            try:
-                if not piece.endswith(b"\n"):
-                    raise MalformedEvent(f"a line over the {MAX_EVENT_BYTES} bytes an event may have")
-                yield offset, parse_event(piece[:-1])
-            except MalformedEvent as error:
-                yield offset, MalformedEvent(f"{path} at byte {line_start}: not an event: {error}")
-
-
-def _skip_line(events_file: BinaryIO, piece: bytes) -> int:
-    """The bytes of the rest of a line over the bound, read past (none where `piece` ended its line)."""
-    skipped = 0
-    while not piece.endswith(b"\n") and (piece := events_file.readline(2**20)):
-        skipped += len(piece)
-    return skipped
+    line_start = start
+    for line in complete_lines(path, MAX_EVENT_BYTES, start):
+        if line.text == b"":  # the end of a line a crash cut short (EventLog.write_to), read from its middle
+            line_start = line.end
+            continue
+        try:
+            if line.text is None:
+                raise MalformedEvent(f"a line over the {MAX_EVENT_BYTES} bytes an event may have")
+            event: Event | MalformedEvent = parse_event(line.text)
+        except MalformedEvent as error:
+            event = MalformedEvent(f"{path} at byte {line_start}: not an event: {error}")
+        yield line.end, event
+        line_start = line.end
 
 
 class EventTail:

@@ -175,16 +175,23 @@ class Line:
     text: bytes | None
 
 
-def complete_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Line]:
+def complete_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, start: int = 0) -> Iterator[Line]:
     """Every line of `path` that ends in a newline, in order, none read past `max_line_bytes`: whatever the file
     holds, memory stays bounded by the longest line allowed. The piece after the last newline (a line still being
     written, or cut short by a crash) is no line.
+
+    Args:
+        path: the file.
+        max_line_bytes: the longest line read into memory; a longer one is a Line without text.
+        start: the byte to begin at, 0 or a line's start (an earlier Line's `end`, for a file that grows); lines are
+            numbered from there.
 
     Raises:
         OSError: the file cannot be read.
     """
     with path.open("rb", buffering=_CHUNK_BYTES) as file:
-        number = end = 0
+        file.seek(start)
+        number, end = 0, start
         while piece := file.readline(max_line_bytes + 1):
             length, ended = len(piece), piece.endswith(b"\n")
             text = piece[:-1] if ended else None
