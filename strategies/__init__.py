@@ -68,15 +68,8 @@ class Algorithm:
         self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None
     ) -> Any:
         """The server half for this run: the class `server` names, built for the model's parameters (`layout`) and
-        buffers, reading its own keys typed from `settings` (its `settings_type` must be this algorithm's)."""
-        server_class = self.server_half()
-        declared = getattr(server_class, "settings_type", self.settings)
-        if declared is not self.settings:
-            raise TypeError(
-                f"{server_class.__name__}.settings_type is {declared.__name__}, but the algorithm declares "
-                f"its keys with {self.settings.__name__}"
-            )
-        return server_class(settings, layout, buffer_layout)
+        buffers; it reads its own keys typed from `settings` as this algorithm's `settings`."""
+        return self.server_half()(settings, layout, buffer_layout)
 
 
 def _resolved(half: Callable[..., Any] | str) -> Callable[..., Any]:

@@ -7,8 +7,7 @@ its declared state. It never sees the core: the core calls its hooks and, once a
 its `commit`.
 
     class MyStrategy(ServerStrategy[MyState]):
-        reply_type = pb.MyReply                   # what its clients send
-        settings_type = MySettings               # its run-config keys (fedbayes.tasks.config.key fields)
+        reply_type = pb.MyReply                   # what its clients send (its run-config keys: its Algorithm's)
 
         def initial_state(self) -> MyState: ...                        # the state before round 1
         def instruction(self, server_round, arrays, nodes): ...         # (message, tensor groups) for the round
@@ -40,7 +39,8 @@ from fedbayes.bayes.gaussian import Gaussian
 from fedbayes.bayes.params import TensorLayout
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, register_message_types
-from fedbayes.tasks.config import ConfigError, NoHyperparameters, RunSettings, round_seed
+from fedbayes.strategies import get_algorithm
+from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
 
 S = TypeVar("S")  # a strategy's state
 TensorGroups = Mapping[str, Mapping[str, np.ndarray]]  # tensor group -> tensor name -> array
@@ -180,11 +180,11 @@ def steps_per_epoch(payload: Payload[Any], settings: RunSettings) -> float:
 
 class ServerStrategy(ABC, Generic[S]):
     """A strategy's server half (module docstring). `settings` are the run's core settings, `hyperparameters` the
-    strategy's own (an instance of `settings_type`), `layout` the model's parameters (what the algorithm's math works
-    on), `buffer_layout` the rest of the model's state (BatchNorm statistics, which the core averages), `state` what
-    the strategy carries from round to round (the type it declares as S; replaced by `commit`, or by the strategy
-    itself where its first `instruction` builds it from the initial model; never edited in place: a state handed to a
-    checkpoint stays as it was).
+    strategy's own (an instance of its `Algorithm`'s settings), `layout` the model's parameters (what the algorithm's
+    math works on), `buffer_layout` the rest of the model's state (BatchNorm statistics, which the core averages),
+    `state` what the strategy carries from round to round (the type it declares as S; replaced by `commit`, or by the
+    strategy itself where its first `instruction` builds it from the initial model; never edited in place: a state
+    handed to a checkpoint stays as it was).
 
     `reply_type`: the protobuf message its clients reply with (the body of their Reply envelopes; registered with the
     codec when the class is defined). `robust_rules`: the run-config `robust-aggregation` rules it implements (others
@@ -193,7 +193,6 @@ class ServerStrategy(ABC, Generic[S]):
     afresh); None: its clients keep none."""
 
     reply_type: ClassVar[type[ProtoMessage]]
-    settings_type: ClassVar[type] = NoHyperparameters
     robust_rules: ClassVar[tuple[str, ...]] = ("none",)
     fresh_start: ClassVar[str | None] = None
 
@@ -209,7 +208,8 @@ class ServerStrategy(ABC, Generic[S]):
                 f"{settings.strategy!r} implements {', '.join(self.robust_rules)}"
             )
         self.settings = settings
-        self.hyperparameters: Any = settings.hyperparameters(self.settings_type)  # a `settings_type`
+        # a strategy's keys are declared once, by its Algorithm: the registry reads them without a server half
+        self.hyperparameters: Any = settings.hyperparameters(get_algorithm(settings.strategy).settings)
         self.layout = layout
         self.buffer_layout: TensorLayout = dict(buffer_layout or {})
         self.state: S = self.initial_state()

@@ -94,7 +94,6 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
     its other families (the package docstring)."""
 
     reply_type = pb.BayesADMMReply
-    settings_type = BayesADMMSettings
     robust_rules = ("none", "clip")
     fresh_start = "it starts again from zero duals"
     family: ClassVar[str] = "diagonal"

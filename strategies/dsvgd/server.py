@@ -50,7 +50,6 @@ class DSVGD(ServerStrategy[DSVGDState]):
     """DSVGD over the network, one client per round; PDSVGD and UDSVGD are its variants (the package docstring)."""
 
     reply_type: ClassVar[type[pb.DSVGDReply | pb.PDSVGDReply]] = pb.DSVGDReply
-    settings_type = DSVGDSettings
     fresh_start = "it started again from the initial particles (its earlier data now counts twice)"
     variant: ClassVar[str] = "dsvgd"
     parallel: ClassVar[bool] = False  # P-DSVGD: several clients a round, whose local particles the server distils

@@ -13,7 +13,6 @@ from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
 from fedbayes.strategies.base import StatelessStrategy, TensorGroups, Update, local_training, steps_per_epoch
-from fedbayes.strategies.fedavg.settings import FedProxSettings
 
 
 class FedAvg(StatelessStrategy):
@@ -68,8 +67,6 @@ class FedAvg(StatelessStrategy):
 class FedProx(FedAvg):
     """FedProx: FedAvg whose clients add μ/2·‖w − w_global‖² to their loss (squared norm, as in the paper; Flower's
     docstring example uses the unsquared norm)."""
-
-    settings_type = FedProxSettings
 
     @property
     def proximal_mu(self) -> float:

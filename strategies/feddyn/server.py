@@ -54,7 +54,6 @@ class FedDyn(ServerStrategy[FedDynState]):
     docstring)."""
 
     reply_type = pb.FedDynReply
-    settings_type = FedDynSettings
     robust_rules = RULES
     fresh_start = "its λ_k restarts from zero"
     hyperparameters: FedDynSettings

@@ -55,7 +55,6 @@ class FedLap(ServerStrategy[FedLapState]):
     docstring)."""
 
     reply_type = pb.FedLapReply
-    settings_type = FedLapSettings
     robust_rules = ("none", "clip")
     fresh_start = "its new site replaces the old one"
     covariance: ClassVar[bool] = False

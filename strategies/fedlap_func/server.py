@@ -66,7 +66,6 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
     """FedLap-Func (the package docstring): FedLap's server half for the sites, then the fit of w_g."""
 
     reply_type = pb.FedLapFuncReply
-    settings_type = FedLapFuncSettings
     robust_rules = FedLap.robust_rules
     fresh_start = "its new site and predictions replace the old ones; its memory inputs must be the ones it sent"
     hyperparameters: FedLapFuncSettings

@@ -79,7 +79,6 @@ class FedPA(ServerStrategy[ServerOptimizer]):
     server optimizer (momentum, Adam moments, Adagrad sums, step count), never reset when the clients switch phase."""
 
     reply_type = pb.FedPAReply
-    settings_type = FedPASettings
     robust_rules = RULES
     hyperparameters: FedPASettings
     theta: torch.Tensor  # the global model sent this round, flat float64

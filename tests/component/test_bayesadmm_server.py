@@ -26,6 +26,7 @@ from fedbayes.strategies.bayesadmm.server import BayesADMM
 from tests.support import DEFAULTS, FakeGrid, answers, reply_envelope, round_core
 
 LAYOUT = {"w": (2,)}
+BAYESADMM = {**DEFAULTS, "strategy": "bayesadmm"}  # a BayesADMM server reads the run's strategy's keys
 
 
 def reply(client, server_round, mean, precision, global_, resumed_from, previous=None, gamma=0.2e-3, sent_duals=None):
@@ -52,7 +53,7 @@ def reply(client, server_round, mean, precision, global_, resumed_from, previous
 def strategy():
     """A BayesADMM server in its round core after round 1 was configured, and its hyperparameters (the defaults:
     rho 0.2, damping 1e-3 -> gamma 2e-4)."""
-    core = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
+    core = round_core(BayesADMM(run_settings(BAYESADMM), LAYOUT))
     core.configure(1, ArrayRecord({"w": Array(np.array([0.5, -0.5], np.float32))}), FakeGrid([1, 2]))
     return core, core.strategy.hyperparameters
 
@@ -155,7 +156,7 @@ def test_a_restored_server_continues_exactly_like_the_original():
     a1, _, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
     b1, _, _ = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
     original.aggregate(1, answers(original, 1, {1: a1, 2: b1}))
-    restored = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
+    restored = round_core(BayesADMM(run_settings(BAYESADMM), LAYOUT))
     restored.load_state_dict(original.state_dict())
     a2, _, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], original.strategy.global_, 1, previous=duals_a1)
     for server in (original, restored):
@@ -275,7 +276,7 @@ def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them
     """`robust-aggregation = clip` moves each local posterior towards q̄ before the server step (bounded_influence):
     the server keeps the moved one, so the step redone from what it keeps (with the duals tempered as it tempers
     them) gives q̄ again; an outlier's kept local is not the one it sent."""
-    settings = run_settings({**DEFAULTS, "robust-aggregation": "clip", "clip-ratio": 1.0})
+    settings = run_settings({**BAYESADMM, "robust-aggregation": "clip", "clip-ratio": 1.0})
     server = round_core(BayesADMM(settings, LAYOUT))
     server.configure(1, ArrayRecord({"w": Array(np.array([0.5, -0.5], np.float32))}), FakeGrid([1, 2, 3]))
     global_1 = server.strategy.global_
@@ -310,7 +311,7 @@ def test_the_local_posteriors_and_shares_survive_a_checkpoint_file_and_forget_gi
     original, _ = two_rounds_with_a_join()
     weights = original.strategy.global_.mean.numpy().astype(np.float32)
     CheckpointStore(tmp_path, "fed", DEFAULTS).save(Checkpoint(2, {"w": weights}, original.state_dict(), 1.0))
-    restored = round_core(BayesADMM(run_settings(DEFAULTS), LAYOUT))
+    restored = round_core(BayesADMM(run_settings(BAYESADMM), LAYOUT))
     restored.load_state_dict(CheckpointStore(tmp_path, "fed", DEFAULTS).load().strategy_state)
     for held in ("local_posteriors", "shares"):
         mine, theirs = getattr(original.strategy.state, held), getattr(restored.strategy.state, held)

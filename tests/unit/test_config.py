@@ -130,9 +130,7 @@ def test_a_written_app_lists_every_key_and_an_out_of_tree_strategys_own(tmp_path
         "@dataclass(frozen=True)\n"
         "class TrimSettings:\n"
         "    trim_share: float = key(0.1, 'the share trimmed')\n"
-        "class Trimmed(FedAvg):\n"
-        "    settings_type = TrimSettings\n"
-        "KEYED = Algorithm(Trimmed, client_update, TrimSettings)\n"
+        "KEYED = Algorithm(FedAvg, client_update, TrimSettings)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     app = tomllib.loads(app_pyproject("keyed_plugin:KEYED"))["tool"]["flwr"]["app"]

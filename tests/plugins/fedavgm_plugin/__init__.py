@@ -38,7 +38,6 @@ class FedAvgM(ServerStrategy[np.ndarray]):
     """The server's state is its momentum m (flat float64, in layout order)."""
 
     reply_type = fedavgm_pb2.FedAvgMReply
-    settings_type = FedAvgMSettings
     global_weights: np.ndarray  # w_g as sent this round: the clients' deltas are from it
 
     def initial_state(self) -> np.ndarray:
