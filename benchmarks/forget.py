@@ -89,10 +89,10 @@ from fedbayes.deploy.launcher import parse_override
 from fedbayes.protos.codec import payload_bytes
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.forget import AuditLog, ClientLink, ForgetRequest, Forgetting
-from fedbayes.server.loop import LoopSettings, client_link
+from fedbayes.server.loop import client_link
 from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
-from fedbayes.tasks.config import RunSettings, round_seed
+from fedbayes.tasks.config import LoopSettings, RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.partitions import write_split_file

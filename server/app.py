@@ -8,6 +8,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported; see t
 
 import secrets
 import time
+from dataclasses import replace
 from logging import ERROR, INFO
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from fedbayes.flowerseam.simulation_polls import InMemoryGrid
 from fedbayes.server.assembly import assemble_server
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.evaluation import ServerEvaluation
-from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.loop import run_rounds
 from fedbayes.server.preflight import preflight
 from fedbayes.server.round_core import RoundCore
 from fedbayes.server.tracking import posterior_export, tracked_run
@@ -130,19 +131,7 @@ def _run_federation(grid: Grid, context: Context, events: EventLog, pipeline_eva
             grid,
             RoundCore(settings, strategy),
             initial,
-            LoopSettings(
-                num_rounds=settings.num_server_rounds,
-                round_timeout=settings.round_timeout,
-                poll_interval=settings.poll_interval,
-                wait_for_clients=settings.wait_for_clients,
-                wait_for_clients_timeout=settings.wait_for_clients_timeout,
-                min_clients=settings.min_clients,
-                max_payload_mb=settings.max_payload_mb,
-                max_failed_rounds=settings.max_failed_rounds,
-                straggler_wait=settings.straggler_wait,
-                results_exists=settings.results_exists,
-                pipeline_evaluation=pipeline_evaluation,
-            ),
+            replace(settings.loop, pipeline_evaluation=pipeline_evaluation),
             ServerEvaluation(parts.model, test.scaled(settings.input_scale), strategy, settings, device),
             settings.results_path,
             # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.

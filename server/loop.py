@@ -41,6 +41,7 @@ from fedbayes.server.client_metrics import row_fields as client_metrics_row
 from fedbayes.server.forget import ClientLink, Forgetting, server_lock
 from fedbayes.server.round_core import RoundCore, RoundReport
 from fedbayes.strategies.base import ServerState
+from fedbayes.tasks.config import LoopSettings
 from fedbayes.tasks.events import (
     CHECKPOINTED,
     COMMITTED,
@@ -57,21 +58,6 @@ from fedbayes.tasks.storage import MAX_RECORD_BYTES, complete_lines, read_bounde
 Evaluate = Callable[[ArrayRecord, int], dict[str, Any]]
 RESULTS_START = "results-start.json"  # in a federation's state directory: where its rows begin in its results file
 RowSink = Callable[[dict[str, Any]], None]  # gets each results row as it is written; must not raise or block
-
-
-@dataclass
-class LoopSettings:
-    num_rounds: int
-    round_timeout: float
-    poll_interval: float
-    wait_for_clients: int  # before round 1
-    wait_for_clients_timeout: float
-    min_clients: int = 1  # before every round
-    max_payload_mb: float = 512.0
-    max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
-    straggler_wait: float = 0.0  # run config straggler-wait (Stragglers); 0: wait for every reply up to round_timeout
-    results_exists: str = "refuse"  # a new federation's results file that holds rows: refuse, append or replace
-    pipeline_evaluation: bool = True  # evaluate and checkpoint round t while round t+1 trains (RoundFinisher)
 
 
 class ResultsLog:

@@ -140,6 +140,24 @@ class NoHyperparameters:
 
 
 @dataclass(frozen=True)
+class LoopSettings:
+    """The round loop's settings (server/loop.py): the run's rounds and how the server waits for its clients and
+    their replies. `RunSettings.loop` is the run's; a field named as a core key holds that key's value."""
+
+    num_rounds: int  # run config num-server-rounds
+    round_timeout: float
+    poll_interval: float
+    wait_for_clients: int  # before round 1
+    wait_for_clients_timeout: float
+    min_clients: int = 1  # before every round
+    max_payload_mb: float = 512.0
+    max_failed_rounds: int = 3  # consecutive rounds without an accepted reply before the run fails
+    straggler_wait: float = 0.0  # run config straggler-wait (Stragglers); 0: wait for every reply up to round_timeout
+    results_exists: str = "refuse"  # a new federation's results file that holds rows: refuse, append or replace
+    pipeline_evaluation: bool = True  # evaluate and checkpoint round t while round t+1 trains (RoundFinisher)
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """A run's configuration: every core key, parsed and checked, as a typed attribute (`settings.local_epochs`),
     and every strategy's own keys, which a strategy reads typed with `hyperparameters(its settings class)`. Both halves
@@ -380,6 +398,14 @@ class RunSettings:
     def hyperparameters(self, settings_type: type[H]) -> H:
         """A strategy's own keys as its typed settings: `settings_type` is a dataclass of `key` fields."""
         return settings_type(**{item.name: self.hyperparameter_values[item.name] for item in fields(settings_type)})
+
+    @property
+    def loop(self) -> LoopSettings:
+        """The round loop's group of keys: each field of LoopSettings named as a core key, and the rounds to run
+        (`pipeline_evaluation`, which no key sets, keeps its default)."""
+        core = {item.name for item in fields(self)}
+        shared = {item.name: getattr(self, item.name) for item in fields(LoopSettings) if item.name in core}
+        return LoopSettings(num_rounds=self.num_server_rounds, **shared)
 
     def value(self, name: str) -> Any:
         """The value of any declared key, core or a strategy's, by its run-config name."""

@@ -19,10 +19,10 @@ from fedbayes.client.evaluation import held_out_rows
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import ENVELOPE_KEY, decode_header
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.loop import run_rounds
 from fedbayes.server.preflight import check_model_and_strategy
 from fedbayes.strategies.fedavg.client import local_update as fedavg_update
-from fedbayes.tasks.config import ConfigError
+from fedbayes.tasks.config import ConfigError, LoopSettings
 from fedbayes.tasks.models import build_model
 from fedbayes.tasks.report import load_runs, write_report
 from tests.support import (

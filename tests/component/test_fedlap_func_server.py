@@ -15,9 +15,10 @@ from fedbayes.bayes.params import flatten, set_parameters
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, encode
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.loop import TIMING_FIELDS, LoopSettings, run_rounds
+from fedbayes.server.loop import TIMING_FIELDS, run_rounds
 from fedbayes.strategies.fedlap.math import as_sent, global_from_sites
 from fedbayes.strategies.fedlap_func.math import fit_global, point_weights, represented_examples
+from fedbayes.tasks.config import LoopSettings
 from fedbayes.tasks.models import build_model
 from tests.support import (
     FakeGrid,

@@ -10,9 +10,10 @@ from flwr.app import Array, ArrayRecord
 
 from fedbayes.deploy.progress import RoundDone, RoundEvents
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.loop import LoopSettings, RunFailed, forgotten_event, run_rounds
+from fedbayes.server.loop import RunFailed, forgotten_event, run_rounds
 from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies.fedavg.server import FedAvg
+from fedbayes.tasks.config import LoopSettings
 from fedbayes.tasks.events import (
     CHECKPOINTED,
     COMMITTED,

@@ -35,12 +35,12 @@ from fedbayes.protos.codec import (
     tensor_group_fields,
 )
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
-from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.loop import run_rounds
 from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.strategies.base import ServerState, ServerStrategy
 from fedbayes.strategies.fedavg.server import FedAvg
-from fedbayes.tasks.config import RunSettings
+from fedbayes.tasks.config import LoopSettings, RunSettings
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.models import build_model
 

@@ -19,8 +19,9 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import decode_header, encode, reply_header
 from fedbayes.server.checkpoint import CheckpointStore
 from fedbayes.server.forget import AUDIT_LOG, AuditLog, ForgetRequest, forget_command, rebuild
-from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.loop import run_rounds
 from fedbayes.server.round_core import RoundCore
+from fedbayes.tasks.config import LoopSettings
 from tests.support import DEFAULTS, FakeGrid, InProcessFederation, no_metrics, round_of
 
 LEAVING = "leaving"

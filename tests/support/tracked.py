@@ -13,10 +13,11 @@ from flwr.app import Array, ArrayRecord
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import encode, new_header
 from fedbayes.server.checkpoint import CheckpointStore
-from fedbayes.server.loop import LoopSettings, run_rounds
+from fedbayes.server.loop import run_rounds
 from fedbayes.server.tracking import posterior_export, tracked_run
 from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.strategies.fedavg.server import FedAvg
+from fedbayes.tasks.config import LoopSettings
 from fedbayes.tasks.runlog import TRACKING
 from tests.support import FakeGrid, improving_metrics, round_core, scripted
 
