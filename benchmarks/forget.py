@@ -355,7 +355,7 @@ def reseeded_settings(strategy: str, args: argparse.Namespace, split_file: Path)
     settings = settings_for(strategy, args.seed, args.smoke, dict(args.set))
     labels = load_dataset(settings.dataset, train=True, data_root=settings.data_root).labels.numpy()
     split_file.parent.mkdir(parents=True, exist_ok=True)
-    write_split_file(split_file, split_rows(settings, labels, CLIENTS))
+    write_split_file(split_file, split_rows(settings.data, labels, CLIENTS))
     overrides = {**dict(args.set), "split-file": str(split_file), "fraction": 1.0}
     return settings_for(strategy, args.seed + RESEED, args.smoke, overrides)
 

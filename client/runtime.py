@@ -19,7 +19,7 @@ from fedbayes.bayes.params import TensorLayout, buffer_layout, parameter_layout
 from fedbayes.client.state import ClientState, ClientStateStore, StateLostError
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.tasks.compute import resolve_device
-from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
+from fedbayes.tasks.config import ConfigError, DataSettings, RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset, load_dataset
 from fedbayes.tasks.models import build_model, parse_hidden
 from fedbayes.tasks.npzdata import load_data_path, load_npz_partition
@@ -89,7 +89,7 @@ class ClientRuntime:
 
     @classmethod
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
-        data = load_client_data(settings, node).scaled(settings.input_scale)
+        data = load_client_data(settings.data, node).scaled(settings.input_scale)
         model = build_model(
             settings.model,
             data.input_shape,
@@ -145,13 +145,13 @@ class ClientRuntime:
         return round_seed(seed, server_round) ^ zlib.crc32(self.node.client_id.encode())
 
 
-def load_client_data(settings: RunSettings, node: NodeSettings) -> Dataset:
+def load_client_data(settings: DataSettings, node: NodeSettings) -> Dataset:
     """This client's examples, in the order its minibatch permutations index (run config `row-order`)."""
     data = _client_examples(settings, node)
     return data.by_class() if settings.row_order == "by-class" else data
 
 
-def _client_examples(settings: RunSettings, node: NodeSettings) -> Dataset:
+def _client_examples(settings: DataSettings, node: NodeSettings) -> Dataset:
     if node.data_path:
         return load_data_path(Path(node.data_path), settings.dataset)  # x/y (or images/labels), uint8 -> [0, 1]
     prepartitioned = load_npz_partition(settings.dataset, node.partition_id, node.num_partitions)
@@ -161,7 +161,7 @@ def _client_examples(settings: RunSettings, node: NodeSettings) -> Dataset:
     return full.subset(split_rows(settings, full.labels.numpy(), node.num_partitions)[node.partition_id])
 
 
-def split_rows(settings: RunSettings, labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
+def split_rows(settings: DataSettings, labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
     """Every client's rows of the training set (`labels`, all of it) under `settings`: the split file's, else the
     run seed's split."""
     if settings.split_file:
@@ -171,7 +171,7 @@ def split_rows(settings: RunSettings, labels: np.ndarray, num_clients: int) -> l
     )
 
 
-def _split_options(settings: RunSettings) -> dict[str, Any]:
+def _split_options(settings: DataSettings) -> dict[str, Any]:
     if settings.split == "dirichlet":
         return {
             "alpha_sizes": settings.dirichlet_alpha_sizes,

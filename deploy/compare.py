@@ -594,7 +594,7 @@ def validation_dataset(spec: CompareSpec, base_config: dict[str, Any]) -> str:
     shutil.rmtree(folder, ignore_errors=True)
     settings = check_run_config(base_config, spec.clients)
     clients = [
-        load_client_data(settings, NodeSettings(f"client-{index}", index, spec.clients, "", "", "cpu"))
+        load_client_data(settings.data, NodeSettings(f"client-{index}", index, spec.clients, "", "", "cpu"))
         for index in range(spec.clients)
     ]
     write_validation_folder(folder, clients, VALIDATION_SHARE, spec.tuning_seed)

@@ -6,7 +6,9 @@ dataclass (strategies/<name>/settings.py). This module never imports a strategy:
 (fedbayes.strategies) passes their keys in when it parses a run config (`RunSettings.from_run_config`), and a strategy
 reads its own values back, typed, with `RunSettings.hyperparameters(its settings class)`. `fedbayes strategies` lists
 the keys, `fedbayes app` writes them as a Flower app's [tool.flwr.app.config] (the checkout's pyproject.toml lists the
-same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local --set` override them.
+same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local --set` override them. A layer that
+reads one concern's keys alone takes that concern's group, a frozen copy of them (`RunSettings.loop`, the round
+loop's; `RunSettings.data`, a client's data's).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboa
 # Run config `ood-inputs`: the out-of-distribution inputs of the server's evaluation (tasks/ood.py says what each is).
 OOD_INPUTS = ("noise", "inverted", "permuted", "none")
 H = TypeVar("H", bound="DataclassInstance")  # a strategy's settings dataclass
+G = TypeVar("G", bound="DataclassInstance")  # a group of core keys (`RunSettings.loop`, `RunSettings.data`)
 
 
 class ConfigError(ValueError):
@@ -155,6 +158,26 @@ class LoopSettings:
     straggler_wait: float = 0.0  # run config straggler-wait (Stragglers); 0: wait for every reply up to round_timeout
     results_exists: str = "refuse"  # a new federation's results file that holds rows: refuse, append or replace
     pipeline_evaluation: bool = True  # evaluate and checkpoint round t while round t+1 trains (RoundFinisher)
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """A client's data (client/runtime.py): the dataset, how its training set is split among the clients and in
+    what order a client holds its rows. `RunSettings.data` is the run's; each field holds the core key of its name."""
+
+    dataset: str
+    data_root: str
+    download: bool
+    fraction: float
+    split: str
+    seed: int  # the split's
+    dirichlet_alpha_sizes: float
+    dirichlet_alpha_classes: float
+    min_client_size: int
+    two_class_per_class: int
+    split_file: str
+    split_file_overlap: bool
+    row_order: str
 
 
 @dataclass(frozen=True)
@@ -401,11 +424,20 @@ class RunSettings:
 
     @property
     def loop(self) -> LoopSettings:
-        """The round loop's group of keys: each field of LoopSettings named as a core key, and the rounds to run
-        (`pipeline_evaluation`, which no key sets, keeps its default)."""
+        """The round loop's group of keys, and the rounds to run (`pipeline_evaluation`, which no key sets, keeps its
+        default)."""
+        return self._group(LoopSettings, num_rounds=self.num_server_rounds)
+
+    @property
+    def data(self) -> DataSettings:
+        """The group of keys a client's data follows from."""
+        return self._group(DataSettings)
+
+    def _group(self, group: type[G], **given: Any) -> G:
+        """`group` with each of its fields named as a core key holding that key's value, and `given`."""
         core = {item.name for item in fields(self)}
-        shared = {item.name: getattr(self, item.name) for item in fields(LoopSettings) if item.name in core}
-        return LoopSettings(num_rounds=self.num_server_rounds, **shared)
+        shared = {item.name: getattr(self, item.name) for item in fields(group) if item.name in core}
+        return group(**shared, **given)
 
     def value(self, name: str) -> Any:
         """The value of any declared key, core or a strategy's, by its run-config name."""

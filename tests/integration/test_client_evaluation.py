@@ -22,7 +22,7 @@ def test_a_real_federation_reports_each_clients_held_out_metrics(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
     labels = load_dataset("fmnist", train=True).labels.numpy()
-    partitions = split_rows(settings(fraction=0.02), labels, 2)  # `fedbayes local`'s split: the run's seed, 0
+    partitions = split_rows(settings(fraction=0.02).data, labels, 2)  # `fedbayes local`'s split: the run's seed, 0
     assert {client: entry["examples"] for client, entry in row["client_metrics"].items()} == {
         f"client-{index}": round(0.2 * len(rows)) for index, rows in enumerate(partitions)
     }

@@ -72,7 +72,7 @@ def test_exported_partitions_read_back_identical(tmp_path):
     for index, rows in enumerate(expected):
         node = NodeSettings(f"client-{index}", index, 3, "", str(tmp_path / "state"), "cpu")
         for loaded in (
-            load_client_data(settings(dataset=f"npz:{out}"), node),
+            load_client_data(settings(dataset=f"npz:{out}").data, node),
             load_data_path(out / f"client-{index}.npz", "fmnist"),
         ):
             assert loaded.pixels.dtype == train.pixels.dtype and loaded.num_classes == 10

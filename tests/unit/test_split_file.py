@@ -78,7 +78,7 @@ def test_a_client_loads_its_rows_of_the_file_in_the_files_order(tmp_path):
     path = write(tmp_path, [[5, 7, 9], [59999, 0, 3]])
     settings = run_settings({**DEFAULTS, "split-file": str(path)})
     node = NodeSettings.from_node_config({"partition-id": 1, "num-partitions": 2}, default_device="cpu")
-    data = load_client_data(settings, node)
+    data = load_client_data(settings.data, node)
     full = load_dataset("fmnist", train=True)
     assert data.labels.tolist() == full.labels[[59999, 0, 3]].tolist()
     assert np.array_equal(data.pixels.numpy(), full.pixels[[59999, 0, 3]].numpy())
@@ -89,8 +89,8 @@ def test_row_order_by_class_lists_a_clients_rows_class_by_class_keeping_their_or
     rows = [59999, 0, 3, 5, 7, 9, 11, 13]
     path = write(tmp_path, [rows])
     node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 1}, default_device="cpu")
-    as_split = load_client_data(run_settings({**DEFAULTS, "split-file": str(path)}), node)
-    by_class = load_client_data(run_settings({**DEFAULTS, "split-file": str(path), "row-order": "by-class"}), node)
+    as_split = load_client_data(run_settings({**DEFAULTS, "split-file": str(path)}).data, node)
+    by_class = load_client_data(run_settings({**DEFAULTS, "split-file": str(path), "row-order": "by-class"}).data, node)
     labels = full.labels[rows].tolist()
     expected = sorted(range(len(rows)), key=lambda i: (labels[i], i))  # by class, then the file's order
     assert len(set(labels)) > 2 and expected != list(range(len(rows)))  # the rows are not already by class
@@ -110,12 +110,12 @@ def test_a_runs_split_written_to_a_file_gives_every_client_the_same_rows_under_a
     # only the training (another seed alone draws another split).
     labels = np.random.default_rng(0).integers(0, 10, 2000)
     settings = run_settings({**DEFAULTS, "split": "dirichlet", "seed": 4, "fraction": 0.1})
-    rows = split_rows(settings, labels, 5)
+    rows = split_rows(settings.data, labels, 5)
     assert [p.tolist() for p in rows] == [p.tolist() for p in partition_dataset(labels, 5, "dirichlet", 4, 0.1)]
     write_split_file(tmp_path / "split.json", rows)
     reseeded = run_settings(
         {**DEFAULTS, "split": "dirichlet", "seed": 1004, "split-file": str(tmp_path / "split.json")}
     )
-    assert [p.tolist() for p in split_rows(reseeded, labels, 5)] == [p.tolist() for p in rows]
-    other = split_rows(run_settings({**DEFAULTS, "split": "dirichlet", "seed": 1004, "fraction": 0.1}), labels, 5)
+    assert [p.tolist() for p in split_rows(reseeded.data, labels, 5)] == [p.tolist() for p in rows]
+    other = split_rows(run_settings({**DEFAULTS, "split": "dirichlet", "seed": 1004, "fraction": 0.1}).data, labels, 5)
     assert [p.tolist() for p in other] != [p.tolist() for p in rows]
