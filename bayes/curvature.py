@@ -28,7 +28,16 @@ PER_EXAMPLE_VALUES = 2**25  # per-example gradient values held at once (128 MiB 
 
 def diag_ggn(model: torch.nn.Module, images: torch.Tensor, batch_size: int = 128) -> torch.Tensor:
     """The diagonal GGN of Σ_i CE(model(x_i), ·) at the model's current weights, flat in `model.parameters()`
-    order, float64 on the CPU. The model is put in eval mode while it runs (no dropout) and restored after."""
+    order, float64 on the CPU. The model is put in eval mode while it runs (no dropout) and restored after.
+
+    Args:
+        model: a classifier returning logits (N, C).
+        images: the inputs x_i, batched along the first dimension.
+        batch_size: the examples pushed through the model at once.
+
+    Returns:
+        The diagonal, shape (P,), P the model's parameter count.
+    """
     was_training = model.training
     model.eval()
     try:

@@ -37,6 +37,12 @@ class Prediction:
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """−Σ_c p_c log p_c over the last dimension, in float64, with 0 log 0 = 0.
 
+    Args:
+        probs: class probabilities, classes in the last dimension.
+
+    Returns:
+        The entropies in nats, shape of `probs` without its last dimension.
+
     Examples:
         >>> entropy(torch.tensor([[0.5, 0.5], [1.0, 0.0]]))  # log 2 nats, and none for a sure class
         tensor([0.6931, 0.0000], dtype=torch.float64)
@@ -46,6 +52,15 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 
 def predictive(member_probs: torch.Tensor) -> Prediction:
     """The predictive of S members' class probabilities `member_probs` (S, N, C) and its uncertainty.
+
+    Args:
+        member_probs: each member's class probabilities, shape (S, N, C).
+
+    Returns:
+        The mean probabilities (N, C) with their total, expected (aleatoric) and mutual-information entropies (N,).
+
+    Raises:
+        ValueError: `member_probs` is not 3-d.
 
     Examples:
         Two members sure of opposite classes: the predictive is 50/50, and all of its uncertainty is their

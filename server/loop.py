@@ -483,7 +483,8 @@ class RoundFinisher:
     ) -> None:
         self.evaluate, self.results, self.checkpoints, self.sinks = evaluate, results, checkpoints, sinks
         self.events = events or EventLog()
-        self.checkpoint_written = checkpoint_written  # the round core's: clients keep what this checkpoint names
+        # the round core's: clients keep what this checkpoint names; called on the loop's thread only (wait)
+        self.checkpoint_written = checkpoint_written
         self.clock_start, self.num_rounds = clock_start, num_rounds
         self.pool = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate", initializer=yield_cpu)
@@ -497,14 +498,30 @@ class RoundFinisher:
     def submit(self, finished: FinishedRound) -> None:
         self.wait()
         if self.pool is None:
-            self.finish(finished)
+            self.checkpoint_written(self.finish(finished))
         else:
             self.pending = self.pool.submit(self.finish, finished)
 
     def wait(self) -> None:
+        """Block until the previous round is finished, then hand its checkpointed state to the round core on the
+        calling (the loop's) thread.
+
+        Raises:
+            Exception: what finishing the previous round raised.
+        """
         pending, self.pending = self.pending, None
         if pending is not None:
-            pending.result()
+            self.checkpoint_written(pending.result())
+
+    def collect(self) -> None:
+        """Hand the previous round's checkpointed state to the round core if that round is already finished, without
+        waiting: the next round's instructions then name the newest checkpoint on disk.
+
+        Raises:
+            Exception: what finishing the previous round raised.
+        """
+        if self.pending is not None and self.pending.done():
+            self.wait()
 
     def close(self) -> None:
         try:
@@ -513,7 +530,16 @@ class RoundFinisher:
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
 
-    def finish(self, finished: FinishedRound) -> None:
+    def finish(self, finished: FinishedRound) -> ServerState:
+        """Evaluate `finished`, write its row, then its checkpoint.
+
+        Args:
+            finished: the round to finish.
+
+        Returns:
+            The state the checkpoint holds, for the loop to hand to the round core (`wait`): this thread writes
+            nothing of the core's.
+        """
         with finished.phases("evaluate"):
             metrics = self.evaluate(finished.arrays, finished.server_round)
         self.outcomes.evaluated(finished.server_round, metrics.get("accuracy"))
@@ -544,9 +570,9 @@ class RoundFinisher:
             )
         )
         self.checkpoint_seconds = time.perf_counter() - checkpoint_started
-        self.checkpoint_written(finished.state)
         log(INFO, progress_line(record, self.num_rounds))
         self.events.emit(CHECKPOINTED, finished.server_round, rounds=self.num_rounds)
+        return finished.state
 
 
 def evaluated_numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -680,6 +706,7 @@ def train_round(
     phases = PhaseTimer()
     with phases("wait_clients"):
         wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
+    finisher.collect()  # a previous round already checkpointed: its accepted rounds go in this round's headers
     with phases("configure"):
         messages = core.configure(server_round, arrays, grid)
     for message in messages:  # too big for the clients' limit: every one of them would refuse it

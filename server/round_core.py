@@ -223,8 +223,7 @@ class RoundCore:
         asked = evaluation_request(self.settings) is not None
         self.round_report = RoundReport(sent=len(nodes), client_metrics={} if asked else None)
         self._refused_nodes, self.leave_requests, self._nonces = set(), [], {}
-        checkpointed = self.checkpointed_rounds  # one snapshot: the loop's finisher thread replaces it
-        return [self._addressed(content, instruction, node, checkpointed) for node in nodes]
+        return [self._addressed(content, instruction, node, self.checkpointed_rounds) for node in nodes]
 
     def _addressed(
         self, content: RecordDict, instruction: pb.Instruction, node: int, checkpointed: Mapping[str, int]

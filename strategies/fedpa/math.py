@@ -30,10 +30,23 @@ class ShrinkageDelta:
         self.weights = x0.new_empty(max(capacity - 1, 1))  # row k-2: γ_k / (1 + γ_k u_kᵀ v_{k-1,k})
 
     def gamma(self, t: int) -> float:
+        """γ_t = β_t / t with β_t = (t-1)ρ (Eq. 17).
+
+        Args:
+            t: the sample count, >= 1.
+
+        Returns:
+            γ_t.
+        """
         return self.shrinkage * (t - 1) / t  # γ_t = β_t / t, β_t = (t-1)ρ (Eq. 17)
 
     @torch.no_grad()
     def add_sample(self, x: torch.Tensor) -> None:
+        """Fold one posterior sample x_t into x̄_t and Δ̃_t (Eqs. 21-23, 25, 28).
+
+        Args:
+            x: the flat sample x_t, shape and dtype of `x0`.
+        """
         self.count += 1
         t = self.count
         if t == 1:
@@ -62,20 +75,42 @@ class ShrinkageDelta:
         self.weights[row] = weight
 
     def delta(self) -> torch.Tensor:
-        """Δ̂_t = Δ̃_t / ρ_t (Eq. 24)."""
+        """Δ̂_t = Δ̃_t / ρ_t (Eq. 24).
+
+        Returns:
+            Δ̂_t, shape of `x0`.
+
+        Raises:
+            ValueError: no sample was added yet.
+        """
         if self.scaled_delta is None:  # count 0
             raise ValueError("no posterior sample yet")
         return self.scaled_delta * (1.0 + (self.count - 1) * self.shrinkage)
 
     def iterate_average_delta(self) -> torch.Tensor:
-        """x_0 - x̄_t: the delta with Σ̂ = I (ρ = 0)."""
+        """x_0 - x̄_t: the delta with Σ̂ = I (ρ = 0).
+
+        Returns:
+            x_0 - x̄_t, shape of `x0`.
+
+        Raises:
+            ValueError: no sample was added yet.
+        """
         if self.mean is None:  # count 0
             raise ValueError("no posterior sample yet")
         return self.x0 - self.mean
 
 
 def weighted_mean_delta(deltas: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """Alg. 1 line 8 as both official codes compute it: Σ n_i Δ_i / Σ n_i (spec §2.1, pitfall 7)."""
+    """Alg. 1 line 8 as both official codes compute it: Σ n_i Δ_i / Σ n_i (spec §2.1, pitfall 7).
+
+    Args:
+        deltas: the clients' Δ_i, each of the same shape; not empty.
+        weights: n_i, one per delta (the clients' example counts).
+
+    Returns:
+        The weighted mean delta.
+    """
     total = sum(weights)
     # a tensor: 0 + the first weighted delta, ... (the round's accepted replies: never none)
     return cast(torch.Tensor, sum(w / total * delta for w, delta in zip(weights, deltas)))
