@@ -40,7 +40,7 @@ from typing import Any, TextIO
 from fedbayes.deploy.launcher import LocalRun, check_run_config
 from fedbayes.deploy.progress import CLEAR_LINE, clock_text
 from fedbayes.tasks.config import did_you_mean
-from fedbayes.tasks.storage import OUTPUT_MODE, write_atomically
+from fedbayes.tasks.storage import OUTPUT_MODE, remove_torn_writes, write_atomically
 from fedbayes.tasks.validation import VALIDATION_SHARE
 
 GRIDS_FILE = Path(__file__).with_name("compare_grids.toml")
@@ -291,7 +291,9 @@ def run_job(job: Job, clients: int, out: Path) -> list[dict[str, Any]]:
     from fedbayes.deploy.inprocess import run_inprocess
 
     workdir = out / WORK / job.name
+    rows_file = out / RUNS / f"{job.name}.jsonl"
     shutil.rmtree(workdir, ignore_errors=True)  # what a killed run left
+    remove_torn_writes(rows_file)
     workdir.mkdir(parents=True)
     flower = logging.getLogger("flwr")
     level = flower.level
@@ -302,9 +304,7 @@ def run_job(job: Job, clients: int, out: Path) -> list[dict[str, Any]]:
         flower.setLevel(level)
     for row in rows:
         row["compare"] = job.record
-    write_atomically(
-        out / RUNS / f"{job.name}.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode(), OUTPUT_MODE
-    )
+    write_atomically(rows_file, "".join(json.dumps(row) + "\n" for row in rows).encode(), OUTPUT_MODE)
     shutil.rmtree(workdir, ignore_errors=True)
     return rows
 

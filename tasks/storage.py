@@ -6,6 +6,7 @@ allocated (`read_bounded`, `complete_lines`, `safetensors_header_problem`)."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
     file, never a torn one: write a temp file in the same directory (created 0600, so never readable by others,
     not even briefly; then set to `mode`), fsync it, rename it over `path`, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as temp_file:
             temp_file.write(payload)
@@ -53,6 +54,26 @@ def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
         Path(temp_name).unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}-"
+
+
+def remove_torn_writes(path: Path) -> list[Path]:
+    """Delete the temp files that `write_atomically(path, ...)` calls killed before their rename left beside `path`.
+    Call it only where no other process is writing `path` at the same time.
+
+    Args:
+        path: the file whose torn writes are removed; `path` itself is left alone.
+
+    Returns:
+        The temp files removed.
+    """
+    torn = sorted(path.parent.glob(f"{glob.escape(_temp_prefix(path))}*.tmp"))
+    for temp in torn:
+        temp.unlink(missing_ok=True)
+    return torn
 
 
 class OutputExists(ValueError):
