@@ -179,3 +179,22 @@ def test_tuning_reads_no_test_set_and_a_finished_run_is_not_run_again(tmp_path):
     other = cmp.tuning_jobs(compare, {"fedavg": [{"lr": 0.02}], "bayesadmm": []}, dataset)  # the same run's name
     cmp.run_jobs(other, compare, "tune", progress, lambda job, clients, out: ran.append(job.name) or first)
     assert ran == ["tune-fedavg-p0"] * 3
+
+
+def test_a_fedlap_func_point_runs_in_the_compare_engine_with_its_memory(tmp_path):
+    """FedLap-Func's paper grid is δ × τ_f × schedule at lr 1e-3, and one of its points runs as a tuning job: the
+    server fits w_g to the clients' memory points (one per class a client holds) every round."""
+    paper = cmp.load_grid("paper")["fedlap-func"]
+    assert {(p["prior-precision"], p["function-weight"]) for p in paper} == {
+        (0.1, 1e-3),
+        (0.1, 1e-2),
+        (1.0, 1e-3),
+        (1.0, 1e-2),
+    }
+    assert {p["lr"] for p in paper} == {1e-3}
+    compare = spec(tmp_path, strategies=("fedlap-func",), overrides={**TINY, "server-fit-steps": 20})
+    dataset = cmp.validation_dataset(compare, cmp.job_config(compare, "fedlap-func", {}, 0, compare.dataset))
+    (job,) = cmp.tuning_jobs(compare, {"fedlap-func": [paper[0]]}, dataset)
+    rows = cmp.run_job(job, compare.clients, compare.out)
+    assert [row["round"] for row in rows] == [1, 2] and all(0 <= row["accuracy"] <= 1 for row in rows)
+    assert all(row["memory_points"] == 20 for row in rows), rows  # 2 clients, the 10 digit classes each
