@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # brought up to the standard.
 PUBLIC_MODULES = (
     "bayes/curvature.py",
+    "bayes/ivon.py",
     "posterior/uncertainty.py",
     "strategies/feddyn/math.py",
     "strategies/fedpa/math.py",
