@@ -18,6 +18,7 @@ PUBLIC_MODULES = (
     "bayes/curvature.py",
     "bayes/ivon.py",
     "posterior/uncertainty.py",
+    "strategies/bayesadmm/math.py",
     "strategies/feddyn/math.py",
     "strategies/fedpa/math.py",
 )
