@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_MODULES = (
     "bayes/curvature.py",
     "bayes/ivon.py",
+    "bayes/kernels.py",
     "posterior/uncertainty.py",
     "strategies/bayesadmm/math.py",
+    "strategies/dsvgd/math.py",
     "strategies/feddyn/math.py",
     "strategies/fedpa/math.py",
 )
