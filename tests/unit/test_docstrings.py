@@ -22,6 +22,8 @@ PUBLIC_MODULES = (
     "strategies/bayesadmm/math.py",
     "strategies/dsvgd/math.py",
     "strategies/feddyn/math.py",
+    "strategies/fedlap/math.py",
+    "strategies/fedlap_func/math.py",
     "strategies/fedpa/math.py",
 )
 
