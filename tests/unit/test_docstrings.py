@@ -19,6 +19,7 @@ PUBLIC_MODULES = (
     "bayes/ivon.py",
     "bayes/kernels.py",
     "posterior/uncertainty.py",
+    "protos/codec.py",
     "strategies/bayesadmm/math.py",
     "strategies/dsvgd/math.py",
     "strategies/feddyn/math.py",
