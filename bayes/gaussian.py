@@ -35,12 +35,30 @@ class Gaussian:
         return ("isotropic", "diagonal", "full")[self.precision.ndim]
 
     def precision_times(self, vector: torch.Tensor) -> torch.Tensor:
+        """S v for any of the three precision shapes.
+
+        Args:
+            vector: v, (P,).
+
+        Returns:
+            S v, (P,).
+        """
         return self.precision @ vector if self.precision.ndim == 2 else self.precision * vector
 
     def natural(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The natural parameters lambda = (S m, -1/2 S).
+
+        Returns:
+            S m (P,) and -1/2 S, shaped as `precision`.
+        """
         return self.precision_times(self.mean), -0.5 * self.precision
 
     def expectation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The expectation parameters mu = (m, E[T2]) (the module docstring's T).
+
+        Returns:
+            m (P,) and E[T2]: (P, P) for the full family, (P,) for the diagonal one, 0-d for the isotropic one.
+        """
         m = self.mean
         if self.kind == "full":
             return m, torch.outer(m, m) + torch.linalg.inv(self.precision)
@@ -49,7 +67,15 @@ class Gaussian:
         return m, m.square().sum() + m.numel() / self.precision
 
     def sample(self, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """`count` draws, shape (count, P)."""
+        """`count` draws, shape (count, P).
+
+        Args:
+            count: the number of draws.
+            generator: the source of the draws; torch's default where None.
+
+        Returns:
+            The draws, (count, P), in the mean's dtype and on its device.
+        """
         noise = torch.randn(
             count, self.mean.numel(), generator=generator, dtype=self.mean.dtype, device=self.mean.device
         )
@@ -62,7 +88,15 @@ class Gaussian:
 
 
 def solve(precision: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
-    """S^-1 v for any of the three precision shapes."""
+    """S^-1 v for any of the three precision shapes.
+
+    Args:
+        precision: S: (), (P,) or (P, P).
+        vector: v, (P,).
+
+    Returns:
+        S^-1 v, (P,).
+    """
     if precision.ndim == 2:
         solution: torch.Tensor = torch.linalg.solve(precision, vector)
         return solution
@@ -70,7 +104,15 @@ def solve(precision: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
 
 
 def scaled_identity(like: torch.Tensor, value: float) -> torch.Tensor:
-    """value·I in the same shape as the precision `like` (the prior precision delta·I)."""
+    """value·I in the same shape as the precision `like` (the prior precision delta·I).
+
+    Args:
+        like: a precision of the shape wanted: (), (P,) or (P, P).
+        value: the scale.
+
+    Returns:
+        value·I, shaped as `like`, in its dtype and on its device.
+    """
     if like.ndim == 2:
         return value * torch.eye(like.shape[0], dtype=like.dtype, device=like.device)
     return torch.full_like(like, value)
@@ -78,7 +120,18 @@ def scaled_identity(like: torch.Tensor, value: float) -> torch.Tensor:
 
 def kl_divergence(q: Gaussian, p: Gaussian) -> float:
     """KL(q ‖ p) = ½ [tr(S_p S_q⁻¹) + (m_p − m_q)ᵀ S_p (m_p − m_q) − P + log|S_q| − log|S_p|] for two Gaussians of the
-    same family (precision shape)."""
+    same family (precision shape).
+
+    Args:
+        q: the first Gaussian.
+        p: the second Gaussian, of `q`'s family.
+
+    Returns:
+        KL(q ‖ p) in nats.
+
+    Raises:
+        ValueError: `q` and `p` are of different families.
+    """
     if q.kind != p.kind:
         raise ValueError(f"KL between a {q.kind} and a {p.kind} Gaussian")
     size = q.mean.numel()

@@ -54,6 +54,15 @@ def hessian_momentum(steps_per_round: int) -> float:
     ess·h is small, and IVON's step on the mean, lr / (S̄ / ess), grows until training diverges. With 0.9998 and
     5 steps a round (a client of 140 examples, 1 epoch of 32), 1 - β2^T is 0.1%: measured on breast_cancer, S̄'s
     median fell from 268 to 6.3 in 10 rounds and the training loss rose from 0.06 to 3.95.
+
+    Args:
+        steps_per_round: T, the optimizer steps the client takes a round, >= 1.
+
+    Returns:
+        β2 = 0.9998^(190 / T).
+
+    Raises:
+        ValueError: `steps_per_round` is below 1.
     """
     if steps_per_round < 1:
         raise ValueError(f"steps_per_round must be >= 1, got {steps_per_round}")
@@ -68,7 +77,18 @@ def hessian_init(diag_ggn_sum: Tensor, examples: int) -> float:
     lr = h0 = 1e-3 on its data, and 0.05-0.13 x on standardised tabular features, whose curvature is 8-19x the
     paper's (a fixed 1e-3 made those steps too long and the first posterior too wide). Not for networks whose
     parameters are mostly of low curvature: cnn-zenke's mean at its initial weights is 1.9e-6 (its largest entry
-    0.093), and steps of 270 x the gradient turned its weights to NaN in the first round."""
+    0.093), and steps of 270 x the gradient turned its weights to NaN in the first round.
+
+    Args:
+        diag_ggn_sum: the diagonal GGN summed over `examples` examples, one entry per parameter.
+        examples: the number of examples the sum is over, >= 1.
+
+    Returns:
+        h0, per unit of ess.
+
+    Raises:
+        ValueError: `examples` is below 1, or the derived h0 is not a positive finite number (no curvature).
+    """
     if examples < 1:
         raise ValueError(f"examples must be >= 1, got {examples}")
     derived = HESS_INIT_PER_GGN * float(diag_ggn_sum.mean()) / examples
@@ -87,7 +107,19 @@ def hessian_init_within_weights(curvature_h0: float, weights: Tensor, ess: float
     posterior's standard deviation is 11x the weights'; the sampled networks are noise and training turned to NaN
     in round 1. MLPs stay within the bound: standardised tabular features about 0.1-0.3x, the sigmoid MLP on [0, 1]
     pixels 1-3x for its 10 FMNIST-10% clients (none bounded), and there the curvature rule's h0 is the better one
-    (measured: raising it to 1x the weights took FMNIST's ECE from 0.08 to 0.18)."""
+    (measured: raising it to 1x the weights took FMNIST's ECE from 0.08 to 0.18).
+
+    Args:
+        curvature_h0: the h0 of the curvature rule, per unit of ess.
+        weights: q̄'s mean, flat.
+        ess: IVON's effective sample size, > 0.
+
+    Returns:
+        `curvature_h0`, or the smaller h0 1 / (ess · mean(w²)) where the curvature rule's is over the bound.
+
+    Raises:
+        ValueError: `ess` is not positive, or the weights' mean square is not a positive finite number.
+    """
     if ess <= 0.0:
         raise ValueError(f"ess must be > 0, got {ess}")
     mean_square = float(weights.double().square().mean())
@@ -103,24 +135,60 @@ def hessian_under_prior(hess: Tensor, prior_precision: Tensor) -> Tensor:
     IVON keeps h + δ > 0 for the δ it ran under (Alg. 2 line 5), and h itself may be negative where the dual's
     -u outweighs the data (ĥ = g·(θ - m)/σ² - u, Alg. 2 line 3). A client that carries h into a round whose prior
     δ' = S̄'/ess is smaller there would sample with a negative variance: NaN weights (measured, `reset-posterior`
-    off on digits, round 3). Zero leaves the new prior's precision there."""
+    off on digits, round 3). Zero leaves the new prior's precision there.
+
+    Args:
+        hess: the carried Hessian estimate h, per unit of ess, flat.
+        prior_precision: the new prior's δ, per unit of ess, shape of `hess`.
+
+    Returns:
+        h where h + δ > 0, else 0, shape of `hess`.
+    """
     return torch.where(hess + prior_precision > 0, hess, torch.zeros_like(hess))
 
 
 # ---- the step's math: one function per line of Alg. 2, single-tensor (flat vectors) and multi-tensor (lists) ---------
 def momentum_step(momentum: Tensor, grad: Tensor, beta1: float) -> Tensor:
-    """IVON's gradient momentum, β1 g + (1 - β1) ĝ (ivon-opt's own update)."""
+    """IVON's gradient momentum, β1 g + (1 - β1) ĝ (ivon-opt's own update).
+
+    Args:
+        momentum: the gradient momentum g, flat.
+        grad: the mean gradient at the samples ĝ, shape of `momentum`.
+        beta1: β1, in [0, 1).
+
+    Returns:
+        The new momentum, shape of `momentum`.
+    """
     return beta1 * momentum + (1.0 - beta1) * grad
 
 
 def hessian_sample(nll_hess: Tensor, ess: float, dual_quadratic: Tensor) -> Tensor:
     """Alg. 2 line 3: ĥ = g·(θ - m)/σ² - u, from IVON's estimate of the loss's Hessian (`nll_hess`, per example:
-    Price's g·(θ - m)·(h + δ), or g² for `hess_approx` "gradsq")."""
+    Price's g·(θ - m)·(h + δ), or g² for `hess_approx` "gradsq").
+
+    Args:
+        nll_hess: IVON's estimate of the loss's Hessian per example, flat.
+        ess: IVON's effective sample size.
+        dual_quadratic: u, per unit of ess, shape of `nll_hess`.
+
+    Returns:
+        ĥ, shape of `nll_hess`.
+    """
     return nll_hess * ess - dual_quadratic
 
 
 def hessian_step(hess: Tensor, sample: Tensor, delta: Tensor, beta2: float) -> Tensor:
-    """Alg. 2 line 5: IVON's Hessian update, which keeps h + δ > 0."""
+    """Alg. 2 line 5: IVON's Hessian update, which keeps h + δ > 0.
+
+    Args:
+        hess: the Hessian estimate h, per unit of ess, flat.
+        sample: ĥ from `hessian_sample`, shape of `hess`.
+        delta: the prior precision δ, per unit of ess, shape of `hess`.
+        beta2: β2, in [0, 1).
+
+    Returns:
+        The new h, shape of `hess`.
+    """
     return beta2 * hess + (1.0 - beta2) * sample + 0.5 * (1.0 - beta2) ** 2 * (hess - sample).square() / (hess + delta)
 
 
@@ -134,7 +202,20 @@ def mean_step(
     clip_radius: float,
 ) -> Tensor:
     """Alg. 2 line 6: m <- m - lr (g + v - u m + δ (m - m_p)) / (h + δ), the direction clipped to ±`clip_radius`.
-    `terms`: the group's prior and Lagrange terms (weight_decay δ, prior_mean m_p, dual_linear v, dual_quadratic u)."""
+    `terms`: the group's prior and Lagrange terms (weight_decay δ, prior_mean m_p, dual_linear v, dual_quadratic u).
+
+    Args:
+        mean: the posterior mean m, flat.
+        momentum: the gradient momentum g, shape of `mean`.
+        debias: the momentum's debiasing divisor, 1 - β1^t (1 without debiasing).
+        terms: flat vectors, shape of `mean`, under the names of `TERMS`.
+        hess: the Hessian estimate h, per unit of ess, shape of `mean`.
+        lr: the step size, a scalar or per parameter (IVON's rescale_lr).
+        clip_radius: the bound on each entry of the direction (inf: no clipping).
+
+    Returns:
+        The new mean, shape of `mean`.
+    """
     delta = terms["weight_decay"]
     direction = (
         momentum / debias + terms["dual_linear"] - terms["dual_quadratic"] * mean + delta * (mean - terms["prior_mean"])
@@ -143,7 +224,13 @@ def mean_step(
 
 
 def foreach_momentum_step_(momenta: TensorList, grads: TensorList, beta1: float) -> None:
-    """`momentum_step` in place, as one lerp: g + (1 - β1)(ĝ - g)."""
+    """`momentum_step` in place, as one lerp: g + (1 - β1)(ĝ - g).
+
+    Args:
+        momenta: the gradient momentum g, one tensor per parameter; updated in place.
+        grads: the mean gradients at the samples ĝ, shapes of `momenta`.
+        beta1: β1, in [0, 1).
+    """
     torch._foreach_lerp_(momenta, grads, 1.0 - beta1)
 
 
@@ -154,7 +241,18 @@ def foreach_hessian_gap(
     ess: float,
     dual_quadratic: TensorList,
 ) -> TensorList:
-    """h - ĥ of Alg. 2 line 3, = h + u - ess·nll_hess·scale (`scale`: h + δ for Price's estimate, None for g²)."""
+    """h - ĥ of Alg. 2 line 3, = h + u - ess·nll_hess·scale (`scale`: h + δ for Price's estimate, None for g²).
+
+    Args:
+        hess: the Hessian estimate h, per unit of ess, one tensor per parameter.
+        nll_hess: the mean products g·(θ - m) (Price) or g² at the samples, per example, shapes of `hess`.
+        scale: h + δ per parameter for Price's estimate, None for g².
+        ess: IVON's effective sample size.
+        dual_quadratic: u, per unit of ess, shapes of `hess`.
+
+    Returns:
+        h - ĥ, a new list, shapes of `hess`.
+    """
     gap = torch._foreach_add(hess, dual_quadratic)
     if scale is None:
         torch._foreach_add_(gap, nll_hess, alpha=-ess)
@@ -164,7 +262,14 @@ def foreach_hessian_gap(
 
 
 def foreach_hessian_step_(hess: TensorList, gap: TensorList, hess_plus_delta: TensorList, beta2: float) -> None:
-    """`hessian_step` in place, from the gap h - ĥ: h - (1 - β2)(h - ĥ) + ½(1 - β2)²(h - ĥ)²/(h + δ)."""
+    """`hessian_step` in place, from the gap h - ĥ: h - (1 - β2)(h - ĥ) + ½(1 - β2)²(h - ĥ)²/(h + δ).
+
+    Args:
+        hess: the Hessian estimate h, one tensor per parameter; updated in place.
+        gap: h - ĥ from `foreach_hessian_gap`, shapes of `hess`.
+        hess_plus_delta: h + δ before the step, shapes of `hess`.
+        beta2: β2, in [0, 1).
+    """
     torch._foreach_addcmul_(hess, gap, torch._foreach_div(gap, hess_plus_delta), value=0.5 * (1.0 - beta2) ** 2)
     torch._foreach_add_(hess, gap, alpha=-(1.0 - beta2))
 
@@ -179,7 +284,18 @@ def foreach_mean_step_(
     lr_scale: TensorList | None,
     clip_radius: float,
 ) -> None:
-    """`mean_step` in place; the step size is `lr`, times `lr_scale` elementwise where given (IVON's rescale_lr)."""
+    """`mean_step` in place; the step size is `lr`, times `lr_scale` elementwise where given (IVON's rescale_lr).
+
+    Args:
+        means: the parameters (the posterior mean m); updated in place.
+        momenta: the gradient momentum g, shapes of `means`.
+        debias: the momentum's debiasing divisor, 1 - β1^t (1 without debiasing).
+        terms: lists shaped as `means`, under the names of `TERMS`.
+        hess: the Hessian estimate h, per unit of ess, shapes of `means`.
+        lr: the step size.
+        lr_scale: per-entry factors on `lr`, shapes of `means`, or None.
+        clip_radius: the bound on each entry of the direction (inf: no clipping).
+    """
     delta = terms["weight_decay"]
     direction = torch._foreach_add(terms["dual_linear"], momenta, alpha=1.0 / debias)
     torch._foreach_addcmul_(direction, terms["dual_quadratic"], means, value=-1.0)
@@ -196,7 +312,16 @@ def foreach_mean_step_(
 
 def foreach_running_mean(mean: TensorList | None, sample: TensorList, count: int) -> TensorList:
     """The mean of `count` samples, `sample` the last (ivon-opt's Welford mean), as a new list: the caller may change
-    its gradients in place later (gradient clipping), and IVON's single-tensor path copies them too."""
+    its gradients in place later (gradient clipping), and IVON's single-tensor path copies them too.
+
+    Args:
+        mean: the mean of the first `count` - 1 samples, or None before the first.
+        sample: the latest sample, one tensor per parameter.
+        count: the number of samples including `sample`, >= 1.
+
+    Returns:
+        The running mean, a new list shaped as `sample`.
+    """
     if mean is None:
         return torch._foreach_mul(sample, 1.0)
     step = torch._foreach_sub(sample, mean)
@@ -207,6 +332,12 @@ def foreach_running_mean(mean: TensorList | None, sample: TensorList, count: int
 
 def sampled_gradient(parameter: Tensor) -> Tensor:
     """A parameter's gradient at the sample, as ivon-opt takes it: 0 for one that requires none.
+
+    Args:
+        parameter: a parameter, after the backward pass at the sampled weights.
+
+    Returns:
+        Its gradient, or zeros of its shape where it requires none.
 
     Raises:
         ValueError: a parameter that requires a gradient has none (the loss does not reach it)."""
@@ -303,24 +434,56 @@ class IVONWithPrior(ivon.IVON):
 
     # ---- prior, Lagrange terms, posterior: all flat vectors in parameter order -----------------
     def set_prior(self, mean: Tensor, precision: Tensor) -> None:
-        """Prior N(mean, diag(precision)^-1); `precision` in absolute units (= ess·delta)."""
+        """Prior N(mean, diag(precision)^-1); `precision` in absolute units (= ess·delta).
+
+        Args:
+            mean: m_p, flat in parameter order.
+            precision: the prior's precision ess·δ, flat in parameter order.
+
+        Raises:
+            ValueError: more than one parameter group, or a vector's length is not the parameter count.
+        """
         group = self._group
         group["prior_mean"] = self._as_flat(mean)
         group["weight_decay"] = self._as_flat(precision) / group["ess"]
         group["hess"] = hessian_under_prior(group["hess"], group["weight_decay"])
 
     def set_lagrange(self, dual_linear: Tensor, dual_quadratic: Tensor) -> None:
-        """v and u of Eq. 30, per unit of ess."""
+        """v and u of Eq. 30, per unit of ess.
+
+        Args:
+            dual_linear: v, per unit of ess, flat in parameter order.
+            dual_quadratic: u, per unit of ess, flat in parameter order.
+
+        Raises:
+            ValueError: more than one parameter group, or a vector's length is not the parameter count.
+        """
         self._group["dual_linear"] = self._as_flat(dual_linear)
         self._group["dual_quadratic"] = self._as_flat(dual_quadratic)
 
     def posterior(self) -> tuple[Tensor, Tensor]:
-        """(mean, precision) of q, precision = ess·(h + delta)."""
+        """(mean, precision) of q, precision = ess·(h + delta).
+
+        Returns:
+            q's mean and precision, each flat in parameter order.
+
+        Raises:
+            ValueError: the optimizer has more than one parameter group.
+        """
         group = self._group
         mean = torch.cat([p.detach().flatten() for p in group["params"]])
         return mean, group["ess"] * (group["hess"] + group["weight_decay"])
 
     def set_posterior(self, mean: Tensor, precision: Tensor) -> None:
+        """Set q to N(mean, diag(precision)^-1): the parameters to `mean`, h to precision/ess - delta.
+
+        Args:
+            mean: q's mean, flat in parameter order.
+            precision: q's precision ess·(h + δ), flat in parameter order.
+
+        Raises:
+            ValueError: more than one parameter group, or a vector's length is not the parameter count.
+        """
         group = self._group
         mean = self._as_flat(mean)
         group["hess"] = self._as_flat(precision) / group["ess"] - group["weight_decay"]
@@ -332,7 +495,14 @@ class IVONWithPrior(ivon.IVON):
     # ---- what carries over from one round's optimizer to the next ------------------------------------------------
     def carried_state(self) -> dict[str, Tensor]:
         """The gradient momentum, the Hessian estimate and the step count, on the CPU: what `carry_on` continues
-        from in a later optimizer (a BayesADMM client keeps them in its durable state between rounds)."""
+        from in a later optimizer (a BayesADMM client keeps them in its durable state between rounds).
+
+        Returns:
+            "momentum" and "hess" (flat, per unit of ess) and "step" (a 1-element tensor), copies on the CPU.
+
+        Raises:
+            ValueError: the optimizer has more than one parameter group.
+        """
         group = self._group
         return {  # copies: the multi-tensor path changes its vectors in place
             "momentum": group["momentum"].to("cpu", copy=True),
@@ -342,7 +512,14 @@ class IVONWithPrior(ivon.IVON):
 
     def carry_on(self, state: Mapping[str, Tensor]) -> None:
         """Continue from an earlier optimizer's `carried_state()`, under this optimizer's prior (`set_prior` first:
-        the carried h is kept where h + δ > 0, `hessian_under_prior`)."""
+        the carried h is kept where h + δ > 0, `hessian_under_prior`).
+
+        Args:
+            state: an earlier optimizer's `carried_state()`.
+
+        Raises:
+            ValueError: the optimizer has more than one parameter group.
+        """
         group = self._group
         # a copy: the multi-tensor path updates it in place, and the caller's tensor is its durable state
         group["momentum"] = state["momentum"].to(self._device, self._dtype, copy=True)
@@ -353,7 +530,17 @@ class IVONWithPrior(ivon.IVON):
     @contextmanager
     def sampled_params(self, train: bool = False) -> Iterator[None]:
         """The parameters at one sample θ = m + ε / sqrt(ess (h + δ)) inside the block, the mean after it; with
-        `train`, the gradients there join the step's averages."""
+        `train`, the gradients there join the step's averages.
+
+        Args:
+            train: whether the gradients at the sample join the step's averages.
+
+        Yields:
+            None, once: the block runs with the parameters at the sample.
+
+        Raises:
+            ValueError: with `train` on the multi-tensor path, a parameter that requires a gradient has none.
+        """
         if not self.foreach:
             with super().sampled_params(train):
                 yield

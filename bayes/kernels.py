@@ -28,7 +28,15 @@ def squared_distances(points: torch.Tensor, centres: torch.Tensor) -> torch.Tens
     """(..., M, N) ‖points_m - centres_n‖² for points (..., M, d) and centres (..., N, d), as ‖a‖² + ‖c‖² - 2a·c
     (matrix products: 3x faster than direct differences for network-sized particles), after moving the origin to the
     centres' mean: the round-off scales with the squared norms, which this keeps at the particles' spread (about 1e-2
-    in float32 for 80k-parameter particles, against 2λ² = 0.6 in the kernels' exponents)."""
+    in float32 for 80k-parameter particles, against 2λ² = 0.6 in the kernels' exponents).
+
+    Args:
+        points: (..., M, d).
+        centres: (..., N, d), the batch shape of `points`.
+
+    Returns:
+        The squared distances, (..., M, N), >= 0.
+    """
     origin = centres.mean(-2, keepdim=True)
     points, centres = points - origin, centres - origin
     cross = points @ centres.mT
@@ -37,7 +45,14 @@ def squared_distances(points: torch.Tensor, centres: torch.Tensor) -> torch.Tens
 
 def rbf_kernel(particles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The SVGD kernel matrices K[..., j, n] = k(θ_j, θ_n), (..., N, N), of particles (..., N, d), and their
-    bandwidths h (median heuristic), float64 of the batch shape (...) (0-dim for one set)."""
+    bandwidths h (median heuristic), float64 of the batch shape (...) (0-dim for one set).
+
+    Args:
+        particles: (..., N, d).
+
+    Returns:
+        The kernel matrices (..., N, N) in the particles' dtype, and the bandwidths h, float64 (...).
+    """
     distances = squared_distances(particles, particles)
     # numpy's median (torch.quantile interpolates; torch.median takes the lower one), in float64
     median = torch.quantile(distances.flatten(-2).double(), 0.5, dim=-1)
@@ -49,7 +64,15 @@ def rbf_kernel(particles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def svgd_direction(particles: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """Eq. 8/13: φ(θ_n) = (1/N) Σ_j [k(θ_j, θ_n) ∇log p(θ_j) + ∇_{θ_j} k(θ_j, θ_n)] for every n at once, in every set
     of particles (..., N, d); `scores` (..., N, d) are ∇log p at the particles.
-    ∇_{θ_j} k(θ_j, θ_n) = (2/h)(θ_n - θ_j) k(θ_j, θ_n)."""
+    ∇_{θ_j} k(θ_j, θ_n) = (2/h)(θ_n - θ_j) k(θ_j, θ_n).
+
+    Args:
+        particles: (..., N, d).
+        scores: ∇log p at the particles, (..., N, d).
+
+    Returns:
+        φ at every particle, (..., N, d).
+    """
     kernel, bandwidth = rbf_kernel(particles)
     factor = (2.0 / bandwidth).to(particles.dtype)[..., None, None]  # 2/h in float64, then rounded, as before
     repulsion = factor * (particles * kernel.sum(-1, keepdim=True) - kernel @ particles)
@@ -58,7 +81,16 @@ def svgd_direction(particles: torch.Tensor, scores: torch.Tensor) -> torch.Tenso
 
 def grad_log_kde(points: torch.Tensor, centres: torch.Tensor, bandwidth: float) -> torch.Tensor:
     """∇_θ log KDE(θ) = Σ_n w_n(θ) (c_n - θ) / λ², w = softmax_n(-‖θ - c_n‖² / 2λ²), at points (..., M, d) for
-    the KDE of centres (..., N, d) (each set of points against its own set of centres); centres are constants."""
+    the KDE of centres (..., N, d) (each set of points against its own set of centres); centres are constants.
+
+    Args:
+        points: θ, (..., M, d).
+        centres: c, (..., N, d), the batch shape of `points`.
+        bandwidth: λ, the KDE kernel's standard deviation.
+
+    Returns:
+        The gradients, (..., M, d).
+    """
     weights = torch.softmax(-squared_distances(points, centres) / (2 * bandwidth**2), dim=-1)
     return (weights @ centres - points) / bandwidth**2
 
@@ -73,6 +105,15 @@ class AdaGradMomentum:
         self.squared: torch.Tensor | None = None
 
     def step(self, particles: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        """One step of the rule: G updated with `direction`, then the moved particles.
+
+        Args:
+            particles: θ, any shape.
+            direction: the SVGD direction Δ, shape of `particles`.
+
+        Returns:
+            θ + lr·Δ / (fudge + √G), shape of `particles`.
+        """
         if self.squared is None:
             self.squared = direction.square()
         else:
@@ -87,7 +128,17 @@ def svgd(
     stepper: AdaGradMomentum,
 ) -> torch.Tensor:
     """`steps` SVGD updates of `particles` (..., N, d) towards the density whose score (∇log p,
-    (..., N, d) -> (..., N, d)) is `score`; a batch of sets moves independently."""
+    (..., N, d) -> (..., N, d)) is `score`; a batch of sets moves independently.
+
+    Args:
+        particles: the start, (..., N, d).
+        score: ∇log p, (..., N, d) -> (..., N, d).
+        steps: the number of updates.
+        stepper: the step rule, fresh for this loop.
+
+    Returns:
+        The moved particles, (..., N, d).
+    """
     for _ in range(steps):
         particles = stepper.step(particles, svgd_direction(particles, score(particles)))
     return particles

@@ -27,6 +27,17 @@ def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, bins: int 
     infinite, nor any NLL over MAX_NLL); ECE is the top-label calibration error over `bins` equal-width confidence bins,
     weighted by the fraction of examples in each bin (Guo et al., 2017). `reliability` holds those bins
     (reliability_bins), so that a results row can be drawn as a reliability diagram (`fedbayes report`).
+
+    Args:
+        probs: (N, C) predictive class probabilities.
+        labels: (N,) integer labels.
+        bins: equal-width confidence bins of the ECE and the reliability diagram.
+
+    Returns:
+        "accuracy", "nll" and "ece" (floats) and "reliability" (`reliability_bins`).
+
+    Raises:
+        ValueError: `probs` is not (N, C) or `labels` not (N,).
     """
     if probs.ndim != 2 or labels.shape != probs.shape[:1]:
         raise ValueError(f"probs must be (N, C) and labels (N,), got {tuple(probs.shape)} and {tuple(labels.shape)}")
@@ -53,6 +64,16 @@ def _bin_sums(confidence: torch.Tensor, correct: torch.Tensor, bins: int) -> tup
 
 
 def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """The top-label ECE, Σ_b |Σ_{i∈b} (confidence_i − correct_i)| / N over equal-width bins (Guo et al., 2017).
+
+    Args:
+        confidence: (N,) top-label probabilities.
+        correct: (N,) whether each top label is right (bool or 0/1).
+        bins: equal-width confidence bins.
+
+    Returns:
+        The expected calibration error, in [0, 1].
+    """
     _, confidence_sum, correct_sum = _bin_sums(confidence, correct, bins)
     return ((confidence_sum - correct_sum).abs().sum() / confidence.numel()).item()
 
@@ -76,7 +97,16 @@ def maximum_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, b
 
 def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> dict[str, list[Any]]:
     """The reliability diagram's data, per equal-width confidence bin (as the ECE bins them): `confidence` (mean),
-    `accuracy` (share correct), both None for an empty bin, and `count` (examples)."""
+    `accuracy` (share correct), both None for an empty bin, and `count` (examples).
+
+    Args:
+        confidence: (N,) top-label probabilities.
+        correct: (N,) whether each top label is right (bool or 0/1).
+        bins: equal-width confidence bins.
+
+    Returns:
+        "confidence", "accuracy" and "count", each a list of one entry per bin.
+    """
     count, confidence_sum, correct_sum = _bin_sums(confidence, correct, bins)
     return {
         "confidence": [total / n if n else None for total, n in zip(confidence_sum.tolist(), count.tolist())],
@@ -130,14 +160,36 @@ def auroc(scores: torch.Tensor, positives: torch.Tensor) -> float | None:
 
 def misclassification_auroc(uncertainty: torch.Tensor, correct: torch.Tensor) -> float | None:
     """AUROC of `uncertainty` (N,) for telling the wrong predictions from the right ones (`correct`, (N,) booleans):
-    auroc with the mistakes as positives, so None where every prediction is right, or every one wrong."""
+    auroc with the mistakes as positives, so None where every prediction is right, or every one wrong.
+
+    Args:
+        uncertainty: (N,) uncertainty scores, higher meaning "more likely wrong".
+        correct: (N,) whether each prediction is right (bool or 0/1).
+
+    Returns:
+        The AUROC in [0, 1], or None.
+
+    Raises:
+        ValueError: the shapes differ, or a score is NaN (`auroc`).
+    """
     return auroc(uncertainty, ~correct.bool())
 
 
 def ood_auroc(in_distribution: torch.Tensor, out_of_distribution: torch.Tensor) -> float | None:
     """AUROC of an uncertainty score for telling out-of-distribution inputs from in-distribution ones: `in_distribution`
     (N,) and `out_of_distribution` (M,) are the scores of each, the OOD inputs the positives. None where either is
-    empty."""
+    empty.
+
+    Args:
+        in_distribution: (N,) the scores of the in-distribution inputs.
+        out_of_distribution: (M,) the scores of the out-of-distribution inputs.
+
+    Returns:
+        The AUROC in [0, 1], or None.
+
+    Raises:
+        ValueError: a score is NaN (`auroc`).
+    """
     scores = torch.cat([in_distribution.double().flatten(), out_of_distribution.double().flatten()])
     positives = torch.arange(scores.numel()) >= in_distribution.numel()
     return auroc(scores, positives)
@@ -184,7 +236,17 @@ def selective_accuracy(probs: torch.Tensor, labels: torch.Tensor, coverage: floa
 
 @torch.no_grad()
 def predict_probs(model: torch.nn.Module, images: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
-    """Softmax class probabilities of `model` on `images`, batched, on the CPU."""
+    """Softmax class probabilities of `model` on `images`, batched, on the CPU.
+
+    Args:
+        model: a classifier returning logits (N, C), on `device`; put in eval mode.
+        images: (N, ...) inputs.
+        batch_size: images per forward pass.
+        device: where to compute.
+
+    Returns:
+        (N, C) probabilities, on the CPU.
+    """
     model.eval()
     chunks = [
         torch.softmax(model(images[i : i + batch_size].to(device)), dim=1).cpu()

@@ -39,7 +39,14 @@ RULES = ("none", "clip", "median", "trimmed-mean")
 
 
 def norms(updates: Sequence[np.ndarray]) -> np.ndarray:
-    """The Euclidean norm of each update (float64; inf for one too large to square)."""
+    """The Euclidean norm of each update (float64; inf for one too large to square).
+
+    Args:
+        updates: the updates, flat arrays.
+
+    Returns:
+        (K,) float64 norms.
+    """
     return np.array([float(np.linalg.norm(update)) for update in updates], dtype=np.float64)
 
 
@@ -54,7 +61,21 @@ def screen_bounds(
       - the state's norm;
       - √size, the norm of an RMS change of 1 per entry (so one reply in a round, DSVGD's, is bounded too, and
         neither a round of tiny updates nor a state near zero refuses an ordinary update).
-    ValueError when the lengths differ or a scale is not positive and finite."""
+    ValueError when the lengths differ or a scale is not positive and finite.
+
+    Args:
+        update_norms: (K,) the updates' norms.
+        scales: (K,) their expected sizes s_k.
+        state_norm: the norm of the server's state the updates change.
+        size: P, the entries of each update.
+        ratio: the screen's ratio.
+
+    Returns:
+        (K,) the bounds.
+
+    Raises:
+        ValueError: `scales` and `update_norms` differ in length, or a scale is not positive and finite.
+    """
     if len(scales) != len(update_norms) or not (np.isfinite(scales) & (scales > 0)).all():
         raise ValueError(f"need one positive finite scale per update, got {scales!r} for {len(update_norms)}")
     per_unit = update_norms / scales
@@ -70,7 +91,15 @@ def screen_bounds(
 
 
 def clip_factors(update_norms: np.ndarray, ratio: float) -> np.ndarray:
-    """min(1, ratio x median / norm) per update: the factor that scales it to at most ratio x the median norm."""
+    """min(1, ratio x median / norm) per update: the factor that scales it to at most ratio x the median norm.
+
+    Args:
+        update_norms: (K,) the updates' norms.
+        ratio: the clip ratio.
+
+    Returns:
+        (K,) factors in [0, 1].
+    """
     bound = ratio * float(np.median(update_norms))
     with np.errstate(divide="ignore"):
         return np.minimum(1.0, np.where(update_norms > 0, bound / update_norms, 1.0))
@@ -78,14 +107,30 @@ def clip_factors(update_norms: np.ndarray, ratio: float) -> np.ndarray:
 
 def part_clip_factors(parts: Sequence[Sequence[np.ndarray]], ratio: float) -> np.ndarray:
     """Per item, the smallest `clip_factors` any of its parts needs: `parts[j][k]` is part j (e.g. a natural mean,
-    a precision) of item k. Parts are measured apart, so one with large values cannot hide another's outlier."""
+    a precision) of item k. Parts are measured apart, so one with large values cannot hide another's outlier.
+
+    Args:
+        parts: the parts, `parts[j][k]` an array, the same number of items K in each part.
+        ratio: the clip ratio.
+
+    Returns:
+        (K,) factors in [0, 1].
+    """
     factors: np.ndarray = np.min([clip_factors(norms(part), ratio) for part in parts], axis=0)
     return factors
 
 
 def trimmed_mean(stacked: np.ndarray, fraction: float) -> np.ndarray:
     """The coordinate-wise mean of `stacked` (K, P) without the floor(fraction x K) smallest and largest values
-    of each coordinate."""
+    of each coordinate.
+
+    Args:
+        stacked: (K, P) the updates, one a row.
+        fraction: the share trimmed at each end, in [0, 0.5).
+
+    Returns:
+        (P,) the trimmed mean.
+    """
     cut = math.floor(fraction * len(stacked))
     ordered = np.sort(stacked, axis=0)
     mean: np.ndarray = ordered[cut : len(stacked) - cut].mean(axis=0)
@@ -96,7 +141,21 @@ def robust_mean(
     updates: Sequence[np.ndarray], weights: Sequence[float], rule: str, clip_ratio: float, trim_fraction: float
 ) -> np.ndarray:
     """The aggregate of `updates` under `rule` (see the module docstring); `weights` (e.g. example counts) weight
-    the mean for none and clip."""
+    the mean for none and clip.
+
+    Args:
+        updates: the updates, flat arrays of one length P; not empty.
+        weights: one per update (for "none" and "clip").
+        rule: one of RULES.
+        clip_ratio: the ratio of the "clip" rule.
+        trim_fraction: the fraction of the "trimmed-mean" rule.
+
+    Returns:
+        (P,) float64 the aggregate.
+
+    Raises:
+        ValueError: `rule` is none of RULES.
+    """
     stacked = np.stack(updates).astype(np.float64, copy=False)
     if rule == "median":
         return np.median(stacked, axis=0)

@@ -110,6 +110,9 @@ def register_message_types(*message_types: type[ProtoMessage]) -> None:
     """Make these message types decodable as an envelope's body, by their full name. Registering a type again is a
     no-op (each strategy's halves register theirs as they are defined).
 
+    Args:
+        *message_types: generated protobuf message classes.
+
     Raises:
         ValueError: a name of the envelope's schema (RESERVED_NAMES, protos/common.proto), or a name registered
             already with another class (two strategies would mean different things by one message), naming both
@@ -140,6 +143,18 @@ register_message_types(*_module_message_types(pb))
 
 
 def message_type_named(name: str, sender: str) -> type[ProtoMessage]:
+    """The registered message type of full name `name` (`register_message_types`).
+
+    Args:
+        name: the type's full protobuf name, as a payload declares it.
+        sender: who sent the payload, for the error message.
+
+    Returns:
+        The message class.
+
+    Raises:
+        PayloadError: no message type of that name is registered.
+    """
     try:
         return _MESSAGE_TYPES[name]
     except KeyError:
@@ -151,7 +166,14 @@ def message_type_named(name: str, sender: str) -> type[ProtoMessage]:
 
 # ---- encoding --------------------------------------------------------------------------------------------------------
 def tensor_group_fields(message_type: type[ProtoMessage]) -> list[str]:
-    """Names of the message's top-level TensorGroup fields, in field order."""
+    """Names of the message's top-level TensorGroup fields, in field order.
+
+    Args:
+        message_type: a protobuf message class.
+
+    Returns:
+        The field names.
+    """
     return [
         field.name
         for field in message_type.DESCRIPTOR.fields
@@ -161,6 +183,16 @@ def tensor_group_fields(message_type: type[ProtoMessage]) -> list[str]:
 
 
 def new_header(federation: str, server_round: int, client_id: str = "") -> pb.Header:
+    """A header of the current schema version for a payload of `federation`'s round `server_round`.
+
+    Args:
+        federation: the federation's name.
+        server_round: the round the payload belongs to.
+        client_id: the sending client's id; "" for the server.
+
+    Returns:
+        The header, without a nonce.
+    """
     return pb.Header(
         schema_version=CURRENT_SCHEMA_VERSION,
         federation=federation,
@@ -172,7 +204,15 @@ def new_header(federation: str, server_round: int, client_id: str = "") -> pb.He
 def reply_header(instruction: pb.Header, client_id: str) -> pb.Header:
     """The header of a client's answer (a Reply or a LeaveAndForget) to the instruction whose header is
     `instruction`: its federation, its round and its nonce (Header.nonce, which binds the answer to it), and the
-    client's id."""
+    client's id.
+
+    Args:
+        instruction: the header of the instruction answered.
+        client_id: the answering client's id.
+
+    Returns:
+        The answer's header.
+    """
     header = new_header(instruction.federation, instruction.server_round, client_id)
     header.nonce = instruction.nonce
     return header
@@ -184,7 +224,19 @@ def encode(
     """Pack a payload: fill the TensorGroup manifests of `message` (the strategy's; None for a LeaveAndForget) and of
     the envelope from `tensors` (by group field name), put `message` into the envelope's body, and pack every tensor,
     raveled and concatenated in field order (the message's groups, then the envelope's) and each group's order, into
-    the one Array of the TENSORS_KEY record."""
+    the one Array of the TENSORS_KEY record.
+
+    Args:
+        envelope: the envelope, its header set; its manifests and body are filled in place.
+        message: the strategy's message, or None for a LeaveAndForget; its manifests are filled in place.
+        tensors: float32 arrays by tensor group field name, then by tensor name, in order.
+
+    Returns:
+        The RecordDict to send: the TENSORS_KEY ArrayRecord and the ENVELOPE_KEY ConfigRecord.
+
+    Raises:
+        ValueError: a group of `tensors` is neither the message's nor the envelope's, or an array is not float32.
+    """
     parts = [message] if message is not None else []
     groups = {group for part in (*parts, envelope) for group in tensor_group_fields(type(part))}
     unknown = set(tensors) - groups
@@ -217,7 +269,15 @@ def _filled_manifests(message: ProtoMessage, tensors: Mapping[str, Mapping[str, 
 
 def with_envelope(content: RecordDict, envelope: ProtoMessage) -> RecordDict:
     """`content` (as `encode` packed it) with `envelope` as its envelope, sharing the tensor records: one
-    instruction's tensors go to every node, each with its own header."""
+    instruction's tensors go to every node, each with its own header.
+
+    Args:
+        content: a payload as `encode` packed it.
+        envelope: the envelope to put in its place.
+
+    Returns:
+        A new RecordDict with `content`'s array records and `envelope`.
+    """
     records: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = dict(content.array_records)
     records[ENVELOPE_KEY] = ConfigRecord(
         {"type": envelope.DESCRIPTOR.full_name, "message": envelope.SerializeToString()}
@@ -237,6 +297,19 @@ def decode(
     body is a `message_type` (None: a LeaveAndForget, which has none). `layouts` gives the expected layout of every
     tensor group of the message and the envelope (one it leaves out must be empty), or computes it from the parsed
     message (when a scalar in it, e.g. a family or a particle count, decides the shapes).
+
+    Args:
+        content: the RecordDict received.
+        envelope_type: the envelope expected: pb.Instruction, pb.Reply or pb.LeaveAndForget.
+        message_type: the body's message type expected, or None for a LeaveAndForget.
+        layouts: the expected layout of each tensor group by field name, or a function of the parsed message to them.
+        sender: who sent the payload, for the error messages.
+
+    Returns:
+        The envelope, the message and every tensor group's arrays (views of the one packed array).
+
+    Raises:
+        PayloadError: anything in `content` that does not match the schema or the expectation.
 
     Examples:
         A FedAvg instruction there and back, then refused where the receiver expects another shape:
@@ -300,7 +373,14 @@ def _body(envelope: pb.Instruction | pb.Reply, message_type: type[M], sender: st
 
 def reply_timings(content: RecordDict) -> dict[str, float]:
     """The phase seconds a reply reports (TIMINGS_KEY), for the round's timing report only: nothing in training
-    depends on them, so anything malformed is dropped, never an error."""
+    depends on them, so anything malformed is dropped, never an error.
+
+    Args:
+        content: a reply's RecordDict.
+
+    Returns:
+        Seconds by phase name (at most 32 characters); {} where there are none or too many.
+    """
     record = content.config_records.get(TIMINGS_KEY)
     if record is None or len(record) > MAX_TIMINGS:
         return {}
@@ -314,7 +394,17 @@ def reply_timings(content: RecordDict) -> dict[str, float]:
 def payload_bytes(content: RecordDict) -> int:
     """Bytes a payload carries, every record counted (tensors, envelope, timings, and anything else a sender put in):
     every Array's .npy bytes and declared dtype, stype and shape, every config and metric value, every key. What
-    a receiver holds in memory before it can decode anything, so what `max-payload-mb` bounds."""
+    a receiver holds in memory before it can decode anything, so what `max-payload-mb` bounds.
+
+    Args:
+        content: a RecordDict as received.
+
+    Returns:
+        The byte count.
+
+    Raises:
+        TypeError: a record, or a config or metric value, of a type Flower's RecordDict does not hold.
+    """
     return sum(_text_bytes(name) + _record_bytes(record) for name, record in content.items())
 
 
@@ -350,7 +440,17 @@ def _text_bytes(text: str) -> int:
 
 
 def check_payload_size(content: RecordDict, max_mb: float, sender: str) -> None:
-    """Reject a payload over the configured limit (run config `max-payload-mb`) before decoding it."""
+    """Reject a payload over the configured limit (run config `max-payload-mb`) before decoding it.
+
+    Args:
+        content: a RecordDict as received.
+        max_mb: the limit, in MiB.
+        sender: who sent the payload, for the error message.
+
+    Raises:
+        PayloadError: the payload is over `max_mb`.
+        TypeError: as `payload_bytes`.
+    """
     size = payload_bytes(content)
     if size > max_mb * 2**20:
         raise PayloadError(f"{sender}: payload is {size / 2**20:.1f} MiB, over the limit max-payload-mb={max_mb:g}")
@@ -358,7 +458,14 @@ def check_payload_size(content: RecordDict, max_mb: float, sender: str) -> None:
 
 def claimed_client_id(content: RecordDict) -> str | None:
     """The client id a payload claims in its header, without validating anything else (for error messages about
-    payloads that fail validation)."""
+    payloads that fail validation).
+
+    Args:
+        content: a RecordDict as received.
+
+    Returns:
+        The claimed id, or None where the payload claims none or its envelope does not parse.
+    """
     try:
         header = pb.LeaveAndForget.FromString(content.config_records[ENVELOPE_KEY]["message"]).header
     except Exception:  # any malformation: there is simply no claim to report
@@ -367,7 +474,14 @@ def claimed_client_id(content: RecordDict) -> str | None:
 
 
 def envelope_type(content: RecordDict) -> str | None:
-    """The full name of the envelope type a payload declares, unchecked (None: it declares none)."""
+    """The full name of the envelope type a payload declares, unchecked (None: it declares none).
+
+    Args:
+        content: a RecordDict as received.
+
+    Returns:
+        The declared type's full name, or None.
+    """
     envelope = content.config_records.get(ENVELOPE_KEY)
     declared = None if envelope is None else envelope.get("type")
     return declared if isinstance(declared, str) else None
@@ -375,7 +489,14 @@ def envelope_type(content: RecordDict) -> str | None:
 
 def instruction_body_type(content: RecordDict) -> str | None:
     """The full name of the body an Instruction declares, unchecked (None: no Instruction, or one without a body): what
-    a client reads to tell which of its halves answers it."""
+    a client reads to tell which of its halves answers it.
+
+    Args:
+        content: a RecordDict as received.
+
+    Returns:
+        The body's full type name, or None.
+    """
     if envelope_type(content) != pb.Instruction.DESCRIPTOR.full_name:
         return None
     try:
@@ -387,7 +508,18 @@ def instruction_body_type(content: RecordDict) -> str | None:
 
 def decode_header(content: RecordDict, sender: str) -> pb.Header:
     """The header of a payload in any envelope, checked as `decode` checks it (schema version, a known envelope),
-    without its body or tensors: for a receiver that answers without reading them."""
+    without its body or tensors: for a receiver that answers without reading them.
+
+    Args:
+        content: a RecordDict as received.
+        sender: who sent the payload, for the error messages.
+
+    Returns:
+        The envelope's header.
+
+    Raises:
+        PayloadError: no known envelope, a malformed one, or one of another schema version.
+    """
     declared = envelope_type(content) or ""
     kind = next((envelope for envelope in ENVELOPES if envelope.DESCRIPTOR.full_name == declared), None)
     if kind is None:

@@ -21,7 +21,16 @@ Logits = Callable[[torch.Tensor], torch.Tensor]  # flat weights w -> the logits 
 def pick_memory(labels: torch.Tensor, per_class: int, generator: torch.Generator) -> torch.Tensor:
     """M_k ([P] App. E.5: "in the first round of communication, each client randomly picks 1 point per class present
     in the client"): `per_class` indices drawn at random among the client's examples of each class it holds (all of
-    a class with fewer), class by class, each class's in increasing order. None for `per_class` 0."""
+    a class with fewer), class by class, each class's in increasing order. None for `per_class` 0.
+
+    Args:
+        labels: the client's labels, (N_k,) integers.
+        per_class: how many points to pick per class, >= 0.
+        generator: the source of the random draw.
+
+    Returns:
+        The memory points' indices into `labels`, (M,) int64; empty where `per_class` is 0.
+    """
     chosen = [torch.zeros(0, dtype=torch.long)]
     for label in torch.unique(labels).tolist() if per_class > 0 else []:
         members = torch.nonzero(labels == label).flatten()
@@ -32,7 +41,15 @@ def pick_memory(labels: torch.Tensor, per_class: int, generator: torch.Generator
 
 def represented_examples(labels: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
     """N_{k,c} / M_{k,c} for each memory point of class c ([P] App. E): how many of the client's examples of its class
-    it stands for. They sum to N_k where M_k holds a point of every class the client has (`pick_memory`'s)."""
+    it stands for. They sum to N_k where M_k holds a point of every class the client has (`pick_memory`'s).
+
+    Args:
+        labels: the client's labels, (N_k,) non-negative integers.
+        memory: the memory points' indices into `labels`, (M,).
+
+    Returns:
+        N_{k,c} / M_{k,c} per memory point, (M,) float64.
+    """
     memory_labels = labels[memory]
     class_sizes = torch.bincount(labels)
     memory_sizes = torch.bincount(memory_labels, minlength=len(class_sizes))
@@ -41,13 +58,30 @@ def represented_examples(labels: torch.Tensor, memory: torch.Tensor) -> torch.Te
 
 def point_weights(represented: torch.Tensor, function_weight: float) -> torch.Tensor:
     """τ_i = τ_f · N_{k,c} / M_{k,c} ([P] App. E: "we multiply the contribution of each datapoint by how many
-    datapoints it is representing from class c in client k"). Σ_i τ_i = τ_f · N_k."""
+    datapoints it is representing from class c in client k"). Σ_i τ_i = τ_f · N_k.
+
+    Args:
+        represented: N_{k,c} / M_{k,c} per memory point (`represented_examples`), (M,).
+        function_weight: τ_f.
+
+    Returns:
+        τ_i, (M,).
+    """
     return function_weight * represented
 
 
 def soft_cross_entropy(targets: torch.Tensor, logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Σ_i τ_i ℓ(ŷ_i, w) with ℓ(ŷ, w) = −Σ_c ŷ_c log softmax(f(x; w))_c ([P] Eq. 17's loss against a soft label),
-    summed over the memory points, not averaged. `targets` (M, C) are probabilities, `weights` (M,) the τ_i."""
+    summed over the memory points, not averaged. `targets` (M, C) are probabilities, `weights` (M,) the τ_i.
+
+    Args:
+        targets: the soft labels ŷ_i, (M, C) probabilities.
+        logits: f(x_i; w), (M, C).
+        weights: τ_i, (M,).
+
+    Returns:
+        The weighted sum, a scalar tensor.
+    """
     return -(weights.unsqueeze(1) * targets * F.log_softmax(logits, dim=1)).sum()
 
 
@@ -64,7 +98,17 @@ def function_space_terms(
     The log-normaliser of the two soft cross-entropies cancels, so this is Σ_i τ_i (ŷ_i − ŷ_{i,g})·f(x_i; w), exactly:
     linear in the logits, a dual term in function space whose gradient vanishes where ŷ_i = ŷ_{i,g} (a stationary
     point). Computed in that form (no two large cross-entropies subtracted). [P]'s objective also has
-    Σ_{i∈M_j, j≠k} τ_i ℓ(ŷ_{i,g}, w) over the other clients' points; it is not here (the package docstring)."""
+    Σ_{i∈M_j, j≠k} τ_i ℓ(ŷ_{i,g}, w) over the other clients' points; it is not here (the package docstring).
+
+    Args:
+        logits: f(x_i; w) on the client's memory points, (M, C).
+        global_predictions: ŷ_{i,g}, the global model's probabilities there, (M, C).
+        previous_predictions: ŷ_i, the client's at its previous w_k, (M, C).
+        weights: τ_i, (M,).
+
+    Returns:
+        The terms' sum, a scalar tensor.
+    """
     return ((weights.unsqueeze(1) * (previous_predictions - global_predictions)) * logits).sum()
 
 
@@ -80,7 +124,19 @@ def server_objective(
     H^{M_k} = 0, Eq. 24): Σ_k Σ_{i∈M_k} τ_i ℓ(ŷ_i, w) + (δ/2)‖w‖² − δ (Σ_k v_k)·w, written (up to a constant) as
     Σ τ_i ℓ(ŷ_i, w) + (δ/2)‖w − w_lap‖² with w_lap FedLap's global, (Σ_k v_k + the unclaimed init)/δ here (v_k is δ
     times [P]'s). `predictions` (M, C) are every client's newest soft labels on its memory points, in the order of
-    `logits_of`'s points, `taus` their weights τ_i."""
+    `logits_of`'s points, `taus` their weights τ_i.
+
+    Args:
+        weights: w, flat (P,).
+        logits_of: w ↦ the logits f(x_i; w) of every client's memory points, (M, C).
+        anchor: w_lap, flat (P,).
+        predictions: the clients' newest soft labels, (M, C).
+        taus: τ_i, (M,).
+        prior_precision: δ.
+
+    Returns:
+        The objective, a scalar tensor.
+    """
     fit = soft_cross_entropy(predictions, logits_of(weights), taus)
     return fit + 0.5 * prior_precision * (weights - anchor).square().sum()
 
@@ -101,7 +157,22 @@ def fit_global(
     w_lap, left at w_g; the model in eval mode, on the device of `inputs`, `predictions` and `taus`), and the
     quadratic's gradient δ (w − w_lap) is added in closed form: the same steps as Adam on `server_objective`, without
     a flat copy of the weights per step. Returns w_g (float64, CPU) and the objective there (nan where no step ran).
-    No memory point, or no step: w_lap itself, unchanged."""
+    No memory point, or no step: w_lap itself, unchanged.
+
+    Args:
+        model: the network whose parameters are fitted (changed in place).
+        anchor: w_lap, flat (P,).
+        inputs: every client's memory inputs x_i, batched along the first dimension (M, ...).
+        predictions: the clients' newest soft labels, (M, C).
+        taus: τ_i, (M,).
+        prior_precision: δ.
+        steps: the number of Adam steps, >= 0.
+        lr: Adam's learning rate.
+
+    Returns:
+        w_g, flat (P,) float64 on the CPU (`anchor` itself where no step ran), and the objective's value there
+        (nan where no step ran).
+    """
     if len(predictions) == 0 or steps == 0:
         return anchor, math.nan
     parameters = list(model.parameters())
@@ -125,7 +196,15 @@ def fit_global(
 
 
 def parameters_of(flat: torch.Tensor, layout: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """The flat weights as the model's named parameters (views, so gradients flow back to `flat`)."""
+    """The flat weights as the model's named parameters (views, so gradients flow back to `flat`).
+
+    Args:
+        flat: the weights, flat (P,) in `layout` order.
+        layout: the model's parameter names and shapes, in order.
+
+    Returns:
+        The named parameters, views of `flat` shaped as `layout`.
+    """
     named, offset = {}, 0
     for name, shape in layout.items():
         size = math.prod(shape)
@@ -135,20 +214,45 @@ def parameters_of(flat: torch.Tensor, layout: Mapping[str, tuple[int, ...]]) -> 
 
 
 def model_logits(model: torch.nn.Module, layout: Mapping[str, tuple[int, ...]], inputs: torch.Tensor) -> Logits:
-    """w ↦ f(inputs; w) for the flat weights w of `model` (in its current mode; the model itself is not changed)."""
+    """w ↦ f(inputs; w) for the flat weights w of `model` (in its current mode; the model itself is not changed).
+
+    Args:
+        model: the network; only its structure and mode are used.
+        layout: its parameter names and shapes, in order.
+        inputs: the memory inputs x_i, (M, ...).
+
+    Returns:
+        A function of the flat weights w (P,) to the logits f(inputs; w), (M, C).
+    """
     return lambda flat: torch.func.functional_call(model, parameters_of(flat, layout), (inputs,))
 
 
 def soft_predictions(logits_of: Logits, weights: torch.Tensor) -> torch.Tensor:
     """softmax f(x_i; w) on the memory points (`weights` in the model's dtype), no gradient, float32: the ŷ a client
-    sends ([P] Eq. 17)."""
+    sends ([P] Eq. 17).
+
+    Args:
+        logits_of: w ↦ the logits on the memory points (`model_logits`).
+        weights: w, flat (P,) in the model's dtype.
+
+    Returns:
+        ŷ, (M, C) float32.
+    """
     with torch.no_grad():
         return torch.softmax(logits_of(weights), dim=1).to(torch.float32)
 
 
 def probability_rows_error(predictions: torch.Tensor, tolerance: float) -> str:
     """Why `predictions` (M, C) are no soft labels ('' if they are): every entry >= 0, every row sums to 1 within
-    `tolerance`."""
+    `tolerance`.
+
+    Args:
+        predictions: the soft labels received, (M, C).
+        tolerance: how far a row's sum may lie from 1.
+
+    Returns:
+        The first problem found, or "" where there is none.
+    """
     if (predictions < 0).any():
         row = int(torch.nonzero(predictions < 0)[0, 0])
         return f"row {row} has negative values; a prediction is a probability vector"

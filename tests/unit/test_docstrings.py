@@ -16,8 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 # brought up to the standard.
 PUBLIC_MODULES = (
     "bayes/curvature.py",
+    "bayes/gaussian.py",
+    "bayes/ivon.py",
+    "bayes/kernels.py",
+    "bayes/metrics.py",
+    "bayes/params.py",
+    "bayes/robust.py",
     "posterior/uncertainty.py",
+    "protos/codec.py",
+    "strategies/bayesadmm/math.py",
+    "strategies/dsvgd/math.py",
     "strategies/feddyn/math.py",
+    "strategies/fedlap/math.py",
+    "strategies/fedlap_func/math.py",
     "strategies/fedpa/math.py",
 )
 
