@@ -8,7 +8,7 @@ reads its own values back, typed, with `RunSettings.hyperparameters(its settings
 the keys, `fedbayes app` writes them as a Flower app's [tool.flwr.app.config] (the checkout's pyproject.toml lists the
 same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local --set` override them. A layer that
 reads one concern's keys alone takes that concern's group, a frozen copy of them (`RunSettings.loop`, the round
-loop's; `RunSettings.data`, a client's data's).
+loop's; `RunSettings.data`, a client's data's; `RunSettings.architecture`, the model's).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboa
 # Run config `ood-inputs`: the out-of-distribution inputs of the server's evaluation (tasks/ood.py says what each is).
 OOD_INPUTS = ("noise", "inverted", "permuted", "none")
 H = TypeVar("H", bound="DataclassInstance")  # a strategy's settings dataclass
-G = TypeVar("G", bound="DataclassInstance")  # a group of core keys (`RunSettings.loop`, `RunSettings.data`)
+G = TypeVar("G", bound="DataclassInstance")  # a group of core keys (`RunSettings.loop`, `RunSettings.data`, ...)
 
 
 class ConfigError(ValueError):
@@ -178,6 +178,18 @@ class DataSettings:
     split_file: str
     split_file_overlap: bool
     row_order: str
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The model a run trains (tasks/models.py `build_run_model`): its architecture and, for logreg and the MLP, the
+    pooling of its inputs and the MLP's hidden layers. `RunSettings.architecture` is the run's; each field holds the
+    core key of its name."""
+
+    model: str  # a built-in name or a user's "<module>:<callable>"
+    hidden: str  # the widths as the key gives them, "200,100" (tasks/models.py parse_hidden)
+    activation: str
+    pool: int
 
 
 @dataclass(frozen=True)
@@ -432,6 +444,11 @@ class RunSettings:
     def data(self) -> DataSettings:
         """The group of keys a client's data follows from."""
         return self._group(DataSettings)
+
+    @property
+    def architecture(self) -> ModelSettings:
+        """The group of keys the run's model is built from."""
+        return self._group(ModelSettings)
 
     def _group(self, group: type[G], **given: Any) -> G:
         """`group` with each of its fields named as a core key holding that key's value, and `given`."""
