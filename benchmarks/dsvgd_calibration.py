@@ -85,7 +85,7 @@ from fedbayes.deploy.presets import get_preset
 from fedbayes.strategies import default_run_config, run_settings
 from fedbayes.tasks.config import ConfigError
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_run_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dsvgd"
 RUNS = REPO / "runs"
@@ -157,14 +157,7 @@ def checkpoint_probs(config: dict[str, Any], checkpoint: Path) -> tuple[torch.Te
     FedAvg: its global weights), and the test labels."""
     settings = run_settings({**default_run_config(str(config["strategy"])), **config})
     test = load_dataset(settings.dataset, train=False, data_root=settings.data_root).scaled(settings.input_scale)
-    model = build_model(
-        settings.model,
-        test.input_shape,
-        test.num_classes,
-        parse_hidden(settings.hidden),
-        settings.activation,
-        settings.pool,
-    )
+    model = build_run_model(settings.architecture, test.input_shape, test.num_classes)
     layout = parameter_layout(model)
     with safe_open(checkpoint, framework="np") as stored:
         if settings.strategy.endswith("dsvgd"):

@@ -94,7 +94,7 @@ from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.tasks.config import LoopSettings, RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset, load_dataset
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_run_model
 from fedbayes.tasks.partitions import write_split_file
 from tests.support import FakeGrid, reply_message
 from tests.support.forgetting import ClientsGrid
@@ -148,14 +148,7 @@ class Federation:
         self.algorithm = get_algorithm(settings.strategy)
         self.runtimes = {partition + 1: client_runtime(settings, partition, directory) for partition in partitions}
         torch.manual_seed(settings.seed)
-        self.model = build_model(
-            settings.model,
-            test.input_shape,
-            test.num_classes,
-            parse_hidden(settings.hidden),
-            settings.activation,
-            settings.pool,
-        )
+        self.model = build_run_model(settings.architecture, test.input_shape, test.num_classes)
         self.layout = next(iter(self.runtimes.values())).layout
         self.server = RoundCore(settings, self.algorithm.build_server(settings, self.layout))
         self.arrays = get_parameters(self.model)

@@ -45,7 +45,7 @@ from fedbayes.server.round_core import RoundCore
 from fedbayes.strategies import default_run_config, get_algorithm, run_settings
 from fedbayes.tasks.config import RunSettings
 from fedbayes.tasks.datasets import load_dataset
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_run_model
 from tests.support import FakeGrid, reply_message, rogue
 
 RESULTS = Path(__file__).resolve().parent / "results" / "robust_aggregation"
@@ -102,14 +102,7 @@ def run(strategy: str, rule: str, attack: str, rounds: int, seed: int, reference
     algorithm = get_algorithm(strategy)
     test = load_dataset(settings.dataset, train=False).scaled(settings.input_scale)
     torch.manual_seed(settings.seed)
-    model = build_model(
-        settings.model,
-        test.input_shape,
-        test.num_classes,
-        parse_hidden(settings.hidden),
-        settings.activation,
-        settings.pool,
-    )
+    model = build_run_model(settings.architecture, test.input_shape, test.num_classes)
     arrays = ArrayRecord({name: Array(value) for name, value in get_parameters(model).items()})
     rows = []
     with TemporaryDirectory() as state_dir:

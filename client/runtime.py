@@ -21,7 +21,7 @@ from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.tasks.compute import resolve_device
 from fedbayes.tasks.config import ConfigError, DataSettings, RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset, load_dataset
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_run_model
 from fedbayes.tasks.npzdata import load_data_path, load_npz_partition
 from fedbayes.tasks.partitions import partition_dataset, read_split_file
 from fedbayes.tasks.storage import is_safe_name
@@ -90,14 +90,7 @@ class ClientRuntime:
     @classmethod
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
         data = load_client_data(settings.data, node).scaled(settings.input_scale)
-        model = build_model(
-            settings.model,
-            data.input_shape,
-            data.num_classes,
-            parse_hidden(settings.hidden),
-            settings.activation,
-            settings.pool,
-        )
+        model = build_run_model(settings.architecture, data.input_shape, data.num_classes)
         return cls(
             settings=settings,
             node=node,

@@ -19,7 +19,7 @@ from fedbayes.server.evaluation import with_evaluation_defaults
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.base import ServerStrategy
 from fedbayes.tasks.config import RunSettings
-from fedbayes.tasks.models import build_model, build_model_holding, is_user_model, parse_hidden, planned_layouts
+from fedbayes.tasks.models import build_run_model, is_user_model, parse_hidden, planned_layouts
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -70,15 +70,20 @@ def assemble_server(
         ModelMismatch: the model does not build for this data or does not hold `held` (whatever its builder raised,
             chained). What the strategy raises of the model (e.g. a size it refuses) passes unchanged.
     """
+    architecture = settings.architecture
     try:
-        hidden = parse_hidden(settings.hidden)
         model: nn.Module | None = None
-        if planned and not is_user_model(settings.model):
+        if planned and not is_user_model(architecture.model):
             layout, buffers = planned_layouts(
-                settings.model, input_shape, num_classes, hidden, settings.activation, settings.pool
+                architecture.model,
+                input_shape,
+                num_classes,
+                parse_hidden(architecture.hidden),
+                architecture.activation,
+                architecture.pool,
             )
         else:
-            model = _built_model(settings, input_shape, num_classes, hidden, held)
+            model = build_run_model(architecture, input_shape, num_classes, held)
             layout, buffers = parameter_layout(model), buffer_layout(model)
     except Exception as error:  # a user's model builder may raise anything
         raise ModelMismatch(error) from error
@@ -86,17 +91,3 @@ def assemble_server(
         settings = with_evaluation_defaults(settings, model, input_shape)  # ensemble-samples -1 and such, by its cost
     strategy = get_algorithm(settings.strategy).build_server(settings, layout, buffers)
     return ServerParts(settings, model, layout, buffers, strategy)
-
-
-def _built_model(
-    settings: RunSettings,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    hidden: tuple[int, ...],
-    held: Mapping[str, tuple[int, ...]] | None,
-) -> nn.Module:
-    if held is None:
-        return build_model(settings.model, input_shape, num_classes, hidden, settings.activation, settings.pool)
-    return build_model_holding(
-        settings.model, input_shape, num_classes, hidden, settings.activation, settings.pool, held
-    )

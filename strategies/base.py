@@ -160,14 +160,25 @@ def local_training(
 ) -> pb.LocalTraining:
     """The local-training part of most instructions: the run's epochs (unless the strategy asks for others), batch
     size, optimizer and seed, and this round's learning rate (constant or cosine). Weight decay only where the
-    strategy's objective has it; Bayesian ones regularise with their prior."""
+    strategy's objective has it; Bayesian ones regularise with their prior.
+
+    Args:
+        settings: the run's settings; their local-training group (`RunSettings.training`) is what is sent.
+        server_round: the round the instruction is for, which sets its learning rate.
+        weight_decay: the weight decay to send (the strategy's objective's, else 0).
+        epochs: the epochs to send instead of the run's local-epochs, or None for the run's.
+
+    Returns:
+        The instruction's local training.
+    """
+    training = settings.training
     return pb.LocalTraining(
-        epochs=settings.local_epochs if epochs is None else epochs,
-        batch_size=settings.batch_size,
-        learning_rate=settings.round_lr(server_round),
-        optimizer=settings.optimizer,
+        epochs=training.local_epochs if epochs is None else epochs,
+        batch_size=training.batch_size,
+        learning_rate=training.round_lr(server_round),
+        optimizer=training.optimizer,
         weight_decay=weight_decay,
-        seed=settings.seed,
+        seed=training.seed,
     )
 
 

@@ -8,7 +8,8 @@ reads its own values back, typed, with `RunSettings.hyperparameters(its settings
 the keys, `fedbayes app` writes them as a Flower app's [tool.flwr.app.config] (the checkout's pyproject.toml lists the
 same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local --set` override them. A layer that
 reads one concern's keys alone takes that concern's group, a frozen copy of them (`RunSettings.loop`, the round
-loop's; `RunSettings.data`, a client's data's).
+loop's; `RunSettings.data`, a client's data's; `RunSettings.architecture`, the model's; `RunSettings.training`, the
+clients' local training's).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboa
 # Run config `ood-inputs`: the out-of-distribution inputs of the server's evaluation (tasks/ood.py says what each is).
 OOD_INPUTS = ("noise", "inverted", "permuted", "none")
 H = TypeVar("H", bound="DataclassInstance")  # a strategy's settings dataclass
-G = TypeVar("G", bound="DataclassInstance")  # a group of core keys (`RunSettings.loop`, `RunSettings.data`)
+G = TypeVar("G", bound="DataclassInstance")  # a group of core keys (`RunSettings.loop`, `RunSettings.data`, ...)
 
 
 class ConfigError(ValueError):
@@ -178,6 +179,48 @@ class DataSettings:
     split_file: str
     split_file_overlap: bool
     row_order: str
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The model a run trains (tasks/models.py `build_run_model`): its architecture and, for logreg and the MLP, the
+    pooling of its inputs and the MLP's hidden layers. `RunSettings.architecture` is the run's; each field holds the
+    core key of its name."""
+
+    model: str  # a built-in name or a user's "<module>:<callable>"
+    hidden: str  # the widths as the key gives them, "200,100" (tasks/models.py parse_hidden)
+    activation: str
+    pool: int
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """The clients' local training as the server instructs it each round (strategies/base.py `local_training`): the
+    epochs, the minibatches, the optimizer and its learning rate over the rounds. `RunSettings.training` is the run's;
+    a field named as a core key holds that key's value."""
+
+    local_epochs: int
+    batch_size: int
+    lr: float
+    lr_schedule: str
+    optimizer: str
+    weight_decay: float  # sent by the strategies whose objective has it (local_training's weight_decay)
+    seed: int  # the minibatch order's and the noise's, mixed with the round and the client's id
+    num_rounds: int  # run config num-server-rounds: the length of the cosine schedule
+
+    def round_lr(self, server_round: int) -> float:
+        """The local learning rate of a round: constant, or cosine-annealed over the rounds.
+
+        Args:
+            server_round: the round, from 1.
+
+        Returns:
+            `lr`, or under the cosine schedule lr x (1 + cos(pi x (server_round - 1) / num_rounds)) / 2.
+        """
+        if self.lr_schedule == "constant":
+            return self.lr
+        progress = (server_round - 1) / max(self.num_rounds, 1)
+        return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
 
 
 @dataclass(frozen=True)
@@ -433,6 +476,16 @@ class RunSettings:
         """The group of keys a client's data follows from."""
         return self._group(DataSettings)
 
+    @property
+    def architecture(self) -> ModelSettings:
+        """The group of keys the run's model is built from."""
+        return self._group(ModelSettings)
+
+    @property
+    def training(self) -> TrainingSettings:
+        """The group of keys the clients' local training follows, and the rounds to run (its schedule's length)."""
+        return self._group(TrainingSettings, num_rounds=self.num_server_rounds)
+
     def _group(self, group: type[G], **given: Any) -> G:
         """`group` with each of its fields named as a core key holding that key's value, and `given`."""
         core = {item.name for item in fields(self)}
@@ -448,13 +501,6 @@ class RunSettings:
 
     def replace(self, **changes: Any) -> RunSettings:
         return dataclasses.replace(self, **changes)
-
-    def round_lr(self, server_round: int) -> float:
-        """The local learning rate of a round: constant, or cosine-annealed over the rounds."""
-        if self.lr_schedule == "constant":
-            return self.lr
-        progress = (server_round - 1) / max(self.num_server_rounds, 1)
-        return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
 
     def validate(self) -> None:
         """What one key cannot check alone: names other modules define, and keys that depend on each other."""

@@ -13,6 +13,7 @@ convolutional models (App. G; the authors' code, team-approx-bayes/bayes-admm `m
   resnet20-gn the same with GroupNorm(2 groups), the authors' default normalisation
   <module>:<callable>  a user's own model (docs/extending/model.md): callable(input_shape, num_classes)
 
+`build_run_model` builds the model a run's keys name (`RunSettings.architecture`: model, hidden, activation, pool).
 A built-in model's layout (its tensors' names and shapes) is known without memory for its weights: `planned_layouts`
 builds it on the meta device. `build_model_holding` builds a model for a file's tensors only once its layout is the
 file's, so that sizes a file claims (hidden widths, an input shape) cost no more memory than the file itself holds.
@@ -37,12 +38,16 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedbayes.bayes.params import buffer_layout, parameter_layout
+
+if TYPE_CHECKING:
+    from fedbayes.tasks.config import ModelSettings
 
 ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]  # a user model: callable(input_shape, num_classes)
 Shapes = dict[str, tuple[int, ...]]
@@ -188,6 +193,35 @@ def build_model_holding(
     model = build_user_model(name, input_shape, num_classes)
     _refuse_other_tensors(parameter_layout(model) | buffer_layout(model), held)
     return model
+
+
+def build_run_model(
+    architecture: ModelSettings,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    held: Mapping[str, tuple[int, ...]] | None = None,
+) -> nn.Module:
+    """The model a run's keys name (`RunSettings.architecture`), for data of `input_shape` and `num_classes`.
+
+    Args:
+        architecture: the run's model keys: model, hidden, activation and pool.
+        input_shape: one example's shape.
+        num_classes: the number of classes.
+        held: the tensors (name -> shape) of a checkpoint the model must hold, checked before it is built
+            (`build_model_holding`), or None for a new model.
+
+    Returns:
+        The model, its initial weights drawn from torch's global RNG.
+
+    Raises:
+        ValueError: `hidden` does not parse, what `build_model` refuses, or the model does not hold `held`. A user
+            model's builder may raise anything.
+    """
+    hidden = parse_hidden(architecture.hidden)
+    model, activation, pool = architecture.model, architecture.activation, architecture.pool
+    if held is None:
+        return build_model(model, input_shape, num_classes, hidden, activation, pool)
+    return build_model_holding(model, input_shape, num_classes, hidden, activation, pool, held)
 
 
 def _refuse_other_tensors(built: Shapes, held: Mapping[str, tuple[int, ...]]) -> None:

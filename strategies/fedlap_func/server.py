@@ -34,7 +34,7 @@ from fedbayes.strategies.fedlap_func.math import fit_global, point_weights, prob
 from fedbayes.strategies.fedlap_func.settings import FedLapFuncSettings
 from fedbayes.tasks.compute import resolve_device
 from fedbayes.tasks.config import ConfigError, RunSettings
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.models import build_run_model
 from fedbayes.tasks.preflight import input_shape_and_classes
 
 PROBABILITY_TOLERANCE = 1e-4  # a float32 softmax row sums to 1 within ~1e-6 for any class count used here
@@ -99,9 +99,7 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
         """The run's model in eval mode on the run's device: the server's fit trains its parameters from w_lap."""
         shape, classes = self.task
         settings = self.settings
-        model = build_model(
-            settings.model, shape, classes, parse_hidden(settings.hidden), settings.activation, settings.pool
-        )
+        model = build_run_model(settings.architecture, shape, classes)
         if parameter_layout(model) != dict(self.layout):
             raise ConfigError(
                 f"fedlap-func: the model {settings.model!r} built for {settings.dataset!r} has other parameters than "

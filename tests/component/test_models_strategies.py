@@ -221,7 +221,7 @@ class BatchNormNet(torch.nn.Module):
 def test_a_model_with_buffers_trains_and_the_core_averages_its_buffers(tmp_path, strategy, monkeypatch):
     """Every strategy's math runs on the parameters; the round core sends the global buffers, and averages the
     clients' buffers after their training, weighted by their example counts."""
-    monkeypatch.setattr("fedbayes.client.runtime.build_model", lambda *args: BatchNormNet())
+    monkeypatch.setattr("fedbayes.client.runtime.build_run_model", lambda *args: BatchNormNet())
     settings = run_settings({**DEFAULTS, **TINY, "strategy": strategy, "burn-in-rounds": 0})
     algorithm = get_algorithm(strategy)
     runtimes = {

@@ -8,7 +8,7 @@ from fedbayes.client.runtime import NodeSettings
 from fedbayes.deploy.flower_app import app_pyproject
 from fedbayes.deploy.launcher import LocalRun, run_local
 from fedbayes.strategies import default_run_config, run_settings
-from fedbayes.tasks.config import ConfigError
+from fedbayes.tasks.config import ConfigError, TrainingSettings
 from tests.support import DEFAULTS, pyproject_run_config
 
 
@@ -153,3 +153,27 @@ def test_a_settings_field_whose_default_is_not_its_type_is_refused_where_it_is_d
 
     with pytest.raises(TypeError, match="Wrong.rounds is declared int, but its default 2.5 is a float"):
         keys_of(Wrong)
+
+
+def test_the_training_group_holds_the_local_training_keys_and_the_rounds():
+    settings = run_settings(
+        {**DEFAULTS, "local-epochs": 3, "batch-size": 16, "lr": 0.01, "optimizer": "sgd", "num-server-rounds": 4}
+    )
+    assert settings.training == TrainingSettings(
+        local_epochs=3,
+        batch_size=16,
+        lr=0.01,
+        lr_schedule="constant",
+        optimizer="sgd",
+        weight_decay=0.0,
+        seed=settings.seed,
+        num_rounds=4,
+    )
+
+
+def test_the_local_learning_rate_is_constant_or_cosine_annealed_over_the_rounds():
+    constant = run_settings({**DEFAULTS, "lr": 0.01, "num-server-rounds": 4}).training
+    assert [constant.round_lr(r) for r in (1, 3, 4)] == [0.01, 0.01, 0.01]
+    cosine = run_settings({**DEFAULTS, "lr": 0.01, "lr-schedule": "cosine", "num-server-rounds": 4}).training
+    # progress (round - 1) / 4: 0, 1/2, 3/4 of the half cosine from lr down to 0
+    assert [cosine.round_lr(r) for r in (1, 3, 4)] == pytest.approx([0.01, 0.005, 0.01 * (1 - 2**-0.5) / 2])

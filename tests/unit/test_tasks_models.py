@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedbayes.tasks.models import build_model, parse_hidden
+from fedbayes.tasks.config import ModelSettings
+from fedbayes.tasks.models import build_model, build_run_model, parse_hidden
+from tests.support import settings
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -45,6 +47,25 @@ def test_bad_names_list_the_choices():
         build_model("resnet", (1, 28, 28), 10)
     with pytest.raises(ValueError, match="sigmoid, relu, tanh"):
         build_model("mlp", (1, 28, 28), 10, activation="gelu")
+
+
+def test_a_run_builds_the_model_its_model_keys_name():
+    architecture = settings(model="mlp", hidden="64,32", activation="tanh", pool=2).architecture
+    assert architecture == ModelSettings(model="mlp", hidden="64,32", activation="tanh", pool=2)
+    model = build_run_model(architecture, (1, 28, 28), 10)
+    kinds = [type(layer) for layer in model]
+    assert kinds == [nn.AvgPool2d, nn.Flatten, nn.Linear, nn.Tanh, nn.Linear, nn.Tanh, nn.Linear]
+    assert model[2].in_features == 14 * 14 and model[6].out_features == 10
+
+
+def test_a_run_model_built_to_hold_tensors_refuses_others():
+    architecture = settings(model="mlp", hidden="16").architecture
+    held = {
+        name: tuple(value.shape) for name, value in build_run_model(architecture, (1, 28, 28), 10).state_dict().items()
+    }
+    assert list(build_run_model(architecture, (1, 28, 28), 10, held).state_dict()) == list(held)
+    with pytest.raises(ValueError, match="not those held"):
+        build_run_model(settings(model="mlp", hidden="17").architecture, (1, 28, 28), 10, held)
 
 
 def test_parse_hidden():
