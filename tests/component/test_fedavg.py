@@ -39,13 +39,13 @@ def test_weighted_average_of_accepted_replies_only():
             15: fedavg_reply("client-4", server_round=2, value=9.0),
         },
     ) + [reply_message(None, node_id=14, error=Error(code=2, reason="boom"))]
-    arrays, metrics = core.aggregate(1, replies)
+    outcome = core.aggregate(1, replies)
     expected = (10 * 1.0 + 30 * 3.0) / 40
     for name in LAYOUT:
-        np.testing.assert_allclose(arrays[name].numpy(), expected)
-        assert arrays[name].numpy().dtype == np.float32
-    assert metrics["train-loss"] == pytest.approx(0.3)  # Flower's example-weighted metric average
-    report = core.round_report
+        np.testing.assert_allclose(outcome.arrays[name].numpy(), expected)
+        assert outcome.arrays[name].numpy().dtype == np.float32
+    assert outcome.metrics["train-loss"] == pytest.approx(0.3)  # Flower's example-weighted metric average
+    report = outcome.report
     assert report.accepted == ["client-0", "client-1"]
     assert set(report.rejected) == {"client 'client-2' (node 13)", "node 14", "client 'client-4' (node 15)"}
     assert "boom" in report.rejected["node 14"] and "round 2" in report.rejected["client 'client-4' (node 15)"]
@@ -55,14 +55,16 @@ def test_weighted_average_of_accepted_replies_only():
 def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
     limit_mb = 60 / 2**20  # LAYOUT is 15 float32 = 60 bytes of tensors, plus the envelope
     core = configured(FedAvg(settings(**{"max-payload-mb": limit_mb}), LAYOUT), [11])
-    assert core.aggregate(1, answers(core, 1, {11: fedavg_reply("client-0")})) == (None, None)
-    reason = core.round_report.rejected["client 'client-0' (node 11)"]
+    outcome = core.aggregate(1, answers(core, 1, {11: fedavg_reply("client-0")}))
+    assert outcome.arrays is None and outcome.metrics is None
+    reason = outcome.report.rejected["client 'client-0' (node 11)"]
     assert "payload is 0.0 MiB, over the limit max-payload-mb=" in reason
 
 
 def test_no_usable_reply_leaves_the_model_unchanged():
     core = round_core(FedAvg(settings(), LAYOUT))
-    assert core.aggregate(1, [reply_message(None, 1, Error(code=5, reason="gone"))]) == (None, None)
+    outcome = core.aggregate(1, [reply_message(None, 1, Error(code=5, reason="gone"))])
+    assert outcome.arrays is None and outcome.metrics is None
 
 
 def client_round(run_settings, mu):
