@@ -67,6 +67,31 @@ def test_no_usable_reply_leaves_the_model_unchanged():
     assert outcome.arrays is None and outcome.metrics is None
 
 
+@pytest.mark.parametrize("rule", ["none", "median"])
+def test_a_server_restored_from_its_state_measures_updates_from_the_same_global_model(rule):
+    """w_g is FedAvg's declared state: a server restored from round 1's state, before it sends anything itself,
+    screens and aggregates round 2's replies from the w_g round 1 made, exactly as the server it replaces does."""
+    config = settings(**{"robust-aggregation": rule})
+    core = configured(FedAvg(config, LAYOUT), [11, 12])
+    first = {
+        11: fedavg_reply("client-0", num_examples=10, value=1.0),
+        12: fedavg_reply("client-1", num_examples=30, value=3.0),
+    }
+    assert core.aggregate(1, answers(core, 1, first)).arrays is not None
+    restored = round_core(FedAvg(config, LAYOUT))
+    restored.load_state_dict(core.state_dict())
+    np.testing.assert_array_equal(restored.strategy.global_weights, core.strategy.global_weights)
+    assert restored.strategy.global_weights.dtype == np.float64
+    second = {
+        11: fedavg_reply("client-0", server_round=2, num_examples=10, value=2.0),
+        12: fedavg_reply("client-1", server_round=2, num_examples=30, value=5.0),
+    }
+    original, resumed = (server.aggregate(2, answers(server, 2, second)) for server in (core, restored))
+    assert resumed.report.accepted == original.report.accepted == ["client-0", "client-1"]
+    for name in LAYOUT:
+        np.testing.assert_array_equal(resumed.arrays[name].numpy(), original.arrays[name].numpy())
+
+
 def client_round(run_settings, mu):
     node = NodeSettings.from_node_config({"partition-id": 0, "num-partitions": 20}, default_device="cpu")
     runtime = ClientRuntime.create(run_settings, node)
