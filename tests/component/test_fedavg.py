@@ -67,6 +67,26 @@ def test_no_usable_reply_leaves_the_model_unchanged():
     assert outcome.arrays is None and outcome.metrics is None
 
 
+def test_a_round_that_fails_while_absorbing_still_reports_who_was_left_out_and_why(monkeypatch):
+    """absorb raises (a bug): the round changes nothing, and its report, a value like any round's, names the
+    client error, the failure and the absent node, in that order."""
+
+    def broken(self, payloads, server_round):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(FedAvg, "absorb", broken)
+    core = configured(FedAvg(settings(), LAYOUT), [11, 12, 13])
+    replies = answers(core, 1, {11: fedavg_reply("client-0")})
+    outcome = core.aggregate(1, replies, {12: Error(code=2, reason="crashed")}, {13: "no reply within round-timeout"})
+    assert outcome.arrays is None and outcome.metrics is None and outcome.report.accepted == []
+    assert outcome.report.rejected == {
+        "node 12": "client error: crashed",
+        "round": "the server could not absorb the replies: ZeroDivisionError: boom",
+        "node 13": "no reply within round-timeout",
+    }
+    assert core.accepted_rounds == {} and core.strategy.global_weights.sum() == 0
+
+
 @pytest.mark.parametrize("rule", ["none", "median"])
 def test_a_server_restored_from_its_state_measures_updates_from_the_same_global_model(rule):
     """w_g is FedAvg's declared state: a server restored from round 1's state, before it sends anything itself,
