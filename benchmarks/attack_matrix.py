@@ -118,9 +118,9 @@ def run_cell(strategy: str, attack: str, root: Path) -> dict:
             if node == 1 and make is not None:
                 content = rogue_reply(federation, content, attack, server_round)
             replies.append(reply_message(content, node))
-        arrays, _ = core.aggregate(server_round, replies)
-        federation.arrays = arrays if arrays is not None else federation.arrays
-        report = core.round_report
+        aggregated = core.aggregate(server_round, replies)
+        federation.arrays = aggregated.arrays if aggregated.arrays is not None else federation.arrays
+        report = aggregated.report
         honest = sorted(c for c in report.accepted if c != "client-1")
         rogue_label = "client 'client-1' (node 1)"
         if rogue_label in report.rejected and not outcome["reason"]:

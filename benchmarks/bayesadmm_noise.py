@@ -71,7 +71,8 @@ def run(noise: str, rounds: int, seed: int, state_dir: Path) -> list[dict]:
             reply_message(client_update(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
             for m in messages
         ]
-        arrays, metrics = server.aggregate(server_round, replies)
+        outcome = server.aggregate(server_round, replies)
+        arrays, metrics = outcome.arrays, outcome.metrics
         set_parameters(model, {n: arrays[n].numpy() for n in arrays})
         probs = predict_probs(model, test.images, 2000, torch.device("cpu"))
         accuracy = (probs.argmax(1) == test.labels).double().mean().item()

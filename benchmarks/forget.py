@@ -165,7 +165,8 @@ class Federation:
             )
             for m in messages
         ]
-        updated, _ = self.server.aggregate(server_round, replies)
+        aggregated = self.server.aggregate(server_round, replies)
+        updated = aggregated.arrays
         if updated is not None:
             self.arrays = {name: updated[name].numpy() for name in updated}
         wire = sum(payload_bytes(m.content) for m in messages) + sum(payload_bytes(r.content) for r in replies)
@@ -174,7 +175,7 @@ class Federation:
             "round": server_round,
             "seconds": time.perf_counter() - started,
             "bytes": wire,
-            "clients": len(self.server.round_report.accepted),
+            "clients": len(aggregated.report.accepted),
         }
 
     def resume(self) -> int:

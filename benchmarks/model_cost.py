@@ -149,7 +149,7 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
                 if target.type == "cuda":
                     torch.cuda.synchronize()
                 seconds = clock() - started
-            arrays, _ = server.aggregate(server_round, [reply_message(reply, 1)])
+            arrays = server.aggregate(server_round, [reply_message(reply, 1)]).arrays
             if arrays is None:
                 raise RuntimeError(f"{strategy} on {model}: the server rejected round {server_round}")
     result = {

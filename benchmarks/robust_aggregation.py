@@ -128,11 +128,11 @@ def run(strategy: str, rule: str, attack: str, rounds: int, seed: int, reference
                     change = rogue.scaled_update(reference, rogue.UPDATE_GROUP[strategy], factor)
                     content = rogue.consistent_reply(server, content, change, server_round)
                 replies.append(reply_message(content, node))
-            updated, _ = core.aggregate(server_round, replies)
-            arrays = updated if updated is not None else arrays
+            outcome = core.aggregate(server_round, replies)
+            arrays = outcome.arrays if outcome.arrays is not None else arrays
             set_parameters(model, {name: arrays[name].numpy() for name in arrays})
             metrics = classification_metrics(predict_probs(model, test.images, 2000, torch.device("cpu")), test.labels)
-            report = core.round_report
+            report = outcome.report
             rows.append(
                 {
                     "round": server_round,

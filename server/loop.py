@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -382,31 +382,6 @@ def client_link(grid: Grid, settings: LoopSettings) -> ClientLink:
     return ClientLink(lambda: set(grid.get_node_ids()), ask)
 
 
-def aggregate(
-    core: RoundCore, server_round: int, replies: list[Message], silent: dict[int, str], errors: dict[int, Error]
-):
-    """The round core's aggregate, guarded: an error while absorbing the round (a reply the strategy should have
-    refused, or a bug) leaves the state as it was (the core commits last), and the round goes on."""
-    for node, error in errors.items():  # before the round's quarantine is decided: a client error is a refusal
-        core.client_error(node, error)
-    try:
-        new_arrays, metrics = core.aggregate(server_round, replies)
-    except Exception as error:
-        log(
-            ERROR,
-            "round %d: absorbing the replies failed (%s: %s); the round changes nothing",
-            server_round,
-            type(error).__name__,
-            error,
-            exc_info=True,
-        )
-        core.failed(f"the server could not absorb the replies: {type(error).__name__}: {error}")
-        new_arrays, metrics = None, None
-    for node, why in silent.items():
-        core.absent(node, why)
-    return new_arrays, metrics
-
-
 class PhaseTimer:
     """`with timer("name"):` adds the block's seconds to `timer.seconds["name"]`."""
 
@@ -666,7 +641,7 @@ def _run_rounds(
     stragglers = Stragglers(settings.straggler_wait, core.examples_of)
     try:
         for server_round in range(first_round, settings.num_rounds + 1):
-            finished = train_round(grid, core, arrays, settings, server_round, finisher, stragglers, events)
+            finished, report = train_round(grid, core, arrays, settings, server_round, finisher, stragglers, events)
             arrays = finished.arrays
             finisher.submit(finished)
             if forgetting.has_work(core):  # between rounds: once this one is checkpointed, before the next starts
@@ -678,11 +653,11 @@ def _run_rounds(
                 raise RunFailed(
                     f"{outcomes.failed_rounds} rounds in a row (max-failed-rounds) accepted no client reply "
                     f"({outcomes.failed_span()}); the run stopped after round {server_round} of "
-                    f"{settings.num_rounds}; last round: {failure_reasons(core.round_report)}"
+                    f"{settings.num_rounds}; last round: {failure_reasons(report)}"
                 )
         finisher.wait()  # the last round's evaluation is in `outcomes`
         if problem := run_outcome_problem(outcomes, settings.num_rounds - first_round + 1):
-            last = f"; last round: {failure_reasons(core.round_report)}" if outcomes.failed_rounds else ""
+            last = f"; last round: {failure_reasons(report)}" if outcomes.failed_rounds else ""
             raise RunFailed(f"{problem}{last}")
     finally:
         finisher.close()
@@ -698,9 +673,9 @@ def train_round(
     finisher: RoundFinisher,
     stragglers: Stragglers,
     events: EventLog,
-) -> FinishedRound:
+) -> tuple[FinishedRound, RoundReport]:
     """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
-    checkpointed) meanwhile, and before this one aggregates."""
+    checkpointed) meanwhile, and before this one aggregates. Returns the finished round and its report."""
     round_started = time.monotonic()
     events.emit(ROUND_STARTED, server_round, rounds=settings.num_rounds)
     phases = PhaseTimer()
@@ -725,10 +700,10 @@ def train_round(
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
-        new_arrays, train_metrics = aggregate(core, server_round, replies, silent, errors)
-    if new_arrays is None:
+        outcome = core.aggregate(server_round, replies, errors, silent)
+    if outcome.arrays is None:
         log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
-    report: RoundReport = core.round_report
+    report = outcome.report
     for label, reason in report.rejected.items():
         events.emit(REFUSED, server_round, client=label, reason=reason)
     events.emit(COMMITTED, server_round, clients=len(report.accepted), clients_sent=report.sent)
@@ -749,22 +724,23 @@ def train_round(
         "train_loss": None,
         "client_compute_seconds": None,
         "known_clients": None,
-        **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (train_metrics or {}).items()},
+        **{ROW_KEYS.get(key, key.replace("-", "_")): value for key, value in (outcome.metrics or {}).items()},
     }
     # the slowest client's phases too: its `update` bounds the round
     client = {
         "client_phase_seconds": client_phases(replies, statistics.median),
         "client_phase_max": client_phases(replies, max),
     }
-    return FinishedRound(
+    finished = FinishedRound(
         server_round,
-        new_arrays if new_arrays is not None else arrays,
+        outcome.arrays if outcome.arrays is not None else arrays,
         round_started,
         row,
         phases,
         client,
         core.state_dict(),
     )
+    return finished, report
 
 
 def forgotten_event(events: EventLog) -> Callable[[Mapping[str, Any]], None]:

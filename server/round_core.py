@@ -9,8 +9,9 @@
               resumed_from_round, the held-out metrics (server/client_metrics.py), then the strategy's own checks),
               each update screened against the others
               (server/isolation.py), the round committed from the replies that make a usable state (the strategy's
-              `absorb`, checked as it will be stored), refused nodes quarantined; then the round's arrays (the
-              strategy's weights and the clients' averaged buffers) and metrics
+              `absorb`, checked as it will be stored), refused nodes quarantined; then the round's outcome as a
+              value (RoundOutcome: the strategy's weights and the clients' averaged buffers, the metrics, and who
+              took part)
   state       the core's part of a checkpoint (identities, accepted rounds, quarantine, the forget ledger) and the
               strategy's, saved and restored together
 
@@ -26,7 +27,7 @@ import random
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,17 @@ class RoundReport:
     warnings: list[str] = field(default_factory=list)
     # the accepted clients' held-out metrics (server/client_metrics.py); None: the round asked for none
     client_metrics: ClientMetrics | None = None
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round's aggregate made: the new global arrays and the round's metrics (both None when no reply was
+    usable or absorbing them failed: nothing changed), and who took part (the round's report, built by that
+    aggregate alone)."""
+
+    arrays: ArrayRecord | None
+    metrics: MetricRecord | None
+    report: RoundReport
 
 
 @dataclass(frozen=True)
@@ -149,7 +161,7 @@ class RoundCore:
         self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
         self.checkpointed_rounds: dict[str, int] = {}  # accepted_rounds as the newest checkpoint on disk holds them
         self.connected: list[int] = []  # the nodes connected when this round was configured
-        self.round_report = RoundReport()
+        self._instructed = 0  # the nodes sent this round's instruction (its report's `sent`)
         self.leave_requests: list[tuple[str, int]] = []  # (client id, node) of this round's LeaveAndForget
         self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
         self._refused_nodes: set[int] = set()  # nodes whose reply this round was refused
@@ -220,8 +232,7 @@ class RoundCore:
         of its own (Header.nonce), which that node's reply must echo."""
         content = encode(instruction, body, tensors)
         nodes = list(nodes)
-        asked = evaluation_request(self.settings) is not None
-        self.round_report = RoundReport(sent=len(nodes), client_metrics={} if asked else None)
+        self._instructed = len(nodes)
         self._refused_nodes, self.leave_requests, self._nonces = set(), [], {}
         return [self._addressed(content, instruction, node, self.checkpointed_rounds) for node in nodes]
 
@@ -244,37 +255,88 @@ class RoundCore:
 
     # ---- aggregate -------------------------------------------------------------------------------------------------
     def aggregate(
-        self, server_round: int, replies: Iterable[Message]
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        errors: Mapping[int, Error] | None = None,
+        absent: Mapping[int, str] | None = None,
+    ) -> RoundOutcome:
+        """The round from the replies that pass every check and make a usable state, the strategy's state committed.
+        Guarded: an error while absorbing the round (a reply the strategy should have refused, or a bug) is logged
+        and leaves the state as it was (the core commits last); the round then changes nothing.
+
+        Args:
+            server_round: the round the replies answer.
+            replies: the replies received this round.
+            errors: node -> the error it answered with instead of a reply (the node the instruction went to: the
+                SuperLink answers for a node it saw go offline from a node id of its own).
+            absent: node -> why it sent nothing usable in time (round-timeout, straggler-wait).
+
+        Returns:
+            The round's new arrays and metrics (both None when no reply was usable or absorbing them failed) and
+            its report: who was sent work, accepted, left out and why, quarantined.
+        """
+        evaluated = evaluation_request(self.settings) is not None
+        report = RoundReport(sent=self._instructed, client_metrics={} if evaluated else None)
+        for node, error in (errors or {}).items():  # before the round's quarantine is decided: an error is a refusal
+            self._client_error(report, node, error)
+        arrays: ArrayRecord | None = None
+        metrics: MetricRecord | None = None
+        try:
+            arrays, metrics = self._absorbed(report, server_round, replies)
+        except Exception as error:
+            log(
+                ERROR,
+                "round %d: absorbing the replies failed (%s: %s); the round changes nothing",
+                server_round,
+                type(error).__name__,
+                error,
+                exc_info=True,
+            )
+            report.accepted.clear()
+            if report.client_metrics is not None:
+                report.client_metrics.clear()
+            report.rejected["round"] = f"the server could not absorb the replies: {type(error).__name__}: {error}"
+        for node, why in (absent or {}).items():
+            report.rejected[self.node_label(node)] = why
+        return RoundOutcome(arrays, metrics, report)
+
+    def _absorbed(
+        self, report: RoundReport, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The round's new arrays and metrics from the replies that pass every check and make a usable state, the
-        strategy's state committed; (None, None) when no reply was usable (nothing changes)."""
+        """The round's new arrays and metrics from `replies` (None, None: no reply was usable, nothing changes), the
+        round's refusals, acceptances and quarantines recorded in `report`."""
 
         def layouts(message: ProtoMessage) -> dict[str, TensorLayout]:
             return {**self.strategy.reply_layouts_for(message), "buffers": self.buffer_layout}
 
-        payloads = self.decode_replies(replies, layouts, server_round)
-        payloads, update_norms = self.screened(payloads)
+        payloads = self.decode_replies(report, replies, layouts, server_round)
+        payloads, update_norms = self.screened(report, payloads)
         isolated = usable_subset(payloads, lambda subset: self.candidate(subset, server_round), update_norms)
         for payload, reason in isolated.left_out:
             client = payload.header.client_id
             node = self._reply_nodes[client]
-            self._reject(f"client {client!r} (node {node})", f"{self.settings.strategy}: {reason}", node)
-        self.quarantined_after(server_round, isolated.used)
+            self._reject(report, f"client {client!r} (node {node})", f"{self.settings.strategy}: {reason}", node)
+        self.quarantined_after(report, server_round, isolated.used)
         if not isolated.used:
             return None, None
         weights, update = isolated.result
-        self.commit(isolated.used, server_round)
+        self.commit(report, isolated.used, server_round)
         self.strategy.commit(update.state)
         if update.warning:
             log(WARNING, "round %d: %s", server_round, update.warning)
-            self.round_report.warnings.append(update.warning)
+            report.warnings.append(update.warning)
         return (
             ArrayRecord({name: Array(value) for name, value in weights.items()}),
             round_metrics(isolated.used, **update.metrics),
         )
 
     def decode_replies(
-        self, replies: Iterable[Message], layouts: Callable[[ProtoMessage], Layouts], server_round: int
+        self,
+        report: RoundReport,
+        replies: Iterable[Message],
+        layouts: Callable[[ProtoMessage], Layouts],
+        server_round: int,
     ) -> list[Payload[Any]]:
         """The replies of this round that pass every check, in client-id order (so aggregates do not depend on
         arrival order). Anything wrong with a reply, whatever it raises, rejects that reply alone, logged with its
@@ -284,15 +346,15 @@ class RoundCore:
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
-                self.client_error(node, reply.error)
+                self._client_error(report, node, reply.error)
                 continue
             if envelope_type(reply.content) == pb.LeaveAndForget.DESCRIPTOR.full_name:
-                self._leave_request(reply, server_round)
+                self._leave_request(report, reply, server_round)
                 continue
             try:
                 payload = self._checked_reply(reply, layouts, server_round, claimed)
             except Exception as error:  # the guard: no reply may stop the server
-                self._reject_reply(reply, "rejected reply", error)
+                self._reject_reply(report, reply, "rejected reply", error)
                 continue
             claimed[payload.header.client_id] = node
             accepted.append(payload)
@@ -302,7 +364,7 @@ class RoundCore:
             "round %d: %d replies pass the checks, %d left out",
             server_round,
             len(accepted),
-            len(self.round_report.rejected),
+            len(report.rejected),
         )
         return sorted(accepted, key=lambda payload: payload.header.client_id)
 
@@ -364,7 +426,7 @@ class RoundCore:
         if accepted and resumed == 0:
             log(WARNING, "client %r lost its state of round %d; %s", client, accepted, self.strategy.fresh_start)
 
-    def _leave_request(self, reply: Message, server_round: int) -> None:
+    def _leave_request(self, report: RoundReport, reply: Message, server_round: int) -> None:
         """A client's LeaveAndForget, sent instead of its reply: nothing of it enters the round. A well-formed one is
         kept in `leave_requests` for server/forget/, which decides it after the round is committed and honours it
         only from the node the client id is bound to."""
@@ -375,10 +437,11 @@ class RoundCore:
             header = decode(reply.content, pb.LeaveAndForget, None, {}, sender=label).header
             self._check_header(header, server_round, node)
         except Exception as error:  # the guard, as for every reply
-            self._reject_reply(reply, "rejected leave request", error)
+            self._reject_reply(report, reply, "rejected leave request", error)
             return
         self.leave_requests.append((header.client_id, node))
         self._reject(
+            report,
             label,
             "asked to leave and be forgotten: it sent no update, and the request is decided once this "
             "round is committed",
@@ -386,7 +449,9 @@ class RoundCore:
             refused=False,
         )
 
-    def screened(self, payloads: list[Payload[Any]]) -> tuple[list[Payload[Any]], dict[int, float]]:
+    def screened(
+        self, report: RoundReport, payloads: list[Payload[Any]]
+    ) -> tuple[list[Payload[Any]], dict[int, float]]:
         """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
         largest of the others' median per unit of expected size times this one's (`update_scale`), the state's norm
         and an RMS change of 1), and every reply's update norm by id()."""
@@ -407,6 +472,7 @@ class RoundCore:
             client = payload.header.client_id
             node = self._reply_nodes[client]
             self._reject(
+                report,
                 f"client {client!r} (node {node})",
                 f"refused by the screen: its update's norm {norm:.3g} "
                 f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
@@ -440,7 +506,7 @@ class RoundCore:
             raise RoundRejected("the averaged model buffers are not finite")
         return unflatten(average, self.buffer_layout)
 
-    def quarantined_after(self, server_round: int, used: list[Payload[Any]]) -> None:
+    def quarantined_after(self, report: RoundReport, server_round: int, used: list[Payload[Any]]) -> None:
         """Count this round's refusals per node; a node refused `max-client-rejections` rounds in a row sits out
         `quarantine-rounds` rounds (logged, and in the round report)."""
         accepted = {self._reply_nodes[p.header.client_id] for p in used}
@@ -454,46 +520,35 @@ class RoundCore:
                 server_round + 1,
                 server_round + self.settings.quarantine_rounds,
             )
-        self.round_report.quarantined = {
+        report.quarantined = {
             self.node_label(node): last for node, last in self.quarantine.active(server_round + 1).items()
         }
 
-    def commit(self, payloads: Iterable[Payload[Any]], server_round: int) -> None:
+    def commit(self, report: RoundReport, payloads: Iterable[Payload[Any]], server_round: int) -> None:
         """These replies went into the round's state: bind their ids, record the round."""
         for payload in payloads:
             client = payload.header.client_id
             fresh = self.strategy.fresh_start is not None and payload.reply.resumed_from_round == 0
             if fresh and self.accepted_rounds.get(client):
-                self.round_report.fresh_starts.append(client)
+                report.fresh_starts.append(client)
             self.identities.bind(self._reply_nodes[client], client)
             self.identities.ledger.record_contribution(client, server_round)
             self.accepted_rounds[client] = server_round
             self.client_examples[client] = payload.reply.num_examples
-            self.round_report.accepted.append(client)
-            if self.round_report.client_metrics is not None:
-                self.round_report.client_metrics[client] = client_entry(payload.reply.evaluation)
+            report.accepted.append(client)
+            if report.client_metrics is not None:
+                report.client_metrics[client] = client_entry(payload.reply.evaluation)
 
-    def failed(self, reason: str) -> None:
-        """The round could not be absorbed (a bug, or a reply the strategy should have refused): nothing of it is
-        committed, and the report says why."""
-        self.round_report.accepted.clear()
-        if self.round_report.client_metrics is not None:
-            self.round_report.client_metrics.clear()
-        self.round_report.rejected["round"] = reason
-
-    def client_error(self, node: int, error: Error) -> None:
+    def _client_error(self, report: RoundReport, node: int, error: Error) -> None:
         """`node` answered with an error instead of a reply. One the SuperLink made for a node it saw go offline
         (NODE_UNAVAILABLE) is absence, not a refusal: it does not count towards the node's quarantine."""
         self._reject(
+            report,
             self.node_label(node),
             f"client error: {error.reason}",
             node,
             refused=error.code != ErrorCode.NODE_UNAVAILABLE,
         )
-
-    def absent(self, node: int, why: str) -> None:
-        """`node` sent nothing usable in time (round-timeout, straggler-wait)."""
-        self.round_report.rejected[self.node_label(node)] = why
 
     def examples_of(self, node: int) -> int | None:
         """The examples `node`'s client reported in its last accepted reply (None: none accepted in this process)."""
@@ -516,17 +571,17 @@ class RoundCore:
             return f"client {claimed[:64]!r} (node {node})"
         return self.node_label(node)
 
-    def _reject_reply(self, reply: Message, what: str, error: Exception) -> None:
+    def _reject_reply(self, report: RoundReport, reply: Message, what: str, error: Exception) -> None:
         label = self.reply_label(reply)
         reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
-        self._reject(label, f"{what}: {reason.removeprefix(f'{label}: ')}", reply.metadata.src_node_id)
+        self._reject(report, label, f"{what}: {reason.removeprefix(f'{label}: ')}", reply.metadata.src_node_id)
 
-    def _reject(self, label: str, reason: str, node: int, refused: bool = True) -> None:
-        """Leave one reply of `node` out of the round, with the reason (logged and reported; when `refused`, it
+    def _reject(self, report: RoundReport, label: str, reason: str, node: int, refused: bool = True) -> None:
+        """Leave one reply of `node` out of the round, with the reason (logged, and in `report`; when `refused`, it
         counts towards the node's quarantine)."""
         if len(reason) > MAX_REASON:  # reasons quote what the sender sent: bound what a reply can make us log
             reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
-        self.round_report.rejected[label] = reason
+        report.rejected[label] = reason
         if refused:
             self._refused_nodes.add(node)
         log(WARNING, "%s: %s", label, reason)

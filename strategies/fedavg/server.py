@@ -12,15 +12,33 @@ from fedbayes.bayes.params import TensorLayout, flatten, weighted_mean
 from fedbayes.bayes.robust import RULES, robust_mean
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload
-from fedbayes.strategies.base import StatelessStrategy, TensorGroups, Update, local_training, steps_per_epoch
+from fedbayes.strategies.base import (
+    ServerState,
+    ServerStrategy,
+    TensorGroups,
+    Update,
+    local_training,
+    steps_per_epoch,
+)
 
 
-class FedAvg(StatelessStrategy):
-    """FedAvg: the clients train from the global model; the server averages their models."""
+class FedAvg(ServerStrategy[np.ndarray | None]):
+    """FedAvg: the clients train from the global model; the server averages their models. Its state is w_g as sent,
+    flat float64 (float32 values, as the wire carries them; None until round 1's instruction sets it from the
+    initial model): what the replies' updates are measured from, and a committed round's new weights, which the next
+    round sends; a checkpoint holds it, so a resumed server measures from the same w_g."""
 
     reply_type = pb.FedAvgReply
     robust_rules = RULES
-    global_weights: np.ndarray  # w_g as sent this round, flat float64: what the replies' updates are measured from
+
+    def initial_state(self) -> np.ndarray | None:
+        return None
+
+    @property
+    def global_weights(self) -> np.ndarray:
+        """w_g as sent this round, flat float64."""
+        assert self.state is not None, "w_g is set in round 1's instruction"
+        return self.state
 
     @property
     def proximal_mu(self) -> float:
@@ -32,7 +50,8 @@ class FedAvg(StatelessStrategy):
     ) -> tuple[pb.FedAvgInstruction, TensorGroups]:
         training = local_training(self.settings, server_round, weight_decay=self.settings.weight_decay)
         weights = {name: arrays[name].numpy() for name in self.layout}
-        self.global_weights = flatten(weights, self.layout)
+        if self.state is None:
+            self.state = flatten(weights, self.layout)
         return pb.FedAvgInstruction(training=training, proximal_mu=self.proximal_mu), {"weights": weights}
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
@@ -48,7 +67,7 @@ class FedAvg(StatelessStrategy):
         """The client's SGD steps an epoch: its weights' change is their sum."""
         return steps_per_epoch(payload, self.settings)
 
-    def absorb(self, payloads: list[Payload], server_round: int) -> Update[None]:
+    def absorb(self, payloads: list[Payload], server_round: int) -> Update[np.ndarray | None]:
         examples = [p.reply.num_examples for p in payloads]
         settings = self.settings
         if settings.robust_aggregation == "none":
@@ -61,7 +80,15 @@ class FedAvg(StatelessStrategy):
                 settings.clip_ratio,
                 settings.trim_fraction,
             )
-        return Update(average.astype(np.float32))
+        weights = average.astype(np.float32)
+        return Update(weights, weights.astype(np.float64))
+
+    def save_state(self, state: np.ndarray | None) -> ServerState:
+        """w_g in float32, exactly as it was sent (nothing before round 1)."""
+        return ServerState() if state is None else ServerState({"global": state.astype(np.float32)})
+
+    def load_state(self, saved: ServerState) -> np.ndarray | None:
+        return saved.tensors["global"].astype(np.float64) if "global" in saved.tensors else None
 
 
 class FedProx(FedAvg):

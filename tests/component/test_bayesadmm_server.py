@@ -71,8 +71,8 @@ def test_mean_over_repliers_sum_over_all_known_clients_and_join():
     global_2 = server.strategy.global_
     a2, local_a2, duals_a2 = reply("a", 2, [1.5, 1.0], [6.0, 6.0], global_2, 1, previous=duals_a1)
     c2, local_c2, duals_c2 = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
-    server.aggregate(2, answers(server, 2, {1: a2, 3: c2}))
-    assert server.round_report.rejected == {} and server.round_report.fresh_starts == []
+    report = server.aggregate(2, answers(server, 2, {1: a2, 3: c2})).report
+    assert report.rejected == {} and report.fresh_starts == []
     expected = server_step([local_a2, local_c2], [duals_a2, duals_b1, duals_c2], settings.rho, settings.prior_precision)
     assert sorted(server.strategy.state.duals) == ["a", "b", "c"]
     torch.testing.assert_close(server.strategy.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
@@ -94,8 +94,8 @@ def test_lost_client_state_is_reported_and_the_clients_duals_are_used(caplog):
     # "a" comes back with fresh duals (resumed from round 0) although the server knows round 1.
     a2, _, fresh = reply("a", 2, [1.0, 1.0], [5.0, 5.0], server.strategy.global_, 0)
     with caplog.at_level(logging.WARNING):
-        server.aggregate(2, answers(server, 2, {1: a2}))
-    assert server.round_report.fresh_starts == ["a"]
+        report = server.aggregate(2, answers(server, 2, {1: a2})).report
+    assert report.fresh_starts == ["a"]
     assert "client 'a' lost its state of round 1; it starts again from zero duals" in caplog.text
     torch.testing.assert_close(server.strategy.state.duals["a"].mean, fresh.mean, rtol=1e-6, atol=1e-9)
 
@@ -104,20 +104,20 @@ def test_clients_that_add_no_precision_are_reported_and_warned_of_and_the_round_
     server, _ = strategy()
     a1, _, duals_a1 = reply("a", 1, [1.0, 2.0], [50.0, 60.0], server.strategy.global_, 0)
     with caplog.at_level(logging.WARNING):
-        _, metrics = server.aggregate(1, answers(server, 1, {1: a1}))
+        outcome = server.aggregate(1, answers(server, 1, {1: a1}))
     # shares (50 - 1)/1 and (60 - 1)/1 over δ = 1; the median of two is the lower (torch.median)
-    assert metrics["client-precision-share"] == pytest.approx(49.0, rel=1e-5)
-    assert server.round_report.warnings == []
+    assert outcome.metrics["client-precision-share"] == pytest.approx(49.0, rel=1e-5)
+    assert outcome.report.warnings == []
     # Round 2: the client comes back with q̄'s own precision, as a client whose IVON Hessian restarted at 0 and
     # hardly grew does: it added nothing, and S̄ falls.
     global_2 = server.strategy.global_
     a2, _, _ = reply("a", 2, [1.0, 2.0], global_2.precision.tolist(), global_2, 1, previous=duals_a1)
     with caplog.at_level(logging.WARNING):
-        arrays, metrics = server.aggregate(2, answers(server, 2, {1: a2}))
-    assert arrays is not None and server.round_report.rejected == {}
-    assert abs(metrics["client-precision-share"]) < 1e-6
+        outcome = server.aggregate(2, answers(server, 2, {1: a2}))
+    assert outcome.arrays is not None and outcome.report.rejected == {}
+    assert abs(outcome.metrics["client-precision-share"]) < 1e-6
     assert "round 2: the clients added 0.0% to q̄'s precision" in caplog.text
-    (warning,) = server.round_report.warnings  # what the results row carries and `fedbayes local` prints
+    (warning,) = outcome.report.warnings  # what the results row carries and `fedbayes local` prints
     assert warning.startswith("the clients added 0.0% to q̄'s precision")
     assert "shrinks to about 0.167 of itself a round" in caplog.text  # 1 - α, α = 1/(1 + ρK) with ρ = 0.2, K = 1
     assert float(server.strategy.global_.precision.median()) < float(global_2.precision.median())
@@ -129,8 +129,9 @@ def test_tampered_duals_are_rejected_and_leave_no_trace():
     _, _, honest = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
     tampered = Duals(torch.tensor([123.0, 0.0], dtype=torch.float64), honest.precision)
     a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0, sent_duals=tampered)
-    assert server.aggregate(1, answers(server, 1, {1: a1})) == (None, None)
-    reason = server.round_report.rejected["client 'a' (node 1)"]
+    outcome = server.aggregate(1, answers(server, 1, {1: a1}))
+    assert outcome.arrays is None and outcome.metrics is None
+    reason = outcome.report.rejected["client 'a' (node 1)"]
     assert "field 'dual_mean': differs from the server's replay of the dual step" in reason
     assert server.strategy.state.duals == {} and server.accepted_rounds == {} and server.identities.node_of_client == {}
     assert server.strategy.global_ is global_1
@@ -141,9 +142,9 @@ def test_a_non_positive_local_precision_is_rejected_and_the_round_goes_on():
     global_1 = server.strategy.global_
     bad, _, _ = reply("a", 1, [1.0, 2.0], [-50.0, 6.0], global_1, 0)
     good, local_b, duals_b = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
-    server.aggregate(1, answers(server, 1, {1: bad, 2: good}))
-    assert "1 precisions are <= 0" in server.round_report.rejected["client 'a' (node 1)"]
-    assert server.round_report.accepted == ["b"] and sorted(server.strategy.state.duals) == ["b"]
+    report = server.aggregate(1, answers(server, 1, {1: bad, 2: good})).report
+    assert "1 precisions are <= 0" in report.rejected["client 'a' (node 1)"]
+    assert report.accepted == ["b"] and sorted(server.strategy.state.duals) == ["b"]
     expected = server_step([local_b], [duals_b], settings.rho, settings.prior_precision)
     torch.testing.assert_close(server.strategy.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
 
@@ -199,8 +200,7 @@ def two_rounds_with_a_join():
     global_2 = server.strategy.global_
     a2, local_a2, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], global_2, 1, previous=duals_a1)
     c2, local_c2, _ = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
-    server.aggregate(2, answers(server, 2, {1: a2, 3: c2}))
-    assert server.round_report.rejected == {}
+    assert server.aggregate(2, answers(server, 2, {1: a2, 3: c2})).report.rejected == {}
     return server, {"a": (local_a2, 2, global_2), "b": (local_b1, 1, global_1), "c": (local_c2, 2, global_2)}
 
 
@@ -267,8 +267,8 @@ def test_a_server_without_shares_does_not_start_them_midway():
     held = server.strategy
     held.commit(replace(held.state, shares={}))
     a3, _, _ = reply("a", 3, [1.0, 1.0], [6.0, 6.0], held.global_, 2, previous=held.state.duals["a"])
-    server.aggregate(3, answers(server, 3, {1: a3}))
-    assert server.round_report.rejected == {} and held.state.duals["a"].round == 3 and held.state.shares == {}
+    report = server.aggregate(3, answers(server, 3, {1: a3})).report
+    assert report.rejected == {} and held.state.duals["a"].round == 3 and held.state.shares == {}
     assert held.forget("b").note.startswith("round 3's server step (Eqs. 37-38) redone without 'b'")
 
 
@@ -285,8 +285,10 @@ def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them
         "b": reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0),
         "c": reply("c", 1, [40.0, -30.0], [9.0, 3.0], global_1, 0),  # far from the others
     }
-    server.aggregate(1, answers(server, 1, {node: content for node, (content, _, _) in enumerate(sent.values(), 1)}))
-    assert server.round_report.accepted == ["a", "b", "c"]
+    report = server.aggregate(
+        1, answers(server, 1, {node: content for node, (content, _, _) in enumerate(sent.values(), 1)})
+    ).report
+    assert report.accepted == ["a", "b", "c"]
     held = server.strategy.state.local_posteriors
     moved, _ = bounded_influence(
         [local for _, local, _ in sent.values()], [duals for _, _, duals in sent.values()], global_1, 1.0

@@ -50,7 +50,8 @@ def federation(tmp_path, strategy="dsvgd", **overrides):
 
 
 def run_round(core, runtimes, server_round, lose_reply=False):
-    """One round: the server's messages go to their nodes' client halves; returns (messages, replies)."""
+    """One round: the server's messages go to their nodes' client halves; returns (messages, replies, the round's
+    report)."""
     messages = core.configure(server_round, None, FakeGrid(runtimes))
     replies = []
     for message in messages:
@@ -58,8 +59,7 @@ def run_round(core, runtimes, server_round, lose_reply=False):
         content = get_algorithm(runtimes[node].settings.strategy).client_half()(message.content, runtimes[node])
         replies.append(reply_message(content, node))
     delivered = [] if lose_reply else replies
-    core.aggregate(server_round, delivered)
-    return messages, replies
+    return messages, replies, core.aggregate(server_round, delivered).report
 
 
 def store_files(runtime):
@@ -81,7 +81,7 @@ def test_one_client_per_round_round_robin_upload_adopted_bit_for_bit_local_parti
     scheduled, wire = [], []
     for server_round in range(1, 8):
         before = {node: store_files(runtime) for node, runtime in runtimes.items()}
-        messages, replies = run_round(core, runtimes, server_round)
+        messages, replies, _ = run_round(core, runtimes, server_round)
         assert len(messages) == 1 and len(replies) == 1
         node = messages[0].metadata.dst_node_id
         scheduled.append(NODE_CLIENTS[node])
@@ -116,13 +116,13 @@ def test_a_lost_reply_leaves_the_particles_and_the_clients_next_start_alone(tmp_
     for server_round in (1, 2, 3):
         run_round(core, runtimes, server_round)
     particles = core.strategy.particles.copy()
-    messages, _ = run_round(core, runtimes, 4, lose_reply=True)  # client-2 ran and saved, the reply got lost
+    messages, _, _ = run_round(core, runtimes, 4, lose_reply=True)  # client-2 ran and saved, the reply got lost
     lost_node = messages[0].metadata.dst_node_id
     assert np.array_equal(core.strategy.particles, particles) and core.accepted_rounds["client-2"] == 1
     assert runtimes[lost_node].state_store("fed").saved_rounds() == [1, 4]
     for server_round in (5, 6, 7):
-        messages, replies = run_round(core, runtimes, server_round)
-        assert core.round_report.fresh_starts == []  # it restarted from round 1's particles, not afresh
+        messages, replies, report = run_round(core, runtimes, server_round)
+        assert report.fresh_starts == []  # it restarted from round 1's particles, not afresh
     assert messages[0].metadata.dst_node_id == lost_node
     reply = decode(
         replies[0].content,
@@ -166,7 +166,7 @@ def test_p_dsvgd_schedules_several_clients_and_distils_their_local_particles(tmp
     core, runtimes, _ = federation(tmp_path, "p-dsvgd", **{"fraction-train": 0.67, "server-steps": 5})
     initial = None
     for server_round in (1, 2):
-        messages, replies = run_round(core, runtimes, server_round)
+        messages, replies, _ = run_round(core, runtimes, server_round)
         assert len(messages) == 2
         for reply in replies:
             payload = declared_payload(reply.content, pb.PDSVGDReply)

@@ -109,10 +109,10 @@ def test_the_server_fits_w_g_to_exactly_what_its_clients_picked_and_sends_it_to_
             packed = message.content.array_records[TENSORS_KEY][PACKED_ARRAY].numpy()
             assert not any(contains_run(packed, row) for rows_ in held for row in rows_)
         replies = [reply_message(federation.answer(m), m.metadata.dst_node_id) for m in messages]
-        arrays, _ = core.aggregate(server_round, replies)
-        federation.arrays = arrays
-        assert core.round_report.accepted == [f"client-{node}" for node in nodes], core.round_report.rejected
-        assert core.round_report.fresh_starts == (["client-1"] if server_round == 4 else [])
+        outcome = core.aggregate(server_round, replies)
+        federation.arrays = outcome.arrays
+        assert outcome.report.accepted == [f"client-{node}" for node in nodes], outcome.report.rejected
+        assert outcome.report.fresh_starts == (["client-1"] if server_round == 4 else [])
         for node in nodes:
             client, runtime = f"client-{node}", federation.runtimes[node]
             stored = newest_state(runtime.state_store("fed"))
@@ -141,7 +141,7 @@ def test_the_server_fits_w_g_to_exactly_what_its_clients_picked_and_sends_it_to_
         )
         torch.testing.assert_close(sites.global_mean, as_sent(fitted), rtol=0, atol=0)
         assert (sites.global_mean - w_lap).abs().max() > 1e-4  # the fit moved it
-        sent = {name: arrays[name].numpy() for name in federation.layout}
+        sent = {name: outcome.arrays[name].numpy() for name in federation.layout}
         np.testing.assert_array_equal(flatten(sent, federation.layout), sites.global_mean.numpy())
     restored = type(server)(federation.settings, federation.layout)
     restored.commit(restored.load_state(server.save_state(server.state)))
@@ -242,9 +242,9 @@ def test_memory_that_changes_comes_twice_or_is_no_probability_is_refused_without
 def test_a_client_that_lost_its_state_may_send_the_same_memory_again(tmp_path):
     game = RogueRound(tmp_path, "fedlap-func", **FIT)
     memory = game.federation.server.state.memories["client-1"]
-    server, _, _ = game.aggregate({1: tampered(game.replies[1], as_fresh(game))}, honest_nodes=[2, 3])
-    assert server.round_report.accepted == ["client-1", "client-2", "client-3"] and not server.round_report.rejected
-    assert server.round_report.fresh_starts == ["client-1"]
+    server, result, _ = game.aggregate({1: tampered(game.replies[1], as_fresh(game))}, honest_nodes=[2, 3])
+    assert result.report.accepted == ["client-1", "client-2", "client-3"] and not result.report.rejected
+    assert result.report.fresh_starts == ["client-1"]
     assert torch.equal(server.strategy.state.memories["client-1"].inputs, memory.inputs)
 
 

@@ -69,15 +69,15 @@ def test_sgd_with_lr_one_is_the_weighted_model_average_and_bad_replies_are_left_
             15: fedpa_reply("client-4", server_round=2),
         },
     )
-    arrays, metrics = strategy.aggregate(1, replies)
+    outcome = strategy.aggregate(1, replies)
     for name in LAYOUT:
-        np.testing.assert_allclose(arrays[name].numpy(), (10 * 0.8 + 30 * 0.4) / 40, rtol=1e-6)
-    assert strategy.round_report.accepted == ["client-0", "client-1"]
-    reasons = strategy.round_report.rejected
+        np.testing.assert_allclose(outcome.arrays[name].numpy(), (10 * 0.8 + 30 * 0.4) / 40, rtol=1e-6)
+    assert outcome.report.accepted == ["client-0", "client-1"]
+    reasons = outcome.report.rejected
     assert "field 'delta/fc.bias': contains NaN or Inf" in reasons["client 'client-2' (node 13)"]
     assert "field 'num_examples': 0 is not in [1, max-client-examples" in reasons["client 'client-3' (node 14)"]
     assert "round 2" in reasons["client 'client-4' (node 15)"]
-    assert metrics["delta-norm"] == pytest.approx(math.sqrt(15) * 0.5) and metrics["samples"] == 4
+    assert outcome.metrics["delta-norm"] == pytest.approx(math.sqrt(15) * 0.5) and outcome.metrics["samples"] == 4
 
 
 def server_steps(strategy: RoundCore, gradients: list[float]) -> list[float]:
@@ -85,9 +85,9 @@ def server_steps(strategy: RoundCore, gradients: list[float]) -> list[float]:
     value, values = 1.0, []
     for server_round, gradient in enumerate(gradients, start=1):
         start_round(strategy, server_round, value)
-        arrays, _ = strategy.aggregate(
+        arrays = strategy.aggregate(
             server_round, answers(strategy, server_round, {11: fedpa_reply(server_round=server_round, value=gradient)})
-        )
+        ).arrays
         value = float(arrays["fc.bias"].numpy()[0])
         values.append(value)
     return values
@@ -136,7 +136,7 @@ def test_a_resumed_server_continues_its_optimizer(tmp_path, optimizer):
     resumed = round_core(FedPA(config, LAYOUT))
     resumed.load_state_dict(store.load().strategy_state)
     start_round(resumed, 3, values[-1])
-    arrays, _ = resumed.aggregate(3, answers(resumed, 3, {11: fedpa_reply(server_round=3, value=0.3)}))
+    arrays = resumed.aggregate(3, answers(resumed, 3, {11: fedpa_reply(server_round=3, value=0.3)})).arrays
     assert float(arrays["fc.bias"].numpy()[0]) == pytest.approx(straight[-1], rel=1e-6)
     assert float(arrays["fc.bias"].numpy()[0]) != pytest.approx(
         server_steps(round_core(FedPA(config, LAYOUT)), [0.3])[0], rel=1e-6

@@ -913,10 +913,10 @@ def test_committed_forget_lets_the_remaining_clients_go_on_and_holds_nothing_of_
     core.adopt(Change(forgotten.state, dropped="client-2"))
     federation.arrays = ArrayRecord({n: Array(v) for n, v in unflatten(forgotten.weights, federation.layout).items()})
     federation.round(3, [1, 3])
-    assert core.round_report.accepted == ["client-1", "client-3"] and not core.round_report.rejected
+    assert federation.report.accepted == ["client-1", "client-3"] and not federation.report.rejected
     assert "client-2" not in core.accepted_rounds
     federation.round(4, [1, 2, 3])
-    assert core.round_report.accepted == ["client-1", "client-2", "client-3"] and not core.round_report.rejected
+    assert federation.report.accepted == ["client-1", "client-2", "client-3"] and not federation.report.rejected
     assert core.accepted_rounds == {"client-1": 4, "client-2": 4, "client-3": 4}
 
 

@@ -75,7 +75,7 @@ def test_the_cli_prints_what_was_done_and_a_resume_runs_the_refinement_rounds_re
     core, _, rows = trained.run(2)  # num-server-rounds 2: the refinement raises it to 4
     assert [row["round"] for row in rows] == [1, 2, 3, 4]
     assert [row["clients"] for row in rows[2:]] == [2, 2]
-    assert "was forgotten after round 2" in core.round_report.rejected["client 'client-3' (node 3)"]
+    assert "was forgotten after round 2" in rows[-1]["rejected"]["client 'client-3' (node 3)"]
     assert sorted(core.strategy.state.duals) == ["client-1", "client-2"]
 
 
@@ -221,7 +221,7 @@ def test_a_request_made_while_a_round_is_in_flight_waits_for_its_end(tmp_path):
     (record,) = federation.audit()
     assert record["event"] == "forgotten" and record["round"] == 2 and record["contributed_rounds"] == [[1, 2]]
     assert sorted(core.strategy.state.duals) == ["client-1", "client-2"]
-    assert "was forgotten after round 2" in core.round_report.rejected["client 'client-3' (node 3)"]
+    assert "was forgotten after round 2" in rows[-1]["rejected"]["client 'client-3' (node 3)"]
     assert not any((federation.directory / "forget-requests").iterdir())
 
 
@@ -257,7 +257,7 @@ def test_a_forget_request_from_another_node_is_refused_and_logged(tmp_path):
     assert (
         sorted(core.strategy.state.duals) == ["client-1", "client-2", "client-3"] and not core.identities.ledger.revoked
     )
-    assert "claiming to be client 'client-3'" in " ".join(core.round_report.rejected)
+    assert "claiming to be client 'client-3'" in " ".join(rows[-1]["rejected"])
 
 
 def test_an_audit_line_cut_short_by_a_crash_is_no_record_and_the_next_one_starts_on_its_own_line(tmp_path):

@@ -110,7 +110,7 @@ def test_a_node_refused_round_after_round_is_quarantined_and_the_others_go_on(tm
     table = [(row["clients"], row["clients_sent"], row["quarantined"]) for row in rows(tmp_path)]
     assert table == [(1, 2, []), (1, 2, ["node 1"]), (1, 1, ["node 1"]), (1, 1, []), (1, 2, [])]
     assert (arrays["fc.bias"].numpy() == 1.0).all() and core.accepted_rounds == {"client-2": 5}
-    assert "refused by the screen" in core.round_report.rejected["client 'client-1' (node 1)"]
+    assert "refused by the screen" in rows(tmp_path)[-1]["rejected"]["client 'client-1' (node 1)"]
 
 
 def test_a_straggler_cannot_set_the_pace_of_every_round(tmp_path):
@@ -336,7 +336,7 @@ def test_an_error_from_the_superlink_names_the_node_the_instruction_went_to(tmp_
     from flwr.app import Error
     from flwr.common.constant import ErrorCode
 
-    from fedbayes.server.loop import aggregate, exchange
+    from fedbayes.server.loop import exchange
     from tests.support import InProcessFederation, reply_message
 
     federation = InProcessFederation(tmp_path, {"strategy": "fedavg", "lr": 0.05}, [40, 60, 80])
@@ -360,9 +360,9 @@ def test_an_error_from_the_superlink_names_the_node_the_instruction_went_to(tmp_
     replies, silent, errors = exchange(grid, messages, 10.0, 0.01, {})
     assert silent == {} and set(errors) == {offline} and errors[offline].code == ErrorCode.NODE_UNAVAILABLE
     assert sorted(reply.metadata.src_node_id for reply in replies) == [1, 2]
-    arrays, _ = aggregate(federation.core, 1, replies, silent, errors)
-    report = federation.core.round_report
-    assert arrays is not None and len(report.accepted) == 2
+    outcome = federation.core.aggregate(1, replies, errors, silent)
+    report = outcome.report
+    assert outcome.arrays is not None and len(report.accepted) == 2
     assert report.rejected == {f"node {offline}": "client error: node offline"}
     assert federation.core._refused_nodes == set()
 

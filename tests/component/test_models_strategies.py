@@ -90,7 +90,7 @@ def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2, device: str
             reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
             for m in messages
         ]
-        updated, _ = server.aggregate(server_round, replies)
+        updated = server.aggregate(server_round, replies).arrays
         assert updated is not None, f"{strategy} on {model}: round {server_round} was rejected"
         arrays = updated
     return server, initial, {name: arrays[name].numpy() for name in layout}
@@ -241,7 +241,7 @@ def test_a_model_with_buffers_trains_and_the_core_averages_its_buffers(tmp_path,
             reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
             for m in messages
         ]
-        arrays, _ = server.aggregate(server_round, replies)
+        arrays = server.aggregate(server_round, replies).arrays
         assert arrays is not None, f"{strategy}: round {server_round} was rejected"
         # what each client trained its buffers to, this round, weighted by its 8 and 10 examples
         expected = (8 * runtimes[1].model.norm.running_mean + 10 * runtimes[2].model.norm.running_mean) / 18

@@ -20,9 +20,9 @@ def test_a_strategy_by_module_and_attribute_aggregates_with_its_own_math(plugin_
         node: fedavg_reply(f"client-{node}", num_examples=10 * node, value=value)
         for node, value in ((1, 1.0), (2, 5.0), (3, 100.0))
     }
-    arrays, _ = core.aggregate(1, answers(core, 1, replies))
-    assert all((arrays[name].numpy() == 5.0).all() for name in LAYOUT)  # the median, not FedAvg's 62.5
-    assert core.round_report.accepted == ["client-1", "client-2", "client-3"]
+    outcome = core.aggregate(1, answers(core, 1, replies))
+    assert all((outcome.arrays[name].numpy() == 5.0).all() for name in LAYOUT)  # the median, not FedAvg's 62.5
+    assert outcome.report.accepted == ["client-1", "client-2", "client-3"]
 
 
 def test_an_installed_strategy_is_found_by_its_entry_point_name(plugin_path, monkeypatch):

@@ -48,8 +48,8 @@ def until_the_replayer_is_asked_again(run: InProcessFederation, nodes: list[int]
             return recorded, server_round, sent
         replies = {node: run.answer(message) for node, message in sent.items()}
         recorded = replies.get(REPLAYER, recorded)
-        arrays, _ = run.core.aggregate(server_round, [reply_message(reply, node) for node, reply in replies.items()])
-        run.arrays = arrays if arrays is not None else run.arrays
+        outcome = run.core.aggregate(server_round, [reply_message(reply, node) for node, reply in replies.items()])
+        run.arrays = outcome.arrays if outcome.arrays is not None else run.arrays
     raise AssertionError(f"node {REPLAYER} was not sent work twice")
 
 
@@ -69,14 +69,12 @@ def replay_round(tmp_path, strategy: str, make_rogue):
 
 def assert_refused_without_trace(core: RoundCore, control: RoundCore, result, expected, words: str):
     label = f"client 'client-{REPLAYER}' (node {REPLAYER})"
-    assert words in core.round_report.rejected.get(label, ""), core.round_report.rejected
-    assert core.round_report.accepted == control.round_report.accepted
-    assert f"client-{REPLAYER}" not in core.round_report.accepted
-    arrays, _ = result
-    expected_arrays, _ = expected
-    assert (arrays is None) == (expected_arrays is None)
-    for name in expected_arrays or {}:
-        assert (arrays[name].numpy() == expected_arrays[name].numpy()).all(), name
+    assert words in result.report.rejected.get(label, ""), result.report.rejected
+    assert result.report.accepted == expected.report.accepted
+    assert f"client-{REPLAYER}" not in result.report.accepted
+    assert (result.arrays is None) == (expected.arrays is None)
+    for name in expected.arrays or {}:
+        assert (result.arrays[name].numpy() == expected.arrays[name].numpy()).all(), name
     assert_same_state(core, control)
 
 
@@ -89,7 +87,7 @@ def test_a_replayed_earlier_reply_with_its_round_edited_is_refused_and_leaves_no
     )
     assert_refused_without_trace(core, control, result, expected, NONCE_REFUSAL)
     if strategy != "dsvgd":  # DSVGD's round has node 1 alone; in the others, the honest replies are the round
-        assert control.round_report.accepted == ["client-2", "client-3"]
+        assert expected.report.accepted == ["client-2", "client-3"]
 
 
 # What refuses the same replay once it carries this round's nonce: only FedDyn's and BayesADMM's own checks of the
@@ -102,16 +100,16 @@ def test_the_nonce_is_what_refuses_a_replay_that_the_strategy_would_take(tmp_pat
     """The guarantee's limit, and why it is needed: the same replay carrying this round's nonce (a client that rewrites
     its header fabricates its reply) meets only the other checks, and all but FedDyn's and BayesADMM's take it; what
     stops a fabricated reply is the screen and the strategies' checks (docs/guides/robustness.md)."""
-    core, _, _, _ = replay_round(
+    _, _, result, _ = replay_round(
         tmp_path,
         strategy,
         lambda run, recorded, server_round, sent: answering(sent[REPLAYER], with_round(recorded, server_round)),
     )
     label = f"client 'client-{REPLAYER}' (node {REPLAYER})"
     if strategy in OWN_CHECK:
-        assert OWN_CHECK[strategy] in core.round_report.rejected[label], core.round_report.rejected
+        assert OWN_CHECK[strategy] in result.report.rejected[label], result.report.rejected
     else:
-        assert f"client-{REPLAYER}" in core.round_report.accepted, core.round_report.rejected
+        assert f"client-{REPLAYER}" in result.report.accepted, result.report.rejected
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "bayesadmm", "p-dsvgd"])
@@ -121,7 +119,7 @@ def test_a_reply_with_another_nodes_nonce_is_refused_and_the_honest_ones_pass(tm
         tmp_path, strategy, lambda run, recorded, server_round, sent: answering(sent[2], run.answer(sent[REPLAYER]))
     )
     assert_refused_without_trace(core, control, result, expected, f"{NONCE_REFUSAL} {REPLAYER}:")
-    assert core.round_report.accepted == ["client-2", "client-3"]
+    assert result.report.accepted == ["client-2", "client-3"]
 
 
 def test_every_message_to_every_node_carries_a_nonce_of_its_own(tmp_path):
@@ -134,9 +132,9 @@ def test_every_message_to_every_node_carries_a_nonce_of_its_own(tmp_path):
     nonces = [nonce_of(message) for message in (*first, *second, between)]
     assert all(len(nonce) == NONCE_BYTES for nonce in nonces) and len(set(nonces)) == len(nonces)
     replies = [reply_message(run.answer(message), message.metadata.dst_node_id) for message in second]
-    run.core.aggregate(2, replies)
-    assert run.core.round_report.accepted == ["client-2", "client-3"]  # node 1 was sent a message since
-    assert NONCE_REFUSAL in run.core.round_report.rejected["client 'client-1' (node 1)"]
+    report = run.core.aggregate(2, replies).report
+    assert report.accepted == ["client-2", "client-3"]  # node 1 was sent a message since
+    assert NONCE_REFUSAL in report.rejected["client 'client-1' (node 1)"]
 
 
 def test_a_leave_request_that_answers_no_instruction_of_this_round_is_refused(tmp_path):
@@ -146,9 +144,9 @@ def test_a_leave_request_that_answers_no_instruction_of_this_round_is_refused(tm
     (now,) = run.core.configure(2, run.arrays, FakeGrid([1]))
     stale = encode(pb.LeaveAndForget(header=reply_header(decode_header(old.content, "server"), "client-1")), None, {})
     stale = with_round(stale, 2)
-    run.core.aggregate(2, [reply_message(stale, 1)])
+    report = run.core.aggregate(2, [reply_message(stale, 1)]).report
     assert run.core.leave_requests == []
-    (reason,) = run.core.round_report.rejected.values()
+    (reason,) = report.rejected.values()
     assert reason.startswith(f"rejected leave request: {NONCE_REFUSAL} 1:"), reason
     leave = encode(pb.LeaveAndForget(header=reply_header(decode_header(now.content, "server"), "client-1")), None, {})
     run.core.aggregate(2, [reply_message(leave, 1)])
@@ -163,9 +161,9 @@ def test_a_resumed_server_refuses_the_answers_to_its_predecessors_instructions(t
     run = federation(tmp_path, strategy)
     for server_round in (1, 2):
         messages = run.core.configure(server_round, run.arrays, FakeGrid([1, 2, 3]))
-        run.arrays, _ = run.core.aggregate(
+        run.arrays = run.core.aggregate(
             server_round, [reply_message(run.answer(m), m.metadata.dst_node_id) for m in messages]
-        )
+        ).arrays
     checkpoint = run.core.state_dict()
     killed = {m.metadata.dst_node_id: m for m in run.core.configure(3, run.arrays, FakeGrid([1, 2, 3]))}
     late = run.answer(killed[1])
@@ -173,7 +171,7 @@ def test_a_resumed_server_refuses_the_answers_to_its_predecessors_instructions(t
     resumed.load_state_dict(checkpoint)
     sent = {m.metadata.dst_node_id: m for m in resumed.configure(3, run.arrays, FakeGrid([1, 2, 3]))}
     answers = [reply_message(late, 1)] + [reply_message(run.answer(sent[node]), node) for node in (2, 3)]
-    resumed.aggregate(3, answers)
-    assert resumed.round_report.accepted == ["client-2", "client-3"]
-    assert NONCE_REFUSAL in resumed.round_report.rejected["client 'client-1' (node 1)"]
+    report = resumed.aggregate(3, answers).report
+    assert report.accepted == ["client-2", "client-3"]
+    assert NONCE_REFUSAL in report.rejected["client 'client-1' (node 1)"]
     assert resumed.accepted_rounds["client-1"] == 2  # still the checkpoint's: the late reply left nothing

@@ -183,7 +183,7 @@ def test_a_node_cannot_rename_itself_nor_count_past_max_clients(tmp_path, strate
 def test_two_replies_for_one_client_id_in_a_round_the_second_is_refused(tmp_path):
     game = RogueRound(tmp_path, "bayesadmm")
     server, result, expected = game.aggregate({1: game.replies[1]})  # node 1 sends its reply twice
-    assert "already replied this round from node 1" in server.round_report.rejected["client 'client-1' (node 1)"]
+    assert "already replied this round from node 1" in result.report.rejected["client 'client-1' (node 1)"]
     assert_same_state(server, game.control)
 
 
@@ -224,8 +224,8 @@ def test_the_only_reply_being_rogue_changes_nothing(tmp_path, strategy):
     game = RogueRound(tmp_path, strategy)
     rogue = with_header(game.replies[1], game.reply_type, num_examples=0)
     core = game.federation.core
-    assert core.aggregate(2, [reply_message(rogue, 1)]) == (None, None)
-    assert core.round_report.accepted == []
+    outcome = core.aggregate(2, [reply_message(rogue, 1)])
+    assert outcome.arrays is None and outcome.metrics is None and outcome.report.accepted == []
     game.control.aggregate(2, [])
     assert_same_state(core, game.control)
 
@@ -282,9 +282,9 @@ def test_a_dropped_and_a_late_reply_leave_client_and_server_in_step(tmp_path, st
         if server_round == 2:  # client-1 trained and stored round 2, but its reply is lost in transit
             held_back = replies.pop(1)
         delivered = list(replies.values()) + ([held_back] if server_round == 3 else [])  # ...and turns up late
-        arrays, _ = core.aggregate(server_round, delivered)
-        federation.arrays = arrays
+        outcome = core.aggregate(server_round, delivered)
+        federation.arrays = outcome.arrays
         if server_round == 3:
-            assert "the reply is for round 2, not 3" in core.round_report.rejected["client 'client-1' (node 1)"]
+            assert "the reply is for round 2, not 3" in outcome.report.rejected["client 'client-1' (node 1)"]
         assert_server_matches_clients(federation)
     assert core.accepted_rounds == {"client-1": 4, "client-2": 4, "client-3": 4}

@@ -68,7 +68,7 @@ def test_an_ordinary_update_scaled_a_millionfold_is_refused_by_the_screen(tmp_pa
 def test_honest_replies_all_pass_the_screen(tmp_path, strategy):
     game = RogueRound(tmp_path, strategy)
     server, result, expected = game.aggregate({})
-    assert server.round_report.rejected == {} and server.round_report.accepted == ["client-1", "client-2", "client-3"]
+    assert result.report.rejected == {} and result.report.accepted == ["client-1", "client-2", "client-3"]
 
 
 def test_the_dual_replay_is_checked_per_entry_so_one_huge_entry_hides_nothing(tmp_path):
@@ -132,10 +132,10 @@ def test_two_rogues_whose_replies_only_overflow_together_are_isolated(tmp_path):
     game = RogueRound(tmp_path, "fedlap", **{"screen-ratio": 1e300})
     rogues = {node: consistent_reply(game, node, rogue.filled("site_mean", 2e38)) for node in (1, 2)}
     server, result, _ = game.aggregate(rogues, honest_nodes=[3])
-    report = server.round_report
+    report = result.report
     assert "client-3" in report.accepted and len(report.accepted) == 2
     assert "with it the round's state would be unusable" in report.rejected["client 'client-1' (node 1)"]
-    arrays, _ = result
+    arrays = result.arrays
     assert all(np.isfinite(arrays[name].numpy()).all() for name in arrays)
 
 
@@ -144,15 +144,15 @@ def model_move(tmp_path, strategy: str, factor: float, **config) -> float:
     clients 2-3 are honest."""
     game = RogueRound(tmp_path, strategy, **config)
     before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
-    arrays, _ = game.federation.core.aggregate(
+    outcome = game.federation.core.aggregate(
         2,
         [
             reply_message(scaled_update(game, 1, factor), 1),
             *(reply_message(game.replies[node], node) for node in (2, 3)),
         ],
     )
-    assert game.federation.core.round_report.accepted == ["client-1", "client-2", "client-3"]
-    return sum(float(np.abs(arrays[name].numpy() - before[name]).sum()) for name in before)
+    assert outcome.report.accepted == ["client-1", "client-2", "client-3"]
+    return sum(float(np.abs(outcome.arrays[name].numpy() - before[name]).sum()) for name in before)
 
 
 @pytest.mark.parametrize("rule", ["clip", "median", "trimmed-mean"])
@@ -193,7 +193,7 @@ def test_feddyn_refuses_a_client_whose_lambda_differs_from_the_servers_replay(tm
     state.tensors[feddyn_client.LAMBDA_KEY] = state.tensors[feddyn_client.LAMBDA_KEY] * 1000
     store.save(state, 1, accepted_round=1)
     federation.round(2, [1, 2, 3])
-    report = federation.core.round_report
+    report = federation.report
     assert report.accepted == ["client-2", "client-3"]
     assert (
         "field 'lambda_sketch': the client's λ_k differs from the server's replay"
@@ -205,7 +205,7 @@ def test_feddyn_sketches_agree_bit_for_bit_over_rounds(tmp_path):
     federation = InProcessFederation(tmp_path, overrides("feddyn"), sizes=SIZES)
     for server_round in (1, 2, 3):
         federation.round(server_round, [1, 2, 3])
-        assert federation.core.round_report.accepted == ["client-1", "client-2", "client-3"]
+        assert federation.report.accepted == ["client-1", "client-2", "client-3"]
 
 
 def test_lambda_sketch_is_linear_and_seeded(tmp_path):
@@ -232,7 +232,7 @@ def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
             reply = federation.client_update(message.content, federation.runtimes[1])  # client-1's, as client-1
         else:
             reply = federation.client_update(message.content, federation.runtimes[node])
-        arrays, _ = core.aggregate(server_round, [reply_message(reply, node)])
+        arrays = core.aggregate(server_round, [reply_message(reply, node)]).arrays
         federation.arrays = arrays if arrays is not None else federation.arrays
     assert schedule[:3] == [1, 2, 3]  # new nodes first, in node order
     assert schedule.count(99) == 2 and 99 not in schedule[schedule.index(99) + 1 :][:1]
@@ -243,8 +243,10 @@ def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
 
 def test_the_quarantine_survives_a_server_restart(tmp_path):
     game = RogueRound(tmp_path, "fedavg", **{"max-client-rejections": 1})
-    server, _, _ = game.aggregate({1: consistent_reply(game, 1, rogue.filled("weights", 1e30))}, honest_nodes=[2, 3])
-    assert server.round_report.quarantined == {"client 'client-1' (node 1)": 12}
+    server, result, _ = game.aggregate(
+        {1: consistent_reply(game, 1, rogue.filled("weights", 1e30))}, honest_nodes=[2, 3]
+    )
+    assert result.report.quarantined == {"client 'client-1' (node 1)": 12}
     restarted = round_core(type(server.strategy)(server.settings, server.strategy.layout))
     restarted.load_state_dict(server.state_dict())
     assert restarted.quarantine.until == {1: 12}
@@ -269,5 +271,6 @@ def test_a_node_that_is_offline_is_absent_not_refused(tmp_path, code, quarantine
             for m in messages
             if m.metadata.dst_node_id != 1
         ]
-        federation.arrays, _ = core.aggregate(server_round, replies)
-    assert bool(core.round_report.quarantined) == quarantined
+        outcome = core.aggregate(server_round, replies)
+        federation.arrays = outcome.arrays
+    assert bool(outcome.report.quarantined) == quarantined

@@ -36,7 +36,7 @@ def test_clients_of_1000_and_30_examples_all_pass_the_screen_at_the_defaults(tmp
     accepted: set[str] = set()
     for server_round in range(1, 5):
         federation.round(server_round, [1, 2])
-        report = federation.core.round_report
+        report = federation.report
         assert report.rejected == {}, (server_round, report.rejected)
         accepted.update(report.accepted)
     assert accepted == {"client-1", "client-2"}
@@ -50,8 +50,7 @@ def fedavg_round(replies: dict[int, tuple[int, float]]):
         node: fedavg_reply(f"client-{node}", num_examples=examples, value=value)
         for node, (examples, value) in replies.items()
     }
-    core.aggregate(1, answers(core, 1, made))
-    return core.round_report
+    return core.aggregate(1, answers(core, 1, made)).report
 
 
 def test_a_large_client_is_measured_by_its_steps_not_against_the_small_ones_raw():
@@ -103,5 +102,5 @@ def test_a_rogue_claiming_max_client_examples_is_refused_for_a_scaled_or_flipped
 def test_the_claim_alone_is_accepted(tmp_path, strategy):
     """What the test above refuses is the update: the honest one claiming 10^8 examples passes the screen."""
     game = RogueRound(tmp_path, strategy)
-    server, _, _ = game.aggregate({1: claiming(game, 1, 100_000_000, 1.0)}, honest_nodes=[2, 3])
-    assert server.round_report.rejected == {}
+    _, result, _ = game.aggregate({1: claiming(game, 1, 100_000_000, 1.0)}, honest_nodes=[2, 3])
+    assert result.report.rejected == {}

@@ -120,8 +120,8 @@ def answering(instruction: Message, content: RecordDict) -> RecordDict:
 
 def answers(core: RoundCore, server_round: int, replies: dict[int, RecordDict]) -> list[Message]:
     """`replies` (node -> a reply a test made) as the ServerApp receives them in round `server_round`, each the
-    answer to an instruction `core` addressed to its node this round (as its `configure` does: the round's report
-    starts afresh, and each node gets a nonce of its own, which its reply echoes)."""
+    answer to an instruction `core` addressed to its node this round (as its `configure` does: each node gets a
+    nonce of its own, which its reply echoes)."""
     instruction = pb.Instruction(header=new_header(core.settings.federation, server_round))
     sent = core.instructions(instruction, pb.LocalTraining(), {}, list(replies))
     return [
@@ -278,18 +278,21 @@ class InProcessFederation:
         torch.manual_seed(0)
         initial = get_parameters(build_model("logreg", (1, 1, 5), 2))
         self.arrays = ArrayRecord({name: Array(value) for name, value in initial.items()})
+        self.report = None  # the last round's RoundReport
 
     def answer(self, message: Message) -> RecordDict:
         """The reply of the client half of the node `message` is for."""
         return self.client_update(message.content, self.runtimes[message.metadata.dst_node_id])
 
     def round(self, server_round: int, nodes: list[int], return_metrics: bool = False):
-        """One round with `nodes` connected; returns the nodes the server sent work to (or the round's metrics)."""
+        """One round with `nodes` connected; returns the nodes the server sent work to (or the round's metrics), and
+        keeps its report in `report`."""
         messages = self.core.configure(server_round, self.arrays, FakeGrid(nodes))
         replies = [reply_message(self.answer(m), m.metadata.dst_node_id) for m in messages]
-        arrays, metrics = self.core.aggregate(server_round, replies)
-        self.arrays = arrays if arrays is not None else self.arrays
-        return metrics if return_metrics else [m.metadata.dst_node_id for m in messages]
+        outcome = self.core.aggregate(server_round, replies)
+        self.arrays = outcome.arrays if outcome.arrays is not None else self.arrays
+        self.report = outcome.report
+        return outcome.metrics if return_metrics else [m.metadata.dst_node_id for m in messages]
 
 
 # ---- the round loop on a fake grid --------------------------------------------------------------------------

@@ -194,11 +194,9 @@ class RogueRound:
 
 
 def assert_rejected_without_trace(server, result, expected, control, label, words):
-    assert label in server.round_report.rejected, server.round_report.rejected
-    assert words in server.round_report.rejected[label]
-    assert server.round_report.accepted == control.round_report.accepted != []
-    arrays, _ = result
-    expected_arrays, _ = expected
-    for name in expected_arrays:
-        np.testing.assert_array_equal(arrays[name].numpy(), expected_arrays[name].numpy())
+    assert label in result.report.rejected, result.report.rejected
+    assert words in result.report.rejected[label]
+    assert result.report.accepted == expected.report.accepted != []
+    for name in expected.arrays:
+        np.testing.assert_array_equal(result.arrays[name].numpy(), expected.arrays[name].numpy())
     assert_same_state(server, control)
