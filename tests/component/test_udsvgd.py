@@ -118,7 +118,7 @@ def test_client_buffer_grows_per_visit_and_is_bounded(tmp_path):
     core, runtimes, _ = federation(tmp_path, strategy="u-dsvgd", **{"udsvgd-max-visits": 2})
     visits = {}
     for server_round in range(1, 7):
-        messages, replies = run_round(core, runtimes, server_round)
+        messages, replies, _ = run_round(core, runtimes, server_round)
         node = messages[0].metadata.dst_node_id
         state = newest_state(runtimes[node].state_store("fed"))
         visits[node] = len(state.tensors["visit_after"])
