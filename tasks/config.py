@@ -204,7 +204,6 @@ class TrainingSettings:
     lr: float
     lr_schedule: str
     optimizer: str
-    weight_decay: float  # sent by the strategies whose objective has it (local_training's weight_decay)
     seed: int  # the minibatch order's and the noise's, mixed with the round and the client's id
     num_rounds: int  # run config num-server-rounds: the length of the cosine schedule
 

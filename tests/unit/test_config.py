@@ -165,7 +165,6 @@ def test_the_training_group_holds_the_local_training_keys_and_the_rounds():
         lr=0.01,
         lr_schedule="constant",
         optimizer="sgd",
-        weight_decay=0.0,
         seed=settings.seed,
         num_rounds=4,
     )
