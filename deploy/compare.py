@@ -6,6 +6,8 @@
    the validation split, seed 0. A point's score is its validation accuracy at the strategy's own predictive (the
    `_ensemble` value where the rows have one), the mean over the last 3 evaluated rounds (all of them when fewer);
    the best point wins, a tie going to the earlier point.
+   Client work is equal (compare_grids.toml [budget]): a strategy that trains one client a round runs `clients`
+   rounds for each round of the others, and a particle strategy's SVGD steps are `local-epochs` epochs of minibatches.
 3. Final: each strategy's winning point on seeds 0..S-1, the clients' whole data and the test set.
 4. Report (under --out): table.md and the same table on the terminal (accuracy, NLL, ECE and, where the rows hold
    them, the uncertainty and per-client metrics: mean ± sd over the seeds of each seed's mean over its last 3
@@ -21,6 +23,7 @@ afresh. `--parallel N` runs N federations at once, each in a subprocess of its o
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -39,7 +42,7 @@ from typing import Any, TextIO
 
 from fedbayes.deploy.launcher import LocalRun, check_run_config
 from fedbayes.deploy.progress import CLEAR_LINE, clock_text
-from fedbayes.tasks.config import did_you_mean
+from fedbayes.tasks.config import RunSettings, did_you_mean
 from fedbayes.tasks.storage import OUTPUT_MODE, remove_torn_writes, write_atomically
 from fedbayes.tasks.validation import VALIDATION_SHARE
 
@@ -81,6 +84,7 @@ OPTION_KEYS = {
     "seed": "--seeds",
 }
 UNTRACKED_KEYS = ("results-path", "federation", "server-state-dir")  # where a run writes, not what it computes
+BUDGET = "budget"  # compare_grids.toml's table of how client work is made equal; every other table is a grid
 ENGINE = "in-process (deploy/inprocess.py: the code of `fedbayes local` in one process, equal round for round)"
 
 
@@ -113,9 +117,84 @@ def load_grid(name: str, path: Path = GRIDS_FILE) -> dict[str, list[dict[str, An
     """
     with open(path, "rb") as file:
         grids = tomllib.load(file)
+    grids.pop(BUDGET, None)
     if name not in grids:
         raise ValueError(f"no grid {name!r}; choose one of {', '.join(grids)}")
     return {strategy: grid_points(axes) for strategy, axes in grids[name].items()}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How the comparison makes each strategy's client work equal (compare_grids.toml [budget]).
+
+    Attributes:
+        one_client_a_round: strategies that train one client a round; they run `clients` rounds for each round of
+            the others, evaluated every `clients` rounds, so that every client trains as often.
+        steps_from_epochs: particle strategies whose L and L' SVGD steps (local-steps, distill-steps) are the
+            minibatch steps of `local-epochs` epochs of the mean client, as many as the others' local training takes.
+    """
+
+    one_client_a_round: frozenset[str] = frozenset()
+    steps_from_epochs: frozenset[str] = frozenset()
+
+    def rounds_per_round(self, strategy: str, clients: int) -> int:
+        """How many of `strategy`'s rounds make one round of client work.
+
+        Args:
+            strategy: the strategy's name.
+            clients: the federation's clients.
+
+        Returns:
+            `clients` for a strategy that trains one client a round, else 1.
+        """
+        return clients if strategy in self.one_client_a_round else 1
+
+    def keys(self, strategy: str, clients: int, steps: int | None) -> dict[str, Any]:
+        """The run-config keys the budget sets for `strategy`.
+
+        Args:
+            strategy: the strategy's name.
+            clients: the federation's clients.
+            steps: the minibatch steps of the local training (`epoch_steps`), None while the data is not read yet.
+
+        Returns:
+            eval-every for a strategy that trains one client a round, local-steps and distill-steps for a particle
+            strategy once `steps` is known; nothing for the others.
+        """
+        keys: dict[str, Any] = {}
+        if strategy in self.one_client_a_round:
+            keys["eval-every"] = clients
+        if strategy in self.steps_from_epochs and steps is not None:
+            keys.update({"local-steps": steps, "distill-steps": steps})
+        return keys
+
+
+@functools.cache
+def load_budget(path: Path = GRIDS_FILE) -> Budget:
+    """The [budget] table of `path` (an empty budget without one).
+
+    Raises:
+        ValueError: a key of the table other than one-client-a-round and steps-from-epochs.
+    """
+    with open(path, "rb") as file:
+        table = tomllib.load(file).get(BUDGET, {})
+    known = {"one-client-a-round", "steps-from-epochs"}
+    if set(table) - known:
+        raise ValueError(f"{path} [{BUDGET}]: unknown {', '.join(sorted(set(table) - known))}")
+    return Budget(frozenset(table.get("one-client-a-round", ())), frozenset(table.get("steps-from-epochs", ())))
+
+
+def epoch_steps(settings: RunSettings, mean_examples: float) -> int:
+    """The minibatch steps of a client's local training: `local-epochs` epochs of the mean client's minibatches.
+
+    Args:
+        settings: the run's settings (local-epochs, batch-size).
+        mean_examples: the mean client's training examples.
+
+    Returns:
+        local-epochs x ceil(mean_examples / batch-size), at least 1.
+    """
+    return max(1, settings.training.local_epochs * math.ceil(mean_examples / settings.training.batch_size))
 
 
 def check_strategies(strategies: Iterable[str], grid: dict[str, list[dict[str, Any]]], grid_name: str) -> None:
@@ -178,6 +257,11 @@ class Job:
         return f"tune-{self.strategy}-p{self.point}" if self.phase == "tune" else f"final-{self.strategy}-s{self.seed}"
 
     @property
+    def rounds(self) -> int:
+        """The rounds the federation runs (more than --rounds for a strategy that trains one client a round)."""
+        return int(self.run_config["num-server-rounds"])
+
+    @property
     def record(self) -> dict[str, Any]:
         """What the run's rows carry under `compare`: what it ran, to tell a finished run from another."""
         tracked = {key: value for key, value in self.run_config.items() if key not in UNTRACKED_KEYS}
@@ -195,30 +279,53 @@ class Job:
         )
 
 
-def job_config(spec: CompareSpec, strategy: str, settings: dict[str, Any], seed: int, dataset: str) -> dict[str, Any]:
+def job_config(
+    spec: CompareSpec, strategy: str, settings: dict[str, Any], seed: int, dataset: str, steps: int | None = None
+) -> dict[str, Any]:
     """The run config of one federation (what `fedbayes local` would submit); the validation split's client files are
-    the split, so a tuning run has no fraction or split file of its own."""
+    the split, so a tuning run has no fraction or split file of its own.
+
+    Args:
+        spec: the comparison.
+        strategy: the strategy's name.
+        settings: the grid point's keys.
+        seed: the run's seed.
+        dataset: spec.dataset, or the validation split as npz:DIR.
+        steps: the minibatch steps of the local training on `dataset` (`epoch_steps`; None: not known yet).
+
+    Returns:
+        The run config, with the keys the budget sets (`Budget.keys`).
+    """
     tuning = dataset != spec.dataset
+    budget = load_budget()
     run = LocalRun(
         strategy=strategy,
         clients=spec.clients,
-        rounds=spec.rounds,
+        rounds=spec.rounds * budget.rounds_per_round(strategy, spec.clients),
         dataset=dataset,
         fraction=1.0 if tuning else spec.fraction,
         split=spec.split,
         seed=seed,
-        overrides={**spec.overrides, **settings, **({"split-file": ""} if tuning else {})},
+        overrides={
+            **spec.overrides,
+            **settings,
+            **budget.keys(strategy, spec.clients, steps),
+            **({"split-file": ""} if tuning else {}),
+        },
     )
     return run.run_config(Path(WORK), Path("results.jsonl"))
 
 
-def tuning_jobs(spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], dataset: str) -> list[Job]:
+def tuning_jobs(
+    spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], dataset: str, steps: int | None = None
+) -> list[Job]:
     """Every grid point of every strategy on `dataset` (the validation split), seed 0.
 
     Args:
         spec: the comparison.
         grid: per strategy its points.
         dataset: the validation split as npz:DIR.
+        steps: the minibatch steps of the local training on it (`epoch_steps`).
 
     Returns:
         The jobs, strategy by strategy, point by point.
@@ -230,20 +337,23 @@ def tuning_jobs(spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], datase
             point,
             spec.tuning_seed,
             settings,
-            job_config(spec, strategy, settings, spec.tuning_seed, dataset),
+            job_config(spec, strategy, settings, spec.tuning_seed, dataset, steps),
         )
         for strategy in spec.strategies
         for point, settings in enumerate(grid[strategy])
     ]
 
 
-def final_jobs(spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], winners: dict[str, int]) -> list[Job]:
+def final_jobs(
+    spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], winners: dict[str, int], steps: int | None = None
+) -> list[Job]:
     """Each strategy's winning point on seeds 0..S-1 and the real dataset.
 
     Args:
         spec: the comparison.
         grid: per strategy its points.
         winners: per strategy its winning point.
+        steps: the minibatch steps of the local training on the clients' whole data (`epoch_steps`).
 
     Returns:
         The jobs, strategy by strategy, seed by seed.
@@ -255,7 +365,7 @@ def final_jobs(spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], winners
             point,
             seed,
             grid[strategy][point],
-            job_config(spec, strategy, grid[strategy][point], seed, spec.dataset),
+            job_config(spec, strategy, grid[strategy][point], seed, spec.dataset, steps),
         )
         for strategy, point in winners.items()
         for seed in range(spec.seeds)
@@ -270,10 +380,10 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         return []
 
 
-def finished_rows(job: Job, out: Path, rounds: int) -> list[dict[str, Any]] | None:
-    """The rows of `job`'s file if it holds all `rounds` rounds of this very run, else None."""
+def finished_rows(job: Job, out: Path) -> list[dict[str, Any]] | None:
+    """The rows of `job`'s file if it holds all its rounds of this very run, else None."""
     rows = read_rows(out / RUNS / f"{job.name}.jsonl")
-    whole = [row.get("round") for row in rows] == list(range(1, rounds + 1))
+    whole = [row.get("round") for row in rows] == list(range(1, job.rounds + 1))
     return rows if whole and all(row.get("compare") == job.record for row in rows) else None
 
 
@@ -342,7 +452,7 @@ def run_jobs(
 ) -> dict[str, list[dict[str, Any]]]:
     """Every job's rows by name: those finished before are read, the others run, `spec.parallel` at a time (each
     in a subprocess when more than one)."""
-    rows = {job.name: found for job in jobs if (found := finished_rows(job, spec.out, spec.rounds)) is not None}
+    rows = {job.name: found for job in jobs if (found := finished_rows(job, spec.out)) is not None}
     pending = [job for job in jobs if job.name not in rows]
     progress.show(phase, len(rows), len(jobs), [])
     if spec.parallel <= 1:
@@ -424,6 +534,7 @@ def summarise(
             if per_seed:
                 metrics[key] = {"per_seed": per_seed, **(spread(per_seed) or {})}
         strategies[strategy] = {
+            "rounds_per_round": load_budget().rounds_per_round(strategy, spec.clients),
             "winner": winners[strategy],
             "settings": grid[strategy][winners[strategy]],
             "grid": points,
@@ -442,6 +553,8 @@ def summarise(
             "validation_share": VALIDATION_SHARE,
             "tuning_seed": spec.tuning_seed,
             "score": f"validation accuracy, own predictive, mean over the last {TAIL_ROUNDS} evaluated rounds",
+            "budget": "equal client work: a strategy of one client a round runs `rounds_per_round` rounds for each "
+            "of the others'; a particle strategy's SVGD steps are local-epochs epochs of the mean client's minibatches",
             "set": spec.overrides,
             "engine": ENGINE,
         },
@@ -498,7 +611,15 @@ def terminal_table(summary: dict[str, Any]) -> str:
 
 
 def mean_curve(runs: list[list[dict[str, Any]]], key: str) -> tuple[list[int], list[float]]:
-    """`key` (own_value) per round, the mean over the runs that have it that round."""
+    """`key` (own_value) per round, the mean over the runs that have it that round.
+
+    Args:
+        runs: each run's rows.
+        key: the metric.
+
+    Returns:
+        The rounds that have it, and its mean in each.
+    """
     rounds = sorted({row["round"] for rows in runs for row in rows})
     points = []
     for number in rounds:
@@ -510,17 +631,28 @@ def mean_curve(runs: list[list[dict[str, Any]]], key: str) -> tuple[list[int], l
     return [number for number, _ in points], [value for _, value in points]
 
 
-def plot_curves(finals: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
-    """Test accuracy, NLL and ECE per round, each strategy's mean over its seeds (own predictive)."""
+def plot_curves(
+    finals: dict[str, list[list[dict[str, Any]]]], path: Path, rounds_per_round: dict[str, int] | None = None
+) -> None:
+    """Test accuracy, NLL and ECE per round of client work, each strategy's mean over its seeds (own predictive).
+
+    Args:
+        finals: per strategy its seeds' rows.
+        path: the figure's file.
+        rounds_per_round: per strategy its rounds in one round of client work (Budget.rounds_per_round; default 1).
+    """
     from fedbayes.tasks.report import colour, integer_rounds, new_figure, save_figure
 
+    scale = rounds_per_round or {}
     figure, axes = new_figure(len(METRICS), share_y=False)
     for axis, key in zip(axes[0], METRICS):
         for index, (strategy, runs) in enumerate(finals.items()):
             rounds, values = mean_curve(runs, key)
-            axis.plot(rounds, values, "o-", markersize=3, color=colour(index), label=f"{strategy} ({len(runs)} seeds)")
+            work = [number / scale.get(strategy, 1) for number in rounds]
+            axis.plot(work, values, "o-", markersize=3, color=colour(index), label=f"{strategy} ({len(runs)} seeds)")
         axis.set_title(f"test {HEADINGS[key]} (mean over seeds)")
         integer_rounds(axis)
+        axis.set_xlabel("round of client work")
     axes[0][0].legend(fontsize="small")
     save_figure(figure, path)
 
@@ -564,7 +696,8 @@ def write_report(
     write_atomically(written[0], (json.dumps(summary, indent=1) + "\n").encode(), OUTPUT_MODE)
     write_atomically(written[1], markdown_table(summary).encode(), OUTPUT_MODE)
     try:
-        plot_curves(finals, out / PLOT_FILES[0])
+        scale = {strategy: entry["rounds_per_round"] for strategy, entry in summary["strategies"].items()}
+        plot_curves(finals, out / PLOT_FILES[0], scale)
         plot_reliability(finals, out / PLOT_FILES[1])
         plot_uncertainty(summary, out / PLOT_FILES[2])
     except MissingExtra as error:
@@ -602,6 +735,26 @@ def validation_dataset(spec: CompareSpec, base_config: dict[str, Any]) -> str:
     return f"npz:{folder}"
 
 
+def mean_client_examples(dataset: str, clients: int) -> tuple[float, float]:
+    """The mean client's training examples in the validation split and in the clients' whole data.
+
+    Args:
+        dataset: the validation split as npz:DIR (`validation_dataset`).
+        clients: the federation's clients.
+
+    Returns:
+        (what a client keeps while tuning, what it holds in the final runs): the mean over the clients of
+        client-<i>.npz's rows, and the same plus the validation set's rows shared over the clients, whose examples
+        they gave.
+    """
+    from fedbayes.tasks.npzdata import TEST_FILE, client_file, read_header
+
+    folder = Path(dataset.removeprefix("npz:"))
+    kept = sum(read_header(client_file(folder, index)).rows for index in range(clients))
+    given = read_header(folder / TEST_FILE).rows
+    return kept / clients, (kept + given) / clients
+
+
 def compare(
     spec: CompareSpec, say: Callable[[str], None] = print, progress: ProgressLine | None = None
 ) -> dict[str, Any]:
@@ -629,6 +782,13 @@ def compare(
     clash = [key for key in tuned_keys if key in spec.overrides]
     if clash:
         raise ValueError(f"--set {', '.join(clash)}: the {spec.grid} grid tunes it; leave it to the grid")
+    budget = load_budget()
+    for strategy in spec.strategies:
+        clash = sorted(set(budget.keys(strategy, spec.clients, 1)) & set(spec.overrides))
+        if clash:
+            raise ValueError(
+                f"--set {', '.join(clash)}: the comparison sets it for {strategy}, to make client work equal"
+            )
     for strategy in spec.strategies:  # every point against the real data: what a run would refuse, refused now
         for settings in grid[strategy]:
             check_run_config(job_config(spec, strategy, settings, 0, spec.dataset), spec.clients)
@@ -636,15 +796,19 @@ def compare(
     progress = progress or ProgressLine()
     try:
         first = spec.strategies[0]
-        dataset = validation_dataset(spec, job_config(spec, first, {}, spec.tuning_seed, spec.dataset))
-        tuned = run_jobs(tuning_jobs(spec, grid, dataset), spec, "tune", progress)
+        base = job_config(spec, first, {}, spec.tuning_seed, spec.dataset)
+        dataset = validation_dataset(spec, base)
+        run_settings = check_run_config(base, spec.clients)
+        kept, whole = mean_client_examples(dataset, spec.clients)
+        tuning_steps, final_steps = epoch_steps(run_settings, kept), epoch_steps(run_settings, whole)
+        tuned = run_jobs(tuning_jobs(spec, grid, dataset, tuning_steps), spec, "tune", progress)
         winners = {
             strategy: best_point(
                 [tail_mean(tuned[f"tune-{strategy}-p{point}"], "accuracy") for point in range(len(grid[strategy]))]
             )
             for strategy in spec.strategies
         }
-        rows = run_jobs(final_jobs(spec, grid, winners), spec, "final", progress)
+        rows = run_jobs(final_jobs(spec, grid, winners, final_steps), spec, "final", progress)
     finally:
         progress.close()
     finals = {

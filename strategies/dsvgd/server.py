@@ -96,8 +96,8 @@ class DSVGD(ServerStrategy[DSVGDState]):
             local_steps=hp.local_steps,
             distill_steps=hp.distill_steps,
             kde_bandwidth=hp.kde_bandwidth,
-            step_size=hp.svgd_lr,
-            distill_step_size=hp.distill_lr,
+            step_size=hp.svgd_lr * self._schedule_factor(server_round),
+            distill_step_size=hp.distill_lr * self._schedule_factor(server_round),
             beta=hp.svgd_beta,
             fudge=hp.svgd_fudge,
             alpha=hp.dsvgd_alpha,
@@ -107,6 +107,12 @@ class DSVGD(ServerStrategy[DSVGDState]):
             initial_particles=self.sending_initial,
         )
         return instruction, {"particles": {"particles": self.particles}}
+
+    def _schedule_factor(self, server_round: int) -> float:
+        """The run's `lr-schedule` as a factor of the clients' step sizes: 1 (constant), or the cosine's share of `lr`
+        in `server_round`; the factor first, so that a constant schedule leaves each step size as it is."""
+        training = self.settings.training
+        return training.round_lr(server_round) / training.lr
 
     def select_nodes(self, pool: NodePool, server_round: int) -> list[int]:
         """P-DSVGD: the seeded `fraction-train` sample. DSVGD: one node; a node whose client id is not known yet

@@ -20,8 +20,12 @@ class DSVGDSettings:
     local_steps: int = key(200, "L: SVGD steps towards the tilted distribution (eq. 13-14)", NON_NEGATIVE)
     distill_steps: int = key(200, "L': SVGD steps distilling the client's local particles (eq. 17)", NON_NEGATIVE)
     server_steps: int = key(200, "L_s: P-DSVGD's server distillation steps (eq. 29)", NON_NEGATIVE)
-    svgd_lr: float = key(0.001, "AdaGrad-with-momentum learning rate of loop 1", POSITIVE)
-    distill_lr: float = key(0.001, "... of loop 2 and of the P-DSVGD server", POSITIVE)
+    svgd_lr: float = key(
+        0.001, "AdaGrad-with-momentum learning rate of loop 1 (over the rounds as `lr-schedule` sets)", POSITIVE
+    )
+    distill_lr: float = key(
+        0.001, "... of loop 2 (over the rounds as `lr-schedule` sets) and of the P-DSVGD server", POSITIVE
+    )
     svgd_beta: float = key(0.9, "momentum of the squared-direction average", MOMENTUM)
     svgd_fudge: float = key(1e-6, "smoothing term of the step rule", POSITIVE)
     dsvgd_alpha: float = key(1.0, "α, the temperature of the Gibbs posterior (1 = Bayes)", POSITIVE)

@@ -198,3 +198,29 @@ def test_a_fedlap_func_point_runs_in_the_compare_engine_with_its_memory(tmp_path
     rows = cmp.run_job(job, compare.clients, compare.out)
     assert [row["round"] for row in rows] == [1, 2] and all(0 <= row["accuracy"] <= 1 for row in rows)
     assert all(row["memory_points"] == 20 for row in rows), rows  # 2 clients, the 10 digit classes each
+
+
+def test_dsvgd_gets_the_others_client_work_one_client_a_round(tmp_path):
+    """DSVGD trains one client a round: it runs `clients` rounds for each of the others', evaluated every `clients`
+    rounds, and its L = L' SVGD steps are local-epochs epochs of the mean client's minibatches; P-DSVGD trains every
+    client each round and keeps the rounds. The comparison's own keys may not be --set."""
+    compare = spec(tmp_path, strategies=("dsvgd", "p-dsvgd"), overrides={**TINY, "particles": 2, "local-epochs": 2})
+    with pytest.raises(ValueError, match="--set local-steps: the comparison sets it for dsvgd, to make client work"):
+        cmp.compare(spec(tmp_path, strategies=("fedavg", "dsvgd"), overrides={**TINY, "local-steps": 5}))
+    base = cmp.job_config(compare, "dsvgd", {}, 0, compare.dataset)
+    dataset = cmp.validation_dataset(compare, base)
+    kept, whole = cmp.mean_client_examples(dataset, compare.clients)
+    train = len(np.load(tmp_path / "digits" / "train.npz")["y"])
+    assert whole == train / 2 and kept == pytest.approx(0.9 * whole, abs=1)
+    steps = cmp.epoch_steps(cmp.check_run_config(base, compare.clients), kept)
+    assert steps == 2 * -(-kept // 64)
+    grid = {strategy: cmp.load_grid("small")[strategy][:1] for strategy in compare.strategies}
+    dsvgd, pdsvgd = cmp.tuning_jobs(compare, grid, dataset, steps)
+    assert (dsvgd.rounds, dsvgd.run_config["eval-every"]) == (4, 2)
+    assert (pdsvgd.rounds, "eval-every" in pdsvgd.run_config) == (2, False)
+    for job in (dsvgd, pdsvgd):
+        assert job.run_config["local-steps"] == job.run_config["distill-steps"] == steps
+    rows = cmp.run_job(dsvgd, compare.clients, compare.out)
+    assert [row["round"] for row in rows] == [1, 2, 3, 4]
+    assert [row.get("accuracy_ensemble") is not None for row in rows] == [False, True, False, True]
+    assert cmp.finished_rows(dsvgd, compare.out) == rows  # all 4 of its rounds: read, not run again

@@ -198,3 +198,18 @@ def test_a_kde_bandwidth_of_0_sends_the_variants_default_and_a_set_one_is_sent_a
     for message in messages:
         assert declared_payload(message.content, pb.DSVGDInstruction).message.kde_bandwidth == sent
     assert (f"{strategy}: kde-bandwidth {sent:g}, the variant's default" in caplog.text) == (kde_bandwidth == 0)
+
+
+@pytest.mark.parametrize("strategy", ["dsvgd", "p-dsvgd"])
+def test_the_lr_schedule_sets_both_loops_step_sizes_over_the_rounds(tmp_path, strategy):
+    """Under `lr-schedule` cosine the instruction's step sizes follow lr's cosine over the rounds; constant sends
+    svgd-lr and distill-lr as set."""
+    rates = {"svgd-lr": 0.02, "distill-lr": 0.01, "num-server-rounds": 4}
+    for schedule, factors in (("cosine", (1.0, 0.853553, 0.5, 0.146447)), ("constant", (1.0,) * 4)):
+        core, runtimes, _ = federation(tmp_path / schedule, strategy, **rates, **{"lr-schedule": schedule})
+        for server_round, factor in enumerate(factors, 1):
+            instruction, _ = core.strategy.instruction(server_round, None, [11])
+            assert instruction.step_size == pytest.approx(0.02 * factor, rel=1e-5)
+            assert instruction.distill_step_size == pytest.approx(0.01 * factor, rel=1e-5)
+            if schedule == "constant":
+                assert (instruction.step_size, instruction.distill_step_size) == (0.02, 0.01)  # exactly as set
