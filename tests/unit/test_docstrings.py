@@ -35,6 +35,13 @@ PUBLIC_MODULES = (
     "strategies/fedlap/math.py",
     "strategies/fedlap_func/math.py",
     "strategies/fedpa/math.py",
+    "tasks/datasets.py",
+    "tasks/models.py",
+    "tasks/npzdata.py",
+    "tasks/ood.py",
+    "tasks/partitions.py",
+    "tasks/storage.py",
+    "tasks/validation.py",
 )
 
 SECTION = re.compile(r"^\s*(Args|Arguments|Returns|Yields|Raises|Attributes|Examples?|Notes?):\s*$")
