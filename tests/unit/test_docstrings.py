@@ -40,6 +40,7 @@ PUBLIC_MODULES = (
     "tasks/npzdata.py",
     "tasks/ood.py",
     "tasks/partitions.py",
+    "tasks/report.py",
     "tasks/runfiles.py",
     "tasks/storage.py",
     "tasks/validation.py",
