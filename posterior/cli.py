@@ -24,6 +24,11 @@ class PredictionError(ValueError):
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `fedbayes export`'s arguments to `parser`, and run_export as its handler.
+
+    Args:
+        parser: the `export` subcommand's parser; its `handler` default is set to run_export.
+    """
     parser.add_argument(
         "run",
         type=Path,
@@ -56,8 +61,12 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_named_code_arguments(parser: argparse.ArgumentParser) -> None:
-    """--strategy and --model: the code a run's files may name (a file is data: fedbayes imports only code you
-    name). `named_code` reads them."""
+    """Add --strategy and --model: the code a run's files may name (a file is data: fedbayes imports only code you
+    name). `named_code` reads them.
+
+    Args:
+        parser: the subcommand's parser.
+    """
     parser.add_argument(
         "--strategy",
         metavar="MODULE:ATTRIBUTE",
@@ -72,11 +81,32 @@ def add_named_code_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def named_code(args: argparse.Namespace) -> dict[str, str]:
-    """The code references --strategy and --model named."""
+    """The code references --strategy and --model named.
+
+    Args:
+        args: parsed arguments of a parser add_named_code_arguments added to.
+
+    Returns:
+        "strategy" and/or "model" -> the "<module>:<attribute>" reference given; a key only where its option was given.
+    """
     return {key: getattr(args, key) for key in ("strategy", "model") if getattr(args, key) is not None}
 
 
 def run_export(args: argparse.Namespace) -> int:
+    """`fedbayes export`: write the posterior of a run's kept round to --out and say what it is.
+
+    Args:
+        args: the arguments add_export_arguments parsed.
+
+    Returns:
+        The exit status, 0.
+
+    Raises:
+        OutputExists: --out exists (without --force), or cannot be written; before any other work.
+        ExportError: the run or round cannot be exported (posterior/export.py export_posterior).
+        CheckpointError: the checkpoint is unreadable or damaged.
+        ValueError: --sign is not an Ed25519 private key file.
+    """
     from fedbayes.posterior.export import export_posterior, locate_run
     from fedbayes.tasks.storage import check_new_files
 
@@ -96,6 +126,11 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `fedbayes predict`'s arguments to `parser`, and run_predict as its handler.
+
+    Args:
+        parser: the `predict` subcommand's parser; its `handler` default is set to run_predict.
+    """
     parser.add_argument("file", type=Path, metavar="FILE", help="a posterior `fedbayes export` wrote")
     parser.add_argument(
         "data",
@@ -169,6 +204,22 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
+    """`fedbayes predict`: the posterior predictive of an exported posterior on an .npz of examples; print its summary
+    and, with --out, write the predictions.
+
+    Args:
+        args: the arguments add_predict_arguments parsed.
+
+    Returns:
+        The exit status, 0.
+
+    Raises:
+        OutputExists: --out exists (without --force), or cannot be written; before any other work.
+        PosteriorFileError: the posterior file cannot be read or used (posterior/predictive.py load).
+        PredictionError: the prediction made NaN or Inf numbers; nothing is written.
+        ValueError: the examples cannot be read or do not fit the model, a label is out of the model's range, or
+            --verify is not an Ed25519 public key file.
+    """
     from fedbayes.posterior import load
     from fedbayes.tasks.compute import configure_threads
     from fedbayes.tasks.npzdata import read_examples
@@ -208,7 +259,22 @@ def summary(
     samples: int,
     prediction: Prediction,
 ) -> str:
-    """What the posterior is, how the prediction was made, its metrics (with labels) and the most uncertain examples."""
+    """What the posterior is, how the prediction was made, its metrics (with labels) and the most uncertain examples.
+
+    Args:
+        args: `fedbayes predict`'s arguments: the file, data, seed and --top are named in the summary.
+        header: the posterior file's header.
+        x: the examples predicted, (N, ...); their dtype says how they were scaled.
+        labels: the examples' labels (N,), or None: no accuracy, NLL or ECE.
+        samples: the weight samples asked for (0: the posterior mean).
+        prediction: the prediction on `x`.
+
+    Returns:
+        The lines to print, joined by newlines: also a note when `x`'s pixel scale is not the run's.
+
+    Raises:
+        PredictionError: the probabilities hold NaN or Inf, or a metric is NaN.
+    """
     import torch
 
     from fedbayes.bayes.metrics import classification_metrics
@@ -254,7 +320,13 @@ def summary(
 
 
 def write_predictions(path: Path, prediction: Prediction) -> None:
-    """The predictions as an .npz at `path` (as named: no suffix added), replacing a file there atomically."""
+    """Write the predictions as an .npz, replacing a file there atomically.
+
+    Args:
+        path: the file, as named (no suffix added).
+        prediction: the prediction; written as probs (N, C), entropy, expected_entropy, mutual_information (N,) in nats
+            and preds (N,): the predicted classes.
+    """
     import io
 
     import numpy as np
@@ -285,7 +357,17 @@ def _members_line(header: Header, samples: int, seed: int | None, members: int) 
 
 
 def most_uncertain(prediction: Prediction, labels: np.ndarray | None, top: int) -> str:
-    """A table of the `top` examples with the largest mutual information (ties: largest entropy)."""
+    """A table of the examples with the largest mutual information (ties: largest entropy).
+
+    Args:
+        prediction: the prediction on N examples.
+        labels: the examples' labels (N,), or None: the label column shows "-".
+        top: the rows to list, >= 0 (at most N).
+
+    Returns:
+        A title line, a column header, then one row per example: index, mutual information, entropy, predicted class,
+        label.
+    """
     import numpy as np
 
     order = np.lexsort((-prediction.entropy.numpy(), -prediction.mutual_information.numpy()))[:top]

@@ -64,14 +64,38 @@ class RunLocation:
     named_code: Mapping[str, str] = field(default_factory=dict)
 
     def code_problem(self, source: str, run_config: Mapping[str, Any]) -> str | None:
-        """Why the code `run_config` (read from `source`) names may not be imported; None when it may."""
+        """Why the code `run_config` (read from `source`) names may not be imported; None when it may.
+
+        Args:
+            source: where `run_config` was read, as the message names it (a checkpoint's path, a workdir's run config).
+            run_config: the run config whose strategy and model references are checked against `named_code`.
+
+        Returns:
+            None when every "<module>:<attribute>" reference in `run_config` is one the user named, else a message
+                naming
+            the reference, `source`, and the option that would name it.
+        """
         return unnamed_code(source, run_config, self.named_code)
 
 
 def locate_run(run: Path, federation: str | None, named_code: Mapping[str, str] | None = None) -> RunLocation:
-    """`run` is a `fedbayes local` workdir (the federation and server state directory are in its run config), or,
-    with `federation`, a server state directory holding that federation. `named_code`: the strategy and model
-    references the user named, which the run's run config may name (RunLocation.named_code)."""
+    """Where the run `run` keeps its server checkpoints, and the run config that goes with them.
+
+    Args:
+        run: a `fedbayes local` workdir (the federation and server state directory are in its run config), or, with
+            `federation`, a server state directory holding that federation.
+        federation: the federation in the server state directory `run`; None (or empty) when `run` is a workdir.
+        named_code: the strategy and model references the user named ("strategy"/"model" -> "<module>:<attribute>"),
+            which the run's run config may name (RunLocation.named_code); None: none.
+
+    Returns:
+        The state directory, federation and run config (empty for a bare server state directory) of the run.
+
+    Raises:
+        ExportError: `run` holds no checkpoint of `federation` (the message lists the federations that it does hold),
+            or, without `federation`, `run` is not a workdir or its run config names no server state directory or
+            federation.
+    """
     named_code = dict(named_code or {})
     if federation:
         if not CheckpointStore(run, federation, {}).kept_rounds():
@@ -113,13 +137,29 @@ def export_posterior(
     eval_batch_size: int | None = None,
     sign: Path | None = None,
 ) -> Header:
-    """Write the posterior of kept round `server_round` (0: the newest) to `out`; its header. `data_root` and
-    `eval_batch_size` replace what the run config says (or, outside a workdir, the defaults). `sign`: an Ed25519
-    private key file (posterior/file.py read_signing_key) to sign the file with.
+    """Write the posterior of a kept round to `out` as a posterior file (posterior/file.py), signed with `sign`'s key.
 
-    Raises ExportError naming the checkpoint and the problem (code its run config names that the user did not, a
-    model that does not fit its arrays, a missing dataset), CheckpointError for an unreadable checkpoint, ValueError
-    for a bad key file."""
+    Args:
+        location: the run (locate_run): its state directory, federation, run config and the code the user named.
+        out: the .safetensors file to write; replaced atomically (the caller checks it may be, tasks/storage.py
+            `check_new_files`).
+        server_round: the kept round to export, >= 1; 0: the newest kept round.
+        data_root: where the run's dataset is, in place of what the run config says (outside a workdir: the default);
+            the test split gives the input shape, classes and pixel scale the header records. None: the run config's.
+        eval_batch_size: the run's evaluation batch size, recorded for bit-equal predictions, in place of the run
+            config's (or the default). None: the run config's.
+        sign: an Ed25519 private key file (posterior/file.py read_signing_key) to sign the file with; None: unsigned.
+
+    Returns:
+        The header written to `out`: strategy, posterior kind, model spec, data shape and preprocessing, round.
+
+    Raises:
+        ExportError: the checkpoint's run config names code the user did not name, its global arrays do not fit the
+            model its run config builds, the run's test data are not at the data root, or the strategy's posterior mean
+            is not its global model.
+        CheckpointError: the checkpoint is missing, unreadable or damaged (server/checkpoint.py).
+        ValueError: `sign` is not an unencrypted Ed25519 private key file; checked before any other work.
+    """
     signing_key = read_signing_key(sign) if sign is not None else None  # a bad key before any work
     store = CheckpointStore(location.state_dir, location.federation, {})
     checkpoint, saved_run_config = store.read(server_round)
@@ -181,7 +221,23 @@ def posterior_tensors(
     posterior: GlobalPosterior, arrays: dict[str, np.ndarray], layout: Layout, buffers: Layout, source: Path
 ) -> tuple[str, dict[str, np.ndarray]]:
     """The posterior's kind and its tensors (posterior/file.py), from the checkpoint's global `arrays` and what the
-    strategy holds."""
+    strategy holds.
+
+    Args:
+        posterior: what the strategy's server half holds of the global posterior: particles, a Gaussian, or neither.
+        arrays: the checkpoint's global arrays, parameter and buffer name -> array.
+        layout: the model's parameters, name -> shape, in the order the flat vectors follow.
+        buffers: the model's buffers (BatchNorm statistics), name -> shape.
+        source: the checkpoint's path, for the message of an error.
+
+    Returns:
+        The kind ("particles", "point", "gaussian-full" or "gaussian-diagonal") and tensor name -> array: the mean and
+        buffers always, then the particles (N, *shape) per parameter, the (P, P) precision matrix, or the per-entry
+        precisions (float64, an isotropic precision broadcast to every entry).
+
+    Raises:
+        ExportError: a Gaussian posterior whose mean is not exactly the global model `arrays` hold.
+    """
     tensors = {f"{MEAN}{name}": arrays[name] for name in layout} | {f"{BUFFER}{name}": arrays[name] for name in buffers}
     if posterior.particles is not None:
         particles = [unflatten(particle, layout) for particle in posterior.particles]

@@ -111,13 +111,23 @@ class Header:
     fedbayes_version: str
 
     def to_json(self) -> str:
+        """The header as the JSON the file's "header" metadata holds.
+
+        Returns:
+            A JSON object of every field; the layouts as lists of [name, shape] pairs, so that their order is kept.
+        """
         fields = asdict(self)
         fields["parameters"] = [[name, list(shape)] for name, shape in self.parameters.items()]
         fields["buffers"] = [[name, list(shape)] for name, shape in self.buffers.items()]
         return json.dumps(fields)
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor a file with this header holds, and its shape."""
+        """Every tensor a file with this header holds, and its shape.
+
+        Returns:
+            Tensor name ("mean/...", "buffer/...", "precision/...", "particles/..." or "precision_matrix") -> shape, as
+            the header's kind and layouts imply them.
+        """
         shapes = {f"{MEAN}{name}": shape for name, shape in self.parameters.items()}
         shapes |= {f"{BUFFER}{name}": shape for name, shape in self.buffers.items()}
         if self.kind == "gaussian-diagonal":
@@ -133,8 +143,19 @@ class Header:
 def write_posterior_file(
     path: Path, header: Header, tensors: dict[str, np.ndarray], signing_key: Ed25519PrivateKey | None = None
 ) -> None:
-    """Write atomically (a crash leaves no torn file) after checking `tensors` against `header`; signed with
-    `signing_key` (read_signing_key) when given. Raises ValueError naming the tensor that does not fit."""
+    """Write a posterior file atomically (a crash leaves no torn file) after checking `tensors` against `header`.
+
+    Args:
+        path: the .safetensors file to write; replaced if it exists.
+        header: what the posterior is; its kind and layouts say which tensors the file holds (Header.tensor_shapes).
+        tensors: tensor name -> array, exactly those of `header.tensor_shapes()`, in those shapes, finite, floating
+            point (buffers may be integers); precisions > 0.
+        signing_key: an Ed25519 private key (read_signing_key) to sign the checksum with; None: unsigned.
+
+    Raises:
+        ValueError: a tensor is missing, extra, of another shape or dtype, non-finite, or a precision is not > 0 (or
+            the precision matrix not symmetric positive definite); the message names it.
+    """
     _check_tensors(tensors, header, lambda field, problem: ValueError(f"not writing {path}: '{field}' {problem}"))
     tensors = {name: np.require(value, requirements="C") for name, value in tensors.items()}
     metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "header": header.to_json()}
@@ -148,12 +169,23 @@ def write_posterior_file(
 def read_posterior_file(
     path: Path, limits: PosteriorLimits = DEFAULT_LIMITS, verify: Path | None = None
 ) -> tuple[Header, dict[str, np.ndarray]]:
-    """The header and tensors of an exported posterior. `verify`: a public key file (read_verify_key) the file's
-    signature must verify with.
+    """The header and tensors of an exported posterior, checked in full.
 
-    Raises PosteriorFileError naming the file and the problem: unreadable, of another format or a newer version,
-    claiming sizes over `limits`, changed since it was written (checksum), unsigned or not signed by `verify`'s key,
-    or inconsistent with its header (tensors, shapes, finiteness, precisions not positive or not positive definite).
+    Args:
+        path: the posterior file `fedbayes export` wrote.
+        limits: the largest sizes the header may claim (safetensors header bytes, input values, classes, ensemble
+            samples) before it is believed.
+        verify: a public key file (read_verify_key) the file's signature must verify with; None: the signature, if
+            any, is not checked.
+
+    Returns:
+        The parsed header and tensor name -> array, the tensors exactly those the header implies.
+
+    Raises:
+        PosteriorFileError: the file is unreadable, of another format or a newer version, claims sizes over `limits`,
+            changed since it was written (checksum), is unsigned or not signed by `verify`'s key, or is inconsistent
+            with its header (tensors, shapes, finiteness, precisions not positive or not positive definite).
+        ValueError: `verify` is not an Ed25519 public key file; checked before the file is read.
     """
 
     def damaged(field: str, problem: str) -> PosteriorFileError:
@@ -219,8 +251,19 @@ def _over_limit(path: Path, limits: PosteriorLimits) -> Callable[[str, int, str]
 
 
 def read_signing_key(path: Path) -> Ed25519PrivateKey:
-    """The Ed25519 private key in `path` (PEM, PKCS #8 as `openssl genpkey -algorithm ed25519` writes it, or OpenSSH
-    as `ssh-keygen -t ed25519` does; unencrypted). Raises ValueError naming the file and what it holds instead."""
+    """The Ed25519 private key in `path`.
+
+    Args:
+        path: a key file, unencrypted: PEM (PKCS #8, as `openssl genpkey -algorithm ed25519` writes it) or OpenSSH (as
+            `ssh-keygen -t ed25519` does); at most 64 KiB.
+
+    Returns:
+        The private key, to sign posterior files with (write_posterior_file).
+
+    Raises:
+        ValueError: the file is unreadable, over 64 KiB, not an unencrypted PEM or OpenSSH private key, or holds a key
+            of another algorithm; the message names the file.
+    """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -238,8 +281,19 @@ def read_signing_key(path: Path) -> Ed25519PrivateKey:
 
 
 def read_verify_key(path: Path) -> Ed25519PublicKey:
-    """The Ed25519 public key in `path` (PEM, as `openssl pkey -pubout` writes it, or OpenSSH's one line, as in
-    `ssh-keygen`'s .pub). Raises ValueError naming the file, also when it holds a private key."""
+    """The Ed25519 public key in `path`.
+
+    Args:
+        path: a key file: PEM (as `openssl pkey -pubout` writes it) or OpenSSH's one line (as in `ssh-keygen`'s .pub);
+            at most 64 KiB.
+
+    Returns:
+        The public key, to verify posterior files' signatures with (read_posterior_file).
+
+    Raises:
+        ValueError: the file is unreadable, over 64 KiB, holds a private key, is not a PEM or OpenSSH public key, or
+            holds a key of another algorithm; the message names the file.
+    """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 

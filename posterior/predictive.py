@@ -50,13 +50,25 @@ def load(
 
     A file is data: loading it imports and runs nothing it names. Its model is built from the header's spec when that
     is a built-in model, once the spec's layout is the file's (laid out on the meta device first). A user model is
-    used only when you name it: `model`, a "<module>:<callable>" reference or the callable(input_shape,
-    num_classes) itself; its layout must be the file's too. `verify`: a public key file (PEM or OpenSSH) the file's
-    Ed25519 signature must verify with (`fedbayes export --sign`). `limits`: the largest sizes the header may claim.
+    used only when you name it.
 
-    Raises PosteriorFileError naming the file and the problem: unreadable, damaged or edited (checksum), unsigned or
-    not signed with `verify`'s key, of a newer format, over `limits`, a header naming a user model you did not name,
-    or a model that does not build here or does not fit the file's tensors. ValueError for a bad key file.
+    Args:
+        path: the posterior file.
+        model: the user model the header names, as a "<module>:<callable>" reference or the callable(input_shape,
+            num_classes) itself; its parameter and buffer layout must be the file's. None: the header's built-in model.
+        verify: a public key file (PEM or OpenSSH) the file's Ed25519 signature must verify with (`fedbayes export
+            --sign`); None: the signature is not checked.
+        limits: the largest sizes the header may claim before it is believed (posterior/file.py PosteriorLimits).
+
+    Returns:
+        The posterior, its model built and its tensors loaded, ready to `predict`.
+
+    Raises:
+        PosteriorFileError: the file is unreadable, damaged or edited (checksum), unsigned or not signed with
+            `verify`'s key, of a newer format, over `limits`, its header names a user model `model` does not name, or
+            the model does not build here or does not fit the file's tensors.
+        ValueError: `verify` is not an Ed25519 public key file, or `model` is a string that is not
+            "<module>:<callable>".
     """
     path = Path(path)
     header, tensors = read_posterior_file(path, limits, Path(verify) if verify is not None else None)
@@ -123,9 +135,20 @@ class Posterior:
         return model
 
     def members(self, samples: int, seed: int | None = None) -> list[Weights]:
-        """The parameter settings a prediction averages: the mean alone for `samples` = 0 (and for a point estimate,
-        whatever `samples`), every particle of a particle posterior, else `samples` draws from the Gaussian with
-        generator seed `seed` (None: the server's seed for this round, round_seed(run seed, round))."""
+        """The parameter settings a prediction averages.
+
+        Args:
+            samples: weight samples to draw, >= 0; 0: the mean alone. A point estimate is always its mean alone and a
+                particle posterior always all of its particles, whatever `samples` (> 0) is.
+            seed: the generator seed of the Gaussian's draws; None: the server's seed for this round, round_seed(run
+                seed, round), which reproduces its ensemble evaluation.
+
+        Returns:
+            One parameter name -> array mapping per member, in the header's layout.
+
+        Raises:
+            ValueError: `samples` is negative.
+        """
         if samples < 0:
             raise ValueError(f"samples must be >= 0, got {samples}")
         if samples == 0 or self.header.kind == "point":
@@ -138,8 +161,21 @@ class Posterior:
         return [unflatten(draw.numpy(), self.header.parameters) for draw in draws]
 
     def inputs(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """What the model sees of examples `x` (N, *input_shape), or (N, H, W) for one-channel images: uint8 as
-        0-255 pixels scaled to [0, 1], floats as they are, then times the run's input-scale."""
+        """What the model sees of examples `x`.
+
+        Args:
+            x: examples (N, *input_shape), or (N, H, W) for one-channel images; uint8 as 0-255 pixels, or floats.
+
+        Returns:
+            The model's inputs (N, *input_shape) float32: uint8 scaled to [0, 1], floats as they are, then times the
+                run's
+            input-scale.
+
+        Raises:
+            ValueError: `x`'s example shape is not the model's, its dtype is neither uint8 nor floating point, or it
+                holds
+                NaN or Inf.
+        """
         x = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
         shape = self.header.input_shape
         if x.ndim == len(shape) and shape[0] == 1 and x.shape[1:] == shape[1:]:
@@ -160,9 +196,24 @@ class Posterior:
         batch_size: int | None = None,
         device: str = "cpu",
     ) -> Prediction:
-        """The posterior predictive on `x` and its uncertainty per example (posterior/uncertainty.py), averaged over
-        `members(samples, seed)`; `samples` None: the run's ensemble-samples. Batches of `batch_size` (None: the
-        run's evaluation batch size) on `device` ("cpu", "cuda", "auto")."""
+        """The posterior predictive on `x` and its uncertainty per example (posterior/uncertainty.py).
+
+        Args:
+            x: examples (N, *input_shape), or (N, H, W) for one-channel images; uint8 0-255 pixels or floats (inputs).
+            samples: weight samples to average (members); None: the run's ensemble-samples; 0: the mean alone.
+            seed: the samples' generator seed; None: the server's seed for this round.
+            batch_size: examples per forward pass; None: the run's evaluation batch size, with which the float rounding
+                is the server's.
+            device: "cpu", "cuda" or "auto" (CUDA when there is one).
+
+        Returns:
+            The mean class probabilities (N, C) with their total, expected and mutual-information entropies (N,), and
+                the
+            number of members averaged.
+
+        Raises:
+            ValueError: `x` is not examples the model takes (inputs), or `samples` is negative.
+        """
         images = self.inputs(x)
         members = self.members(self.header.ensemble_samples if samples is None else samples, seed)
         return predictive(
@@ -172,7 +223,17 @@ class Posterior:
     def member_probs(
         self, members: list[Weights], images: torch.Tensor, batch_size: int, device: torch.device
     ) -> torch.Tensor:
-        """(S, N, C): each member's softmax probabilities on `images`, computed as server/app.py computes them."""
+        """Each member's softmax probabilities on `images`, computed as server/app.py computes them.
+
+        Args:
+            members: parameter settings (members), parameter name -> array; the file's buffers go with each.
+            images: model inputs (N, *input_shape), already scaled (inputs).
+            batch_size: examples per forward pass, >= 1.
+            device: where the model runs; it is moved back to the CPU after each member.
+
+        Returns:
+            The probabilities (S, N, C), S = len(members), on the CPU.
+        """
         probs = []
         for weights in members:
             set_parameters(self.model, weights | self.buffers)

@@ -15,7 +15,14 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def configure_threads() -> int:
-    """One torch/OpenMP thread per process unless FEDBAYES_THREADS says otherwise."""
+    """One torch/OpenMP thread per process unless FEDBAYES_THREADS says otherwise (torch.set_num_threads).
+
+    Returns:
+        The thread count set, >= 1.
+
+    Raises:
+        ValueError: FEDBAYES_THREADS is no integer or is below 1.
+    """
     threads = int(os.environ.get(THREADS_ENV, "1"))
     if threads < 1:
         raise ValueError(f"{THREADS_ENV} must be >= 1, got {threads}")
@@ -24,7 +31,18 @@ def configure_threads() -> int:
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` picks CUDA when present; asking for `cuda` without a GPU is an error, not a fallback."""
+    """The torch device a device option names; asking for `cuda` without a GPU is an error, not a fallback.
+
+    Args:
+        name: one of DEVICES: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda".
+
+    Returns:
+        The device.
+
+    Raises:
+        ValueError: `name` is not one of DEVICES.
+        RuntimeError: "cuda" without a CUDA GPU available to torch.
+    """
     if name not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {name!r}")
     if name == "auto":

@@ -54,7 +54,11 @@ class Dataset:
 
     @functools.cached_property
     def images(self) -> torch.Tensor:
-        """float32, shape (N, C, H, W): pixels * pixel_scale ([0, 1] by default)."""
+        """The images a model sees, converted on first read and kept.
+
+        Returns:
+            float32, shape (N, C, H, W): pixels * pixel_scale ([0, 1] by default).
+        """
         return scaled_images(self.pixels, self.pixel_scale)
 
     @property
@@ -66,32 +70,73 @@ class Dataset:
         return len(self.labels)
 
     def subset(self, indices) -> Dataset:
-        """The examples at `indices` (any integer array-like), in that order."""
+        """The examples at `indices`, in that order.
+
+        Args:
+            indices: positions 0 <= i < len(self), any integer array-like; repeats repeat an example.
+
+        Returns:
+            A dataset of those examples, with this one's name, class count and pixel scale.
+        """
         index = torch.as_tensor(indices, dtype=torch.long)
         return Dataset(self.name, self.pixels[index], self.labels[index], self.num_classes, self.pixel_scale)
 
     def by_class(self) -> Dataset:
-        """The examples class by class, each class's in their order here (run config `row-order = "by-class"`)."""
+        """The examples class by class, each class's in their order here (run config `row-order = "by-class"`).
+
+        Returns:
+            The same examples, sorted by label (stable).
+        """
         return self.subset(torch.argsort(self.labels, stable=True))
 
     def scaled(self, factor: float) -> Dataset:
-        """Images multiplied by `factor` (run config `input-scale`; 255 feeds raw 0-255 pixels)."""
+        """Images multiplied by `factor` (run config `input-scale`; 255 feeds raw 0-255 pixels).
+
+        Args:
+            factor: what `images` is multiplied by, on top of the pixel scale.
+
+        Returns:
+            This dataset itself for a factor of 1, else one sharing its pixels and labels with the pixel scale times
+            `factor`.
+        """
         if factor == 1.0:
             return self
         return Dataset(self.name, self.pixels, self.labels, self.num_classes, self.pixel_scale * factor)
 
 
 def scaled_images(pixels: torch.Tensor, pixel_scale: float) -> torch.Tensor:
-    """What a model sees of stored `pixels`: float32 pixels * pixel_scale (a Dataset's images; `fedbayes predict`)."""
+    """What a model sees of stored `pixels` (a Dataset's images; `fedbayes predict`).
+
+    Args:
+        pixels: examples as stored, any dtype and shape.
+        pixel_scale: the factor the pixels are multiplied by (1/255 maps uint8 to [0, 1]).
+
+    Returns:
+        float32 pixels * pixel_scale, contiguous, in `pixels`' shape.
+    """
     return (pixels.to(torch.float32) * pixel_scale).contiguous()
 
 
 def load_dataset(name: str, train: bool, data_root: str = "", download: bool = False) -> Dataset:
-    """Load the train or test split of `name` (one of DATASETS, or "npz:DIR": tasks/npzdata.py).
+    """Load the train or test split of `name`. Results are cached per process, so clients and the evaluator sharing a
+    process load each split once.
 
-    With `data_root` empty, "fmnist" is read from the Debian package; the other datasets need a
-    torchvision root (`download=True` lets torchvision fetch them into it). Results are cached per
-    process, so clients and the evaluator sharing a process load each split once.
+    Args:
+        name: one of DATASETS, or "npz:DIR" (tasks/npzdata.py).
+        train: True for the training split, False for the test split.
+        data_root: a torchvision dataset folder; empty: "fmnist" is read from the Debian package, the other built-in
+            datasets cannot be read. Not used for "npz:DIR".
+        download: let torchvision fetch a missing dataset into `data_root`.
+
+    Returns:
+        The split's pixels (uint8 for the built-in datasets, (N, C, H, W)), labels and class count.
+
+    Raises:
+        ValueError: `name` is not a known dataset, or a data file is corrupt.
+        DatasetNotFoundError: the dataset's files are not where they were looked for (the message says how to get
+            them).
+        ModuleNotFoundError: the dataset needs torchvision, which this install lacks.
+        NpzDataError: an "npz:DIR" folder or file is refused (tasks/npzdata.py).
     """
     if name not in DATASETS and not name.startswith(NPZ_PREFIX):
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, or npz:DIR")
@@ -133,6 +178,11 @@ def _load_debian_fmnist(train: bool) -> Dataset:
 
 
 def cache_dir() -> Path:
+    """Where decoded dataset files are cached: $FEDBAYES_CACHE_DIR, else ~/.cache/fedbayes.
+
+    Returns:
+        The cache folder (not created here).
+    """
     return Path(os.environ.get("FEDBAYES_CACHE_DIR") or Path.home() / ".cache" / "fedbayes")
 
 
@@ -160,9 +210,22 @@ def _read_idx_cached(path: Path, ndim: int) -> np.ndarray:
 
 
 def read_idx_ubyte_gz(path: Path, ndim: int, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
-    """Read a gzipped IDX file of unsigned bytes with `ndim` dimensions (the MNIST file format). A gzip file of a few
-    MiB can decompress to gigabytes, so the header's shape is checked against `max_bytes` first, and no more than it
-    declares is decompressed."""
+    """Read a gzipped IDX file of unsigned bytes (the MNIST file format). A gzip file of a few MiB can decompress to
+    gigabytes, so the header's shape is checked against `max_bytes` first, and no more than it declares is
+    decompressed.
+
+    Args:
+        path: the .gz file.
+        ndim: the array's dimensions (3 for images, 1 for labels); the magic number must say the same.
+        max_bytes: the largest array the header may declare, in bytes.
+
+    Returns:
+        The uint8 array, writable, of the header's shape.
+
+    Raises:
+        ValueError: the file is not readable gzip, its magic number is not that of `ndim`-dimensional unsigned bytes,
+            its header is cut short or declares over `max_bytes`, or it holds fewer or more bytes than it declares.
+    """
     header_size = 4 + 4 * ndim
     expected_magic = bytes([0, 0, _IDX_UBYTE_TYPE, ndim])
     try:

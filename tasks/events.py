@@ -121,7 +121,14 @@ class Event:
     fields: Mapping[str, Any]
 
     def json_line(self) -> str:
-        """The event as its line of the file (no newline); MalformedEvent if it is none a reader would take."""
+        """The event as its line of the file (no newline); the writer refuses what the reader would.
+
+        Returns:
+            The JSON object of its type, round, time and fields.
+
+        Raises:
+            MalformedEvent: the event is none a reader would take (parse_event).
+        """
         line = json.dumps({"type": self.type, "round": self.round, "time": self.time, **self.fields})
         parse_event(line)  # the writer refuses what the reader would
         return line
@@ -166,8 +173,13 @@ def parse_event(line: str | bytes) -> Event:
 
 
 def event_of_log_line(line: str) -> Event | None:
-    """The event a line of the ServerApp's log carries (after LOG_PREFIX, in whatever Flower puts before it), or
-    None for any other line.
+    """The event a line of the ServerApp's log carries (after LOG_PREFIX, in whatever Flower puts before it).
+
+    Args:
+        line: one line of the ServerApp's log.
+
+    Returns:
+        The event, or None for a line without LOG_PREFIX.
 
     Raises:
         MalformedEvent: the line has LOG_PREFIX and no event after it.
@@ -186,7 +198,14 @@ class EventLog:
         self.lock = threading.Lock()
 
     def write_to(self, path: Path) -> None:
-        """Append every later event to `path` (made if missing), after ending a last line a crash cut short."""
+        """Append every later event to `path` (made if missing), after ending a last line a crash cut short.
+
+        Args:
+            path: the events file; its parent folders are created.
+
+        Raises:
+            OSError: the file cannot be opened or written.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a+b") as events_file:
             events_file.seek(0, os.SEEK_END)
@@ -197,7 +216,12 @@ class EventLog:
         self.path = path
 
     def emit(self, kind: str, server_round: int | None = None, **fields: Any) -> None:
-        """Write one event of type `kind` (FIELDS), timed now.
+        """Write one event, timed now, to the events file (once `write_to` named it) and to the mirror.
+
+        Args:
+            kind: the event's type, a key of FIELDS.
+            server_round: its round, for the types that have one (>= 0); None for those that have none.
+            fields: exactly the fields its type has (FIELDS), each of the kind that says.
 
         Raises:
             MalformedEvent: it is not what its type says (a bug of the caller's).
@@ -225,9 +249,13 @@ def read_events(
         start: where to begin, 0 or the offset after a line.
         on_malformed: gets each line that is no event, which is then skipped; None: such a line raises.
 
+    Yields:
+        (the offset just after the event's line, the event), in file order.
+
     Raises:
         MalformedEvent: a line is no event (the message names the file and the line's offset), without
-            `on_malformed`. OSError: the file cannot be read.
+            `on_malformed`.
+        OSError: the file cannot be read.
     """
     for end, event in _read_lines(path, start):
         if isinstance(event, Event):
@@ -266,10 +294,13 @@ class EventTail:
         self.path, self.offset, self.on_malformed = path, start, on_malformed
 
     def read(self) -> list[Event]:
-        """The new events ([] while there is no file).
+        """The new events: those whose lines ended since the last call.
+
+        Returns:
+            The events, in file order; [] while there is no file.
 
         Raises:
-            MalformedEvent: a new line is no event (without `on_malformed`).
+            MalformedEvent: a new line is no event (without `on_malformed`); the next call reads from that line again.
         """
         events = []
         try:
@@ -287,6 +318,13 @@ class EventTail:
 
 
 def last_start(events: list[Event]) -> list[Event]:
-    """The events of the newest start of the ServerApp: from its run_started event on (all of them if none has one)."""
+    """The events of the newest start of the ServerApp.
+
+    Args:
+        events: a federation's events, in file order.
+
+    Returns:
+        The events from the last run_started event on; all of them if none is one.
+    """
     starts = [index for index, event in enumerate(events) if event.type == RUN_STARTED]
     return events[starts[-1] :] if starts else events

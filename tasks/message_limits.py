@@ -15,22 +15,41 @@ MAX_MESSAGE_OPTION = "--max-message-mb"
 
 
 def message_bytes_limit(max_message_mb: float) -> int:
-    """The most bytes of objects a message under `max_message_mb` MiB may take: its records plus
-    OBJECT_OVERHEAD_BYTES of framing."""
+    """The most bytes of objects a message may take: its records plus OBJECT_OVERHEAD_BYTES of framing.
+
+    Args:
+        max_message_mb: the records' bound, in MiB (> 0).
+
+    Returns:
+        The bound in bytes.
+    """
     return int(max_message_mb * 2**20) + OBJECT_OVERHEAD_BYTES
 
 
 def default_max_message_mb() -> float:
-    """What a SuperLink or SuperNode bounds messages at unless told: the run config's max-payload-mb default."""
+    """What a SuperLink or SuperNode bounds messages at unless told.
+
+    Returns:
+        The run config's max-payload-mb default, in MiB.
+    """
     from fedbayes.tasks.config import RunSettings, keys_of
 
     return float(next(key.default for key in keys_of(RunSettings) if key.name == "max-payload-mb"))
 
 
 def max_message_option(argv: list[str]) -> tuple[float, list[str]]:
-    """`fedbayes superlink`'s and `fedbayes supernode`'s own option: (the --max-message-mb given, or
-    `default_max_message_mb()`; the other arguments, for Flower's command as they are). SystemExit naming the option
-    for a value that is not a finite number of MiB > 0."""
+    """`fedbayes superlink`'s and `fedbayes supernode`'s own option, taken out of their arguments.
+
+    Args:
+        argv: the command's arguments, Flower's and --max-message-mb among them.
+
+    Returns:
+        The --max-message-mb given (default: `default_max_message_mb()`), in MiB, and the other arguments, for
+        Flower's command as they are.
+
+    Raises:
+        SystemExit: naming the option, for a value that is not a finite number of MiB > 0.
+    """
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -46,7 +65,19 @@ def max_message_option(argv: list[str]) -> tuple[float, list[str]]:
 
 
 def seconds_from_env(name: str, default: float, maximum: float) -> float:
-    """The environment variable `name` as seconds in (0, maximum], `default` when unset; ValueError naming it."""
+    """An environment variable as a number of seconds.
+
+    Args:
+        name: the variable.
+        default: its value when it is unset, in seconds.
+        maximum: the largest value allowed, in seconds.
+
+    Returns:
+        The seconds, in (0, maximum].
+
+    Raises:
+        ValueError: naming the variable, when it is no number or is outside (0, maximum] (`default` included).
+    """
     value = os.environ.get(name, str(default))
     try:
         seconds = float(value)

@@ -65,13 +65,26 @@ def build_model(
     activation: str = "sigmoid",
     pool: int = 1,
 ) -> nn.Module:
-    """A model mapping a batch of shape (B, *input_shape) to logits of shape (B, num_classes).
+    """A model mapping a batch of shape (B, *input_shape) to logits of shape (B, num_classes), its initial weights drawn
+    from torch's global RNG.
 
-    "logreg" ignores `hidden` and `activation`; "mlp" puts `activation` after each hidden layer
-    (the paper's FMNIST model is 784-200-100-10 with sigmoid). `pool` > 1 first averages the image
-    over pool x pool blocks (28x28 -> 7x7 for pool 4): a logistic regression small enough for a
-    full-covariance posterior. The convolutional models ignore `hidden` and `activation` (their layers
-    are fixed by the papers) and refuse `pool` > 1.
+    Args:
+        name: one of MODELS, or a user's "<module>:<callable>" (build_user_model: importing it runs it).
+        input_shape: one example's shape, (C, H, W) for the convolutional models.
+        num_classes: the logits' width.
+        hidden: the mlp's hidden widths, in order (the paper's FMNIST model: 200, 100 with sigmoid); ignored by every
+            other model.
+        activation: the mlp's activation after each hidden layer, one of ACTIVATIONS ("sigmoid", "relu", "tanh");
+            ignored by every other built-in model, but checked.
+        pool: > 1 first averages the image over pool x pool blocks (28x28 -> 7x7 for pool 4), for logreg and mlp
+            only: a logistic regression small enough for a full-covariance posterior. 1: no pooling.
+
+    Returns:
+        The model; the Sequential models' state_dict keys are their layer positions (module docstring).
+
+    Raises:
+        ValueError: an unknown model or activation, `pool` below 1 or above 1 for a model other than logreg and mlp,
+            an input too small for the model, or a user model that cannot be loaded or built.
     """
     if is_user_model(name):
         if pool > 1:
@@ -99,12 +112,30 @@ def build_model(
 
 
 def is_user_model(name: str) -> bool:
-    """Whether model `name` is a user's "<module>:<callable>": building it imports and runs that code."""
+    """Whether model `name` is a user's "<module>:<callable>": building it imports and runs that code.
+
+    Args:
+        name: a run config's model.
+
+    Returns:
+        True when `name` holds a colon.
+    """
     return ":" in name
 
 
 def load_model_builder(reference: str) -> ModelBuilder:
-    """The callable a user model names, "<module>:<callable>"; ValueError saying why it cannot be had."""
+    """The callable a user model names; importing its module runs it.
+
+    Args:
+        reference: "<module>:<callable>", the module importable here (e.g. on PYTHONPATH).
+
+    Returns:
+        The callable(input_shape, num_classes) -> torch.nn.Module.
+
+    Raises:
+        ValueError: `reference` is not "<module>:<callable>", importing the module or getting the attribute raised
+            (the message names what), or the attribute is not callable.
+    """
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"{reference!r} is not '<module>:<callable>'")
@@ -121,8 +152,20 @@ def load_model_builder(reference: str) -> ModelBuilder:
 
 
 def build_user_model(builder: str | ModelBuilder, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A user model: `builder(input_shape, num_classes)`, `builder` the callable or a "<module>:<callable>"
-    reference to import; it must return a torch.nn.Module. Raises ValueError saying what failed."""
+    """A user model: `builder(input_shape, num_classes)`.
+
+    Args:
+        builder: the callable, or a "<module>:<callable>" reference to import (load_model_builder).
+        input_shape: one example's shape, passed as a tuple.
+        num_classes: the classes the model's logits cover.
+
+    Returns:
+        The torch.nn.Module the builder returned.
+
+    Raises:
+        ValueError: the reference cannot be loaded, the builder raised (the message names it and what it raised), or
+            it returned something that is not a torch.nn.Module.
+    """
     name = builder if isinstance(builder, str) else getattr(builder, "__qualname__", repr(builder))
     build = load_model_builder(builder) if isinstance(builder, str) else builder
     try:
@@ -147,12 +190,24 @@ def planned_layouts(
     max_tensors: int | None = None,
 ) -> tuple[Shapes, Shapes]:
     """The parameter and buffer layouts of built-in model `name` as build_model builds it, laid out on the meta
-    device: no memory for its weights or its dry runs, whatever sizes it is given. `max_tensors` (e.g. the count a
-    file holds) refuses, before a single module is made, an mlp whose `hidden` makes more parameter tensors: the
-    Python objects of even a meta build grow with its depth.
+    device: no memory for its weights or its dry runs, whatever sizes it is given.
 
-    Raises ValueError: a user model (only running its code lays it out), what build_model refuses, sizes torch
-    cannot represent, an mlp deeper than `max_tensors` allows.
+    Args:
+        name: a built-in model, one of MODELS.
+        input_shape: one example's shape.
+        num_classes: the logits' width.
+        hidden: the mlp's hidden widths (build_model).
+        activation: the mlp's activation (build_model).
+        pool: the image pooling of logreg and mlp (build_model).
+        max_tensors: the most parameter tensors an mlp may have (e.g. the count a file holds), refused before a single
+            module is made: the Python objects of even a meta build grow with its depth. None: no bound.
+
+    Returns:
+        Parameter name -> shape and buffer name -> shape, in the model's order.
+
+    Raises:
+        ValueError: a user model (only running its code lays it out), what build_model refuses, sizes torch cannot
+            represent, an mlp deeper than `max_tensors` allows.
     """
     if is_user_model(name):
         raise ValueError(f"model {name!r} is a user's: only its own code can lay it out")
@@ -178,13 +233,25 @@ def build_model_holding(
     pool: int,
     held: Mapping[str, tuple[int, ...]],
 ) -> nn.Module:
-    """The model build_model builds (a user model: `name` a "<module>:<callable>" reference or the callable itself),
-    built only once it is known to hold exactly the tensors `held` (name -> shape, parameters and buffers in any
-    order: what a file holds). A built-in model is laid out on the meta device first (`planned_layouts`, its depth
-    bounded by len(held)), so sizes a file claims cost no more memory than the file's own tensors; a user model,
-    which only its code can lay out, is built and then compared.
+    """The model build_model builds, built only once it is known to hold exactly the tensors `held`. A built-in model
+    is laid out on the meta device first (`planned_layouts`, its depth bounded by len(held)), so sizes a file claims
+    cost no more memory than the file's own tensors; a user model, which only its code can lay out, is built and then
+    compared.
 
-    Raises ValueError: the model does not build, or the first tensor it would hold that differs from `held`.
+    Args:
+        name: a built-in model, or a user model as a "<module>:<callable>" reference or the callable itself.
+        input_shape: one example's shape.
+        num_classes: the logits' width.
+        hidden: the mlp's hidden widths (build_model).
+        activation: the mlp's activation (build_model).
+        pool: the image pooling of logreg and mlp (build_model).
+        held: name -> shape of the tensors the model must hold, parameters and buffers in any order: what a file holds.
+
+    Returns:
+        The model, its initial weights drawn from torch's global RNG (the caller loads the held tensors into it).
+
+    Raises:
+        ValueError: the model does not build, or the first tensor it would hold that differs from `held`.
     """
     if isinstance(name, str) and not is_user_model(name):
         parameters, buffers = planned_layouts(name, input_shape, num_classes, hidden, activation, pool, len(held))
@@ -230,7 +297,15 @@ def _refuse_other_tensors(built: Shapes, held: Mapping[str, tuple[int, ...]]) ->
 
 
 def shapes_difference(built: Mapping[str, tuple[int, ...]], held: Mapping[str, tuple[int, ...]]) -> str | None:
-    """The first tensor (by name) that `built` and `held` disagree on, in words; None when they hold the same."""
+    """The first tensor (by name) that `built` and `held` disagree on, in words.
+
+    Args:
+        built: name -> shape of a model's tensors.
+        held: name -> shape of the tensors held (a file's, a checkpoint's).
+
+    Returns:
+        A tensor `built` has and `held` lacks, the other way round, or one of two shapes; None when they agree.
+    """
     for name in sorted(built.keys() | held.keys()):
         if name not in held:
             return f"the model has {name} {built[name]}, which is not held"
@@ -252,6 +327,18 @@ def _flat_size(features: nn.Module, input_shape: tuple[int, ...]) -> int:
 
 
 def cnn_zenke(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    """CifarNet (Zenke et al. 2017), its first Linear layer sized by a dry run (module docstring).
+
+    Args:
+        input_shape: one image's shape (C, H, W); H and W at least 10.
+        num_classes: the logits' width.
+
+    Returns:
+        The Sequential model, with dropout.
+
+    Raises:
+        ValueError: the image is too small for its convolutions and pooling.
+    """
     features = [
         nn.Conv2d(input_shape[0], 32, 3, padding=1),
         nn.ReLU(),
@@ -272,6 +359,18 @@ def cnn_zenke(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
 
 
 def cnn_acar(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    """The FedDyn paper's CNN (Acar et al. 2021), its first Linear layer sized by a dry run (module docstring).
+
+    Args:
+        input_shape: one image's shape (C, H, W); H and W at least 16.
+        num_classes: the logits' width.
+
+    Returns:
+        The Sequential model, without dropout.
+
+    Raises:
+        ValueError: the image is too small for its convolutions and pooling.
+    """
     features = [
         nn.Conv2d(input_shape[0], 64, 5),
         nn.ReLU(),
@@ -299,6 +398,14 @@ class FilterResponseNorm2d(nn.Module):
         self.tau = nn.Parameter(torch.zeros(1, channels, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise each channel of each example by its mean square, then scale, shift and threshold.
+
+        Args:
+            x: feature maps (B, C, H, W), C the module's channels.
+
+        Returns:
+            max(γ·x/√(mean_hw(x²) + ε) + β, τ), shape of `x`.
+        """
         x = x * torch.rsqrt(x.square().mean(dim=(2, 3), keepdim=True) + self.eps)
         return torch.maximum(self.gamma * x + self.beta, self.tau)
 
@@ -322,6 +429,14 @@ class BasicBlock(nn.Module):
         self.pad = (planes - in_planes) // 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's two convolutions plus its shortcut, then ReLU.
+
+        Args:
+            x: feature maps (B, in_planes, H, W).
+
+        Returns:
+            Feature maps (B, planes, H', W'), H' = ceil(H / stride).
+        """
         out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
         shortcut = F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, self.pad, self.pad)) if self.downsample else x
         return F.relu(out + shortcut)
@@ -349,6 +464,14 @@ class ResNet20(nn.Module):
                 nn.init.kaiming_normal_(module.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of a batch of images.
+
+        Args:
+            x: images (B, in_channels, H, W), of any height and width.
+
+        Returns:
+            Logits (B, num_classes), after global average pooling.
+        """
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.layer3(self.layer2(self.layer1(out)))
         return self.linear(out.mean(dim=(2, 3)))
@@ -363,7 +486,17 @@ _CONV_BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:
-    """Hidden layer widths from a config string: "200,100" -> (200, 100); "" -> ()."""
+    """Hidden layer widths from a config string: "200,100" -> (200, 100); "" -> ().
+
+    Args:
+        text: comma-separated positive integers, or blank for none.
+
+    Returns:
+        The widths, in order.
+
+    Raises:
+        ValueError: a part is not an integer, or a width is below 1.
+    """
     if not text.strip():
         return ()
     try:

@@ -44,11 +44,27 @@ class NpzDataError(ValueError):
 
 
 def npz_folder(dataset: str) -> Path | None:
-    """The folder of an "npz:DIR" dataset name, None for the built-in datasets."""
+    """The folder of an "npz:DIR" dataset name, None for the built-in datasets.
+
+    Args:
+        dataset: a run config's dataset name: a built-in one ("mnist", ...) or "npz:DIR".
+
+    Returns:
+        DIR as a path, or None when `dataset` does not start with "npz:".
+    """
     return Path(dataset[len(NPZ_PREFIX) :]) if dataset.startswith(NPZ_PREFIX) else None
 
 
 def client_file(folder: Path, index: int) -> Path:
+    """The pre-partitioned training file of one client.
+
+    Args:
+        folder: an "npz:DIR" dataset's folder.
+        index: the client's partition id, >= 0.
+
+    Returns:
+        `folder`/client-<index>.npz (whether it exists or not).
+    """
     return folder / f"client-{index}.npz"
 
 
@@ -73,7 +89,21 @@ class NpzFolder:
 
 
 def read_header(path: Path) -> NpzHeader:
-    """Keys, dtypes and shapes of `path`, and its labels, checked; `x` stays unread."""
+    """Keys, dtypes and shapes of `path`, and its labels, checked; `x` stays unread.
+
+    Args:
+        path: an .npz data file (`x` and `y`, or `images` and `labels`, optionally `num_classes`).
+
+    Returns:
+        The file's rows, the shape of one example ((H, W) images as (1, H, W)), its labels (int64, (N,)) and its
+        declared class count (None without `num_classes`).
+
+    Raises:
+        NpzDataError: the file is missing or not an .npz, lacks the arrays or holds both spellings, an archive entry
+            could cost more to read than the file holds, `x` is not uint8 or float of shape (N, ...) with N >= 1, the
+            labels are not non-negative integers of shape (N,), `num_classes` is not an integer scalar, or a label is
+            not below it.
+    """
     with _open(path) as archive:
         x_key, y_key = _data_keys(path, archive.files)
         shape, dtype = _array_header(path, archive, x_key)
@@ -86,7 +116,18 @@ def read_header(path: Path) -> NpzHeader:
 
 
 def read_x(path: Path) -> np.ndarray:
-    """`x` of `path`, checked (dtype, finite values), (N,H,W) as (N,1,H,W)."""
+    """`x` of `path`, checked.
+
+    Args:
+        path: an .npz data file.
+
+    Returns:
+        The examples as stored (uint8 or float, (N, ...)), (N, H, W) as (N, 1, H, W).
+
+    Raises:
+        NpzDataError: the file is missing, not an .npz, lacks its arrays, `x` is not uint8 or float of shape (N, ...)
+            with N >= 1, an archive entry could cost more to read than the file holds, or `x` holds NaN or Inf.
+    """
     with _open(path) as archive:
         x_key, _ = _data_keys(path, archive.files)
         x = _read_x(path, archive, x_key)
@@ -94,8 +135,18 @@ def read_x(path: Path) -> np.ndarray:
 
 
 def read_examples(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
-    """Examples to predict on (`fedbayes predict`): `x` of `path`, checked as read_x, and its labels `y`, checked as
-    read_header checks them, or None for a file that holds `x` alone."""
+    """Examples to predict on (`fedbayes predict`).
+
+    Args:
+        path: an .npz holding `x`, and optionally labels (`y`, or `images` and `labels`).
+
+    Returns:
+        `x`, checked as read_x checks it, and the labels (int64, (N,)), checked as read_header checks them, or None
+        for a file that holds `x` alone.
+
+    Raises:
+        NpzDataError: as read_x and read_header.
+    """
     with _open(path) as archive:
         files = set(archive.files)
         if "x" in files and not files & {"y", "images", "labels"}:
@@ -104,7 +155,14 @@ def read_examples(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def pixel_scale_of(dtype: np.dtype) -> float:
-    """The factor examples of `dtype` are scaled by: uint8 holds 0-255 pixels (to [0, 1]), floats stay as stored."""
+    """The factor examples of `dtype` are scaled by before the run's input-scale.
+
+    Args:
+        dtype: the examples' dtype.
+
+    Returns:
+        1/255 for uint8, which holds 0-255 pixels (to [0, 1]); 1.0 for anything else (floats stay as stored).
+    """
     return 1.0 / 255.0 if dtype == np.uint8 else 1.0
 
 
@@ -228,7 +286,19 @@ def _example_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def inspect_folder(folder: Path) -> NpzFolder:
-    """The folder's layout, input shape and class count; its files checked against each other (from headers)."""
+    """The folder's layout, input shape and class count; its files checked against each other (from headers).
+
+    Args:
+        folder: an "npz:DIR" dataset's folder.
+
+    Returns:
+        Its number of client files (0: none), whether it has train.npz, the shape of one example and the class count
+        (the files' `num_classes`, else 1 + the largest label of any file).
+
+    Raises:
+        NpzDataError: `folder` is not a directory, holds both train.npz and client files, client files with a gap,
+            files that read_header refuses, examples of different shapes, or different declared class counts.
+    """
     if not folder.is_dir():
         raise NpzDataError(f"{folder}: no such directory (dataset npz:DIR needs a folder with test.npz)")
     clients = _client_file_count(folder)
@@ -243,8 +313,14 @@ def inspect_folder(folder: Path) -> NpzFolder:
 
 
 def data_files(folder: Path) -> list[str]:
-    """The names of the files in `folder` that dataset npz:DIR reads (train.npz, test.npz, client-<i>.npz), sorted;
-    none for a folder that is not there."""
+    """The files of `folder` that dataset npz:DIR reads.
+
+    Args:
+        folder: a folder, which need not exist.
+
+    Returns:
+        The names (train.npz, test.npz, client-<i>.npz) present, sorted; empty for a folder that is not there.
+    """
     if not folder.is_dir():
         return []
     names = (path.name for path in folder.iterdir())
@@ -291,8 +367,23 @@ def _class_count(headers: list[NpzHeader]) -> int:
 
 
 def check_folder(folder: Path, clients: int | None, fraction: float, split_file: str) -> NpzFolder:
-    """Everything a federation of `clients` (None: not known here, e.g. the ServerApp) will read from `folder`,
-    read in full and checked: the refusal `fedbayes local` gives before any process starts."""
+    """Everything a federation will read from `folder`, read in full and checked: the refusal `fedbayes local` gives
+    before any process starts.
+
+    Args:
+        folder: an "npz:DIR" dataset's folder.
+        clients: the federation's size; None where it is not known (e.g. the ServerApp), then the client files'
+            count and the presence of training data are not checked.
+        fraction: the run's share of the training set, in (0, 1]; must be 1 with client files.
+        split_file: the run's split file ("": none); must be empty with client files.
+
+    Returns:
+        The folder's layout, input shape and class count (inspect_folder).
+
+    Raises:
+        NpzDataError: as inspect_folder; also client files with a fraction or split file, a count of client files
+            other than `clients`, no training data for a federation, or an `x` read_x refuses.
+    """
     found = inspect_folder(folder)
     if found.client_files and (fraction != 1.0 or split_file):
         raise NpzDataError(
@@ -314,7 +405,19 @@ def check_folder(folder: Path, clients: int | None, fraction: float, split_file:
 
 
 def load_npz_split(dataset: str, train: bool) -> Dataset:
-    """The training set (train.npz) or the test set (test.npz) of an "npz:DIR" dataset."""
+    """The training set (train.npz) or the test set (test.npz) of an "npz:DIR" dataset.
+
+    Args:
+        dataset: an "npz:DIR" dataset name.
+        train: True for train.npz, False for test.npz.
+
+    Returns:
+        The split's pixels as stored, labels, the folder's class count and the pixel scale of its dtype.
+
+    Raises:
+        ValueError: `dataset` is not an "npz:DIR" name.
+        NpzDataError: the folder is refused (inspect_folder), or `train` with a folder of client files.
+    """
     path = npz_folder(dataset)
     if path is None:
         raise ValueError(f"{dataset!r} is no npz:DIR dataset")
@@ -325,8 +428,21 @@ def load_npz_split(dataset: str, train: bool) -> Dataset:
 
 
 def load_npz_partition(dataset: str, partition_id: int, num_partitions: int) -> Dataset | None:
-    """Partition `partition_id` of a pre-partitioned "npz:DIR" dataset (client-<partition_id>.npz); None for
-    any other dataset, whose training set the run's split divides."""
+    """One client's partition of a pre-partitioned "npz:DIR" dataset (client-<partition_id>.npz).
+
+    Args:
+        dataset: the run's dataset name.
+        partition_id: the client's partition, 0 <= partition_id < num_partitions.
+        num_partitions: the federation's size; must be the number of client files.
+
+    Returns:
+        The partition's data, or None for a built-in dataset or a folder without client files, whose training set the
+        run's split divides.
+
+    Raises:
+        NpzDataError: the folder is refused (inspect_folder), or holds a number of client files other than
+            `num_partitions`.
+    """
     folder = npz_folder(dataset)
     if folder is None:
         return None
@@ -342,8 +458,20 @@ def load_npz_partition(dataset: str, partition_id: int, num_partitions: int) -> 
 
 
 def load_data_path(path: Path, dataset: str) -> Dataset:
-    """A deployed client's own file (node config `data-path`). With a built-in dataset its classes are that
-    dataset's; with "npz:DIR" (whose folder this client need not have) the file must declare `num_classes`."""
+    """A deployed client's own data file (node config `data-path`).
+
+    Args:
+        path: the client's .npz file.
+        dataset: the run's dataset name. With a built-in dataset the file's classes are that dataset's; with
+            "npz:DIR" (whose folder this client need not have) the file must declare `num_classes`.
+
+    Returns:
+        The file's examples and labels with the class count described.
+
+    Raises:
+        NpzDataError: the file is refused (read_header, read_x), lacks `num_classes` with an "npz:DIR" dataset, or
+            has labels or a declared class count that do not fit the built-in dataset's classes.
+    """
     header = read_header(path)
     if npz_folder(dataset) is not None:
         if header.declared_classes is None:
@@ -368,8 +496,13 @@ def _dataset(name: str, path: Path, num_classes: int) -> Dataset:
 
 
 def write_npz(path: Path, data: Dataset) -> None:
-    """`data` as stored (its pixels, labels and class count), replacing a file at `path` atomically: `_dataset` reads
-    it back identical."""
+    """Write `data` as stored (its pixels, labels and class count), replacing a file at `path` atomically: reading it
+    back (load_data_path, load_npz_partition) gives the same dataset.
+
+    Args:
+        path: the .npz to write (as named: no suffix added).
+        data: the examples, written as `x` (pixels as stored), `y` and `num_classes`.
+    """
     buffer = io.BytesIO()
     np.savez(buffer, x=data.pixels.numpy(), y=data.labels.numpy(), num_classes=np.int64(data.num_classes))
     write_atomically(path, buffer.getvalue(), OUTPUT_MODE)

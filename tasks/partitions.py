@@ -39,6 +39,17 @@ def training_subset(num_examples: int, fraction: float, seed: Seed) -> np.ndarra
     """Sorted indices of a random `fraction` of `num_examples` examples (all of them for 1).
 
     The subset differs per seed, as in the paper's FMNIST-10% runs (spec §9 P17).
+
+    Args:
+        num_examples: the training set's size.
+        fraction: the share kept, in (0, 1]; round(fraction * num_examples) examples, at least one.
+        seed: the generator's seed (an int or a SeedSequence).
+
+    Returns:
+        Sorted int64 indices in [0, num_examples), without repeats.
+
+    Raises:
+        ValueError: `fraction` is outside (0, 1].
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
@@ -50,7 +61,19 @@ def training_subset(num_examples: int, fraction: float, seed: Seed) -> np.ndarra
 
 
 def split_iid(num_examples: int, num_clients: int, seed: Seed) -> list[np.ndarray]:
-    """Homogeneous split (spec §5.2): client k gets pi[k::K] of a random permutation pi."""
+    """Homogeneous split (spec §5.2): client k gets pi[k::K] of a random permutation pi.
+
+    Args:
+        num_examples: the examples to split, indices 0 .. num_examples-1.
+        num_clients: K, >= 1 and at most `num_examples`.
+        seed: the permutation's seed.
+
+    Returns:
+        K sorted int64 index arrays, disjoint and together all examples; their sizes differ by at most one.
+
+    Raises:
+        ValueError: `num_clients` is below 1 or over `num_examples`.
+    """
     _check_num_clients(num_clients)
     if num_examples < num_clients:
         raise ValueError(f"cannot give {num_clients} clients at least one of {num_examples} examples each")
@@ -71,7 +94,23 @@ def split_dirichlet(
     ~ Dir(alpha_classes); each class is shared among clients in proportion to size x class mix.
 
     Small clients happen (with K = 100 often an empty one), so the whole split is redrawn until
-    every client has at least `min_size` examples; ValueError after `max_attempts` draws.
+    every client has at least `min_size` examples.
+
+    Args:
+        labels: the examples' labels, a non-empty 1-D array of non-negative integers; classes 0 .. max(labels).
+        num_clients: K, >= 1.
+        seed: the draws' seed; the redraws continue the same stream.
+        alpha_sizes: the concentration of the client sizes, > 0; smaller: more unequal sizes.
+        alpha_classes: the concentration of each client's class mix, > 0; smaller: fewer classes per client.
+        min_size: the fewest examples a client may get, >= 0; `min_size` * K must not exceed the examples.
+        max_attempts: the most draws, >= 1.
+
+    Returns:
+        K sorted, disjoint int64 index arrays into `labels`, together all of them, and the draws it took.
+
+    Raises:
+        ValueError: the labels, `num_clients`, an alpha, `min_size` or `max_attempts` is out of range, or no draw in
+            `max_attempts` gave every client `min_size` examples.
     """
     labels = _check_labels(labels)
     _check_num_clients(num_clients)
@@ -116,7 +155,19 @@ def split_two_class(labels: np.ndarray, num_clients: int, seed: Seed, per_class:
 
     Examples are drawn without replacement, so no two clients share one. Each client takes the two
     classes with the most examples left (ties broken at random), which keeps class usage balanced
-    and postpones running out; a class that runs out is a ValueError naming it.
+    and postpones running out.
+
+    Args:
+        labels: the examples' labels, a non-empty 1-D array of non-negative integers with at least 2 classes.
+        num_clients: K, >= 1.
+        seed: the draws' seed.
+        per_class: examples per class per client, >= 1.
+
+    Returns:
+        K sorted, disjoint int64 index arrays into `labels`, each of 2 * per_class examples.
+
+    Raises:
+        ValueError: the labels or an argument is out of range, or a class runs out (the message names it).
     """
     labels = _check_labels(labels)
     _check_num_clients(num_clients)
@@ -148,11 +199,25 @@ def split_two_class(labels: np.ndarray, num_clients: int, seed: Seed, per_class:
 def partition_dataset(
     labels: np.ndarray, num_clients: int, split: str, seed: int, fraction: float = 1.0, **split_options
 ) -> list[np.ndarray]:
-    """Subsample a `fraction` of the training set, then split it among clients with `split`.
+    """Subsample a `fraction` of the training set, then split it among clients with `split`. The subset and the split
+    use independent random streams derived from `seed`.
 
-    Returns indices into the full `labels`. The subset and the split use independent random
-    streams derived from `seed`. `split_options` go to the split function (e.g. alpha_sizes,
-    min_size for "dirichlet"; per_class for "two-class").
+    Args:
+        labels: the full training set's labels, a non-empty 1-D array of non-negative integers.
+        num_clients: K, >= 1.
+        split: one of SPLITS: "iid", "dirichlet" or "two-class".
+        seed: the run's seed.
+        fraction: the share of the training set split, in (0, 1].
+        split_options: keyword arguments of the split function (e.g. alpha_sizes, min_size for "dirichlet";
+            per_class for "two-class").
+
+    Returns:
+        K sorted int64 index arrays into the full `labels`, one per client in partition-id order.
+
+    Raises:
+        ValueError: an unknown `split`, or an argument the subset or split refuses (training_subset, split_iid,
+            split_dirichlet, split_two_class).
+        TypeError: a `split_options` key the split function does not take.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -173,21 +238,40 @@ def partition_dataset(
 
 
 def write_split_file(path: Path | str, partitions: list[np.ndarray]) -> None:
-    """A split as JSON: a list with, per client (in partition-id order), its 0-based row indices into the
-    training file, replacing a file at `path` atomically. `read_split_file` reads it back; any code base that can dump
-    its split this way can be replayed."""
+    """Write a split as JSON, replacing a file at `path` atomically. `read_split_file` reads it back; any code base that
+    can dump its split this way can be replayed.
+
+    Args:
+        path: the .json file to write.
+        partitions: per client, in partition-id order, its 0-based row indices into the training file; written as a
+            list of lists, in their order.
+    """
     write_atomically(Path(path), json.dumps([[int(i) for i in part] for part in partitions]).encode(), OUTPUT_MODE)
 
 
 def read_split_file(
     path: Path | str, num_examples: int, num_clients: int, allow_overlap: bool = False
 ) -> list[np.ndarray]:
-    """The split a JSON file names (format: `write_split_file`), checked against a training file of
-    `num_examples` rows and a federation of `num_clients`: one non-empty list of distinct integer indices in
-    [0, num_examples) per client and, unless `allow_overlap`, no index in two clients. int64 arrays in the file's
-    order: a client trains on its rows in that order (its minibatches are drawn as a permutation of it), so a file
+    """The split a JSON file names (format: `write_split_file`), checked.
+
+    A client trains on its rows in the file's order (its minibatches are drawn as a permutation of it), so a file
     in the BayesADMM authors' order (each client's rows class by class) gives their minibatches; with `noise=shared`
-    every client then sees the same classes at the same step, as in their code (docs/results/table1.md)."""
+    every client then sees the same classes at the same step, as in their code (docs/results/table1.md).
+
+    Args:
+        path: the split file.
+        num_examples: the training file's rows; every index must lie in [0, num_examples).
+        num_clients: the federation's size; the file must hold one list per client.
+        allow_overlap: let a row belong to more than one client (run config `split-file-overlap`).
+
+    Returns:
+        One int64 array per client, in the file's order.
+
+    Raises:
+        ValueError: the file is over split_file_limit's bytes, unreadable, not a JSON list of lists, has another
+            number of clients, a client with no rows, a non-integer, out-of-range or repeated index, or, without
+            `allow_overlap`, a row in two clients.
+    """
     path = Path(path)
     limit = split_file_limit(num_examples, num_clients, allow_overlap)
     try:
@@ -231,15 +315,33 @@ def read_split_file(
 
 
 def split_file_limit(num_examples: int, num_clients: int, allow_overlap: bool = False) -> int:
-    """The most bytes a split file of `num_examples` rows among `num_clients` can take: every row index once (with
-    `allow_overlap`, once per client), each with its separator and whitespace; checked before the file is read."""
+    """The most bytes a split file can take, checked before the file is read.
+
+    Args:
+        num_examples: the training file's rows.
+        num_clients: the federation's size.
+        allow_overlap: whether a row may belong to every client, which multiplies the indices by `num_clients`.
+
+    Returns:
+        Bytes for every row index once (with `allow_overlap`, once per client) with its separator and whitespace, each
+        client's brackets and the file's own.
+    """
     indices = num_examples * (num_clients if allow_overlap else 1)
     digits = len(str(max(num_examples - 1, 0)))
     return indices * (digits + SPLIT_FILE_INDEX_BYTES) + num_clients * SPLIT_FILE_CLIENT_BYTES + SPLIT_FILE_BYTES
 
 
 def describe_partitions(partitions: list[np.ndarray], labels: np.ndarray, num_classes: int) -> str:
-    """A table with one row per client (index, size, count per class) and a total row."""
+    """A table with one row per client (index, size, count per class) and a total row.
+
+    Args:
+        partitions: per client, indices into `labels`.
+        labels: the training set's labels, integers in [0, num_classes).
+        num_classes: the classes to count, one column each.
+
+    Returns:
+        The table's lines, right-aligned columns, joined by newlines.
+    """
     labels = np.asarray(labels)
     per_client = [np.bincount(labels[part], minlength=num_classes) for part in partitions]
     counts = np.array(per_client, dtype=np.int64).reshape(len(partitions), num_classes)  # (0, C) when no clients

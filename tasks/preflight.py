@@ -64,7 +64,14 @@ PAYLOAD_KEYS = ("particles",)  # strategy keys that multiply a payload (the DSVG
 
 
 def check_split_file(split_file: str) -> None:
-    """Every client reads the split file it names (when it does): it must be a file this user can read."""
+    """Every client reads the split file it names (when it does): it must be a file this user can read.
+
+    Args:
+        split_file: run config `split-file`; "" names none, and passes.
+
+    Raises:
+        ConfigError: the file cannot be opened for reading.
+    """
     if not split_file:
         return
     try:
@@ -79,8 +86,17 @@ def check_split_file(split_file: str) -> None:
 
 def check_output_paths(settings: RunSettings, new_federation: bool) -> None:
     """The server writes its checkpoints under server-state-dir and its rows to results-path (where set); a new
-    federation's (`new_federation`, or a run config that names none) results-path must be empty unless
-    results-exists says to append or replace."""
+    federation's results-path must be empty unless results-exists says to append or replace.
+
+    Args:
+        settings: the run's settings: server-state-dir, results-path, results-exists and federation.
+        new_federation: the run starts a new federation (a run config that names none does too), whose results file
+            must then be new or empty under results-exists "refuse".
+
+    Raises:
+        ConfigError: a path this process cannot write (unwritable), or a new federation's non-empty results file
+            under results-exists "refuse" (results_exist_error).
+    """
     for key, path, directory in (
         ("server-state-dir", settings.server_state_dir, True),
         ("results-path", settings.results_path, False),
@@ -100,9 +116,18 @@ def check_output_paths(settings: RunSettings, new_federation: bool) -> None:
 
 
 def check_tracking(tracking: str) -> None:
-    """Run config `tracking` needs its extra installed where the ServerApp runs, a TensorBoard directory it can
-    write, and an MLflow tracking server (an http(s) URI) that answers now: a run it cannot track is refused before
-    it starts (ConfigError naming the URI). One that goes down later does not stop the run (server/tracking.py)."""
+    """Run config `tracking` needs its extra installed where the ServerApp runs, a TensorBoard directory it can write,
+    and an MLflow tracking server (an http(s) URI) that answers now: a run it cannot track is refused before it starts.
+    One that goes down later does not stop the run (server/tracking.py).
+
+    Args:
+        tracking: run config `tracking`, already checked: "" (untracked), or "KIND:TARGET" (tasks/config.py
+        parse_tracking).
+
+    Raises:
+        ConfigError: its kind's modules are not installed, its TensorBoard directory is not writable, or no MLflow
+            server answers at its http(s) URI within TRACKING_PROBE_TIMEOUT seconds (the message names the URI).
+    """
     kind, target = parse_tracking(tracking)
     if not kind:
         return
@@ -126,13 +151,27 @@ TRACKING_PROBE_TIMEOUT = 5.0  # seconds an MLflow tracking server has to answer 
 
 
 def health_url(uri: str) -> str:
-    """The health check of the MLflow tracking server at `uri` (`mlflow server` answers OK there)."""
+    """The health check of the MLflow tracking server at `uri` (`mlflow server` answers OK there).
+
+    Args:
+        uri: an http(s) tracking URI.
+
+    Returns:
+        `uri` without a trailing slash, then "/health".
+    """
     return f"{uri.rstrip('/')}/health"
 
 
 def unanswered(uri: str) -> str | None:
-    """Why nothing answers HTTP at the MLflow tracking URI `uri` (None: something does, whatever its answer, or `uri`
-    is no http(s) URI: a local store, written by the ServerApp itself)."""
+    """Why nothing answers HTTP at the MLflow tracking URI `uri`, asked with a TRACKING_PROBE_TIMEOUT-second timeout.
+
+    Args:
+        uri: the tracking URI.
+
+    Returns:
+        The reason on one line (refused, unresolvable, timed out, a malformed URI); None when something answers,
+        whatever its answer, or when `uri` is no http(s) URI (a local store, written by the ServerApp itself).
+    """
     if not uri.startswith(("http://", "https://")):
         return None
     try:
@@ -146,12 +185,26 @@ def unanswered(uri: str) -> str | None:
 
 
 def missing_modules(kind: str) -> list[str]:
-    """The modules run config `tracking` of this kind needs that are not installed."""
+    """The modules run config `tracking` of this kind needs that are not installed.
+
+    Args:
+        kind: a key of TRACKING_KINDS ("tensorboard", "mlflow").
+
+    Returns:
+        The module names find_spec does not find, in TRACKING_KINDS' order.
+    """
     return [module for module in TRACKING_KINDS[kind] if importlib.util.find_spec(module) is None]
 
 
 def results_exist_error(path: Path) -> ConfigError:
-    """The refusal of a new federation's results file that is not empty (here and in server/loop.py ResultsLog)."""
+    """The refusal of a new federation's results file that is not empty (here and in server/loop.py ResultsLog).
+
+    Args:
+        path: the results file.
+
+    Returns:
+        The error, naming `path` and saying how results-exists, or another file, lets the run start.
+    """
     return ConfigError(
         f"run config 'results-path': {path} is not empty and results-exists is 'refuse' (the file was left as it is): "
         "set results-exists=append to add this run's rows after what it holds, or results-exists=replace to start it "
@@ -160,10 +213,19 @@ def results_exist_error(path: Path) -> ConfigError:
 
 
 def unwritable(path: Path, directory: bool) -> str | None:
-    """Why this process cannot write the file (or, with `directory`, the directory) `path`; None when it can. Found
-    by trying, which also holds for root and read-only file systems: an existing file is opened for appending
-    (nothing written); otherwise a temporary file is created and removed in `path` when it is an existing
-    directory, else in its nearest existing ancestor, where the missing directories would be made."""
+    """Why this process cannot write the file (or, with `directory`, the directory) `path`. Found by trying, which
+    also holds for root and read-only file systems: an existing file is opened for appending (nothing written);
+    otherwise a temporary file is created and removed in `path` when it is an existing directory, else in its nearest
+    existing ancestor, where the missing directories would be made.
+
+    Args:
+        path: the file or directory to be written, which need not exist.
+        directory: `path` is to be a directory, not a file.
+
+    Returns:
+        The problem in words (a directory where a file is meant or the other way round, an ancestor that is a file,
+        no write permission), or None when this process can write it.
+    """
     if path.exists() and path.is_dir() != directory:
         return f"{path} is {'not a directory' if directory else 'a directory, not a file'}"
     target = path if path.exists() else next(parent for parent in path.parents if parent.exists())
@@ -180,6 +242,19 @@ def unwritable(path: Path, directory: bool) -> str | None:
 
 
 def check_dataset_files(settings: RunSettings, clients: int | None = None) -> None:
+    """The run's dataset is where its run config says: the built-in datasets' files present (not read); a user's
+    npz:DIR files read and checked in full, as nothing else vouches for them.
+
+    Args:
+        settings: the run's settings: dataset, data-root, download, fraction and split-file.
+        clients: the federation's size, against which npz:DIR's client files are counted; None where it is not
+            known (the ServerApp).
+
+    Raises:
+        ConfigError: naming the key: the npz:DIR folder is refused (tasks/npzdata.py check_folder), an empty
+            data-root for a dataset other than "fmnist", the Debian Fashion-MNIST files missing, or, without
+            download, torchvision's files missing under data-root.
+    """
     from fedbayes.tasks.npzdata import check_folder, npz_folder
 
     folder = npz_folder(settings.dataset)
@@ -216,7 +291,14 @@ def check_dataset_files(settings: RunSettings, clients: int | None = None) -> No
 
 
 def check_device(device: str) -> None:
-    """`cuda` needs a GPU torch can use here; there is no silent fall-back to the CPU."""
+    """`cuda` needs a GPU torch can use here; there is no silent fall-back to the CPU.
+
+    Args:
+        device: run config `device`: "auto", "cpu" or "cuda".
+
+    Raises:
+        ConfigError: "cuda" where torch sees no CUDA GPU.
+    """
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -248,7 +330,18 @@ class ReplySize:
 
 
 def reply_size(settings: RunSettings, algorithm, strategy, buffers) -> ReplySize:
-    """The values in every tensor of a reply: its layouts' and the model's buffers (averaged by the round core)."""
+    """The values in every tensor of a reply: its layouts' and the model's buffers (averaged by the round core).
+
+    Args:
+        settings: the run's settings; named in refusals: strategy, model, hidden for an mlp.
+        algorithm: the strategy's registry entry; those of its hyperparameters in PAYLOAD_KEYS (particles) are named
+            too.
+        strategy: the strategy's server half, whose `reply_layouts()` give a reply's tensors.
+        buffers: the model's buffers, name -> shape.
+
+    Returns:
+        The reply's float32 value count and the run-config keys that set it, as a refusal names them.
+    """
     layouts = (*strategy.reply_layouts().values(), buffers)
     values = sum(math.prod(shape) for layout in layouts for shape in layout.values())
     scaling = [key for key in algorithm.hyperparameters if key.name in PAYLOAD_KEYS]
@@ -262,7 +355,16 @@ def reply_size(settings: RunSettings, algorithm, strategy, buffers) -> ReplySize
 
 
 def check_payload_limit(reply: ReplySize, max_payload_mb: float) -> None:
-    """Every reply over max-payload-mb is refused before it is decoded: one that cannot fit makes every round fail."""
+    """Every reply over max-payload-mb is refused before it is decoded: one that cannot fit makes every round fail.
+
+    Args:
+        reply: one reply's size (reply_size), a lower bound.
+        max_payload_mb: run config `max-payload-mb`, in MiB.
+
+    Raises:
+        ConfigError: the reply is over `max_payload_mb`; the message names the keys that set its size and the
+            smallest limit that fits.
+    """
     if reply.bytes > max_payload_mb * 2**20:
         raise ConfigError(
             f"run config 'max-payload-mb' ({max_payload_mb:g}) is below {reply} of {reply.keys}: every "
@@ -272,7 +374,15 @@ def check_payload_limit(reply: ReplySize, max_payload_mb: float) -> None:
 
 def check_memory(reply: ReplySize, clients: int | None) -> None:
     """What the run needs at the least against this machine's physical memory: the server's copies of a payload,
-    and, with `clients` started here, theirs and each client's own processes. The refusal says what each takes."""
+    and, with `clients` started here, theirs and each client's own processes.
+
+    Args:
+        reply: one reply's size (reply_size).
+        clients: the clients started on this machine (`fedbayes local`); None: the server alone.
+
+    Raises:
+        ConfigError: the lower bound is over the machine's physical memory; the message says what each part takes.
+    """
     server = SERVER_PAYLOAD_COPIES * reply.bytes
     parts = [f"run config {reply.keys}: the server holds {SERVER_PAYLOAD_COPIES} copies of {reply}, {_gib(server)}"]
     needed = server
@@ -297,7 +407,17 @@ def _gib(size: int) -> str:
 
 
 def input_shape_and_classes(dataset: str) -> tuple[tuple[int, ...], int]:
-    """One example's shape and the class count, without loading the data (npz:DIR: from the files' headers)."""
+    """One example's shape and the class count, without loading the data (npz:DIR: from the files' headers).
+
+    Args:
+        dataset: one of the built-in datasets, or "npz:DIR".
+
+    Returns:
+        The shape of one example, (C, H, W) for the built-in datasets, and the number of classes.
+
+    Raises:
+        ConfigError: the npz:DIR folder is refused (tasks/npzdata.py inspect_folder).
+    """
     from fedbayes.tasks.datasets import NUM_CLASSES
     from fedbayes.tasks.npzdata import inspect_folder, npz_folder
 
@@ -319,6 +439,15 @@ def _dataset_error(check, *args):
 
 
 def check_client_counts(settings: RunSettings, clients: int) -> None:
+    """The rounds wait for no more clients than the federation has.
+
+    Args:
+        settings: the run's settings: min-clients and wait-for-clients.
+        clients: the federation's size.
+
+    Raises:
+        ConfigError: min-clients or wait-for-clients is over `clients`.
+    """
     for key, value in (("min-clients", settings.min_clients), ("wait-for-clients", settings.wait_for_clients)):
         if value > clients:
             raise ConfigError(

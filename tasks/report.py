@@ -99,7 +99,20 @@ class Plot:
 
 
 def import_extra(module: str, extra: str, needed_by: str):
-    """`module`, or MissingExtra naming the pip extra that installs it."""
+    """`module`, imported, or MissingExtra naming the pip extra that installs it.
+
+    Args:
+        module: the dotted module name ("matplotlib.figure").
+        extra: the fedbayes extra that installs its package ("report").
+        needed_by: what needs it, for the message ("fedbayes report").
+
+    Returns:
+        The module.
+
+    Raises:
+        MissingExtra: the module's top-level package is not installed.
+        ModuleNotFoundError: the package is there but something it imports is not (re-raised as it is).
+    """
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
@@ -114,7 +127,17 @@ def import_extra(module: str, extra: str, needed_by: str):
 
 
 def load_runs(paths: Sequence[Path | str]) -> list[Run]:
-    """The runs the RUN arguments name, in order; names made unique (a second `x` is `x #2`)."""
+    """The runs the RUN arguments name, in order; names made unique (a second `x` is `x #2`).
+
+    Args:
+        paths: `fedbayes local` workdirs or results files (.jsonl).
+
+    Returns:
+        One run per federation of each path (load_run), in argument order.
+
+    Raises:
+        ReportError: a path cannot be reported (load_run).
+    """
     runs = [run for path in paths for run in load_run(Path(path))]
     seen: Counter[str] = Counter()
     unique = []
@@ -125,7 +148,19 @@ def load_runs(paths: Sequence[Path | str]) -> list[Run]:
 
 
 def load_run(path: Path) -> list[Run]:
-    """A workdir's or a results file's runs: one per federation its results file holds."""
+    """A workdir's or a results file's runs: one per federation its results file holds.
+
+    Args:
+        path: a `fedbayes local` workdir (its run config names the results file) or a results file.
+
+    Returns:
+        The runs, named after the workdir (or the file's stem), "NAME (k)" where the file holds several federations;
+        a bare results file's runs have no settings.
+
+    Raises:
+        ReportError: `path` is neither, its results file is missing, holds no row yet or none that is usable, or the
+            workdir's run config is missing or no TOML.
+    """
     if path.is_dir():
         settings, results = workdir_run_config(path)
     elif path.is_file():
@@ -144,7 +179,17 @@ def load_run(path: Path) -> list[Run]:
 
 
 def workdir_run_config(workdir: Path) -> tuple[dict[str, Any], Path]:
-    """The run config a `fedbayes local` workdir's federation was submitted with, and its results file."""
+    """The run config a `fedbayes local` workdir's federation was submitted with, and its results file.
+
+    Args:
+        workdir: a `fedbayes local` workdir.
+
+    Returns:
+        The run config, and its results-path (default: the workdir's results.jsonl).
+
+    Raises:
+        ReportError: the workdir has no run config, or it is no TOML.
+    """
     from fedbayes.tasks.config import RUN_CONFIG_FILE
 
     config_file = workdir / RUN_CONFIG_FILE
@@ -161,13 +206,29 @@ def workdir_run_config(workdir: Path) -> tuple[dict[str, Any], Path]:
 
 
 def warn_on_stderr(message: str) -> None:
+    """A results line the report leaves out, said on stderr.
+
+    Args:
+        message: the problem, naming file and line; printed after "warning: ".
+    """
     print(f"warning: {message}", file=sys.stderr)
 
 
 def read_rows(path: Path, warn: Callable[[str], None] = warn_on_stderr) -> list[dict[str, Any]]:
     """The usable rows of a results file in file order. The text after its last newline is a row still being written
-    (or cut short by a crash): not a row yet. A line that holds no usable row (`parsed_row`) is left out and `warn`ed
-    of, by file and line; ReportError, naming the file, when none of its lines is usable."""
+    (or cut short by a crash): not a row yet.
+
+    Args:
+        path: the results file (JSON lines).
+        warn: told, by file and line, of each line that holds no usable row (`parsed_row`), which is left out.
+
+    Returns:
+        The rows, in file order; blank lines are skipped.
+
+    Raises:
+        ReportError: naming the file, when none of its lines is usable.
+        OSError: the file cannot be read.
+    """
     rows, unusable = [], 0
     for entry in complete_lines(path):  # none read past MAX_LINE_BYTES, whatever the file holds
         number, line = entry.number, "" if entry.text is None else entry.text.decode(errors="replace")
@@ -185,8 +246,15 @@ def read_rows(path: Path, warn: Callable[[str], None] = warn_on_stderr) -> list[
 
 
 def parsed_row(line: str) -> dict[str, Any] | str:
-    """The results row a line of a results file holds, or why it holds none the report can draw: not JSON, not an
-    object, a required key missing, or a field the report reads that is not what server/loop.py writes there."""
+    """The results row a line of a results file holds, or why it holds none the report can draw.
+
+    Args:
+        line: one line of a results file, without its newline.
+
+    Returns:
+        The row; or the problem in words: not JSON, not an object, a required key missing, a field the report reads
+        that is not what server/loop.py writes there, or accuracy, NLL and ECE not all numbers or all null.
+    """
     try:
         row = json.loads(line)
     except json.JSONDecodeError as error:
@@ -205,7 +273,15 @@ def parsed_row(line: str) -> dict[str, Any] | str:
 
 
 def shown(value: Any, limit: int = 60) -> str:
-    """`value` as its JSON, cut to about `limit` characters."""
+    """`value` as its JSON, cut to about `limit` characters.
+
+    Args:
+        value: any JSON value.
+        limit: the most characters shown, >= 4.
+
+    Returns:
+        The JSON, or its first `limit` - 4 characters followed by " ...".
+    """
     text = json.dumps(value)
     return text if len(text) <= limit else f"{text[: limit - 4]} ..."
 
@@ -282,7 +358,14 @@ ROW_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 def split_federations(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Rows split where the rounds start again: a new federation appended to the file (a resume never repeats a
-    round, server/loop.py ResultsLog drops the rows after its checkpoint)."""
+    round, server/loop.py ResultsLog drops the rows after its checkpoint).
+
+    Args:
+        rows: results rows in file order, each with a "round".
+
+    Returns:
+        One list of rows per federation, in file order; none for no rows.
+    """
     federations: list[list[dict[str, Any]]] = []
     for row in rows:
         if not federations or row["round"] <= federations[-1][-1]["round"]:
@@ -295,24 +378,56 @@ def split_federations(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def new_figure(columns: int, rows: int = 1, height: float = 4.0, share_y: bool = True):
-    """A matplotlib Figure (Agg, no pyplot) with `rows` x `columns` axes (a 2-D array)."""
+    """A matplotlib Figure (Agg, no pyplot) with `rows` x `columns` axes (a 2-D array).
+
+    Args:
+        columns: axes per row, one per run; each COLUMN_INCHES wide.
+        rows: rows of axes.
+        height: the height of one row, in inches.
+        share_y: share the y axis along each row.
+
+    Returns:
+        The figure and its axes, an array of shape (rows, columns).
+
+    Raises:
+        MissingExtra: matplotlib (fedbayes[report]) is not installed.
+    """
     figure_module = import_extra("matplotlib.figure", "report", "fedbayes report")
     figure = figure_module.Figure(figsize=(COLUMN_INCHES * columns, height * rows), layout="constrained")
     return figure, figure.subplots(rows, columns, sharey="row" if share_y else False, squeeze=False)
 
 
 def save_figure(figure, path: Path) -> None:
-    """`figure` as a PNG at `path`, replacing a file there atomically (a reader never sees half an image)."""
+    """`figure` as a PNG at `path`, replacing a file there atomically (a reader never sees half an image).
+
+    Args:
+        figure: a matplotlib Figure.
+        path: the PNG to write, at DPI dots per inch.
+    """
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
     write_atomically(path, buffer.getvalue(), OUTPUT_MODE)
 
 
 def colour(index: int) -> str:
+    """The run's colour, the same in every figure.
+
+    Args:
+        index: the run's position, >= 0.
+
+    Returns:
+        One of matplotlib's ten cycle colours, "C0" .. "C9", repeating after ten.
+    """
     return f"C{index % 10}"
 
 
 def integer_rounds(axis, integer_y: bool = False) -> None:
+    """Label `axis`'s x axis as rounds, with integer ticks, and draw a light grid.
+
+    Args:
+        axis: a matplotlib Axes.
+        integer_y: give the y axis integer ticks too (counts).
+    """
     from matplotlib.ticker import MaxNLocator
 
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -323,17 +438,40 @@ def integer_rounds(axis, integer_y: bool = False) -> None:
 
 
 def no_data(axis, what: str) -> None:
+    """Say in the middle of an empty panel what the run's rows lack.
+
+    Args:
+        axis: a matplotlib Axes.
+        what: what is missing ("evaluated round"), shown as "no WHAT in this run's rows".
+    """
     axis.text(
         0.5, 0.5, f"no {what} in this run's rows", ha="center", va="center", transform=axis.transAxes, color="grey"
     )
 
 
 def evaluated_rows(run: Run) -> list[dict[str, Any]]:
-    """The rows with test metrics: not those of rounds the server did not evaluate (run config `eval-every`)."""
+    """The rows with test metrics: not those of rounds the server did not evaluate (run config `eval-every`).
+
+    Args:
+        run: a run whose rows parsed_row accepted.
+
+    Returns:
+        The rows whose accuracy is not None, in order.
+    """
     return [row for row in run.rows if row["accuracy"] is not None]
 
 
 def plot_metrics(runs: Sequence[Run], path: Path) -> None:
+    """Draw metrics.png: accuracy, NLL and ECE per evaluated round, one panel per metric, every run in each (the
+    ensemble's dashed).
+
+    Args:
+        runs: the runs to draw, each in its colour (`colour`), in every panel.
+        path: the PNG to write, replaced atomically.
+
+    Raises:
+        MissingExtra: matplotlib (fedbayes[report]) is not installed.
+    """
     figure, axes = new_figure(len(METRICS), share_y=False)
     for axis, (key, label) in zip(axes[0], METRICS):
         for index, run in enumerate(runs):
@@ -357,6 +495,15 @@ def plot_metrics(runs: Sequence[Run], path: Path) -> None:
 
 
 def plot_reliability(runs: Sequence[Run], path: Path) -> None:
+    """Draw reliability.png: each run's last evaluated round as a reliability diagram (the ensemble's as points).
+
+    Args:
+        runs: the runs to draw, one panel (column) each, in order.
+        path: the PNG to write, replaced atomically.
+
+    Raises:
+        MissingExtra: matplotlib (fedbayes[report]) is not installed.
+    """
     figure, axes = new_figure(len(runs))
     for index, (axis, run) in enumerate(zip(axes[0], runs)):
         axis.plot([0, 1], [0, 1], ":", color="grey", label="calibrated")
@@ -387,9 +534,18 @@ def plot_reliability(runs: Sequence[Run], path: Path) -> None:
 
 
 def reliability_bars(axis, bins: dict[str, list], bar_colour: str) -> list:
-    """Accuracy per confidence bin as bars, and the gap to the bin's mean confidence hatched (Guo et al., 2017);
-    their legend entries. A bin with few examples says little: bars of bins with under FEW_EXAMPLES of them are
-    pale."""
+    """Accuracy per confidence bin as bars, and the gap to the bin's mean confidence hatched (Guo et al., 2017). A bin
+    with few examples says little: bars of bins with under FEW_EXAMPLES of them are pale.
+
+    Args:
+        axis: a matplotlib Axes, confidence and accuracy in [0, 1].
+        bins: a row's `reliability`: per bin its "confidence", "accuracy" and "count", bins equally wide over [0, 1];
+            empty bins are not drawn.
+        bar_colour: the run's colour.
+
+    Returns:
+        The legend handles of the bars and of the gap.
+    """
     from matplotlib.patches import Patch
 
     width, total = 1.0 / len(bins["count"]), sum(bins["count"])
@@ -415,11 +571,28 @@ def reliability_bars(axis, bins: dict[str, list], bar_colour: str) -> list:
 
 
 def client_rows(run: Run) -> list[dict[str, Any]]:
-    """The rows with the clients' held-out metrics (run config `client-eval-fraction`)."""
+    """The rows with the clients' held-out metrics (run config `client-eval-fraction`).
+
+    Args:
+        run: a run.
+
+    Returns:
+        The rows that hold `client_metrics`, in order.
+    """
     return [row for row in run.rows if "client_metrics" in row]
 
 
 def plot_clients(runs: Sequence[Run], path: Path) -> None:
+    """Draw clients.png: replies accepted and rejected, work sent and nodes quarantined per round; below, where the rows
+    have them, each client's held-out accuracy, NLL and ECE.
+
+    Args:
+        runs: the runs to draw, one panel (column) each, in order.
+        path: the PNG to write, replaced atomically.
+
+    Raises:
+        MissingExtra: matplotlib (fedbayes[report]) is not installed.
+    """
     with_metrics = any(client_rows(run) for run in runs)
     figure, axes = new_figure(len(runs), rows=1 + len(METRICS) * with_metrics)
     if with_metrics:
@@ -463,7 +636,14 @@ def plot_clients(runs: Sequence[Run], path: Path) -> None:
 
 def client_metric_lines(axis, run: Run, key: str, run_colour: str) -> None:
     """Each client's `key` per round (thin lines), their mean and the worst client's, of the global model it received
-    (solid) and of its own posterior after training (dotted, where the strategy keeps one)."""
+    (solid) and of its own posterior after training (dotted, where the strategy keeps one).
+
+    Args:
+        axis: a matplotlib Axes.
+        run: the run whose client rows are drawn; without any, the panel says so.
+        key: the metric, "accuracy", "nll" or "ece".
+        run_colour: the colour of the clients' lines and their mean (the worst client's is red).
+    """
     rows = client_rows(run)
     if not rows:
         no_data(axis, "client metrics (client-eval-fraction)")
@@ -491,7 +671,15 @@ def client_metric_lines(axis, run: Run, key: str, run_colour: str) -> None:
 
 
 def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
-    """The row's server phases in SERVER_PHASES' order and labels (unknown ones after them, by their key)."""
+    """The row's server phases in SERVER_PHASES' order and labels (unknown ones after them, by their key).
+
+    Args:
+        row: a results row; its `phase_seconds` (null: a phase that did not run, counted 0).
+
+    Returns:
+        Phase label -> seconds, every phase of SERVER_PHASES included; "first to last reply" is last_reply minus
+        first_reply, both of which count from the push.
+    """
     seconds = {key: value or 0.0 for key, value in row.get("phase_seconds", {}).items()}
     seconds["last_reply"] = seconds.get("last_reply", 0.0) - seconds.get("first_reply", 0.0)
     labels = dict(SERVER_PHASES)
@@ -500,7 +688,14 @@ def server_phase_seconds(row: dict[str, Any]) -> dict[str, float]:
 
 
 def stacked_bars(axis, rounds: list[int], phases: list[dict[str, float]], colours: dict[str, str]) -> None:
-    """One bar per round, its phases stacked in the order of `colours`, each in its colour there."""
+    """One bar per round, its phases stacked in the order of `colours`, each in its colour there.
+
+    Args:
+        axis: a matplotlib Axes.
+        rounds: the bars' rounds.
+        phases: per round, phase name -> seconds; a phase it lacks counts 0.
+        colours: phase name -> colour, in stacking order (bottom first).
+    """
     bottom = [0.0] * len(rounds)
     for name, phase_colour in colours.items():
         heights = [round_phases.get(name, 0.0) for round_phases in phases]
@@ -509,12 +704,26 @@ def stacked_bars(axis, rounds: list[int], phases: list[dict[str, float]], colour
 
 
 def phase_colours(per_run: list[list[dict[str, float]]]) -> dict[str, str]:
-    """One colour per phase name, the same in every run's panel, in the order the phases first appear."""
+    """One colour per phase name, the same in every run's panel, in the order the phases first appear.
+
+    Args:
+        per_run: per run, per round, phase name -> seconds.
+
+    Returns:
+        Phase name -> matplotlib cycle colour ("C0" .. "C9", repeating).
+    """
     names = dict.fromkeys(name for rows in per_run for phases in rows for name in phases)
     return {name: f"C{number % 10}" for number, name in enumerate(names)}
 
 
 def phase_legend(axis, colours: dict[str, str], extra: Sequence = ()) -> None:
+    """The phases' legend, beside `axis` on its right.
+
+    Args:
+        axis: the last panel of a row.
+        colours: phase name -> colour (phase_colours).
+        extra: legend handles shown before the phases'.
+    """
     from matplotlib.patches import Patch
 
     handles = [*extra, *(Patch(color=phase_colour, label=name) for name, phase_colour in colours.items())]
@@ -522,6 +731,16 @@ def phase_legend(axis, colours: dict[str, str], extra: Sequence = ()) -> None:
 
 
 def plot_phases(runs: Sequence[Run], path: Path) -> None:
+    """Draw phases.png: per round, the server's phases stacked (with its round_seconds) and, below, the clients' median
+    phases.
+
+    Args:
+        runs: the runs to draw, one panel (column) each, in order.
+        path: the PNG to write, replaced atomically.
+
+    Raises:
+        MissingExtra: matplotlib (fedbayes[report]) is not installed.
+    """
     from matplotlib.lines import Line2D
 
     figure, axes = new_figure(len(runs), rows=2, height=4.5)
@@ -582,7 +801,15 @@ REPORT_FILES = (*(plot.file for plot in PLOTS), INDEX_FILE)  # what `write_repor
 
 
 def summary(run: Run) -> dict[str, str]:
-    """What the index says about a run besides its settings."""
+    """What the index says about a run besides its settings.
+
+    Args:
+        run: a run with at least one row.
+
+    Returns:
+        Label -> text, in display order: source, rounds, the last evaluated round's metrics, the clients' held-out
+        metrics, the last round's clients, wall time, and whether its settings are known.
+    """
     first, last = run.rows[0], run.rows[-1]
     lines = {
         "source": run.source,
@@ -602,7 +829,15 @@ def summary(run: Run) -> dict[str, str]:
 
 def evaluation_summary(evaluated: dict[str, Any], last: dict[str, Any]) -> dict[str, str]:
     """The index's lines on the run's last evaluated row, saying which round that was when it is not the last, and
-    on how many test examples when it is a subset (eval-fraction)."""
+    on how many test examples when it is a subset (eval-fraction).
+
+    Args:
+        evaluated: the run's last evaluated row.
+        last: the run's last row.
+
+    Returns:
+        Label -> text: accuracy, NLL and ECE (the ensemble's too), the uncertainty metrics where the row has them.
+    """
     lines = {
         "last accuracy / NLL / ECE": f"{evaluated['accuracy']:.4f} / {evaluated['nll']:.4f} / {evaluated['ece']:.4f}"
     }
@@ -621,8 +856,16 @@ def evaluation_summary(evaluated: dict[str, Any], last: dict[str, Any]) -> dict[
 
 
 def uncertainty_line(row: dict[str, Any], suffix: str) -> str:
-    """A row's uncertainty metrics, `suffix` "" (the global model) or "_ensemble": the AUROCs by predictive entropy,
-    by mutual information after them where the row has them, and the selective accuracy; "-" where undefined."""
+    """A row's uncertainty metrics: the AUROCs by predictive entropy, by mutual information after them where the row
+    has them, and the selective accuracy.
+
+    Args:
+        row: an evaluated results row.
+        suffix: "" (the global model) or "_ensemble".
+
+    Returns:
+        "misclassification / OOD [(by MI ... / ...)], selective accuracy", each to 4 decimals; "-" where undefined.
+    """
 
     def value(key: str) -> str:
         number = row.get(f"{key}{suffix}")
@@ -635,7 +878,15 @@ def uncertainty_line(row: dict[str, Any], suffix: str) -> str:
 
 
 def client_summary(run: Run) -> dict[str, str]:
-    """The index's lines on the clients' held-out metrics of the run's last round that has them."""
+    """The index's lines on the clients' held-out metrics of the run's last round that has them.
+
+    Args:
+        run: a run.
+
+    Returns:
+        Label -> text: the clients' mean and worst accuracy, NLL and ECE, of the global model and of their own
+        posteriors where the row has them; empty without such a round.
+    """
     rows = [row for row in client_rows(run) if row.get("client_accuracy_mean") is not None]
     if not rows:
         return {}
@@ -651,7 +902,14 @@ def client_summary(run: Run) -> dict[str, str]:
 
 
 def client_tables(runs: Sequence[Run]) -> str:
-    """Per run with the clients' held-out metrics, one table of each client's in its last round that has them."""
+    """Per run with the clients' held-out metrics, one table of each client's in its last round that has them.
+
+    Args:
+        runs: the runs reported.
+
+    Returns:
+        The HTML section (a heading, a note, one table per run), or "" when no run has client metrics.
+    """
     sections = []
     for run in runs:
         rows = [row for row in client_rows(run) if row["client_metrics"]]
@@ -674,13 +932,29 @@ def client_tables(runs: Sequence[Run]) -> str:
 
 
 def shown_number(value: Any) -> str:
+    """A metric as an index cell.
+
+    Args:
+        value: an int, a float or None.
+
+    Returns:
+        "" for None, an int as it is, a float to 4 decimals.
+    """
     if value is None:
         return ""
     return str(value) if isinstance(value, int) else f"{value:.4f}"
 
 
 def table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[str], bool]]) -> str:
-    """An HTML table; each row is (label, one cell per run, whether the runs differ there)."""
+    """An HTML table, every text escaped.
+
+    Args:
+        header: the column headings.
+        rows: per row (label, one cell per column after the label's, whether the runs differ there: highlighted).
+
+    Returns:
+        The table's HTML.
+    """
     head = "".join(f"<th>{html.escape(text)}</th>" for text in header)
     body = "".join(
         ('<tr class="differs">' if differs else "<tr>")
@@ -693,7 +967,15 @@ def table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[str], bool]]
 
 
 def settings_rows(runs: Sequence[Run]) -> list[tuple[str, list[str], bool]]:
-    """One row per run-config key any run set; it differs where the runs whose settings are known differ."""
+    """One row per run-config key any run set; it differs where the runs whose settings are known differ.
+
+    Args:
+        runs: the runs reported.
+
+    Returns:
+        Per key (key, per run its JSON value, "(default)" where not set or "—" where the settings are unknown,
+        whether they differ), keys in the order the runs first set them.
+    """
     keys = list(dict.fromkeys(key for run in runs for key in (run.settings or {})))
     rows = []
     for key in keys:
@@ -708,6 +990,14 @@ def settings_rows(runs: Sequence[Run]) -> list[tuple[str, list[str], bool]]:
 
 
 def render_index(runs: Sequence[Run]) -> str:
+    """index.html: the runs' summaries and settings, the figures with their notes, and the clients' tables.
+
+    Args:
+        runs: the runs reported, one column each.
+
+    Returns:
+        The page's HTML.
+    """
     names = [run.name for run in runs]
     summaries = [summary(run) for run in runs]
     overview = [
@@ -746,7 +1036,19 @@ key's default).</p>
 
 def write_report(runs: Sequence[Run], out: Path) -> Path:
     """Every figure and index.html into `out` (made if missing), each replacing a file of its name atomically, and
-    nothing else in `out` touched; the index's path."""
+    nothing else in `out` touched.
+
+    Args:
+        runs: the runs to report, at least one.
+        out: the report's folder (the caller checks it may be written, tasks/storage.py `check_output_folder`).
+
+    Returns:
+        The index's path, `out`/index.html.
+
+    Raises:
+        ReportError: `runs` is empty.
+        MissingExtra: matplotlib (fedbayes[report]) is not installed.
+    """
     if not runs:
         raise ReportError("no run to report")
     for plot in PLOTS:

@@ -54,7 +54,11 @@ class InspectError(ValueError):
 
 
 def warn(message: str) -> None:
-    """A file's problem that does not stop the command (a line left out), on stderr."""
+    """A file's problem that does not stop the command (a line left out), on stderr.
+
+    Args:
+        message: the problem, naming the file; printed after "fedbayes: warning: ".
+    """
     print(f"fedbayes: warning: {message}", file=sys.stderr)
 
 
@@ -79,8 +83,17 @@ class RunFiles:
 def locate(run: Path, federation: str | None = None) -> RunFiles:
     """The files of RUN: a `fedbayes local` workdir, or with `federation` a server state directory holding it.
 
+    Args:
+        run: a workdir, or a server state directory.
+        federation: the federation in the state directory `run`; None (or empty) when `run` is a workdir.
+
+    Returns:
+        The federation's name (the workdir's for a workdir), state directory and federation, and, for a workdir, the
+        workdir and its run config.
+
     Raises:
-        InspectError: RUN is neither, or its run config is damaged.
+        InspectError: `federation` is no safe name or no directory in `run`, `run` is no workdir, or its run config is
+            damaged or names no server-state-dir or federation.
     """
     if federation:
         if not is_safe_name(federation):
@@ -102,7 +115,18 @@ def locate(run: Path, federation: str | None = None) -> RunFiles:
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
-    """A TOML file of ours, bounded; InspectError naming it if it is too large or no TOML."""
+    """A TOML file of ours, read no further than MAX_CONFIG_BYTES.
+
+    Args:
+        path: the file.
+        what: what it is, for the message ("a run config").
+
+    Returns:
+        The parsed table.
+
+    Raises:
+        InspectError: naming the file, if it cannot be read, is too large, or is no UTF-8 TOML.
+    """
     try:
         return tomllib.loads(read_bounded(path, MAX_CONFIG_BYTES, what).decode())
     except (OSError, ValueError) as error:  # FileTooLarge, UnicodeDecodeError and TOMLDecodeError are ValueErrors
@@ -110,7 +134,18 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
 
 
 def read_json_record(path: Path, what: str) -> dict[str, Any] | None:
-    """A one-object JSON file of ours (None: there is none); InspectError naming it if it is damaged."""
+    """A one-object JSON file of ours, read no further than MAX_RECORD_BYTES.
+
+    Args:
+        path: the file.
+        what: what it is, for the message ("a results start record").
+
+    Returns:
+        The object, or None when there is no such file.
+
+    Raises:
+        InspectError: naming the file, if it cannot be read, is too large, is no JSON, or is no JSON object.
+    """
     try:
         record = json.loads(read_bounded(path, MAX_RECORD_BYTES, what))
     except FileNotFoundError:
@@ -124,8 +159,18 @@ def read_json_record(path: Path, what: str) -> dict[str, Any] | None:
 
 # ---- results rows -------------------------------------------------------------------------------------------------
 def results_location(files: RunFiles) -> tuple[Path | None, int]:
-    """The federation's results file and the line its rows start after: what its results-start.json records (the
-    ServerApp notes it when it starts), else its run config's results-path from the file's start (None: unknown)."""
+    """The federation's results file and the line its rows start after.
+
+    Args:
+        files: the federation's files.
+
+    Returns:
+        What its results-start.json records (the ServerApp notes it when it starts); else its run config's
+        results-path (or a workdir's results.jsonl) from the file's start; (None, 0) when it is not known.
+
+    Raises:
+        InspectError: results-start.json is damaged or holds no path and first_line >= 0.
+    """
     start_file = files.directory / RESULTS_START
     start = read_json_record(start_file, "a results start record")
     if start is not None:
@@ -141,7 +186,15 @@ def results_location(files: RunFiles) -> tuple[Path | None, int]:
 
 def read_rows(path: Path, first_line: int = 0, say: Callable[[str], None] = warn) -> list[dict[str, Any]]:
     """The federation's rows: those after the file's first `first_line` lines (an earlier federation's), the last
-    federation's where the rounds start again. A line that is no row is left out and `say`d, named by file and line.
+    federation's where the rounds start again.
+
+    Args:
+        path: the results file (JSON lines); one that does not exist holds no rows.
+        first_line: the lines to skip, >= 0.
+        say: told, naming file and line, of each line that is no row (which is left out); default: warn.
+
+    Returns:
+        The rows, in file order; empty for a missing file.
 
     Raises:
         InspectError: the file cannot be read, or none of its lines is a row.
@@ -168,8 +221,15 @@ def read_rows(path: Path, first_line: int = 0, say: Callable[[str], None] = warn
 
 
 def row_or_problem(text: bytes | None) -> dict[str, Any] | str:
-    """A results row, or why the line holds none: what the report checks (tasks/report.py parsed_row), and the
-    fields only these commands read."""
+    """A results row, or why the line holds none: what the report checks (tasks/report.py parsed_row), and the fields
+    only these commands read.
+
+    Args:
+        text: one line of a results file without its newline, or None for a line over MAX_LINE_BYTES.
+
+    Returns:
+        The row, or the problem in words (too long, no JSON object, a field of the wrong type).
+    """
     if text is None:
         return f"over {MAX_LINE_BYTES} bytes, longer than any results row"
     row = parsed_row(text.decode(errors="replace"))
@@ -190,13 +250,26 @@ def row_or_problem(text: bytes | None) -> dict[str, Any] | str:
 
 
 def last_evaluated(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The last row whose round the server evaluated (`eval-every`)."""
+    """The last row whose round the server evaluated (`eval-every`).
+
+    Args:
+        rows: results rows, in round order.
+
+    Returns:
+        The last row with an accuracy, or None when no round was evaluated.
+    """
     return next((row for row in reversed(rows) if row.get("accuracy") is not None), None)
 
 
 def client_of_label(label: str) -> tuple[str, int | None]:
-    """The client a results row's label of a left-out reply names, and its node: its client id, else the label
-    (`node 7`, `round`)."""
+    """The client a results row's label of a left-out reply names, and its node.
+
+    Args:
+        label: a key of a row's `rejected`: "client 'ID' (node N) ...", "node N", or another label ("round").
+
+    Returns:
+        The client id and node of a client label; else the label itself and the node of "node N" (None for others).
+    """
     match = _CLIENT_LABEL.match(label)
     if match:
         return match.group(1), int(match.group(2))
@@ -217,14 +290,25 @@ class ClientTally:
     reasons: dict[str, list[int]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
+        """The tally as `fedbayes clients --json` prints it.
+
+        Returns:
+            Its fields, the reasons as a list of {"reason", "rounds"} objects.
+        """
         reasons = [{"reason": reason, "rounds": rounds} for reason, rounds in self.reasons.items()]
         return {**{k: v for k, v in vars(self).items() if k != "reasons"}, "reasons": reasons}
 
 
 def client_tallies(rows: Iterable[Mapping[str, Any]]) -> dict[str, ClientTally]:
-    """Per client (by id; `node N` where the row names no id), what the rows say: its reply was accepted in a round
-    that accepted any where it answered (`reply_seconds`) and was not left out (`rejected`); it was seen in each
-    round it answered or was left out in."""
+    """Per client, what the rows say: its reply was accepted in a round that accepted any where it answered
+    (`reply_seconds`) and was not left out (`rejected`); it was seen in each round it answered or was left out in.
+
+    Args:
+        rows: results rows, checked (row_or_problem).
+
+    Returns:
+        Client id (`node N` where the row names no id) -> its tally, sorted by id.
+    """
     tallies: dict[str, ClientTally] = {}
 
     def tally(client: str, server_round: int) -> ClientTally:
@@ -263,6 +347,13 @@ def read_run_events(files: RunFiles) -> EventFindings:
     """The failure and tracking notices of the federation's newest start, from its events file (a line that is no
     event is named and left out).
 
+    Args:
+        files: the federation's files.
+
+    Returns:
+        The events file's path, the newest start's failure reason (None: it did not end failed) and its tracking
+        notices; neither for a federation without an events file.
+
     Raises:
         InspectError: the file cannot be read.
     """
@@ -283,7 +374,15 @@ def read_run_events(files: RunFiles) -> EventFindings:
 
 
 def lock_holders(lock: Path, locks_table: Path = Path("/proc/locks")) -> list[int]:
-    """The processes that hold `lock` (an flock), from the kernel's table of locks: nothing is locked to find out."""
+    """The processes that hold `lock` (an flock), from the kernel's table of locks: nothing is locked to find out.
+
+    Args:
+        lock: the lock file.
+        locks_table: the kernel's table of locks (/proc/locks format), read no further than 64 MiB.
+
+    Returns:
+        The holders' process ids, sorted; none when the lock file or table is missing or unreadable for permission.
+    """
     try:
         stat = os.stat(lock)
         table = read_bounded(locks_table, 64 * 2**20, "the kernel's table of locks").decode()
@@ -299,7 +398,14 @@ def lock_holders(lock: Path, locks_table: Path = Path("/proc/locks")) -> list[in
 
 
 def processes_with_flwr_home(flwr_home: Path) -> list[int]:
-    """Live processes of this user whose environment says FLWR_HOME=`flwr_home` (a local federation's)."""
+    """Live processes of this user whose environment says FLWR_HOME=`flwr_home` (a local federation's).
+
+    Args:
+        flwr_home: the Flower home, resolved, as the launcher set it.
+
+    Returns:
+        Their process ids, sorted; zombies and processes whose environment cannot be read are left out.
+    """
     needle = f"FLWR_HOME={flwr_home}".encode()
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -314,7 +420,14 @@ def processes_with_flwr_home(flwr_home: Path) -> list[int]:
 
 
 def live_processes(files: RunFiles) -> list[int]:
-    """The processes that make the federation running (module docstring)."""
+    """The processes that make the federation running (module docstring).
+
+    Args:
+        files: the federation's files.
+
+    Returns:
+        The ids of the holders of its server lock and, for a workdir, of the processes with its Flower home, sorted.
+    """
     workdir = [] if files.workdir is None else processes_with_flwr_home((files.workdir / FLWR_HOME).resolve())
     return sorted({*lock_holders(files.directory / LOCK_FILE), *workdir})
 
@@ -327,8 +440,17 @@ class Status:
 
 
 def decide_status(processes: Sequence[int], done: int, planned: int | None, failure: str | None) -> Status:
-    """The status of a federation whose results hold `done` rounds of `planned` (None: unknown), with `processes`
-    live and the newest start's reported `failure` (module docstring)."""
+    """The status of a federation, from what its files say (module docstring).
+
+    Args:
+        processes: the live processes that make it running (live_processes).
+        done: the last round its results hold, 0 for none.
+        planned: the rounds it is to run (planned_rounds); None: unknown.
+        failure: the reason its newest start ended failed; None: it did not.
+
+    Returns:
+        "running", "failed", "finished" or "stopped" in that order of precedence, with why in words.
+    """
     if processes:
         return Status("running", f"live process {', '.join(map(str, processes))}")
     if failure is not None:
@@ -345,7 +467,17 @@ def decide_status(processes: Sequence[int], done: int, planned: int | None, fail
 
 
 def audit_records(files: RunFiles) -> list[dict[str, Any]]:
-    """The forget audit log's records (server/forget/); a line that is none is named and skipped."""
+    """The forget audit log's records (server/forget/); a line that is none is named and skipped.
+
+    Args:
+        files: the federation's files.
+
+    Returns:
+        The JSON objects of the log, in order; none for a federation without one.
+
+    Raises:
+        InspectError: the log cannot be read.
+    """
     path = files.directory / AUDIT_LOG
     records = []
     try:
@@ -367,7 +499,15 @@ def audit_records(files: RunFiles) -> list[dict[str, Any]]:
 
 def planned_rounds(files: RunFiles, records: Sequence[Mapping[str, Any]]) -> int | None:
     """num-server-rounds, raised to the last round a forget's refinement asked for (server/forget/settling.py
-    rounds_to_run); None without a run config."""
+    rounds_to_run).
+
+    Args:
+        files: the federation's files; its run config gives num-server-rounds.
+        records: its forget audit records (audit_records).
+
+    Returns:
+        The rounds the federation is to run, or None without a run config (or an integer num-server-rounds in it).
+    """
     configured = files.run_config.get("num-server-rounds")
     if type(configured) is not int:
         return None
@@ -399,6 +539,12 @@ class Snapshot:
 def snapshot(files: RunFiles) -> Snapshot:
     """Read the federation's rows, audit log and events, and decide its status.
 
+    Args:
+        files: the federation's files (locate).
+
+    Returns:
+        The files, rows, results path, status, planned rounds, events and audit records.
+
     Raises:
         InspectError: one of those files is damaged (named, with why).
     """
@@ -413,7 +559,14 @@ def snapshot(files: RunFiles) -> Snapshot:
 
 
 def metrics_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The last evaluated round's metrics (the ensemble's too, where the strategy has one)."""
+    """The last evaluated round's metrics (the ensemble's too, where the strategy has one).
+
+    Args:
+        rows: results rows, in round order.
+
+    Returns:
+        "round" and each of METRICS (and <metric>_ensemble) the row holds, or None when no round was evaluated.
+    """
     evaluated = last_evaluated(rows)
     if evaluated is None:
         return None

@@ -24,7 +24,17 @@ SLOT_WARN_SECONDS = 60.0
 
 
 def compute_slots(spec: str) -> tuple[int, Path]:
-    """FEDBAYES_COMPUTE_SLOTS's value, "N:DIR": N >= 1 slots, each a lock file in the existing directory DIR."""
+    """FEDBAYES_COMPUTE_SLOTS's value, parsed.
+
+    Args:
+        spec: "N:DIR": N >= 1 slots, each a lock file in the existing directory DIR.
+
+    Returns:
+        N and DIR.
+
+    Raises:
+        ValueError: `spec` is not N:DIR with N >= 1 and DIR an existing directory.
+    """
     count, _, directory = spec.partition(":")
     if not (count.isdigit() and int(count) >= 1 and directory and Path(directory).is_dir()):
         raise ValueError(f"{SLOTS_ENV} must be N:DIR with N >= 1 and DIR an existing directory, got {spec!r}")
@@ -38,7 +48,15 @@ def compute_slot() -> Iterator[None]:
     A slot is an exclusive flock on DIR/slot-<i>: the kernel frees it when its holder exits, however it exits,
     so a killed ClientApp never keeps one. Waiting is a 20 ms poll over the N files (flock has no "any of
     these" wait); after a minute it logs once that it is still waiting, since a stuck ClientApp of this
-    machine holds its slot for as long as it is stuck."""
+    machine holds its slot for as long as it is stuck.
+
+    Yields:
+        None, once a slot is held; the slot is released when the block exits.
+
+    Raises:
+        ValueError: FEDBAYES_COMPUTE_SLOTS is set but not N:DIR (compute_slots).
+        OSError: a slot file in DIR cannot be opened.
+    """
     spec = os.environ.get(SLOTS_ENV)
     if not spec:
         yield

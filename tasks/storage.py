@@ -38,9 +38,18 @@ class FileTooLarge(ValueError):
 
 
 def write_atomically(path: Path, payload: bytes, mode: int = 0o600) -> None:
-    """Replace `path` with `payload` so that a crash at any moment leaves either the old or the new
-    file, never a torn one: write a temp file in the same directory (created 0600, so never readable by others,
-    not even briefly; then set to `mode`), fsync it, rename it over `path`, fsync the directory."""
+    """Replace `path` with `payload` so that a crash at any moment leaves either the old or the new file, never a torn
+    one: write a temp file in the same directory (created 0600, so never readable by others, not even briefly; then
+    set to `mode`), fsync it, rename it over `path`, fsync the directory.
+
+    Args:
+        path: the file to write; its parent folders are created.
+        payload: the file's whole contents.
+        mode: the file's permission bits once written (OUTPUT_MODE for a command's output).
+
+    Raises:
+        OSError: the folder or file cannot be written; the temp file is removed.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
     try:
@@ -82,10 +91,19 @@ class OutputExists(ValueError):
 
 
 def check_new_files(paths: Iterable[Path], force: bool) -> None:
-    """Refuse (OutputExists, naming them) a command that is about to write the files `paths` where something is
-    already, unless `force`, with which they are replaced (by `write_atomically`). Even with `force` a folder is not
-    replaced by a file (that would delete what it holds), and a path under a file cannot be written at all. Called
-    before the command does any work, so that a refusal costs nothing and leaves nothing half-written."""
+    """Refuse a command that is about to write the files `paths` where something is already, unless `force`, with which
+    they are replaced (by `write_atomically`). Even with `force` a folder is not replaced by a file (that would delete
+    what it holds), and a path under a file cannot be written at all. Called before the command does any work, so that
+    a refusal costs nothing and leaves nothing half-written.
+
+    Args:
+        paths: the files the command will write.
+        force: replace what is at `paths` (files and links; never folders).
+
+    Raises:
+        OutputExists: a path is under a file or is a folder, or, without `force`, something is at a path; the message
+            names them and says what --force would do.
+    """
     paths = list(paths)
     for path in paths:
         blocking = next((parent for parent in path.parents if os.path.lexists(parent)), None)
@@ -103,9 +121,18 @@ def check_new_files(paths: Iterable[Path], force: bool) -> None:
 
 
 def check_output_folder(folder: Path, names: Sequence[str], force: bool) -> None:
-    """Refuse (OutputExists) a command that is about to write the files `names` into `folder`, unless the folder is
-    new or empty, or `force`. With `force` only `names` are replaced: whatever else the folder holds (the user's
-    files, another command's) stays. Called before the command does any work, as `check_new_files`."""
+    """Refuse a command that is about to write the files `names` into `folder`, unless the folder is new or empty, or
+    `force`. With `force` only `names` are replaced: whatever else the folder holds (the user's files, another
+    command's) stays. Called before the command does any work, as `check_new_files`.
+
+    Args:
+        folder: the output folder, which need not exist.
+        names: the file names the command writes into it.
+        force: write into a folder that holds something, replacing the files of those names.
+
+    Raises:
+        OutputExists: `folder` is a file, holds something (without `force`), or a name is a folder there.
+    """
     if os.path.lexists(folder) and not folder.is_dir():
         raise OutputExists(f"{folder} is a file, not a folder: this command writes {listed(names)} into a folder")
     held = sorted(entry.name for entry in folder.iterdir()) if folder.is_dir() else []
@@ -118,14 +145,29 @@ def check_output_folder(folder: Path, names: Sequence[str], force: bool) -> None
 
 
 def listed(names: Sequence[str]) -> str:
-    """`names` joined with commas, the first LISTED of them and how many more."""
+    """`names` joined with commas, the first LISTED of them and how many more.
+
+    Args:
+        names: what a message lists, in the order shown.
+
+    Returns:
+        "a, b, c, d and 3 more", or all of them when there are at most LISTED.
+    """
     shown = ", ".join(names[:LISTED])
     return shown if len(names) <= LISTED else f"{shown} and {len(names) - LISTED} more"
 
 
 def link_atomically(link: Path, target_name: str) -> None:
-    """Make `link` a symbolic link to `target_name` (a file next to it) so that a crash at any moment leaves
-    either the old or the new link: create it under a temp name, rename it over `link`, fsync the directory."""
+    """Make `link` a symbolic link to `target_name` (a file next to it) so that a crash at any moment leaves either the
+    old or the new link: create it under a temp name, rename it over `link`, fsync the directory.
+
+    Args:
+        link: the link to create or replace.
+        target_name: what it points to, relative to the link's folder.
+
+    Raises:
+        OSError: the link cannot be made; its temp link is removed.
+    """
     temp_link = link.with_name(f".{link.name}-{os.getpid()}-{os.urandom(4).hex()}.tmp")
     os.symlink(target_name, temp_link)
     try:
@@ -137,7 +179,14 @@ def link_atomically(link: Path, target_name: str) -> None:
 
 
 def fsync_directory(directory: Path) -> None:
-    """Make the renames and deletions in `directory` durable."""
+    """Make the renames and deletions in `directory` durable.
+
+    Args:
+        directory: an existing folder.
+
+    Raises:
+        OSError: it cannot be opened or synced.
+    """
     handle = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(handle)
@@ -146,13 +195,28 @@ def fsync_directory(directory: Path) -> None:
 
 
 def is_safe_name(name: str) -> bool:
-    """Whether `name` may name a directory or file of ours (a federation, a client id): [A-Za-z0-9._-]+, not "." or
-    "..", so it can neither climb out of the folder it is put in nor hide in it."""
+    """Whether `name` may name a directory or file of ours (a federation, a client id), so that it can neither climb
+    out of the folder it is put in nor hide in it.
+
+    Args:
+        name: the name to check.
+
+    Returns:
+        True for a non-empty ASCII [A-Za-z0-9._-]+ that is not "." or "..".
+    """
     return bool(name) and name.isascii() and all(c.isalnum() or c in "._-" for c in name) and name not in (".", "..")
 
 
 def checksum(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> str:
-    """SHA-256 over every tensor's name, dtype, shape and values and every metadata entry but the checksum."""
+    """SHA-256 over every tensor's name, dtype, shape and values and every metadata entry but the checksum.
+
+    Args:
+        tensors: tensor name -> array, as the file holds them; the values are hashed little-endian, C order.
+        metadata: the file's metadata; its CHECKSUM_KEY entry, if any, is left out.
+
+    Returns:
+        The digest in hex; the same for the same contents whatever the order of the mappings.
+    """
     description = json.dumps(
         {
             "tensors": [[name, tensors[name].dtype.name, list(tensors[name].shape)] for name in sorted(tensors)],
@@ -170,12 +234,20 @@ def checksum(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> 
 
 
 def read_bounded(path: Path, limit: int, bound: str) -> bytes:
-    """The bytes of `path`, refused before they are read when there are more than `limit`: a file's size decides
-    what reading it costs. Something that is no regular file (a device, a pipe) is read no further than `limit` + 1
-    bytes. `bound` says what the limit is, for the message ("a forget request").
+    """The bytes of `path`, refused before they are read when there are more than `limit`: a file's size decides what
+    reading it costs. Something that is no regular file (a device, a pipe) is read no further than `limit` + 1 bytes.
+
+    Args:
+        path: the file.
+        limit: the most bytes it may hold.
+        bound: what the limit is, for the message ("a forget request").
+
+    Returns:
+        The file's contents, at most `limit` bytes.
 
     Raises:
-        FileTooLarge: naming the file, its size and `limit`. OSError: it cannot be read.
+        FileTooLarge: naming the file, its size and `limit`.
+        OSError: it cannot be read.
     """
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
@@ -207,6 +279,10 @@ def complete_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, start: int 
         start: the byte to begin at, 0 or a line's start (an earlier Line's `end`, for a file that grows); lines are
             numbered from there.
 
+    Yields:
+        Each complete line's number (from 1 at `start`), the offset just after its newline, and its bytes without the
+        newline (None for a line over `max_line_bytes`).
+
     Raises:
         OSError: the file cannot be read.
     """
@@ -227,9 +303,17 @@ def complete_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, start: int 
 
 
 def safetensors_header_problem(path: Path, limit: int = SAFETENSORS_MAX_HEADER, raise_hint: str = "") -> str | None:
-    """What is wrong with the header length of the safetensors file `path` (its first 8 bytes, little-endian), or
-    None: over the rest of the file, or over `limit` (then followed by `raise_hint`, how a reader's user raises it).
-    Checked before the library reads the header, which it parses in full, into memory.
+    """What is wrong with the header length of the safetensors file `path` (its first 8 bytes, little-endian). Checked
+    before the library reads the header, which it parses in full, into memory.
+
+    Args:
+        path: the safetensors file.
+        limit: the longest header to accept, in bytes.
+        raise_hint: how a reader's user raises `limit`, appended to the problem of a header over it.
+
+    Returns:
+        None when the length is fine, else the problem in words: the 8 bytes are missing, or the length is over the
+        rest of the file or over `limit`.
 
     Raises:
         OSError: the file cannot be read.

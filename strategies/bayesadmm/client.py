@@ -45,13 +45,38 @@ HESS_INIT_EXAMPLES = 128  # the examples h0 is derived from: within 5% of 1,000 
 
 
 def instruction_layouts(instruction: pb.BayesADMMInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    """The layouts of an instruction's tensor groups, checked before they are decoded.
+
+    Args:
+        instruction: the round's instruction; its `family` sets the precision's layout.
+        layout: the model's parameters.
+
+    Returns:
+        "global_mean": `layout`; "global_precision": the family's precision layout (precision_layout).
+
+    Raises:
+        PayloadError: `family` is not one of FAMILIES.
+    """
     if instruction.family not in FAMILIES:
         raise PayloadError(f"field 'family': {instruction.family[:32]!r} is not one of {', '.join(FAMILIES)}")
     return {"global_mean": layout, "global_precision": precision_layout(instruction.family, layout)}
 
 
 def local_update(local: LocalRound) -> LocalResult:
-    """Alg. 1 lines 4-6 on this client; duals and IVON state persist in the durable store."""
+    """Alg. 1 lines 4-6 on this client: fit the local posterior against q̄ (IVON, Newton or SGD by family), take the
+    dual step; duals and IVON state persist in the durable store.
+
+    Args:
+        local: the round's instruction (family, ρ, γ, temperature, IVON's settings, local training), q̄'s tensors,
+            this client's runtime, and its stored duals and IVON state (None: new, or lost: zero duals).
+
+    Returns:
+        The reply with the local posterior's and the new duals' means and precisions (as the family's precisions
+        travel), the last epoch's mean loss, the compute seconds, and the duals and optimizer state to store.
+
+    Raises:
+        ValueError: the stored duals do not have q̄'s shapes.
+    """
     instruction, runtime, stored = local.instruction, local.runtime, local.stored
     family = instruction.family
     global_ = Gaussian(
@@ -87,11 +112,18 @@ client_update = ClientHalf(
 
 
 def training_seed(local: LocalRound) -> int:
-    """The seed of this round's random numbers: IVON's weight noise (torch's global generator) and the
-    minibatch order. Run config `noise`: shared = the server's noise seed (the run seed), the same for every client
-    in every round, and one stream for both, as in the reference code: it calls torch.manual_seed(seed) at the start
-    of each local training and draws each epoch's permutation, then the steps' noise, from torch's global generator
-    (`_train_ivon`); independent = a seed of this client's own for this round."""
+    """The seed of this round's random numbers: IVON's weight noise (torch's global generator) and the minibatch
+    order. Run config `noise`: shared = the server's noise seed (the run seed), the same for every client in every
+    round, and one stream for both, as in the reference code: it calls torch.manual_seed(seed) at the start of each
+    local training and draws each epoch's permutation, then the steps' noise, from torch's global generator
+    (`_train_ivon`); independent = a seed of this client's own for this round.
+
+    Args:
+        local: the round: its instruction's noise settings, the client's runtime and the round.
+
+    Returns:
+        The seed.
+    """
     instruction = local.instruction
     if instruction.shared_noise:
         return instruction.noise_seed
@@ -271,7 +303,17 @@ def _train_isotropic(local: LocalRound, global_: Gaussian, duals: Duals):
 
 def admm_terms(dual: torch.Tensor, anchor: torch.Tensor, rho: float, num_examples: int) -> GradientTerm:
     """Federated ADMM's (v·θ + ρ/2 ‖θ − m̄‖²)/N_k (Eq. 21) over the flattened parameters θ, gradient
-    (v + ρ (θ − m̄))/N_k; `dual` (v) and `anchor` (m̄) on the model's device."""
+    (v + ρ (θ − m̄))/N_k, added into the gradients.
+
+    Args:
+        dual: v, the client's dual mean, (P,) on the model's device.
+        anchor: m̄, q̄'s mean, (P,) on the model's device.
+        rho: ρ, the penalty, > 0.
+        num_examples: N_k, the client's examples, > 0.
+
+    Returns:
+        The term: called with the parameters, it adds its gradient to theirs and returns its value.
+    """
     # 1/N_k as a float32 tensor, and the gradient in the chain rule's order: the numbers autograd gave on the value
     inverse = torch.ones((), dtype=anchor.dtype, device=anchor.device) / num_examples
 

@@ -105,6 +105,11 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         self.size = sum(math.prod(shape) for shape in layout.values())
 
     def initial_state(self) -> BayesADMMState:
+        """The state before round 1.
+
+        Returns:
+            No q̄ yet (round 1's instruction sets it from the initial model), no duals, local posteriors or shares.
+        """
         return BayesADMMState()
 
     @property
@@ -133,6 +138,20 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
     def instruction(
         self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
     ) -> tuple[pb.BayesADMMInstruction, TensorGroups]:
+        """This round's instruction: the clients' local posterior updates against q̄ (Alg. 1). Round 1's also sets q̄:
+        the
+        model's initial weights as mean, precision δ (the fixed-covariance family: 1).
+
+        Args:
+            server_round: the round, >= 1; it sets the learning rate.
+            arrays: the global arrays the core holds; only round 1 reads them (the parameters of `layout`).
+            nodes: the nodes the round is sent to; every one gets the same instruction.
+
+        Returns:
+            The instruction (local training, family, ρ, the dual step γ, temperature, IVON's settings, the noise seed)
+            and its tensor groups: "global_mean", m̄, and "global_precision", S̄ as its family travels
+            (precision_layout: none, per parameter, or one P x P matrix), float32.
+        """
         if self.state.global_ is None:
             self.state = replace(self.state, global_=self._initial_global(arrays))
         hp = self.hyperparameters
@@ -158,6 +177,12 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         return instruction, tensors
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        """The layouts of a reply's tensors.
+
+        Returns:
+            "local_mean" and "dual_mean": `layout`; "local_precision" and "dual_precision": the family's precision
+            layout (precision_layout).
+        """
         precision_wire = precision_layout(self.family, self.layout)
         return {
             "local_mean": self.layout,
@@ -167,6 +192,22 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         }
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[BayesADMMState]:
+        """The server step (Eqs. 37-38) from the round's accepted replies and every known client's duals, without
+        changing
+        the strategy; under `clip` with the local posteriors' and duals' influence bounded.
+
+        Args:
+            payloads: the accepted replies, in client-id order, checked by check_reply.
+            server_round: the round, recorded with each replying client's duals, local posterior and share.
+
+        Returns:
+            The new m̄ (as sent), the state (q̄, duals, the local posteriors the step used, the shares), the metrics
+            "known-clients", the precision's summary and, but for the fixed-covariance family,
+            "client-precision-share", and a warning where the precision collapses onto the clients'.
+
+        Raises:
+            RoundRejected: the new q̄ would be non-finite, or its precision not positive (definite).
+        """
         locals_ = [self._local_posterior(payload) for payload in payloads]
         duals = self.state.duals | {p.header.client_id: self._reported_duals(p, server_round) for p in payloads}
         used_locals, used_duals = locals_, list(duals.values())
@@ -209,9 +250,21 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         q̄ less the client's share first (not for the isotropic family); then the fixed-point formula on the
         remaining duals, S̄' = δI + Σ_{j≠k} U_j, m̄' = S̄'⁻¹ Σ_{j≠k} v_j, first where q̄ is within
         FIXED_POINT_TOLERANCE of its duals' fixed point; else the last server step redone without k
-        (`server_natural_without`). The first that makes a posterior (finite, positive precision) is taken; none:
-        ForgetRefused, naming why each failed. The remaining duals and local posteriors stay, so the next ordinary
-        round goes on from them."""
+        (`server_natural_without`). The first that makes a posterior (finite, positive precision) is taken. The
+        remaining
+        duals and local posteriors stay, so the next ordinary round goes on from them.
+
+        Args:
+            client: the client id to forget.
+
+        Returns:
+            The new m̄ and state without the client, not exact, KL(q̄ ‖ q̄') (None for the isotropic family), and a
+            note saying which estimate was taken and why the others were not.
+
+        Raises:
+            ForgetRefused: the client is unknown or the last one (check_forgettable), or no estimate makes a posterior
+                (the message names why each failed).
+        """
         self.check_forgettable(client, self.state.duals)
         residual = fixed_point_residual(
             self.global_, self._summed_duals(self.state.duals), self.hyperparameters.prior_precision
@@ -345,23 +398,50 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         """`reply_effect`: what the server step would do to q̄ with this reply alone, in q̄'s mean and log precision
         (the diagonal's, for the full family; none for the fixed-covariance one), with the weight 1 − α that Eq. 37
         gives the local posteriors among the known clients (this one counted if new). check_reply has made sure S_k
-        is positive."""
+        is positive.
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            The change in (m̄, log diag S̄), float64 (2P,); (P,) for the fixed-covariance family.
+        """
         clients = len(self.state.duals | {payload.header.client_id: None})
         weight = 1.0 - prior_weight(self.hyperparameters.rho, clients)
         return reply_effect(self._local_posterior(payload), self.global_, weight).numpy()
 
     def state_norm(self) -> float:
+        """The norm of the state in the parameters of `update_of`.
+
+        Returns:
+            ‖(m̄, log diag S̄)‖ (‖m̄‖ for the fixed-covariance family).
+        """
         return mean_log_precision(self.global_).norm().item()
 
     def update_scale(self, payload: Payload) -> float:
-        """The client's examples: its local posterior's data term, loss_sum/τ, is a sum over them (ess = N_k/(ρτ))."""
+        """The client's examples: its local posterior's data term, loss_sum/τ, is a sum over them (ess = N_k/(ρτ)).
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            Its num_examples, as a float.
+        """
         return float(payload.reply.num_examples)
 
     def check_reply(self, payload: Payload) -> None:
         """A local posterior must be a Gaussian: positive precisions (diagonal) or a positive-definite precision matrix
         (full); the isotropic family sends none. The reported duals must be the dual step (Alg. 1 lines 5-6) from the
         duals of the client's last accepted round (zero for a new client or one that lost its state), as the server
-        replays it: the duals feed the server's sums."""
+        replays it: the duals feed the server's sums.
+
+        Args:
+            payload: a reply the core has checked.
+
+        Raises:
+            PayloadError: a local precision is not positive (definite), or a reported dual differs from the replay by
+                more than its tolerance (replay_tolerance).
+        """
         local = self._local_posterior(payload)
         if self.family == "full":
             if torch.linalg.cholesky_ex(local.precision).info != 0:
@@ -403,8 +483,16 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         )
 
     def save_state(self, state: BayesADMMState) -> ServerState:
-        """q̄, every known client's duals and local posterior (with the round they were last updated in), in
-        float64."""
+        """q̄, every known client's duals, local posterior and share (with the round they were last updated in), in
+        float64.
+
+        Args:
+            state: a BayesADMM state.
+
+        Returns:
+            The checkpoint's part: "global_mean", "global_precision" and the per-client "duals", "local_posteriors"
+            and "shares"; nothing before round 1.
+        """
         saved = ServerState()
         if state.global_ is not None:
             saved.tensors |= {
@@ -417,6 +505,16 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         return saved
 
     def load_state(self, saved: ServerState) -> BayesADMMState:
+        """The state `save_state` saved. A checkpoint from before the local posteriors or the shares were kept has none
+        of them: `forget` then lacks those estimates.
+
+        Args:
+            saved: a checkpoint's strategy state.
+
+        Returns:
+            q̄, the duals, and the local posteriors and shares where the checkpoint holds them; the initial state for a
+            checkpoint saved before round 1.
+        """
         if "global_mean" not in saved.tensors:
             return BayesADMMState()
         global_ = Gaussian(
@@ -456,13 +554,28 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
         return None
 
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
-        """Weights sampled from q̄ for the predictive ensemble (none for the fixed-covariance family)."""
+        """Weights sampled from q̄ for the predictive ensemble (none for the fixed-covariance family).
+
+        Args:
+            count: the samples to draw, >= 0.
+            generator: the draws' source (seeded by the round).
+
+        Returns:
+            `count` parameter settings, name -> array in `layout`; none for the isotropic family, before round 1, or
+            for `count` 0.
+        """
         if self.isotropic or self.state.global_ is None or count == 0:
             return []
         samples = Gaussian(self.global_.mean, self.global_.precision).sample(count, generator)
         return [unflatten(sample.numpy(), self.layout) for sample in samples]
 
     def global_posterior(self) -> GlobalPosterior:
+        """What the server holds of the global posterior (`fedbayes export`).
+
+        Returns:
+            q̄ = N(m̄, S̄⁻¹) as a Gaussian over the flat parameters; a point estimate for the fixed-covariance family
+            (its covariance is no learnt posterior) and before round 1.
+        """
         if self.isotropic:
             return GlobalPosterior(
                 "a point estimate m̄: federated ADMM fixes the covariance at the identity, a device "

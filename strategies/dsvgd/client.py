@@ -81,13 +81,41 @@ class MinibatchLossGradient:
 
 
 def instruction_layouts(instruction: pb.DSVGDInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    """The layouts of an instruction's tensor groups, checked before they are decoded.
+
+    Args:
+        instruction: the round's instruction; its `particle_count` is N.
+        layout: the model's parameters, P values in all.
+
+    Returns:
+        {"particles": {"particles": (N, P)}}.
+
+    Raises:
+        PayloadError: `variant` is not one of VARIANTS.
+    """
     if instruction.variant not in VARIANTS:
         raise PayloadError(f"field 'variant': {instruction.variant[:32]!r} is not one of {', '.join(VARIANTS)}")
     return {"particles": {"particles": (instruction.particle_count, sum(math.prod(s) for s in layout.values()))}}
 
 
 def local_update(local: LocalRound) -> LocalResult:
-    """Loops 1 and 2 on this client; its local particles persist in the durable store, never on the wire."""
+    """Loops 1 and 2 on this client; its local particles (U-DSVGD: its visits) persist in the durable store, never on
+    the wire.
+
+    Args:
+        local: the round's instruction (variant, both loops' steps and step sizes, KDE bandwidth, prior, batch size,
+            whether Θ^(0) is sent), the global particles, this client's runtime, and its stored local particles or
+            visits (None: first visit, or lost: copies of Θ^(0)).
+
+    Returns:
+        DSVGD and U-DSVGD: the reply with the updated global particles; P-DSVGD: with its local particles; each with
+        the last minibatch's mean loss per example, the compute seconds, and the local particles or visits to store.
+
+    Raises:
+        ValueError: the stored particles or visits do not have this run's shape, or U-DSVGD's buffer is full
+            (udsvgd-max-visits).
+        FloatingPointError: the particles became non-finite.
+    """
     instruction, runtime, stored = local.instruction, local.runtime, local.stored
     settings = SVGDSettings(
         instruction.local_steps,
@@ -151,7 +179,18 @@ def local_update(local: LocalRound) -> LocalResult:
 
 
 def forget_layouts(instruction: pb.DSVGDForgetInstruction, stored: ClientState) -> dict[str, TensorLayout]:
-    """The forget request's particles: N x P, P that of the factor this client stored."""
+    """The forget request's particles: N x P, P that of the factor this client stored.
+
+    Args:
+        instruction: the forget request; its `particle_count` is N.
+        stored: this client's durable state (its local particles, or U-DSVGD's visits).
+
+    Returns:
+        {"particles": {"particles": (N, P)}}.
+
+    Raises:
+        PayloadError: `variant` is neither dsvgd nor u-dsvgd (P-DSVGD forgets on the server).
+    """
     if instruction.variant not in ("dsvgd", "u-dsvgd"):
         raise PayloadError(f"field 'variant': {instruction.variant[:32]!r} is not dsvgd or u-dsvgd")
     factor = stored.tensors["visit_after" if instruction.variant == "u-dsvgd" else "local_particles"]
@@ -161,7 +200,19 @@ def forget_layouts(instruction: pb.DSVGDForgetInstruction, stored: ClientState) 
 def forget_step(forget: ForgetRound) -> ForgetResult:
     """This client's part of its forget (Forget-SVGD): SVGD from the global particles towards q/t_k, its factor t_k
     from its durable store (DSVGD: its local particles; U-DSVGD: the particles of its visits), its loss left out: no
-    data. The store stays as it is until the server confirms the forget."""
+    data. The store stays as it is until the server confirms the forget.
+
+    Args:
+        forget: the server's request (steps, step size, KDE bandwidth, prior), the global particles, this client's
+            stored factor and the device.
+
+    Returns:
+        The reply with the particles Θ' ≈ q/t_k, (N, P), and the compute seconds.
+
+    Raises:
+        ValueError: the stored factor does not have the request's shape.
+        FloatingPointError: the particles became non-finite.
+    """
     instruction, device = forget.instruction, forget.device
     settings = SVGDSettings(
         instruction.steps,
@@ -207,7 +258,15 @@ client_update = ClientHalf(
 
 def local_particle_members(local: LocalRound, result: LocalResult) -> list[Tensors]:
     """DSVGD's and P-DSVGD's local particles after this round, as the members of the client's own posterior (U-DSVGD
-    keeps visits, no local particles: none)."""
+    keeps visits, no local particles: none).
+
+    Args:
+        local: the round, for the model's layout.
+        result: the round's result, whose state holds the local particles.
+
+    Returns:
+        One parameter setting (name -> array) per local particle; none for U-DSVGD.
+    """
     kept = result.state.get("local_particles")
     return [] if kept is None else particle_members(kept.numpy(), local.runtime.layout)
 
@@ -231,8 +290,15 @@ def _local_particles_of(stored: ClientState, shape: tuple[int, ...]) -> torch.Te
 
 
 def visits_state(visits: list[Visit]) -> dict[str, torch.Tensor]:
-    """An U-DSVGD agent's buffer as durable-state tensors: (V, N, P) downloaded and uploaded particles and which
-    downloads were Θ^(0) (their `before` is stored as zeros)."""
+    """An U-DSVGD agent's buffer as durable-state tensors.
+
+    Args:
+        visits: the agent's visits, each its downloaded (None: Θ^(0)) and uploaded particles, (N, P).
+
+    Returns:
+        "visit_before" and "visit_after", (V, N, P) on the CPU (a Θ^(0) download stored as zeros), and
+        "visit_initial", (V,) uint8: which downloads were Θ^(0).
+    """
     return {
         "visit_before": torch.stack(
             [torch.zeros_like(v.after) if v.before is None else v.before for v in visits]

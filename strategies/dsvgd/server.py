@@ -76,6 +76,11 @@ class DSVGD(ServerStrategy[DSVGDState]):
         self.sending_initial = True  # this round sends Θ^(0): the server has accepted no update yet
 
     def initial_state(self) -> DSVGDState:
+        """The state before round 1.
+
+        Returns:
+            No particles yet (round 1's instruction draws Θ^(0)), no local particles, nobody scheduled.
+        """
         return DSVGDState()
 
     @property
@@ -86,6 +91,19 @@ class DSVGD(ServerStrategy[DSVGDState]):
     def instruction(
         self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
     ) -> tuple[pb.DSVGDInstruction, TensorGroups]:
+        """This round's instruction: the SVGD loops from the global particles. Round 1's also draws Θ^(0) from the run
+        seed.
+
+        Args:
+            server_round: the round, >= 1.
+            arrays: the global arrays the core holds; the particles, not these, are what travels.
+            nodes: the nodes select_nodes chose; every one gets the same instruction.
+
+        Returns:
+            The instruction (variant, particle count, both loops' steps and step sizes, the KDE bandwidth, the prior,
+            the batch size, and whether Θ^(0) is sent: no update accepted yet) and its tensor group "particles":
+            {"particles": Θ}, (N, P) float32.
+        """
         hp = self.hyperparameters
         if self.state.particles is None:
             self.state = replace(self.state, particles=initial_particles(self.layout, hp.particles, self.settings.seed))
@@ -117,7 +135,16 @@ class DSVGD(ServerStrategy[DSVGDState]):
     def select_nodes(self, pool: NodePool, server_round: int) -> list[int]:
         """P-DSVGD: the seeded `fraction-train` sample. DSVGD: one node; a node whose client id is not known yet
         first, then the client after the last scheduled one in client-id order (round-robin), or a seeded random
-        node (`dsvgd-scheduler = "random"`)."""
+        node (`dsvgd-scheduler = "random"`). The scheduled turn moves on even if its reply never comes.
+
+        Args:
+            pool: the round's eligible nodes, their sample, their client ids and accepted rounds.
+            server_round: the round; it seeds the random scheduler.
+
+        Returns:
+            The nodes to send the round to: the sample (P-DSVGD), one node (DSVGD, U-DSVGD), or none when no node is
+            eligible.
+        """
         self.sending_initial = not pool.accepted_rounds
         nodes = list(pool.sample) if self.parallel else self._scheduled(pool, server_round)
         log(INFO, "round %d: scheduled %s", server_round, ", ".join(pool.label(node) for node in nodes))
@@ -144,11 +171,23 @@ class DSVGD(ServerStrategy[DSVGDState]):
         self.state = replace(self.state, last_scheduled=turn)
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        """The layout of a reply's tensors.
+
+        Returns:
+            {"particles": {"particles": (N, P)}}; P-DSVGD's group is "local_particles".
+        """
         return {"local_particles" if self.parallel else "particles": self.particle_layout}
 
     def update_of(self, payload: Payload) -> np.ndarray:
         """DSVGD: Θ^(i) − Θ^(i-1), the particles' move; P-DSVGD: the client's local particles' move since its last
-        accepted set (Θ^(0) for a new client)."""
+        accepted set (Θ^(0) for a new client).
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            The move, flattened, float64 (N·P,).
+        """
         if not self.parallel:
             return (payload.tensors["particles"]["particles"].astype(np.float64) - self.particles).ravel()
         client = payload.header.client_id
@@ -158,14 +197,42 @@ class DSVGD(ServerStrategy[DSVGDState]):
         return (payload.tensors["local_particles"]["particles"].astype(np.float64) - previous).ravel()
 
     def state_norm(self) -> float:
+        """The norm of the state in the parameters of `update_of`.
+
+        Returns:
+            ‖Θ‖, the Frobenius norm of the global particles.
+        """
         return float(np.linalg.norm(self.particles))
 
     def update_scale(self, payload: Payload) -> float:
         """The client's examples: its SVGD steps follow the gradient of its whole data's log likelihood, a sum over
-        them (only P-DSVGD's rounds have other replies to compare with)."""
+        them (only P-DSVGD's rounds have other replies to compare with).
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            Its num_examples, as a float.
+        """
         return float(payload.reply.num_examples)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[DSVGDState]:
+        """The new global particles, without changing the strategy: DSVGD's client's upload replaces them (Alg. 1 line
+        6,
+        never averaged); P-DSVGD's server distils φ over every client's latest local particles.
+
+        Args:
+            payloads: the accepted replies, in client-id order: one for DSVGD and U-DSVGD.
+            server_round: the round, for the log of the particles' spread.
+
+        Returns:
+            The particle mean as the global model, and the state: the particles, the local particles (P-DSVGD) and the
+            last replying client as the rotation's position.
+
+        Raises:
+            RoundRejected: P-DSVGD's distillation made non-finite particles.
+            ValueError: DSVGD with more than one reply.
+        """
         last_scheduled = payloads[-1].header.client_id  # a newly discovered client counts too
         local_particles = self.state.local_particles
         if self.parallel:
@@ -184,7 +251,19 @@ class DSVGD(ServerStrategy[DSVGDState]):
     def forget(self, client: str) -> Forgotten[DSVGDState] | ClientForget[DSVGDState]:
         """Forget-SVGD's target q/t_k = p_0 Π_{j≠k} t_j. P-DSVGD: the server's distillation (eqs. 28-29) without client
         k's local particles, from φ. DSVGD and U-DSVGD: t_k is client-held (package docstring), so client k runs the
-        SVGD steps (`forget_update`, `unconstrained_forget_update`) and the server adopts what it uploads."""
+        SVGD steps (`forget_update`, `unconstrained_forget_update`) and the server adopts what it uploads.
+
+        Args:
+            client: the client id to forget.
+
+        Returns:
+            P-DSVGD: the new particle mean and state, not exact, with a note. DSVGD and U-DSVGD: what to ask client k
+            (the particles and loop 1's step settings) and how its reply becomes the new state.
+
+        Raises:
+            ForgetRefused: P-DSVGD: the client is unknown or the last one, or the distillation diverges; DSVGD: no
+                round has been accepted yet.
+        """
         if not self.parallel:
             return self._client_forget(client)
         self.check_forgettable(client, self.state.local_particles)
@@ -264,12 +343,25 @@ class DSVGD(ServerStrategy[DSVGDState]):
         return particles.numpy().astype(np.float32)
 
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
-        """Every particle (the posterior IS the particles, eq. 27), whenever the ensemble is asked for."""
+        """Every particle (the posterior IS the particles, eq. 27), whenever the ensemble is asked for.
+
+        Args:
+            count: the samples asked for; any count > 0 gives all N particles.
+            generator: unused: nothing is drawn.
+
+        Returns:
+            The N particles, name -> array in `layout`; none before round 1 or for `count` 0.
+        """
         if self.state.particles is None or count == 0:
             return []
         return [unflatten(particle, self.layout) for particle in self.particles]
 
     def global_posterior(self) -> GlobalPosterior:
+        """What the server holds of the global posterior (`fedbayes export`).
+
+        Returns:
+            The particles Θ, (N, P), whose KDE is q; before round 1, a point estimate.
+        """
         if self.state.particles is None:
             return super().global_posterior()
         return GlobalPosterior(
@@ -280,6 +372,15 @@ class DSVGD(ServerStrategy[DSVGDState]):
         )
 
     def save_state(self, state: DSVGDState) -> ServerState:
+        """`state` as a checkpoint holds it.
+
+        Args:
+            state: a DSVGD state.
+
+        Returns:
+            "particles", every client's local particles ("local/<client>", P-DSVGD) and the rotation's position as
+            metadata; nothing before round 1.
+        """
         saved = ServerState()
         if state.particles is not None:
             saved.tensors["particles"] = state.particles
@@ -288,8 +389,19 @@ class DSVGD(ServerStrategy[DSVGDState]):
         return saved
 
     def load_state(self, saved: ServerState) -> DSVGDState:
-        """The saved particles, each set (N, P) as this run's (ValueError naming it otherwise): the server's kernels
-        are N x N, so N is checked before anything is computed from a set."""
+        """The saved particles, each set (N, P) as this run's: the server's kernels are N x N, so N is checked before
+        anything is computed from a set.
+
+        Args:
+            saved: a checkpoint's strategy state.
+
+        Returns:
+            The particles and local particles (float32) and the rotation's position; the initial state for a
+            checkpoint saved before round 1.
+
+        Raises:
+            ValueError: a saved set's shape is not this run's (N, P); the message names it.
+        """
         if "particles" not in saved.tensors:
             return DSVGDState()
         expected = self.particle_layout["particles"]
@@ -326,12 +438,25 @@ class UDSVGD(DSVGD):
 
 def turn_key(pool: NodePool, node: int) -> str:
     """A node's place in the rotation: its client id, or, for a node never accepted, a key after every id ('~' sorts
-    after the characters a client id may hold)."""
+    after the characters a client id may hold).
+
+    Args:
+        pool: the round's node pool, which knows the nodes' client ids.
+        node: a node id, >= 0.
+
+    Returns:
+        The key the rotation sorts by.
+    """
     return pool.client_of(node) or f"~node-{node:020d}"
 
 
 def log_spread(server_round: int, particles: np.ndarray) -> None:
-    """An instability watch: particles running off show as growing norms."""
+    """An instability watch: particles running off show as growing norms (logged at INFO).
+
+    Args:
+        server_round: the round, for the log line.
+        particles: the new particles, (N, P).
+    """
     points = torch.from_numpy(particles).double()
     log(
         INFO,

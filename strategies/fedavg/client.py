@@ -12,7 +12,15 @@ from fedbayes.protos import payloads_pb2 as pb
 
 
 def local_update(local: LocalRound) -> LocalResult:
-    """Load the global model, train locally (FedProx: with the proximal term), send the new weights back."""
+    """Load the global model, train locally (FedProx: with the proximal term), send the new weights back.
+
+    Args:
+        local: the round's instruction (local training, proximal μ), its "weights" tensors and this client's runtime.
+
+    Returns:
+        The reply: an empty FedAvgReply with the trained parameters as "weights", the last epoch's mean loss and the
+        compute seconds.
+    """
     instruction = local.instruction
     set_parameters(local.runtime.model, local.tensors["weights"])
     train_loss, compute_seconds = train_locally(
@@ -34,8 +42,19 @@ client_update = ClientHalf(
 def train_locally(
     runtime: ClientRuntime, training: pb.LocalTraining, server_round: int, proximal_mu: float = 0.0
 ) -> tuple[float, float]:
-    """FedAvg's local training of `runtime.model` from its current weights (FedPA's burn-in rounds
-    run exactly this); returns the last epoch's loss and the compute seconds."""
+    """FedAvg's local training of `runtime.model` from its current weights (FedPA's burn-in rounds run exactly this),
+    on the runtime's device; the model is back on the CPU after it.
+
+    Args:
+        runtime: this client's data, model, device and seed.
+        training: the instruction's local training: epochs, batch size, learning rate, optimizer, seed.
+        server_round: the round, mixed into the minibatch seed with the client's id.
+        proximal_mu: μ of FedProx's proximal term ½ μ ‖θ − θ_start‖², anchored at the weights it starts from; 0: none
+            (FedAvg).
+
+    Returns:
+        The last epoch's mean training loss and the seconds spent training.
+    """
     extra_term = None
     if proximal_mu > 0.0:
         anchor = [p.detach().clone().to(runtime.device) for p in runtime.model.parameters()]
@@ -56,9 +75,20 @@ def train_locally(
 
 
 def proximal_term(mu: float, anchor: list[torch.Tensor], foreach: bool | None = None) -> GradientTerm:
-    """FedProx's ½ μ Σ ‖θ_i − anchor_i‖² over the parameter tensors θ_i, gradient μ (θ_i − anchor_i). `foreach`: the
-    multi-tensor path (one flat vector, one multi-tensor add into the gradients), the single-tensor one (per tensor),
-    or None: multi-tensor on CUDA (`fedbayes.bayes.params.uses_multi_tensor`)."""
+    """FedProx's ½ μ Σ ‖θ_i − anchor_i‖² over the parameter tensors θ_i, gradient μ (θ_i − anchor_i), added into the
+    gradients in place.
+
+    Args:
+        mu: μ, >= 0.
+        anchor: the tensors the parameters are pulled to (the global model), one per parameter in the model's order,
+            on the training device.
+        foreach: the multi-tensor path (one flat vector, one multi-tensor add into the gradients), the single-tensor
+            one (per tensor), or None: multi-tensor on CUDA (`fedbayes.bayes.params.uses_multi_tensor`).
+
+    Returns:
+        The term: called with the parameters, it adds its gradient to theirs (not to a frozen parameter's) and
+        returns its value.
+    """
     if uses_multi_tensor(foreach, anchor[0].device):
         return anchored_penalty(torch.cat([a.reshape(-1) for a in anchor]), mu)
 

@@ -15,7 +15,19 @@ LAMBDA_KEY = "feddyn_lambda"
 
 
 def local_update(local: LocalRound) -> LocalResult:
-    """Train on the FedDyn objective from w_g, update λ_k (kept in the durable store), send w_k back."""
+    """Train on the FedDyn objective from w_g, update λ_k (kept in the durable store), send w_k back.
+
+    Args:
+        local: the round's instruction (α, K, N, local training), its "global_weights" tensors, this client's
+            runtime, and its stored λ_k (None: new, or lost: λ_k = 0).
+
+    Returns:
+        The reply (the sketch of the new λ_k) with w_k as "weights", the last epoch's mean loss, the compute seconds,
+        and the new λ_k to store.
+
+    Raises:
+        ValueError: the stored λ_k has another size than this run's model.
+    """
     instruction, runtime, stored = local.instruction, local.runtime, local.stored
     global_ = torch.from_numpy(flatten(local.tensors["global_weights"], runtime.layout))
     lam = stored.tensors[LAMBDA_KEY].double() if stored is not None else torch.zeros_like(global_)

@@ -59,6 +59,11 @@ class FedDyn(ServerStrategy[FedDynState]):
     hyperparameters: FedDynSettings
 
     def initial_state(self) -> FedDynState:
+        """The state before round 1.
+
+        Returns:
+            No w_g yet (round 1's instruction sets it from the initial model), no λ_k, no known clients.
+        """
         return FedDynState()
 
     @property
@@ -69,6 +74,17 @@ class FedDyn(ServerStrategy[FedDynState]):
     def instruction(
         self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
     ) -> tuple[pb.FedDynInstruction, TensorGroups]:
+        """This round's instruction: the anchored local solve from w_g. Round 1's also sets w_g from `arrays`.
+
+        Args:
+            server_round: the round, >= 1; it sets the learning rate.
+            arrays: the global arrays the core holds; only round 1 reads them (the parameters of `layout`).
+            nodes: the nodes the round is sent to; their count stands in for K while no client is known yet.
+
+        Returns:
+            The instruction (local training, α, K and N as the server counts them, the gradient-norm clip) and its
+            tensor group "global_weights": w_g as float32 arrays.
+        """
         if self.state.global_ is None:
             initial = flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)
             self.state = replace(self.state, global_=as_sent(torch.from_numpy(initial)))
@@ -83,12 +99,26 @@ class FedDyn(ServerStrategy[FedDynState]):
         return instruction, {"global_weights": unflatten(self.global_.numpy(), self.layout)}
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        """The layout of a reply's tensors.
+
+        Returns:
+            {"weights": layout}: the client's w_k.
+        """
         return {"weights": self.layout}
 
     def check_reply(self, payload: Payload) -> None:
-        """The server replays λ_k from the round the client started from: its last accepted round, or 0 when
-        the client is new or lost its state (λ_k = 0 on both sides then); the client's sketch of its λ_k must
-        match the sketch of that replay."""
+        """The server replays λ_k from the round the client started from: its last accepted round, or 0 when the client
+        is
+        new or lost its state (λ_k = 0 on both sides then); the client's sketch of its λ_k must match the sketch of that
+        replay.
+
+        Args:
+            payload: a reply the core has checked; its `lambda_sketch` and w_k are compared.
+
+        Raises:
+            PayloadError: the sketch does not have SKETCH_ROWS values, or is off the replay's by more than SKETCH_RTOL
+                of Σ|λ_k|.
+        """
         message = payload.message
         if len(message.lambda_sketch) != SKETCH_ROWS:
             raise PayloadError(f"field 'lambda_sketch': {len(message.lambda_sketch)} values, expected {SKETCH_ROWS}")
@@ -118,16 +148,51 @@ class FedDyn(ServerStrategy[FedDynState]):
         return torch.from_numpy(flatten(payload.tensors["weights"], self.layout))
 
     def update_of(self, payload: Payload) -> np.ndarray:
+        """The reply's update, what the screen measures.
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            w_k − w_g, flat float64 in layout order.
+        """
         return (self._local(payload) - self.global_).numpy()
 
     def state_norm(self) -> float:
+        """The norm of the state in the parameters of `update_of`.
+
+        Returns:
+            ‖w_g‖.
+        """
         return self.global_.norm().item()
 
     def update_scale(self, payload: Payload) -> float:
-        """The client's SGD steps an epoch: its weights' change is their sum."""
+        """The client's SGD steps an epoch: its weights' change is their sum.
+
+        Args:
+            payload: an accepted reply; its num_examples sets the steps.
+
+        Returns:
+            ⌈num_examples / batch-size⌉, > 0.
+        """
         return steps_per_epoch(payload, self.settings)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[FedDynState]:
+        """The server step from the round's accepted replies, without changing the strategy: each reply's λ_k replayed,
+        its client counted in K and N, and w_g ← mean of this round's w_k + Λ/K (under a robust rule, w_g + R(w_k − w_g)
+        + R(λ_k)).
+
+        Args:
+            payloads: the accepted replies, in client-id order, checked by check_reply.
+            server_round: the round, recorded as each replying client's last.
+
+        Returns:
+            The new w_g (as sent: float32 values), the state with the replayed λ_k and membership, and the metric
+            "known-clients" (K).
+
+        Raises:
+            RoundRejected: the new w_g would be non-finite.
+        """
         locals_, lambdas, membership = [], dict(self.state.lambdas), self.state.membership.copy()
         for payload in payloads:
             client = payload.header.client_id
@@ -145,7 +210,17 @@ class FedDyn(ServerStrategy[FedDynState]):
 
     def forget(self, client: str) -> Forgotten[FedDynState]:
         """Drop λ_k and client k from K and N; w_g' = the first server step without k at the fixed point
-        (`server_step_without`; under a robust rule, that rule over the remaining λ_j): an estimate (package doc)."""
+        (`server_step_without`; under a robust rule, that rule over the remaining λ_j): an estimate (package doc).
+
+        Args:
+            client: the client id to forget.
+
+        Returns:
+            The new w_g and state, not exact, with no KL (FedDyn holds no posterior) and a note on what was done.
+
+        Raises:
+            ForgetRefused: the client is unknown or the last one (check_forgettable), or w_g' would be non-finite.
+        """
         self.check_forgettable(client, self.state.lambdas)
         lambdas = {c: entry for c, entry in self.state.lambdas.items() if c != client}
         if self.settings.robust_aggregation == "none":
@@ -183,6 +258,14 @@ class FedDyn(ServerStrategy[FedDynState]):
         return robust([local - self.global_ for local in locals_]) + robust([entry.value for entry in lambdas.values()])
 
     def save_state(self, state: FedDynState) -> ServerState:
+        """`state` as a checkpoint holds it.
+
+        Args:
+            state: a FedDyn state.
+
+        Returns:
+            w_g ("global"), every λ_k with its round ("lambda"), and the membership as metadata; nothing before round 1.
+        """
         saved = ServerState()
         if state.global_ is not None:
             saved.tensors["global"] = state.global_.numpy()
@@ -191,6 +274,14 @@ class FedDyn(ServerStrategy[FedDynState]):
         return saved
 
     def load_state(self, saved: ServerState) -> FedDynState:
+        """The state `save_state` saved.
+
+        Args:
+            saved: a checkpoint's strategy state.
+
+        Returns:
+            w_g, the λ_k and the membership; the initial state for a checkpoint saved before round 1.
+        """
         if "global" not in saved.tensors:
             return FedDynState()
         return FedDynState(

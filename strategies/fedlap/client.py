@@ -17,11 +17,32 @@ from fedbayes.strategies.membership import client_population
 
 
 def instruction_layouts(instruction: pb.FedLapInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    """The layouts of an instruction's tensor groups.
+
+    Args:
+        instruction: the round's instruction; `covariance` says whether S_g travels.
+        layout: the model's parameters.
+
+    Returns:
+        "global_mean": `layout`; "global_precision": `layout` for FedLap-Cov, empty for FedLap.
+    """
     return {"global_mean": layout, "global_precision": layout if instruction.covariance else {}}
 
 
 def local_update(local: LocalRound) -> LocalResult:
-    """Train on the cavity-regularised loss from w_g, compute H_k (Cov), take the site step, reply."""
+    """Train on the cavity-regularised loss from w_g, compute H_k (Cov), take the site step, reply.
+
+    Args:
+        local: the round's instruction (δ, K, N, initial share, damping, local training), q_g's tensors, this
+            client's runtime, and its stored site (None: new, or lost: a fresh site).
+
+    Returns:
+        The reply (the curvature's seconds) with the new site's natural mean and (Cov) precision, the last epoch's
+        mean loss, the compute seconds (curvature included), and the site to store.
+
+    Raises:
+        ValueError: the stored site has another size than this run's model.
+    """
     instruction, runtime = local.instruction, local.runtime
     covariance, delta = instruction.covariance, instruction.prior_precision
     global_mean = torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout))
@@ -72,7 +93,20 @@ client_update = ClientHalf(
 def stored_site(
     stored: ClientState | None, global_mean: torch.Tensor, global_precision: torch.Tensor, initial_share: float
 ) -> Site:
-    """This client's site from its store; a fresh one holds `initial_share` of the global natural mean."""
+    """This client's site from its store; a fresh one holds `initial_share` of the global natural mean.
+
+    Args:
+        stored: the client's durable state after its last accepted round, or None.
+        global_mean: w_g, flat float64.
+        global_precision: S_g, flat float64 (δ everywhere for FedLap).
+        initial_share: the share of q_g's natural mean a fresh client takes (1/K₁ in round 1, else 0).
+
+    Returns:
+        The site: natural mean, precision (float64) and the round it was last updated in (0: fresh).
+
+    Raises:
+        ValueError: the stored site has another size than `global_mean`.
+    """
     if stored is None:
         return Site(initial_share * global_precision * global_mean, torch.zeros_like(global_mean), 0)
     site = Site(stored.tensors["site_mean"].double(), stored.tensors["site_precision"].double(), stored.round)

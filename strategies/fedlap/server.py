@@ -62,6 +62,11 @@ class FedLap(ServerStrategy[FedLapState]):
     initial_share = 0.0  # what this round's fresh clients start with (1/K₁ in round 1), set by `instruction`
 
     def initial_state(self) -> FedLapState:
+        """The state before round 1.
+
+        Returns:
+            No q_g yet (round 1's instruction sets it from the initial model and the prior), no sites, no known clients.
+        """
         return FedLapState()
 
     @property
@@ -90,6 +95,21 @@ class FedLap(ServerStrategy[FedLapState]):
     def instruction(
         self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
     ) -> tuple[pb.FedLapInstruction, TensorGroups]:
+        """This round's instruction: the cavity-regularised local solve from q_g. Round 1's also sets q_g = N(w_0, δ⁻¹
+        I)
+        from `arrays`, and the clients fresh in round 1 each take 1/K₁ of its natural mean.
+
+        Args:
+            server_round: the round, >= 1; it sets the learning rate.
+            arrays: the global arrays the core holds; only round 1 reads them (the parameters of `layout`).
+            nodes: the nodes the round is sent to; their count stands in for K while no client is known yet, and
+                sets round 1's initial share.
+
+        Returns:
+            The instruction (local training, δ, K and N, the initial share, the gradient-norm clip, whether sites carry
+            a precision, the site damping and its rule) and its tensor groups: "global_mean", w_g, and
+            "global_precision", S_g (FedLap-Cov only; empty for FedLap).
+        """
         if self.state.global_mean is None:
             mean = as_sent(torch.from_numpy(flatten({n: arrays[n].numpy() for n in self.layout}, self.layout)))
             precision = torch.full_like(mean, self.delta)
@@ -114,9 +134,28 @@ class FedLap(ServerStrategy[FedLapState]):
         }
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
+        """The layouts of a reply's tensors.
+
+        Returns:
+            "site_mean": the site's natural mean, in `layout`; "site_precision": V_k in `layout` (FedLap-Cov), empty
+            for FedLap.
+        """
         return {"site_mean": self.layout, "site_precision": self.precision_layout}
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[FedLapState]:
+        """q_g from the prior and every client's latest site, the round's replies' sites replacing their clients' last,
+        without changing the strategy.
+
+        Args:
+            payloads: the accepted replies, in client-id order, checked by check_reply.
+            server_round: the round, recorded as each replying client's last.
+
+        Returns:
+            The new w_g (as sent), the state with q_g, the sites and membership, and the metric "known-clients" (K).
+
+        Raises:
+            RoundRejected: q_g's mean or precision would be non-finite.
+        """
         sites, unclaimed, membership = dict(self.state.sites), self.unclaimed, self.state.membership.copy()
         for payload in payloads:
             client = payload.header.client_id
@@ -135,7 +174,18 @@ class FedLap(ServerStrategy[FedLapState]):
 
     def forget(self, client: str) -> Forgotten[FedLapState]:
         """Drop client k's site and rebuild q_g ∝ p_0 Π_{j≠k} t̂_j (with the unclaimed natural mean); K and N no longer
-        count k. What that is: the package docstring."""
+        count k. What that is: the package docstring.
+
+        Args:
+            client: the client id to forget.
+
+        Returns:
+            The new w_g and state, not exact (refinement rounds move it to the fixed point), KL(q_before ‖ q_after) and
+            a note on what was done.
+
+        Raises:
+            ForgetRefused: the client is unknown or the last one (check_forgettable), or q_g would be non-finite.
+        """
         self.check_forgettable(client, self.state.sites)
         sites = {c: site for c, site in self.state.sites.items() if c != client}
         mean, precision = self._global(sites, self.unclaimed)
@@ -172,7 +222,14 @@ class FedLap(ServerStrategy[FedLapState]):
         return Site(mean, torch.from_numpy(flatten(payload.tensors["site_precision"], self.layout)), server_round)
 
     def update_of(self, payload: Payload) -> np.ndarray:
-        """`site_change` from the client's last accepted site (or a fresh one) to the one it reports."""
+        """`site_change` from the client's last accepted site (or a fresh one) to the one it reports.
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            What replacing its site alone does to q_g: w_g' − w_g followed by log S_g' − log S_g, float64 (2P,).
+        """
         site = self._site(payload, payload.header.server_round)
         previous = self.state.sites.get(payload.header.client_id) if payload.reply.resumed_from_round else None
         if previous is None:
@@ -180,12 +237,24 @@ class FedLap(ServerStrategy[FedLapState]):
         return site_change(previous, site, self.global_mean, self.global_precision).numpy()
 
     def state_norm(self) -> float:
+        """The norm of the state in the parameters of `update_of`.
+
+        Returns:
+            ‖(w_g, log S_g)‖.
+        """
         return torch.cat([self.global_mean, self.global_precision.log()]).norm().item()
 
     def update_scale(self, payload: Payload) -> float:
-        """ρ_k N_k: the site step moves the site by ρ_k of the client's local posterior over the cavity, whose
-        natural parameters are sums over its N_k examples (ρ_k = N_k/N for FedLap, 1/K for FedLap-Cov, as its
-        client computes it from the server's counts)."""
+        """ρ_k N_k: the site step moves the site by ρ_k of the client's local posterior over the cavity, whose natural
+        parameters are sums over its N_k examples (ρ_k = N_k/N for FedLap, 1/K for FedLap-Cov, as its client computes it
+        from the server's counts).
+
+        Args:
+            payload: an accepted reply; its num_examples and whether it resumed decide ρ_k.
+
+        Returns:
+            ρ_k N_k, > 0.
+        """
         examples = payload.reply.num_examples
         membership = self.state.membership
         known_clients, known_examples = client_population(
@@ -197,11 +266,27 @@ class FedLap(ServerStrategy[FedLapState]):
         return rho * examples
 
     def check_reply(self, payload: Payload) -> None:
-        """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0."""
+        """A site precision V_k is a convex combination of PSD curvatures: it must be >= 0.
+
+        Args:
+            payload: a reply the core has checked.
+
+        Raises:
+            PayloadError: FedLap-Cov's site precision has a negative value.
+        """
         if self.covariance and (self._site(payload, 0).precision < 0).any():
             raise PayloadError("field 'site_precision': has negative values; a site precision V_k must be >= 0")
 
     def save_state(self, state: FedLapState) -> ServerState:
+        """`state` as a checkpoint holds it.
+
+        Args:
+            state: a FedLap state.
+
+        Returns:
+            w_g, S_g and the unclaimed natural mean, every site with its round ("site"), and the membership as
+            metadata; nothing before round 1.
+        """
         saved = ServerState()
         if state.global_mean is not None:
             assert state.global_precision is not None and state.unclaimed is not None  # set with global_mean
@@ -215,6 +300,15 @@ class FedLap(ServerStrategy[FedLapState]):
         return saved
 
     def load_state(self, saved: ServerState) -> FedLapState:
+        """The state `save_state` saved.
+
+        Args:
+            saved: a checkpoint's strategy state.
+
+        Returns:
+            q_g, the unclaimed natural mean, the sites and the membership; the initial state for a checkpoint saved
+            before round 1.
+        """
         if "global_mean" not in saved.tensors:
             return FedLapState()
         tensors = {name: torch.from_numpy(value.copy()) for name, value in saved.tensors.items()}
@@ -227,6 +321,11 @@ class FedLap(ServerStrategy[FedLapState]):
         )
 
     def global_posterior(self) -> GlobalPosterior:
+        """What the server holds of the global posterior (`fedbayes export`).
+
+        Returns:
+            q_g = N(w_g, diag(S_g)⁻¹) as a Gaussian over the flat parameters; before round 1, a point estimate.
+        """
         if self.state.global_mean is None:
             return super().global_posterior()
         precision = "δ + Σ_k V_k" if self.covariance else "δ (FedLap's sites carry no precision)"

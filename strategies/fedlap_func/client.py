@@ -27,12 +27,34 @@ MEMORY_SEED_ROUND = 0  # the memory is drawn from the client's seed of "round 0"
 
 
 def instruction_layouts(instruction: pb.FedLapFuncInstruction, layout: TensorLayout) -> dict[str, TensorLayout]:
+    """The layouts of an instruction's tensor groups.
+
+    Args:
+        instruction: the round's instruction (its layouts do not depend on it).
+        layout: the model's parameters.
+
+    Returns:
+        {"global_mean": layout}.
+    """
     return {"global_mean": layout}
 
 
 def local_update(local: LocalRound) -> LocalResult:
     """Train on the cavity-regularised loss (+ the function-space terms, once it has a site) from w_g, take the site
-    step, predict on the memory points, reply (with the memory inputs where it starts afresh)."""
+    step, predict on the memory points, reply (with the memory inputs where it starts afresh).
+
+    Args:
+        local: the round's instruction (δ, K, N, initial share, damping, memory settings, local training), w_g's
+            tensors, this client's runtime, and its stored site, memory indices and predictions (None: new, or lost).
+
+    Returns:
+        The reply (memory points, whether inputs are sent, the examples each stands for) with the site's natural
+        mean, the memory inputs (fresh clients) and predictions; the last epoch's mean loss, the compute seconds, and
+        the site, memory indices and predictions to store.
+
+    Raises:
+        ValueError: the stored site or memory does not fit this run's model or this client's data.
+    """
     instruction, runtime = local.instruction, local.runtime
     delta, fresh = instruction.prior_precision, local.stored is None
     global_mean = torch.from_numpy(flatten(local.tensors["global_mean"], runtime.layout))
@@ -95,7 +117,19 @@ client_update = ClientHalf(
 def chosen_memory(local: LocalRound, per_class: int, seed: int) -> torch.Tensor:
     """M_k as indices into the client's examples: the stored ones, or, for a client without state, `per_class` per
     class it holds drawn from its own seed of the run's `seed` (so a client that lost its state draws the same points
-    again)."""
+    again).
+
+    Args:
+        local: the round, with this client's data and stored state.
+        per_class: memory points per class, >= 0; a class with fewer examples gives all of them.
+        seed: the run's training seed.
+
+    Returns:
+        The int64 indices (M_k,).
+
+    Raises:
+        ValueError: the stored indices or predictions do not fit this client's data (checked_memory).
+    """
     labels = local.runtime.data.labels
     if local.stored is None:
         generator = torch.Generator().manual_seed(local.runtime.local_seed(seed, MEMORY_SEED_ROUND))
@@ -104,7 +138,20 @@ def chosen_memory(local: LocalRound, per_class: int, seed: int) -> torch.Tensor:
 
 
 def checked_memory(stored: ClientState, num_examples: int, num_classes: int) -> torch.Tensor:
-    """The stored memory indices, refused where they do not fit this client's data (a store of another run)."""
+    """The stored memory indices, refused where they do not fit this client's data (a store of another run).
+
+    Args:
+        stored: the client's durable state, holding "memory_indices" and "memory_predictions".
+        num_examples: the client's examples; every index must be below it.
+        num_classes: the classes; the predictions must be (M_k, num_classes).
+
+    Returns:
+        The int64 indices (M_k,).
+
+    Raises:
+        ValueError: the indices are not a 1-d int64 tensor in [0, num_examples), or the predictions' shape is not
+            (M_k, num_classes).
+    """
     memory, predictions = stored.tensors["memory_indices"], stored.tensors["memory_predictions"]
     if memory.dtype != torch.int64 or memory.dim() != 1 or ((memory < 0) | (memory >= num_examples)).any():
         raise ValueError(f"stored memory indices do not index this client's {num_examples} examples")
@@ -124,7 +171,18 @@ def function_space_loss(
 ) -> GradientTerm:
     """[P] Eq. 17's function-space terms on the memory points in mean-loss units (/N_k, as the data loss), on the
     model's device, as a GradientTerm: its own forward and backward pass over the memory points (in eval mode:
-    dropout off, as their predictions are made) add its gradient to the loss's."""
+    dropout off, as their predictions are made) add its gradient to the loss's.
+
+    Args:
+        runtime: this client's runtime: its model, device and data (N_k).
+        inputs: the memory points' inputs (M_k, *input shape), float32.
+        global_predictions: the soft predictions of w_g on them, (M_k, C).
+        previous_predictions: this client's predictions on them at its last accepted round, (M_k, C).
+        taus: each point's weight τ (point_weights), (M_k,).
+
+    Returns:
+        The term: called at the model's parameters, it adds its gradient to theirs and returns its value (detached).
+    """
     device = runtime.device
     inputs, scale = inputs.to(device), 1.0 / len(runtime.data.labels)
     global_, previous = global_predictions.to(device), previous_predictions.to(device, torch.float32)

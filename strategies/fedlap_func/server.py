@@ -82,6 +82,11 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
         super().__init__(settings, layout, buffer_layout)
 
     def initial_state(self) -> FedLapFuncState:
+        """The state before round 1.
+
+        Returns:
+            FedLap's initial state (no q_g, no sites, no known clients) and no memory points.
+        """
         return FedLapFuncState()
 
     def _weight_space(self) -> FedLap:
@@ -116,6 +121,19 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
     def instruction(
         self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
     ) -> tuple[pb.FedLapFuncInstruction, TensorGroups]:
+        """This round's instruction: FedLap's (round 1's also sets q_g from `arrays`) plus the memory's settings.
+
+        Args:
+            server_round: the round, >= 1; it sets the learning rate.
+            arrays: the global arrays the core holds; only round 1 reads them.
+            nodes: the nodes the round is sent to (FedLap.instruction: K while no client is known, round 1's initial
+                share).
+
+        Returns:
+            The instruction (FedLap's fields, memory-points-per-class and the function-space weight) and its tensor
+                group
+            "global_mean": w_g as float32 arrays (no precision travels: S_g = δ).
+        """
         fedlap = self._weight_space()
         message, tensors = fedlap.instruction(server_round, arrays, nodes)
         self.state = replace(self.state, sites=fedlap.state)  # round 1: q_g from the initial model
@@ -133,11 +151,26 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
         return instruction, {"global_mean": tensors["global_mean"]}
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
-        """A reply without memory points (the least a reply holds: what the payload-size checks bound)."""
+        """A reply without memory points (the least a reply holds: what the payload-size checks bound).
+
+        Returns:
+            "site_mean": `layout`; "memory_inputs" and "memory_predictions": empty.
+        """
         return {"site_mean": self.layout, "memory_inputs": {}, "memory_predictions": {}}
 
     def reply_layouts_for(self, message: ProtoMessage) -> Mapping[str, TensorLayout]:
-        """M_k = `memory_points` rows of inputs (where it sends them) and of predictions; at most `capacity`."""
+        """M_k = `memory_points` rows of inputs (where it sends them) and of predictions; at most `capacity`.
+
+        Args:
+            message: the reply's FedLapFuncReply; `memory_points` and `sends_inputs` set the shapes.
+
+        Returns:
+            "site_mean": `layout`; "memory_inputs": {"inputs": (M_k, *input shape)} where it sends them, else empty;
+            "memory_predictions": {"predictions": (M_k, classes)}, empty for M_k = 0.
+
+        Raises:
+            PayloadError: `memory_points` is over `capacity`.
+        """
         assert isinstance(message, pb.FedLapFuncReply)
         count = message.memory_points
         if count > self.capacity:
@@ -153,8 +186,19 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
 
     def check_reply(self, payload: Payload[pb.FedLapFuncReply]) -> None:
         """The memory points: at least one and at most memory-points-per-class x classes, their inputs once (from a
-        client that starts afresh) and unchanged, the examples each stands for N_{k,c}/M_{k,c} summing to N_k, the
-        predictions probability vectors."""
+        client
+        that starts afresh) and unchanged, the examples each stands for N_{k,c}/M_{k,c} summing to N_k, the predictions
+        probability vectors.
+
+        Args:
+            payload: a reply the core has checked, its tensor shapes those of reply_layouts_for.
+
+        Raises:
+            PayloadError: no memory point where the run keeps some, inputs sent by a resuming client or not by a fresh
+                one, predictions that are not probability rows, a count other than the points the server holds of the
+                client, represented examples that are not N_{k,c}/M_{k,c} summing to N_k, or memory inputs other than
+                those the client sent before.
+        """
         message, client = payload.message, payload.header.client_id
         count, resumed = message.memory_points, payload.reply.resumed_from_round
         if self.hyperparameters.memory_points_per_class and count == 0:
@@ -207,7 +251,20 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
             )
 
     def absorb(self, payloads: list[Payload[pb.FedLapFuncReply]], server_round: int) -> Update[FedLapFuncState]:
-        """FedLap's absorb (w_lap), each client's memory updated, then the fit of w_g."""
+        """FedLap's absorb (w_lap), each client's memory updated, then the fit of w_g; without changing the strategy.
+
+        Args:
+            payloads: the accepted replies, in client-id order, checked by check_reply.
+            server_round: the round, recorded as each replying client's last and its predictions' round.
+
+        Returns:
+            w_g, the server's fit from w_lap to every client's memory predictions (as sent), the state with the sites
+            and memories, and the metrics: FedLap's, "memory-points", "server-fit-seconds" and, where a fit ran,
+            "server-fit-objective".
+
+        Raises:
+            RoundRejected: q_g (FedLap's absorb) or the fitted w_g would be non-finite.
+        """
         weight_space = self._weight_space().absorb(payloads, server_round)
         memories = dict(self.state.memories)
         for payload in payloads:
@@ -267,8 +324,20 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
 
     # ---- forgetting, the screen, the posterior -----------------------------------------------------------------------
     def forget(self, client: str) -> Forgotten[FedLapFuncState]:
-        """FedLap's forget of client k's site (w_lap without it; refuses an unknown or the last client), its memory
-        inputs and predictions dropped, and w_g fitted again to the remaining clients' memory points."""
+        """FedLap's forget of client k's site (w_lap without it), its memory inputs and predictions dropped, and w_g
+        fitted
+        again to the remaining clients' memory points.
+
+        Args:
+            client: the client id to forget.
+
+        Returns:
+            The new w_g and state, not exact, KL(q_before ‖ q_after) between the Gaussians N(w_g, I/δ), and a note on
+            what was done.
+
+        Raises:
+            ForgetRefused: the client is unknown or the last one, or w_lap or the fitted w_g would be non-finite.
+        """
         fedlap = self._weight_space()
         weight_space = fedlap.forget(client)
         assert isinstance(weight_space, Forgotten)  # FedLap forgets on the server alone
@@ -288,17 +357,41 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
         return Forgotten(mean.numpy(), state, exact=False, kl_before_after=kl, note=note)
 
     def update_of(self, payload: Payload[pb.FedLapFuncReply]) -> np.ndarray:
-        """FedLap's: what the client's new site alone changes in the weight space."""
+        """FedLap's: what the client's new site alone changes in the weight space.
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            w_g' − w_g followed by log S_g' − log S_g for that site alone, float64 (2P,).
+        """
         return self._weight_space().update_of(payload)
 
     def state_norm(self) -> float:
+        """The norm of the state in the parameters of `update_of`.
+
+        Returns:
+            ‖(w_g, log S_g)‖, w_g the server's fit (FedLap.state_norm on the state's sites).
+        """
         return self._weight_space().state_norm()
 
     def update_scale(self, payload: Payload[pb.FedLapFuncReply]) -> float:
-        """FedLap's: ρ_k N_k, what the client's site step moves its site by."""
+        """FedLap's: ρ_k N_k, what the client's site step moves its site by.
+
+        Args:
+            payload: an accepted reply.
+
+        Returns:
+            ρ_k N_k, > 0.
+        """
         return self._weight_space().update_scale(payload)
 
     def global_posterior(self) -> GlobalPosterior:
+        """What the server holds of the global posterior (`fedbayes export`).
+
+        Returns:
+            N(w_g, I/δ), w_g the server's fit, as a Gaussian over the flat parameters; before round 1, a point estimate.
+        """
         posterior = self._weight_space().global_posterior()
         if posterior.gaussian is None:
             return posterior
@@ -306,9 +399,25 @@ class FedLapFunc(ServerStrategy[FedLapFuncState]):
 
     # ---- the checkpoint ----------------------------------------------------------------------------------------------
     def save_state(self, state: FedLapFuncState) -> ServerState:
+        """`state` as a checkpoint holds it.
+
+        Args:
+            state: a FedLap-Func state.
+
+        Returns:
+            FedLap's part (FedLap.save_state) and every client's memory points with their round ("memory").
+        """
         saved = self.fedlap.save_state(state.sites)
         saved.add_per_client("memory", state.memories)
         return saved
 
     def load_state(self, saved: ServerState) -> FedLapFuncState:
+        """The state `save_state` saved.
+
+        Args:
+            saved: a checkpoint's strategy state.
+
+        Returns:
+            The sites' state and every client's memory points.
+        """
         return FedLapFuncState(self.fedlap.load_state(saved), saved.per_client("memory", Memory))
