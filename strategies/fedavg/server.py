@@ -48,7 +48,7 @@ class FedAvg(ServerStrategy[np.ndarray | None]):
     def instruction(
         self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
     ) -> tuple[pb.FedAvgInstruction, TensorGroups]:
-        training = local_training(self.settings, server_round, weight_decay=self.settings.weight_decay)
+        training = local_training(self.settings.training, server_round, weight_decay=self.settings.weight_decay)
         weights = {name: arrays[name].numpy() for name in self.layout}
         if self.state is None:
             self.state = flatten(weights, self.layout)
@@ -65,7 +65,7 @@ class FedAvg(ServerStrategy[np.ndarray | None]):
 
     def update_scale(self, payload: Payload) -> float:
         """The client's SGD steps an epoch: its weights' change is their sum."""
-        return steps_per_epoch(payload, self.settings)
+        return steps_per_epoch(payload, self.settings.training)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[np.ndarray | None]:
         examples = [p.reply.num_examples for p in payloads]

@@ -74,7 +74,7 @@ class FedDyn(ServerStrategy[FedDynState]):
             self.state = replace(self.state, global_=as_sent(torch.from_numpy(initial)))
         membership = self.state.membership
         instruction = pb.FedDynInstruction(
-            training=local_training(self.settings, server_round, weight_decay=self.settings.weight_decay),
+            training=local_training(self.settings.training, server_round, weight_decay=self.settings.weight_decay),
             alpha=self.hyperparameters.feddyn_alpha,
             known_clients=membership.clients or len(nodes),
             known_examples=membership.total_examples,
@@ -125,7 +125,7 @@ class FedDyn(ServerStrategy[FedDynState]):
 
     def update_scale(self, payload: Payload) -> float:
         """The client's SGD steps an epoch: its weights' change is their sum."""
-        return steps_per_epoch(payload, self.settings)
+        return steps_per_epoch(payload, self.settings.training)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[FedDynState]:
         locals_, lambdas, membership = [], dict(self.state.lambdas), self.state.membership.copy()

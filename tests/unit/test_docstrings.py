@@ -24,12 +24,16 @@ PUBLIC_MODULES = (
     "bayes/robust.py",
     "posterior/uncertainty.py",
     "protos/codec.py",
+    "server/evaluation.py",
+    "server/tracking.py",
+    "strategies/base.py",
     "strategies/bayesadmm/math.py",
     "strategies/dsvgd/math.py",
     "strategies/feddyn/math.py",
     "strategies/fedlap/math.py",
     "strategies/fedlap_func/math.py",
     "strategies/fedpa/math.py",
+    "tasks/config.py",
 )
 
 SECTION = re.compile(r"^\s*(Args|Arguments|Returns|Yields|Raises|Attributes|Examples?|Notes?):\s*$")
