@@ -81,7 +81,7 @@ def evaluation(
     }
     settings = with_evaluation_defaults(run_settings(config), model, test.input_shape)
     arrays = ArrayRecord({name: Array(value.detach().numpy().copy()) for name, value in model.state_dict().items()})
-    return ServerEvaluation(model, test, GaussianSamples(model), settings, resolve_device(device)), arrays
+    return ServerEvaluation(model, test, GaussianSamples(model), settings.evaluation, resolve_device(device)), arrays
 
 
 def time_evaluation(

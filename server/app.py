@@ -121,8 +121,7 @@ def _run_federation(grid: Grid, context: Context, events: EventLog, pipeline_eva
     }
     # run config `tracking`: the rows, figures and posterior in MLflow or TensorBoard (server/tracking.py)
     with tracked_run(
-        settings.tracking,
-        settings.federation,
+        settings.tracker,
         run_config,
         posterior_export(server_state_dir, settings.federation, run_config),
         notice=lambda message: events.emit(TRACKING, message=message),
@@ -132,7 +131,7 @@ def _run_federation(grid: Grid, context: Context, events: EventLog, pipeline_eva
             RoundCore(settings, strategy),
             initial,
             replace(settings.loop, pipeline_evaluation=pipeline_evaluation),
-            ServerEvaluation(parts.model, test.scaled(settings.input_scale), strategy, settings, device),
+            ServerEvaluation(parts.model, test.scaled(settings.input_scale), strategy, settings.evaluation, device),
             settings.results_path,
             # The federation's name as chosen, so that a resume naming it matches the checkpoint's settings.
             CheckpointStore(

@@ -30,7 +30,7 @@ from torch.func import functional_call, vmap
 
 from fedbayes.bayes.metrics import classification_metrics, member_probs
 from fedbayes.posterior.uncertainty import predictive, uncertainty_metrics
-from fedbayes.tasks.config import RunSettings, round_seed
+from fedbayes.tasks.config import EvaluationSettings, RunSettings, round_seed
 from fedbayes.tasks.datasets import Dataset
 from fedbayes.tasks.ood import ood_inputs
 
@@ -76,7 +76,15 @@ NOT_EVALUATED = {
 
 def multiply_adds(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     """Multiply-adds of one example's forward pass through the model's Linear and Conv layers (a dry run in eval
-    mode; torch's RNG state is left as it was, whatever the model's forward does)."""
+    mode; torch's RNG state is left as it was, whatever the model's forward does).
+
+    Args:
+        model: the model; its training mode is restored afterwards.
+        input_shape: one example's shape, without the batch dimension.
+
+    Returns:
+        The multiply-adds of its Linear and Conv layers for one example.
+    """
     total = 0
 
     def count(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
@@ -100,12 +108,31 @@ def multiply_adds(model: nn.Module, input_shape: tuple[int, ...]) -> int:
 
 
 def evaluation_defaults(model: nn.Module, input_shape: tuple[int, ...]) -> EvaluationDefaults:
+    """The evaluation a model's cost allows: LIGHT for one of over COSTLY_MULTIPLY_ADDS per example, else FULL.
+
+    Args:
+        model: the run's model.
+        input_shape: one example's shape, without the batch dimension.
+
+    Returns:
+        LIGHT or FULL.
+    """
     return LIGHT if multiply_adds(model, input_shape) > COSTLY_MULTIPLY_ADDS else FULL
 
 
 def with_evaluation_defaults(settings: RunSettings, model: nn.Module, input_shape: tuple[int, ...]) -> RunSettings:
     """`settings` with each evaluation key left to the model (eval-every, eval-fraction and eval-threads 0,
-    ensemble-samples -1) set by `evaluation_defaults`; the threads a number, not 0."""
+    ensemble-samples -1) set by `evaluation_defaults`; the threads a number, not 0. It resolves the run's settings,
+    not their evaluation group alone: the ensemble's size as resolved is also what a checkpoint records.
+
+    Args:
+        settings: the run's settings, as parsed.
+        model: the run's model.
+        input_shape: one example's shape, without the batch dimension.
+
+    Returns:
+        The settings with those keys resolved; the others as they were.
+    """
     defaults = evaluation_defaults(model, input_shape)
     return settings.replace(
         eval_every=settings.eval_every or defaults.every,
@@ -116,13 +143,31 @@ def with_evaluation_defaults(settings: RunSettings, model: nn.Module, input_shap
 
 
 def evaluates(server_round: int, num_rounds: int, every: int) -> bool:
-    """Whether a round is evaluated: every `every`-th, and the last."""
+    """Whether a round is evaluated: every `every`-th, and the last.
+
+    Args:
+        server_round: the round, from 1.
+        num_rounds: the run's rounds.
+        every: run config eval-every, resolved (>= 1).
+
+    Returns:
+        True where the round is evaluated.
+    """
     return server_round % every == 0 or server_round == num_rounds
 
 
 def evaluation_subset(size: int, fraction: float, seed: int) -> torch.Tensor:
     """The indices, ascending, of a `fraction` of a test set of `size` examples (at least one): drawn from the run's
-    seed, so the same examples in every round, on every resume."""
+    seed, so the same examples in every round, on every resume.
+
+    Args:
+        size: the test set's examples.
+        fraction: the share to keep, in (0, 1].
+        seed: the run's seed.
+
+    Returns:
+        The kept indices, ascending.
+    """
     count = max(1, round(fraction * size))
     return torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:count].sort().values
 
@@ -131,7 +176,14 @@ def evaluation_subset(size: int, fraction: float, seed: int) -> torch.Tensor:
 def compute_threads(count: int) -> Iterator[None]:
     """torch's CPU threads for the block, then as before. Elsewhere the ServerApp keeps one thread
     (tasks/compute.py); the evaluation thread runs at nice 19 (server/loop.py yield_cpu) and so do the OpenMP threads
-    it starts, so they take only the cores that clients on this machine leave idle."""
+    it starts, so they take only the cores that clients on this machine leave idle.
+
+    Args:
+        count: the threads torch uses in the block.
+
+    Yields:
+        Nothing; the block runs with `count` threads.
+    """
     previous = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
@@ -145,7 +197,18 @@ def batched_member_probs(
     model: nn.Module, members: list[Weights], images: torch.Tensor, batch_size: int, device: torch.device
 ) -> torch.Tensor:
     """member_probs as one vmapped model over the members' stacked weights (torch.func), equal to round-off. Each
-    pass takes batch_size // S images, so it holds as many (member, image) activations as one pass of member_probs."""
+    pass takes batch_size // S images, so it holds as many (member, image) activations as one pass of member_probs.
+
+    Args:
+        model: the model whose weights the members replace; moved to `device` and back to the CPU.
+        members: S weights of the model, parameters and buffers by name.
+        images: the N inputs.
+        batch_size: the images of one pass of one member (run config eval-batch-size).
+        device: where to compute.
+
+    Returns:
+        (S, N, C) class probabilities, on the CPU.
+    """
     model.to(device).eval()
     state = model.state_dict()
     stacked = {
@@ -165,10 +228,12 @@ class ServerEvaluation:
     `ood_auroc`, and with more than one member their `_mi` variants: posterior/uncertainty.py) at the global model, the
     same with `_ensemble` over the strategy's posterior samples, and what they were computed on: `eval_examples`,
     `eval_fraction` (of the test set), `eval_samples` (the ensemble's members; 0: none), `ood_inputs` (run config
-    ood-inputs, tasks/ood.py). A round not evaluated gets NOT_EVALUATED: those keys, metrics None. `settings` must have
-    been through with_evaluation_defaults."""
+    ood-inputs, tasks/ood.py). A round not evaluated gets NOT_EVALUATED: those keys, metrics None. `settings` are the
+    run's evaluation group (`RunSettings.evaluation`) once through with_evaluation_defaults."""
 
-    def __init__(self, model: nn.Module, test: Dataset, strategy, settings: RunSettings, device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, test: Dataset, strategy, settings: EvaluationSettings, device: torch.device
+    ) -> None:
         self.model, self.strategy, self.settings, self.device = model, strategy, settings, device
         self.full = test
         self.subset = (
@@ -180,10 +245,18 @@ class ServerEvaluation:
         self.ood = ood_inputs(settings.ood_inputs, test, settings.seed)  # the same ones every round
 
     def test_set(self, server_round: int) -> Dataset:
-        return self.full if server_round == self.settings.num_server_rounds else self.subset
+        """The examples a round is evaluated on: the whole test set in the last round, the seeded subset before.
+
+        Args:
+            server_round: the round, from 1.
+
+        Returns:
+            The test set or its subset.
+        """
+        return self.full if server_round == self.settings.num_rounds else self.subset
 
     def __call__(self, arrays: ArrayRecord, server_round: int) -> dict[str, Any]:
-        if not evaluates(server_round, self.settings.num_server_rounds, self.settings.eval_every):
+        if not evaluates(server_round, self.settings.num_rounds, self.settings.eval_every):
             return dict(NOT_EVALUATED)
         test = self.test_set(server_round)
         with compute_threads(self.settings.eval_threads):
@@ -204,12 +277,28 @@ class ServerEvaluation:
         }
 
     def predictive_metrics(self, members: list[Weights], test: Dataset) -> dict[str, Any]:
-        """The row metrics of the predictive that averages `members` on `test`, and on the OOD inputs if any."""
+        """The row metrics of the predictive that averages `members` on `test`, and on the OOD inputs if any.
+
+        Args:
+            members: weights of the global model (parameters and buffers by name): the mean alone, or samples.
+            test: the examples to score.
+
+        Returns:
+            classification_metrics and uncertainty_metrics of that predictive, by name.
+        """
         prediction = predictive(self.probs(members, test.images))
         ood = None if self.ood is None else predictive(self.probs(members, self.ood))
         return classification_metrics(prediction.probs, test.labels) | uncertainty_metrics(prediction, test.labels, ood)
 
     def probs(self, members: list[Weights], images: torch.Tensor) -> torch.Tensor:
-        """(S, N, C) of `members` on `images`: one pass each, or (eval-batched) one vmapped pass over them all."""
+        """(S, N, C) of `members` on `images`: one pass each, or (eval-batched) one vmapped pass over them all.
+
+        Args:
+            members: S weights of the global model, parameters and buffers by name.
+            images: the N inputs.
+
+        Returns:
+            The members' class probabilities on the CPU.
+        """
         passes = batched_member_probs if self.settings.eval_batched and len(members) > 1 else member_probs
         return passes(self.model, members, images, self.settings.eval_batch_size, self.device)

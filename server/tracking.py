@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from flwr.common import log
 
-from fedbayes.tasks.config import parse_tracking
+from fedbayes.tasks.config import TrackingSettings, parse_tracking
 from fedbayes.tasks.runlog import tracking_line
 
 if TYPE_CHECKING:
@@ -67,7 +67,14 @@ POSTERIOR_FILE = "posterior.safetensors"
 def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
     """A results row's numbers by metric name: top-level numbers as they are, those of a nested dict (phase_seconds)
     as `<key>/<name>`, a list (quarantined) as its length. Not numbers: None (a round without that metric), the
-    reliability bins (drawn in the report's figure) and the round (the step)."""
+    reliability bins (drawn in the report's figure) and the round (the step).
+
+    Args:
+        row: a results row (server/loop.py).
+
+    Returns:
+        Its finite numbers by metric name.
+    """
     metrics = {}
     for key, value in row.items():
         if key == "round":
@@ -99,11 +106,42 @@ class Backend(Protocol):
 
     @property
     def destination(self) -> str: ...
-    def start(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
-    def log_report(self, directory: Path) -> None: ...
-    def log_file(self, path: Path) -> None: ...
-    def end(self, completed: bool) -> None: ...
+
+    def start(self, params: dict[str, Any]) -> None:
+        """Start the tracked run and log its params.
+
+        Args:
+            params: the run config, by key.
+        """
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Log one round's metrics.
+
+        Args:
+            step: the round.
+            metrics: the row's numbers by metric name (row_metrics).
+        """
+
+    def log_report(self, directory: Path) -> None:
+        """Log the report's figures.
+
+        Args:
+            directory: the folder `write_report` wrote (tasks/report.py).
+        """
+
+    def log_file(self, path: Path) -> None:
+        """Log one file as an artifact (the posterior).
+
+        Args:
+            path: the file.
+        """
+
+    def end(self, completed: bool) -> None:
+        """End the tracked run.
+
+        Args:
+            completed: whether the run completed (else it failed).
+        """
 
 
 class MlflowBackend:
@@ -127,6 +165,11 @@ class MlflowBackend:
         return f"MLflow at {self.uri}, experiment {EXPERIMENT!r}, run {self.name!r} ({self.run_id}{page})"
 
     def start(self, params: dict[str, Any]) -> None:
+        """Create the run (and EXPERIMENT where it is new) and log `params` in batches of MLFLOW_BATCH_PARAMS.
+
+        Args:
+            params: the run config, by key.
+        """
         from mlflow.entities import Param
 
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
@@ -141,18 +184,39 @@ class MlflowBackend:
             self.client.log_batch(self.run_id, params=items[start : start + MLFLOW_BATCH_PARAMS])
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Log one round's metrics in one request.
+
+        Args:
+            step: the round.
+            metrics: the row's numbers by metric name.
+        """
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in metrics.items()])
 
     def log_report(self, directory: Path) -> None:
+        """Log the report's files as the run's artifacts under `report/`.
+
+        Args:
+            directory: the folder `write_report` wrote.
+        """
         self.client.log_artifacts(self.run_id, str(directory), artifact_path="report")
 
     def log_file(self, path: Path) -> None:
+        """Log one file as an artifact of the run.
+
+        Args:
+            path: the file.
+        """
         self.client.log_artifact(self.run_id, str(path))
 
     def end(self, completed: bool) -> None:
+        """Mark the run FINISHED or FAILED.
+
+        Args:
+            completed: whether the run completed.
+        """
         self.client.set_terminated(self.run_id, "FINISHED" if completed else "FAILED")
 
 
@@ -171,6 +235,11 @@ class TensorBoardBackend:
         return f"TensorBoard event files in {self.directory} (to view: tensorboard --logdir {self.directory.parent})"
 
     def start(self, params: dict[str, Any]) -> None:
+        """Write the HParams summaries of `params` (with HPARAM_METRICS as the table's metrics).
+
+        Args:
+            params: the run config, by key.
+        """
         from torch.utils.tensorboard.summary import hparams
 
         experiment, session_start, self.session_end = hparams(params, dict.fromkeys(HPARAM_METRICS, 0.0))
@@ -183,11 +252,22 @@ class TensorBoardBackend:
         self.writer.file_writer.add_summary(summary)  # type: ignore[attr-defined]
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Write one scalar per metric, and flush.
+
+        Args:
+            step: the round.
+            metrics: the row's numbers by metric name.
+        """
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
         self.writer.flush()  # a TensorBoard watching the directory shows each round as it ends
 
     def log_report(self, directory: Path) -> None:
+        """Copy the report into the event folder and write each of its figures as an image.
+
+        Args:
+            directory: the folder `write_report` wrote.
+        """
         from matplotlib.image import imread
 
         shutil.copytree(directory, self.directory / "report", dirs_exist_ok=True)
@@ -196,15 +276,34 @@ class TensorBoardBackend:
         self.writer.flush()
 
     def log_file(self, path: Path) -> None:
+        """Copy one file into the event folder.
+
+        Args:
+            path: the file.
+        """
         shutil.copy2(path, self.directory / path.name)
 
     def end(self, completed: bool) -> None:
+        """Write HParams' session end for a completed run, and close the writer.
+
+        Args:
+            completed: whether the run completed.
+        """
         if completed:  # HParams' session end says "success"; a failed run has none
             self._add_summary(self.session_end)
         self.writer.close()
 
 
 def open_backend(tracking: str, name: str) -> Backend:
+    """The backend run config `tracking` names, opened (not started).
+
+    Args:
+        tracking: mlflow:URI or tensorboard:DIR.
+        name: the tracked run's name (the federation).
+
+    Returns:
+        An MlflowBackend or a TensorBoardBackend.
+    """
     kind, target = parse_tracking(tracking)
     return MlflowBackend(target, name) if kind == "mlflow" else TensorBoardBackend(target, name)
 
@@ -217,22 +316,23 @@ class _Finish:
 class Tracker:
     """A RowSink that logs rows on a background thread (see the module's docstring); `close` ends it.
 
-    Args: `tracking` (the run config value), `name` (the federation: the tracked run's name), `params` (the run
-    config, logged as params), `export` (writes the posterior into a directory, logged at a completed run's end).
+    Args: `settings` (the run's tracking group: run config `tracking`, and the federation, the tracked run's name),
+    `params` (the run config, logged as params), `export` (writes the posterior into a directory, logged at a
+    completed run's end), `notice` (gets each notice, one line each).
     Raises: TrackingUnavailable, naming `tracking`, where the tracked run cannot be started (before any thread)."""
 
     def __init__(
         self,
-        tracking: str,
-        name: str,
+        settings: TrackingSettings,
         params: dict[str, Any],
         export: Callable[[Path], Path] | None = None,
         notice: Callable[[str], None] = lambda message: None,
     ) -> None:
-        self.tracking, self.name, self.params, self.export = tracking, name, params, export
+        tracking = settings.tracking
+        self.tracking, self.name, self.params, self.export = tracking, settings.federation, params, export
         self.notice = notice  # each notice as data too (the ServerApp's event stream, tasks/events.py)
         try:
-            self.backend = open_backend(tracking, name)
+            self.backend = open_backend(tracking, self.name)
             self.backend.start(params)
         except Exception as error:  # whatever the backend raises: the run has not started
             raise TrackingUnavailable(
@@ -257,7 +357,11 @@ class Tracker:
             )
 
     def close(self, completed: bool) -> None:
-        """Hand the tracking thread the end of the run and wait for it, at most CLOSE_TIMEOUT seconds."""
+        """Hand the tracking thread the end of the run and wait for it, at most CLOSE_TIMEOUT seconds.
+
+        Args:
+            completed: whether the run completed (else it failed).
+        """
         deadline = time.monotonic() + CLOSE_TIMEOUT
         while self.thread.is_alive() and time.monotonic() < deadline:
             try:
@@ -311,7 +415,16 @@ class Tracker:
 
 
 def posterior_export(server_state_dir: str, federation: str, run_config: Mapping[str, Any]) -> Callable[[Path], Path]:
-    """Writes the posterior of the federation's newest checkpoint into a directory (`fedbayes export`); its path."""
+    """Writes the posterior of the federation's newest checkpoint into a directory (`fedbayes export`).
+
+    Args:
+        server_state_dir: the server's checkpoints, resolved (no "").
+        federation: the federation whose newest checkpoint is exported.
+        run_config: the run config its checkpoints were written with.
+
+    Returns:
+        A function of a directory that writes POSTERIOR_FILE into it and returns its path.
+    """
 
     def export(directory: Path) -> Path:
         from fedbayes.posterior.export import RunLocation, export_posterior
@@ -325,21 +438,32 @@ def posterior_export(server_state_dir: str, federation: str, run_config: Mapping
 
 @contextmanager
 def tracked_run(
-    tracking: str,
-    federation: str,
+    settings: TrackingSettings,
     run_config: Mapping[str, Any],
     export: Callable[[Path], Path] | None = None,
     notice: Callable[[str], None] = lambda message: None,
 ) -> Iterator[list[RowSink]]:
     """The row sinks run config `tracking` asks for (none when it is ""), for run_rounds; on exit the figures and
-    `export`'s file are logged and the tracked run is marked completed, or failed when the block raised. `notice`
-    gets each of the tracker's notices (where it sends, each failure), one line each.
+    `export`'s file are logged and the tracked run is marked completed, or failed when the block raised.
 
-    Raises: TrackingUnavailable where the tracked run cannot be started (before the block runs)."""
-    if not tracking:
+    Args:
+        settings: the run's tracking group (`RunSettings.tracker`): run config `tracking`, and the federation, the
+            tracked run's name.
+        run_config: the run config, logged as params.
+        export: writes the posterior into a directory (posterior_export), logged at a completed run's end; None:
+            no posterior is logged.
+        notice: gets each of the tracker's notices (where it sends, each failure), one line each.
+
+    Yields:
+        The row sinks: a Tracker, or none when tracking is off.
+
+    Raises:
+        TrackingUnavailable: the tracked run cannot be started (before the block runs).
+    """
+    if not settings.tracking:
         yield []
         return
-    tracker = Tracker(tracking, federation, dict(run_config), export, notice)
+    tracker = Tracker(settings, dict(run_config), export, notice)
     completed = False
     try:
         yield [tracker]

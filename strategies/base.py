@@ -40,7 +40,7 @@ from fedbayes.bayes.params import TensorLayout
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import Payload, register_message_types
 from fedbayes.strategies import get_algorithm
-from fedbayes.tasks.config import ConfigError, RunSettings, round_seed
+from fedbayes.tasks.config import ConfigError, RunSettings, TrainingSettings, round_seed
 
 S = TypeVar("S")  # a strategy's state
 TensorGroups = Mapping[str, Mapping[str, np.ndarray]]  # tensor group -> tensor name -> array
@@ -57,7 +57,12 @@ class ServerState:
 
     def add_per_client(self, name: str, records: Mapping[str, Any]) -> None:
         """Per-client records (dataclasses of torch tensors and the `round` they were last updated in, e.g.
-        BayesADMM's duals): tensors under '<name>/<client>/<field>', rounds as JSON under '<name>'."""
+        BayesADMM's duals): tensors under '<name>/<client>/<field>', rounds as JSON under '<name>'.
+
+        Args:
+            name: the records' name in the checkpoint.
+            records: client id -> its record, a dataclass of torch tensors and `round`.
+        """
         for client, record in records.items():
             for item in fields(record):
                 if item.name != "round":
@@ -65,7 +70,15 @@ class ServerState:
         self.metadata[name] = json.dumps({client: record.round for client, record in records.items()})
 
     def per_client(self, name: str, record_type: type) -> dict[str, Any]:
-        """The records `add_per_client(name, ...)` saved, as `record_type`s (float64 torch tensors as saved)."""
+        """The records `add_per_client(name, ...)` saved, as `record_type`s (float64 torch tensors as saved).
+
+        Args:
+            name: the records' name in the checkpoint.
+            record_type: the dataclass they were saved from.
+
+        Returns:
+            Client id -> its record.
+        """
         tensor_fields = [item.name for item in fields(record_type) if item.name != "round"]
         return {
             client: record_type(
@@ -156,14 +169,14 @@ class NodePool:
 
 
 def local_training(
-    settings: RunSettings, server_round: int, weight_decay: float = 0.0, epochs: int | None = None
+    training: TrainingSettings, server_round: int, weight_decay: float = 0.0, epochs: int | None = None
 ) -> pb.LocalTraining:
     """The local-training part of most instructions: the run's epochs (unless the strategy asks for others), batch
     size, optimizer and seed, and this round's learning rate (constant or cosine). Weight decay only where the
     strategy's objective has it; Bayesian ones regularise with their prior.
 
     Args:
-        settings: the run's settings; their local-training group (`RunSettings.training`) is what is sent.
+        training: the run's local-training group (`RunSettings.training`), what is sent.
         server_round: the round the instruction is for, which sets its learning rate.
         weight_decay: the weight decay to send (the strategy's objective's, else 0).
         epochs: the epochs to send instead of the run's local-epochs, or None for the run's.
@@ -171,7 +184,6 @@ def local_training(
     Returns:
         The instruction's local training.
     """
-    training = settings.training
     return pb.LocalTraining(
         epochs=training.local_epochs if epochs is None else epochs,
         batch_size=training.batch_size,
@@ -182,11 +194,19 @@ def local_training(
     )
 
 
-def steps_per_epoch(payload: Payload[Any], settings: RunSettings) -> float:
+def steps_per_epoch(payload: Payload[Any], training: TrainingSettings) -> float:
     """The minibatch steps an epoch of the reply's client takes, ⌈num_examples / batch-size⌉: how an update that is
     a sum of SGD steps grows with the client's data (`ServerStrategy.update_scale`; every client runs the same
-    epochs)."""
-    return float(math.ceil(payload.reply.num_examples / settings.batch_size))
+    epochs).
+
+    Args:
+        payload: the reply, whose num_examples is its client's claim.
+        training: the run's local-training group (`RunSettings.training`): its batch size.
+
+    Returns:
+        The steps, as a float.
+    """
+    return float(math.ceil(payload.reply.num_examples / training.batch_size))
 
 
 class ServerStrategy(ABC, Generic[S]):
@@ -228,56 +248,127 @@ class ServerStrategy(ABC, Generic[S]):
     # ---- the hooks every strategy has ------------------------------------------------------------------------------
     @abstractmethod
     def initial_state(self) -> S:
-        """The state before round 1 (and before a checkpoint is loaded)."""
+        """The state before round 1 (and before a checkpoint is loaded).
+
+        Returns:
+            The strategy's state before any round.
+        """
 
     @abstractmethod
     def instruction(
         self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]
     ) -> tuple[ProtoMessage, TensorGroups]:
-        """This round's instruction to `nodes` (its header is the core's) and its tensor groups."""
+        """This round's instruction to `nodes` (its header is the core's) and its tensor groups.
+
+        Args:
+            server_round: the round, from 1.
+            arrays: the global model the round starts from, parameters and buffers by name.
+            nodes: the nodes the round is sent to (`select_nodes`).
+
+        Returns:
+            (the strategy's instruction message, its tensor groups).
+        """
 
     @abstractmethod
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
-        """The layout of every tensor group of `reply_type` (the model's buffers are the core's)."""
+        """The layout of every tensor group of `reply_type` (the model's buffers are the core's).
+
+        Returns:
+            Tensor group -> its layout.
+        """
 
     @abstractmethod
     def absorb(self, payloads: list[Payload[Any]], server_round: int) -> Update[S]:
         """The new global model and state from the round's accepted replies (in client-id order), without changing
         the strategy: the core may call it on several subsets of a round's replies, and commits one result at most.
-        RoundRejected: these replies together make an unusable state."""
+
+        Args:
+            payloads: the round's accepted replies, decoded and checked, in client-id order.
+            server_round: the round, from 1.
+
+        Returns:
+            The new global model, state and round metrics.
+
+        Raises:
+            RoundRejected: these replies together make an unusable state.
+        """
 
     @abstractmethod
     def save_state(self, state: S) -> ServerState:
-        """`state` as a checkpoint holds it (the core adds its own part)."""
+        """`state` as a checkpoint holds it (the core adds its own part).
+
+        Args:
+            state: a state of the strategy's.
+
+        Returns:
+            Its tensors and metadata.
+        """
 
     @abstractmethod
     def load_state(self, saved: ServerState) -> S:
-        """The state `save_state` saved, read back by a restarted server."""
+        """The state `save_state` saved, read back by a restarted server.
+
+        Args:
+            saved: what `save_state` returned, as the checkpoint gives it back.
+
+        Returns:
+            The state.
+        """
 
     # ---- hooks with a default --------------------------------------------------------------------------------------
     def select_nodes(self, pool: NodePool, server_round: int) -> list[int]:
-        """The nodes this round is sent to: by default the seeded `fraction-train` sample."""
+        """The nodes this round is sent to: by default the seeded `fraction-train` sample.
+
+        Args:
+            pool: the nodes that may take part, and what the core knows of them.
+            server_round: the round, from 1.
+
+        Returns:
+            The node ids.
+        """
         return list(pool.sample)
 
     def reply_layouts_for(self, message: ProtoMessage) -> Mapping[str, TensorLayout]:
         """The layouts of one reply's tensor groups, for a strategy whose shapes a field of the reply's own message
         decides (FedLap-Func: how many memory points it carries); by default `reply_layouts()`, the same for every
-        reply. Raise to reject that reply alone."""
+        reply. Raise to reject that reply alone.
+
+        Args:
+            message: the reply's own message, decoded.
+
+        Returns:
+            Tensor group -> its layout.
+        """
         return self.reply_layouts()
 
     def check_reply(self, payload: Payload[Any]) -> None:
         """The algorithm's checks of one reply against its state; raise to reject that reply alone. The core has
         checked the wire schema, header, identity, num_examples and (for stateful clients) resumed_from_round
-        already."""
+        already.
+
+        Args:
+            payload: the reply, decoded.
+        """
 
     def update_of(self, payload: Payload[Any]) -> np.ndarray | None:
         """The reply's update: its change to the state, flat float64, in parameters where honest updates are of
         comparable size (weights, a Gaussian's mean and log precision, particles). What the screen and the search
-        for a culprit measure; None: not screened."""
+        for a culprit measure; None: not screened.
+
+        Args:
+            payload: the reply, decoded and checked.
+
+        Returns:
+            The flat update, or None.
+        """
         return None
 
     def state_norm(self) -> float:
-        """The norm of the state in the parameters of `update_of`: the screen never refuses a shorter update."""
+        """The norm of the state in the parameters of `update_of`: the screen never refuses a shorter update.
+
+        Returns:
+            The norm; 0 by default.
+        """
         return 0.0
 
     def update_scale(self, payload: Payload[Any]) -> float:
@@ -285,14 +376,31 @@ class ServerStrategy(ABC, Generic[S]):
         `update_of` grows with the client's examples (its own claim, `num_examples`), e.g. the local steps its
         training takes. The screen judges each update per unit of it, so that a client is not refused for holding
         more data (bayes/robust.py screen_bounds bounds what a claim can widen). By default 1: an update whose size
-        does not depend on the client's."""
+        does not depend on the client's.
+
+        Args:
+            payload: the reply, decoded and checked.
+
+        Returns:
+            The scale, > 0.
+        """
         return 1.0
 
     def forget(self, client: str) -> Forgotten[S] | ClientForget[S]:
         """The state without `client`'s contribution, computed without changing the strategy: by the server alone
         (Forgotten), or, where the client's factor lives only on its machine, with the client's part (ClientForget:
         what to ask it, and how its reply becomes the Forgotten state). ForgetRefused, naming why, where neither
-        can; here: the algorithm keeps no per-client factor (FedAvg, FedProx, FedPA)."""
+        can; here: the algorithm keeps no per-client factor (FedAvg, FedProx, FedPA).
+
+        Args:
+            client: the client's id.
+
+        Returns:
+            The Forgotten state, or the ClientForget that computes it with the client.
+
+        Raises:
+            ForgetRefused: naming why the client cannot be forgotten.
+        """
         raise ForgetRefused(
             f"{self.settings.strategy}: the server keeps no per-client factor to remove, only a global model that "
             f"every accepted round of client {client[:64]!r} went into; retrain from the last checkpoint that predates "
@@ -300,22 +408,46 @@ class ServerStrategy(ABC, Generic[S]):
         )
 
     def posterior_samples(self, count: int, generator: torch.Generator) -> list[dict[str, np.ndarray]]:
-        """Weight samples of the global posterior for a predictive ensemble; none for point estimates."""
+        """Weight samples of the global posterior for a predictive ensemble; none for point estimates.
+
+        Args:
+            count: the samples to draw (run config ensemble-samples, resolved).
+            generator: the round's generator (round_seed), so a resumed run draws the same.
+
+        Returns:
+            The samples, the model's parameters by name each; [] for a point estimate.
+        """
         return []
 
     def global_posterior(self) -> GlobalPosterior:
-        """What the server holds of the global posterior (`fedbayes export`); here a point estimate."""
+        """What the server holds of the global posterior (`fedbayes export`); here a point estimate.
+
+        Returns:
+            The global posterior.
+        """
         return GlobalPosterior(f"a point estimate: {self.settings.strategy} holds no posterior beyond its global model")
 
     # ---- for the core and the hooks ------------------------------------------------------------------------------
     def commit(self, state: S) -> None:
         """Take `state` (an Update's or a Forgotten's) as the strategy's own: the core calls this once it has
-        committed the round or the forget."""
+        committed the round or the forget.
+
+        Args:
+            state: the committed state.
+        """
         self.state = state
 
     def check_forgettable(self, client: str, holders: Collection[str]) -> None:
         """Refuse (ForgetRefused) a client the state holds nothing of, and the last one it holds (without it only the
-        prior would be left: a new federation, not a forgotten client)."""
+        prior would be left: a new federation, not a forgotten client).
+
+        Args:
+            client: the client's id.
+            holders: the clients the state holds something of.
+
+        Raises:
+            ForgetRefused: `client` is not among `holders`, or is the last of them.
+        """
         if client not in holders:
             raise ForgetRefused(
                 f"client {client[:64]!r} is unknown: the server holds no state of it ({len(holders)} known clients)"
@@ -327,7 +459,14 @@ class ServerStrategy(ABC, Generic[S]):
             )
 
     def round_seed(self, server_round: int) -> int:
-        """The seed of everything random the server draws for a round, so a resumed run draws the same."""
+        """The seed of everything random the server draws for a round, so a resumed run draws the same.
+
+        Args:
+            server_round: the round, from 1.
+
+        Returns:
+            round_seed of the run's seed and the round.
+        """
         return round_seed(self.settings.seed, server_round)
 
 
@@ -338,7 +477,20 @@ class StatelessStrategy(ServerStrategy[None]):
         return None
 
     def save_state(self, state: None) -> ServerState:
+        """Nothing to save.
+
+        Args:
+            state: None.
+
+        Returns:
+            An empty ServerState.
+        """
         return ServerState()
 
     def load_state(self, saved: ServerState) -> None:
+        """Nothing to load.
+
+        Args:
+            saved: the empty ServerState `save_state` returned.
+        """
         return None

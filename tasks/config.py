@@ -9,7 +9,7 @@ the keys, `fedbayes app` writes them as a Flower app's [tool.flwr.app.config] (t
 same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local --set` override them. A layer that
 reads one concern's keys alone takes that concern's group, a frozen copy of them (`RunSettings.loop`, the round
 loop's; `RunSettings.data`, a client's data's; `RunSettings.architecture`, the model's; `RunSettings.training`, the
-clients' local training's).
+clients' local training's; `RunSettings.evaluation`, the server's evaluation's; `RunSettings.tracker`, its tracking's).
 """
 
 from __future__ import annotations
@@ -74,7 +74,17 @@ class KeyDoc:
 
 def key(default: Any, doc: str, check: Check | None = None, choices: tuple[str, ...] = ()) -> Any:
     """A settings dataclass field that declares the run-config key named after it (`_` read as `-`): its default,
-    whose type must be the field's, a one-line doc, and what a value must satisfy (`check`, or one of `choices`)."""
+    whose type must be the field's, a one-line doc, and what a value must satisfy (`check`, or one of `choices`).
+
+    Args:
+        default: the key's default; its type is the key's.
+        doc: one line on what the key means.
+        check: what a value must satisfy, or None.
+        choices: the values it may take, or () for any.
+
+    Returns:
+        The dataclass field (`keys_of` reads its metadata back).
+    """
     return field(default=default, metadata={KEY: KeyDoc(doc, check, choices)})
 
 
@@ -98,6 +108,18 @@ class Key:
         return self.name.replace("-", "_")
 
     def parse(self, value: Any) -> Any:
+        """A run config's value for this key, checked: an int is taken for a float key, nothing else is converted.
+
+        Args:
+            value: the value as the run config gives it (TOML's).
+
+        Returns:
+            The value, of the key's type.
+
+        Raises:
+            ConfigError: naming the key, where the value is of another type, not finite, not one of `choices` or
+                fails `check`.
+        """
         value = _coerce(self.name, value, self.type)
         if self.choices:
             _choice(self.name, value, self.choices)
@@ -109,6 +131,15 @@ class Key:
 def keys_of(settings_type: type) -> tuple[Key, ...]:
     """The run-config keys a settings dataclass declares with `key` fields. A field whose default is not of its
     declared type is an error here, where the class is registered, not when a run config is parsed.
+
+    Args:
+        settings_type: a dataclass; its fields made with `key` declare keys, the others are skipped.
+
+    Returns:
+        Its keys, in field order.
+
+    Raises:
+        TypeError: a `key` field's default is not of its declared type.
 
     Examples:
         What a plugin strategy writes (docs/extending/strategy.md):
@@ -220,6 +251,33 @@ class TrainingSettings:
             return self.lr
         progress = (server_round - 1) / max(self.num_rounds, 1)
         return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """The server's evaluation of the global model (server/evaluation.py `ServerEvaluation`): which rounds, on how much
+    of the test set, over how large an ensemble and which OOD inputs, in what batches on how many threads.
+    `RunSettings.evaluation` is the run's; a field named as a core key holds that key's value. Before
+    `with_evaluation_defaults` a key left to the model's cost holds 0 (-1 for ensemble-samples)."""
+
+    eval_every: int
+    eval_fraction: float
+    eval_threads: int
+    eval_batched: bool
+    eval_batch_size: int
+    ensemble_samples: int
+    ood_inputs: str
+    seed: int  # the test subset's and the OOD inputs', and (mixed with the round) the ensemble's samples'
+    num_rounds: int  # run config num-server-rounds: the last round, always evaluated, on the whole test set
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """Where the ServerApp's run is tracked (server/tracking.py `tracked_run`). `RunSettings.tracker` is the run's;
+    each field holds the core key of its name."""
+
+    tracking: str  # "" (off), mlflow:URI or tensorboard:DIR (parse_tracking)
+    federation: str  # the tracked run's name
 
 
 @dataclass(frozen=True)
@@ -446,7 +504,18 @@ class RunSettings:
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], strategy_keys: Iterable[Key] = ()) -> RunSettings:
-        """Parse and check `run_config`, which must set exactly the core keys and `strategy_keys`."""
+        """Parse and check `run_config`, which must set exactly the core keys and `strategy_keys`.
+
+        Args:
+            run_config: key name -> value, as Flower gives it.
+            strategy_keys: the strategies' own keys (the registry's).
+
+        Returns:
+            The settings.
+
+        Raises:
+            ConfigError: a key is unknown or missing, or a value is invalid (alone or with others: `validate`).
+        """
         keys = merge_keys(strategy_keys)
         unknown = sorted(set(run_config) - set(keys))
         if unknown:
@@ -461,7 +530,14 @@ class RunSettings:
         return settings
 
     def hyperparameters(self, settings_type: type[H]) -> H:
-        """A strategy's own keys as its typed settings: `settings_type` is a dataclass of `key` fields."""
+        """A strategy's own keys as its typed settings.
+
+        Args:
+            settings_type: the strategy's settings, a dataclass of `key` fields.
+
+        Returns:
+            An instance holding this run's values of them.
+        """
         return settings_type(**{item.name: self.hyperparameter_values[item.name] for item in fields(settings_type)})
 
     @property
@@ -485,6 +561,16 @@ class RunSettings:
         """The group of keys the clients' local training follows, and the rounds to run (its schedule's length)."""
         return self._group(TrainingSettings, num_rounds=self.num_server_rounds)
 
+    @property
+    def evaluation(self) -> EvaluationSettings:
+        """The group of keys the server's evaluation follows, and the rounds to run (the last is always evaluated)."""
+        return self._group(EvaluationSettings, num_rounds=self.num_server_rounds)
+
+    @property
+    def tracker(self) -> TrackingSettings:
+        """The group of keys the run's tracking follows (run config `tracking` names this attribute already)."""
+        return self._group(TrackingSettings)
+
     def _group(self, group: type[G], **given: Any) -> G:
         """`group` with each of its fields named as a core key holding that key's value, and `given`."""
         core = {item.name for item in fields(self)}
@@ -492,17 +578,36 @@ class RunSettings:
         return group(**shared, **given)
 
     def value(self, name: str) -> Any:
-        """The value of any declared key, core or a strategy's, by its run-config name."""
+        """The value of any declared key, core or a strategy's, by its run-config name.
+
+        Args:
+            name: the key's run-config name ("local-epochs").
+
+        Returns:
+            Its value.
+        """
         attribute = name.replace("-", "_")
         if attribute in self.hyperparameter_values:
             return self.hyperparameter_values[attribute]
         return getattr(self, attribute)
 
     def replace(self, **changes: Any) -> RunSettings:
+        """A copy with some core keys changed; the new values are not checked.
+
+        Args:
+            changes: attribute -> its new value.
+
+        Returns:
+            The copy.
+        """
         return dataclasses.replace(self, **changes)
 
     def validate(self) -> None:
-        """What one key cannot check alone: names other modules define, and keys that depend on each other."""
+        """What one key cannot check alone: names other modules define, and keys that depend on each other.
+
+        Raises:
+            ConfigError: naming the key whose value is refused.
+        """
         from fedbayes.tasks.compute import DEVICES
         from fedbayes.tasks.datasets import DATASETS, NPZ_PREFIX
         from fedbayes.tasks.models import ACTIVATIONS, MODELS
@@ -530,7 +635,17 @@ CORE_KEYS = keys_of(RunSettings)
 
 def merge_keys(strategy_keys: Iterable[Key]) -> dict[str, Key]:
     """Every run-config key by name: the core's and `strategy_keys`. A key several strategies read (prior-precision,
-    max-grad-norm) is declared by each, with the same default and type; each says what it means to that strategy."""
+    max-grad-norm) is declared by each, with the same default and type; each says what it means to that strategy.
+
+    Args:
+        strategy_keys: the strategies' own keys.
+
+    Returns:
+        Key name -> key, the core's first.
+
+    Raises:
+        ConfigError: one name is declared with two defaults or types.
+    """
     keys: dict[str, Key] = {}
     for declared in (*CORE_KEYS, *strategy_keys):
         known = keys.setdefault(declared.name, declared)
@@ -545,6 +660,13 @@ def merge_keys(strategy_keys: Iterable[Key]) -> dict[str, Key]:
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """ " (did you mean 'x'?)" naming the known name closest to a misspelt `name`, or "" when none is close.
 
+    Args:
+        name: the misspelt name.
+        known: the names it may have meant.
+
+    Returns:
+        The suggestion, or "".
+
     Examples:
         >>> did_you_mean("local-epoch", ["local-epochs", "lr"])
         " (did you mean 'local-epochs'?)"
@@ -555,7 +677,16 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 
 def unknown_keys(names: Iterable[str], known: Iterable[str], what: str = "run-config key") -> str:
     """ "unknown <what> 'a' (did you mean 'b'?)": each of `names`, none of which is in `known`, with the closest
-    known name where one is close; `what` says what the names are ("run-config key", "option")."""
+    known name where one is close.
+
+    Args:
+        names: the unknown names.
+        known: the names there are.
+        what: what the names are ("run-config key", "option").
+
+    Returns:
+        The message.
+    """
     known = list(known)
     names = list(names)
     shown = ", ".join(f"'{name}'{did_you_mean(name, known)}" for name in names)
@@ -564,7 +695,15 @@ def unknown_keys(names: Iterable[str], known: Iterable[str], what: str = "run-co
 
 def checked_number(kind: type[int] | type[float], check: Check | None) -> Callable[[str], int | float]:
     """An argparse `type=` for a numeric option: a finite `kind` that passes `check` (if any). argparse names the
-    option in the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs."""
+    option in the refusal ("argument --seed: must be in [0, 2^32), got '-1'") and exits 2 before anything runs.
+
+    Args:
+        kind: int or float.
+        check: what a value must satisfy, or None.
+
+    Returns:
+        The parser of an option's text, raising argparse.ArgumentTypeError for a value it refuses.
+    """
 
     def parse(text: str) -> int | float:
         try:
@@ -583,20 +722,42 @@ def checked_number(kind: type[int] | type[float], check: Check | None) -> Callab
 
 
 def run_config_number(name: str) -> Callable[[str], int | float]:
-    """The type and check of core run-config key `name`, for the option that sets it: both refuse the same values."""
+    """The type and check of core run-config key `name`, for the option that sets it: both refuse the same values.
+
+    Args:
+        name: a core key's run-config name.
+
+    Returns:
+        An argparse `type=` (checked_number).
+    """
     key = next(key for key in CORE_KEYS if key.name == name)
     return checked_number(key.type, key.check)
 
 
 def parse_tracking(tracking: str) -> tuple[str, str]:
-    """(kind, target) of a run config `tracking` value: ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off."""
+    """The kind and target of a run config `tracking` value.
+
+    Args:
+        tracking: "", mlflow:URI or tensorboard:DIR.
+
+    Returns:
+        ("mlflow", URI), ("tensorboard", DIR), or ("", "") for off.
+    """
     kind, _, target = tracking.partition(":")
     return (kind, target) if tracking else ("", "")
 
 
 def round_seed(seed: int, server_round: int) -> int:
     """One seed per (run seed, round), the same in every process: the server's node sampling, scheduling and
-    posterior samples, and (mixed with a client's id) its minibatch order and noise."""
+    posterior samples, and (mixed with a client's id) its minibatch order and noise.
+
+    Args:
+        seed: the run's seed.
+        server_round: the round.
+
+    Returns:
+        seed x 1000003 + server_round.
+    """
     return seed * 1_000_003 + server_round
 
 
@@ -648,8 +809,16 @@ def unnamed_code(
     A file (a checkpoint's run config, a posterior's header) is data: the "<module>:<attribute>" it gives a key of
     CODE_KEYS would be imported and run, so it is used only when the user named that same reference for that key
     (`named`: key -> reference, e.g. from --strategy and --model). A reference the user named that the file does
-    not name is refused too: it would be ignored. `config` holds the file's values, read from `source`; `how(key,
-    reference)` says how to name one (default: the command-line option). Built-in names need nothing.
+    not name is refused too: it would be ignored. Built-in names need nothing.
+
+    Args:
+        source: what the file is, for the message ("checkpoint ...").
+        config: the file's values, by run-config key.
+        named: key -> the reference the user named for it.
+        how: how to name a reference to a key in the message (default: the command-line option).
+
+    Returns:
+        Why the file's code may not be used, or None where it may.
     """
     for key in CODE_KEYS:
         value = config.get(key)

@@ -156,7 +156,7 @@ class BayesADMM(ServerStrategy[BayesADMMState]):
             self.state = replace(self.state, global_=self._initial_global(arrays))
         hp = self.hyperparameters
         instruction = pb.BayesADMMInstruction(
-            training=local_training(self.settings, server_round),
+            training=local_training(self.settings.training, server_round),
             family=self.family,
             rho=hp.rho,
             dual_step=self.dual_step_size,

@@ -65,7 +65,7 @@ class FedAvg(ServerStrategy[np.ndarray | None]):
             The instruction (local training and proximal μ, 0 for FedAvg) and its tensor group "weights": the global
             model's parameters as float32 arrays.
         """
-        training = local_training(self.settings, server_round, weight_decay=self.settings.weight_decay)
+        training = local_training(self.settings.training, server_round, weight_decay=self.settings.weight_decay)
         weights = {name: arrays[name].numpy() for name in self.layout}
         if self.state is None:
             self.state = flatten(weights, self.layout)
@@ -107,7 +107,7 @@ class FedAvg(ServerStrategy[np.ndarray | None]):
         Returns:
             ⌈num_examples / batch-size⌉, > 0.
         """
-        return steps_per_epoch(payload, self.settings)
+        return steps_per_epoch(payload, self.settings.training)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[np.ndarray | None]:
         """The new global model from the round's accepted replies, without changing the strategy.

@@ -90,7 +90,7 @@ class FedDyn(ServerStrategy[FedDynState]):
             self.state = replace(self.state, global_=as_sent(torch.from_numpy(initial)))
         membership = self.state.membership
         instruction = pb.FedDynInstruction(
-            training=local_training(self.settings, server_round, weight_decay=self.settings.weight_decay),
+            training=local_training(self.settings.training, server_round, weight_decay=self.settings.weight_decay),
             alpha=self.hyperparameters.feddyn_alpha,
             known_clients=membership.clients or len(nodes),
             known_examples=membership.total_examples,
@@ -175,7 +175,7 @@ class FedDyn(ServerStrategy[FedDynState]):
         Returns:
             ⌈num_examples / batch-size⌉, > 0.
         """
-        return steps_per_epoch(payload, self.settings)
+        return steps_per_epoch(payload, self.settings.training)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[FedDynState]:
         """The server step from the round's accepted replies, without changing the strategy: each reply's λ_k replayed,

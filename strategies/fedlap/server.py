@@ -117,7 +117,7 @@ class FedLap(ServerStrategy[FedLapState]):
         self.initial_share = 1.0 / len(nodes) if server_round == 1 and nodes else 0.0
         membership = self.state.membership
         instruction = pb.FedLapInstruction(
-            training=local_training(self.settings, server_round),
+            training=local_training(self.settings.training, server_round),
             prior_precision=self.delta,
             known_clients=membership.clients or len(nodes),
             known_examples=membership.total_examples,

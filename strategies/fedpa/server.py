@@ -98,7 +98,7 @@ class FedPA(ServerStrategy[ServerOptimizer]):
         sampling = self.is_sampling_round(server_round)
         instruction = pb.FedPAInstruction(
             training=local_training(
-                self.settings,
+                self.settings.training,
                 server_round,
                 weight_decay=self.settings.weight_decay,
                 epochs=hp.local_burnin_epochs + hp.samples if sampling else None,
@@ -122,7 +122,7 @@ class FedPA(ServerStrategy[ServerOptimizer]):
     def update_scale(self, payload: Payload) -> float:
         """The client's SGD steps an epoch: its delta is the change they make (or, after the burn-in rounds, that
         change shrunk by its samples' covariance)."""
-        return steps_per_epoch(payload, self.settings)
+        return steps_per_epoch(payload, self.settings.training)
 
     def absorb(self, payloads: list[Payload], server_round: int) -> Update[ServerOptimizer]:
         examples = [float(p.reply.num_examples) for p in payloads]

@@ -75,7 +75,7 @@ def evaluation(
     torch.manual_seed(0)
     model, test = build_model(model_name, IMAGE, 10), images(count)
     run_settings = with_evaluation_defaults(settings(model=model_name, **overrides), model, IMAGE)
-    return ServerEvaluation(model, test, GaussianStrategy(model), run_settings, device), model, test
+    return ServerEvaluation(model, test, GaussianStrategy(model), run_settings.evaluation, device), model, test
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "cnn-zenke", "resnet20"])
@@ -236,7 +236,7 @@ def test_the_evaluation_runs_on_eval_threads_and_gives_the_others_back():
         model,
         test,
         GaussianStrategy(model),
-        with_evaluation_defaults(settings(**{"eval-threads": 3, "ensemble-samples": 2}), model, (1, 2, 2)),
+        with_evaluation_defaults(settings(**{"eval-threads": 3, "ensemble-samples": 2}), model, (1, 2, 2)).evaluation,
         CPU,
     )
     before = torch.get_num_threads()
@@ -265,7 +265,7 @@ def test_eval_every_writes_rows_without_test_metrics_that_every_reader_of_rows_c
         model,
         (1, 2, 2),
     )
-    evaluate = ServerEvaluation(model, test, GaussianStrategy(model), run_settings, CPU)
+    evaluate = ServerEvaluation(model, test, GaussianStrategy(model), run_settings.evaluation, CPU)
     run(
         tmp_path,
         lambda server_round, node: fedavg_reply(f"client-{node}", server_round, value=0.1 * server_round),

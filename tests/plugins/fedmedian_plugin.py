@@ -20,7 +20,7 @@ class FedMedian(StatelessStrategy):
 
     def instruction(self, server_round, arrays, nodes):
         weights = {name: arrays[name].numpy() for name in self.layout}
-        return pb.FedAvgInstruction(training=local_training(self.settings, server_round)), {"weights": weights}
+        return pb.FedAvgInstruction(training=local_training(self.settings.training, server_round)), {"weights": weights}
 
     def reply_layouts(self):
         return {"weights": self.layout}

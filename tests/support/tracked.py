@@ -53,7 +53,7 @@ def tracked_federation(tmp_path: Path, tracking_value: str, rounds: int = ROUNDS
     store = CheckpointStore(settings.server_state_dir, federation, run_config)
     started = time.monotonic()
     with tracked_run(
-        settings.tracking, federation, run_config, posterior_export(settings.server_state_dir, federation, run_config)
+        settings.tracker, run_config, posterior_export(settings.server_state_dir, federation, run_config)
     ) as sinks:
         run_rounds(
             FakeGrid([1, 2], scripted(lambda r, node: logreg_reply(r, node, federation))),

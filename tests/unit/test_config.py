@@ -8,7 +8,7 @@ from fedbayes.client.runtime import NodeSettings
 from fedbayes.deploy.flower_app import app_pyproject
 from fedbayes.deploy.launcher import LocalRun, run_local
 from fedbayes.strategies import default_run_config, run_settings
-from fedbayes.tasks.config import ConfigError, TrainingSettings
+from fedbayes.tasks.config import ConfigError, EvaluationSettings, TrackingSettings, TrainingSettings
 from tests.support import DEFAULTS, pyproject_run_config
 
 
@@ -168,6 +168,53 @@ def test_the_training_group_holds_the_local_training_keys_and_the_rounds():
         seed=settings.seed,
         num_rounds=4,
     )
+
+
+def test_local_training_sends_the_training_groups_keys_and_the_rounds_learning_rate():
+    from fedbayes.protos import payloads_pb2 as pb
+    from fedbayes.strategies.base import local_training
+
+    training = run_settings(
+        {**DEFAULTS, "local-epochs": 3, "batch-size": 16, "lr": 0.01, "lr-schedule": "cosine", "num-server-rounds": 4}
+    ).training
+    assert local_training(training, 3, weight_decay=0.5) == pb.LocalTraining(
+        epochs=3, batch_size=16, learning_rate=0.005, optimizer="adam", weight_decay=0.5, seed=training.seed
+    )
+    assert local_training(training, 1, epochs=7).epochs == 7
+
+
+def test_the_evaluation_group_holds_the_server_evaluations_keys_and_the_rounds():
+    settings = run_settings(
+        {
+            **DEFAULTS,
+            "eval-every": 2,
+            "eval-fraction": 0.5,
+            "eval-threads": 3,
+            "eval-batched": True,
+            "eval-batch-size": 64,
+            "ensemble-samples": 5,
+            "ood-inputs": "inverted",
+            "seed": 7,
+            "num-server-rounds": 4,
+        }
+    )
+    assert settings.evaluation == EvaluationSettings(
+        eval_every=2,
+        eval_fraction=0.5,
+        eval_threads=3,
+        eval_batched=True,
+        eval_batch_size=64,
+        ensemble_samples=5,
+        ood_inputs="inverted",
+        seed=7,
+        num_rounds=4,
+    )
+
+
+def test_the_tracking_group_holds_the_tracking_target_and_the_federation():
+    settings = run_settings({**DEFAULTS, "tracking": "tensorboard:/tmp/tb", "federation": "fed-1"})
+    assert settings.tracker == TrackingSettings(tracking="tensorboard:/tmp/tb", federation="fed-1")
+    assert settings.tracking == "tensorboard:/tmp/tb"  # the key keeps its own attribute
 
 
 def test_the_local_learning_rate_is_constant_or_cosine_annealed_over_the_rounds():

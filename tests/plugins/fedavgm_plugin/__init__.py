@@ -48,7 +48,7 @@ class FedAvgM(ServerStrategy[np.ndarray]):
     ) -> tuple[fedavgm_pb2.FedAvgMInstruction, TensorGroups]:
         weights = {name: arrays[name].numpy() for name in self.layout}
         self.global_weights = flatten(weights, self.layout)
-        training = local_training(self.settings, server_round)
+        training = local_training(self.settings.training, server_round)
         return fedavgm_pb2.FedAvgMInstruction(training=training), {"weights": weights}
 
     def reply_layouts(self) -> Mapping[str, TensorLayout]:
