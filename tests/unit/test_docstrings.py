@@ -22,6 +22,7 @@ PUBLIC_MODULES = (
     "bayes/metrics.py",
     "bayes/params.py",
     "bayes/robust.py",
+    "deploy/compare.py",
     "deploy/launcher.py",
     "posterior/__init__.py",
     "posterior/cli.py",
