@@ -24,6 +24,7 @@ PUBLIC_MODULES = (
     "bayes/robust.py",
     "deploy/compare.py",
     "deploy/launcher.py",
+    "deploy/pki.py",
     "posterior/__init__.py",
     "posterior/cli.py",
     "posterior/export.py",
