@@ -25,6 +25,7 @@ PUBLIC_MODULES = (
     "deploy/compare.py",
     "deploy/launcher.py",
     "deploy/pki.py",
+    "deploy/runfile.py",
     "posterior/__init__.py",
     "posterior/cli.py",
     "posterior/export.py",
