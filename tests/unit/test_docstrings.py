@@ -23,6 +23,7 @@ PUBLIC_MODULES = (
     "bayes/params.py",
     "bayes/robust.py",
     "deploy/compare.py",
+    "deploy/inspection.py",
     "deploy/launcher.py",
     "deploy/pki.py",
     "deploy/runfile.py",
