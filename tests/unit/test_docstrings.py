@@ -27,6 +27,7 @@ PUBLIC_MODULES = (
     "deploy/launcher.py",
     "deploy/pki.py",
     "deploy/runfile.py",
+    "deploy/server.py",
     "posterior/__init__.py",
     "posterior/cli.py",
     "posterior/export.py",
