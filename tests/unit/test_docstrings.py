@@ -22,6 +22,7 @@ PUBLIC_MODULES = (
     "bayes/metrics.py",
     "bayes/params.py",
     "bayes/robust.py",
+    "deploy/client.py",
     "deploy/compare.py",
     "deploy/inspection.py",
     "deploy/launcher.py",
