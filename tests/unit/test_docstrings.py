@@ -27,6 +27,7 @@ PUBLIC_MODULES = (
     "deploy/inspection.py",
     "deploy/launcher.py",
     "deploy/pki.py",
+    "deploy/processes.py",
     "deploy/runfile.py",
     "deploy/server.py",
     "posterior/__init__.py",
