@@ -24,6 +24,7 @@ PUBLIC_MODULES = (
     "bayes/robust.py",
     "deploy/client.py",
     "deploy/compare.py",
+    "deploy/fleet_probe.py",
     "deploy/inspection.py",
     "deploy/launcher.py",
     "deploy/pki.py",
