@@ -32,6 +32,7 @@ PUBLIC_MODULES = (
     "deploy/processes.py",
     "deploy/runfile.py",
     "deploy/server.py",
+    "deploy/warm_executor.py",
     "posterior/__init__.py",
     "posterior/cli.py",
     "posterior/export.py",
