@@ -25,6 +25,7 @@ PUBLIC_MODULES = (
     "deploy/client.py",
     "deploy/compare.py",
     "deploy/fleet_probe.py",
+    "deploy/flwr_run.py",
     "deploy/forkserver.py",
     "deploy/inspection.py",
     "deploy/launcher.py",
