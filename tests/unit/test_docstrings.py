@@ -56,6 +56,7 @@ PUBLIC_MODULES = (
     "flowerseam/object_pulls.py",
     "flowerseam/patches.py",
     "flowerseam/simulation_polls.py",
+    "flowerseam/superlink.py",
     "flowerseam/version.py",
     "posterior/__init__.py",
     "posterior/cli.py",
