@@ -57,6 +57,7 @@ PUBLIC_MODULES = (
     "flowerseam/patches.py",
     "flowerseam/simulation_polls.py",
     "flowerseam/superlink.py",
+    "flowerseam/supernode.py",
     "flowerseam/version.py",
     "posterior/__init__.py",
     "posterior/cli.py",
