@@ -75,7 +75,7 @@ def write_app(directory: Path, strategy: str = "") -> Path:
     """`directory`/pyproject.toml, replaced atomically if there; the directory.
 
     Args:
-        directory: the app's folder; it must exist.
+        directory: the app's folder; made if missing.
         strategy: as for `app_pyproject`.
 
     Returns:

@@ -109,7 +109,7 @@ def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()
     files `init_outputs` names, each replaced atomically if there.
 
     Args:
-        directory: where the files go; it must exist.
+        directory: where the files go; made if missing.
         names: DNS names the SuperLink certificate is valid for besides DEFAULT_SERVER_NAMES (repeats and empty ones
             are dropped).
         ips: IP addresses it is valid for besides DEFAULT_SERVER_IPS.
@@ -179,7 +179,7 @@ def make_supernode_key(directory: Path, client_id: str) -> SupernodeKey:
     because the SuperLink knows a client by its registered public key.
 
     Args:
-        directory: where the pair goes; it must exist.
+        directory: where the pair goes; made if missing.
         client_id: the client's id, the files' name; the public key's comment.
 
     Returns:

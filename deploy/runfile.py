@@ -371,7 +371,7 @@ def write_run_file(workdir: Path, spec: LocalRun) -> Path | None:
     WRITTEN_BY) it is left as it is.
 
     Args:
-        workdir: the federation's workdir; it must exist.
+        workdir: the federation's workdir; made if missing.
         spec: the run as resolved.
 
     Returns:
