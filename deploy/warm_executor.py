@@ -142,7 +142,7 @@ class ForkExecutor:
             root_certificates_path: Flower passes it; unused.
 
         Returns:
-            ({this executor's type, if supported}, an empty set of FAB hashes): every fork may run any app.
+            ({this executor's type, if supported}, no FAB hashes: the executor keeps no apps of its own).
         """
         return {task_type for task_type in supported_task_types if task_type == self.task_type}, set()
 

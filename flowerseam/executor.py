@@ -182,7 +182,7 @@ def acquire_task_request(supported_task_types: set[str], fab_hashes: set[str]) -
 
     Args:
         supported_task_types: the task types the executor takes now.
-        fab_hashes: the FABs it has (empty: any).
+        fab_hashes: the hashes of the FABs the executor holds (`agentapp_fab_hashes`).
 
     Returns:
         The request.
