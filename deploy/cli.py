@@ -20,7 +20,19 @@ from fedbayes.tasks.config import (
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `fedbayes` command; `argv` None: this process is the command (its console script or `python -m`)."""
+    """The `fedbayes` command.
+
+    Args:
+        argv: its arguments, after `fedbayes`; None: this process is the command (its console script or `python -m`),
+            its arguments sys.argv[1:]; `local`, `run` and `superexec` then end the process without the interpreter's
+            teardown.
+
+    Returns:
+        The exit status (`outcome`).
+
+    Raises:
+        SystemExit: argparse's usage errors and --help, and a refused `fedbayes local` run file (exit code 1).
+    """
     whole_process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # `run`, `supernode` and `superlink` hand every argument to Flower's command as it is (argparse cannot pass options
@@ -59,7 +71,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def outcome(command: Callable[[], int]) -> int:
-    """The command's exit status; the errors a user can act on as one line."""
+    """The command's exit status; the errors a user can act on as one line.
+
+    Args:
+        command: the command, called with no arguments.
+
+    Returns:
+        Its exit status; 130 after Ctrl-C; 1 after RunFailed, ValueError, FileNotFoundError, RuntimeError or
+        TimeoutError, whose message is printed on stderr. Other exceptions propagate.
+    """
     from fedbayes.tasks.runlog import RunFailed
 
     try:
@@ -102,7 +122,11 @@ def _local_command(parser: argparse.ArgumentParser, argv: list[str]):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `fedbayes` command's parser, every subcommand's arguments and handler in it."""
+    """The `fedbayes` command's parser, every subcommand's arguments and handler in it.
+
+    Returns:
+        The parser; each subcommand sets `handler`, which `main` calls with the parsed arguments.
+    """
     parser = argparse.ArgumentParser(prog="fedbayes", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_local(commands.add_parser("local", help="run a federation of local processes over loopback gRPC"))

@@ -63,7 +63,18 @@ def node_config(
     leave_and_forget: bool = False,
 ) -> str:
     """`--node-config` for a client: its own data file, or partition i of k of the run's split (tests); or, leaving,
-    neither (client/runtime.py NodeSettings)."""
+    neither (client/runtime.py NodeSettings).
+
+    Args:
+        client_id: the client's id, [A-Za-z0-9._-]+ (not quoted further).
+        state_dir: the folder of its durable state (its federations' folders go under it).
+        data_path: its own .npz data file; None: none (partition, or leaving).
+        partition: (i, k): partition i of k of the run's split; None: none.
+        leave_and_forget: the ClientApp asks to be forgotten instead of training.
+
+    Returns:
+        The space-separated `key=value` pairs, paths as JSON strings.
+    """
     settings = [f'client-id="{client_id}"', f"state-dir={json.dumps(str(state_dir))}"]
     if data_path is not None:
         settings.append(f"data-path={json.dumps(str(data_path))}")
@@ -84,7 +95,19 @@ def supernode_arguments(
 ) -> list[str]:
     """`fedbayes supernode`'s arguments (Flower's SuperNode, without its 3 s idle sleep) for a SuperNode dialing
     `superlink`: TLS with `ca_cert` (insecure without, loopback development only), authenticated with `auth_key`;
-    its Runtime API for the ClientApp executor on 127.0.0.1:`runtime_port`."""
+    its Runtime API for the ClientApp executor on 127.0.0.1:`runtime_port`.
+
+    Args:
+        superlink: the Fleet API's host:port.
+        config: its `--node-config` (`node_config`).
+        runtime_port: the Runtime API's port on 127.0.0.1.
+        ca_cert: the federation's CA certificate; None: insecure.
+        auth_key: the client's private key (node authentication); None: none.
+        isolation: `process` (an executor of its own serves it) or `subprocess` (Flower's stock path).
+
+    Returns:
+        The arguments after `fedbayes supernode`.
+    """
     security = ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     security += ["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []
     return [
@@ -102,7 +125,15 @@ def supernode_arguments(
 
 def superexec_command(fedbayes: str, *supernodes: tuple[int, int]) -> list[str]:
     """The warm ClientApp executor for the SuperNodes (runtime port, pid) whose Runtime APIs are on this host's
-    127.0.0.1 (plain HTTP that never leaves the machine); it serves each until that SuperNode exits."""
+    127.0.0.1 (plain HTTP that never leaves the machine); it serves each until that SuperNode exits.
+
+    Args:
+        fedbayes: the `fedbayes` executable.
+        supernodes: (Runtime API port, SuperNode process id) per SuperNode; at least one.
+
+    Returns:
+        The command line.
+    """
     served = [
         arg
         for port, pid in supernodes
@@ -112,6 +143,11 @@ def superexec_command(fedbayes: str, *supernodes: tuple[int, int]) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`fedbayes client`'s options.
+
+    Args:
+        parser: the `client` parser.
+    """
     parser.add_argument("--superlink", required=True, help="the SuperLink's Fleet API, host:port (9092 by default)")
     parser.add_argument("--ca", type=Path, required=True, help="the federation's CA certificate (ca.crt)")
     parser.add_argument(
@@ -161,6 +197,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`fedbayes client`: with --check, the SuperLink's checks step by step; else join until interrupted.
+
+    Args:
+        args: the command line (`add_arguments`).
+
+    Returns:
+        0 after --check passed, else `run_supernode`'s exit code.
+
+    Raises:
+        ValueError: an option this machine refuses (`fleet_target`, `check_joining`).
+        ProbeError: a step of the checks failed (after the retries `wait_until_accepted` makes).
+        TimeoutError: --leave --forget gave up.
+    """
     target = fleet_target(args)
     if args.check:
         node_id = check(target, say=print)
@@ -177,7 +226,18 @@ def run(args: argparse.Namespace) -> int:
 
 def fleet_target(args: argparse.Namespace) -> FleetTarget:
     """The SuperLink as --superlink, --ca and --key name it, each checked on this machine first, before the
-    SuperLink is asked anything (an unreachable one is retried; a bad file would only be named after that)."""
+    SuperLink is asked anything (an unreachable one is retried; a bad file would only be named after that).
+
+    Args:
+        args: the command line: superlink, ca, key.
+
+    Returns:
+        The SuperLink's host and port, and the CA and key files.
+
+    Raises:
+        ValueError: a port outside 1..65535, a --ca that is no readable PEM certificate, or an unreadable --key.
+        ProbeError: --superlink is not host:port, or --key is not a key the SuperLink can accept.
+    """
     target = FleetTarget.from_address(args.superlink, args.ca, args.key)
     if not 0 < target.port < 65536:
         raise ValueError(f"--superlink {args.superlink!r}: port {target.port} is not in 1..65535")
@@ -196,7 +256,15 @@ def fleet_target(args: argparse.Namespace) -> FleetTarget:
 
 
 def check_joining(args: argparse.Namespace) -> None:
-    """Refuse, naming the option, what joining needs and this machine can check before it starts anything."""
+    """Refuse, naming the option, what joining needs and this machine can check before it starts anything.
+
+    Args:
+        args: the command line: leave, forget, client_id, data, state_dir, log_dir.
+
+    Raises:
+        ValueError: --leave without --forget (or the other way), no --client-id or (not leaving) no --data, a bad
+            client id, a --data whose header is refused, or a --state-dir or --log-dir this user cannot write.
+    """
     from fedbayes.tasks.npzdata import NpzDataError, read_header
 
     if args.leave != args.forget:
@@ -223,7 +291,18 @@ def check_joining(args: argparse.Namespace) -> None:
 
 def wait_until_accepted(target: FleetTarget, timeout: float) -> int:
     """Run the checks until the SuperLink accepts this key; retry, backing off, what may pass by itself (an
-    unreachable SuperLink, a node still online from a killed session), for up to `timeout` seconds."""
+    unreachable SuperLink, a node still online from a killed session), for up to `timeout` seconds.
+
+    Args:
+        target: the SuperLink and this client's files.
+        timeout: seconds of retrying (--activation-timeout); 0: one attempt.
+
+    Returns:
+        The node id the SuperLink holds for this key.
+
+    Raises:
+        ProbeError: a step failed that will not pass by itself, or a retryable one still fails at the deadline.
+    """
     deadline = time.monotonic() + timeout
     delay = 1.0
     while True:
@@ -238,8 +317,17 @@ def wait_until_accepted(target: FleetTarget, timeout: float) -> int:
 
 
 def run_supernode(args: argparse.Namespace) -> int:
-    """The SuperNode and its ClientApp executor until interrupted or until either exits; its exit code (with --leave:
-    0 once the server has forgotten this client). Raises TimeoutError when --leave --forget gives up."""
+    """The SuperNode and its ClientApp executor until interrupted or until either exits.
+
+    Args:
+        args: the command line (`add_arguments`), checked (`check_joining`).
+
+    Returns:
+        The exit code of the one that exited; with --leave: 0 once the server has forgotten this client.
+
+    Raises:
+        TimeoutError: --leave --forget gave up (`Leaving.done`).
+    """
     from fedbayes.deploy.launcher import console_script, process_env
 
     (runtime_port,) = free_ports(1)
@@ -285,6 +373,12 @@ class Leaving:
     def __init__(
         self, state_dir: Path, client_id: str, timeout: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
+        """Args:
+        state_dir: --state-dir, resolved.
+        client_id: the client's id.
+        timeout: --leave-timeout, in seconds; 0: no limit.
+        clock: the monotonic clock, in seconds.
+        """
         from fedbayes.client.state import leave_request_note, left_marker
 
         self.client_id, self.timeout, self.clock = client_id, timeout, clock
@@ -294,6 +388,11 @@ class Leaving:
         self.asked: dict | None = None  # the newest request the ClientApp sent
 
     def waits_for(self) -> str:
+        """What it waits for, as a sentence to say at the start.
+
+        Returns:
+            The sentence, with the limit.
+        """
         limit = f"up to {self.timeout:.0f} s (--leave-timeout)" if self.timeout else "with no limit (--leave-timeout 0)"
         return (
             f"waiting {limit} for the server's next instruction, which this client answers with a request to "
@@ -304,8 +403,12 @@ class Leaving:
     def done(self) -> bool:
         """Whether the server has forgotten this client (said, and the marker removed). Says each new request.
 
+        Returns:
+            True once the leave marker is there (it and the request note are then removed), else False.
+
         Raises:
-            TimeoutError: past the deadline, saying what did not come."""
+            TimeoutError: past the deadline, saying what did not come (`gave_up`).
+        """
         if self.marker.exists():
             say(
                 f"{self.client_id}: the server has forgotten this client and its state is deleted "
@@ -326,7 +429,11 @@ class Leaving:
         return False
 
     def gave_up(self) -> str:
-        """Why --leave --forget stops waiting: what it asked, or that nothing came to ask."""
+        """Why --leave --forget stops waiting: what it asked, or that nothing came to ask.
+
+        Returns:
+            The message, with what to do next.
+        """
         waited = f"--leave --forget gave up after {self.timeout:.0f} s (--leave-timeout)"
         kept = "this client's state is kept"
         if self.asked is None:
@@ -355,7 +462,12 @@ def sign_off(processes: ProcessGroup, supernode: ManagedProcess) -> None:
     """Stop the SuperNode alone and wait for it: on SIGTERM it deactivates its node at the SuperLink, so the
     key can come back at once. (ProcessGroup's stop signals every process of the group, the SuperNode
     twice; the second signal kills it inside its exit handler before it signs off, and the SuperLink then
-    refuses the key for 60 s.) If it does not exit in time, the group's stop takes over."""
+    refuses the key for 60 s.) If it does not exit in time, the group's stop takes over.
+
+    Args:
+        processes: the group the SuperNode is in.
+        supernode: the SuperNode's process.
+    """
     processes.stop(supernode)
     try:
         supernode.popen.wait(timeout=SIGN_OFF_TIMEOUT)
@@ -367,4 +479,9 @@ def sign_off(processes: ProcessGroup, supernode: ManagedProcess) -> None:
 
 
 def say(message: str) -> None:
+    """Print a line of this command's own on stderr, prefixed `fedbayes client: `.
+
+    Args:
+        message: the line.
+    """
     print(f"fedbayes client: {message}", file=sys.stderr, flush=True)

@@ -112,8 +112,17 @@ def grid_points(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def load_grid(name: str, path: Path = GRIDS_FILE) -> dict[str, list[dict[str, Any]]]:
     """Grid `name` of `path`: per strategy its points.
 
+    Args:
+        name: the grid's name (`--grid`: small or paper), a table of `path`.
+        path: the grids file (TOML); its [budget] table is no grid.
+
+    Returns:
+        Strategy name -> its points (`grid_points`), in the file's order.
+
     Raises:
         ValueError: no grid of that name.
+        OSError: `path` cannot be read.
+        tomllib.TOMLDecodeError: `path` is not TOML.
     """
     with open(path, "rb") as file:
         grids = tomllib.load(file)
@@ -171,7 +180,13 @@ class Budget:
 
 @functools.cache
 def load_budget(path: Path = GRIDS_FILE) -> Budget:
-    """The [budget] table of `path` (an empty budget without one).
+    """The [budget] table of `path` (an empty budget without one). Cached per path.
+
+    Args:
+        path: the grids file (TOML).
+
+    Returns:
+        The strategies that train one client a round, and those whose SVGD steps come from local-epochs.
 
     Raises:
         ValueError: a key of the table other than one-client-a-round and steps-from-epochs.
@@ -199,6 +214,11 @@ def epoch_steps(settings: RunSettings, mean_examples: float) -> int:
 
 def check_strategies(strategies: Iterable[str], grid: dict[str, list[dict[str, Any]]], grid_name: str) -> None:
     """Refuse a strategy the grid has no points for, naming the closest one it has.
+
+    Args:
+        strategies: the strategies `--strategies` names, in its order.
+        grid: per strategy its points (`load_grid`).
+        grid_name: the grid's name, for the messages.
 
     Raises:
         ValueError: an unknown or repeated strategy, or none at all.
@@ -373,7 +393,14 @@ def final_jobs(
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """A run file's rows; none for a file that is not there or not whole (it is then run again)."""
+    """A run file's rows; none for a file that is not there or not whole (it is then run again).
+
+    Args:
+        path: a run's file, runs/<name>.jsonl (JSON lines).
+
+    Returns:
+        Its rows in order; an empty list where the file is missing, unreadable or holds a line that is not JSON.
+    """
     try:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
@@ -381,7 +408,15 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def finished_rows(job: Job, out: Path) -> list[dict[str, Any]] | None:
-    """The rows of `job`'s file if it holds all its rounds of this very run, else None."""
+    """The rows of `job`'s file if it holds all its rounds of this very run, else None.
+
+    Args:
+        job: the federation.
+        out: the comparison's folder.
+
+    Returns:
+        The rows, when they are rounds 1..job.rounds in order and each one's `compare` equals job.record; else None.
+    """
     rows = read_rows(out / RUNS / f"{job.name}.jsonl")
     whole = [row.get("round") for row in rows] == list(range(1, job.rounds + 1))
     return rows if whole and all(row.get("compare") == job.record for row in rows) else None
@@ -430,7 +465,14 @@ class ProgressLine:
         self.shown = ""
 
     def show(self, phase: str, done: int, total: int, running: list[str]) -> None:
-        """Draw the line: `done` of `total` runs of `phase` finished, `running` the names of those running."""
+        """Draw the line: `done` of `total` runs of `phase` finished, `running` the names of those running.
+
+        Args:
+            phase: tune or final.
+            done: runs of the phase finished.
+            total: runs of the phase in all.
+            running: the names of the runs running now (empty: none).
+        """
         text = f"compare: {phase} {done}/{total} runs | {clock_text(time.monotonic() - self.started)} elapsed"
         text += f" | running {', '.join(running)}" if running else ""
         if self.live:
@@ -451,7 +493,19 @@ def run_jobs(
     jobs: list[Job], spec: CompareSpec, phase: str, progress: ProgressLine, runner: Callable[..., Any] = run_job
 ) -> dict[str, list[dict[str, Any]]]:
     """Every job's rows by name: those finished before are read, the others run, `spec.parallel` at a time (each
-    in a subprocess when more than one)."""
+    in a subprocess when more than one).
+
+    Args:
+        jobs: the phase's federations.
+        spec: the comparison: its out folder, clients and `parallel`.
+        phase: tune or final, for the progress line.
+        progress: the line that shows how far the phase is.
+        runner: runs one job, as `run_job(job, clients, out)`; with `parallel` > 1 it must be picklable (it runs in a
+            spawned process).
+
+    Returns:
+        Job name -> its rows, for every job.
+    """
     rows = {job.name: found for job in jobs if (found := finished_rows(job, spec.out)) is not None}
     pending = [job for job in jobs if job.name not in rows]
     progress.show(phase, len(rows), len(jobs), [])
@@ -479,26 +533,57 @@ def run_jobs(
 
 
 def own_value(row: dict[str, Any], key: str) -> float | None:
-    """`key` at the strategy's own predictive: the ensemble's value where the row has one."""
+    """`key` at the strategy's own predictive: the ensemble's value where the row has one.
+
+    Args:
+        row: a round's row.
+        key: the metric's name (accuracy, nll, ece, ...).
+
+    Returns:
+        The row's `<key>_ensemble` where it is not None, else its `key`; None where it has neither.
+    """
     ensemble = row.get(f"{key}_ensemble")
     return ensemble if ensemble is not None else row.get(key)
 
 
 def tail_mean(rows: list[dict[str, Any]], key: str, count: int = TAIL_ROUNDS) -> float | None:
-    """The mean of `key` (own_value) over the last `count` rows that have it; None when none has."""
+    """The mean of `key` (own_value) over the last `count` rows that have it; None when none has.
+
+    Args:
+        rows: a run's rows, in round order.
+        key: the metric's name.
+        count: how many of the last rows that have it; at least 1.
+
+    Returns:
+        The mean, or None.
+    """
     values = [value for row in rows if (value := own_value(row, key)) is not None][-count:]
     return statistics.fmean(values) if values else None
 
 
 def best_point(scores: list[float | None]) -> int:
     """The point with the best score, a tie going to the earlier point; a point without one never wins unless no
-    point has one."""
+    point has one.
+
+    Args:
+        scores: each point's score (higher is better; None: the run evaluated no round); not empty.
+
+    Returns:
+        The winning point's index.
+    """
     ranked = [(-math.inf if score is None else score, -point) for point, score in enumerate(scores)]
     return -max(ranked)[1]
 
 
 def spread(values: list[float]) -> dict[str, float] | None:
-    """Mean and sample standard deviation (0 for one value); None for no values."""
+    """Mean and sample standard deviation (0 for one value); None for no values.
+
+    Args:
+        values: one value per seed.
+
+    Returns:
+        {"mean": ..., "sd": ...}, or None.
+    """
     if not values:
         return None
     return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
@@ -514,7 +599,19 @@ def summarise(
     finals: dict[str, list[list[dict[str, Any]]]],
     winners: dict[str, int],
 ) -> dict[str, Any]:
-    """summary.json: the protocol, every grid point's validation score, and each winner's test metrics."""
+    """summary.json: the protocol, every grid point's validation score, and each winner's test metrics.
+
+    Args:
+        spec: the comparison.
+        grid: per strategy its points.
+        tuned: the tuning runs' rows by job name (tune-<strategy>-p<point>).
+        finals: per strategy its final runs' rows, seed by seed.
+        winners: per strategy its winning point.
+
+    Returns:
+        {"protocol": ..., "strategies": ...}, plain JSON values; a winner's test metrics hold, per key some seed's rows
+        have, the per-seed values and their mean and sd.
+    """
     strategies = {}
     for strategy in spec.strategies:
         points = []
@@ -563,13 +660,27 @@ def summarise(
 
 
 def table_columns(summary: dict[str, Any]) -> list[str]:
-    """accuracy, NLL and ECE, then each uncertainty and per-client key some strategy's rows hold."""
+    """accuracy, NLL and ECE, then each uncertainty and per-client key some strategy's rows hold.
+
+    Args:
+        summary: the summary (`summarise`).
+
+    Returns:
+        The metric keys, in the table's order.
+    """
     held = {key for entry in summary["strategies"].values() for key in entry["test"]}
     return [*METRICS, *(key for key in (*UNCERTAINTY_KEYS, *CLIENT_KEYS) if key in held)]
 
 
 def table_cells(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The table's header and, per strategy, its cells: settings, each column's mean ± sd ("-": none), seeds."""
+    """The table's header and, per strategy, its cells: settings, each column's mean ± sd ("-": none), seeds.
+
+    Args:
+        summary: the summary (`summarise`).
+
+    Returns:
+        The header row, and one row of cells per strategy, in the summary's order.
+    """
     columns = table_columns(summary)
     header = ["strategy", "settings", *(HEADINGS[key] for key in columns), "seeds"]
     body = []
@@ -584,7 +695,14 @@ def table_cells(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """table.md: the winners' test metrics, mean ± sd over the seeds."""
+    """table.md: the winners' test metrics, mean ± sd over the seeds.
+
+    Args:
+        summary: the summary (`summarise`).
+
+    Returns:
+        The Markdown text: a heading, the protocol in a sentence, the table; it ends with a newline.
+    """
     header, body = table_cells(summary)
     protocol = summary["protocol"]
     lines = [
@@ -604,7 +722,14 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
 
 def terminal_table(summary: dict[str, Any]) -> str:
-    """The table as aligned plain text, for the terminal."""
+    """The table as aligned plain text, for the terminal.
+
+    Args:
+        summary: the summary (`summarise`).
+
+    Returns:
+        The header and one line per strategy, columns padded with spaces; no trailing newline.
+    """
     header, body = table_cells(summary)
     widths = [max(len(row[index]) for row in (header, *body)) for index in range(len(header))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in (header, *body))
@@ -658,7 +783,15 @@ def plot_curves(
 
 
 def plot_reliability(finals: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
-    """Each strategy's seed-0 run, its last evaluated round (tasks/report.py's reliability diagram)."""
+    """Each strategy's seed-0 run, its last evaluated round (tasks/report.py's reliability diagram).
+
+    Args:
+        finals: per strategy its seeds' rows; every strategy has a seed 0.
+        path: the figure's file.
+
+    Raises:
+        MissingExtra: matplotlib is not installed.
+    """
     from fedbayes.tasks.report import Run
     from fedbayes.tasks.report import plot_reliability as draw
 
@@ -666,7 +799,15 @@ def plot_reliability(finals: dict[str, list[list[dict[str, Any]]]], path: Path) 
 
 
 def plot_uncertainty(summary: dict[str, Any], path: Path) -> None:
-    """The uncertainty metrics the rows hold, per strategy, mean ± sd over the seeds."""
+    """The uncertainty metrics the rows hold, per strategy, mean ± sd over the seeds.
+
+    Args:
+        summary: the summary (`summarise`).
+        path: the figure's file (a placeholder panel where no strategy has an uncertainty metric).
+
+    Raises:
+        MissingExtra: matplotlib is not installed.
+    """
     from fedbayes.tasks.report import colour, new_figure, save_figure
 
     keys = [key for key in UNCERTAINTY_KEYS if any(key in entry["test"] for entry in summary["strategies"].values())]
@@ -689,7 +830,17 @@ def plot_uncertainty(summary: dict[str, Any], path: Path) -> None:
 def write_report(
     summary: dict[str, Any], finals: dict[str, list[list[dict[str, Any]]]], out: Path, say: Callable[[str], None]
 ) -> list[Path]:
-    """summary.json, table.md and, where matplotlib is installed, the figures; the files written."""
+    """summary.json, table.md and, where matplotlib is installed, the figures; the files written.
+
+    Args:
+        summary: the summary (`summarise`).
+        finals: per strategy its seeds' rows, for the figures.
+        out: the comparison's folder; the files go directly in it.
+        say: prints the line that says why there are no figures.
+
+    Returns:
+        The paths written: summary.json and table.md, then the figures where they were drawn.
+    """
     from fedbayes.tasks.report import MissingExtra
 
     written = [out / SUMMARY_FILE, out / TABLE_FILE]
@@ -711,7 +862,18 @@ def write_report(
 
 def validation_dataset(spec: CompareSpec, base_config: dict[str, Any]) -> str:
     """The tuning dataset, npz:<out>/validation, carved from the clients' training data as seed 0's run gives it to
-    them (made once; made again when the federation asked for differs)."""
+    them (made once; made again when the federation asked for differs).
+
+    Args:
+        spec: the comparison: its clients and out folder.
+        base_config: a run config of the real dataset (seed 0); what makes the split, and what it is recorded against.
+
+    Returns:
+        The dataset value of a tuning run, `npz:<absolute folder>`.
+
+    Raises:
+        ValueError: `base_config` is refused (`check_run_config`).
+    """
     from fedbayes.client.runtime import NodeSettings, load_client_data
     from fedbayes.tasks.validation import write_validation_folder
 
@@ -825,8 +987,15 @@ def compare(
 def run(args) -> int:
     """`fedbayes compare` as parsed.
 
+    Args:
+        args: the parsed command line (deploy/cli.py): dataset, clients, strategies (comma-separated), rounds, seeds,
+            out, grid, fraction, split, set, data_root and parallel.
+
     Returns:
         0 (a failure raises).
+
+    Raises:
+        ValueError: a bad `--set`, or what `compare` refuses.
     """
     from fedbayes.deploy.launcher import parse_override
     from fedbayes.tasks.npzdata import NPZ_PREFIX, npz_folder

@@ -16,7 +16,15 @@ from pathlib import Path
 
 
 def node_id_of_key(public_key: Path, connection: str) -> int | None:
-    """The node the SuperLink bound to this public key, or None if it holds no (live) node for it."""
+    """The node the SuperLink bound to this public key, or None if it holds no (live) node for it.
+
+    Args:
+        public_key: the public key file (OpenSSH), as `flwr supernode register` was given it.
+        connection: the connection's name in $FLWR_HOME/config.toml.
+
+    Returns:
+        The first such node's id, or None.
+    """
     from fedbayes.flowerseam.control import public_key_bytes
 
     key = public_key_bytes(public_key)  # the bytes `flwr supernode register` sent for this file
@@ -27,7 +35,14 @@ def node_id_of_key(public_key: Path, connection: str) -> int | None:
 
 
 def list_nodes(connection: str) -> list:
-    """Every node the SuperLink knows (Flower's NodeInfo: node_id, status, public_key, ...)."""
+    """Every node the SuperLink knows (Flower's NodeInfo: node_id, status, public_key, ...).
+
+    Args:
+        connection: the connection's name in $FLWR_HOME/config.toml.
+
+    Returns:
+        Flower's NodeInfo messages.
+    """
     from fedbayes.flowerseam import control
 
     client = control.connect(connection)
@@ -38,6 +53,14 @@ def list_nodes(connection: str) -> list:
 
 
 def main(argv: list[str]) -> int:
+    """`python -m fedbayes.deploy.control node-id <connection> <public key file>`: print the node id.
+
+    Args:
+        argv: the arguments after the module.
+
+    Returns:
+        0 with the node id printed; 1 where the SuperLink holds no node for the key; 2 for a usage error.
+    """
     if len(argv) != 3 or argv[0] != "node-id":
         print("usage: python -m fedbayes.deploy.control node-id <connection> <public key file>", file=sys.stderr)
         return 2

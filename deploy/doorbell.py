@@ -42,10 +42,23 @@ UCRED = struct.Struct("iII")  # Linux's struct ucred: pid, uid, gid
 
 
 def bell_address(runtime_port: int) -> bytes:
+    """The abstract-namespace address of the doorbell of the SuperNode whose Runtime API is on `runtime_port`.
+
+    Args:
+        runtime_port: the SuperNode's Runtime API port.
+
+    Returns:
+        The address, starting with a NUL byte.
+    """
     return f"\0fedbayes-doorbell-{runtime_port}".encode()
 
 
 def ring(runtime_port: int) -> None:
+    """Ring the doorbell once, without blocking; nothing happens where no one listens or its queue is full.
+
+    Args:
+        runtime_port: the SuperNode's Runtime API port.
+    """
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as bell:
         bell.setblocking(False)
         try:
@@ -61,6 +74,17 @@ class Doorbell:
     process that rang."""
 
     def __init__(self, runtime_port: int, ringer_pid: int | None, on_stranger: Callable[[int | None], None]) -> None:
+        """Listen for the bell of the SuperNode on `runtime_port`.
+
+        Args:
+            runtime_port: the SuperNode's Runtime API port.
+            ringer_pid: the SuperNode's process; None: anyone's rings count.
+            on_stranger: called once, with its pid (None where the kernel gave none), for the first other process that
+                rang.
+
+        Raises:
+            OSError: another process already listens for this port.
+        """
         self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # before any ring: each carries its pid
         self.socket.bind(bell_address(runtime_port))  # OSError if another process already listens for this port
@@ -71,11 +95,20 @@ class Doorbell:
         self.quiet_until = 0.0  # time.monotonic() until which the bell goes unheard
 
     def listening(self) -> bool:
+        """Whether the bell is heard now (its quiet spell after an answer is over).
+
+        Returns:
+            True once time.monotonic() reaches `quiet_until`.
+        """
         return time.monotonic() >= self.quiet_until
 
     def answer(self) -> bool:
         """Take the rings so far (one ask answers them all); whether the SuperNode rang (anyone, without a
-        ringer_pid). The bell then goes unheard for RING_INTERVAL."""
+        ringer_pid). The bell then goes unheard for RING_INTERVAL.
+
+        Returns:
+            True if the SuperNode (or, without a ringer_pid, anyone) rang.
+        """
         rang = False
         for _ in range(RINGS_PER_ANSWER):
             try:

@@ -59,6 +59,19 @@ class FleetTarget:
 
     @classmethod
     def from_address(cls, superlink: str, ca_cert: Path, private_key: Path) -> FleetTarget:
+        """The target `--superlink`, `--ca` and `--key` name; nothing is read or dialled yet.
+
+        Args:
+            superlink: the Fleet API's host:port (an IPv6 host in brackets).
+            ca_cert: the federation's CA certificate.
+            private_key: this client's private key (OpenSSH).
+
+        Returns:
+            The target, its host without brackets.
+
+        Raises:
+            ProbeError: `superlink` is not host:port with a numeric port.
+        """
         host, separator, port = superlink.rpartition(":")
         if not separator or not host or not port.isdigit():
             raise ProbeError(f"--superlink {superlink!r} must be host:port, e.g. fl.example.org:9092")
@@ -66,11 +79,24 @@ class FleetTarget:
 
     @property
     def address(self) -> str:
+        """host:port to dial, an IPv6 host in brackets."""
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 def check(target: FleetTarget, say: Callable[[str], None]) -> int:
-    """Every step in order, one line each; the node id the SuperLink holds for this key."""
+    """Every step in order, one line each; the node id the SuperLink holds for this key.
+
+    Args:
+        target: the SuperLink and this client's files.
+        say: called with each step's line once it passed.
+
+    Returns:
+        The node id.
+
+    Raises:
+        ProbeError: the first step that failed (key, name, network, TLS, node authentication), saying what to do;
+            `retryable` where it may pass by itself.
+    """
     key = load_private_key(target.private_key)
     say(f"key          {target.private_key}: ECDSA {key.curve.name}")
     addresses = resolve(target.host)
@@ -88,6 +114,18 @@ def check(target: FleetTarget, say: Callable[[str], None]) -> int:
 
 
 def load_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    """This client's private key, as the SuperNode will load it.
+
+    Args:
+        path: --key, an unencrypted OpenSSH private key file.
+
+    Returns:
+        The key.
+
+    Raises:
+        ProbeError: the file does not exist, is not an unencrypted OpenSSH private key, or not an ECDSA one.
+        OSError: it cannot be read for another reason.
+    """
     try:
         key = load_ssh_private_key(path.read_bytes(), password=None)
     except FileNotFoundError:
@@ -106,6 +144,17 @@ def load_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
 
 
 def resolve(host: str) -> list[str]:
+    """The addresses `host` resolves to, as a client's gRPC would dial them.
+
+    Args:
+        host: a host name or IP address.
+
+    Returns:
+        Its addresses, in the resolver's order, without repeats.
+
+    Raises:
+        ProbeError: it does not resolve.
+    """
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
@@ -118,7 +167,18 @@ def resolve(host: str) -> list[str]:
 
 
 def connect(target: FleetTarget, ip: str) -> float:
-    """Milliseconds a TCP connection to the Fleet port took."""
+    """Milliseconds a TCP connection to the Fleet port took.
+
+    Args:
+        target: the SuperLink: its port.
+        ip: the address to dial (`resolve`).
+
+    Returns:
+        The milliseconds.
+
+    Raises:
+        ProbeError: no connection within CONNECT_TIMEOUT seconds (retryable).
+    """
     started = time.monotonic()
     try:
         socket.create_connection((ip, target.port), timeout=CONNECT_TIMEOUT).close()
@@ -132,7 +192,18 @@ def connect(target: FleetTarget, ip: str) -> float:
 
 
 def verify_tls(target: FleetTarget) -> x509.Certificate:
-    """The SuperLink's certificate, verified against the CA for the name dialled (what gRPC checks too)."""
+    """The SuperLink's certificate, verified against the CA for the name dialled (what gRPC checks too).
+
+    Args:
+        target: the SuperLink: its host and port, and the CA file.
+
+    Returns:
+        The certificate it presented.
+
+    Raises:
+        ProbeError: the CA file does not exist, the certificate is not valid for the name, out of date or not signed by
+            the CA (each explained), or the handshake failed (retryable where the connection broke).
+    """
     context = ssl.create_default_context(cafile=str(_readable(target.ca_cert, "--ca")))
     context.set_alpn_protocols(["h2"])  # gRPC's protocol; the Fleet API offers no other
     try:
@@ -177,7 +248,18 @@ def _explain_certificate_failure(target: FleetTarget, reason: str) -> str:
 
 
 def activate_and_release(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> int:
-    """Activate this key's node and deactivate it at once; its node id."""
+    """Activate this key's node and deactivate it at once; its node id.
+
+    Args:
+        target: the SuperLink.
+        key: this client's private key.
+
+    Returns:
+        The node id.
+
+    Raises:
+        ProbeError: the SuperLink refused the key, the clock, or is unavailable (`activate`, `deactivate`).
+    """
     from fedbayes.flowerseam.constants import HEARTBEAT_MIN_INTERVAL
 
     with fleet_stub(target, key) as stub:
@@ -188,7 +270,18 @@ def activate_and_release(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -
 
 @contextmanager
 def fleet_stub(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> Iterator:
-    """A Fleet API stub over TLS that signs every call with the client's key, as a SuperNode's does."""
+    """A Fleet API stub over TLS that signs every call with the client's key, as a SuperNode's does.
+
+    Args:
+        target: the SuperLink: its address and the CA file.
+        key: this client's private key.
+
+    Yields:
+        The stub; its channel is closed when the block ends.
+
+    Raises:
+        ProbeError: the CA file does not exist.
+    """
     from fedbayes.flowerseam.fleet import signed_fleet_stub
 
     credentials = grpc.ssl_channel_credentials(_readable(target.ca_cert, "--ca").read_bytes())
@@ -200,7 +293,20 @@ def fleet_stub(target: FleetTarget, key: ec.EllipticCurvePrivateKey) -> Iterator
 
 
 def activate(stub, key: ec.EllipticCurvePrivateKey, heartbeat_interval: float) -> int:
-    """ActivateNode for this key, promising a heartbeat every `heartbeat_interval` s; the node id."""
+    """ActivateNode for this key, promising a heartbeat every `heartbeat_interval` s; the node id.
+
+    Args:
+        stub: a signed Fleet API stub (`fleet_stub`).
+        key: this client's private key.
+        heartbeat_interval: seconds between the heartbeats promised.
+
+    Returns:
+        The node id.
+
+    Raises:
+        ProbeError: the call failed, explained: the key refused (retryable), the clock, the SuperLink unavailable
+            (retryable), or what it answered.
+    """
     from fedbayes.flowerseam.fleet import activate_node_request
 
     request = activate_node_request(key, heartbeat_interval)
@@ -211,6 +317,15 @@ def activate(stub, key: ec.EllipticCurvePrivateKey, heartbeat_interval: float) -
 
 
 def deactivate(stub, node_id: int) -> None:
+    """DeactivateNode: the node goes offline at once, so that the key can be used again.
+
+    Args:
+        stub: a signed Fleet API stub (`fleet_stub`).
+        node_id: the node `activate` returned.
+
+    Raises:
+        ProbeError: the call failed, explained as for `activate`.
+    """
     from fedbayes.flowerseam.fleet import deactivate_node_request
 
     try:
@@ -244,7 +359,14 @@ def _explain_rpc_failure(error: grpc.RpcError) -> ProbeError:
 
 
 def is_ip(host: str) -> bool:
-    """Whether `host` is an IP address (a certificate lists it with --ip), not a name."""
+    """Whether `host` is an IP address (a certificate lists it with --ip), not a name.
+
+    Args:
+        host: a host name or address, without brackets.
+
+    Returns:
+        True for an IPv4 or IPv6 address.
+    """
     try:
         ipaddress.ip_address(host)
     except ValueError:

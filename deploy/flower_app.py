@@ -20,6 +20,14 @@ COMPONENTS = {"serverapp": "fedbayes.server.app:app", "clientapp": "fedbayes.cli
 
 
 def toml_value(value: Any) -> str:
+    """A run-config value as a TOML value.
+
+    Args:
+        value: a bool, int, float or anything else (written as its str).
+
+    Returns:
+        true/false, the number's repr, or a JSON (TOML basic) string.
+    """
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -28,7 +36,14 @@ def toml_value(value: Any) -> str:
 
 
 def app_pyproject(strategy: str = "") -> str:
-    """pyproject.toml of the Flower app: every run-config key (and `strategy`'s own, for one from elsewhere)."""
+    """pyproject.toml of the Flower app: every run-config key (and `strategy`'s own, for one from elsewhere).
+
+    Args:
+        strategy: a strategy's name or `module:attribute`; "": the core keys and the built-in strategies' keys.
+
+    Returns:
+        The file's text, each key with its default and a comment saying what it is.
+    """
     try:
         package_version = version("fedbayes")
     except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
@@ -57,13 +72,31 @@ def app_pyproject(strategy: str = "") -> str:
 
 
 def write_app(directory: Path, strategy: str = "") -> Path:
-    """`directory`/pyproject.toml, replaced atomically if there; the directory."""
+    """`directory`/pyproject.toml, replaced atomically if there; the directory.
+
+    Args:
+        directory: the app's folder; made if missing.
+        strategy: as for `app_pyproject`.
+
+    Returns:
+        `directory`.
+    """
     write_atomically(directory / APP_FILE, app_pyproject(strategy).encode(), OUTPUT_MODE)
     return directory
 
 
 def describe_strategies(names: list[str]) -> str:
-    """`fedbayes strategies`: each strategy with the hyperparameters it reads besides the core keys."""
+    """`fedbayes strategies`: each strategy with the hyperparameters it reads besides the core keys.
+
+    Args:
+        names: the strategies to describe; empty: every one, and then the core keys too.
+
+    Returns:
+        The lines, newline-separated.
+
+    Raises:
+        ConfigError: an unknown strategy (`get_algorithm`).
+    """
     from fedbayes.strategies import algorithm_names, get_algorithm
     from fedbayes.tasks.config import CORE_KEYS
 

@@ -73,16 +73,22 @@ _RUN_ID = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # def
 
 @dataclass(frozen=True)
 class RunStatus:
+    """A run's status as its SuperLink reports it (`status[:sub_status]`), and its details."""
+
     status: str  # pending | starting | running | finished:completed | finished:failed | finished:stopped
     details: str
 
     @property
     def finished(self) -> bool:
+        """Whether the run has ended, however it ended."""
         return self.status.startswith("finished")
 
 
 @dataclass(frozen=True)
 class Streamed:
+    """What a stream of a run showed: `flwr`'s exit code, the run id it printed (None: none), the reason of the
+    ServerApp's failed `run_ended` event, and how many lines of the run's log were read."""
+
     returncode: int
     run_id: int | None
     failure: str | None  # the reason of the ServerApp's failed `run_ended` event, if it sent one
@@ -90,6 +96,19 @@ class Streamed:
 
 
 def main(argv: Sequence[str]) -> int:
+    """`fedbayes run ARGS`: submit with `flwr run ARGS --stream`, echo the stream, and check the run's outcome.
+
+    Args:
+        argv: the arguments after `fedbayes run` (`--ray-address` is ours; the rest goes to `flwr run`).
+
+    Returns:
+        0 once the run finished:completed; 1 otherwise (or an unreachable Ray cluster), the reason on stderr's last
+        line; 130 after Ctrl-C; with -h/--help, `flwr run --help`'s exit code.
+
+    Raises:
+        ValueError: `--ray-address` without its address.
+        SystemExit: the arguments are not `flwr run`'s (argparse's usage error).
+    """
     if {"-h", "--help"} & set(argv):
         print(
             "usage: fedbayes run [--ray-address HOST:PORT] ARGS: `flwr run ARGS --stream` that exits 1, with the "
@@ -190,7 +209,17 @@ def ray_cluster_problem(address: str, timeout: float = RAY_PROBE_TIMEOUT) -> str
 
 
 def flwr_run_arguments(argv: Sequence[str]) -> argparse.Namespace:
-    """`flwr run`'s arguments as Flower 1.39 defines them; we need only the connection's name."""
+    """`flwr run`'s arguments as Flower 1.39 defines them; we need only the connection's name.
+
+    Args:
+        argv: `flwr run`'s arguments.
+
+    Returns:
+        The parsed arguments: app, superlink (the connection; None: the default one), and the options.
+
+    Raises:
+        SystemExit: they do not parse (argparse's usage error).
+    """
     parser = argparse.ArgumentParser(prog="fedbayes run", add_help=False)
     parser.add_argument("app", nargs="?", default=".")
     parser.add_argument("superlink", nargs="?")
@@ -203,6 +232,15 @@ def flwr_run_arguments(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def submission_env(marker: str) -> dict[str, str]:
+    """The environment of the `flwr` processes of one submission.
+
+    Args:
+        marker: this submission's marker, which every process it causes to start inherits.
+
+    Returns:
+        process_env's environment with MARKER_VARIABLE, free ports for the simulation SuperLink where
+        LOCAL_SUPERLINK_PORTS are not set, and Ray's future warning ignored.
+    """
     env = process_env(flwr_home=None)
     env[MARKER_VARIABLE] = marker
     unset = [variable for variable in LOCAL_SUPERLINK_PORTS if variable not in env]
@@ -220,8 +258,18 @@ def stream(
 ) -> Streamed:
     """Run `flwr run ... --stream`, echoing its output but for the ServerApp's event lines, and note what those
     events say about the run (tasks/events.py); call `after_first_round` once they report the first round done.
-    `shown`: what an earlier stream of the same run showed (`command` then follows its log again from the start:
-    its first `shown.log_lines` lines are skipped)."""
+
+    Args:
+        command: the `flwr run` (or, following again, `flwr log`) command line.
+        env: its environment (`submission_env`).
+        resume_command: the `fedbayes run` command, for the resume hint of a federation the server named.
+        after_first_round: called once, when the first round is reported done (not when following again).
+        shown: what an earlier stream of the same run showed; `command` then follows its log again from the start,
+            and its first `shown.log_lines` lines are skipped. None: a first stream.
+
+    Returns:
+        What it showed (the run id and failure reason carried over from `shown`).
+    """
     process = subprocess.Popen(
         list(command),
         env=dict(env),
@@ -276,8 +324,20 @@ def failure(
     status_of: Callable[[int], RunStatus],
     follow_again: Callable[[Streamed], Streamed],
 ) -> str | None:
-    """Why the run did not complete, or None if it did; `status_of(run_id)`: the run's status at its SuperLink;
-    `follow_again(shown)`: the run's log streamed again, past what `shown` showed, while the run is unfinished."""
+    """Why the run did not complete, or None if it did.
+
+    Args:
+        streamed: what the first stream showed.
+        status_of: `status_of(run_id)`: the run's status at its SuperLink.
+        follow_again: `follow_again(shown)`: the run's log streamed again, past what `shown` showed, while the run is
+            unfinished (at most REATTACH_LIMIT times).
+
+    Returns:
+        A one-line reason, or None when the run is finished:completed.
+
+    Raises:
+        RuntimeError: `status_of` found no status.
+    """
     for attempt in range(REATTACH_LIMIT + 1):
         if streamed.returncode != 0:
             return streamed.failure or f"flwr run exited with code {streamed.returncode} (its message is above)"
@@ -315,7 +375,18 @@ def import_status_client() -> None:
 
 def run_status_here(connection: str | None, run_id: int) -> RunStatus:
     """The run's status as its SuperLink reports it, asked from this process the way `flwr ls --run-id N` asks
-    (Flower 1.39's Control API client; patient with a simulation SuperLink as deploy/patient_flwr.py is)."""
+    (Flower 1.39's Control API client; patient with a simulation SuperLink as deploy/patient_flwr.py is).
+
+    Args:
+        connection: the connection's name in FLWR_HOME's config; None: the default one.
+        run_id: the run.
+
+    Returns:
+        Its status and details.
+
+    Raises:
+        RuntimeError: the SuperLink gave no status, or has no such run.
+    """
     from fedbayes.deploy.patient_flwr import be_patient  # Flower's CLI reads its ports at import: not before main's
     from fedbayes.flowerseam import control
 
@@ -336,8 +407,21 @@ def run_status_here(connection: str | None, run_id: int) -> RunStatus:
 
 
 def run_status(flwr: Sequence[str], connection: str | None, run_id: int, env: Mapping[str, str]) -> RunStatus:
-    """The run's status as its SuperLink reports it (`flwr ls --run-id N --format json`). `flwr`: the
-    command that runs Flower's CLI (with a prefix such as `ip netns exec NS` where needed)."""
+    """The run's status as its SuperLink reports it (`flwr ls --run-id N --format json`).
+
+    Args:
+        flwr: the command that runs Flower's CLI (with a prefix such as `ip netns exec NS` where needed).
+        connection: the connection's name; None: the default one.
+        run_id: the run.
+        env: the environment `flwr` runs in (its FLWR_HOME).
+
+    Returns:
+        Its status and details.
+
+    Raises:
+        RuntimeError: `flwr ls` printed no JSON or reported no success.
+        subprocess.TimeoutExpired: it took longer than 120 s.
+    """
     command = [*flwr, "ls", *([connection] if connection else []), "--run-id", str(run_id), "--format", "json"]
     result = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=120)
     try:

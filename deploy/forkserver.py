@@ -43,7 +43,15 @@ EXIT_UNKNOWN = 255  # the returncode of a fork whose fork server died before it 
 
 
 def serve(requests: IO[str], answers: IO[str]) -> None:
-    """Import the SuperNode once, then answer requests until `requests` closes."""
+    """Import the SuperNode once, then answer requests until `requests` closes.
+
+    Args:
+        requests: the request lines (JSON), read until they end.
+        answers: where each answer line goes, flushed after each.
+
+    Raises:
+        SystemExit: a thread other than this one runs after the imports (a fork would lack it).
+    """
     for module in PRELOAD:
         importlib.import_module(module)
     gc.collect()
@@ -61,7 +69,17 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
 
 
 def fork_supernode(name: str, argv: list[str], cwd: str, log: str) -> int:
-    """Fork a SuperNode; its pid. The child never returns here: it ends with os._exit whatever happens."""
+    """Fork a SuperNode; its pid. The child never returns here: it ends with os._exit whatever happens.
+
+    Args:
+        name: the SuperNode's name in `ps`.
+        argv: `fedbayes supernode`'s arguments.
+        cwd: its working directory.
+        log: the file its stdout and stderr go to (truncated).
+
+    Returns:
+        The child's pid (in the fork server).
+    """
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -80,7 +98,13 @@ def fork_supernode(name: str, argv: list[str], cwd: str, log: str) -> int:
 
 def become(name: str, cwd: str, log: str) -> None:
     """What `subprocess.Popen(..., stdout=log, stderr=STDOUT, stdin=DEVNULL, cwd=cwd, start_new_session=True)` does
-    for a new process, done in the fork: its own session, its directory and its output; named `name` in `ps`."""
+    for a new process, done in the fork: its own session, its directory and its output; named `name` in `ps`.
+
+    Args:
+        name: the process's name in `ps` (its first 15 characters).
+        cwd: its working directory.
+        log: the file its stdout and stderr go to (made 0644, truncated).
+    """
     os.setsid()
     os.chdir(cwd)
     output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -94,7 +118,15 @@ def become(name: str, cwd: str, log: str) -> None:
 
 
 def returncode(pid: int) -> int | None:
-    """Popen's returncode of child `pid` (negative: the signal that ended it), reaping it; None while it runs."""
+    """Popen's returncode of child `pid` (negative: the signal that ended it), reaping it; None while it runs.
+
+    Args:
+        pid: a child of this process.
+
+    Returns:
+        The exit code (negative: the signal), None while it runs, or EXIT_UNKNOWN for a pid that is no unreaped
+        child.
+    """
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -103,6 +135,17 @@ def returncode(pid: int) -> int | None:
 
 
 def main(argv: list[str]) -> int:
+    """`fedbayes supernode-forkserver`: serve requests from stdin until it closes, then end the process.
+
+    Args:
+        argv: the arguments after the command: none, or -h/--help.
+
+    Returns:
+        0 after the help; otherwise it does not return (os._exit(0) once stdin closes).
+
+    Raises:
+        SystemExit: any other argument (with the usage).
+    """
     usage = "usage: fedbayes supernode-forkserver: fork SuperNodes on requests read from stdin (deploy/forkserver.py)"
     if argv in (["-h"], ["--help"]):
         print(usage)
@@ -124,7 +167,14 @@ class ForkServer:
         self.lock = threading.Lock()
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        """Its answer, or None once it is gone."""
+        """Send one request and read its answer.
+
+        Args:
+            request: {"fork": {...}} or {"poll": pid}.
+
+        Returns:
+            Its answer, or None once it is gone (its pipes broken or closed).
+        """
         assert self.process.stdin is not None and self.process.stdout is not None  # started with pipes
         with self.lock:
             try:
@@ -136,6 +186,20 @@ class ForkServer:
         return json.loads(line) if line else None
 
     def fork(self, name: str, argv: list[str], cwd: Path, log: Path) -> ForkedProcess:
+        """Have it fork a SuperNode.
+
+        Args:
+            name: the SuperNode's name in `ps`.
+            argv: `fedbayes supernode`'s arguments.
+            cwd: its working directory.
+            log: the file its output goes to.
+
+        Returns:
+            The fork, with the Popen-like interface ManagedProcess needs.
+
+        Raises:
+            RuntimeError: the fork server has exited (its exit code and its log's last lines).
+        """
         answer = self.ask({"fork": {"name": name, "argv": argv, "cwd": str(cwd), "log": str(log)}})
         if answer is None:
             raise RuntimeError(f"the SuperNode fork server exited with code {self.process.wait()}:\n{self.log_tail()}")
@@ -143,7 +207,15 @@ class ForkServer:
 
     def returncode(self, pid: int) -> int | None:
         """Popen's returncode of fork `pid`. The launcher polls every SuperNode five times a second: while the fork
-        runs, /proc says so without a request; once it has ended, the fork server reaps it and tells its status."""
+        runs, /proc says so without a request; once it has ended, the fork server reaps it and tells its status.
+
+        Args:
+            pid: a fork of this server.
+
+        Returns:
+            None while it runs; its exit code (negative: the signal) once it has ended; EXIT_UNKNOWN where the fork
+            server is gone or cannot tell.
+        """
         if running(pid):
             return None
         answer = self.ask({"poll": pid})
@@ -161,11 +233,27 @@ class ForkedProcess:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
+        """Popen.poll: the fork's exit code once it has ended (kept from then on).
+
+        Returns:
+            The exit code (negative: the signal), or None while it runs.
+        """
         if self.returncode is None:
             self.returncode = self.server.returncode(self.pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """Popen.wait: until the fork ends, looking every 50 ms.
+
+        Args:
+            timeout: seconds; None: no limit.
+
+        Returns:
+            The exit code (negative: the signal).
+
+        Raises:
+            subprocess.TimeoutExpired: it still runs after `timeout` seconds.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -174,6 +262,11 @@ class ForkedProcess:
         return code
 
     def send_signal(self, sig: int) -> None:
+        """Popen.send_signal: signal the fork while it runs; nothing once it has ended (its pid may be another's).
+
+        Args:
+            sig: the signal.
+        """
         if self.poll() is None:  # not reaped: the pid is still this process's
             os.kill(self.pid, sig)
 

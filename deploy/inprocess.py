@@ -57,21 +57,74 @@ class InProcessGrid(Grid):
 
     @property
     def run(self):
+        """Grid's run; there is none.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("an in-process grid belongs to no Flower run")
 
     def set_run(self, run: Any) -> None:
+        """Grid's hook for its run; there is none to set.
+
+        Args:
+            run: unused.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("an in-process grid belongs to no Flower run")
 
     def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        """Grid's message factory, which the round loop does not use.
+
+        Args:
+            args: unused.
+            kwargs: unused.
+
+        Returns:
+            Nothing: it raises.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("the round loop builds its messages itself (server/round_core.py)")
 
     def send_and_receive(self, *args: Any, **kwargs: Any) -> list[Message]:
+        """Grid's blocking round trip, which the round loop does not use.
+
+        Args:
+            args: unused.
+            kwargs: unused.
+
+        Returns:
+            Nothing: it raises.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("the round loop pushes and pulls (server/loop.py)")
 
     def get_node_ids(self) -> list[int]:
+        """The clients' node ids.
+
+        Returns:
+            FIRST_NODE_ID .. FIRST_NODE_ID + clients - 1, in order.
+        """
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """Run each message through its client's ClientApp train function now, and keep the reply.
+
+        Args:
+            messages: instructions, each addressed to one of `get_node_ids`.
+
+        Returns:
+            The ids assigned to them (m1, m2, ... in push order), as the SuperLink would.
+
+        Raises:
+            KeyError: a message addressed to an unknown node.
+        """
         ids = []
         for message in messages:
             self.pushed += 1
@@ -82,6 +135,14 @@ class InProcessGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        """The replies to the messages named, each handed out once.
+
+        Args:
+            message_ids: ids `push_messages` returned.
+
+        Returns:
+            The replies not pulled yet, in the order of `message_ids`; unknown or pulled ids are skipped.
+        """
         return [self.replies.pop(message_id) for message_id in message_ids if message_id in self.replies]
 
 

@@ -37,6 +37,12 @@ REASON_WIDTH = 160  # characters of a reason the text shows
 def find_runs(directory: Path) -> list[Path]:
     """The `fedbayes local` workdirs in `directory` (or `directory` itself, if it is one), by name.
 
+    Args:
+        directory: a folder of workdirs, or one workdir (a folder holding the run config file).
+
+    Returns:
+        The workdirs, sorted by path.
+
     Raises:
         InspectError: `directory` is no directory.
     """
@@ -48,7 +54,15 @@ def find_runs(directory: Path) -> list[Path]:
 
 
 def run_summary(workdir: Path) -> dict[str, Any]:
-    """One line of `fedbayes runs`: its error (naming the file) where its files cannot be read."""
+    """One line of `fedbayes runs`: its error (naming the file) where its files cannot be read.
+
+    Args:
+        workdir: a `fedbayes local` workdir.
+
+    Returns:
+        Its name and path, and either "error" or its federation, strategy, rounds done and planned (None: not
+        known), status with why, and the metrics of its last evaluated round (None: none yet).
+    """
     try:
         shot = snapshot(locate(workdir))
     except (InspectError, OSError) as error:
@@ -67,7 +81,14 @@ def run_summary(workdir: Path) -> dict[str, Any]:
 
 
 def runs_table(summaries: Sequence[Mapping[str, Any]]) -> str:
-    """`fedbayes runs`' table of `run_summary`s: one line each, `unreadable` for one whose files cannot be read."""
+    """`fedbayes runs`' table of `run_summary`s: one line each, `unreadable` for one whose files cannot be read.
+
+    Args:
+        summaries: the `run_summary`s, in the order to list them.
+
+    Returns:
+        The header and a line per run, aligned; no trailing newline.
+    """
     header = ("run", "strategy", "rounds", "status", "accuracy", "nll")
     lines = []
     for run in summaries:
@@ -88,7 +109,14 @@ def runs_table(summaries: Sequence[Mapping[str, Any]]) -> str:
 
 
 def aligned(lines: Sequence[Sequence[str]]) -> str:
-    """Columns padded to their widest cell, two spaces apart."""
+    """Columns padded to their widest cell, two spaces apart.
+
+    Args:
+        lines: rows of cells, all as long as the first.
+
+    Returns:
+        The rows, newline-separated, each without trailing spaces.
+    """
     widths = [max(len(line[column]) for line in lines) for column in range(len(lines[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
 
@@ -115,9 +143,15 @@ def read_checkpoint(files: RunFiles) -> CheckpointView | None:
     """The federation's newest checkpoint, every field checked as a resume checks it (server/checkpoint.py); None
     when it has none yet.
 
+    Args:
+        files: the federation's files (`locate`): its state directory and name.
+
+    Returns:
+        The checkpoint's view, or None.
+
     Raises:
-        CheckpointError: it is damaged (named, with the field). InspectError: its round core state is not what this
-            version writes.
+        CheckpointError: it is damaged (named, with the field).
+        InspectError: its round core state is not what this version writes.
     """
     from fedbayes.server.checkpoint import CheckpointStore
     from fedbayes.server.identity import ForgetLedger
@@ -152,7 +186,14 @@ def read_checkpoint(files: RunFiles) -> CheckpointView | None:
 
 
 def checkpoint_json(view: CheckpointView | None) -> dict[str, Any] | None:
-    """The checkpoint as the reports give it: its round, file and the rounds kept (None: none yet)."""
+    """The checkpoint as the reports give it: its round, file and the rounds kept (None: none yet).
+
+    Args:
+        view: the checkpoint (`read_checkpoint`), or None.
+
+    Returns:
+        {"round", "path", "kept_rounds"}, or None.
+    """
     if view is None:
         return None
     return {"round": view.server_round, "path": str(view.path), "kept_rounds": view.kept_rounds}
@@ -162,8 +203,16 @@ def checkpoint_json(view: CheckpointView | None) -> dict[str, Any] | None:
 def status_report(files: RunFiles) -> dict[str, Any]:
     """Everything `fedbayes status RUN` says, as its --json prints it.
 
+    Args:
+        files: the federation's files (`locate`).
+
+    Returns:
+        Its run, federation, strategy, status and why, rounds done and planned, results file, last round, metrics,
+        the nodes connected now (running runs only, else None), per-client tallies, checkpoint and tracking.
+
     Raises:
-        InspectError: a file of the run is damaged (named, with why). CheckpointError: its newest checkpoint is.
+        InspectError: a file of the run is damaged (named, with why).
+        CheckpointError: its newest checkpoint is.
     """
     shot = snapshot(files)
     view = read_checkpoint(files)
@@ -200,7 +249,14 @@ def status_report(files: RunFiles) -> dict[str, Any]:
 
 def connected_nodes(files: RunFiles) -> dict[str, Any]:
     """The nodes a running workdir's SuperLink holds online, asked through its Flower connection; why not, where it
-    cannot be asked (a bare state directory's SuperLink: `--superlink`)."""
+    cannot be asked (a bare state directory's SuperLink: `--superlink`).
+
+    Args:
+        files: the federation's files (`locate`).
+
+    Returns:
+        {"online": count of online nodes, or None where not known, "note": of how many nodes, or why not known}.
+    """
     config_file = None if files.workdir is None else files.workdir / FLWR_HOME / "config.toml"
     if config_file is None or not config_file.is_file():
         return {"online": None, "note": "not known here: ask the SuperLink (fedbayes status --superlink ADDR)"}
@@ -215,7 +271,14 @@ def connected_nodes(files: RunFiles) -> dict[str, Any]:
 
 
 def status_text(report: Mapping[str, Any]) -> str:
-    """`fedbayes status RUN` as text, from `status_report`."""
+    """`fedbayes status RUN` as text, from `status_report`.
+
+    Args:
+        report: what `status_report` returned.
+
+    Returns:
+        The lines, newline-separated; no trailing newline.
+    """
     planned = "?" if report["rounds_planned"] is None else report["rounds_planned"]
     lines = [
         f"run {report['run']}: federation {report['federation']}, strategy {report['strategy']}",
@@ -261,7 +324,14 @@ def status_text(report: Mapping[str, Any]) -> str:
 
 
 def connected_text(connected: Mapping[str, Any] | None) -> str:
-    """ "; connected now: N (of M nodes it knows)", or nothing for a run that is not running."""
+    """ "; connected now: N (of M nodes it knows)", or nothing for a run that is not running.
+
+    Args:
+        connected: what `connected_nodes` returned, or None.
+
+    Returns:
+        The text to end the last round's line with.
+    """
     if connected is None:
         return ""
     online = "?" if connected["online"] is None else connected["online"]
@@ -269,7 +339,14 @@ def connected_text(connected: Mapping[str, Any] | None) -> str:
 
 
 def rounds_text(rounds: Sequence[int]) -> str:
-    """1-3, 5, 7-8."""
+    """Rounds as spans: [1, 2, 3, 5, 7, 8] -> "1-3, 5, 7-8".
+
+    Args:
+        rounds: round numbers, in any order, without repeats.
+
+    Returns:
+        The spans, ascending; empty for no rounds.
+    """
     spans: list[list[int]] = []
     for server_round in sorted(rounds):
         if spans and server_round == spans[-1][1] + 1:
@@ -281,8 +358,15 @@ def rounds_text(rounds: Sequence[int]) -> str:
 
 # ---- fedbayes status --superlink -----------------------------------------------------------------------------
 def ask_superlink(address: str, ca: str | Path | None) -> dict[str, Any]:
-    """What a SuperLink's Control API tells of its nodes and runs, asked as `flwr ls` and `flwr supernode list` ask
-    (TLS with the CA certificate `ca`; None: insecure, for a loopback development SuperLink).
+    """What a SuperLink's Control API tells of its nodes and runs, asked as `flwr ls` and `flwr supernode list` ask.
+
+    Args:
+        address: the Control API's host:port.
+        ca: the federation's CA certificate, for TLS; None: insecure, for a loopback development SuperLink.
+
+    Returns:
+        {"superlink": address, "nodes": by node id, each its node_id, status and last_activated_at, "runs": by when
+        they were submitted, each `run_json`}.
 
     Raises:
         RuntimeError: it did not answer (the message says what Flower's client said).
@@ -313,7 +397,15 @@ def ask_superlink(address: str, ca: str | Path | None) -> dict[str, Any]:
 
 
 def run_json(run: Any) -> dict[str, Any]:
-    """A Flower run (flwr.common.typing.Run) as `fedbayes status --superlink` shows it."""
+    """A Flower run (flwr.common.typing.Run) as `fedbayes status --superlink` shows it.
+
+    Args:
+        run: the run, as the Control API lists it.
+
+    Returns:
+        Its id, status (status:sub_status), details, federation, strategy and rounds (from its run config; None where
+        it has none), and when it started running and finished.
+    """
     status = run.status
     config = dict(run.override_config)
     return {
@@ -329,7 +421,14 @@ def run_json(run: Any) -> dict[str, Any]:
 
 
 def superlink_text(report: Mapping[str, Any]) -> str:
-    """`fedbayes status --superlink` as text, from `ask_superlink`: a table of its nodes and one of its runs."""
+    """`fedbayes status --superlink` as text, from `ask_superlink`: a table of its nodes and one of its runs.
+
+    Args:
+        report: what `ask_superlink` returned.
+
+    Returns:
+        A line of counts, then the tables where there are nodes or runs; no trailing newline.
+    """
     nodes, runs = report["nodes"], report["runs"]
     online = sum(node["status"] == "online" for node in nodes)
     lines = [f"SuperLink {report['superlink']}: {len(nodes)} nodes ({online} online), {len(runs)} runs"]
@@ -354,12 +453,20 @@ def superlink_text(report: Mapping[str, Any]) -> str:
 
 # ---- fedbayes clients --------------------------------------------------------------------------------------------
 def clients_report(files: RunFiles, registry: Path | None = None) -> dict[str, Any]:
-    """Everything `fedbayes clients RUN` says, as its --json prints it. `registry`: the client registry file (the
-    run config's `client-registry` where not given).
+    """Everything `fedbayes clients RUN` says, as its --json prints it.
+
+    Args:
+        files: the federation's files (`locate`).
+        registry: the client registry file; None: the run config's `client-registry`, if any.
+
+    Returns:
+        Its run, federation, checkpoint and registry (None: none), per client id (sorted) its node, binding,
+        registered node, last seen and accepted rounds, rounds accepted, quarantine and whether it was forgotten;
+        the quarantined nodes, and the forget and readmission records (`record_json`).
 
     Raises:
-        InspectError: a file of the run, or the registry, is damaged (named, with why). CheckpointError: its newest
-            checkpoint is.
+        InspectError: a file of the run, or the registry, is damaged (named, with why).
+        CheckpointError: its newest checkpoint is.
     """
     from fedbayes.server.identity import read_registry
     from fedbayes.tasks.config import ConfigError
@@ -423,19 +530,43 @@ def clients_report(files: RunFiles, registry: Path | None = None) -> dict[str, A
 
 
 def run_config_default(name: str) -> Any:
-    """A core run-config key's declared default (tasks/config.py RunSettings)."""
+    """A core run-config key's declared default (tasks/config.py RunSettings).
+
+    Args:
+        name: the key's name; it must be a core key.
+
+    Returns:
+        Its default.
+
+    Raises:
+        StopIteration: `name` is no core key.
+    """
     return next(key.default for key in keys_of(RunSettings) if key.name == name)
 
 
 def record_json(record: Mapping[str, Any]) -> dict[str, Any]:
-    """What `fedbayes clients` tells of a forget's or readmission's record (server/forget/)."""
+    """What `fedbayes clients` tells of a forget's or readmission's record (server/forget/).
+
+    Args:
+        record: a forget ledger's record.
+
+    Returns:
+        Its client, round, request, asked_by, decided_at, refine_rounds and refine_through_round (None where absent).
+    """
     keys = ("client", "round", "request", "asked_by", "decided_at", "refine_rounds", "refine_through_round")
     return {key: record.get(key) for key in keys}
 
 
 def clients_text(report: Mapping[str, Any]) -> str:
     """`fedbayes clients RUN` as text, from `clients_report`: a table of the clients, then quarantined nodes
-    without a client id, forgotten and readmitted ids."""
+    without a client id, forgotten and readmitted ids.
+
+    Args:
+        report: what `clients_report` returned.
+
+    Returns:
+        The lines, newline-separated; no trailing newline.
+    """
     checkpoint = report["checkpoint"]
     lines = [
         f"run {report['run']}: federation {report['federation']}; "
@@ -483,20 +614,38 @@ def clients_text(report: Mapping[str, Any]) -> str:
 
 
 def node_text(client: Mapping[str, Any]) -> str:
-    """Its node; one it is not bound to is the node its refused replies came from, marked so."""
+    """Its node; one it is not bound to is the node its refused replies came from, marked so.
+
+    Args:
+        client: one client of `clients_report`.
+
+    Returns:
+        The node id, `<node> (unbound)`, or `-` without one.
+    """
     if client["node"] is None:
         return "-"
     return str(client["node"]) if client["bound"] or client["registered_node"] else f"{client['node']} (unbound)"
 
 
 def expand(spans: Sequence[Sequence[int]]) -> list[int]:
-    """[[1, 3], [5, 5]] -> [1, 2, 3, 5]."""
+    """[[1, 3], [5, 5]] -> [1, 2, 3, 5].
+
+    Args:
+        spans: [first, last] round spans, both ends included.
+
+    Returns:
+        Every round of the spans, in their order.
+    """
     return [server_round for first, last in spans for server_round in range(first, last + 1)]
 
 
 # ---- the commands ------------------------------------------------------------------------------------------------
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
-    """`fedbayes runs [DIR] [--json]`."""
+    """`fedbayes runs [DIR] [--json]`.
+
+    Args:
+        parser: the `runs` parser; it gets `handler` = `list_runs`.
+    """
     parser.add_argument(
         "directory",
         nargs="?",
@@ -510,7 +659,11 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    """`fedbayes status RUN [--federation NAME]` or `fedbayes status --superlink ADDR [--ca FILE]`, `--json`."""
+    """`fedbayes status RUN [--federation NAME]` or `fedbayes status --superlink ADDR [--ca FILE]`, `--json`.
+
+    Args:
+        parser: the `status` parser; it gets `handler` = `show_status`.
+    """
     parser.add_argument("run", nargs="?", type=Path, metavar="RUN", help=_RUN_HELP)
     parser.add_argument("--federation", help="the federation's name, when RUN is a server state directory")
     parser.add_argument(
@@ -524,7 +677,11 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_clients_arguments(parser: argparse.ArgumentParser) -> None:
-    """`fedbayes clients RUN [--federation NAME] [--registry FILE] [--json]`."""
+    """`fedbayes clients RUN [--federation NAME] [--registry FILE] [--json]`.
+
+    Args:
+        parser: the `clients` parser; it gets `handler` = `show_clients`.
+    """
     parser.add_argument("run", type=Path, metavar="RUN", help=_RUN_HELP)
     parser.add_argument("--federation", help="the federation's name, when RUN is a server state directory")
     parser.add_argument(
@@ -542,7 +699,17 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
 
 
 def list_runs(args: argparse.Namespace) -> int:
-    """`fedbayes runs`: exits 1 when a workdir's files cannot be read (each named on stderr), after listing all."""
+    """`fedbayes runs`: exits 1 when a workdir's files cannot be read (each named on stderr), after listing all.
+
+    Args:
+        args: the command line (`add_runs_arguments`): directory, json.
+
+    Returns:
+        The exit code: 0, or 1 where some workdir could not be read.
+
+    Raises:
+        InspectError: `directory` is no directory.
+    """
     summaries = [run_summary(workdir) for workdir in find_runs(args.directory)]
     for run in summaries:
         if "error" in run:
@@ -555,7 +722,19 @@ def list_runs(args: argparse.Namespace) -> int:
 
 
 def show_status(args: argparse.Namespace) -> int:
-    """`fedbayes status RUN` or `fedbayes status --superlink ADDR`; ValueError for a mix of the two."""
+    """`fedbayes status RUN` or `fedbayes status --superlink ADDR`.
+
+    Args:
+        args: the command line (`add_status_arguments`): run, federation, superlink, ca, json.
+
+    Returns:
+        0; a failure raises.
+
+    Raises:
+        ValueError: both or neither of RUN and --superlink, --federation with --superlink, or --ca without it.
+        RuntimeError: the SuperLink did not answer.
+        InspectError, CheckpointError: RUN's files, or its checkpoint, cannot be read.
+    """
     if (args.run is None) == (args.superlink is None):
         raise ValueError("name a RUN, or a SuperLink with --superlink ADDR (one of the two)")
     if args.superlink is not None:
@@ -572,7 +751,17 @@ def show_status(args: argparse.Namespace) -> int:
 
 
 def show_clients(args: argparse.Namespace) -> int:
-    """`fedbayes clients RUN`."""
+    """`fedbayes clients RUN`.
+
+    Args:
+        args: the command line (`add_clients_arguments`): run, federation, registry, json.
+
+    Returns:
+        0; a failure raises.
+
+    Raises:
+        InspectError, CheckpointError: RUN's files, the registry, or its checkpoint, cannot be read.
+    """
     report = clients_report(locate(args.run, args.federation), args.registry)
     print(json.dumps(report, indent=2) if args.json else clients_text(report))
     return 0

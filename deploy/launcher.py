@@ -83,10 +83,30 @@ class Host:
     netns: str | None = None
 
     def command(self, argv: list[str]) -> list[str]:
+        """The command line that runs `argv` on this host: as it is on this machine,
+        inside `ip netns exec` in a namespace.
+
+        Args:
+            argv: the program and its arguments.
+
+        Returns:
+            A new list; `argv` itself is not changed.
+        """
         return ["ip", "netns", "exec", self.netns, *argv] if self.netns else list(argv)
 
     def port_open(self, address: str, port: int) -> bool:
-        """Whether something listens on `address`:`port` as seen from this host."""
+        """Whether something listens on `address`:`port` as seen from this host.
+
+        Args:
+            address: the IP address to connect to, as this host reaches it.
+            port: the TCP port.
+
+        Returns:
+            True when a TCP connection (bash's /dev/tcp) succeeds within 10 s.
+
+        Raises:
+            subprocess.TimeoutExpired: the probe took longer than 10 s.
+        """
         probe = ["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"]
         return subprocess.run(self.command(probe), capture_output=True, timeout=10).returncode == 0
 
@@ -99,6 +119,9 @@ LOCAL_POLL_INTERVAL = 0.1  # seconds between the ServerApp's polls for replies i
 
 @dataclass
 class LocalRun:
+    """What `fedbayes local` runs: the strategy, K clients and the rounds, the run config's data and seed, where it
+    writes, and how its ClientApps execute (`executor`, one of EXECUTORS; `parallel_tasks`)."""
+
     strategy: str
     clients: int
     rounds: int
@@ -116,6 +139,15 @@ class LocalRun:
     resume_hint: str = ""  # the command that would resume this run, printed at its start
 
     def run_config(self, workdir: Path, results: Path) -> dict[str, Any]:
+        """The run config the federation is submitted with: the run's core keys, then the `--set` overrides over them.
+
+        Args:
+            workdir: the federation's workdir; its name is the federation's.
+            results: the results file (JSON lines) the ServerApp appends its rows to.
+
+        Returns:
+            A new dict of run-config keys (hyphenated) to values.
+        """
         config = {
             "strategy": self.strategy,
             "num-server-rounds": self.rounds,
@@ -134,7 +166,21 @@ class LocalRun:
 def check_run_config(run_config: dict[str, Any], clients: int, new_federation: bool = True) -> RunSettings:
     """Refuse, before any process starts, what the ServerApp or the clients would refuse after the
     federation's start-up: an unknown key, a bad value, an unknown strategy, and what tasks/preflight.py
-    checks against this machine (tasks.config.ConfigError, a ValueError, names the key). The run's settings."""
+    checks against this machine (tasks.config.ConfigError, a ValueError, names the key). The run's settings.
+
+    Args:
+        run_config: the run config to be submitted (the strategy's defaults fill the keys it leaves out).
+        clients: the number of clients K the federation starts.
+        new_federation: whether the run starts a new federation, whose results file must then be new or empty under
+            results-exists "refuse" (False: a resume).
+
+    Returns:
+        The run's settings, parsed and checked.
+
+    Raises:
+        ValueError: an unknown key or strategy, a bad value, or a preflight check that fails (tasks.config.ConfigError
+            among them).
+    """
     from fedbayes.server.preflight import preflight
     from fedbayes.strategies import default_run_config
 
@@ -147,7 +193,16 @@ def check_run_config(run_config: dict[str, Any], clients: int, new_federation: b
 def check_workdir(workdir: Path, resume: bool) -> None:
     """A new federation needs a new or empty workdir; --resume one that holds a federation. An existing
     workdir is never emptied: it may hold the server's checkpoints and the clients' state. Either way this
-    user must be able to write in it (or make it)."""
+    user must be able to write in it (or make it).
+
+    Args:
+        workdir: the federation's workdir.
+        resume: whether the run continues the federation `workdir` holds.
+
+    Raises:
+        ValueError: `resume` and `workdir` holds no federation; not `resume` and it holds one, or exists and is not an
+            empty directory; or this user cannot write in it (or make it).
+    """
     holds_federation = (workdir / FLWR_HOME).is_dir()
     if resume and not holds_federation:
         raise ValueError(f"--resume: {workdir} holds no federation to resume (no {FLWR_HOME}/ in it)")
@@ -165,7 +220,22 @@ def check_workdir(workdir: Path, resume: bool) -> None:
 
 
 def run_local(spec: LocalRun) -> list[dict[str, Any]]:
-    """Run the federation to completion and return its per-round results; RunFailed if it does not complete."""
+    """Run the federation to completion and return its per-round results; RunFailed if it does not complete.
+
+    Args:
+        spec: the run; its workdir defaults to a new `default_workdir`, its results file to <workdir>/results.jsonl.
+
+    Returns:
+        One row per round (the results file's JSON objects), in round order.
+
+    Raises:
+        ValueError: fewer than one client or round, a bad `parallel_tasks` or executor, an unusable workdir, or a run
+            config `check_run_config` refuses.
+        RunFailed: the run failed, its ServerApp died, or it ended before `spec.rounds` rounds.
+        RuntimeError: the SuperLink, a SuperNode or an executor exited during the run, or the SuperLink exited while
+            it started.
+        TimeoutError: the SuperLink did not listen within STARTUP_TIMEOUT seconds.
+    """
     if spec.clients < 1 or spec.rounds < 1:
         raise ValueError("--clients and --rounds must be >= 1")
     check_parallel_tasks(spec.parallel_tasks)
@@ -218,7 +288,15 @@ def run_local(spec: LocalRun) -> list[dict[str, Any]]:
 
 def default_workdir(strategy: str) -> Path:
     """runs/<date>-<time>-<strategy>: a new one for every run, so that a run that names no workdir starts a
-    new federation."""
+    new federation.
+
+    Args:
+        strategy: the run's strategy (a name or `module:attribute`); characters other than letters, digits, `.`, `_`
+            and `-` become `-`.
+
+    Returns:
+        A path relative to the working directory, named after this second's local time; not created.
+    """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", strategy)  # a workdir's name is its federation's: "mod:attr" -> "mod-attr"
     return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
 
@@ -246,7 +324,22 @@ class LocalFederation:
         """`preload_supernodes`: start the SuperNodes' fork server beside the SuperLink, not with the first SuperNode
         (for a caller about to start SuperNodes on this machine's loopback). `max_message_mb`: the largest reply the
         SuperLink takes and instruction the SuperNodes take (`--max-message-mb`; None: their default, max-payload-mb's
-        default); a run whose max-payload-mb is larger has its larger messages refused by them."""
+        default); a run whose max-payload-mb is larger has its larger messages refused by them.
+
+        Args:
+            workdir: the federation's workdir; made (with its flwr-home) if it does not exist, never emptied.
+            executor: how ClientApps run, one of EXECUTORS.
+            server: the SuperLink's host.
+            tls: the PKI files; needed for a server host other than this machine's loopback or with `node_auth`.
+            node_auth: accept only SuperNodes whose public key was registered (`register`).
+            parallel_tasks: ClientApps computing at once (None: this machine's cores, or no limit with a server host
+                other than loopback; 0: no limit).
+            preload_supernodes: see above.
+            max_message_mb: see above, in MiB.
+
+        Raises:
+            ValueError: an unknown `executor`, a negative `parallel_tasks`, or no `tls` where it is needed.
+        """
         if executor not in EXECUTORS:
             raise ValueError(f"ClientApp executor must be one of {EXECUTORS}, got {executor!r}")
         check_parallel_tasks(parallel_tasks)
@@ -299,6 +392,16 @@ class LocalFederation:
         return f"{self.server.address}:{self.fleet_port}"
 
     def start_superlink(self) -> ManagedProcess:
+        """Start the SuperLink (and, unless `executor="subprocess"`, the ServerApps' warm executor beside it) and wait
+        until its Control and Fleet APIs listen.
+
+        Returns:
+            The SuperLink's process.
+
+        Raises:
+            RuntimeError: the SuperLink exited before it listened.
+            TimeoutError: it did not listen within STARTUP_TIMEOUT seconds.
+        """
         if self.tls is None:
             security = ["--insecure"]
         else:
@@ -346,7 +449,11 @@ class LocalFederation:
         """The warm executor whose forks run this SuperLink's ServerApps (on the server's host, beside it); it
         serves the SuperLink until it exits. With the shared executor on this machine's loopback it is the shared
         executor as well: it preloads the ClientApps' modules too, while the SuperLink and the SuperNodes start,
-        and serves the SuperNodes `start_shared_superexec` names on its stdin."""
+        and serves the SuperNodes `start_shared_superexec` names on its stdin.
+
+        Returns:
+            Its process, named superexec-shared where it serves the SuperNodes too, else superexec-serverapp.
+        """
         shares = self.awaiting_shared is not None and self.server == LOOPBACK
         security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
         command = [
@@ -379,7 +486,17 @@ class LocalFederation:
             time.sleep(0.1)
 
     def register(self, public_key: Path) -> int | None:
-        """Let the SuperNode holding this key's private half in (node authentication); its node id."""
+        """Let the SuperNode holding this key's private half in (node authentication); its node id.
+
+        Args:
+            public_key: the SuperNode's public key file (deploy/pki.py).
+
+        Returns:
+            The node id the SuperLink bound to the key (the same one for a key it holds already).
+
+        Raises:
+            RuntimeError: the SuperLink refused the key, or the node id of a key it holds could not be read.
+        """
         return register_supernode(
             public_key, CONNECTION, self.processes.env, self.server.command([]), console_script("flwr")
         )
@@ -397,7 +514,22 @@ class LocalFederation:
         (deploy/forkserver.py), else started as a process of its own. The shared executor (`start_shared_superexec`)
         serves it if it can: a SuperNode on this machine's loopback, with the federation's environment, started
         before that executor. Otherwise (and always with the fork executor) a warm `fedbayes superexec` of its own
-        starts next to it on its host."""
+        starts next to it on its host.
+
+        Args:
+            index: the client's index: its id is `client-<index>`, its partition `index` of `num_partitions`.
+            num_partitions: how many partitions the training set is split into (the federation's K).
+            extra_env: environment variables the SuperNode (and its own executor) gets besides the federation's; any
+                makes it a process of its own with an executor of its own.
+            host: where it runs.
+            auth_key: its private key, needed with node authentication.
+
+        Returns:
+            The SuperNode's process (forked or started); it is not waited for.
+
+        Raises:
+            ValueError: the federation authenticates SuperNodes and `auth_key` is None.
+        """
         if self.node_auth and auth_key is None:
             raise ValueError("this federation authenticates SuperNodes: pass the client's private key")
         (port,) = free_ports(1)
@@ -431,7 +563,11 @@ class LocalFederation:
         return node
 
     def start_supernode_forkserver(self) -> ForkServer:
-        """The fork server this federation's loopback SuperNodes are forked from, started if it is not running."""
+        """The fork server this federation's loopback SuperNodes are forked from, started if it is not running.
+
+        Returns:
+            The running fork server.
+        """
         if self.supernode_forks is None or self.supernode_forks.process.poll() is not None:
             server = self.processes.start(
                 "supernode-forkserver",
@@ -467,7 +603,16 @@ class LocalFederation:
     def tell_shared_superexec(self, served: list[tuple[int, int]]) -> bool:
         """Name SuperNodes (Runtime API port, process id) on this machine's loopback to the SuperLink's executor,
         once it is the shared one and has been told the first ones (at submission); whether it was told. Its stdin
-        stays open: a SuperNode started later (a restarted client) is served by it too, without a cold executor."""
+        stays open: a SuperNode started later (a restarted client) is served by it too, without a cold executor.
+
+        Args:
+            served: (Runtime API port, SuperNode process id) per SuperNode.
+
+        Returns:
+            False when the SuperLink's executor is not the shared one, has not been told its first SuperNodes yet, or
+                has
+            exited; else True.
+        """
         shared = self.serverapp_superexec
         if self.awaiting_shared is not None or shared is None or shared.name != "superexec-shared":
             return False
@@ -489,6 +634,12 @@ class LocalFederation:
         authentication a restarted SuperNode gets a new node id, so client ids may move to a new node once
         the old one has left (`client-identity=reconnect`); with it a node id is a key, and ids stay bound.
         The shared executor, if not started yet, starts now for the SuperNodes started so far.
+
+        Args:
+            run_config: the run config (`LocalRun.run_config`); it must name the `federation`.
+
+        Returns:
+            The `fedbayes run` process, started and not waited for.
         """
         self.start_shared_superexec()
         identity = "bound" if self.node_auth else "reconnect"
@@ -524,7 +675,18 @@ class LocalFederation:
         )
 
     def run_id(self, submit: ManagedProcess, timeout: float = 30.0) -> int:
-        """The Flower run id a `submit` started (the CLI prints it when it starts streaming)."""
+        """The Flower run id a `submit` started (the CLI prints it when it starts streaming).
+
+        Args:
+            submit: the process `submit` returned.
+            timeout: how long to wait for the id, in seconds.
+
+        Returns:
+            The run id.
+
+        Raises:
+            TimeoutError: the CLI's log named no run id within `timeout`.
+        """
         assert submit.log_path is not None  # a federation's processes log into its workdir
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -535,10 +697,25 @@ class LocalFederation:
         raise TimeoutError(f"no run id in {submit.log_path} after {timeout:.0f} s:\n{submit.log_tail()}")
 
     def run_status(self, run_id: int) -> RunStatus:
+        """The run's status as the SuperLink reports it (`flwr ls`, on the server's host).
+
+        Args:
+            run_id: the Flower run id (`run_id`).
+
+        Returns:
+            Its status and details.
+
+        Raises:
+            RuntimeError: `flwr ls` gave no status for the run.
+        """
         return run_status(self.server.command([console_script("flwr")]), CONNECTION, run_id, self.processes.env)
 
     def serverapp_pids(self) -> set[int]:
-        """Live ServerApp processes of this federation (the SuperLink's executor starts one per run)."""
+        """Live ServerApp processes of this federation (the SuperLink's executor starts one per run).
+
+        Returns:
+            Their process ids, among the processes this federation started and their descendants.
+        """
         return {pid for pid in self.processes.members() if is_serverapp(pid)}
 
     def follow(
@@ -554,7 +731,24 @@ class LocalFederation:
         `skip_lines` lines (an earlier run's), and each tracking notice of its event stream (tasks/events.py) to
         `on_notice`; return the rows when the submission ends. Raise RuntimeError when the SuperLink or a
         SuperNode dies, RunFailed when the run fails, its ServerApp dies or it ends before `rounds` rounds. A
-        submission stopped on purpose (ProcessGroup.stop) just ends the following."""
+        submission stopped on purpose (ProcessGroup.stop) just ends the following.
+
+        Args:
+            results: the results file the ServerApp appends its rows to (JSON lines).
+            submit: the `fedbayes run` process `submit` returned.
+            rounds: the rounds the run is to complete.
+            on_row: called once per round, with its first row, in the order the rows come.
+            skip_lines: the results file's lines before this run's rows.
+            on_notice: called with each tracking notice's message.
+
+        Returns:
+            The last row of each round, in round order.
+
+        Raises:
+            RuntimeError: the SuperLink, a SuperNode or an executor exited during the run.
+            RunFailed: the submission exited non-zero (the reason from the run's events or its last line), ended before
+                `rounds` rounds, or the ServerApp died without reporting an outcome.
+        """
         rows: dict[int, dict[str, Any]] = {}  # by round: a resumed run writes again the rounds after its checkpoint
         serverapp = _ServerAppWatch(self, submit)
         ended: list[Event] = []  # the run's run_ended event, once it came
@@ -609,7 +803,17 @@ class LocalFederation:
 def parse_override(text: str) -> tuple[str, Any]:
     """`key=value` -> (key, typed value): the string itself for a core key whose values are strings (`hidden=100` is
     one layer of 100, not a number), else bools, ints, floats, else the string. Keys are spelled with hyphens
-    (`proximal-mu`); `proximal_mu` means the same."""
+    (`proximal-mu`); `proximal_mu` means the same.
+
+    Args:
+        text: one `--set` argument, `key=value`.
+
+    Returns:
+        The hyphenated key and its value.
+
+    Raises:
+        ValueError: `text` has no `=` or an empty key.
+    """
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ValueError(f"--set expects key=value, got {text!r}")
@@ -627,7 +831,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def table_header(ensemble: bool = False) -> str:
-    """The header of the table of rounds (`format_row`), with the ensemble's columns or without."""
+    """The header of the table of rounds (`format_row`), with the ensemble's columns or without.
+
+    Args:
+        ensemble: with the columns of the ensemble's metrics.
+
+    Returns:
+        One line, without a newline.
+    """
     columns = METRIC_COLUMNS + (ENSEMBLE_COLUMNS if ensemble else ())
     return f" round  {'  '.join(f'{heading:>{width}}' for _, heading, width in columns)}  clients  round_s   wall_s"
 
@@ -638,7 +849,16 @@ TABLE_HEADER = table_header()
 def format_row(row: dict[str, Any], ensemble: bool | None = None) -> str:
     """A row of `table_header(ensemble)`'s table (`ensemble` None: with the ensemble's columns where the row has its
     metrics): `-` for the metrics of a round the server did not evaluate (`eval-every`), how many test examples a
-    round evaluated on part of the test set (`eval-fraction`) used, and the clients the round left out, with why."""
+    round evaluated on part of the test set (`eval-fraction`) used, and the clients the round left out, with why.
+
+    Args:
+        row: a round's row of the results file (its round, metrics, clients, clients_sent, round_seconds and
+            wall_seconds, and where present eval_fraction, eval_examples and rejected).
+        ensemble: whether the table has the ensemble's columns; None: whether the row has them.
+
+    Returns:
+        One line, without a newline.
+    """
     if ensemble is None:
         ensemble = "accuracy_ensemble" in row
     columns = METRIC_COLUMNS + (ENSEMBLE_COLUMNS if ensemble else ())
@@ -656,7 +876,14 @@ def format_row(row: dict[str, Any], ensemble: bool | None = None) -> str:
 
 def left_out_note(rejected: dict[str, str]) -> str:
     """`2 left out: client-1: <reason>; node 7: <reason>`: each client the round's row lists (server/round_core.py),
-    by its id where its label names one, in order, and the start of why (LEFT_OUT_REASON_CHARS)."""
+    by its id where its label names one, in order, and the start of why (LEFT_OUT_REASON_CHARS).
+
+    Args:
+        rejected: a row's `rejected`: client label -> why it was left out; not empty.
+
+    Returns:
+        One line.
+    """
     reasons = []
     for label, reason in sorted(rejected.items()):
         client = re.fullmatch(r"client '([^']*)' \(node \d+\)", label)
@@ -674,7 +901,15 @@ class RoundTable:
         self.ensemble: bool | None = None  # None: no row yet
 
     def lines(self, row: dict[str, Any]) -> list[str]:
-        """The row's line, after the header where one is due."""
+        """The row's line, after the header where one is due.
+
+        Args:
+            row: the round's row of the results file.
+
+        Returns:
+            The header where one is due (the first row; the first with the ensemble's metrics after rows without), then
+            the row's line.
+        """
         has_ensemble = "accuracy_ensemble" in row
         header = []
         if self.ensemble is None or (has_ensemble and not self.ensemble):
@@ -718,13 +953,30 @@ class _ServerAppWatch:
 
 
 def check_parallel_tasks(parallel_tasks: int | None) -> None:
+    """Refuse a `--parallel-tasks` of which no compute slots can be made.
+
+    Args:
+        parallel_tasks: ClientApps computing at once (None: the machine's cores; 0: no limit).
+
+    Raises:
+        ValueError: `parallel_tasks` is negative.
+    """
     if parallel_tasks is not None and parallel_tasks < 0:
         raise ValueError(f"--parallel-tasks must be >= 0 (0: no limit), got {parallel_tasks}")
 
 
 def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int | None) -> dict[str, str]:
     """`env` with this federation's compute slots (tasks/slots.py), `parallel_tasks` of them (None: one per core
-    this process may use; 0: none, and no limit)."""
+    this process may use; 0: none, and no limit).
+
+    Args:
+        env: the environment the federation's processes get.
+        directory: where the slots' lock files go; made where there are slots.
+        parallel_tasks: how many slots.
+
+    Returns:
+        A new environment: `env` without an enclosing federation's slots, with this one's where there are any.
+    """
     env = {name: value for name, value in env.items() if name != SLOTS_ENV}  # never an enclosing federation's
     count = len(os.sched_getaffinity(0)) if parallel_tasks is None else parallel_tasks
     if count:
@@ -735,7 +987,14 @@ def with_compute_slots(env: dict[str, str], directory: Path, parallel_tasks: int
 
 def show_row(progress: Progress, row: dict[str, Any], rounds: int, table: RoundTable | None = None) -> None:
     """A round's row in the table (`table`'s, with its header where one is due; None: the row alone), the strategy's
-    warnings of that round, and the progress line after it (of a run of `rounds` rounds)."""
+    warnings of that round, and the progress line after it (of a run of `rounds` rounds).
+
+    Args:
+        progress: the live progress line the lines are printed above.
+        row: the round's row of the results file.
+        rounds: the run's rounds.
+        table: the table the row belongs to.
+    """
     for line in table.lines(row) if table is not None else [format_row(row)]:
         progress.print(line)
     for warning in row.get("warnings", ()):

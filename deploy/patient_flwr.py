@@ -25,6 +25,12 @@ from fedbayes.flowerseam.flwr_cli import be_patient, bundle_quickly, flwr_app
 
 
 def main() -> None:
+    """`flwr` with sys.argv's arguments, patched to be patient and to bundle quickly; the process ends with it
+    (`exit_without_teardown`).
+
+    Raises:
+        SystemExit: a Flower other than the one the patches were read in.
+    """
     be_patient()
     bundle_quickly()
     exit_without_teardown(flwr_app())

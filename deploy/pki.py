@@ -62,6 +62,17 @@ class TlsFiles:
 
     @classmethod
     def in_directory(cls, directory: Path) -> TlsFiles:
+        """The files `init_pki` wrote into `directory`: ca.crt, server.pem and server.key.
+
+        Args:
+            directory: the folder `fedbayes pki init --out` wrote.
+
+        Returns:
+            Their paths.
+
+        Raises:
+            FileNotFoundError: any of the three is not a file there.
+        """
         files = cls(directory / "ca.crt", directory / "server.pem", directory / "server.key")
         missing = [str(path) for path in (files.ca_cert, files.server_cert, files.server_key) if not path.is_file()]
         if missing:
@@ -73,20 +84,43 @@ class TlsFiles:
 
 @dataclass(frozen=True)
 class SupernodeKey:
+    """A SuperNode's key pair: its private key (OpenSSH, 0600) and its public key (`.pub`, OpenSSH)."""
+
     private: Path
     public: Path
 
 
 def init_outputs(directory: Path) -> list[Path]:
     """The files `init_pki` writes into `directory`: the SuperLink's certificate and key, and the CA's unless its key
-    is there (then it is kept)."""
+    is there (then it is kept).
+
+    Args:
+        directory: the folder `init_pki` writes into.
+
+    Returns:
+        Their paths, the CA's first.
+    """
     ca_files = [] if (directory / "ca.key").exists() else [directory / "ca.crt", directory / "ca.key"]
     return [*ca_files, directory / "server.pem", directory / "server.key"]
 
 
 def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()) -> TlsFiles:
     """CA (kept if present) + a fresh SuperLink certificate for DEFAULT_SERVER_NAMES/IPS plus `names`/`ips`: the
-    files `init_outputs` names, each replaced atomically if there."""
+    files `init_outputs` names, each replaced atomically if there.
+
+    Args:
+        directory: where the files go; made if missing.
+        names: DNS names the SuperLink certificate is valid for besides DEFAULT_SERVER_NAMES (repeats and empty ones
+            are dropped).
+        ips: IP addresses it is valid for besides DEFAULT_SERVER_IPS.
+
+    Returns:
+        The CA certificate, SuperLink certificate and key in `directory`; certificates are valid for VALID_DAYS days.
+
+    Raises:
+        ValueError: an entry of `ips` is not an IP address, or the CA's key file does not hold a PEM key.
+        FileNotFoundError: the CA's key is there without its certificate.
+    """
     ca_cert_path, ca_key_path = directory / "ca.crt", directory / "ca.key"
     if ca_key_path.exists():
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
@@ -110,11 +144,29 @@ def init_pki(directory: Path, names: Iterable[str] = (), ips: Iterable[str] = ()
 
 
 def server_certificate_names(cert_path: Path) -> list[str]:
-    """The DNS names and IPs a certificate file is valid for (what `init` put in its SAN)."""
+    """The DNS names and IPs a certificate file is valid for (what `init` put in its SAN).
+
+    Args:
+        cert_path: a PEM certificate file.
+
+    Returns:
+        The DNS names, then the IPs as text; empty for a certificate without a SAN.
+
+    Raises:
+        ValueError: the file is not a PEM certificate.
+    """
     return certificate_names(x509.load_pem_x509_certificate(cert_path.read_bytes()))
 
 
 def certificate_names(certificate: x509.Certificate) -> list[str]:
+    """The DNS names and IPs a certificate is valid for (its SAN).
+
+    Args:
+        certificate: the certificate.
+
+    Returns:
+        The DNS names, then the IPs as text; empty without a SAN.
+    """
     try:
         san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -124,7 +176,15 @@ def certificate_names(certificate: x509.Certificate) -> list[str]:
 
 def make_supernode_key(directory: Path, client_id: str) -> SupernodeKey:
     """`<directory>/<client_id>` (private, OpenSSH, 0600) and `<client_id>.pub`; an existing pair is kept,
-    because the SuperLink knows a client by its registered public key."""
+    because the SuperLink knows a client by its registered public key.
+
+    Args:
+        directory: where the pair goes; made if missing.
+        client_id: the client's id, the files' name; the public key's comment.
+
+    Returns:
+        The pair's paths.
+    """
     key = supernode_key_files(directory, client_id)
     if key.private.exists():
         return key
@@ -141,13 +201,30 @@ def make_supernode_key(directory: Path, client_id: str) -> SupernodeKey:
 
 
 def supernode_key_files(directory: Path, client_id: str) -> SupernodeKey:
-    """Where `make_supernode_key` keeps `client_id`'s pair."""
+    """Where `make_supernode_key` keeps `client_id`'s pair.
+
+    Args:
+        directory: the folder of SuperNode keys.
+        client_id: the client's id.
+
+    Returns:
+        `<directory>/<client_id>` and `<directory>/<client_id>.pub`; neither needs to exist.
+    """
     return SupernodeKey(directory / client_id, directory / f"{client_id}.pub")
 
 
 def connection_config(name: str, control_address: str, ca_cert: Path | None) -> str:
     """A `flwr` CLI connection ($FLWR_HOME/config.toml) to a SuperLink's Control API, TLS unless `ca_cert`
-    is None (loopback development only)."""
+    is None (loopback development only).
+
+    Args:
+        name: the connection's name (`flwr run <app> <name>`), also made the default one.
+        control_address: the Control API's host:port.
+        ca_cert: the federation's CA certificate, written as an absolute path; None: insecure.
+
+    Returns:
+        The TOML text.
+    """
     transport = f'root-certificates = "{ca_cert.resolve()}"' if ca_cert is not None else "insecure = true"
     return f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{control_address}"\n{transport}\n'
 
@@ -164,7 +241,24 @@ def register_supernode(
     the SuperLink bound to the key. A key it holds already keeps its node id, which is looked up and
     returned: registering is idempotent, so a SuperLink restarted with its database (compose `down` +
     `up` with the volumes kept) lets every registration run again. `command_prefix` runs both commands
-    on the server's host (e.g. `ip netns exec <ns>`)."""
+    on the server's host (e.g. `ip netns exec <ns>`).
+
+    Args:
+        public_key: the SuperNode's public key file (OpenSSH).
+        connection: the connection's name in env's FLWR_HOME/config.toml.
+        env: the environment both commands run in (its FLWR_HOME).
+        command_prefix: what runs the commands on the server's host; empty: here.
+        flwr: the `flwr` executable.
+        timeout: the most seconds each command may take.
+
+    Returns:
+        The node id.
+
+    Raises:
+        RuntimeError: a command failed or printed no JSON, the SuperLink refused the key for another reason, or it
+            names no node for a key it holds.
+        subprocess.TimeoutExpired: a command took longer than `timeout`.
+    """
     command = [*command_prefix, flwr, "supernode", "register", str(public_key), connection, "--format", "json"]
     reply = _run_json(command, env, timeout, what=f"registering {public_key}")
     if reply.get("success"):
@@ -202,7 +296,17 @@ def _run_json(command: list[str], env: Mapping[str, str], timeout: float, what: 
 
 # ---- client registry: which node may present which client id ---------------------------------------
 def read_client_registry(registry: Path) -> dict[str, int]:
-    """The registry file `{"<client-id>": <node-id>, ...}`; a missing file is an empty registry."""
+    """The registry file `{"<client-id>": <node-id>, ...}`; a missing file is an empty registry.
+
+    Args:
+        registry: the registry file (JSON).
+
+    Returns:
+        Client id -> node id.
+
+    Raises:
+        ValueError: the file is not JSON, or not an object of string keys and integer values.
+    """
     if not registry.exists():
         return {}
     try:
@@ -220,7 +324,20 @@ def record_client(registry: Path, client_id: str, node_id: int) -> bool:
     """Bind `client_id` to `node_id` in the registry file; True if the pair is new, False if it was there.
 
     Refuses, naming both, a client id bound to another node and a node bound to another client id: one
-    key is one node is one client."""
+    key is one node is one client.
+
+    Args:
+        registry: the registry file (JSON); made, with its folder, if missing.
+        client_id: the client's id, [A-Za-z0-9._-]+.
+        node_id: the node id its key was registered under (`register_supernode`).
+
+    Returns:
+        Whether the file was written.
+
+    Raises:
+        ValueError: a bad client id, a client id bound to another node, a node bound to another client id, or a
+            registry `read_client_registry` refuses.
+    """
     if not is_safe_name(client_id):
         raise ValueError(f"client id {client_id!r} must match [A-Za-z0-9._-]+")
     with _locked(registry) as entries:
@@ -242,7 +359,18 @@ def record_client(registry: Path, client_id: str, node_id: int) -> bool:
 
 
 def forget_client(registry: Path, client_id: str) -> int:
-    """Remove `client_id` from the registry (a client that left, or that moves to a new key); its node id."""
+    """Remove `client_id` from the registry (a client that left, or that moves to a new key); its node id.
+
+    Args:
+        registry: the registry file (JSON).
+        client_id: the client id to remove.
+
+    Returns:
+        The node id it was bound to.
+
+    Raises:
+        ValueError: `client_id` is not in the registry, or the registry is not one `read_client_registry` reads.
+    """
     with _locked(registry) as entries:
         if client_id not in entries:
             raise ValueError(
@@ -274,7 +402,21 @@ def _write_registry(registry: Path, entries: dict[str, int]) -> None:
 def list_supernodes(
     connection: str, env: Mapping[str, str], command_prefix: Iterable[str] = (), flwr: str = "flwr"
 ) -> list[dict]:
-    """`flwr supernode list --format json`: one dict per registered node ("node-id", "status", ...)."""
+    """`flwr supernode list --format json`: one dict per registered node ("node-id", "status", ...).
+
+    Args:
+        connection: the connection's name in env's FLWR_HOME/config.toml.
+        env: the environment the command runs in.
+        command_prefix: what runs the command on the server's host; empty: here.
+        flwr: the `flwr` executable.
+
+    Returns:
+        The "nodes" of the command's JSON answer.
+
+    Raises:
+        RuntimeError: the command exited non-zero.
+        subprocess.TimeoutExpired: it took longer than 60 s.
+    """
     result = subprocess.run(
         [*command_prefix, flwr, "supernode", "list", connection, "--format", "json"],
         env=dict(env),
@@ -355,6 +497,11 @@ def _unique(items: Iterable[str]) -> list[str]:
 
 # ---- command line -------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`fedbayes pki`'s subcommands (init, supernode-key, register, forget, connection) and their options.
+
+    Args:
+        parser: the `pki` parser; each subcommand sets `handler`, which `run` calls.
+    """
     commands = parser.add_subparsers(dest="pki_command", required=True)
     init = commands.add_parser("init", help="CA (kept if present) + SuperLink certificate")
     init.add_argument("--out", type=Path, required=True)
@@ -402,6 +549,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the parsed `fedbayes pki` subcommand.
+
+    Args:
+        args: the command line as `add_arguments`' parser parsed it.
+
+    Returns:
+        0; a failure raises.
+
+    Raises:
+        ValueError: a bad client id, a --client-id without --registry or not one per key, a registry refused, or an
+            output file that exists without --force (OutputExists).
+        RuntimeError: the SuperLink refused a registration or a listing.
+    """
     return args.handler(args)
 
 

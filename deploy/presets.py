@@ -138,13 +138,31 @@ EPOCHS_FOR_STEPS = ("steps", "batch", "examples")
 
 
 def divided_by_clients(numerator: float, clients: int) -> float:
-    """`numerator` / `clients` (a share of the clients, as one client a round)."""
+    """`numerator` / `clients` (a share of the clients, as one client a round).
+
+    Args:
+        numerator: the value for one client.
+        clients: the federation's clients, at least 1.
+
+    Returns:
+        The quotient.
+    """
     return numerator / clients
 
 
 def epochs_for_steps(steps: int, batch: int, examples: int, clients: int) -> int:
     """`steps` steps of `batch` examples, on one of `clients` clients sharing `examples`, in whole epochs (at least
-    one)."""
+    one).
+
+    Args:
+        steps: the local steps to match.
+        batch: the minibatch size.
+        examples: the training examples of all the clients together.
+        clients: the federation's clients.
+
+    Returns:
+        steps x batch x clients / examples, rounded, at least 1.
+    """
     return max(1, round(steps * batch * clients / examples))
 
 

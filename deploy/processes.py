@@ -34,12 +34,23 @@ PROCESS_NAME_LENGTH = 15  # Linux keeps 15 bytes of a process's name (`ps -o com
 
 @dataclass
 class ManagedProcess:
+    """A process a ProcessGroup started or had forked: its name (its log's, <name>.log), the process, its log file, and
+    whether the group stopped it on purpose."""
+
     name: str
     popen: subprocess.Popen | ForkedProcess  # ForkedProcess: forked by a fork server (deploy/forkserver.py)
     log_path: Path | None  # None: its output goes to our own stdout/stderr
     stopped: bool = False  # we signalled it: its end is no failure
 
     def log_tail(self, lines: int = 20) -> str:
+        """The end of its log, for a message that says why it failed.
+
+        Args:
+            lines: how many of the last lines.
+
+        Returns:
+            Those lines, newline-separated; a note in brackets where it logs to our output or its log is not there.
+        """
         if self.log_path is None:
             return "(its output is above)"
         try:
@@ -53,6 +64,13 @@ class ProcessGroup:
     process logs to <log_dir>/<name>.log, or, without a log_dir, to our own stdout/stderr."""
 
     def __init__(self, log_dir: Path | None, env: Mapping[str, str], stop_timeout: float = 15.0) -> None:
+        """A group with no process yet.
+
+        Args:
+            log_dir: where each process's log goes (made if missing); None: our own stdout and stderr.
+            env: the environment the processes get, with this group's marker added (after an enclosing group's).
+            stop_timeout: seconds `stop_all` waits after TERM before it KILLs, and then for the KILLed to go.
+        """
         self.log_dir = log_dir
         self.marker = uuid.uuid4().hex
         # A group started inside another group's process (`fedbayes client` under a test's federation) keeps the
@@ -73,8 +91,23 @@ class ProcessGroup:
         pipes: bool = False,
         stdin_pipe: bool = False,
     ) -> ManagedProcess:
-        """`pipes`: its stdin and stdout are text pipes to us (a fork server's requests and answers), its stderr
-        goes to the log. `stdin_pipe`: its stdin alone is one (what it is to do next), its output is logged."""
+        """Start `command` in a session of its own, with this group's environment, logging to <log_dir>/<name>.log.
+
+        Args:
+            name: the process's name, and its log's.
+            command: the program and its arguments.
+            cwd: its working directory; None: ours.
+            extra_env: variables it gets besides the group's.
+            pipes: its stdin and stdout are text pipes to us (a fork server's requests and answers), its stderr goes to
+                the log.
+            stdin_pipe: its stdin alone is a (binary) pipe (what it is to do next), its output is logged.
+
+        Returns:
+            The started process, not waited for.
+
+        Raises:
+            OSError: the program cannot be run, or the log cannot be written.
+        """
         log_path = None if self.log_dir is None else self.log_dir / f"{name}.log"
         with open(os.devnull, "wb") if log_path is None else log_path.open("wb") as log_file:
             logged = None if log_path is None else log_file
@@ -92,7 +125,20 @@ class ProcessGroup:
 
     def fork(self, name: str, server: ForkServer, argv: list[str], cwd: Path) -> ManagedProcess:
         """A SuperNode with `fedbayes supernode`'s arguments `argv`, forked by `server` (started by this group,
-        so the fork carries its marker), logging to <log_dir>/<name>.log."""
+        so the fork carries its marker), logging to <log_dir>/<name>.log.
+
+        Args:
+            name: the SuperNode's name, and its log's.
+            server: the SuperNodes' fork server (`LocalFederation.start_supernode_forkserver`).
+            argv: `fedbayes supernode`'s arguments.
+            cwd: the fork's working directory.
+
+        Returns:
+            The forked process.
+
+        Raises:
+            ValueError: the group has no log directory.
+        """
         if self.log_dir is None:
             raise ValueError("a forked SuperNode logs into the group's log directory; this group has none")
         log_path = self.log_dir / f"{name}.log"
@@ -103,17 +149,30 @@ class ProcessGroup:
         return process
 
     def members(self) -> list[int]:
-        """Pids of live (non-zombie) processes carrying this group's marker."""
+        """Pids of live (non-zombie) processes carrying this group's marker.
+
+        Returns:
+            The pids, descendants in sessions of their own included where they kept the environment.
+        """
         return [pid for pid, _ in _live_processes() if _carries(_environ(pid), MARKER_VARIABLE, self.marker)]
 
     def stop(self, process: ManagedProcess, sig: signal.Signals = signal.SIGTERM) -> None:
-        """Signal one process we started (e.g. to restart a SuperNode)."""
+        """Signal one process we started (e.g. to restart a SuperNode), and mark it stopped on purpose; one that has
+        exited is not signalled.
+
+        Args:
+            process: one of this group's processes.
+            sig: the signal.
+        """
         process.stopped = True
         if process.popen.poll() is None:
             process.popen.send_signal(sig)
 
     def stop_all(self) -> None:
         # Clients first, so the SuperLink sees them leave; then every marked descendant.
+        """TERM every process this group started, the last started first, then every live process that carries its
+        marker or is in a session one of them leads; KILL what is left after `stop_timeout` seconds, and wait up to 5 s
+        for each started process."""
         signalled = [process.popen.pid for process in reversed(self.processes) if process.popen.poll() is None]
         for process in reversed(self.processes):
             self.stop(process)
@@ -137,7 +196,11 @@ def exit_without_teardown(entry: Callable[[], int | None]) -> NoReturn:
     processes whose work is done by then. After SIGTERM, Flower's SuperNode signs off, stops its servers and raises
     SystemExit quickly; tearing down its ~1,500 modules then takes longer than all of that, on every client's
     way out (docs/results/performance.md has the figures). An exception other than
-    SystemExit takes Python's usual path (traceback, exit status 1)."""
+    SystemExit takes Python's usual path (traceback, exit status 1).
+
+    Args:
+        entry: the process's work; what it returns is the exit status (None: 0).
+    """
     try:
         returned = entry()
         status = returned if isinstance(returned, int) else 0
@@ -170,7 +233,14 @@ def stop_processes_with_env(variable: str, value: str, timeout: float, already_s
     Sessions, because not every descendant keeps the environment it was given: Ray starts its dashboard
     and runtime-env agents without our marker, in the session of the executor that started the simulation.
     Only sessions a marked process leads count, never one it merely belongs to (that may be the user's
-    terminal session)."""
+    terminal session).
+
+    Args:
+        variable: the environment variable (MARKER_VARIABLE).
+        value: its value, or one of its ':'-separated markers.
+        timeout: seconds to wait after TERM, and then of KILLing.
+        already_signalled: pids not to TERM again.
+    """
     sessions: set[int] = set()
     for pid in set(_ours(variable, value, sessions)) - set(already_signalled):
         _signal(pid, signal.SIGTERM)
@@ -210,7 +280,14 @@ def _live_processes() -> list[tuple[int, int]]:
 
 
 def running(pid: int) -> bool:
-    """Whether process `pid` exists and is no zombie."""
+    """Whether process `pid` exists and is no zombie.
+
+    Args:
+        pid: the process id.
+
+    Returns:
+        True while it runs (or sleeps); False once it is gone or a zombie.
+    """
     fields = _stat(pid)
     return bool(fields) and fields[0] != "Z"
 
@@ -231,7 +308,14 @@ def _environ(pid: int) -> list[bytes]:
 
 
 def command_line(pid: int) -> list[str]:
-    """The arguments process `pid` was started with ([] once it is gone)."""
+    """The arguments process `pid` was started with ([] once it is gone).
+
+    Args:
+        pid: the process id.
+
+    Returns:
+        Its arguments, decoded (undecodable bytes replaced); [] also where they cannot be read.
+    """
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -240,7 +324,14 @@ def command_line(pid: int) -> list[str]:
 
 
 def process_name(pid: int) -> str:
-    """Process `pid`'s name as `ps -o comm` shows it: its program's, or what it named itself ("" once it is gone)."""
+    """Process `pid`'s name as `ps -o comm` shows it: its program's, or what it named itself ("" once it is gone).
+
+    Args:
+        pid: the process id.
+
+    Returns:
+        At most PROCESS_NAME_LENGTH characters.
+    """
     try:
         return Path(f"/proc/{pid}/comm").read_text().rstrip("\n")
     except (FileNotFoundError, ProcessLookupError):
@@ -249,12 +340,23 @@ def process_name(pid: int) -> str:
 
 def is_serverapp(pid: int) -> bool:
     """Whether process `pid` runs a ServerApp: Flower's `flwr-serverapp` script (a script's process is named after
-    it) or a warm executor's fork, which names itself so (deploy/warm_executor.py)."""
+    it) or a warm executor's fork, which names itself so (deploy/warm_executor.py).
+
+    Args:
+        pid: the process id.
+
+    Returns:
+        False also once it is gone.
+    """
     return process_name(pid) == "flwr-serverapp"
 
 
 def name_this_process(name: str) -> None:
-    """Name this process `name` in `ps -o comm` and top (a fork keeps its parent's name otherwise)."""
+    """Name this process `name` in `ps -o comm` and top (a fork keeps its parent's name otherwise).
+
+    Args:
+        name: the new name; only its first PROCESS_NAME_LENGTH characters are kept.
+    """
     Path("/proc/self/comm").write_text(name[:PROCESS_NAME_LENGTH])
 
 
@@ -271,7 +373,17 @@ _HANDED_OUT: set[int] = set()  # a port handed out is not handed out again by th
 def free_ports(count: int) -> list[int]:
     """Ports free right now on 127.0.0.1, drawn below the kernel's ephemeral range: between our check and the
     server's bind, the kernel may hand an ephemeral port to any outgoing connection (a hundred SuperNodes dialing
-    the SuperLink took a Runtime API port that way), but never one below that range. None is returned twice."""
+    the SuperLink took a Runtime API port that way), but never one below that range. None is returned twice.
+
+    Args:
+        count: how many ports.
+
+    Returns:
+        `count` distinct ports, none handed out before by this process.
+
+    Raises:
+        RuntimeError: fewer than `count` were free.
+    """
     ephemeral_start = _ephemeral_port_start()
     below = range(max(1024, ephemeral_start - 12000), ephemeral_start)
     candidates = random.sample(below, k=len(below))
@@ -307,7 +419,17 @@ def _ephemeral_port_start() -> int:
 
 
 def console_script(name: str) -> str:
-    """A console script (Flower's, ours) from this interpreter's environment."""
+    """A console script (Flower's, ours) from this interpreter's environment.
+
+    Args:
+        name: the script's name (fedbayes, flwr, ...).
+
+    Returns:
+        Its path: beside this interpreter, else the first on PATH.
+
+    Raises:
+        FileNotFoundError: neither has it.
+    """
     candidate = Path(sys.executable).parent / name
     found = str(candidate) if candidate.exists() else shutil.which(name)
     if found is None:
@@ -317,7 +439,16 @@ def console_script(name: str) -> str:
 
 def process_env(flwr_home: Path | None) -> dict[str, str]:
     """Our environment for a Flower process: Flower's home (None: the one we have, else Flower's
-    default), no telemetry, update checks or runtime installs, one compute thread."""
+    default), no telemetry, update checks or runtime installs, one compute thread.
+
+    Args:
+        flwr_home: Flower's home for the process; None: FLWR_HOME as we have it, or Flower's default without it.
+
+    Returns:
+        A copy of our environment with this interpreter's folder first on PATH, PYTHONPATH's entries made absolute,
+        and Flower's and the thread settings set (OMP_NUM_THREADS, FEDBAYES_THREADS and the SuperExec's poll interval
+        kept where we have them).
+    """
     env = dict(os.environ)
     # Flower daemons start their helpers (flower-superexec, flwr-clientapp) by name from PATH.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

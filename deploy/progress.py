@@ -27,6 +27,9 @@ DEFAULT_COLUMNS = 80
 
 @dataclass(frozen=True)
 class RoundDone:
+    """A round of the run done: its number and the run's rounds, its accuracy (None: not evaluated), and the replies it
+    accepted of those it sent work."""
+
     round: int
     rounds: int  # of the run
     accuracy: float | None  # None: the round was not evaluated
@@ -43,7 +46,14 @@ class RoundEvents:
         self.accuracy: dict[int, float] = {}
 
     def feed(self, event: Event) -> RoundDone | None:
-        """The round `event` finishes, or None for any other event."""
+        """The round `event` finishes, or None for any other event.
+
+        Args:
+            event: the ServerApp's next event.
+
+        Returns:
+            The round done, once its checkpointed event comes (with what its committed and evaluated events said).
+        """
         if event.round is None:
             return None
         if event.type == COMMITTED:
@@ -57,7 +67,14 @@ class RoundEvents:
 
 
 def clock_text(seconds: float) -> str:
-    """h:mm:ss, or m:ss under an hour."""
+    """h:mm:ss, or m:ss under an hour.
+
+    Args:
+        seconds: a duration, rounded to whole seconds; not negative.
+
+    Returns:
+        The text.
+    """
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
@@ -67,6 +84,12 @@ class Progress:
     """`print` other output through it; `round_done` after each round; `close` (or leave the `with`) at the end."""
 
     def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """Start the live line (and its ticker thread) where `stream` is a terminal.
+
+        Args:
+            stream: where it writes; None: stdout.
+            clock: the monotonic clock, in seconds.
+        """
         self.stream = stream or sys.stdout
         self.clock = clock
         self.live = self.stream.isatty()
@@ -88,7 +111,11 @@ class Progress:
         self.close()
 
     def print(self, text: str) -> None:
-        """A line of other output, above the live line."""
+        """A line of other output, above the live line.
+
+        Args:
+            text: the line (a trailing newline is optional).
+        """
         with self.lock:
             if self.live:
                 line = text.rstrip("\n")
@@ -99,6 +126,11 @@ class Progress:
             self.stream.flush()
 
     def round_done(self, done: RoundDone) -> None:
+        """Note a round done: the live line is redrawn, or elsewhere a `progress:` line written.
+
+        Args:
+            done: the round.
+        """
         with self.lock:
             now = self.clock()
             self.first = self.first or (now, done.round)
@@ -123,6 +155,11 @@ class Progress:
             self.ticker = None
 
     def status(self) -> str:
+        """The live line's text: round, elapsed time, ETA, the last evaluated accuracy and the round's clients.
+
+        Returns:
+            One line, not cut to the terminal's width.
+        """
         elapsed = f"{clock_text(self.clock() - self.started)} elapsed"
         if self.last is None:
             return f"{elapsed} | waiting for the first round"

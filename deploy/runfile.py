@@ -52,7 +52,11 @@ class RunFile:
     run_config: dict[str, Any] = field(default_factory=dict)
 
     def tokens(self) -> list[str]:
-        """The options as command-line arguments (`--name=value`, so that a value that begins with `-` is a value)."""
+        """The options as command-line arguments (`--name=value`, so that a value that begins with `-` is a value).
+
+        Returns:
+            One argument per option, in the file's order.
+        """
         return [f"--{name}={value}" for name, value in self.options.items()]
 
 
@@ -68,7 +72,15 @@ class LocalCommand:
 
 
 def option_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """The options of `parser` a run file may give, by their name without `--`."""
+    """The options of `parser` a run file may give, by their name without `--`.
+
+    Args:
+        parser: a command's parser (`fedbayes local`'s).
+
+    Returns:
+        Option name (its last flag, without `--`) -> its argparse action, leaving out what only the command line
+        gives (NOT_IN_FILE).
+    """
     return {
         action.option_strings[-1].removeprefix("--"): action
         for action in parser._actions  # argparse offers no public list of a parser's arguments
@@ -79,13 +91,21 @@ def option_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action
 def read_run_file(
     path: Path, options: Mapping[str, Callable[[str, Any], Any]], run_config_keys: Iterable[str]
 ) -> RunFile:
-    """The run file at `path`: `options` checks each option a file may give (`check(name, value)` returns the
-    value or raises ValueError); `run_config_keys`: names that are run-config keys (a key at the top level is refused,
-    pointing at [run-config]; a key in [run-config] is checked later, against the strategy's keys).
+    """The run file at `path`, read and checked.
+
+    Args:
+        path: the run file (TOML, at most MAX_RUN_FILE_BYTES).
+        options: per option a file may give, its check: `check(name, value)` returns the value or raises ValueError.
+        run_config_keys: names that are run-config keys: one at the file's top level is refused, pointing at
+            [run-config]; a key in [run-config] is checked later, against the strategy's keys (`check_run_config`).
+
+    Returns:
+        The file's options, as their checks returned them, and its [run-config] table as TOML typed it.
 
     Raises:
-        ValueError: naming the file: it cannot be read, is over MAX_RUN_FILE_BYTES, is no TOML, or gives an unknown
-            option or a value of the wrong type.
+        ValueError: naming the file: it cannot be read, is over MAX_RUN_FILE_BYTES, is not UTF-8 or not TOML, its
+            [run-config] is not a table or holds a table or list, or it gives an unknown or misplaced option or a value
+            of the wrong type.
     """
     try:
         text = read_bounded(path, MAX_RUN_FILE_BYTES, "a run file").decode()
@@ -124,7 +144,15 @@ def read_run_file(
 
 def local_option_checks(parser: argparse.ArgumentParser, path: Path) -> dict[str, Callable[[str, Any], Any]]:
     """A check per `fedbayes local` option a run file may give: the TOML type the option takes (a string for a name
-    or path, a number for a count), then the option's own type and choices, as the command line checks them."""
+    or path, a number for a count), then the option's own type and choices, as the command line checks them.
+
+    Args:
+        parser: `fedbayes local`'s parser.
+        path: the run file, for the messages.
+
+    Returns:
+        Option name -> its check, `check(name, value)`, which returns the value or raises ValueError naming the file.
+    """
     return {name: _option_check(action, path) for name, action in option_actions(parser).items()}
 
 
@@ -156,6 +184,13 @@ def check_run_config(run_file: RunFile, known: Mapping[str, Any]) -> dict[str, A
     """The run file's run config, each key known (`known`: name -> tasks.config.Key) and its value of the key's type
     and check; the values parsed (an int where a float is declared is that float).
 
+    Args:
+        run_file: the run file.
+        known: the run's keys, name -> tasks.config.Key.
+
+    Returns:
+        Key -> its parsed value, in the file's order.
+
     Raises:
         ConfigError: naming the file and the key, with the closest known key for an unknown one.
     """
@@ -172,8 +207,15 @@ def check_run_config(run_file: RunFile, known: Mapping[str, Any]) -> dict[str, A
 def local_command(argv: Sequence[str], parser: argparse.ArgumentParser, run_config_keys: Iterable[str]) -> LocalCommand:
     """`fedbayes local ARGV` with its run files: the --config file's options, and on a resume from a workdir that holds
     a RUN_FILE (`--resume WORKDIR`, or `--workdir WORKDIR --resume`) the options it was started with, before the
-    command line's. `parser`: `fedbayes local`'s own (the options a file may give, and their checks);
-    `run_config_keys`: every run-config key's name (one at a file's top level is pointed to [run-config]).
+    command line's.
+
+    Args:
+        argv: the command line after `fedbayes local`.
+        parser: `fedbayes local`'s own parser: the options a file may give, and their checks.
+        run_config_keys: every run-config key's name (one at a file's top level is pointed to [run-config]).
+
+    Returns:
+        The arguments to parse (the stored file's options, the --config file's, then `argv`), and both run files.
 
     Raises:
         ValueError: a run file is refused (read_run_file); the resume names no workdir or two; its workdir holds no
@@ -234,7 +276,18 @@ def _not_resumable(workdir: Path) -> str:
 
 def local_run_config(command: LocalCommand, known: Mapping[str, Any]) -> dict[str, Any]:
     """The run config of `command`'s run files, each checked (`check_run_config`), the --config file's winning over
-    the workdir's."""
+    the workdir's.
+
+    Args:
+        command: the command with its run files (`local_command`).
+        known: the run's keys, name -> tasks.config.Key.
+
+    Returns:
+        Key -> parsed value; empty without run files.
+
+    Raises:
+        ConfigError: a run file's key is unknown or its value is refused.
+    """
     files = [run_file for run_file in (command.stored, command.given) if run_file is not None]
     return {name: value for run_file in files for name, value in check_run_config(run_file, known).items()}
 
@@ -242,6 +295,14 @@ def local_run_config(command: LocalCommand, known: Mapping[str, Any]) -> dict[st
 def resume_workdir(resume: str | bool, workdir: Path | None, given: RunFile | None) -> Path:
     """The workdir a resume continues: `--resume WORKDIR`, else --workdir (on the command line, else in the --config
     file).
+
+    Args:
+        resume: `--resume`'s value: the workdir, or True where it was given alone.
+        workdir: `--workdir` on the command line, or None.
+        given: the --config file, or None.
+
+    Returns:
+        The workdir, as given (not resolved).
 
     Raises:
         ValueError: none is named, or --resume and --workdir name two.
@@ -258,7 +319,15 @@ def resume_workdir(resume: str | bool, workdir: Path | None, given: RunFile | No
 
 
 def remembered(spec: LocalRun) -> RunFile:
-    """What a workdir's run file holds of a run: its options and run config as resolved."""
+    """What a workdir's run file holds of a run: its options and run config as resolved.
+
+    Args:
+        spec: the run as `fedbayes local` resolved it.
+
+    Returns:
+        The options (parallel-tasks and results only where set; results absolute) and the `--set` overrides, at
+        path RUN_FILE (relative).
+    """
     options: dict[str, Any] = {
         "strategy": spec.strategy,
         "clients": spec.clients,
@@ -277,7 +346,14 @@ def remembered(spec: LocalRun) -> RunFile:
 
 
 def run_file_text(run_file: RunFile) -> str:
-    """The TOML of a workdir's run file (first line WRITTEN_BY)."""
+    """The TOML of a workdir's run file (first line WRITTEN_BY).
+
+    Args:
+        run_file: what the file holds (`remembered`).
+
+    Returns:
+        The text, ending with a newline.
+    """
     lines = [
         f"{WRITTEN_BY}: its options and run config, resolved.",
         "# `fedbayes local --resume WORKDIR` reads it; `fedbayes local --config FILE --workdir NEW` starts another",
@@ -292,7 +368,19 @@ def run_file_text(run_file: RunFile) -> str:
 
 def write_run_file(workdir: Path, spec: LocalRun) -> Path | None:
     """Write the workdir's run file for `spec`; where that file exists and is not ours (its first line is not
-    WRITTEN_BY) it is left as it is. The file, or None where it was left."""
+    WRITTEN_BY) it is left as it is.
+
+    Args:
+        workdir: the federation's workdir; made if missing.
+        spec: the run as resolved.
+
+    Returns:
+        The file, or None where it was left.
+
+    Raises:
+        FileTooLarge: an existing run file is over MAX_RUN_FILE_BYTES.
+        OSError: the file cannot be read or written.
+    """
     path = workdir / RUN_FILE
     if path.exists() and not read_bounded(path, MAX_RUN_FILE_BYTES, "a run file").startswith(WRITTEN_BY.encode()):
         return None
@@ -305,6 +393,15 @@ def resume_changes(
 ) -> list[str]:
     """What `spec` changes of the run its workdir's run file `stored` describes, as lines to print ("rounds 5 (was
     3)"); a key absent from a run config is at its default (`defaults`).
+
+    Args:
+        stored: the workdir's run file.
+        spec: the resumed run as resolved.
+        defaults: the strategy's run-config defaults, key -> value.
+        resumable_keys: the run-config keys a resume may change (server/checkpoint.py's RESUMABLE_KEYS).
+
+    Returns:
+        One line per change, options first, each sorted by name; empty when nothing changes.
 
     Raises:
         ValueError: it changes what a resumed federation keeps (an option outside RESUMABLE_OPTIONS, a run-config key
@@ -334,7 +431,16 @@ def resume_changes(
 def check_stored_code(stored: RunFile, given_strategy: str | None, given_model: str | None) -> None:
     """Refuse a resume whose workdir's run file names code ('<module>:<attribute>' for strategy or model) that this
     command does not name itself: a workdir is data, and fedbayes runs no code a file names (tasks.config
-    unnamed_code)."""
+    unnamed_code).
+
+    Args:
+        stored: the workdir's run file.
+        given_strategy: the command's --strategy (or its --config file's), None where it gives none.
+        given_model: the command's last `--set model=` (or its --config file's), None where it gives none.
+
+    Raises:
+        ValueError: the stored strategy or model names code the command does not name itself.
+    """
     values = {"strategy": stored.options.get("strategy"), "model": stored.run_config.get("model")}
     if not any(isinstance(value, str) and ":" in value for value in values.values()):
         return  # built-in names only; a command that names others is refused as a change (resume_changes)
@@ -352,13 +458,20 @@ def check_stored_code(stored: RunFile, given_strategy: str | None, given_model: 
 # ---- fedbayes run ---------------------------------------------------------------------------------------------------
 def flwr_run_argv(argv: Sequence[str], known_keys: Callable[[str], Mapping[str, Any]]) -> list[str]:
     """`fedbayes run ARGV` with its --config file spelt out as `flwr run` arguments: the file's app and superlink
-    where the command line names none, and its run config as a first `-c` (a later `-c` wins). `known_keys(strategy)`:
-    every run-config key of that strategy, by name. Without --config, ARGV as it is.
+    where the command line names none, and its run config as a first `-c` (a later `-c` wins).
+
+    Args:
+        argv: the command line after `fedbayes run`.
+        known_keys: `known_keys(strategy)`: every run-config key of that strategy, by name ("" for the core keys).
+
+    Returns:
+        The `flwr run` arguments; without --config, ARGV as it is.
 
     Raises:
-        ValueError, ConfigError: the file is refused (read_run_file, check_run_config); the command line names an app
-            but the file a superlink (whose position would then be ambiguous); the command line's -c is a TOML file,
-            which flwr run takes alone; a string value holds a double quote, which `-c` cannot carry.
+        ValueError, ConfigError: the file is refused (read_run_file, check_run_config); --config has no value; the
+            command line names an app but the file a superlink (whose position would then be ambiguous); the command
+            line's -c is a TOML file, which flwr run takes alone; a string value holds a double quote, which `-c`
+            cannot carry.
     """
     tokens = list(argv)
     config_at = next(

@@ -85,12 +85,22 @@ class ServerLayout:
 
     @classmethod
     def from_arguments(cls, args: argparse.Namespace) -> ServerLayout:
+        """The layout `fedbayes server`'s options give.
+
+        Args:
+            args: the command line (`add_arguments`): state_dir, registry, log_dir.
+
+        Returns:
+            The state directory, the registry (default <state-dir>/clients.json) and the log folder (default
+            <state-dir>/logs), each resolved.
+        """
         state_dir = args.state_dir.resolve()
         registry = (args.registry or state_dir / "clients.json").resolve()
         return cls(state_dir, registry, (args.log_dir or state_dir / "logs").resolve())
 
     @property
     def database(self) -> Path:
+        """The SuperLink's database (--database): node ids, registered keys, runs."""
         return self.state_dir / "superlink.db"
 
     @property
@@ -118,6 +128,11 @@ class Check:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`fedbayes server`'s options, and the SuperLink's arguments after `--`.
+
+    Args:
+        parser: the `server` parser.
+    """
     parser.add_argument(
         "--certs",
         type=Path,
@@ -173,12 +188,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`fedbayes server`: the checks, then the SuperLink and the ServerApp executor until one exits or a signal.
 
+    Args:
+        args: the command line (`add_arguments`), with `argv`, the arguments as given (to tell whether `--` was).
+
     Returns:
         0 after --check found nothing wrong, or after SIGTERM stopped both; 1 after a failed check, or the exit code
         (1 for 0) of the process that exited by itself; 130 after Ctrl-C.
 
     Raises:
-        ValueError: a check failed (without --check), or the arguments after `--` are not the SuperLink's to take.
+        ValueError: a check failed (without --check: CheckFailed, naming the check), or the arguments after `--` are
+            not the SuperLink's to take.
+        TimeoutError: the two were not up within STARTUP_TIMEOUT seconds.
     """
     superlink_args = pass_through(args.superlink_args, args.argv)
     layout = ServerLayout.from_arguments(args)
@@ -204,7 +224,18 @@ def run(args: argparse.Namespace) -> int:
 
 def pass_through(superlink_args: list[str], argv: list[str]) -> list[str]:
     """The SuperLink arguments given after `--`, refused when they came without it (a stray word would be handed to
-    Flower) or name an option this command sets."""
+    Flower) or name an option this command sets.
+
+    Args:
+        superlink_args: the positional arguments argparse left for the SuperLink.
+        argv: the command line as given.
+
+    Returns:
+        A copy of `superlink_args`.
+
+    Raises:
+        ValueError: they came without `--`, or one is an option of OWN_SUPERLINK_OPTIONS (also as `--option=value`).
+    """
     if superlink_args and "--" not in argv:
         raise ValueError(
             f"unexpected argument(s) {shlex.join(superlink_args)}: arguments for the SuperLink go after `--` "
@@ -221,7 +252,15 @@ def pass_through(superlink_args: list[str], argv: list[str]) -> list[str]:
 
 # ---- the checks ---------------------------------------------------------------------------------------------------
 def server_checks(args: argparse.Namespace, layout: ServerLayout) -> list[Check]:
-    """The checks, in the order they are reported."""
+    """The checks, in the order they are reported.
+
+    Args:
+        args: the command line: certs, name, fleet_address, control_port, dataset, data_root.
+        layout: where the server writes.
+
+    Returns:
+        certificate, registry, state, ports and dataset; each runs when called.
+    """
     return [
         Check("certificate", lambda: check_certificates(args.certs, args.name)),
         Check("registry", lambda: check_registry(layout.registry)),
@@ -232,7 +271,15 @@ def server_checks(args: argparse.Namespace, layout: ServerLayout) -> list[Check]
 
 
 def report_checks(checks: list[Check], name: str) -> int:
-    """Run every check and print one line each; 0 if all passed, else 1."""
+    """Run every check and print one line each; 0 if all passed, else 1.
+
+    Args:
+        checks: the checks, run in order, each whatever the others found.
+        name: the host name clients dial, for the closing line.
+
+    Returns:
+        The exit code.
+    """
     failed = 0
     for check in checks:
         try:
@@ -249,8 +296,13 @@ def report_checks(checks: list[Check], name: str) -> int:
 
 def check_certificates(directory: Path, name: str, now: datetime.datetime | None = None) -> str:
     """The SuperLink's certificate in `directory`: present, signed by the CA there, its private key beside it, in
-    date (`now`, default this machine's clock), valid for `name` (what clients dial) and for 127.0.0.1 (where the
-    ServerApp executor and the operator's `flwr` connect).
+    date, valid for `name` (what clients dial) and for 127.0.0.1 (where the ServerApp executor and the operator's
+    `flwr` connect).
+
+    Args:
+        directory: --certs: ca.crt, server.pem and server.key.
+        name: --name, a host name or IP address (compared without case).
+        now: the moment the certificate must be valid at (timezone-aware); None: this machine's clock.
 
     Returns:
         The line that says so.
@@ -310,7 +362,17 @@ def check_certificates(directory: Path, name: str, now: datetime.datetime | None
 
 
 def check_registry(registry: Path) -> str:
-    """The client registry readable (or not there yet) and its folder writable for `fedbayes pki register`."""
+    """The client registry readable (or not there yet) and its folder writable for `fedbayes pki register`.
+
+    Args:
+        registry: the client registry file.
+
+    Returns:
+        The line that says how many clients are registered, and which.
+
+    Raises:
+        CheckFailed: its folder is not writable, or the file cannot be read or is not a registry.
+    """
     from fedbayes.deploy.pki import read_client_registry
     from fedbayes.tasks.preflight import unwritable
 
@@ -328,6 +390,17 @@ def check_registry(registry: Path) -> str:
 
 
 def check_state_dir(layout: ServerLayout) -> str:
+    """The state directory and the log folder writable (or makeable).
+
+    Args:
+        layout: where the server writes.
+
+    Returns:
+        The line that says so, and whether the SuperLink's database is new or kept from before.
+
+    Raises:
+        CheckFailed: naming the option (--state-dir, --log-dir) and the problem.
+    """
     from fedbayes.tasks.preflight import unwritable
 
     for what, folder in (("--state-dir", layout.state_dir), ("--log-dir", layout.log_dir)):
@@ -341,7 +414,19 @@ def check_state_dir(layout: ServerLayout) -> str:
 
 
 def check_ports(fleet_address: str, control_port: int) -> str:
-    """The Fleet API's address and the Control API's port free on this machine."""
+    """The Fleet API's address and the Control API's port free on this machine.
+
+    Args:
+        fleet_address: --fleet-address, host:port.
+        control_port: --control-port, on CONTROL_HOST.
+
+    Returns:
+        The line that says both are free.
+
+    Raises:
+        CheckFailed: an address that is not host:port, a port outside 1..65535, the same port twice, or an address
+            this machine cannot listen on now.
+    """
     host, port = split_address(fleet_address, "--fleet-address")
     if not 0 < control_port < 65536:
         raise CheckFailed(f"--control-port {control_port} is not in 1..65535")
@@ -354,7 +439,18 @@ def check_ports(fleet_address: str, control_port: int) -> str:
 
 
 def check_dataset(dataset: str, data_root: str) -> str:
-    """The test set of `dataset` (under `data_root`) on this machine: what every run's ServerApp evaluates on."""
+    """The test set of `dataset` (under `data_root`) on this machine: what every run's ServerApp evaluates on.
+
+    Args:
+        dataset: --dataset, a run config `dataset`.
+        data_root: --data-root ("": the dataset's default).
+
+    Returns:
+        The line that says where the test set is.
+
+    Raises:
+        CheckFailed: the test set is not there (tasks/preflight.py says why).
+    """
     from fedbayes.tasks.config import ConfigError, RunSettings
     from fedbayes.tasks.preflight import check_dataset_files
 
@@ -372,7 +468,18 @@ def check_dataset(dataset: str, data_root: str) -> str:
 
 
 def split_address(address: str, what: str) -> tuple[str, int]:
-    """`host:port` (IPv6 in brackets) as (host, port)."""
+    """`host:port` (IPv6 in brackets) as (host, port).
+
+    Args:
+        address: `host:port`.
+        what: the option or API it belongs to, for the message.
+
+    Returns:
+        The host (without brackets) and the port.
+
+    Raises:
+        CheckFailed: no host, or a port that is not a number in 1..65535.
+    """
     host, separator, port = address.rpartition(":")
     if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise CheckFailed(f"{what} {address!r} must be host:port with a port in 1..65535, e.g. 0.0.0.0:9092")
@@ -380,7 +487,15 @@ def split_address(address: str, what: str) -> tuple[str, int]:
 
 
 def bind_problem(host: str, port: int) -> str | None:
-    """Why a server could not listen on host:port now (in use, no such address, not allowed); None if it could."""
+    """Why a server could not listen on host:port now (in use, no such address, not allowed); None if it could.
+
+    Args:
+        host: a host name or IP address of this machine ("0.0.0.0", "::": every address).
+        port: the TCP port.
+
+    Returns:
+        The reason, one line, or None.
+    """
     try:
         family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as error:
@@ -397,7 +512,16 @@ def bind_problem(host: str, port: int) -> str | None:
 
 # ---- the processes ------------------------------------------------------------------------------------------------
 def superlink_command(args: argparse.Namespace, layout: ServerLayout, extra: list[str]) -> list[str]:
-    """`fedbayes superlink` as docker-compose.yml's superlink service runs it, on this machine's paths and ports."""
+    """`fedbayes superlink` as docker-compose.yml's superlink service runs it, on this machine's paths and ports.
+
+    Args:
+        args: the command line: certs, control_port, fleet_address.
+        layout: where the database is.
+        extra: the SuperLink arguments after `--`, appended.
+
+    Returns:
+        The command line.
+    """
     certs = args.certs.resolve()
     return [
         console_script("fedbayes"),
@@ -426,7 +550,15 @@ def superlink_command(args: argparse.Namespace, layout: ServerLayout, extra: lis
 
 def executor_command(args: argparse.Namespace, superlink_pid: int) -> list[str]:
     """The warm ServerApp executor (docker-compose.yml's serverapp service) of the SuperLink process
-    `superlink_pid`: it stops when that process exits."""
+    `superlink_pid`: it stops when that process exits.
+
+    Args:
+        args: the command line: certs, control_port.
+        superlink_pid: the SuperLink's process id.
+
+    Returns:
+        The command line.
+    """
     return [
         console_script("fedbayes"),
         "superexec",
@@ -443,7 +575,19 @@ def executor_command(args: argparse.Namespace, superlink_pid: int) -> list[str]:
 
 def serve(args: argparse.Namespace, layout: ServerLayout, superlink_args: list[str]) -> int:
     """Start the SuperLink and its executor, wait until both are up, print what to run next, and supervise them;
-    the exit status of the one that exited (1 for 0)."""
+    the exit status of the one that exited (1 for 0).
+
+    Args:
+        args: the command line.
+        layout: where the server writes; its state directory is made.
+        superlink_args: the SuperLink arguments after `--` (`pass_through`).
+
+    Returns:
+        The exit status.
+
+    Raises:
+        TimeoutError: the Fleet API, the Control API or the executor was not up within STARTUP_TIMEOUT seconds.
+    """
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     env = {**process_env(layout.flwr_home), "FEDBAYES_SERVER_STATE_DIR": str(layout.checkpoints)}
     with ProcessGroup(layout.log_dir, env) as processes:
@@ -464,8 +608,19 @@ def serve(args: argparse.Namespace, layout: ServerLayout, superlink_args: list[s
 
 
 def wait_until_up(waiting: dict[str, Callable[[], bool]], daemons: list[ManagedProcess], timeout: float) -> int | None:
-    """Wait until every condition of `waiting` holds; None then, or the exit status `exited` gives when a daemon
-    exits first. Raises TimeoutError after `timeout` seconds, naming what is not up."""
+    """Wait until every condition of `waiting` holds, looking every SUPERVISE_POLL seconds.
+
+    Args:
+        waiting: what is awaited (named, for the message) -> a condition, asked until it holds.
+        daemons: the processes that must not exit meanwhile.
+        timeout: seconds.
+
+    Returns:
+        None when all hold, or the exit status `exited` gives when a daemon exits first.
+
+    Raises:
+        TimeoutError: after `timeout` seconds, naming what is not up and the daemons' logs.
+    """
     deadline = time.monotonic() + timeout
     while waiting:
         for process in daemons:
@@ -482,7 +637,14 @@ def wait_until_up(waiting: dict[str, Callable[[], bool]], daemons: list[ManagedP
 
 
 def supervise(daemons: list[ManagedProcess]) -> int:
-    """Wait until one of `daemons` exits; `exited`'s status for it (the group then stops the others)."""
+    """Wait until one of `daemons` exits; `exited`'s status for it (the group then stops the others).
+
+    Args:
+        daemons: the processes, looked at every SUPERVISE_POLL seconds.
+
+    Returns:
+        The exit status.
+    """
     while True:
         for process in daemons:
             if process.popen.poll() is not None:
@@ -492,7 +654,14 @@ def supervise(daemons: list[ManagedProcess]) -> int:
 
 def exited(process: ManagedProcess) -> int:
     """Say which process exited, with its code (or signal) and its log's last lines; its exit status, 1 for 0 or a
-    signal (a daemon that ends by itself has failed)."""
+    signal (a daemon that ends by itself has failed).
+
+    Args:
+        process: a process that has exited.
+
+    Returns:
+        The exit status.
+    """
     code = process.popen.poll()
     assert code is not None  # only called once it has exited
     how = f"exited with code {code}" if code >= 0 else f"was killed by {signal.Signals(-code).name}"
@@ -526,7 +695,18 @@ def _logged(process: ManagedProcess, line: str) -> bool:
 
 
 def next_steps(args: argparse.Namespace, layout: ServerLayout) -> str:
-    """What the operator runs next, each command whole, with this server's absolute paths and ports."""
+    """What the operator runs next, each command whole, with this server's absolute paths and ports.
+
+    Args:
+        args: the command line: certs, control_port, fleet_address, name, dataset, data_root.
+        layout: where the server writes.
+
+    Returns:
+        The lines, newline-separated.
+
+    Raises:
+        ValueError: the client registry is not one `read_client_registry` reads.
+    """
     from fedbayes.deploy.pki import read_client_registry
 
     ca = str(args.certs.resolve() / "ca.crt")
@@ -572,6 +752,14 @@ def next_steps(args: argparse.Namespace, layout: ServerLayout) -> str:
 
 
 def kept_state(layout: ServerLayout) -> str:
+    """What stays after the server stops: the SuperLink's database, the registry and the checkpoints.
+
+    Args:
+        layout: where the server writes.
+
+    Returns:
+        The sentence, naming their paths.
+    """
     return (
         f"kept: the SuperLink's database {layout.database}, the client registry {layout.registry} and the "
         f"checkpoints in {layout.checkpoints}; the same command starts this server again"
@@ -579,4 +767,9 @@ def kept_state(layout: ServerLayout) -> str:
 
 
 def say(message: str) -> None:
+    """Print a line of this command's own on stderr, prefixed `fedbayes server: `.
+
+    Args:
+        message: the line.
+    """
     print(f"fedbayes server: {message}", file=sys.stderr, flush=True)

@@ -61,7 +61,14 @@ PENDING_CALLS = (20_000, 40_000)
 
 
 def check_fleet_api_type(argv: list[str]) -> None:
-    """The reply bound is on Flower's gRPC request-response Fleet API (its default); refuse another."""
+    """The reply bound is on Flower's gRPC request-response Fleet API (its default); refuse another.
+
+    Args:
+        argv: `flower-superlink`'s arguments.
+
+    Raises:
+        SystemExit: --fleet-api-type is not grpc-rere.
+    """
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--fleet-api-type", default="grpc-rere")
     fleet_api_type = parser.parse_known_args(argv)[0].fleet_api_type
@@ -74,7 +81,17 @@ def check_fleet_api_type(argv: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     """Run `flower-superlink` with `argv`, less our --max-message-mb, as its arguments; the process ends with it
-    (`exit_without_teardown`)."""
+    (`exit_without_teardown`).
+
+    Args:
+        argv: `fedbayes superlink`'s arguments: `flower-superlink`'s, and ours (--max-message-mb).
+
+    Returns:
+        Nothing: the process ends with the SuperLink.
+
+    Raises:
+        SystemExit: a bad --max-message-mb, a Fleet API other than grpc-rere, or a Flower other than the one patched.
+    """
     max_message_mb, flower_argv = max_message_option(argv)
     check_fleet_api_type(flower_argv)
     patch_log_stream_and_database(STREAM_INTERVAL, BUSY_TIMEOUT_MS)

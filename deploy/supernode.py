@@ -35,6 +35,14 @@ DEFAULT_POLL = 0.2
 
 
 def poll_interval() -> float:
+    """The seconds between the SuperNode's polls of its SuperLink: FEDBAYES_SUPERNODE_POLL, else DEFAULT_POLL.
+
+    Returns:
+        The seconds, in (0, 3].
+
+    Raises:
+        SystemExit: the variable is no number, or outside (0, 3].
+    """
     try:
         return seconds_from_env("FEDBAYES_SUPERNODE_POLL", DEFAULT_POLL, 3.0)
     except ValueError as error:
@@ -44,14 +52,30 @@ def poll_interval() -> float:
 def patch_flower(poll: float, runtime_port: int | None = None, max_message_mb: float | None = None) -> None:
     """Flower's SuperNode loop patched (fedbayes.flowerseam.supernode.patch_supernode), ringing the executor's
     doorbell on `runtime_port` (if given) when it takes a message, refusing an instruction over `max_message_mb`
-    (if given)."""
+    (if given).
+
+    Args:
+        poll: the seconds between the SuperNode's polls (`poll_interval`).
+        runtime_port: its Runtime API port, whose doorbell it rings; None: no doorbell.
+        max_message_mb: the largest instruction it takes, in MiB; None: Flower's own limit.
+    """
     bell = None if runtime_port is None else functools.partial(ring, runtime_port)
     patch_supernode(poll, bell, max_message_mb)
 
 
 def main(argv: list[str]) -> int:
     """Run `flower-supernode` with `argv`, less our --max-message-mb, as its arguments; the process ends with it
-    (`exit_without_teardown`)."""
+    (`exit_without_teardown`).
+
+    Args:
+        argv: `fedbayes supernode`'s arguments: `flower-supernode`'s, and ours (--max-message-mb).
+
+    Returns:
+        Nothing: the process ends with the SuperNode.
+
+    Raises:
+        SystemExit: a bad --max-message-mb or FEDBAYES_SUPERNODE_POLL, or a Flower other than the one patched.
+    """
     max_message_mb, flower_argv = max_message_option(argv)
     patch_flower(poll_interval(), runtime_port(flower_argv), max_message_mb)
     exit_without_teardown(run_flower_supernode(flower_argv))

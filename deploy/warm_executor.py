@@ -81,7 +81,11 @@ RUNNING_SERVERAPP_POLL = 2.0
 
 def preload(apps: set[str]) -> None:
     """Import what every task of `apps` ("clientapp", "serverapp") needs, the built-in strategies' halves included,
-    then freeze the heap so that forked children share it instead of copying it page by page."""
+    then freeze the heap so that forked children share it instead of copying it page by page.
+
+    Args:
+        apps: the tasks' kinds, keys of PRELOAD.
+    """
     from fedbayes.strategies import BUILTIN
 
     for app in sorted(apps):
@@ -118,17 +122,49 @@ class ForkExecutor:
         before_fork: Callable[[], None] = lambda: None,
         after_fork: Callable[[], None] = lambda: None,
     ) -> None:
+        """An executor with no task yet.
+
+        Args:
+            task_type: the tasks it runs, a value of TASK_TYPE.
+            before_fork: run in this process before each fork.
+            after_fork: run in this process after each fork.
+        """
         self.task_type = task_type
         self.before_fork, self.after_fork = before_fork, after_fork
         self.children: set[int] = set()
 
     def get_eligible_capacity(self, supported_task_types, *, insecure=False, root_certificates_path=None):
+        """Flower's Executor hook: the task types it can take now.
+
+        Args:
+            supported_task_types: the types the SuperExec's plugin supports.
+            insecure: Flower passes it; unused (a fork needs no connection of its own here).
+            root_certificates_path: Flower passes it; unused.
+
+        Returns:
+            ({this executor's type, if supported}, no FAB hashes: the executor keeps no apps of its own).
+        """
         return {task_type for task_type in supported_task_types if task_type == self.task_type}, set()
 
     def wait_for_capacity(self, task_type=None, *, fab_hash=None, insecure=False, root_certificates_path=None) -> None:
-        """Forking has no capacity gate."""
+        """Flower's Executor hook; forking has no capacity gate, so it returns at once.
+
+        Args:
+            task_type: unused.
+            fab_hash: unused.
+            insecure: unused.
+            root_certificates_path: unused.
+        """
 
     def launch(self, spec):
+        """Flower's Executor hook: fork a child that runs the task with Flower's own runner.
+
+        Args:
+            spec: Flower's launch spec of the task: its type, Runtime API address, token, TLS settings and parent pid.
+
+        Returns:
+            Flower's launch result: accepted once the child is forked; failed for a task of another type.
+        """
         if spec.task_type != self.task_type:
             return flower.launch_failed(
                 f"this fedbayes superexec runs {self.task_type} tasks only, not {spec.task_type}"
@@ -155,7 +191,11 @@ class ForkExecutor:
         """TERM the tasks and wait for them, at most `timeout` seconds: when this process stops (CLOSE_TIMEOUT), since a
         task sees it end as its cue to stop at once (Flower's parent monitor), which would cut short a ServerApp's
         own shutdown, where it writes the checkpoint of the round it has just logged. Not when one SuperNode has
-        exited: the loop goes on serving the others."""
+        exited: the loop goes on serving the others.
+
+        Args:
+            timeout: seconds to wait for the tasks to end; 0: none (ended ones are still reaped).
+        """
         for pid in self.children:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -211,7 +251,16 @@ def next_ask_in(poll: float, bell_heard: bool, serverapp_running: bool) -> float
     SuperNode's bell has been heard (it rings for each task, deploy/doorbell.py), and RUNNING_SERVERAPP_POLL for a
     SuperLink while a ServerApp forked for it runs. A SuperLink hands out one ServerApp task per run, and no bell
     rings for it, so asking every `poll` while the run's ServerApp runs found nothing: five HTTP requests a second
-    through the SuperLink's middleware, which its main thread serves beside the ServerApp's own polls."""
+    through the SuperLink's middleware, which its main thread serves beside the ServerApp's own polls.
+
+    Args:
+        poll: Flower's task poll interval, in seconds.
+        bell_heard: whether this SuperNode's doorbell has rung.
+        serverapp_running: whether a ServerApp forked for this SuperLink still runs.
+
+    Returns:
+        The seconds.
+    """
     if bell_heard:
         return HEARD_POLL
     return RUNNING_SERVERAPP_POLL if serverapp_running else poll
@@ -231,7 +280,21 @@ class ServedRuntime:
         app: str = "clientapp",
         executor: ForkExecutor | None = None,
     ) -> None:
-        """`executor`: the one forking its tasks (default: a ForkExecutor for `app`'s tasks)."""
+        """Make its Runtime API client (no call yet) and, for a SuperNode, its doorbell.
+
+        Args:
+            address: its Runtime API, host:port.
+            parent_pid: its process, whose exit ends serving it; None: not watched.
+            insecure: plain HTTP to the Runtime API.
+            root_certificates: the CA bundle of the Runtime API's certificate (with TLS).
+            poll: Flower's task poll interval, in seconds.
+            app: "clientapp" (a SuperNode) or "serverapp" (a SuperLink).
+            executor: the one forking its tasks (default: a ForkExecutor for `app`'s tasks).
+
+        Raises:
+            ValueError: Flower refuses the CA file.
+            OSError: `parent_pid` is gone.
+        """
         self.address, self.poll, self.app = address, poll, app
         self.name = f"the {'SuperNode' if app == 'clientapp' else 'SuperLink'} at {address}"  # for messages
         self.executor = executor or ForkExecutor(TASK_TYPE[app])
@@ -247,12 +310,21 @@ class ServedRuntime:
         self.unreachable: str | None = None
 
     def waitables(self) -> list:
+        """What the loop selects on for it: its doorbell while it listens, and its process (readable once it exited).
+
+        Returns:
+            The socket and process fd that apply.
+        """
         bell = self.bell.socket if self.bell is not None and self.bell.listening() else None
         return [handle for handle in (bell, self.process) if handle is not None]
 
     def wakes_at(self) -> float:
         """When the loop must look at this SuperNode again without a waitable ready: its next ask, or the end of its
-        bell's quiet spell (the bell is then listened to again)."""
+        bell's quiet spell (the bell is then listened to again).
+
+        Returns:
+            A time of time.monotonic().
+        """
         if self.bell is None or self.bell.listening():
             return self.next_ask
         return min(self.next_ask, self.bell.quiet_until)
@@ -283,11 +355,19 @@ class ServedRuntime:
         self.next_ask = time.monotonic() + next_ask_in(self.poll, heard, self.serverapp_running())
 
     def serverapp_running(self) -> bool:
-        """Whether this is a SuperLink and a ServerApp forked for it is still running (`reconcile` reaps the ended)."""
+        """Whether this is a SuperLink and a ServerApp forked for it is still running (`reconcile` reaps the ended).
+
+        Returns:
+            False for a SuperNode.
+        """
         return self.app == "serverapp" and bool(self.executor.children)
 
     def close(self, timeout: float = 0.0) -> None:
-        """Stop its tasks (waiting for them at most `timeout` seconds) and let its resources go."""
+        """Stop its tasks (waiting for them at most `timeout` seconds) and let its resources go.
+
+        Args:
+            timeout: seconds to wait for its tasks to end.
+        """
         self.executor.close(timeout)
         self.client.close()
         if self.bell is not None:
@@ -317,7 +397,12 @@ def _doorbell(address: str, parent_pid: int | None) -> Doorbell | None:
 def serve(nodes: list[ServedRuntime], more: SuperNodeList | None = None) -> None:
     """Ask each SuperNode (or SuperLink) for work when its doorbell rings or its poll is due, fork every task it
     hands out, and stop serving one whose process has exited; serve the SuperNodes `more` names as they come.
-    Return once none is left and `more` has ended."""
+    Return once none is left and `more` has ended.
+
+    Args:
+        nodes: the SuperNodes and SuperLinks served; those that exit are removed from the list.
+        more: SuperNodes named on stdin as they start; None: none.
+    """
     while nodes or more is not None:
         now = time.monotonic()
         timeout = max(0.0, min((node.wakes_at() for node in nodes), default=now + HEARD_POLL) - now)
@@ -343,12 +428,24 @@ class SuperNodeList:
     `before_fork` runs before each of their ClientApps is forked (the ClientApps' imports, if not done yet)."""
 
     def __init__(self, fd: int, poll: float, before_fork: Callable[[], None] = lambda: None) -> None:
+        """A list that has read nothing yet.
+
+        Args:
+            fd: the file descriptor the lines come from.
+            poll: Flower's task poll interval, in seconds, for each SuperNode served.
+            before_fork: run before each of their ClientApps is forked.
+        """
         self.fd, self.poll, self.before_fork = fd, poll, before_fork
         self.pending = b""
         self.ended = False
 
     def read(self) -> list[ServedRuntime]:
-        """The SuperNodes on the lines complete so far (a line that names none is reported and skipped)."""
+        """The SuperNodes on the lines complete so far (a line that names none is reported and skipped); the last piece
+        too once the file has ended (`ended`).
+
+        Returns:
+            A ServedRuntime for each, insecure, its process watched.
+        """
         chunk = os.read(self.fd, 65536)
         self.ended = not chunk
         *lines, self.pending = (self.pending + chunk).split(b"\n")
@@ -370,6 +467,11 @@ def _say(message: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`fedbayes superexec`'s options.
+
+    Args:
+        parser: the `superexec` parser.
+    """
     parser.add_argument(
         "--runtime-api-address",
         required=True,
@@ -403,12 +505,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def exit_on_term(*_: object) -> NoReturn:
     """SIGTERM: exit through the `finally` that closes the served SuperNodes. Further TERMs are ignored from here on:
     a second one (`fedbayes local` sent two until `ProcessGroup.stop_all` skipped the processes it had signalled)
-    would raise SystemExit again inside the interpreter's exit (torch's atexit finalisers), a traceback in the log."""
+    would raise SystemExit again inside the interpreter's exit (torch's atexit finalisers), a traceback in the log.
+
+    Args:
+        _: the signal handler's arguments (signal number and frame), unused.
+
+    Raises:
+        SystemExit: always, with status 0.
+    """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(0)
 
 
 def run(args: argparse.Namespace) -> int:
+    """`fedbayes superexec`: serve the Runtime APIs named, and those on stdin, until each has exited or SIGTERM.
+
+    Args:
+        args: the command line (`add_arguments`).
+
+    Returns:
+        0.
+
+    Raises:
+        SystemExit: not one --parent-pid per --runtime-api-address, a bad poll interval, CA file or address, or a
+            parent process that is gone.
+    """
     addresses, parent_pids = args.runtime_api_address, args.parent_pid or [None] * len(args.runtime_api_address)
     if len(parent_pids) != len(addresses):
         raise SystemExit(f"give one --parent-pid per --runtime-api-address ({len(parent_pids)} for {len(addresses)})")

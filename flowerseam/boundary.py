@@ -25,7 +25,14 @@ PARTS = ("bayes", "protos", "tasks", "strategies", "client", "server", "posterio
 
 @cache
 def public_names(module: str) -> frozenset[str]:
-    """What public Flower module `module` exports (its `__all__`)."""
+    """What public Flower module `module` exports (its `__all__`).
+
+    Args:
+        module: one of PUBLIC_MODULES; it is imported. Cached per module.
+
+    Returns:
+        The names; empty for a module without `__all__`.
+    """
     return frozenset(getattr(importlib.import_module(module), "__all__", ()))
 
 
@@ -39,8 +46,11 @@ def private_references(source: str) -> Iterator[tuple[int, str]]:
     Args:
         source: a module's text.
 
-    Returns:
+    Yields:
         (line, what) for each reference, in the order `ast.walk` meets them.
+
+    Raises:
+        SyntaxError: `source` is not Python.
     """
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module and _is_flower(node.module):
@@ -84,6 +94,15 @@ class PrivateFlowerContract(Contract):
     seam = fields.StringField()
 
     def check(self, graph, verbose: bool) -> ContractCheck:
+        """import-linter's hook: look in every fedbayes module of the graph outside the seam for private Flower.
+
+        Args:
+            graph: import-linter's import graph; only its module names are used (each module's source is read).
+            verbose: import-linter passes it; unused.
+
+        Returns:
+            Kept when there is no reference; its metadata's "broken" lists each as "module:line: what".
+        """
         seam = str(self.seam)
         broken = []
         for module in sorted(graph.modules):
@@ -97,13 +116,25 @@ class PrivateFlowerContract(Contract):
         return ContractCheck(kept=not broken, metadata={"broken": broken})
 
     def render_broken_contract(self, check: ContractCheck) -> None:
+        """import-linter's hook: print the references that broke the contract.
+
+        Args:
+            check: what `check` returned.
+        """
         output.print_error(f"Private Flower outside {self.seam} (move it into the seam):")
         for reference in check.metadata["broken"]:
             output.print_error(f"  {reference}", bold=False)
 
 
 def main(argv: list[str]) -> int:
-    """Print the references outside the seam and their count; exit status 1 if there are any."""
+    """Print the references outside the seam and their count.
+
+    Args:
+        argv: the arguments after the module: the checkout's root, or none (the one this module is in).
+
+    Returns:
+        The exit status: 1 if there are any, else 0.
+    """
     root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent
     found = references_outside_seam(root)
     print("\n".join([*found, f"{len(found)} reference(s) to private Flower outside the seam"]))

@@ -19,14 +19,25 @@ RUNTIME_MODULES = {
 
 
 def launch_accepted() -> Any:
-    """Flower's LaunchResult for a task the executor started."""
+    """Flower's LaunchResult for a task the executor started.
+
+    Returns:
+        `LaunchResult.accepted()`.
+    """
     from flwr.supercore.superexec.executor import LaunchResult
 
     return LaunchResult.accepted()
 
 
 def launch_failed(reason: str) -> Any:
-    """Flower's LaunchResult for a task the executor refused, with `reason`."""
+    """Flower's LaunchResult for a task the executor refused, with `reason`.
+
+    Args:
+        reason: why, for the SuperExec's log.
+
+    Returns:
+        `LaunchResult.failed(reason)`.
+    """
     from flwr.supercore.superexec.executor import LaunchResult
 
     return LaunchResult.failed(reason)
@@ -94,7 +105,11 @@ def flush_logs_exactly() -> bool:
     upload to finish: a second at the end of every run. Here it ends the uploader instead (the end-of-queue mark
     Flower's `stop_log_uploader` puts later) and waits for its thread, which uploads all it has before it ends, so
     every log line is on the SuperLink before the outcome, as Flower intends. False (and nothing changed) on a
-    Flower other than the one this was read in."""
+    Flower other than the one this was read in.
+
+    Returns:
+        Whether Flower's run_serverapp module was patched.
+    """
     runtime: Any = importlib.import_module("flwr.superlink.runtime.run_serverapp")  # the module, not its function
     if not flower_is_patched():
         return False
@@ -163,7 +178,15 @@ def exec_plugin(address: str, insecure: bool, root_certificates: str | None, exe
 
 
 def acquire_task_request(supported_task_types: set[str], fab_hashes: set[str]) -> Any:
-    """Flower's AcquireTaskRequest for a task of these types."""
+    """Flower's AcquireTaskRequest for a task of these types.
+
+    Args:
+        supported_task_types: the task types the executor takes now.
+        fab_hashes: the hashes of the FABs the executor holds (`agentapp_fab_hashes`).
+
+    Returns:
+        The request.
+    """
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
 
     return AcquireTaskRequest(supported_task_types=supported_task_types, agentapp_fab_hashes=fab_hashes)
@@ -171,6 +194,9 @@ def acquire_task_request(supported_task_types: set[str], fab_hashes: set[str]) -
 
 def task_poll_interval() -> float:
     """FLWR_SUPEREXEC_TASK_POLL_INTERVAL, with Flower's own check.
+
+    Returns:
+        The seconds between asks for a task (Flower's default where the variable is unset).
 
     Raises:
         ValueError: the variable is not a valid interval.

@@ -46,7 +46,14 @@ def bundle_quickly() -> None:
 def collect_app_files(root: Path) -> dict[str, Path]:
     """Flower's `collect_files(root)` (relative POSIX path -> path; symlinks and what resolves outside `root` left
     out) without entering the directories whose every file Flower's first filter drops (its publish excludes,
-    `.venv/**`, `.flwr/**`, `**/__pycache__/**`: a pattern `DIR/**` matches every path below DIR)."""
+    `.venv/**`, `.flwr/**`, `**/__pycache__/**`: a pattern `DIR/**` matches every path below DIR).
+
+    Args:
+        root: the app's directory.
+
+    Returns:
+        Relative POSIX path -> path, for every regular file below `root` but those left out.
+    """
     excluded = cli_utils.build_pathspec(cli_utils.APP_PUBLISH_EXCLUDE_PATTERNS)
     resolved_root = root.resolve()
     files: dict[str, Path] = {}

@@ -41,7 +41,14 @@ def call_bytes_limit(max_message_mb: float) -> int:
     `max_message_mb` MiB: one object of such a message, or one array chunk (FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, which a
     message just over a small limit is cut into), plus OBJECT_OVERHEAD_BYTES; at most gRPC's own 2 GiB - 1 (Flower's
     GRPC_MAX_MESSAGE_LENGTH: a larger message travels as several objects). Above it a call is refused by gRPC before
-    anyone reads it; up to it, the object reaches the per-message count that refuses it by name."""
+    anyone reads it; up to it, the object reaches the per-message count that refuses it by name.
+
+    Args:
+        max_message_mb: the message bound, in MiB; > 0.
+
+    Returns:
+        The bytes.
+    """
     from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
     from flwr.supercore.grpc import GRPC_MAX_MESSAGE_LENGTH
 
@@ -50,12 +57,27 @@ def call_bytes_limit(max_message_mb: float) -> int:
 
 
 def pull_backoff() -> float:
+    """The first retry's wait of an object pull: FEDBAYES_PULL_BACKOFF, else DEFAULT_BACKOFF.
+
+    Returns:
+        The seconds, in (0, 1].
+
+    Raises:
+        ValueError: the variable is no number, or outside (0, 1].
+    """
     return seconds_from_env("FEDBAYES_PULL_BACKOFF", DEFAULT_BACKOFF, 1.0)
 
 
 def shorten_pull_backoff() -> bool:
     """Set the first retry of Flower's object pulls in this process to `pull_backoff()`; False (and nothing
-    changed) on a Flower other than the one this was read in."""
+    changed) on a Flower other than the one this was read in.
+
+    Returns:
+        Whether Flower's pulls were changed.
+
+    Raises:
+        ValueError: FEDBAYES_PULL_BACKOFF is refused (`pull_backoff`).
+    """
     from flwr.supercore.inflatable import inflatable_utils
 
     if not flower_is_patched():
@@ -72,7 +94,15 @@ def bound_reply_pulls(grid, max_payload_mb: float) -> bool:
     """Make `grid` (the ServerApp's, Flower's HttpGrid) stop pulling a reply whose objects pass `max_payload_mb` MiB
     plus OBJECT_OVERHEAD_BYTES, and release that reply on the SuperLink as taking it would have (else the SuperLink
     would keep its objects until the run ends). False (and nothing changed) for another grid (simulation's pulls
-    nothing over a network) or a Flower other than the one this was read in. Calling it again replaces the bound."""
+    nothing over a network) or a Flower other than the one this was read in. Calling it again replaces the bound.
+
+    Args:
+        grid: the ServerApp's grid.
+        max_payload_mb: the run's max-payload-mb, in MiB.
+
+    Returns:
+        Whether the grid's pulls were bounded.
+    """
     from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
     from flwr.supercore.inflatable import inflatable_utils
     from flwr.superlink.grid import http_grid
@@ -95,7 +125,17 @@ def bounded_pulls(
 ) -> Callable[..., dict[str, bytes]]:
     """Flower's `pull_objects` for one message (its object ids in post-order: the message's own id last), raising
     ObjectPullError (which stops its other pulls) as soon as the objects pulled for it pass `limit` bytes; that
-    message is then `release`d."""
+    message is then `release`d.
+
+    Args:
+        pull_objects: Flower's `pull_objects(object_ids, pull_object_fn, **options)`.
+        limit: the most bytes of objects one message may have pulled.
+        max_payload_mb: the bound in MiB, for the error's message.
+        release: `release(message_id)`: tell the SuperLink the message over the bound is taken.
+
+    Returns:
+        A function with `pull_objects`' signature; its ObjectPullError names the object and how much was pulled.
+    """
     from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
 
     def pull_bounded(object_ids: list[str], pull_object_fn: Callable[[str], bytes], **options) -> dict[str, bytes]:

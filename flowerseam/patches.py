@@ -64,7 +64,17 @@ def _defined(node: ast.AST) -> set[str]:
 
 
 def flower_digest(target: str) -> str:
-    """The first 16 hex digits of the SHA-256 of `flower_source(target)`."""
+    """The first 16 hex digits of the SHA-256 of `flower_source(target)`.
+
+    Args:
+        target: `module` or `module:qualified.name`, as `flower_source` takes it.
+
+    Returns:
+        The digest of the installed Flower's source for it.
+
+    Raises:
+        LookupError: Flower has no such module, or its module no such definition, any more.
+    """
     return hashlib.sha256(flower_source(target).encode()).hexdigest()[:16]
 
 

@@ -29,7 +29,14 @@ from fedbayes.flowerseam.version import flower_is_patched
 
 def check_only_own_messages(grid: object) -> bool:
     """Give the link state behind the simulation's `grid` an OwnMessages index; False (and nothing changed) for another
-    grid (a deployment ServerApp's) or on a Flower other than the one this was read in."""
+    grid (a deployment ServerApp's) or on a Flower other than the one this was read in.
+
+    Args:
+        grid: the ServerApp's grid.
+
+    Returns:
+        Whether the link state's `get_message_ins` was replaced.
+    """
     from flwr.server.superlink.linkstate import InMemoryLinkState
 
     if not flower_is_patched() or not isinstance(grid, InMemoryGrid):
@@ -56,6 +63,19 @@ class OwnMessages:
         self.waiting: dict[int, list[str]] = {}
 
     def get_message_ins(self, node_id: int, limit: int | None, *, run_id: int | None = None) -> list[Any]:
+        """`InMemoryLinkState.get_message_ins`: the undelivered instructions for `node_id`, marked delivered now.
+
+        Args:
+            node_id: the asking node.
+            limit: the most instructions to return; None: all.
+            run_id: only that run's; None: any run's.
+
+        Returns:
+            The instructions, oldest first (expired ones, and those of nodes out of the federation, dropped).
+
+        Raises:
+            AssertionError: `limit` is below 1, as Flower's does.
+        """
         from flwr.supercore.date import now
 
         if limit is not None and limit < 1:

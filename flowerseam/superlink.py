@@ -45,6 +45,12 @@ class ReplyBound:
     forgotten. Thread-safe: the Fleet and Runtime APIs serve calls on several threads."""
 
     def __init__(self, max_message_mb: float, stale_seconds: float) -> None:
+        """A bound that holds no push yet.
+
+        Args:
+            max_message_mb: the SuperLink's --max-message-mb, in MiB.
+            stale_seconds: after how long untouched a push is forgotten.
+        """
         self.max_message_mb = max_message_mb
         self.limit = message_bytes_limit(max_message_mb)
         self.stale_seconds = stale_seconds
@@ -57,7 +63,14 @@ class ReplyBound:
 
     def started(self, session_id: str, node_id: int, reply: Any, pending: list[str]) -> None:
         """A SuperNode registered `reply` (its Metadata) and is to push the objects `pending`; with none to push it
-        is whole already."""
+        is whole already.
+
+        Args:
+            session_id: the push session Flower opened for it.
+            node_id: the SuperNode's node id.
+            reply: the reply's Metadata.
+            pending: the ids of the objects it is to push.
+        """
         with self.lock:
             self._forget_stale()
             if pending:
@@ -67,7 +80,15 @@ class ReplyBound:
 
     def reserve(self, session_id: str, size: int) -> tuple[ReplyPush | None, bool]:
         """Before an object of `size` bytes of push `session_id` is stored: (the push, whether the object is
-        refused), counting the object's bytes if not; (None, False) for an object of no reply push held here."""
+        refused), counting the object's bytes if not; (None, False) for an object of no reply push held here.
+
+        Args:
+            session_id: the object's push session.
+            size: the object's bytes.
+
+        Returns:
+            The push (None: none held here) and whether the object is refused; a refusal marks the push refused.
+        """
         with self.lock:
             push = self.by_session.get(session_id)
             if push is None:
@@ -81,7 +102,14 @@ class ReplyBound:
 
     def settle(self, push: ReplyPush, object_id: str, size: int, stored: bool) -> None:
         """The object `reserve` let through was stored, or not (its bytes no longer count then). A push with no
-        object pending is whole: the ServerApp may take it."""
+        object pending is whole: the ServerApp may take it.
+
+        Args:
+            push: what `reserve` returned.
+            object_id: the object's id.
+            size: the object's bytes, as reserved.
+            stored: whether Flower stored it.
+        """
         with self.lock:
             if not stored:
                 push.stored_bytes -= size
@@ -91,13 +119,26 @@ class ReplyBound:
                 self._forget(push)
 
     def stand_in(self, push: ReplyPush, error_reply: Any) -> None:
-        """The error reply the ServerApp gets in place of refused `push`."""
+        """The error reply the ServerApp gets in place of refused `push`.
+
+        Args:
+            push: a refused push.
+            error_reply: the error reply (`refuse_reply`).
+        """
         with self.lock:
             push.stand_in = error_reply
 
     def sort(self, instruction_ids: list[str], run_id: int) -> tuple[list[str], list[Any]]:
         """Of the instructions whose replies the ServerApp of run `run_id` asks for: (those Flower may answer,
-        the stand-ins for refused replies, each handed out once). A reply still being pushed is in neither."""
+        the stand-ins for refused replies, each handed out once). A reply still being pushed is in neither.
+
+        Args:
+            instruction_ids: the instructions whose replies are asked for.
+            run_id: the asking ServerApp's run.
+
+        Returns:
+            The instruction ids Flower may answer, in the given order, and the stand-ins handed out now.
+        """
         with self.lock:
             self._forget_stale()
             answerable, stand_ins = [], []
@@ -111,7 +152,15 @@ class ReplyBound:
             return answerable, stand_ins
 
     def refusal(self, push: ReplyPush, size: int) -> str:
-        """Why an object of `size` bytes of `push` was refused."""
+        """Why an object of `size` bytes of `push` was refused.
+
+        Args:
+            push: the refused push.
+            size: the refused object's bytes.
+
+        Returns:
+            The reason, one line, naming the node, the bound and the MiB sent.
+        """
         arrived = (push.stored_bytes + size) / 2**20
         return (
             f"the SuperLink refused the reply of node {push.node_id}: it is over {MAX_MESSAGE_OPTION}="
@@ -133,7 +182,16 @@ class ReplyBound:
 def refuse_reply(state: Any, push: ReplyPush, reason: str) -> Any:
     """Drop what the SuperLink `state` holds of refused `push` (the reply, the instruction it answers, the objects
     stored of it) and store, as Flower stores the error replies it makes for a node, an error reply for that
-    instruction naming `reason`; that error reply (a flwr Message)."""
+    instruction naming `reason`; that error reply (a flwr Message).
+
+    Args:
+        state: the SuperLink's link state.
+        push: the refused push.
+        reason: the error's reason (`ReplyBound.refusal`).
+
+    Returns:
+        The error reply stored.
+    """
     from flwr.app import Error, Metadata
     from flwr.app.message import make_message
     from flwr.common.constant import ErrorCode
@@ -161,7 +219,15 @@ def refuse_reply(state: Any, push: ReplyPush, reason: str) -> Any:
 
 def registering_reply_pushes(push_messages: Callable, bound: ReplyBound) -> Callable:
     """Flower's FleetServicer.PushMessages (a SuperNode registers its reply and is told which objects to push),
-    telling `bound` of the reply and the objects it will count."""
+    telling `bound` of the reply and the objects it will count.
+
+    Args:
+        push_messages: Flower's FleetServicer.PushMessages.
+        bound: the reply bound.
+
+    Returns:
+        A PushMessages with the same signature and answer.
+    """
 
     def push_messages_registered(servicer, request, context):
         from flwr.common.serde import message_from_proto
@@ -178,7 +244,15 @@ def registering_reply_pushes(push_messages: Callable, bound: ReplyBound) -> Call
 def counting_reply_objects(push_object: Callable, bound: ReplyBound) -> Callable:
     """Flower's FleetServicer.PushObject (stores one object a SuperNode pushes), refusing, before it is stored, an
     object that takes its reply past `bound`: the reply is refused then (`refuse_reply`) and the call aborted with
-    RESOURCE_EXHAUSTED, which the SuperNode logs and gives up the reply for."""
+    RESOURCE_EXHAUSTED, which the SuperNode logs and gives up the reply for.
+
+    Args:
+        push_object: Flower's FleetServicer.PushObject.
+        bound: the reply bound.
+
+    Returns:
+        A PushObject with the same signature; Flower's answer for the objects it lets through.
+    """
     import grpc
 
     def push_object_counted(servicer, request, context):
@@ -204,7 +278,15 @@ def counting_reply_objects(push_object: Callable, bound: ReplyBound) -> Callable
 
 def holding_back_unfinished_replies(pull_messages: Callable, bound: ReplyBound) -> Callable:
     """Flower's Runtime API `pull_messages` (the ServerApp asks for the replies to its instructions), answering
-    only for replies whose objects are all stored, and with the stand-ins of refused ones."""
+    only for replies whose objects are all stored, and with the stand-ins of refused ones.
+
+    Args:
+        pull_messages: Flower's Runtime API handler `pull_messages(request, state, task)`.
+        bound: the reply bound.
+
+    Returns:
+        A handler with the same signature; its answer holds the whole replies asked for, then the stand-ins.
+    """
 
     def pull_whole_messages(request, state, task):
         from flwr.common.serde import message_to_proto
@@ -224,12 +306,22 @@ def holding_back_unfinished_replies(pull_messages: Callable, bound: ReplyBound) 
 
 def bounding_fleet_calls(max_message_mb: float) -> None:
     """Flower's Fleet API server takes calls of up to `call_bytes_limit(max_message_mb)` instead of 2 GiB - 1:
-    `_run_fleet_api_grpc_rere` reads the module's GRPC_MAX_MESSAGE_LENGTH when it creates the server."""
+    `_run_fleet_api_grpc_rere` reads the module's GRPC_MAX_MESSAGE_LENGTH when it creates the server.
+
+    Args:
+        max_message_mb: the SuperLink's --max-message-mb, in MiB.
+    """
     flower_superlink = importlib.import_module("flwr.superlink.cli.flower_superlink")
     flower_superlink.GRPC_MAX_MESSAGE_LENGTH = call_bytes_limit(max_message_mb)  # type: ignore[attr-defined]
 
 
 def bounding_replies(bound: ReplyBound) -> None:
+    """Patch Flower's FleetServicer.PushMessages and PushObject and the Runtime API's `pull_messages` to keep `bound`
+    (`registering_reply_pushes`, `counting_reply_objects`, `holding_back_unfinished_replies`).
+
+    Args:
+        bound: the reply bound.
+    """
     from flwr.server.superlink.fleet.grpc_rere.fleet_servicer import FleetServicer
     from flwr.superlink.servicer.runtime import runtime_handlers
 
@@ -263,7 +355,17 @@ def patch_log_stream_and_database(interval: float, busy_timeout_ms: int) -> None
 
 def bound_messages(max_message_mb: float) -> ReplyBound:
     """Bound Flower's Fleet calls and replies at `max_message_mb` (`bounding_fleet_calls`, `bounding_replies`); the
-    bound. SystemExit on a Flower other than the one this was read in."""
+    bound.
+
+    Args:
+        max_message_mb: the SuperLink's --max-message-mb, in MiB.
+
+    Returns:
+        The bound the patched servicers keep.
+
+    Raises:
+        SystemExit: the installed Flower is not the one this was read in.
+    """
     from flwr.supercore.constant import OBJECT_PUSH_SESSION_TTL_SECONDS
 
     require_patched_flower(WHO, f"Fleet and Runtime APIs ({MAX_MESSAGE_OPTION})", INSTEAD)
@@ -282,7 +384,11 @@ def index_instructions_by_node() -> None:
     under the state's lock, whichever node it is for, and a round's m instructions stay there until their replies are
     taken: with N nodes polling about once a second, N x m checks a second (docs/results/performance.md, "One
     SuperLink, many nodes"). Which instructions a pull returns, in which order, and their checks and delivery marks
-    are Flower's. SystemExit on a Flower other than the one this was read in."""
+    are Flower's.
+
+    Raises:
+        SystemExit: the installed Flower is not the one this was read in.
+    """
     from flwr.server.superlink.linkstate import InMemoryLinkState
 
     from fedbayes.flowerseam.simulation_polls import OwnMessages
@@ -307,7 +413,11 @@ def passing_runtime_requests_through() -> None:
     (docs/results/performance.md, "One SuperLink, many nodes"). Here each skips the request exactly when its own
     `dispatch` would only pass it on: not a Control path (authentication, license: also without a license plugin),
     not a sensitive Control route (no-cache headers), no event log plugin (event log). The error translation and the
-    protobuf translation still see every request. SystemExit on a Flower other than the one this was read in."""
+    protobuf translation still see every request.
+
+    Raises:
+        SystemExit: the installed Flower is not the one this was read in.
+    """
     from fastapi import Request
     from flwr.superlink.routers.control import middlewares
 
@@ -340,7 +450,15 @@ def passing_runtime_requests_through() -> None:
 
 def passing_through(call, passes_through):
     """A BaseHTTPMiddleware's `__call__` that hands an HTTP request for which `passes_through(layer, request)` holds
-    to the app below it, unchanged."""
+    to the app below it, unchanged.
+
+    Args:
+        call: the layer's own `__call__(layer, scope, receive, send)`.
+        passes_through: `passes_through(layer, request)`: whether the layer would only pass the request on.
+
+    Returns:
+        The new `__call__`; any other request (and every non-HTTP scope) goes through `call`.
+    """
     from fastapi import Request
 
     async def call_or_pass(layer, scope, receive, send) -> None:
@@ -366,8 +484,15 @@ def queueing_pending_calls(soft_limit: int, hard_limit: int) -> None:
     with others once more than 1,000 wait. A SuperNode has up to two calls in flight (its pull and its heartbeat),
     so a thousand nodes or more reach that whenever the SuperLink falls behind, and Flower 1.39's SuperNode does not
     retry a CANCELLED call: it exits (docs/results/performance.md, "One SuperLink, many nodes"). A call that waits
-    costs a few kilobytes; the SuperLink now answers late instead. SystemExit on a Flower other than the one this was
-    read in."""
+    costs a few kilobytes; the SuperLink now answers late instead.
+
+    Args:
+        soft_limit: pending calls held before gRPC starts dropping some.
+        hard_limit: pending calls past which it drops every new one.
+
+    Raises:
+        SystemExit: the installed Flower is not the one this was read in.
+    """
     import grpc
 
     require_patched_flower(WHO, "gRPC servers", INSTEAD)

@@ -27,7 +27,14 @@ def polling_time(poll: float) -> SimpleNamespace:
     except that consecutive idle waits (nothing pulled from the SuperLink) grow by IDLE_GROWTH up to IDLE_CAP
     (or `poll`, if larger). Waiting for a ClientApp's reply (a message was pulled) resets them to `poll`: a node
     asks quickly right after its reply, when the next round's instruction is due, and about once a second while
-    the federation has no work for it (ten idle nodes polling 5 times a second used a quarter of a 2-core machine)."""
+    the federation has no work for it (ten idle nodes polling 5 times a second used a quarter of a 2-core machine).
+
+    Args:
+        poll: seconds; Flower's 3 s idle sleep and 0.5 s reply wait become it.
+
+    Returns:
+        The stand-in for the `time` module (`time_with_sleep`).
+    """
     idle = {"wait": poll}
     idle_wait, reply_wait = FLOWER_WAITS
 
@@ -45,14 +52,29 @@ def polling_time(poll: float) -> SimpleNamespace:
 
 
 def time_with_sleep(sleep: Callable[[float], None]) -> SimpleNamespace:
-    """The `time` module, but with this `sleep`: handed to one Flower module as its `time`."""
+    """The `time` module, but with this `sleep`: handed to one Flower module as its `time`.
+
+    Args:
+        sleep: the `sleep(seconds)` to use.
+
+    Returns:
+        A namespace of the `time` module's public functions, `sleep` replaced.
+    """
     functions = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
     return SimpleNamespace(**{**functions, "sleep": sleep})
 
 
 def ringing(pull_and_store: Callable[..., int | None], ring: Callable[[], None]) -> Callable[..., int | None]:
     """Flower's `_pull_and_store_message`, calling `ring` (the executor's doorbell, deploy/doorbell.py) once it has
-    taken a message (it returns the message's run id then)."""
+    taken a message (it returns the message's run id then).
+
+    Args:
+        pull_and_store: Flower's `_pull_and_store_message` (or a patch of it).
+        ring: called once for each message taken.
+
+    Returns:
+        A function with its signature and answer.
+    """
 
     def pull_store_and_ring(*args, **kwargs) -> int | None:
         run_id = pull_and_store(*args, **kwargs)
@@ -79,7 +101,14 @@ def dropping_stopped_runs(pull_and_store: Callable[..., int | None]) -> Callable
 
     Here, after such a call: the task created for the message is finished as STOPPED (which also revokes its token,
     so a ClientApp already running it can push nothing), and the message and any reply of its run still waiting to
-    be pushed are deleted with their objects: the SuperLink would refuse all of them."""
+    be pushed are deleted with their objects: the SuperLink would refuse all of them.
+
+    Args:
+        pull_and_store: Flower's `_pull_and_store_message` (or a patch of it), called with keyword arguments.
+
+    Returns:
+        A function with its signature and answer.
+    """
 
     from flwr.supercore.run import RunNotRunningException
 
@@ -116,7 +145,14 @@ def dropping_stopped_runs(pull_and_store: Callable[..., int | None]) -> Callable
 
 def drop_stopped_message(state, object_store, message, tasks_before: set[int]) -> None:
     """Finish the ClientApp task created for `message` (any task of its run not in `tasks_before`) as STOPPED, and
-    delete the message and its run's replies not yet pushed, with their objects, from the SuperNode's state."""
+    delete the message and its run's replies not yet pushed, with their objects, from the SuperNode's state.
+
+    Args:
+        state: the SuperNode's state.
+        object_store: its object store.
+        message: the message taken for the run that is not running.
+        tasks_before: the ids of the run's tasks from before the message was taken.
+    """
     from flwr.common import log
     from flwr.common.constant import Status, SubStatus
 
@@ -154,7 +190,16 @@ def refusing_oversize_instructions(
     receive message", drops the message and fails its task. This then stores the error reply that Flower's loop pushes
     next, as it does its own FAB-verification error reply. It does not confirm the message to the SuperLink, as
     Flower does not after a failed pull: the ServerApp may still be pushing the message's objects, and a confirmed
-    message's are dropped, which failed that push and ended the run."""
+    message's are dropped, which failed that push and ended the run.
+
+    Args:
+        pull_and_store: Flower's `_pull_and_store_message` (or a patch of it), called with keyword arguments.
+        max_message_mb: the SuperNode's --max-message-mb, in MiB.
+
+    Returns:
+        A function with its signature; for a refused instruction it returns the instruction's run id (the error reply
+        is then pushed), else Flower's answer.
+    """
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode
     from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
@@ -200,7 +245,12 @@ def refusing_oversize_instructions(
 
 def bounding_fleet_calls(start_client_internal, max_message_mb: float) -> None:
     """The SuperNode's channel to the Fleet API carries calls of up to `call_bytes_limit(max_message_mb)` instead
-    of 2 GiB - 1: `_init_connection` reads the module's GRPC_MAX_MESSAGE_LENGTH when it connects."""
+    of 2 GiB - 1: `_init_connection` reads the module's GRPC_MAX_MESSAGE_LENGTH when it connects.
+
+    Args:
+        start_client_internal: Flower's `flwr.supernode.start_client_internal` module.
+        max_message_mb: the SuperNode's --max-message-mb, in MiB.
+    """
     start_client_internal.GRPC_MAX_MESSAGE_LENGTH = call_bytes_limit(max_message_mb)
 
 
@@ -233,7 +283,17 @@ def patch_supernode(poll: float, ring: Callable[[], None] | None = None, max_mes
 
 
 def runtime_port(argv: list[str]) -> int:
-    """The Runtime API port `flower-supernode` will serve with these arguments (its `--port`)."""
+    """The Runtime API port `flower-supernode` will serve with these arguments (its `--port`).
+
+    Args:
+        argv: `flower-supernode`'s arguments.
+
+    Returns:
+        The port; Flower's default without `--port`.
+
+    Raises:
+        SystemExit: `--port` is not an integer (argparse's usage error).
+    """
     from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT
 
     parser = argparse.ArgumentParser(add_help=False)
