@@ -91,12 +91,30 @@ class RoundReport:
 @dataclass(frozen=True)
 class RoundOutcome:
     """What one round's aggregate made: the new global arrays and the round's metrics (both None when no reply was
-    usable or absorbing them failed: nothing changed), and who took part (the round's report, built by that
-    aggregate alone)."""
+    usable or absorbing them failed: nothing changed), who took part (the round's report, built by that aggregate
+    alone), and the (client id, node) of each well-formed LeaveAndForget sent instead of a reply, which forgetting
+    (server/forget/) decides once the round is committed."""
 
     arrays: ArrayRecord | None
     metrics: MetricRecord | None
     report: RoundReport
+    leave_requests: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass
+class CheckedReplies:
+    """One aggregate's record of its replies as the checks go: the report it returns, the node of each client whose
+    reply passed the checks, the nodes whose reply was refused (their quarantine counts them) and the leave requests.
+    Built by that aggregate and passed from check to check; the core keeps none of it."""
+
+    report: RoundReport
+    nodes: dict[str, int] = field(default_factory=dict)  # client id -> node
+    refused: set[int] = field(default_factory=set)
+    leave_requests: list[tuple[str, int]] = field(default_factory=list)
+
+    def node_of(self, payload: Payload[Any]) -> int:
+        """The node whose reply `payload` is."""
+        return self.nodes[payload.header.client_id]
 
 
 @dataclass(frozen=True)
@@ -162,9 +180,6 @@ class RoundCore:
         self.checkpointed_rounds: dict[str, int] = {}  # accepted_rounds as the newest checkpoint on disk holds them
         self.connected: list[int] = []  # the nodes connected when this round was configured
         self._instructed = 0  # the nodes sent this round's instruction (its report's `sent`)
-        self.leave_requests: list[tuple[str, int]] = []  # (client id, node) of this round's LeaveAndForget
-        self._reply_nodes: dict[str, int] = {}  # client id -> node, of this round's replies that passed the checks
-        self._refused_nodes: set[int] = set()  # nodes whose reply this round was refused
         # node -> the nonce of the last message sent to it (this round's instruction, or a forget's message between
         # rounds): the only reply it may send is the answer to that message. Never checkpointed: a resumed server
         # refuses every answer to its predecessor's messages.
@@ -233,7 +248,7 @@ class RoundCore:
         content = encode(instruction, body, tensors)
         nodes = list(nodes)
         self._instructed = len(nodes)
-        self._refused_nodes, self.leave_requests, self._nonces = set(), [], {}
+        self._nonces = {}
         return [self._addressed(content, instruction, node, self.checkpointed_rounds) for node in nodes]
 
     def _addressed(
@@ -278,12 +293,13 @@ class RoundCore:
         """
         evaluated = evaluation_request(self.settings) is not None
         report = RoundReport(sent=self._instructed, client_metrics={} if evaluated else None)
+        checked = CheckedReplies(report)
         for node, error in (errors or {}).items():  # before the round's quarantine is decided: an error is a refusal
-            self._client_error(report, node, error)
+            self._client_error(checked, node, error)
         arrays: ArrayRecord | None = None
         metrics: MetricRecord | None = None
         try:
-            arrays, metrics = self._absorbed(report, server_round, replies)
+            arrays, metrics = self._absorbed(checked, server_round, replies)
         except Exception as error:
             log(
                 ERROR,
@@ -299,33 +315,33 @@ class RoundCore:
             report.rejected["round"] = f"the server could not absorb the replies: {type(error).__name__}: {error}"
         for node, why in (absent or {}).items():
             report.rejected[self.node_label(node)] = why
-        return RoundOutcome(arrays, metrics, report)
+        return RoundOutcome(arrays, metrics, report, tuple(checked.leave_requests))
 
     def _absorbed(
-        self, report: RoundReport, server_round: int, replies: Iterable[Message]
+        self, checked: CheckedReplies, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The round's new arrays and metrics from `replies` (None, None: no reply was usable, nothing changes), the
-        round's refusals, acceptances and quarantines recorded in `report`."""
+        round's refusals, acceptances, quarantines and leave requests recorded in `checked`."""
 
         def layouts(message: ProtoMessage) -> dict[str, TensorLayout]:
             return {**self.strategy.reply_layouts_for(message), "buffers": self.buffer_layout}
 
-        payloads = self.decode_replies(report, replies, layouts, server_round)
-        payloads, update_norms = self.screened(report, payloads)
+        payloads = self.decode_replies(checked, replies, layouts, server_round)
+        payloads, update_norms = self.screened(checked, payloads)
         isolated = usable_subset(payloads, lambda subset: self.candidate(subset, server_round), update_norms)
         for payload, reason in isolated.left_out:
-            client = payload.header.client_id
-            node = self._reply_nodes[client]
-            self._reject(report, f"client {client!r} (node {node})", f"{self.settings.strategy}: {reason}", node)
-        self.quarantined_after(report, server_round, isolated.used)
+            node = checked.node_of(payload)
+            label = f"client {payload.header.client_id!r} (node {node})"
+            self._reject(checked, label, f"{self.settings.strategy}: {reason}", node)
+        self.quarantined_after(checked, server_round, isolated.used)
         if not isolated.used:
             return None, None
         weights, update = isolated.result
-        self.commit(report, isolated.used, server_round)
+        self.commit(checked, isolated.used, server_round)
         self.strategy.commit(update.state)
         if update.warning:
             log(WARNING, "round %d: %s", server_round, update.warning)
-            report.warnings.append(update.warning)
+            checked.report.warnings.append(update.warning)
         return (
             ArrayRecord({name: Array(value) for name, value in weights.items()}),
             round_metrics(isolated.used, **update.metrics),
@@ -333,38 +349,47 @@ class RoundCore:
 
     def decode_replies(
         self,
-        report: RoundReport,
+        checked: CheckedReplies,
         replies: Iterable[Message],
         layouts: Callable[[ProtoMessage], Layouts],
         server_round: int,
     ) -> list[Payload[Any]]:
         """The replies of this round that pass every check, in client-id order (so aggregates do not depend on
         arrival order). Anything wrong with a reply, whatever it raises, rejects that reply alone, logged with its
-        client id, node id and the field; nothing about it is kept."""
+        client id, node id and the field; nothing about it is kept.
+
+        Args:
+            checked: the round's record so far; each passing reply's node, each refusal and each leave request are
+                added to it.
+            replies: the replies received this round.
+            layouts: a reply body's tensor layouts, by its message.
+            server_round: the round the replies answer.
+
+        Returns:
+            The replies that pass every check, sorted by client id.
+        """
         accepted: list[Payload[Any]] = []
-        claimed: dict[str, int] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
-                self._client_error(report, node, reply.error)
+                self._client_error(checked, node, reply.error)
                 continue
             if envelope_type(reply.content) == pb.LeaveAndForget.DESCRIPTOR.full_name:
-                self._leave_request(report, reply, server_round)
+                self._leave_request(checked, reply, server_round)
                 continue
             try:
-                payload = self._checked_reply(reply, layouts, server_round, claimed)
+                payload = self._checked_reply(reply, layouts, server_round, checked.nodes)
             except Exception as error:  # the guard: no reply may stop the server
-                self._reject_reply(report, reply, "rejected reply", error)
+                self._reject_reply(checked, reply, "rejected reply", error)
                 continue
-            claimed[payload.header.client_id] = node
+            checked.nodes[payload.header.client_id] = node
             accepted.append(payload)
-        self._reply_nodes = claimed
         log(
             INFO,
             "round %d: %d replies pass the checks, %d left out",
             server_round,
             len(accepted),
-            len(report.rejected),
+            len(checked.report.rejected),
         )
         return sorted(accepted, key=lambda payload: payload.header.client_id)
 
@@ -426,10 +451,10 @@ class RoundCore:
         if accepted and resumed == 0:
             log(WARNING, "client %r lost its state of round %d; %s", client, accepted, self.strategy.fresh_start)
 
-    def _leave_request(self, report: RoundReport, reply: Message, server_round: int) -> None:
+    def _leave_request(self, checked: CheckedReplies, reply: Message, server_round: int) -> None:
         """A client's LeaveAndForget, sent instead of its reply: nothing of it enters the round. A well-formed one is
-        kept in `leave_requests` for server/forget/, which decides it after the round is committed and honours it
-        only from the node the client id is bound to."""
+        added to the round's leave requests (RoundOutcome.leave_requests) for server/forget/, which decides it after
+        the round is committed and honours it only from the node the client id is bound to."""
         node = reply.metadata.src_node_id
         label = self.reply_label(reply)
         try:
@@ -437,11 +462,11 @@ class RoundCore:
             header = decode(reply.content, pb.LeaveAndForget, None, {}, sender=label).header
             self._check_header(header, server_round, node)
         except Exception as error:  # the guard, as for every reply
-            self._reject_reply(report, reply, "rejected leave request", error)
+            self._reject_reply(checked, reply, "rejected leave request", error)
             return
-        self.leave_requests.append((header.client_id, node))
+        checked.leave_requests.append((header.client_id, node))
         self._reject(
-            report,
+            checked,
             label,
             "asked to leave and be forgotten: it sent no update, and the request is decided once this "
             "round is committed",
@@ -450,7 +475,7 @@ class RoundCore:
         )
 
     def screened(
-        self, report: RoundReport, payloads: list[Payload[Any]]
+        self, checked: CheckedReplies, payloads: list[Payload[Any]]
     ) -> tuple[list[Payload[Any]], dict[int, float]]:
         """The replies whose update passes the screen (bayes/robust.py screen_bounds: at most `screen-ratio` x the
         largest of the others' median per unit of expected size times this one's (`update_scale`), the state's norm
@@ -469,11 +494,10 @@ class RoundCore:
             if norm <= bound:
                 kept.append(payload)
                 continue
-            client = payload.header.client_id
-            node = self._reply_nodes[client]
+            node = checked.node_of(payload)
             self._reject(
-                report,
-                f"client {client!r} (node {node})",
+                checked,
+                f"client {payload.header.client_id!r} (node {node})",
                 f"refused by the screen: its update's norm {norm:.3g} "
                 f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
                 "updates' median norm for a client of its size, the state's and an RMS change of 1)",
@@ -506,11 +530,11 @@ class RoundCore:
             raise RoundRejected("the averaged model buffers are not finite")
         return unflatten(average, self.buffer_layout)
 
-    def quarantined_after(self, report: RoundReport, server_round: int, used: list[Payload[Any]]) -> None:
+    def quarantined_after(self, checked: CheckedReplies, server_round: int, used: list[Payload[Any]]) -> None:
         """Count this round's refusals per node; a node refused `max-client-rejections` rounds in a row sits out
         `quarantine-rounds` rounds (logged, and in the round report)."""
-        accepted = {self._reply_nodes[p.header.client_id] for p in used}
-        for node in self.quarantine.record(server_round, self._refused_nodes, accepted):
+        accepted = {checked.node_of(payload) for payload in used}
+        for node in self.quarantine.record(server_round, checked.refused, accepted):
             log(
                 WARNING,
                 "%s: refused %d rounds in a row; quarantined for rounds %d-%d (max-client-rejections, "
@@ -520,18 +544,19 @@ class RoundCore:
                 server_round + 1,
                 server_round + self.settings.quarantine_rounds,
             )
-        report.quarantined = {
+        checked.report.quarantined = {
             self.node_label(node): last for node, last in self.quarantine.active(server_round + 1).items()
         }
 
-    def commit(self, report: RoundReport, payloads: Iterable[Payload[Any]], server_round: int) -> None:
+    def commit(self, checked: CheckedReplies, payloads: Iterable[Payload[Any]], server_round: int) -> None:
         """These replies went into the round's state: bind their ids, record the round."""
+        report = checked.report
         for payload in payloads:
             client = payload.header.client_id
             fresh = self.strategy.fresh_start is not None and payload.reply.resumed_from_round == 0
             if fresh and self.accepted_rounds.get(client):
                 report.fresh_starts.append(client)
-            self.identities.bind(self._reply_nodes[client], client)
+            self.identities.bind(checked.nodes[client], client)
             self.identities.ledger.record_contribution(client, server_round)
             self.accepted_rounds[client] = server_round
             self.client_examples[client] = payload.reply.num_examples
@@ -539,11 +564,11 @@ class RoundCore:
             if report.client_metrics is not None:
                 report.client_metrics[client] = client_entry(payload.reply.evaluation)
 
-    def _client_error(self, report: RoundReport, node: int, error: Error) -> None:
+    def _client_error(self, checked: CheckedReplies, node: int, error: Error) -> None:
         """`node` answered with an error instead of a reply. One the SuperLink made for a node it saw go offline
         (NODE_UNAVAILABLE) is absence, not a refusal: it does not count towards the node's quarantine."""
         self._reject(
-            report,
+            checked,
             self.node_label(node),
             f"client error: {error.reason}",
             node,
@@ -571,19 +596,19 @@ class RoundCore:
             return f"client {claimed[:64]!r} (node {node})"
         return self.node_label(node)
 
-    def _reject_reply(self, report: RoundReport, reply: Message, what: str, error: Exception) -> None:
+    def _reject_reply(self, checked: CheckedReplies, reply: Message, what: str, error: Exception) -> None:
         label = self.reply_label(reply)
         reason = str(error) if isinstance(error, PayloadError) else f"{type(error).__name__}: {error}"
-        self._reject(report, label, f"{what}: {reason.removeprefix(f'{label}: ')}", reply.metadata.src_node_id)
+        self._reject(checked, label, f"{what}: {reason.removeprefix(f'{label}: ')}", reply.metadata.src_node_id)
 
-    def _reject(self, report: RoundReport, label: str, reason: str, node: int, refused: bool = True) -> None:
-        """Leave one reply of `node` out of the round, with the reason (logged, and in `report`; when `refused`, it
-        counts towards the node's quarantine)."""
+    def _reject(self, checked: CheckedReplies, label: str, reason: str, node: int, refused: bool = True) -> None:
+        """Leave one reply of `node` out of the round, with the reason (logged, and in the round's report; when
+        `refused`, it counts towards the node's quarantine)."""
         if len(reason) > MAX_REASON:  # reasons quote what the sender sent: bound what a reply can make us log
             reason = f"{reason[:MAX_REASON]}... ({len(reason)} characters)"
-        report.rejected[label] = reason
+        checked.report.rejected[label] = reason
         if refused:
-            self._refused_nodes.add(node)
+            checked.refused.add(node)
         log(WARNING, "%s: %s", label, reason)
 
     # ---- state -----------------------------------------------------------------------------------------------------
@@ -681,8 +706,3 @@ class RoundCore:
         self.identities.check(reply.metadata.src_node_id, client, self.connected, {})
         self.strategy.check_reply(payload)
         return payload
-
-    def take_leave_requests(self) -> list[tuple[str, int]]:
-        """This round's leave requests, handed over once to whoever decides them (server/forget/)."""
-        requests, self.leave_requests = self.leave_requests, []
-        return requests

@@ -364,7 +364,7 @@ def test_an_error_from_the_superlink_names_the_node_the_instruction_went_to(tmp_
     report = outcome.report
     assert outcome.arrays is not None and len(report.accepted) == 2
     assert report.rejected == {f"node {offline}": "client error: node offline"}
-    assert federation.core._refused_nodes == set()
+    assert federation.core.quarantine.refusals == {}  # an offline node's error counts towards no quarantine
 
 
 def test_a_strategys_warning_is_in_its_rounds_row_and_only_there(tmp_path, monkeypatch):

@@ -144,13 +144,12 @@ def test_a_leave_request_that_answers_no_instruction_of_this_round_is_refused(tm
     (now,) = run.core.configure(2, run.arrays, FakeGrid([1]))
     stale = encode(pb.LeaveAndForget(header=reply_header(decode_header(old.content, "server"), "client-1")), None, {})
     stale = with_round(stale, 2)
-    report = run.core.aggregate(2, [reply_message(stale, 1)]).report
-    assert run.core.leave_requests == []
-    (reason,) = report.rejected.values()
+    refused = run.core.aggregate(2, [reply_message(stale, 1)])
+    assert refused.leave_requests == ()
+    (reason,) = refused.report.rejected.values()
     assert reason.startswith(f"rejected leave request: {NONCE_REFUSAL} 1:"), reason
     leave = encode(pb.LeaveAndForget(header=reply_header(decode_header(now.content, "server"), "client-1")), None, {})
-    run.core.aggregate(2, [reply_message(leave, 1)])
-    assert run.core.leave_requests == [("client-1", 1)]
+    assert run.core.aggregate(2, [reply_message(leave, 1)]).leave_requests == (("client-1", 1),)
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fedlap", "p-dsvgd"])
