@@ -307,7 +307,7 @@ class Stragglers:
 
 def exchange(
     grid: Grid,
-    messages: list[Message],
+    messages: Sequence[Message],
     timeout: float,
     poll_interval: float,
     phases: dict[str, float],
@@ -688,24 +688,24 @@ def train_round(
         wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     finisher.collect()  # a previous round already checkpointed: its accepted rounds go in this round's headers
     with phases("configure"):
-        messages = core.configure(server_round, arrays, grid)
-    for message in messages:  # too big for the clients' limit: every one of them would refuse it
+        plan = core.configure(server_round, arrays, grid)
+    for message in plan.messages:  # too big for the clients' limit: every one of them would refuse it
         check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
     arrivals: dict[int, float] = {}
     replies, silent, errors = exchange(
         grid,
-        messages,
+        plan.messages,
         settings.round_timeout,
         settings.poll_interval,
         phases.seconds,
         stragglers,
         arrivals,
     )
-    events.emit(REPLIES, server_round, sent=len(messages), replies=len(replies), silent=len(silent))
+    events.emit(REPLIES, server_round, sent=len(plan.messages), replies=len(replies), silent=len(silent))
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
-        outcome = core.aggregate(server_round, replies, errors, silent)
+        outcome = core.aggregate(plan, replies, errors, silent)
     if outcome.arrays is None:
         log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
     report = outcome.report

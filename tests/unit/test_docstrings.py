@@ -24,6 +24,7 @@ PUBLIC_MODULES = (
     "bayes/robust.py",
     "posterior/uncertainty.py",
     "protos/codec.py",
+    "server/round_core.py",
     "strategies/bayesadmm/math.py",
     "strategies/dsvgd/math.py",
     "strategies/feddyn/math.py",
