@@ -221,8 +221,11 @@ class RoundCore:
     def __init__(self, settings: RunSettings, strategy: ServerStrategy[Any]) -> None:
         self.settings = settings
         self.strategy = strategy
-        self.identities = ClientIdentities(settings.client_identity, settings.max_clients, settings.client_registry)
-        self.quarantine = Quarantine(settings.max_client_rejections, settings.quarantine_rounds)
+        self._trust = settings.trust
+        self.identities = ClientIdentities(
+            self._trust.client_identity, self._trust.max_clients, self._trust.client_registry
+        )
+        self.quarantine = Quarantine(self._trust.max_client_rejections, self._trust.quarantine_rounds)
         self.accepted_rounds: dict[str, int] = {}  # client id -> last round whose reply was accepted
         self.checkpointed_rounds: dict[str, int] = {}  # accepted_rounds as the newest checkpoint on disk holds them
         # the nodes connected when the last round was configured: between rounds, a forget's message to a node and
@@ -514,20 +517,18 @@ class RoundCore:
         PayloadError (or whatever the strategy's check raises) when anything is wrong."""
         node = reply.metadata.src_node_id
         sender = self.reply_label(reply)
-        check_payload_size(reply.content, self.settings.max_payload_mb, sender=sender)
+        check_payload_size(reply.content, self._trust.max_payload_mb, sender=sender)
         payload = decode(reply.content, pb.Reply, self.strategy.reply_type, layouts, sender=sender)
         header = payload.header
         self._check_header(header, checked.plan.server_round, node)
         self.identities.check(node, header.client_id, checked.plan.connected, checked.nodes)
         examples = payload.reply.num_examples
-        if not 1 <= examples <= self.settings.max_client_examples:
+        if not 1 <= examples <= self._trust.max_client_examples:
             raise PayloadError(
-                f"field 'num_examples': {examples} is not in [1, max-client-examples={self.settings.max_client_examples}]"
+                f"field 'num_examples': {examples} is not in [1, max-client-examples={self._trust.max_client_examples}]"
             )
         self._check_resumed(payload)
-        check_evaluation(
-            payload.reply, evaluation_request(self.settings) is not None, self.settings.max_client_examples
-        )
+        check_evaluation(payload.reply, evaluation_request(self.settings) is not None, self._trust.max_client_examples)
         self.strategy.check_reply(payload)
         return payload
 
@@ -573,7 +574,7 @@ class RoundCore:
         node = reply.metadata.src_node_id
         label = self.reply_label(reply)
         try:
-            check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
+            check_payload_size(reply.content, self._trust.max_payload_mb, sender=label)
             header = decode(reply.content, pb.LeaveAndForget, None, {}, sender=label).header
             self._check_header(header, server_round, node)
         except Exception as error:  # the guard, as for every reply
@@ -602,7 +603,7 @@ class RoundCore:
         update_norms = norms(measured)
         scales = np.array([self.strategy.update_scale(payload) for payload in payloads], dtype=np.float64)
         bounds = screen_bounds(
-            update_norms, scales, self.strategy.state_norm(), measured[0].size, self.settings.screen_ratio
+            update_norms, scales, self.strategy.state_norm(), measured[0].size, self._trust.screen_ratio
         )
         kept = []
         for payload, norm, bound in zip(payloads, update_norms, bounds):
@@ -614,7 +615,7 @@ class RoundCore:
                 checked,
                 f"client {payload.header.client_id!r} (node {node})",
                 f"refused by the screen: its update's norm {norm:.3g} "
-                f"is over {bound:.3g} (screen-ratio={self.settings.screen_ratio:g} x the largest of the other "
+                f"is over {bound:.3g} (screen-ratio={self._trust.screen_ratio:g} x the largest of the other "
                 "updates' median norm for a client of its size, the state's and an RMS change of 1)",
                 node,
             )
@@ -655,9 +656,9 @@ class RoundCore:
                 "%s: refused %d rounds in a row; quarantined for rounds %d-%d (max-client-rejections, "
                 "quarantine-rounds)",
                 self.node_label(node),
-                self.settings.max_client_rejections,
+                self._trust.max_client_rejections,
                 server_round + 1,
-                server_round + self.settings.quarantine_rounds,
+                server_round + self._trust.quarantine_rounds,
             )
         checked.report.quarantined = {
             self.node_label(node): last for node, last in self.quarantine.active(server_round + 1).items()
@@ -864,7 +865,7 @@ class RoundCore:
         label = self.reply_label(reply)
         if reply.has_error():
             raise PayloadError(f"client error: {reply.error.reason}")
-        check_payload_size(reply.content, self.settings.max_payload_mb, sender=label)
+        check_payload_size(reply.content, self._trust.max_payload_mb, sender=label)
         payload = decode(reply.content, pb.Reply, reply_type, layouts, sender=label)
         self._check_header(payload.header, server_round, reply.metadata.src_node_id)
         if payload.header.client_id != client:

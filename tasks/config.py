@@ -9,7 +9,7 @@ the keys, `fedbayes app` writes them as a Flower app's [tool.flwr.app.config] (t
 same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local --set` override them. A layer that
 reads one concern's keys alone takes that concern's group, a frozen copy of them (`RunSettings.loop`, the round
 loop's; `RunSettings.data`, a client's data's; `RunSettings.architecture`, the model's; `RunSettings.training`, the
-clients' local training's).
+clients' local training's; `RunSettings.trust`, the trust boundary's).
 """
 
 from __future__ import annotations
@@ -220,6 +220,23 @@ class TrainingSettings:
             return self.lr
         progress = (server_round - 1) / max(self.num_rounds, 1)
         return 0.5 * self.lr * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class TrustSettings:
+    """The trust boundary's settings (server/round_core.py and the identities and quarantine it keeps): what a reply
+    may be (its size, its num_examples, how far its update may reach), which client ids a node may speak as and how
+    many the federation may count, and when refused replies quarantine a node. `RunSettings.trust` is the run's; each
+    field holds the core key of its name."""
+
+    max_payload_mb: float
+    max_client_examples: int
+    max_clients: int
+    client_identity: str  # bound | reconnect
+    client_registry: str  # a JSON file of {client-id: node-id}; "" = none
+    screen_ratio: float
+    max_client_rejections: int
+    quarantine_rounds: int
 
 
 @dataclass(frozen=True)
@@ -484,6 +501,11 @@ class RunSettings:
     def training(self) -> TrainingSettings:
         """The group of keys the clients' local training follows, and the rounds to run (its schedule's length)."""
         return self._group(TrainingSettings, num_rounds=self.num_server_rounds)
+
+    @property
+    def trust(self) -> TrustSettings:
+        """The group of keys the trust boundary checks each reply, client id and node against."""
+        return self._group(TrustSettings)
 
     def _group(self, group: type[G], **given: Any) -> G:
         """`group` with each of its fields named as a core key holding that key's value, and `given`."""
