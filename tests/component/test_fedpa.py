@@ -117,6 +117,39 @@ def test_server_optimizers_follow_their_formulas(optimizer, expected):
             assert value == pytest.approx(want, rel=1e-6)
 
 
+@pytest.mark.parametrize(("optimizer", "rule"), [("sgd", "none"), ("adam", "none"), ("sgd", "median")])
+def test_a_server_restored_from_its_state_steps_from_the_same_theta(optimizer, rule):
+    """θ is FedPA's declared state: a server restored from round 1's state, before it sends anything itself, screens
+    round 2's replies against the θ round 1 made and steps its optimizer from it, exactly as the server it
+    replaces does."""
+    config = settings(
+        strategy="fedpa",
+        **{"server-optimizer": optimizer, "server-lr": 0.5, "server-momentum": 0.9, "robust-aggregation": rule},
+    )
+    core = round_core(FedPA(config, LAYOUT))
+    start_round(core, 1, value=1.0)
+    first = {
+        11: fedpa_reply("client-0", num_examples=10, value=0.2),
+        12: fedpa_reply("client-1", num_examples=30, value=0.6),
+    }
+    assert core.aggregate(*answers(core, 1, first)).arrays is not None
+    saved = core.state_dict()
+    assert saved.tensors["theta"].dtype == np.float32
+    restored = round_core(FedPA(config, LAYOUT))
+    restored.load_state_dict(saved)
+    np.testing.assert_array_equal(restored.strategy.theta, core.strategy.theta)
+    assert restored.strategy.theta.dtype == np.float64
+    second = {
+        11: fedpa_reply("client-0", server_round=2, num_examples=10, value=0.1),
+        12: fedpa_reply("client-1", server_round=2, num_examples=30, value=-0.3),
+    }
+    original, resumed = (server.aggregate(*answers(server, 2, second)) for server in (core, restored))
+    assert resumed.report.accepted == original.report.accepted == ["client-0", "client-1"]
+    assert resumed.metrics["delta-norm"] == original.metrics["delta-norm"]
+    for name in LAYOUT:
+        np.testing.assert_array_equal(resumed.arrays[name].numpy(), original.arrays[name].numpy())
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
 def test_a_resumed_server_continues_its_optimizer(tmp_path, optimizer):
     """Two rounds, checkpoint, a new strategy restored from it: round 3 as if never interrupted."""

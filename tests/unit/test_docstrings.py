@@ -31,6 +31,7 @@ PUBLIC_MODULES = (
     "strategies/fedlap/math.py",
     "strategies/fedlap_func/math.py",
     "strategies/fedpa/math.py",
+    "strategies/fedpa/server.py",
 )
 
 SECTION = re.compile(r"^\s*(Args|Arguments|Returns|Yields|Raises|Attributes|Examples?|Notes?):\s*$")
