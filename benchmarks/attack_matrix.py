@@ -105,7 +105,8 @@ def run_cell(strategy: str, attack: str, root: Path) -> dict:
             state = store.load(core.accepted_rounds["client-1"], for_round=server_round)
             state.tensors[LAMBDA_KEY] = state.tensors[LAMBDA_KEY] * 1000
             store.save(state, core.accepted_rounds["client-1"], accepted_round=core.accepted_rounds["client-1"])
-        messages = core.configure(server_round, federation.arrays, FakeGrid(nodes))
+        plan = core.configure(server_round, federation.arrays, FakeGrid(nodes))
+        messages = plan.messages
         replies, rogue_sent = [], False
         for message in messages:
             node = message.metadata.dst_node_id
@@ -118,7 +119,7 @@ def run_cell(strategy: str, attack: str, root: Path) -> dict:
             if node == 1 and make is not None:
                 content = rogue_reply(federation, content, attack, server_round)
             replies.append(reply_message(content, node))
-        aggregated = core.aggregate(server_round, replies)
+        aggregated = core.aggregate(plan, replies)
         federation.arrays = aggregated.arrays if aggregated.arrays is not None else federation.arrays
         report = aggregated.report
         honest = sorted(c for c in report.accepted if c != "client-1")

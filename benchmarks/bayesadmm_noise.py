@@ -66,12 +66,13 @@ def run(noise: str, rounds: int, seed: int, state_dir: Path) -> list[dict]:
     rows = []
     for server_round in range(1, rounds + 1):
         started = time.monotonic()
-        messages = server.configure(server_round, arrays, FakeGrid(runtimes))
+        plan = server.configure(server_round, arrays, FakeGrid(runtimes))
+        messages = plan.messages
         replies = [
             reply_message(client_update(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
             for m in messages
         ]
-        outcome = server.aggregate(server_round, replies)
+        outcome = server.aggregate(plan, replies)
         arrays, metrics = outcome.arrays, outcome.metrics
         set_parameters(model, {n: arrays[n].numpy() for n in arrays})
         probs = predict_probs(model, test.images, 2000, torch.device("cpu"))

@@ -158,14 +158,15 @@ class Federation:
         """One round; its seconds, bytes on the wire and accepted clients."""
         started = time.perf_counter()
         record = ArrayRecord({name: Array(value) for name, value in self.arrays.items()})
-        messages = self.server.configure(server_round, record, FakeGrid(self.runtimes))
+        plan = self.server.configure(server_round, record, FakeGrid(self.runtimes))
+        messages = plan.messages
         replies = [
             reply_message(
                 self.algorithm.client_half()(m.content, self.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
             )
             for m in messages
         ]
-        aggregated = self.server.aggregate(server_round, replies)
+        aggregated = self.server.aggregate(plan, replies)
         updated = aggregated.arrays
         if updated is not None:
             self.arrays = {name: updated[name].numpy() for name in updated}

@@ -138,7 +138,8 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
         node = NodeSettings("client-0", 0, 1, "", state_dir, device)
         runtime = ClientRuntime(settings, node, data, network, layout, target)
         for server_round in (1, 2):
-            (message,) = server.configure(server_round, arrays, _Grid())
+            plan = server.configure(server_round, arrays, _Grid())
+            (message,) = plan.messages
             if target.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -149,7 +150,7 @@ def measure(model: str, strategy: str, examples: int, epochs: int, particles: in
                 if target.type == "cuda":
                     torch.cuda.synchronize()
                 seconds = clock() - started
-            arrays = server.aggregate(server_round, [reply_message(reply, 1)]).arrays
+            arrays = server.aggregate(plan, [reply_message(reply, 1)]).arrays
             if arrays is None:
                 raise RuntimeError(f"{strategy} on {model}: the server rejected round {server_round}")
     result = {

@@ -117,7 +117,8 @@ def run(strategy: str, rule: str, attack: str, rounds: int, seed: int, reference
         core = RoundCore(settings, server)
         for server_round in range(1, rounds + 1):
             started = time.perf_counter()
-            messages = core.configure(server_round, arrays, FakeGrid(runtimes))
+            plan = core.configure(server_round, arrays, FakeGrid(runtimes))
+            messages = plan.messages
             replies = []
             for message in messages:
                 node = message.metadata.dst_node_id
@@ -128,7 +129,7 @@ def run(strategy: str, rule: str, attack: str, rounds: int, seed: int, reference
                     change = rogue.scaled_update(reference, rogue.UPDATE_GROUP[strategy], factor)
                     content = rogue.consistent_reply(server, content, change, server_round)
                 replies.append(reply_message(content, node))
-            outcome = core.aggregate(server_round, replies)
+            outcome = core.aggregate(plan, replies)
             arrays = outcome.arrays if outcome.arrays is not None else arrays
             set_parameters(model, {name: arrays[name].numpy() for name in arrays})
             metrics = classification_metrics(predict_probs(model, test.images, 2000, torch.device("cpu")), test.labels)

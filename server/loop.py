@@ -39,7 +39,7 @@ from fedbayes.protos.codec import check_payload_size, reply_timings
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.client_metrics import row_fields as client_metrics_row
 from fedbayes.server.forget import ClientLink, Forgetting, server_lock
-from fedbayes.server.round_core import RoundCore, RoundReport
+from fedbayes.server.round_core import RoundCore, RoundOutcome, RoundReport
 from fedbayes.strategies.base import ServerState
 from fedbayes.tasks.config import LoopSettings
 from fedbayes.tasks.events import (
@@ -307,7 +307,7 @@ class Stragglers:
 
 def exchange(
     grid: Grid,
-    messages: list[Message],
+    messages: Sequence[Message],
     timeout: float,
     poll_interval: float,
     phases: dict[str, float],
@@ -641,12 +641,16 @@ def _run_rounds(
     stragglers = Stragglers(settings.straggler_wait, core.examples_of)
     try:
         for server_round in range(first_round, settings.num_rounds + 1):
-            finished, report = train_round(grid, core, arrays, settings, server_round, finisher, stragglers, events)
+            finished, outcome = train_round(grid, core, arrays, settings, server_round, finisher, stragglers, events)
+            report = outcome.report
             arrays = finished.arrays
             finisher.submit(finished)
-            if forgetting.has_work(core):  # between rounds: once this one is checkpointed, before the next starts
+            # between rounds: once this one is checkpointed, before the next starts
+            if forgetting.has_work(outcome.leave_requests):
                 finisher.wait()
-                arrays = forgetting.settle_records(core, arrays, server_round, time.monotonic() - finisher.clock_start)
+                arrays = forgetting.settle_records(
+                    core, arrays, server_round, time.monotonic() - finisher.clock_start, outcome.leave_requests
+                )
             outcomes.round_trained(server_round, finished.row["clients"])
             if outcomes.failed_rounds >= settings.max_failed_rounds:
                 finisher.wait()  # the failed rounds are on record before the run stops
@@ -673,9 +677,10 @@ def train_round(
     finisher: RoundFinisher,
     stragglers: Stragglers,
     events: EventLog,
-) -> tuple[FinishedRound, RoundReport]:
+) -> tuple[FinishedRound, RoundOutcome]:
     """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
-    checkpointed) meanwhile, and before this one aggregates. Returns the finished round and its report."""
+    checkpointed) meanwhile, and before this one aggregates. Returns the finished round and the aggregate's outcome
+    (its report, and the leave requests that forgetting decides once the round is committed)."""
     round_started = time.monotonic()
     events.emit(ROUND_STARTED, server_round, rounds=settings.num_rounds)
     phases = PhaseTimer()
@@ -683,24 +688,24 @@ def train_round(
         wait_for_clients(grid, settings.min_clients, settings.wait_for_clients_timeout, settings.poll_interval)
     finisher.collect()  # a previous round already checkpointed: its accepted rounds go in this round's headers
     with phases("configure"):
-        messages = core.configure(server_round, arrays, grid)
-    for message in messages:  # too big for the clients' limit: every one of them would refuse it
+        plan = core.configure(server_round, arrays, grid)
+    for message in plan.messages:  # too big for the clients' limit: every one of them would refuse it
         check_payload_size(message.content, settings.max_payload_mb, sender=f"round {server_round} instruction")
     arrivals: dict[int, float] = {}
     replies, silent, errors = exchange(
         grid,
-        messages,
+        plan.messages,
         settings.round_timeout,
         settings.poll_interval,
         phases.seconds,
         stragglers,
         arrivals,
     )
-    events.emit(REPLIES, server_round, sent=len(messages), replies=len(replies), silent=len(silent))
+    events.emit(REPLIES, server_round, sent=len(plan.messages), replies=len(replies), silent=len(silent))
     with phases("previous_round"):  # the part of the previous round's evaluation the exchange did not hide
         finisher.wait()
     with phases("aggregate"):
-        outcome = core.aggregate(server_round, replies, errors, silent)
+        outcome = core.aggregate(plan, replies, errors, silent)
     if outcome.arrays is None:
         log(WARNING, "round %d: no usable client update; the global model is unchanged", server_round)
     report = outcome.report
@@ -740,7 +745,7 @@ def train_round(
         client,
         core.state_dict(),
     )
-    return finished, report
+    return finished, outcome
 
 
 def forgotten_event(events: EventLog) -> Callable[[Mapping[str, Any]], None]:

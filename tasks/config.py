@@ -9,7 +9,8 @@ the keys, `fedbayes app` writes them as a Flower app's [tool.flwr.app.config] (t
 same, checked by tests/unit/test_config.py); `flwr run -c` and `fedbayes local --set` override them. A layer that
 reads one concern's keys alone takes that concern's group, a frozen copy of them (`RunSettings.loop`, the round
 loop's; `RunSettings.data`, a client's data's; `RunSettings.architecture`, the model's; `RunSettings.training`, the
-clients' local training's; `RunSettings.evaluation`, the server's evaluation's; `RunSettings.tracker`, its tracking's).
+clients' local training's; `RunSettings.evaluation`, the server's evaluation's; `RunSettings.tracker`, its
+tracking's; `RunSettings.trust`, the trust boundary's).
 """
 
 from __future__ import annotations
@@ -278,6 +279,23 @@ class TrackingSettings:
 
     tracking: str  # "" (off), mlflow:URI or tensorboard:DIR (parse_tracking)
     federation: str  # the tracked run's name
+
+
+@dataclass(frozen=True)
+class TrustSettings:
+    """The trust boundary's settings (server/round_core.py and the identities and quarantine it keeps): what a reply
+    may be (its size, its num_examples, how far its update may reach), which client ids a node may speak as and how
+    many the federation may count, and when refused replies quarantine a node. `RunSettings.trust` is the run's; each
+    field holds the core key of its name."""
+
+    max_payload_mb: float
+    max_client_examples: int
+    max_clients: int
+    client_identity: str  # bound | reconnect
+    client_registry: str  # a JSON file of {client-id: node-id}; "" = none
+    screen_ratio: float
+    max_client_rejections: int
+    quarantine_rounds: int
 
 
 @dataclass(frozen=True)
@@ -570,6 +588,11 @@ class RunSettings:
     def tracker(self) -> TrackingSettings:
         """The group of keys the run's tracking follows (run config `tracking` names this attribute already)."""
         return self._group(TrackingSettings)
+
+    @property
+    def trust(self) -> TrustSettings:
+        """The group of keys the trust boundary checks each reply, client id and node against."""
+        return self._group(TrustSettings)
 
     def _group(self, group: type[G], **given: Any) -> G:
         """`group` with each of its fields named as a core key holding that key's value, and `given`."""

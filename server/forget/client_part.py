@@ -60,7 +60,7 @@ def _screen_alone(core: BetweenRounds, payload: Payload[Any]) -> None:
     if update is None:
         return
     (norm,) = norms([update])
-    ratio = core.settings.screen_ratio
+    ratio = core.settings.trust.screen_ratio
     # alone, an update has no others to be compared with for its size (a forget's reply claims no examples)
     (bound,) = screen_bounds(np.array([norm]), np.ones(1), core.strategy.state_norm(), update.size, ratio)
     if norm > bound:

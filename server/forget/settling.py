@@ -4,7 +4,7 @@ forget's refinement asks the federation to run (the package docstring has the wh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from typing import Any
@@ -60,8 +60,17 @@ class Forgetting:
         self.queue = RequestQueue(store.directory / REQUESTS_DIRECTORY)
         self.audit = AuditLog(store.directory / AUDIT_LOG, on_record)
 
-    def has_work(self, core: BetweenRounds) -> bool:
-        return bool(core.leave_requests) or self.queue.waiting()
+    def has_work(self, leave_requests: Sequence[tuple[str, int]]) -> bool:
+        """Whether there is anything to settle: the round's `leave_requests` ((client id, node) of each LeaveAndForget
+        the round received, RoundOutcome.leave_requests), or a queued request.
+
+        Args:
+            leave_requests: the round's leave requests.
+
+        Returns:
+            True when `settle` has a request to decide.
+        """
+        return bool(leave_requests) or self.queue.waiting()
 
     def settle(
         self,
@@ -70,14 +79,27 @@ class Forgetting:
         server_round: int,
         wall_seconds: float,
         own: tuple[ForgetRequest, ...] = (),
+        leave_requests: Sequence[tuple[str, int]] = (),
     ) -> Arrays:
-        """Finish what a crash interrupted, then decide this round's client requests, the queued ones and `own`
-        (an operator's on a stopped federation), in that order; the global arrays after them. `server_round`: the
-        newest checkpoint's round, whose state `core` and `arrays` are."""
+        """Finish what a crash interrupted, then decide the round's client requests, the queued ones and `own` (an
+        operator's on a stopped federation), in that order.
+
+        Args:
+            core: the round core, in the state of the newest checkpoint.
+            arrays: the global arrays of that checkpoint.
+            server_round: the newest checkpoint's round, whose state `core` and `arrays` are.
+            wall_seconds: the federation's wall-clock seconds so far, for the checkpoints a forget writes.
+            own: an operator's requests, decided last.
+            leave_requests: (client id, node) of each LeaveAndForget of round `server_round`
+                (RoundOutcome.leave_requests), decided first.
+
+        Returns:
+            The global arrays after the requests decided.
+        """
         self.finish_interrupted(core)
         clients = [
             ForgetRequest.by_client(self.federation, client, node, core.client_of(node))
-            for client, node in core.take_leave_requests()
+            for client, node in leave_requests
         ]
         for request in (*clients, *self.queue.pending(), *own):
             if isinstance(request, tuple):  # a file that is no request
@@ -88,10 +110,27 @@ class Forgetting:
         return arrays
 
     def settle_records(
-        self, core: BetweenRounds, arrays: ArrayRecord, server_round: int, wall_seconds: float
+        self,
+        core: BetweenRounds,
+        arrays: ArrayRecord,
+        server_round: int,
+        wall_seconds: float,
+        leave_requests: Sequence[tuple[str, int]] = (),
     ) -> ArrayRecord:
-        """`settle` for the round loop, whose global arrays are an ArrayRecord."""
-        settled = self.settle(core, {name: arrays[name].numpy() for name in arrays}, server_round, wall_seconds)
+        """`settle` for the round loop, whose global arrays are an ArrayRecord.
+
+        Args:
+            core: the round core, in the state of the newest checkpoint.
+            arrays: the global arrays of that checkpoint.
+            server_round: the newest checkpoint's round.
+            wall_seconds: the federation's wall-clock seconds so far.
+            leave_requests: the leave requests of round `server_round` (RoundOutcome.leave_requests).
+
+        Returns:
+            The global arrays after the requests decided.
+        """
+        numpy_arrays = {name: arrays[name].numpy() for name in arrays}
+        settled = self.settle(core, numpy_arrays, server_round, wall_seconds, leave_requests=leave_requests)
         return ArrayRecord({name: Array(value) for name, value in settled.items()})
 
     def finish_interrupted(self, core: BetweenRounds) -> None:

@@ -112,7 +112,7 @@ def sent_instruction(run) -> pb.BayesADMMInstruction:
 
     layout = {"weight": (2, 5), "bias": (2,)}
     arrays = ArrayRecord({"weight": Array(np.zeros((2, 5), np.float32)), "bias": Array(np.zeros(2, np.float32))})
-    [message] = round_core(BayesADMM(run, layout)).configure(1, arrays, FakeGrid([1]))
+    [message] = round_core(BayesADMM(run, layout)).configure(1, arrays, FakeGrid([1])).messages
     groups = {"global_mean": layout, "global_precision": layout}
     return decode(message.content, pb.Instruction, pb.BayesADMMInstruction, groups, sender="server").message
 

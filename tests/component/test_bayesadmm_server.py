@@ -63,7 +63,7 @@ def test_mean_over_repliers_sum_over_all_known_clients_and_join():
     global_1 = server.strategy.global_
     a1, local_a1, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
     b1, local_b1, duals_b1 = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
-    server.aggregate(1, answers(server, 1, {1: a1, 2: b1}))
+    server.aggregate(*answers(server, 1, {1: a1, 2: b1}))
     expected = server_step([local_a1, local_b1], [duals_a1, duals_b1], settings.rho, settings.prior_precision)
     torch.testing.assert_close(server.strategy.global_.mean, expected.mean, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(server.strategy.global_.precision, expected.precision, rtol=1e-5, atol=1e-6)
@@ -71,7 +71,7 @@ def test_mean_over_repliers_sum_over_all_known_clients_and_join():
     global_2 = server.strategy.global_
     a2, local_a2, duals_a2 = reply("a", 2, [1.5, 1.0], [6.0, 6.0], global_2, 1, previous=duals_a1)
     c2, local_c2, duals_c2 = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
-    report = server.aggregate(2, answers(server, 2, {1: a2, 3: c2})).report
+    report = server.aggregate(*answers(server, 2, {1: a2, 3: c2})).report
     assert report.rejected == {} and report.fresh_starts == []
     expected = server_step([local_a2, local_c2], [duals_a2, duals_b1, duals_c2], settings.rho, settings.prior_precision)
     assert sorted(server.strategy.state.duals) == ["a", "b", "c"]
@@ -90,11 +90,11 @@ def test_mean_over_repliers_sum_over_all_known_clients_and_join():
 def test_lost_client_state_is_reported_and_the_clients_duals_are_used(caplog):
     server, _ = strategy()
     a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], server.strategy.global_, 0)
-    server.aggregate(1, answers(server, 1, {1: a1}))
+    server.aggregate(*answers(server, 1, {1: a1}))
     # "a" comes back with fresh duals (resumed from round 0) although the server knows round 1.
     a2, _, fresh = reply("a", 2, [1.0, 1.0], [5.0, 5.0], server.strategy.global_, 0)
     with caplog.at_level(logging.WARNING):
-        report = server.aggregate(2, answers(server, 2, {1: a2})).report
+        report = server.aggregate(*answers(server, 2, {1: a2})).report
     assert report.fresh_starts == ["a"]
     assert "client 'a' lost its state of round 1; it starts again from zero duals" in caplog.text
     torch.testing.assert_close(server.strategy.state.duals["a"].mean, fresh.mean, rtol=1e-6, atol=1e-9)
@@ -104,7 +104,7 @@ def test_clients_that_add_no_precision_are_reported_and_warned_of_and_the_round_
     server, _ = strategy()
     a1, _, duals_a1 = reply("a", 1, [1.0, 2.0], [50.0, 60.0], server.strategy.global_, 0)
     with caplog.at_level(logging.WARNING):
-        outcome = server.aggregate(1, answers(server, 1, {1: a1}))
+        outcome = server.aggregate(*answers(server, 1, {1: a1}))
     # shares (50 - 1)/1 and (60 - 1)/1 over δ = 1; the median of two is the lower (torch.median)
     assert outcome.metrics["client-precision-share"] == pytest.approx(49.0, rel=1e-5)
     assert outcome.report.warnings == []
@@ -113,7 +113,7 @@ def test_clients_that_add_no_precision_are_reported_and_warned_of_and_the_round_
     global_2 = server.strategy.global_
     a2, _, _ = reply("a", 2, [1.0, 2.0], global_2.precision.tolist(), global_2, 1, previous=duals_a1)
     with caplog.at_level(logging.WARNING):
-        outcome = server.aggregate(2, answers(server, 2, {1: a2}))
+        outcome = server.aggregate(*answers(server, 2, {1: a2}))
     assert outcome.arrays is not None and outcome.report.rejected == {}
     assert abs(outcome.metrics["client-precision-share"]) < 1e-6
     assert "round 2: the clients added 0.0% to q̄'s precision" in caplog.text
@@ -129,7 +129,7 @@ def test_tampered_duals_are_rejected_and_leave_no_trace():
     _, _, honest = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
     tampered = Duals(torch.tensor([123.0, 0.0], dtype=torch.float64), honest.precision)
     a1, _, _ = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0, sent_duals=tampered)
-    outcome = server.aggregate(1, answers(server, 1, {1: a1}))
+    outcome = server.aggregate(*answers(server, 1, {1: a1}))
     assert outcome.arrays is None and outcome.metrics is None
     reason = outcome.report.rejected["client 'a' (node 1)"]
     assert "field 'dual_mean': differs from the server's replay of the dual step" in reason
@@ -142,7 +142,7 @@ def test_a_non_positive_local_precision_is_rejected_and_the_round_goes_on():
     global_1 = server.strategy.global_
     bad, _, _ = reply("a", 1, [1.0, 2.0], [-50.0, 6.0], global_1, 0)
     good, local_b, duals_b = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
-    report = server.aggregate(1, answers(server, 1, {1: bad, 2: good})).report
+    report = server.aggregate(*answers(server, 1, {1: bad, 2: good})).report
     assert "1 precisions are <= 0" in report.rejected["client 'a' (node 1)"]
     assert report.accepted == ["b"] and sorted(server.strategy.state.duals) == ["b"]
     expected = server_step([local_b], [duals_b], settings.rho, settings.prior_precision)
@@ -156,12 +156,12 @@ def test_a_restored_server_continues_exactly_like_the_original():
     global_1 = original.strategy.global_
     a1, _, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
     b1, _, _ = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
-    original.aggregate(1, answers(original, 1, {1: a1, 2: b1}))
+    original.aggregate(*answers(original, 1, {1: a1, 2: b1}))
     restored = round_core(BayesADMM(run_settings(BAYESADMM), LAYOUT))
     restored.load_state_dict(original.state_dict())
     a2, _, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], original.strategy.global_, 1, previous=duals_a1)
     for server in (original, restored):
-        server.aggregate(2, answers(server, 2, {1: a2}))
+        server.aggregate(*answers(server, 2, {1: a2}))
     assert torch.equal(original.strategy.global_.mean, restored.strategy.global_.mean)
     assert torch.equal(original.strategy.global_.precision, restored.strategy.global_.precision)
     assert original.strategy.state.duals.keys() == restored.strategy.state.duals.keys() == {"a", "b"}
@@ -196,11 +196,11 @@ def two_rounds_with_a_join():
     global_1 = server.strategy.global_
     a1, local_a1, duals_a1 = reply("a", 1, [1.0, 2.0], [5.0, 6.0], global_1, 0)
     b1, local_b1, _ = reply("b", 1, [3.0, 0.0], [7.0, 2.0], global_1, 0)
-    server.aggregate(1, answers(server, 1, {1: a1, 2: b1}))
+    server.aggregate(*answers(server, 1, {1: a1, 2: b1}))
     global_2 = server.strategy.global_
     a2, local_a2, _ = reply("a", 2, [1.5, 1.0], [6.0, 6.0], global_2, 1, previous=duals_a1)
     c2, local_c2, _ = reply("c", 2, [0.0, 1.0], [4.0, 9.0], global_2, 0)
-    assert server.aggregate(2, answers(server, 2, {1: a2, 3: c2})).report.rejected == {}
+    assert server.aggregate(*answers(server, 2, {1: a2, 3: c2})).report.rejected == {}
     return server, {"a": (local_a2, 2, global_2), "b": (local_b1, 1, global_1), "c": (local_c2, 2, global_2)}
 
 
@@ -267,7 +267,7 @@ def test_a_server_without_shares_does_not_start_them_midway():
     held = server.strategy
     held.commit(replace(held.state, shares={}))
     a3, _, _ = reply("a", 3, [1.0, 1.0], [6.0, 6.0], held.global_, 2, previous=held.state.duals["a"])
-    report = server.aggregate(3, answers(server, 3, {1: a3})).report
+    report = server.aggregate(*answers(server, 3, {1: a3})).report
     assert report.rejected == {} and held.state.duals["a"].round == 3 and held.state.shares == {}
     assert held.forget("b").note.startswith("round 3's server step (Eqs. 37-38) redone without 'b'")
 
@@ -286,7 +286,7 @@ def test_under_clip_the_server_keeps_the_local_posteriors_as_its_step_moved_them
         "c": reply("c", 1, [40.0, -30.0], [9.0, 3.0], global_1, 0),  # far from the others
     }
     report = server.aggregate(
-        1, answers(server, 1, {node: content for node, (content, _, _) in enumerate(sent.values(), 1)})
+        *answers(server, 1, {node: content for node, (content, _, _) in enumerate(sent.values(), 1)})
     ).report
     assert report.accepted == ["a", "b", "c"]
     held = server.strategy.state.local_posteriors

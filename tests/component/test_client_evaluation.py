@@ -188,7 +188,7 @@ def test_a_client_half_that_names_no_global_model_refuses_to_evaluate_before_tra
     fed = federation(tmp_path, **{"client-eval-fraction": FRACTION})
     trained = []
     half = ClientHalf(pb.FedAvgInstruction, lambda local: trained.append(local), model_layouts("weights"))
-    (message, *_) = fed.core.configure(1, fed.arrays, FakeGrid([1, 2, 3]))
+    (message, *_) = fed.core.configure(1, fed.arrays, FakeGrid([1, 2, 3])).messages
     with pytest.raises(ValueError, match="names no global model to evaluate .*set client-eval-fraction = 0"):
         half(message.content, fed.runtimes[1])
     assert trained == []

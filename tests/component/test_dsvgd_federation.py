@@ -52,14 +52,15 @@ def federation(tmp_path, strategy="dsvgd", **overrides):
 def run_round(core, runtimes, server_round, lose_reply=False):
     """One round: the server's messages go to their nodes' client halves; returns (messages, replies, the round's
     report)."""
-    messages = core.configure(server_round, None, FakeGrid(runtimes))
+    plan = core.configure(server_round, None, FakeGrid(runtimes))
+    messages = plan.messages
     replies = []
     for message in messages:
         node = message.metadata.dst_node_id
         content = get_algorithm(runtimes[node].settings.strategy).client_half()(message.content, runtimes[node])
         replies.append(reply_message(content, node))
     delivered = [] if lose_reply else replies
-    return messages, replies, core.aggregate(server_round, delivered).report
+    return messages, replies, core.aggregate(plan, delivered).report
 
 
 def store_files(runtime):
@@ -193,7 +194,7 @@ def test_a_kde_bandwidth_of_0_sends_the_variants_default_and_a_set_one_is_sent_a
 ):
     with caplog.at_level(logging.INFO, logger="flwr"):
         core, runtimes, _ = federation(tmp_path, strategy, **{"kde-bandwidth": kde_bandwidth})
-    messages = core.configure(1, None, FakeGrid(runtimes))
+    messages = core.configure(1, None, FakeGrid(runtimes)).messages
     assert messages
     for message in messages:
         assert declared_payload(message.content, pb.DSVGDInstruction).message.kde_bandwidth == sent

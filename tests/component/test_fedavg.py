@@ -10,7 +10,7 @@ from fedbayes.bayes.params import get_parameters, parameter_layout
 from fedbayes.client.runtime import ClientRuntime, NodeSettings
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PACKED_ARRAY, TENSORS_KEY, decode, encode, new_header
-from fedbayes.server.round_core import RoundCore
+from fedbayes.server.round_core import RoundCore, RoundPlan
 from fedbayes.strategies import get_algorithm
 from fedbayes.strategies.fedavg.server import FedAvg
 from tests.support import LAYOUT, FakeGrid, answers, fedavg_reply, reply_message, round_core, settings
@@ -29,7 +29,7 @@ def test_weighted_average_of_accepted_replies_only():
     core = configured(FedAvg(settings(), LAYOUT), [11, 12, 13, 14, 15])
     bad = fedavg_reply("client-2", value=7.0)
     bad[TENSORS_KEY][PACKED_ARRAY].data = b"\x00"  # corrupt bytes inside the Array
-    replies = answers(
+    plan, replies = answers(
         core,
         1,
         {
@@ -38,8 +38,8 @@ def test_weighted_average_of_accepted_replies_only():
             13: bad,
             15: fedavg_reply("client-4", server_round=2, value=9.0),
         },
-    ) + [reply_message(None, node_id=14, error=Error(code=2, reason="boom"))]
-    outcome = core.aggregate(1, replies)
+    )
+    outcome = core.aggregate(plan, [*replies, reply_message(None, node_id=14, error=Error(code=2, reason="boom"))])
     expected = (10 * 1.0 + 30 * 3.0) / 40
     for name in LAYOUT:
         np.testing.assert_allclose(outcome.arrays[name].numpy(), expected)
@@ -55,7 +55,7 @@ def test_weighted_average_of_accepted_replies_only():
 def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
     limit_mb = 60 / 2**20  # LAYOUT is 15 float32 = 60 bytes of tensors, plus the envelope
     core = configured(FedAvg(settings(**{"max-payload-mb": limit_mb}), LAYOUT), [11])
-    outcome = core.aggregate(1, answers(core, 1, {11: fedavg_reply("client-0")}))
+    outcome = core.aggregate(*answers(core, 1, {11: fedavg_reply("client-0")}))
     assert outcome.arrays is None and outcome.metrics is None
     reason = outcome.report.rejected["client 'client-0' (node 11)"]
     assert "payload is 0.0 MiB, over the limit max-payload-mb=" in reason
@@ -63,7 +63,7 @@ def test_a_reply_over_the_payload_limit_is_rejected_before_decoding():
 
 def test_no_usable_reply_leaves_the_model_unchanged():
     core = round_core(FedAvg(settings(), LAYOUT))
-    outcome = core.aggregate(1, [reply_message(None, 1, Error(code=5, reason="gone"))])
+    outcome = core.aggregate(RoundPlan(1, (1,), ()), [reply_message(None, 1, Error(code=5, reason="gone"))])
     assert outcome.arrays is None and outcome.metrics is None
 
 
@@ -76,8 +76,10 @@ def test_a_round_that_fails_while_absorbing_still_reports_who_was_left_out_and_w
 
     monkeypatch.setattr(FedAvg, "absorb", broken)
     core = configured(FedAvg(settings(), LAYOUT), [11, 12, 13])
-    replies = answers(core, 1, {11: fedavg_reply("client-0")})
-    outcome = core.aggregate(1, replies, {12: Error(code=2, reason="crashed")}, {13: "no reply within round-timeout"})
+    plan, replies = answers(core, 1, {11: fedavg_reply("client-0")})
+    outcome = core.aggregate(
+        plan, replies, {12: Error(code=2, reason="crashed")}, {13: "no reply within round-timeout"}
+    )
     assert outcome.arrays is None and outcome.metrics is None and outcome.report.accepted == []
     assert outcome.report.rejected == {
         "node 12": "client error: crashed",
@@ -97,7 +99,7 @@ def test_a_server_restored_from_its_state_measures_updates_from_the_same_global_
         11: fedavg_reply("client-0", num_examples=10, value=1.0),
         12: fedavg_reply("client-1", num_examples=30, value=3.0),
     }
-    assert core.aggregate(1, answers(core, 1, first)).arrays is not None
+    assert core.aggregate(*answers(core, 1, first)).arrays is not None
     restored = round_core(FedAvg(config, LAYOUT))
     restored.load_state_dict(core.state_dict())
     np.testing.assert_array_equal(restored.strategy.global_weights, core.strategy.global_weights)
@@ -106,7 +108,7 @@ def test_a_server_restored_from_its_state_measures_updates_from_the_same_global_
         11: fedavg_reply("client-0", server_round=2, num_examples=10, value=2.0),
         12: fedavg_reply("client-1", server_round=2, num_examples=30, value=5.0),
     }
-    original, resumed = (server.aggregate(2, answers(server, 2, second)) for server in (core, restored))
+    original, resumed = (server.aggregate(*answers(server, 2, second)) for server in (core, restored))
     assert resumed.report.accepted == original.report.accepted == ["client-0", "client-1"]
     for name in LAYOUT:
         np.testing.assert_array_equal(resumed.arrays[name].numpy(), original.arrays[name].numpy())

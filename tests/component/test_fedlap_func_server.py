@@ -101,7 +101,8 @@ def test_the_server_fits_w_g_to_exactly_what_its_clients_picked_and_sends_it_to_
         nodes = [1, 2, 3] if server_round == 1 else [1, 2, 3, 4]
         if server_round == 4:
             shutil.rmtree(federation.runtimes[1].state_store("fed").directory)
-        messages = core.configure(server_round, federation.arrays, FakeGrid(nodes))
+        plan = core.configure(server_round, federation.arrays, FakeGrid(nodes))
+        messages = plan.messages
         held = [memory.inputs.numpy().reshape(len(memory.inputs), -1) for memory in server.state.memories.values()]
         for message in messages:
             instruction = declared_payload(message.content, pb.FedLapFuncInstruction)
@@ -109,7 +110,7 @@ def test_the_server_fits_w_g_to_exactly_what_its_clients_picked_and_sends_it_to_
             packed = message.content.array_records[TENSORS_KEY][PACKED_ARRAY].numpy()
             assert not any(contains_run(packed, row) for rows_ in held for row in rows_)
         replies = [reply_message(federation.answer(m), m.metadata.dst_node_id) for m in messages]
-        outcome = core.aggregate(server_round, replies)
+        outcome = core.aggregate(plan, replies)
         federation.arrays = outcome.arrays
         assert outcome.report.accepted == [f"client-{node}" for node in nodes], outcome.report.rejected
         assert outcome.report.fresh_starts == (["client-1"] if server_round == 4 else [])

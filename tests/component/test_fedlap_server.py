@@ -57,7 +57,8 @@ def test_a_round_one_client_that_never_replies_leaves_its_share_unclaimed(tmp_pa
     """With K₁ = 3 but only two replies, w_g keeps the missing third of δ w_0 instead of losing it."""
     federation = InProcessFederation(tmp_path, {"strategy": "fedlap", "prior-precision": 1.0}, sizes=[10, 10, 10])
     server = federation.server
-    messages = federation.core.configure(1, federation.arrays, FakeGrid([1, 2, 3]))
+    plan = federation.core.configure(1, federation.arrays, FakeGrid([1, 2, 3]))
+    messages = plan.messages
     replies = [
         reply_message(
             federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
@@ -65,7 +66,7 @@ def test_a_round_one_client_that_never_replies_leaves_its_share_unclaimed(tmp_pa
         for m in messages[:2]
     ]
     initial = server.global_mean.clone()
-    federation.core.aggregate(1, replies)
+    federation.core.aggregate(plan, replies)
     torch.testing.assert_close(server.state.unclaimed, initial / 3, rtol=1e-6, atol=1e-7)
 
 

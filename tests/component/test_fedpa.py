@@ -45,7 +45,7 @@ def test_the_server_announces_the_phase_and_each_phase_its_epochs():
         )
     )
     for server_round, sampling, epochs in ((1, False, 5), (2, False, 5), (3, True, 4)):
-        messages = start_round(strategy, server_round)
+        messages = start_round(strategy, server_round).messages
         assert len(messages) == 3
         instruction = decode(
             messages[0].content, pb.Instruction, pb.FedPAInstruction, {"weights": LAYOUT}, sender="server"
@@ -58,7 +58,7 @@ def test_sgd_with_lr_one_is_the_weighted_model_average_and_bad_replies_are_left_
     strategy = round_core(FedPA(settings(strategy="fedpa"), LAYOUT))
     start_round(strategy, 1, value=1.0)
     nan_reply = fedpa_reply("client-2", value=0.1, bias=np.array([0.1, np.nan, 0.1], dtype=np.float32))
-    replies = answers(
+    plan, replies = answers(
         strategy,
         1,
         {
@@ -69,7 +69,7 @@ def test_sgd_with_lr_one_is_the_weighted_model_average_and_bad_replies_are_left_
             15: fedpa_reply("client-4", server_round=2),
         },
     )
-    outcome = strategy.aggregate(1, replies)
+    outcome = strategy.aggregate(plan, replies)
     for name in LAYOUT:
         np.testing.assert_allclose(outcome.arrays[name].numpy(), (10 * 0.8 + 30 * 0.4) / 40, rtol=1e-6)
     assert outcome.report.accepted == ["client-0", "client-1"]
@@ -86,7 +86,7 @@ def server_steps(strategy: RoundCore, gradients: list[float]) -> list[float]:
     for server_round, gradient in enumerate(gradients, start=1):
         start_round(strategy, server_round, value)
         arrays = strategy.aggregate(
-            server_round, answers(strategy, server_round, {11: fedpa_reply(server_round=server_round, value=gradient)})
+            *answers(strategy, server_round, {11: fedpa_reply(server_round=server_round, value=gradient)})
         ).arrays
         value = float(arrays["fc.bias"].numpy()[0])
         values.append(value)
@@ -117,6 +117,39 @@ def test_server_optimizers_follow_their_formulas(optimizer, expected):
             assert value == pytest.approx(want, rel=1e-6)
 
 
+@pytest.mark.parametrize(("optimizer", "rule"), [("sgd", "none"), ("adam", "none"), ("sgd", "median")])
+def test_a_server_restored_from_its_state_steps_from_the_same_theta(optimizer, rule):
+    """θ is FedPA's declared state: a server restored from round 1's state, before it sends anything itself, screens
+    round 2's replies against the θ round 1 made and steps its optimizer from it, exactly as the server it
+    replaces does."""
+    config = settings(
+        strategy="fedpa",
+        **{"server-optimizer": optimizer, "server-lr": 0.5, "server-momentum": 0.9, "robust-aggregation": rule},
+    )
+    core = round_core(FedPA(config, LAYOUT))
+    start_round(core, 1, value=1.0)
+    first = {
+        11: fedpa_reply("client-0", num_examples=10, value=0.2),
+        12: fedpa_reply("client-1", num_examples=30, value=0.6),
+    }
+    assert core.aggregate(*answers(core, 1, first)).arrays is not None
+    saved = core.state_dict()
+    assert saved.tensors["theta"].dtype == np.float32
+    restored = round_core(FedPA(config, LAYOUT))
+    restored.load_state_dict(saved)
+    np.testing.assert_array_equal(restored.strategy.theta, core.strategy.theta)
+    assert restored.strategy.theta.dtype == np.float64
+    second = {
+        11: fedpa_reply("client-0", server_round=2, num_examples=10, value=0.1),
+        12: fedpa_reply("client-1", server_round=2, num_examples=30, value=-0.3),
+    }
+    original, resumed = (server.aggregate(*answers(server, 2, second)) for server in (core, restored))
+    assert resumed.report.accepted == original.report.accepted == ["client-0", "client-1"]
+    assert resumed.metrics["delta-norm"] == original.metrics["delta-norm"]
+    for name in LAYOUT:
+        np.testing.assert_array_equal(resumed.arrays[name].numpy(), original.arrays[name].numpy())
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
 def test_a_resumed_server_continues_its_optimizer(tmp_path, optimizer):
     """Two rounds, checkpoint, a new strategy restored from it: round 3 as if never interrupted."""
@@ -136,7 +169,7 @@ def test_a_resumed_server_continues_its_optimizer(tmp_path, optimizer):
     resumed = round_core(FedPA(config, LAYOUT))
     resumed.load_state_dict(store.load().strategy_state)
     start_round(resumed, 3, values[-1])
-    arrays = resumed.aggregate(3, answers(resumed, 3, {11: fedpa_reply(server_round=3, value=0.3)})).arrays
+    arrays = resumed.aggregate(*answers(resumed, 3, {11: fedpa_reply(server_round=3, value=0.3)})).arrays
     assert float(arrays["fc.bias"].numpy()[0]) == pytest.approx(straight[-1], rel=1e-6)
     assert float(arrays["fc.bias"].numpy()[0]) != pytest.approx(
         server_steps(round_core(FedPA(config, LAYOUT)), [0.3])[0], rel=1e-6

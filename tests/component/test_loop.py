@@ -356,15 +356,16 @@ def test_an_error_from_the_superlink_names_the_node_the_instruction_went_to(tmp_
             return replies
 
     grid = OfflineGrid([1, 2, offline])
-    messages = federation.core.configure(1, federation.arrays, grid)
+    plan = federation.core.configure(1, federation.arrays, grid)
+    messages = plan.messages
     replies, silent, errors = exchange(grid, messages, 10.0, 0.01, {})
     assert silent == {} and set(errors) == {offline} and errors[offline].code == ErrorCode.NODE_UNAVAILABLE
     assert sorted(reply.metadata.src_node_id for reply in replies) == [1, 2]
-    outcome = federation.core.aggregate(1, replies, errors, silent)
+    outcome = federation.core.aggregate(plan, replies, errors, silent)
     report = outcome.report
     assert outcome.arrays is not None and len(report.accepted) == 2
     assert report.rejected == {f"node {offline}": "client error: node offline"}
-    assert federation.core._refused_nodes == set()
+    assert federation.core.quarantine.refusals == {}  # an offline node's error counts towards no quarantine
 
 
 def test_a_strategys_warning_is_in_its_rounds_row_and_only_there(tmp_path, monkeypatch):

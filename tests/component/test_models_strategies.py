@@ -85,12 +85,13 @@ def run_rounds(tmp_path, model: str, strategy: str, rounds: int = 2, device: str
     initial = get_parameters(build_model(model, SHAPE, CLASSES))
     arrays = ArrayRecord({name: Array(value) for name, value in initial.items()})
     for server_round in range(1, rounds + 1):
-        messages = server.configure(server_round, arrays, FakeGrid(runtimes))
+        plan = server.configure(server_round, arrays, FakeGrid(runtimes))
+        messages = plan.messages
         replies = [
             reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
             for m in messages
         ]
-        updated = server.aggregate(server_round, replies).arrays
+        updated = server.aggregate(plan, replies).arrays
         assert updated is not None, f"{strategy} on {model}: round {server_round} was rejected"
         arrays = updated
     return server, initial, {name: arrays[name].numpy() for name in layout}
@@ -236,12 +237,13 @@ def test_a_model_with_buffers_trains_and_the_core_averages_its_buffers(tmp_path,
     torch.manual_seed(0)
     arrays = ArrayRecord({name: Array(value) for name, value in get_parameters(BatchNormNet()).items()})
     for server_round in (1, 2):
-        messages = server.configure(server_round, arrays, FakeGrid(runtimes))
+        plan = server.configure(server_round, arrays, FakeGrid(runtimes))
+        messages = plan.messages
         replies = [
             reply_message(algorithm.client_half()(m.content, runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id)
             for m in messages
         ]
-        arrays = server.aggregate(server_round, replies).arrays
+        arrays = server.aggregate(plan, replies).arrays
         assert arrays is not None, f"{strategy}: round {server_round} was rejected"
         # what each client trained its buffers to, this round, weighted by its 8 and 10 examples
         expected = (8 * runtimes[1].model.norm.running_mean + 10 * runtimes[2].model.norm.running_mean) / 18

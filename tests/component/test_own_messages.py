@@ -36,7 +36,7 @@ def trajectory(run: InProcessFederation, rounds: int) -> list[np.ndarray]:
 
 def test_the_plugins_messages_ride_in_fedbayes_envelopes(plugin_path, tmp_path):
     run = federation(tmp_path, momentum=0.9)
-    instruction = run.core.configure(1, run.arrays, FakeGrid([1]))[0]
+    instruction = run.core.configure(1, run.arrays, FakeGrid([1])).messages[0]
     envelope = envelope_of(instruction.content)
     assert isinstance(envelope, pb.Instruction) and envelope.body.TypeName() == "fedavgm.v1.FedAvgMInstruction"
     reply = envelope_of(run.answer(instruction))

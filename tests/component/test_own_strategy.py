@@ -20,7 +20,7 @@ def test_a_strategy_by_module_and_attribute_aggregates_with_its_own_math(plugin_
         node: fedavg_reply(f"client-{node}", num_examples=10 * node, value=value)
         for node, value in ((1, 1.0), (2, 5.0), (3, 100.0))
     }
-    outcome = core.aggregate(1, answers(core, 1, replies))
+    outcome = core.aggregate(*answers(core, 1, replies))
     assert all((outcome.arrays[name].numpy() == 5.0).all() for name in LAYOUT)  # the median, not FedAvg's 62.5
     assert outcome.report.accepted == ["client-1", "client-2", "client-3"]
 

@@ -39,16 +39,17 @@ def nonce_of(message) -> bytes:
 
 def until_the_replayer_is_asked_again(run: InProcessFederation, nodes: list[int]):
     """Honest rounds until node REPLAYER is sent work a second time (DSVGD schedules one node a round): its first
-    reply, and that later round (its number and node -> instruction), configured and not yet aggregated."""
+    reply, and that later round (its plan and node -> instruction), configured and not yet aggregated."""
     recorded = None
     for server_round in range(1, 2 * len(nodes) + 2):
-        messages = run.core.configure(server_round, run.arrays, FakeGrid(nodes))
+        plan = run.core.configure(server_round, run.arrays, FakeGrid(nodes))
+        messages = plan.messages
         sent = {message.metadata.dst_node_id: message for message in messages}
         if recorded is not None and REPLAYER in sent:
-            return recorded, server_round, sent
+            return recorded, plan, sent
         replies = {node: run.answer(message) for node, message in sent.items()}
         recorded = replies.get(REPLAYER, recorded)
-        outcome = run.core.aggregate(server_round, [reply_message(reply, node) for node, reply in replies.items()])
+        outcome = run.core.aggregate(plan, [reply_message(reply, node) for node, reply in replies.items()])
         run.arrays = outcome.arrays if outcome.arrays is not None else run.arrays
     raise AssertionError(f"node {REPLAYER} was not sent work twice")
 
@@ -58,12 +59,12 @@ def replay_round(tmp_path, strategy: str, make_rogue):
     recorded first reply, this round, node -> instruction)` and the others honestly; aggregated by the round core and
     by a control copy that saw only the honest replies. Returns (core, control, result, expected)."""
     run = federation(tmp_path, strategy)
-    recorded, server_round, sent = until_the_replayer_is_asked_again(run, [1, 2, 3])
+    recorded, plan, sent = until_the_replayer_is_asked_again(run, [1, 2, 3])
     honest = [reply_message(run.answer(message), node) for node, message in sent.items() if node != REPLAYER]
     control = copy.deepcopy(run.core)
-    rogue = reply_message(make_rogue(run, recorded, server_round, sent), REPLAYER)
-    result = run.core.aggregate(server_round, [rogue, *honest])
-    expected = control.aggregate(server_round, honest)
+    rogue = reply_message(make_rogue(run, recorded, plan.server_round, sent), REPLAYER)
+    result = run.core.aggregate(plan, [rogue, *honest])
+    expected = control.aggregate(plan, honest)
     return run.core, control, result, expected
 
 
@@ -129,10 +130,10 @@ def test_every_message_to_every_node_carries_a_nonce_of_its_own(tmp_path):
     first = run.core.configure(1, run.arrays, FakeGrid([1, 2, 3]))
     second = run.core.configure(2, run.arrays, FakeGrid([1, 2, 3]))
     between = run.core.message_between_rounds(2, 1)
-    nonces = [nonce_of(message) for message in (*first, *second, between)]
+    nonces = [nonce_of(message) for message in (*first.messages, *second.messages, between)]
     assert all(len(nonce) == NONCE_BYTES for nonce in nonces) and len(set(nonces)) == len(nonces)
-    replies = [reply_message(run.answer(message), message.metadata.dst_node_id) for message in second]
-    report = run.core.aggregate(2, replies).report
+    replies = [reply_message(run.answer(message), message.metadata.dst_node_id) for message in second.messages]
+    report = run.core.aggregate(second, replies).report
     assert report.accepted == ["client-2", "client-3"]  # node 1 was sent a message since
     assert NONCE_REFUSAL in report.rejected["client 'client-1' (node 1)"]
 
@@ -140,17 +141,17 @@ def test_every_message_to_every_node_carries_a_nonce_of_its_own(tmp_path):
 def test_a_leave_request_that_answers_no_instruction_of_this_round_is_refused(tmp_path):
     """A LeaveAndForget is decided only when it answers the node's instruction of this round."""
     run = federation(tmp_path, "fedavg")
-    (old,) = run.core.configure(1, run.arrays, FakeGrid([1]))
-    (now,) = run.core.configure(2, run.arrays, FakeGrid([1]))
+    (old,) = run.core.configure(1, run.arrays, FakeGrid([1])).messages
+    plan = run.core.configure(2, run.arrays, FakeGrid([1]))
+    (now,) = plan.messages
     stale = encode(pb.LeaveAndForget(header=reply_header(decode_header(old.content, "server"), "client-1")), None, {})
     stale = with_round(stale, 2)
-    report = run.core.aggregate(2, [reply_message(stale, 1)]).report
-    assert run.core.leave_requests == []
-    (reason,) = report.rejected.values()
+    refused = run.core.aggregate(plan, [reply_message(stale, 1)])
+    assert refused.leave_requests == ()
+    (reason,) = refused.report.rejected.values()
     assert reason.startswith(f"rejected leave request: {NONCE_REFUSAL} 1:"), reason
     leave = encode(pb.LeaveAndForget(header=reply_header(decode_header(now.content, "server"), "client-1")), None, {})
-    run.core.aggregate(2, [reply_message(leave, 1)])
-    assert run.core.leave_requests == [("client-1", 1)]
+    assert run.core.aggregate(plan, [reply_message(leave, 1)]).leave_requests == (("client-1", 1),)
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "fedlap", "p-dsvgd"])
@@ -160,18 +161,20 @@ def test_a_resumed_server_refuses_the_answers_to_its_predecessors_instructions(t
     answer to the resumed server's is taken."""
     run = federation(tmp_path, strategy)
     for server_round in (1, 2):
-        messages = run.core.configure(server_round, run.arrays, FakeGrid([1, 2, 3]))
+        plan = run.core.configure(server_round, run.arrays, FakeGrid([1, 2, 3]))
+        messages = plan.messages
         run.arrays = run.core.aggregate(
-            server_round, [reply_message(run.answer(m), m.metadata.dst_node_id) for m in messages]
+            plan, [reply_message(run.answer(m), m.metadata.dst_node_id) for m in messages]
         ).arrays
     checkpoint = run.core.state_dict()
-    killed = {m.metadata.dst_node_id: m for m in run.core.configure(3, run.arrays, FakeGrid([1, 2, 3]))}
+    killed = {m.metadata.dst_node_id: m for m in run.core.configure(3, run.arrays, FakeGrid([1, 2, 3])).messages}
     late = run.answer(killed[1])
     resumed = RoundCore(run.settings, get_algorithm(strategy).build_server(run.settings, run.layout))
     resumed.load_state_dict(checkpoint)
-    sent = {m.metadata.dst_node_id: m for m in resumed.configure(3, run.arrays, FakeGrid([1, 2, 3]))}
+    plan = resumed.configure(3, run.arrays, FakeGrid([1, 2, 3]))
+    sent = {m.metadata.dst_node_id: m for m in plan.messages}
     answers = [reply_message(late, 1)] + [reply_message(run.answer(sent[node]), node) for node in (2, 3)]
-    report = resumed.aggregate(3, answers).report
+    report = resumed.aggregate(plan, answers).report
     assert report.accepted == ["client-2", "client-3"]
     assert NONCE_REFUSAL in report.rejected["client 'client-1' (node 1)"]
     assert resumed.accepted_rounds["client-1"] == 2  # still the checkpoint's: the late reply left nothing

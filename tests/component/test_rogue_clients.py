@@ -224,9 +224,9 @@ def test_the_only_reply_being_rogue_changes_nothing(tmp_path, strategy):
     game = RogueRound(tmp_path, strategy)
     rogue = with_header(game.replies[1], game.reply_type, num_examples=0)
     core = game.federation.core
-    outcome = core.aggregate(2, [reply_message(rogue, 1)])
+    outcome = core.aggregate(game.plan, [reply_message(rogue, 1)])
     assert outcome.arrays is None and outcome.metrics is None and outcome.report.accepted == []
-    game.control.aggregate(2, [])
+    game.control.aggregate(game.plan, [])
     assert_same_state(core, game.control)
 
 
@@ -272,7 +272,8 @@ def test_a_dropped_and_a_late_reply_leave_client_and_server_in_step(tmp_path, st
     federation.round(1, nodes)
     held_back = None
     for server_round in (2, 3, 4):
-        messages = core.configure(server_round, federation.arrays, FakeGrid(nodes))
+        plan = core.configure(server_round, federation.arrays, FakeGrid(nodes))
+        messages = plan.messages
         replies = {
             m.metadata.dst_node_id: reply_message(
                 federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
@@ -282,7 +283,7 @@ def test_a_dropped_and_a_late_reply_leave_client_and_server_in_step(tmp_path, st
         if server_round == 2:  # client-1 trained and stored round 2, but its reply is lost in transit
             held_back = replies.pop(1)
         delivered = list(replies.values()) + ([held_back] if server_round == 3 else [])  # ...and turns up late
-        outcome = core.aggregate(server_round, delivered)
+        outcome = core.aggregate(plan, delivered)
         federation.arrays = outcome.arrays
         if server_round == 3:
             assert "the reply is for round 2, not 3" in outcome.report.rejected["client 'client-1' (node 1)"]

@@ -145,7 +145,7 @@ def model_move(tmp_path, strategy: str, factor: float, **config) -> float:
     game = RogueRound(tmp_path, strategy, **config)
     before = {name: game.federation.arrays[name].numpy() for name in game.federation.layout}
     outcome = game.federation.core.aggregate(
-        2,
+        game.plan,
         [
             reply_message(scaled_update(game, 1, factor), 1),
             *(reply_message(game.replies[node], node) for node in (2, 3)),
@@ -224,7 +224,8 @@ def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
     )
     core, schedule = federation.core, []
     for server_round in range(1, 11):
-        messages = core.configure(server_round, federation.arrays, FakeGrid([1, 2, 3, 99]))
+        plan = core.configure(server_round, federation.arrays, FakeGrid([1, 2, 3, 99]))
+        messages = plan.messages
         (message,) = messages
         node = message.metadata.dst_node_id
         schedule.append(node)
@@ -232,7 +233,7 @@ def test_dsvgd_never_starves_the_others_for_a_node_it_never_accepts(tmp_path):
             reply = federation.client_update(message.content, federation.runtimes[1])  # client-1's, as client-1
         else:
             reply = federation.client_update(message.content, federation.runtimes[node])
-        arrays = core.aggregate(server_round, [reply_message(reply, node)]).arrays
+        arrays = core.aggregate(plan, [reply_message(reply, node)]).arrays
         federation.arrays = arrays if arrays is not None else federation.arrays
     assert schedule[:3] == [1, 2, 3]  # new nodes first, in node order
     assert schedule.count(99) == 2 and 99 not in schedule[schedule.index(99) + 1 :][:1]
@@ -263,7 +264,8 @@ def test_a_node_that_is_offline_is_absent_not_refused(tmp_path, code, quarantine
     federation = InProcessFederation(tmp_path, {**overrides("fedavg"), "max-client-rejections": 3}, sizes=SIZES)
     core = federation.core
     for server_round in (1, 2, 3):
-        messages = core.configure(server_round, federation.arrays, FakeGrid([1, 2, 3]))
+        plan = core.configure(server_round, federation.arrays, FakeGrid([1, 2, 3]))
+        messages = plan.messages
         replies = [reply_message(None, 1, Error(code=code, reason="gone"))] + [
             reply_message(
                 federation.client_update(m.content, federation.runtimes[m.metadata.dst_node_id]), m.metadata.dst_node_id
@@ -271,6 +273,6 @@ def test_a_node_that_is_offline_is_absent_not_refused(tmp_path, code, quarantine
             for m in messages
             if m.metadata.dst_node_id != 1
         ]
-        outcome = core.aggregate(server_round, replies)
+        outcome = core.aggregate(plan, replies)
         federation.arrays = outcome.arrays
     assert bool(outcome.report.quarantined) == quarantined

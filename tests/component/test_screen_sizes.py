@@ -50,7 +50,7 @@ def fedavg_round(replies: dict[int, tuple[int, float]]):
         node: fedavg_reply(f"client-{node}", num_examples=examples, value=value)
         for node, (examples, value) in replies.items()
     }
-    return core.aggregate(1, answers(core, 1, made)).report
+    return core.aggregate(*answers(core, 1, made)).report
 
 
 def test_a_large_client_is_measured_by_its_steps_not_against_the_small_ones_raw():

@@ -36,7 +36,7 @@ from fedbayes.protos.codec import (
 )
 from fedbayes.server.checkpoint import Checkpoint, CheckpointStore
 from fedbayes.server.loop import run_rounds
-from fedbayes.server.round_core import RoundCore
+from fedbayes.server.round_core import RoundCore, RoundPlan
 from fedbayes.strategies import get_algorithm, run_settings
 from fedbayes.strategies.base import ServerState, ServerStrategy
 from fedbayes.strategies.fedavg.server import FedAvg
@@ -118,15 +118,15 @@ def answering(instruction: Message, content: RecordDict) -> RecordDict:
     return answer
 
 
-def answers(core: RoundCore, server_round: int, replies: dict[int, RecordDict]) -> list[Message]:
+def answers(core: RoundCore, server_round: int, replies: dict[int, RecordDict]) -> tuple[RoundPlan, list[Message]]:
     """`replies` (node -> a reply a test made) as the ServerApp receives them in round `server_round`, each the
     answer to an instruction `core` addressed to its node this round (as its `configure` does: each node gets a
-    nonce of its own, which its reply echoes)."""
+    nonce of its own, which its reply echoes); with the round's plan, as `core.aggregate` takes them."""
     instruction = pb.Instruction(header=new_header(core.settings.federation, server_round))
-    sent = core.instructions(instruction, pb.LocalTraining(), {}, list(replies))
-    return [
+    plan = core.instructions(instruction, pb.LocalTraining(), {}, list(replies))
+    return plan, [
         reply_message(answering(message, replies[message.metadata.dst_node_id]), message.metadata.dst_node_id)
-        for message in sent
+        for message in plan.messages
     ]
 
 
@@ -287,12 +287,12 @@ class InProcessFederation:
     def round(self, server_round: int, nodes: list[int], return_metrics: bool = False):
         """One round with `nodes` connected; returns the nodes the server sent work to (or the round's metrics), and
         keeps its report in `report`."""
-        messages = self.core.configure(server_round, self.arrays, FakeGrid(nodes))
-        replies = [reply_message(self.answer(m), m.metadata.dst_node_id) for m in messages]
-        outcome = self.core.aggregate(server_round, replies)
+        plan = self.core.configure(server_round, self.arrays, FakeGrid(nodes))
+        replies = [reply_message(self.answer(m), m.metadata.dst_node_id) for m in plan.messages]
+        outcome = self.core.aggregate(plan, replies)
         self.arrays = outcome.arrays if outcome.arrays is not None else self.arrays
         self.report = outcome.report
-        return outcome.metrics if return_metrics else [m.metadata.dst_node_id for m in messages]
+        return outcome.metrics if return_metrics else [m.metadata.dst_node_id for m in plan.messages]
 
 
 # ---- the round loop on a fake grid --------------------------------------------------------------------------

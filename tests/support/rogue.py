@@ -173,7 +173,8 @@ class RogueRound:
         self.federation = InProcessFederation(tmp_path, {**overrides(strategy), **extra}, sizes=SIZES)
         self.federation.round(1, [1, 2, 3])
         core = self.federation.core
-        messages = core.configure(2, self.federation.arrays, FakeGrid([1, 2, 3, ROGUE_NODE]))
+        self.plan = core.configure(2, self.federation.arrays, FakeGrid([1, 2, 3, ROGUE_NODE]))
+        messages = self.plan.messages
         self.sent = {message.metadata.dst_node_id: message for message in messages}
         self.replies = {}
         for message in messages:
@@ -188,8 +189,8 @@ class RogueRound:
         honest = [reply_message(self.replies[node], node) for node in honest_nodes]
         core = self.federation.core
         rogues = [reply_message(answering(self.sent[node], content), node) for node, content in rogue.items()]
-        result = core.aggregate(2, honest + rogues)
-        expected = self.control.aggregate(2, honest)
+        result = core.aggregate(self.plan, honest + rogues)
+        expected = self.control.aggregate(self.plan, honest)
         return core, result, expected
 
 

@@ -8,7 +8,7 @@ from fedbayes.client.runtime import NodeSettings
 from fedbayes.deploy.flower_app import app_pyproject
 from fedbayes.deploy.launcher import LocalRun, run_local
 from fedbayes.strategies import default_run_config, run_settings
-from fedbayes.tasks.config import ConfigError, EvaluationSettings, TrackingSettings, TrainingSettings
+from fedbayes.tasks.config import ConfigError, EvaluationSettings, TrackingSettings, TrainingSettings, TrustSettings
 from tests.support import DEFAULTS, pyproject_run_config
 
 
@@ -215,6 +215,32 @@ def test_the_tracking_group_holds_the_tracking_target_and_the_federation():
     settings = run_settings({**DEFAULTS, "tracking": "tensorboard:/tmp/tb", "federation": "fed-1"})
     assert settings.tracker == TrackingSettings(tracking="tensorboard:/tmp/tb", federation="fed-1")
     assert settings.tracking == "tensorboard:/tmp/tb"  # the key keeps its own attribute
+
+
+def test_the_trust_group_holds_the_keys_the_trust_boundary_checks_replies_against():
+    settings = run_settings(
+        {
+            **DEFAULTS,
+            "max-payload-mb": 8.0,
+            "max-client-examples": 500,
+            "max-clients": 7,
+            "client-identity": "reconnect",
+            "client-registry": "/etc/registry.json",
+            "screen-ratio": 5.0,
+            "max-client-rejections": 2,
+            "quarantine-rounds": 4,
+        }
+    )
+    assert settings.trust == TrustSettings(
+        max_payload_mb=8.0,
+        max_client_examples=500,
+        max_clients=7,
+        client_identity="reconnect",
+        client_registry="/etc/registry.json",
+        screen_ratio=5.0,
+        max_client_rejections=2,
+        quarantine_rounds=4,
+    )
 
 
 def test_the_local_learning_rate_is_constant_or_cosine_annealed_over_the_rounds():
