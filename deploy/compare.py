@@ -8,7 +8,9 @@
    the best point wins, a tie going to the earlier point.
    Client work is equal (compare_grids.toml [budget]): a strategy that trains one client a round runs `clients`
    rounds for each round of the others, and a particle strategy's SVGD steps are `local-epochs` epochs of minibatches.
-3. Final: each strategy's winning point on seeds 0..S-1, the clients' whole data and the test set.
+3. Final: each strategy's winning point on seeds 0..S-1 and the test set; each client holds out the validation share
+   of its data to evaluate on (client-eval-fraction: its own accuracy and calibration) and trains on the rest, as
+   many examples as while tuning.
 4. Report (under --out): table.md and the same table on the terminal (accuracy, NLL, ECE and, where the rows hold
    them, the uncertainty and per-client metrics: mean ± sd over the seeds of each seed's mean over its last 3
    evaluated rounds), summary.json, and the figures curves.png, reliability.png and uncertainty.png (matplotlib, the
@@ -84,6 +86,7 @@ OPTION_KEYS = {
     "seed": "--seeds",
 }
 UNTRACKED_KEYS = ("results-path", "federation", "server-state-dir")  # where a run writes, not what it computes
+HELD_OUT_KEY = "client-eval-fraction"  # the final runs hold out each client's validation share to evaluate it on
 BUDGET = "budget"  # compare_grids.toml's table of how client work is made equal; every other table is a grid
 ENGINE = "in-process (deploy/inprocess.py: the code of `fedbayes local` in one process, equal round for round)"
 
@@ -300,7 +303,13 @@ class Job:
 
 
 def job_config(
-    spec: CompareSpec, strategy: str, settings: dict[str, Any], seed: int, dataset: str, steps: int | None = None
+    spec: CompareSpec,
+    strategy: str,
+    settings: dict[str, Any],
+    seed: int,
+    dataset: str,
+    steps: int | None = None,
+    held_out: float = 0.0,
 ) -> dict[str, Any]:
     """The run config of one federation (what `fedbayes local` would submit); the validation split's client files are
     the split, so a tuning run has no fraction or split file of its own.
@@ -312,6 +321,8 @@ def job_config(
         seed: the run's seed.
         dataset: spec.dataset, or the validation split as npz:DIR.
         steps: the minibatch steps of the local training on `dataset` (`epoch_steps`; None: not known yet).
+        held_out: the share of each client's examples it holds out of training to evaluate on (client-eval-fraction;
+            0: none).
 
     Returns:
         The run config, with the keys the budget sets (`Budget.keys`).
@@ -331,6 +342,7 @@ def job_config(
             **settings,
             **budget.keys(strategy, spec.clients, steps),
             **({"split-file": ""} if tuning else {}),
+            **({HELD_OUT_KEY: held_out} if held_out else {}),
         },
     )
     return run.run_config(Path(WORK), Path("results.jsonl"))
@@ -367,13 +379,15 @@ def tuning_jobs(
 def final_jobs(
     spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], winners: dict[str, int], steps: int | None = None
 ) -> list[Job]:
-    """Each strategy's winning point on seeds 0..S-1 and the real dataset.
+    """Each strategy's winning point on seeds 0..S-1 and the real dataset, each client holding out the validation
+    share of its examples to evaluate on (its own accuracy and calibration), so that it trains on as many as it did
+    while tuning.
 
     Args:
         spec: the comparison.
         grid: per strategy its points.
         winners: per strategy its winning point.
-        steps: the minibatch steps of the local training on the clients' whole data (`epoch_steps`).
+        steps: the minibatch steps of the local training (`epoch_steps`).
 
     Returns:
         The jobs, strategy by strategy, seed by seed.
@@ -385,7 +399,7 @@ def final_jobs(
             point,
             seed,
             grid[strategy][point],
-            job_config(spec, strategy, grid[strategy][point], seed, spec.dataset, steps),
+            job_config(spec, strategy, grid[strategy][point], seed, spec.dataset, steps, VALIDATION_SHARE),
         )
         for strategy, point in winners.items()
         for seed in range(spec.seeds)
@@ -897,24 +911,21 @@ def validation_dataset(spec: CompareSpec, base_config: dict[str, Any]) -> str:
     return f"npz:{folder}"
 
 
-def mean_client_examples(dataset: str, clients: int) -> tuple[float, float]:
-    """The mean client's training examples in the validation split and in the clients' whole data.
+def mean_client_examples(dataset: str, clients: int) -> float:
+    """The mean client's training examples: what it keeps of its data in the validation split, as many as it trains
+    on in the final runs, which hold out the same share.
 
     Args:
         dataset: the validation split as npz:DIR (`validation_dataset`).
         clients: the federation's clients.
 
     Returns:
-        (what a client keeps while tuning, what it holds in the final runs): the mean over the clients of
-        client-<i>.npz's rows, and the same plus the validation set's rows shared over the clients, whose examples
-        they gave.
+        The mean over the clients of client-<i>.npz's rows.
     """
-    from fedbayes.tasks.npzdata import TEST_FILE, client_file, read_header
+    from fedbayes.tasks.npzdata import client_file, read_header
 
     folder = Path(dataset.removeprefix("npz:"))
-    kept = sum(read_header(client_file(folder, index)).rows for index in range(clients))
-    given = read_header(folder / TEST_FILE).rows
-    return kept / clients, (kept + given) / clients
+    return sum(read_header(client_file(folder, index)).rows for index in range(clients)) / clients
 
 
 def compare(
@@ -951,26 +962,30 @@ def compare(
             raise ValueError(
                 f"--set {', '.join(clash)}: the comparison sets it for {strategy}, to make client work equal"
             )
+    if HELD_OUT_KEY in spec.overrides:
+        raise ValueError(
+            f"--set {HELD_OUT_KEY}: the comparison sets it (the final runs' clients hold out their validation share)"
+        )
     for strategy in spec.strategies:  # every point against the real data: what a run would refuse, refused now
         for settings in grid[strategy]:
-            check_run_config(job_config(spec, strategy, settings, 0, spec.dataset), spec.clients)
+            check_run_config(
+                job_config(spec, strategy, settings, 0, spec.dataset, None, VALIDATION_SHARE), spec.clients
+            )
     say(f"compare: engine {ENGINE}; the runs' rows go to {spec.out / RUNS}")
     progress = progress or ProgressLine()
     try:
         first = spec.strategies[0]
         base = job_config(spec, first, {}, spec.tuning_seed, spec.dataset)
         dataset = validation_dataset(spec, base)
-        run_settings = check_run_config(base, spec.clients)
-        kept, whole = mean_client_examples(dataset, spec.clients)
-        tuning_steps, final_steps = epoch_steps(run_settings, kept), epoch_steps(run_settings, whole)
-        tuned = run_jobs(tuning_jobs(spec, grid, dataset, tuning_steps), spec, "tune", progress)
+        steps = epoch_steps(check_run_config(base, spec.clients), mean_client_examples(dataset, spec.clients))
+        tuned = run_jobs(tuning_jobs(spec, grid, dataset, steps), spec, "tune", progress)
         winners = {
             strategy: best_point(
                 [tail_mean(tuned[f"tune-{strategy}-p{point}"], "accuracy") for point in range(len(grid[strategy]))]
             )
             for strategy in spec.strategies
         }
-        rows = run_jobs(final_jobs(spec, grid, winners, final_steps), spec, "final", progress)
+        rows = run_jobs(final_jobs(spec, grid, winners, steps), spec, "final", progress)
     finally:
         progress.close()
     finals = {

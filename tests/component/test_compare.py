@@ -69,6 +69,8 @@ def test_an_unknown_strategy_is_refused_before_anything_starts(tmp_path):
         cmp.compare(spec(tmp_path, overrides={**TINY, "seed": 3}))
     with pytest.raises(ValueError, match="--set lr: the small grid tunes it"):
         cmp.compare(spec(tmp_path, overrides={**TINY, "lr": 0.1}))
+    with pytest.raises(ValueError, match="--set client-eval-fraction: the comparison sets it"):
+        cmp.compare(spec(tmp_path, overrides={**TINY, "client-eval-fraction": 0.2}))
     assert not (tmp_path / "out").exists()
 
 
@@ -209,17 +211,24 @@ def test_dsvgd_gets_the_others_client_work_one_client_a_round(tmp_path):
         cmp.compare(spec(tmp_path, strategies=("fedavg", "dsvgd"), overrides={**TINY, "local-steps": 5}))
     base = cmp.job_config(compare, "dsvgd", {}, 0, compare.dataset)
     dataset = cmp.validation_dataset(compare, base)
-    kept, whole = cmp.mean_client_examples(dataset, compare.clients)
+    kept = cmp.mean_client_examples(dataset, compare.clients)
     train = len(np.load(tmp_path / "digits" / "train.npz")["y"])
-    assert whole == train / 2 and kept == pytest.approx(0.9 * whole, abs=1)
+    assert kept == pytest.approx(0.9 * train / 2, abs=1)
     steps = cmp.epoch_steps(cmp.check_run_config(base, compare.clients), kept)
     assert steps == 2 * -(-kept // 64)
     grid = {strategy: cmp.load_grid("small")[strategy][:1] for strategy in compare.strategies}
     dsvgd, pdsvgd = cmp.tuning_jobs(compare, grid, dataset, steps)
     assert (dsvgd.rounds, dsvgd.run_config["eval-every"]) == (4, 2)
     assert (pdsvgd.rounds, "eval-every" in pdsvgd.run_config) == (2, False)
-    for job in (dsvgd, pdsvgd):
+    (final,) = cmp.final_jobs(compare, grid, {"dsvgd": 0}, steps)[:1]
+    for job in (dsvgd, pdsvgd, final):
         assert job.run_config["local-steps"] == job.run_config["distill-steps"] == steps
+    # the final runs hold out each client's validation share to evaluate on, so train on as many examples as tuning
+    assert (final.rounds, final.run_config["client-eval-fraction"], "client-eval-fraction" in dsvgd.run_config) == (
+        4,
+        0.1,
+        False,
+    )
     rows = cmp.run_job(dsvgd, compare.clients, compare.out)
     assert [row["round"] for row in rows] == [1, 2, 3, 4]
     assert [row.get("accuracy_ensemble") is not None for row in rows] == [False, True, False, True]

@@ -102,6 +102,8 @@ def test_compare_killed_mid_run_resumes_without_running_a_finished_run_again(tmp
     assert list(summary["strategies"]) == ["fedavg", "bayesadmm"]
     assert all(entry["seeds"] == 1 and len(entry["grid"]) == 2 for entry in summary["strategies"].values())
     assert "| fedavg |" in (out / TABLE_FILE).read_text()
+    assert "client acc. worst" in (out / TABLE_FILE).read_text()  # the final runs' clients evaluate held-out examples
+    assert all("client_accuracy_worst" in entry["test"] for entry in summary["strategies"].values())
     assert "compare: final 2/2 runs" in finished.stderr and "fedavg" in finished.stdout
     assert not (out / "work").exists()  # the killed run's state is gone
 
