@@ -22,6 +22,8 @@ PUBLIC_MODULES = (
     "bayes/metrics.py",
     "bayes/params.py",
     "bayes/robust.py",
+    "client/runtime.py",
+    "client/state.py",
     "deploy/__init__.py",
     "deploy/cli.py",
     "deploy/client.py",
