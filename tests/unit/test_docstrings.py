@@ -75,6 +75,7 @@ PUBLIC_MODULES = (
     "protos/codec.py",
     "server/evaluation.py",
     "server/tracking.py",
+    "strategies/__init__.py",
     "strategies/base.py",
     "strategies/bayesadmm/__init__.py",
     "strategies/bayesadmm/client.py",
