@@ -107,6 +107,7 @@ PUBLIC_MODULES = (
     "strategies/fedlap_func/server.py",
     "strategies/fedlap_func/settings.py",
     "strategies/fedpa/math.py",
+    "strategies/membership.py",
     "tasks/compute.py",
     "tasks/config.py",
     "tasks/datasets.py",
