@@ -74,6 +74,7 @@ PUBLIC_MODULES = (
     "posterior/uncertainty.py",
     "protos/codec.py",
     "server/evaluation.py",
+    "server/identity.py",
     "server/tracking.py",
     "strategies/__init__.py",
     "strategies/base.py",
