@@ -75,6 +75,7 @@ PUBLIC_MODULES = (
     "protos/codec.py",
     "server/evaluation.py",
     "server/identity.py",
+    "server/isolation.py",
     "server/tracking.py",
     "strategies/__init__.py",
     "strategies/base.py",
