@@ -73,6 +73,7 @@ PUBLIC_MODULES = (
     "posterior/predictive.py",
     "posterior/uncertainty.py",
     "protos/codec.py",
+    "server/checkpoint.py",
     "server/evaluation.py",
     "server/identity.py",
     "server/isolation.py",
