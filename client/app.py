@@ -30,6 +30,23 @@ app = ClientApp()
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
+    """The ClientApp's train handler: answer the server's instruction, training where it asks this client to, while
+    holding one of the federation's compute slots (tasks/slots.py).
+
+    Args:
+        message: the server's message; its content an Instruction (or a strategy's forget request).
+        context: the run's context: its run config and this node's node config.
+
+    Returns:
+        The reply: the strategy's Reply with this client's timings, its part of its own forget, or a LeaveAndForget.
+
+    Raises:
+        ConfigError: the run config or node config is invalid.
+        PayloadError: the instruction or the reply is over the run's `max-payload-mb`, or the instruction is
+            malformed.
+        RuntimeError: the server has forgotten this client and refuses its replies.
+        ValueError: what the client half, its data or its model refuses (ClientRuntime.create, ClientHalf).
+    """
     with compute_slot():  # a local federation lets only as many ClientApps compute at once as it has cores
         return _train(message, context)
 
@@ -64,7 +81,22 @@ def _train(message: Message, context: Context) -> Message:
 def answer_without_training(content: RecordDict, node: NodeSettings, settings: RunSettings) -> RecordDict | None:
     """What this client answers without data or training (None: it trains): its part of its own forget, where the
     server asks for it (a strategy whose factor lives on the client, client/core.py ForgetHalf; whether this client
-    leaves or the operator asked), else, when it is leaving (`--leave --forget`), a LeaveAndForget."""
+    leaves or the operator asked), else, when it is leaving (`--leave --forget`), a LeaveAndForget.
+
+    Args:
+        content: the server's message content.
+        node: this SuperNode's settings.
+        settings: the run's settings; its strategy's client half says whether it has a forget half.
+
+    Returns:
+        The reply's content, or None when the client is to train.
+
+    Raises:
+        PayloadError: the message's envelope is malformed.
+        ValueError: the server asks for this client's part of its forget but names no accepted round of it.
+        StateLostError: the state of that round is gone.
+        StateCorruptError: its file cannot be read.
+    """
     forget = getattr(get_algorithm(settings.strategy).client_half(), "forget", None)
     if forget is not None and forget.asks(content):
         log(INFO, "%s: computing this client's part of its forget from its durable state", node.client_id)
@@ -78,7 +110,19 @@ def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
     """The answer of a client leaving for good (`fedbayes client --leave --forget`) to any instruction: LeaveAndForget,
     no training. Once the instruction says the server has forgotten it (Header.forgotten_client_id; server/forget/),
     its durable state in that federation is deleted first, and the leave marker stops `fedbayes client`; until then
-    each request is noted (the leave-request note) for `fedbayes client` to report."""
+    each request is noted (the leave-request note) for `fedbayes client` to report.
+
+    Args:
+        content: the server's message content; only its header is read.
+        node: this SuperNode's settings: its client id and state directory.
+
+    Returns:
+        The LeaveAndForget reply's content.
+
+    Raises:
+        PayloadError: the message's envelope is malformed.
+        OSError: the state cannot be deleted, or the marker or note written.
+    """
     header = decode_header(content, sender="server")
     if header.forgotten_client_id == node.client_id:
         store = ClientStateStore(node.state_dir, header.federation, node.client_id)
@@ -98,4 +142,12 @@ def leave_and_forget(content: RecordDict, node: NodeSettings) -> RecordDict:
 
 
 def describe(device: torch.device) -> str:
+    """A device as the client's log names it.
+
+    Args:
+        device: the device the client trains on.
+
+    Returns:
+        For a CUDA device the device and its GPU name, "cuda:0 (<name>)"; else the device as torch prints it.
+    """
     return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)

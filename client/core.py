@@ -113,7 +113,14 @@ class ForgetHalf:
         register_message_types(self.instruction_type)
 
     def asks(self, content: RecordDict) -> bool:
-        """Whether `content` is this half's request (by its body's declared type; decoding checks the rest)."""
+        """Whether `content` is this half's request (by its body's declared type; decoding checks the rest).
+
+        Args:
+            content: a message's content as received.
+
+        Returns:
+            True when it is an Instruction whose body declares `instruction_type`.
+        """
         return instruction_body_type(content) == self.instruction_type.DESCRIPTOR.full_name
 
     def __call__(self, content: RecordDict, node: NodeSettings) -> RecordDict:
@@ -211,6 +218,13 @@ class ClientHalf:
     def held_out(self, request: pb.ClientEvaluationRequest, runtime: ClientRuntime) -> tuple[Dataset, Dataset]:
         """(the examples to train on, the held-out ones), as the server's `request` asks (client/evaluation.py).
 
+        Args:
+            request: the instruction's client evaluation: the share to hold out, in (0, 1), and the run's seed.
+            runtime: the client's runtime; its data is split, and its client id mixed into the draw.
+
+        Returns:
+            (training examples, held-out examples), each in the order of `runtime.data`.
+
         Raises:
             ValueError: this half names no global model to evaluate (before anything is trained), or the share
                 leaves nothing to train on or to evaluate on.
@@ -224,6 +238,17 @@ class ClientHalf:
         return held_out_split(runtime.data, request, runtime.node.client_id)
 
     def global_members(self, local: LocalRound) -> list[Tensors]:
+        """The global model's members, from the instruction (`global_model`).
+
+        Args:
+            local: the round.
+
+        Returns:
+            The members, each the model's parameters by name.
+
+        Raises:
+            ValueError: this half names no global model.
+        """
         if self.global_model is None:  # held_out refuses such an instruction before this
             raise ValueError(f"the client half of {self.instruction_type.DESCRIPTOR.name} names no global model")
         return self.global_model(local)
@@ -237,7 +262,18 @@ class ClientHalf:
         buffers: Tensors,
     ) -> pb.ClientEvaluation:
         """The reply's held-out metrics: the global model's (before training), and the client's own posterior's after
-        training (at the model's buffers after training), where the strategy keeps one."""
+        training (at the model's buffers after training), where the strategy keeps one.
+
+        Args:
+            local: the round.
+            result: `local_update`'s answer, from which `local_posterior` takes the client's members.
+            held_out: the held-out examples.
+            global_metrics: the global model's metrics on them, taken before training.
+            buffers: the model's buffers after training, by name.
+
+        Returns:
+            The metrics; `local_posterior` is unset where the strategy has no members of the client's own.
+        """
         evaluation = pb.ClientEvaluation(examples=len(held_out.labels), global_model=global_metrics)
         members = self.local_posterior(local, result) if self.local_posterior is not None else []
         if members:
@@ -248,6 +284,20 @@ class ClientHalf:
     def metrics(
         runtime: ClientRuntime, members: list[Tensors], buffers: Tensors, held_out: Dataset
     ) -> pb.HeldOutMetrics:
+        """The metrics of the predictive `members` on the held-out examples (client/evaluation.py).
+
+        Args:
+            runtime: the client's runtime: its model (left as it is) and device.
+            members: the predictive's members, each the model's parameters by name.
+            buffers: the model's buffers by name, added to every member.
+            held_out: the held-out examples.
+
+        Returns:
+            Accuracy, mean NLL and ECE.
+
+        Raises:
+            ValueError: no members.
+        """
         return held_out_metrics(runtime.model, [member | buffers for member in members], held_out, runtime.device)
 
 
@@ -277,5 +327,12 @@ def particle_members(particles: np.ndarray, layout: TensorLayout) -> list[Tensor
 
 
 def model_layouts(*groups: str) -> Callable[[ProtoMessage, TensorLayout], dict[str, TensorLayout]]:
-    """Layouts for an instruction whose tensor groups are each shaped like the model."""
+    """Layouts for an instruction whose tensor groups are each shaped like the model.
+
+    Args:
+        groups: the names of the instruction's tensor groups.
+
+    Returns:
+        A `ClientHalf.layouts`: (instruction, model layout) -> that layout for each of `groups`.
+    """
     return lambda instruction, layout: {group: layout for group in groups}

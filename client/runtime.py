@@ -53,6 +53,20 @@ class NodeSettings:
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any], default_device: str) -> NodeSettings:
+        """Read a SuperNode's `--node-config`, the keys above.
+
+        Args:
+            node_config: the node's config, keys as above; missing ones take their defaults.
+            default_device: the device when the node config names none (the run config's `device`).
+
+        Returns:
+            The settings.
+
+        Raises:
+            ConfigError: a client neither leaving nor with a `data-path` whose `partition-id` is not in
+                [0, `num-partitions`), or a `client-id` that is not a safe name ([A-Za-z0-9._-]+).
+            ValueError: `partition-id` or `num-partitions` is not an integer.
+        """
         partition_id = int(node_config.get("partition-id", -1))
         num_partitions = int(node_config.get("num-partitions", 0))
         data_path = str(node_config.get("data-path", ""))
@@ -89,6 +103,21 @@ class ClientRuntime:
 
     @classmethod
     def create(cls, settings: RunSettings, node: NodeSettings) -> ClientRuntime:
+        """Load this client's data and build the run's model for it.
+
+        Args:
+            settings: the run's settings.
+            node: this SuperNode's settings.
+
+        Returns:
+            The runtime, its data scaled by the run's `input-scale`, on the node's device.
+
+        Raises:
+            ValueError: the data cannot be loaded or split (load_client_data), the model not built
+                (build_run_model), or the device is unknown (resolve_device).
+            DatasetNotFoundError: the dataset's files are missing.
+            RuntimeError: "cuda" without a CUDA GPU.
+        """
         data = load_client_data(settings.data, node).scaled(settings.input_scale)
         model = build_run_model(settings.architecture, data.input_shape, data.num_classes)
         return cls(
@@ -102,17 +131,45 @@ class ClientRuntime:
         )
 
     def state_store(self, federation: str) -> ClientStateStore:
+        """This client's durable state in `federation`, under the node's `state-dir`.
+
+        Args:
+            federation: the federation's name, from the instruction's header.
+
+        Returns:
+            The store.
+
+        Raises:
+            ValueError: `federation` is not a safe directory name.
+        """
         return ClientStateStore(self.node.state_dir, federation, self.node.client_id)
 
     def accepted_round(self, header: pb.Header) -> int:
-        """The last round whose reply the server accepted from this client (0: none)."""
+        """The last round whose reply the server accepted from this client.
+
+        Args:
+            header: the instruction's header.
+
+        Returns:
+            The round; 0 when the server accepted none.
+        """
         return header.accepted_rounds.get(self.node.client_id, 0)
 
     def load_state(self, header: pb.Header) -> ClientState | None:
         """The durable state this round starts from: the one after the last round the server accepted from
         this client (client/state.py), in the instruction's federation. None in the client's first round, and
         when that state is lost: the client then starts afresh and says so (resumed_from_round 0), and the
-        server, whose record of this client no longer matches anything the client holds, follows it."""
+        server, whose record of this client no longer matches anything the client holds, follows it.
+
+        Args:
+            header: the instruction's header (its federation, round and accepted rounds).
+
+        Returns:
+            The state, or None as above. The time taken goes to `timings["state-load"]`.
+
+        Raises:
+            StateCorruptError: the state file exists but cannot be read.
+        """
         started = time.perf_counter()
         try:
             return self.state_store(header.federation).load(self.accepted_round(header), header.server_round)
@@ -123,6 +180,16 @@ class ClientRuntime:
             self.timings["state-load"] = time.perf_counter() - started
 
     def save_state(self, header: pb.Header, state: ClientState) -> None:
+        """Store the state after this round, keeping what the server may roll this client back to
+        (ClientStateStore.save). The time taken goes to `timings["state-save"]`.
+
+        Args:
+            header: the instruction's header (its federation, round, accepted and checkpointed rounds).
+            state: the state after this round.
+
+        Raises:
+            OSError: the state file cannot be written.
+        """
         started = time.perf_counter()
         self.state_store(header.federation).save(
             state,
@@ -134,12 +201,32 @@ class ClientRuntime:
 
     def local_seed(self, seed: int, server_round: int) -> int:
         """Per-client, per-round seed from the run seed the instruction carries; crc32 because str hashes differ
-        between processes."""
+        between processes.
+
+        Args:
+            seed: the run seed.
+            server_round: the round.
+
+        Returns:
+            round_seed(seed, server_round) XOR the crc32 of the client id.
+        """
         return round_seed(seed, server_round) ^ zlib.crc32(self.node.client_id.encode())
 
 
 def load_client_data(settings: DataSettings, node: NodeSettings) -> Dataset:
-    """This client's examples, in the order its minibatch permutations index (run config `row-order`)."""
+    """This client's examples, in the order its minibatch permutations index (run config `row-order`).
+
+    Args:
+        settings: the run's data settings.
+        node: this SuperNode's settings: its `data-path`, else its partition of the run's split.
+
+    Returns:
+        The examples, unscaled; sorted by class with `row-order = "by-class"`.
+
+    Raises:
+        ValueError: the data is refused or cannot be split (NpzDataError, load_dataset, split_rows).
+        DatasetNotFoundError: the dataset's files are missing.
+    """
     data = _client_examples(settings, node)
     return data.by_class() if settings.row_order == "by-class" else data
 
@@ -156,7 +243,19 @@ def _client_examples(settings: DataSettings, node: NodeSettings) -> Dataset:
 
 def split_rows(settings: DataSettings, labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
     """Every client's rows of the training set (`labels`, all of it) under `settings`: the split file's, else the
-    run seed's split."""
+    run seed's split.
+
+    Args:
+        settings: the run's data settings (split, seed, split file and their options).
+        labels: every training example's label, shape (n,).
+        num_clients: how many clients to split into, at least 1.
+
+    Returns:
+        One array of row indices into `labels` per client.
+
+    Raises:
+        ValueError: the split file is refused (read_split_file) or the split cannot be made (partition_dataset).
+    """
     if settings.split_file:
         return read_split_file(settings.split_file, len(labels), num_clients, settings.split_file_overlap)
     return partition_dataset(

@@ -37,13 +37,29 @@ _STATE_FILE = re.compile(r"round-(\d+)\.safetensors")
 
 def left_marker(root: str | Path, client_id: str) -> Path:
     """<state-dir>/left-<client-id>.json: written once the server has forgotten this client at its request and its
-    state is deleted (client/app.py); `fedbayes client --leave --forget` stops when it appears."""
+    state is deleted (client/app.py); `fedbayes client --leave --forget` stops when it appears.
+
+    Args:
+        root: the client's state directory (node config `state-dir`).
+        client_id: the client's stable id.
+
+    Returns:
+        The marker's path; it need not exist.
+    """
     return Path(root) / f"left-{client_id}.json"
 
 
 def leave_request_note(root: str | Path, client_id: str) -> Path:
     """<state-dir>/leaving-<client-id>.json: the federation and round in which this client last asked the server to
-    forget it (client/app.py); `fedbayes client --leave --forget` says so, and names it when it gives up."""
+    forget it (client/app.py); `fedbayes client --leave --forget` says so, and names it when it gives up.
+
+    Args:
+        root: the client's state directory (node config `state-dir`).
+        client_id: the client's stable id.
+
+    Returns:
+        The note's path; it need not exist.
+    """
     return Path(root) / f"leaving-{client_id}.json"
 
 
@@ -71,12 +87,30 @@ class ClientStateStore:
         self.directory = Path(root) / federation / client_id
 
     def path(self, server_round: int) -> Path:
+        """The file holding this client's state after round `server_round`.
+
+        Args:
+            server_round: the round, from 1.
+
+        Returns:
+            <directory>/round-<server_round>.safetensors; it need not exist.
+        """
         return self.directory / f"round-{server_round}.safetensors"
 
     def delete_for_leaving(self, server_round: int) -> Path:
         """Delete every state of this client in this federation (the server has forgotten it), then write the leave
-        marker saying so; the marker's path. A crash in between leaves the marker unwritten, and the next
-        confirmation deletes the rest."""
+        marker saying so. A crash in between leaves the marker unwritten, and the next confirmation deletes the
+        rest.
+
+        Args:
+            server_round: the round in which the server confirmed it forgot this client; recorded in the marker.
+
+        Returns:
+            The marker's path (left_marker).
+
+        Raises:
+            OSError: the directory cannot be deleted or the marker written.
+        """
         if self.directory.exists():
             shutil.rmtree(self.directory)
         marker = left_marker(self.directory.parent.parent, self.directory.name)
@@ -87,7 +121,11 @@ class ClientStateStore:
         return marker
 
     def saved_rounds(self) -> list[int]:
-        """Rounds with a saved state, oldest first."""
+        """Rounds with a saved state, oldest first.
+
+        Returns:
+            The rounds of the directory's round-<r>.safetensors files; empty without the directory.
+        """
         if not self.directory.is_dir():
             return []
         matches = (_STATE_FILE.fullmatch(entry.name) for entry in self.directory.iterdir())
@@ -95,7 +133,19 @@ class ClientStateStore:
 
     def load(self, accepted_round: int, for_round: int) -> ClientState | None:
         """The state after `accepted_round`, the last round of this client the server accepted (None when it
-        accepted none yet), to start round `for_round` from. Raises StateLostError when that state is gone."""
+        accepted none yet), to start round `for_round` from.
+
+        Args:
+            accepted_round: the last round whose reply the server accepted from this client; 0 for none.
+            for_round: the round about to start; named in the error only.
+
+        Returns:
+            The state, its `round` set to `accepted_round`; None when `accepted_round` is 0.
+
+        Raises:
+            StateLostError: no state from `accepted_round` is saved.
+            StateCorruptError: its file exists but cannot be read.
+        """
         if accepted_round == 0:
             return None
         if accepted_round not in self.saved_rounds():
@@ -122,7 +172,17 @@ class ClientStateStore:
         """Store the state after `server_round`. Keep the states after `accepted_round` and `checkpointed_round`
         (what the server may roll this client back to) and the newest MAX_UNCONFIRMED after the accepted round;
         drop older ones and any from later rounds (a future that a server resumed from its checkpoint has
-        abandoned)."""
+        abandoned).
+
+        Args:
+            state: the state to store; its `round` is set to `server_round`. Tensors are stored detached, on the CPU.
+            server_round: the round this state is the result of.
+            accepted_round: the last round whose reply the server accepted from this client; 0 for none.
+            checkpointed_round: the client's accepted round in the server's newest checkpoint on disk; 0 for none.
+
+        Raises:
+            OSError: the state file cannot be written.
+        """
         payload = save_safetensors(
             {name: tensor.detach().cpu().contiguous() for name, tensor in state.tensors.items()},
             metadata=state.metadata,

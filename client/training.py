@@ -26,6 +26,19 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, ta
 
 
 def make_optimizer(model: torch.nn.Module, training: pb.LocalTraining) -> torch.optim.Optimizer:
+    """The optimizer the instruction's local training names, over all of `model`'s parameters.
+
+    Args:
+        model: the model to train; on the device it trains on, so the optimizer's state is made there.
+        training: the instruction's local training: its `optimizer` ("adam" or "sgd"), `learning_rate` and
+            `weight_decay` (L2, added by the optimizer).
+
+    Returns:
+        A fresh torch Adam or SGD (no momentum).
+
+    Raises:
+        ValueError: `training.optimizer` is neither "adam" nor "sgd".
+    """
     if training.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay)
     if training.optimizer == "sgd":
@@ -61,6 +74,28 @@ def train_epochs(
     `max_grad_norm` > 0 clips each step's gradient to that global norm (the official FedDyn code uses 10).
     `after_step()` runs after every optimizer step (FedPA averages the iterates into samples).
     `generator` draws each epoch's minibatch permutation; by default a generator seeded with `seed`.
+
+    Args:
+        model: the model to train, on `device`; trained in place and left in train mode.
+        data: the client's examples.
+        optimizer: the optimizer over `model`'s parameters (make_optimizer, or IVON).
+        epochs: passes over `data`, at least 1.
+        batch_size: examples per minibatch, at least 1; the last minibatch of an epoch may be smaller.
+        device: where the model is and the data is moved to.
+        seed: seeds the minibatch permutations when `generator` is None.
+        extra_term: a term added to the loss, its gradient added after the loss's backward pass; None for none.
+        sampled_weights: a context manager factory entered around each gradient (IVON's weight sampling).
+        mc_samples: gradients per step, at least 1, each at a fresh `sampled_weights()`.
+        max_grad_norm: clips each step's gradient to this global L2 norm when > 0; 0 does not clip.
+        loss_fn: (model output, targets) -> mean loss.
+        after_step: called after every optimizer step; None for nothing.
+        generator: draws the permutations; None for one seeded with `seed`.
+
+    Returns:
+        (the last epoch's mean minibatch loss, including `extra_term`; the wall-clock seconds of the call).
+
+    Raises:
+        ValueError: `epochs` or `batch_size` is below 1, or `data` has no examples.
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"training needs epochs >= 1 and batch_size >= 1, got {epochs}, {batch_size}")
@@ -96,7 +131,14 @@ def train_epochs(
 
 
 def gradients(parameters: TensorList) -> list[torch.Tensor]:
-    """Each parameter's .grad, a zero one made where it has none (a parameter the loss does not reach)."""
+    """Each parameter's .grad, a zero one made where it has none (a parameter the loss does not reach).
+
+    Args:
+        parameters: the model's parameters; a missing .grad is set to zeros on each.
+
+    Returns:
+        The .grad tensors, in `parameters`' order; adding to them changes the gradients.
+    """
     grads = []
     for p in parameters:
         if p.grad is None:
@@ -108,7 +150,12 @@ def gradients(parameters: TensorList) -> list[torch.Tensor]:
 def add_flat_gradient(parameters: TensorList, gradient: torch.Tensor) -> None:
     """Add `gradient` (one flat vector in parameter order) to the gradients of the parameters that require one (as
     autograd would: a frozen parameter gets none), as one multi-tensor add (`torch._foreach_add_`): one kernel on a
-    GPU, and on the CPU the same numbers as an add per tensor."""
+    GPU, and on the CPU the same numbers as an add per tensor.
+
+    Args:
+        parameters: the model's parameters, in `model.parameters()` order.
+        gradient: 1-D, as many elements as `parameters` together, on their device and of their dtype.
+    """
     pairs = [(p, piece) for p, piece in zip(parameters, parameter_views(gradient, parameters)) if p.requires_grad]
     if pairs:
         torch._foreach_add_(gradients([p for p, _ in pairs]), [piece for _, piece in pairs])
@@ -118,7 +165,15 @@ def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> Grad
     """½ Σ_j weight_j (θ_j − anchor_j)² over the flattened parameters θ (in `model.parameters()` order), gradient
     weight·(θ − anchor): the cavity/proximal term FedDyn, FedLap and FedLap-Cov add to the mean minibatch loss
     (docs/algorithms/fedlap.md). `weight` is a scalar or one value per parameter, already in mean-loss units; both
-    tensors must be on the model's device."""
+    tensors must be on the model's device.
+
+    Args:
+        anchor: the flat anchor, as many elements as the parameters.
+        weight: a scalar, or a flat tensor of one weight per parameter element.
+
+    Returns:
+        The term: it adds weight·(θ − anchor) to the parameters' gradients and returns the penalty (0-dim).
+    """
 
     def penalty(parameters: TensorList) -> torch.Tensor:
         diff = torch.cat([p.detach().reshape(-1) for p in parameters]) - anchor
@@ -129,7 +184,15 @@ def anchored_penalty(anchor: torch.Tensor, weight: torch.Tensor | float) -> Grad
 
 
 def added(first: GradientTerm, second: GradientTerm) -> GradientTerm:
-    """The term first + second: each adds its gradient, the value is their sum."""
+    """The term first + second: each adds its gradient, the value is their sum.
+
+    Args:
+        first: a term, called first.
+        second: a term, called second.
+
+    Returns:
+        The combined term.
+    """
     return lambda parameters: first(parameters) + second(parameters)
 
 
@@ -146,7 +209,25 @@ def train_anchored(
     """The local solve FedDyn, FedLap, FedLap-Cov and FedLap-Func share: from the flat weights `start`,
     `training.epochs` of a fresh optimizer on mean CE + ½ Σ weight·(θ − anchor)² (+ `extra_term`, in mean-loss units on
     the model's device: FedLap-Func's function-space terms) (+ the optimizer's weight decay). Returns the trained flat
-    weights (float64, CPU), the last epoch's mean loss and the training seconds."""
+    weights (float64, CPU), the last epoch's mean loss and the training seconds.
+
+    Args:
+        runtime: the client's runtime: its model (loaded with `start`, trained, then left on the CPU), data, device
+            and the local seed.
+        training: the instruction's local training (optimizer, learning rate, weight decay, epochs, batch size, seed).
+        start: the flat weights to start from, as many elements as the model's parameters.
+        anchor: the penalty's flat anchor, the same size.
+        weight: the penalty's weight: a scalar or one per parameter element, in mean-loss units.
+        server_round: the round; with `training.seed` it seeds the minibatch order (ClientRuntime.local_seed).
+        max_grad_norm: clips each step's gradient to this global norm when > 0.
+        extra_term: a further term of the objective; None for none.
+
+    Returns:
+        (trained flat weights, float64 on the CPU; the last epoch's mean loss; the training seconds).
+
+    Raises:
+        ValueError: an unknown optimizer, epochs or batch size below 1, or no training examples (train_epochs).
+    """
     model = runtime.model
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(start.to(torch.float32), model.parameters())

@@ -47,7 +47,15 @@ DEFAULT_SERVER_STATE_DIR = os.environ.get("FEDBAYES_SERVER_STATE_DIR", str(Path.
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """The ServerApp: `run_federation` on Flower's grid."""
+    """The ServerApp: `run_federation` on Flower's grid.
+
+    Args:
+        grid: Flower's grid to the clients.
+        context: the ServerApp's context; its run config describes the federation.
+
+    Raises:
+        Exception: whatever ended the run (run_federation).
+    """
     run_federation(grid, context)
 
 
@@ -150,7 +158,15 @@ def _run_federation(grid: Grid, context: Context, events: EventLog, pipeline_eva
 
 def new_federation_name(server_state_dir: str) -> str:
     """<date>-<time>-<4 hex digits>, one no checkpoint under `server_state_dir` has: a run that names no
-    federation starts a new one rather than resuming (or clashing with) whatever ran before."""
+    federation starts a new one rather than resuming (or clashing with) whatever ran before.
+
+    Args:
+        server_state_dir: the folder holding a folder per federation (run config `server-state-dir`); it need not
+            exist.
+
+    Returns:
+        The name, from the local time and 2 random bytes; no folder of that name is under `server_state_dir`.
+    """
     while True:
         name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         if not (Path(server_state_dir) / name).exists():

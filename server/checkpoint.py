@@ -146,10 +146,22 @@ class CheckpointStore:
         self.defaults = defaults or {}
 
     def round_path(self, server_round: int) -> Path:
+        """The file of round `server_round`'s checkpoint.
+
+        Args:
+            server_round: the round, from 1.
+
+        Returns:
+            <directory>/checkpoint-<server_round>.safetensors; it need not exist.
+        """
         return self.directory / f"checkpoint-{server_round}.safetensors"
 
     def kept_rounds(self) -> list[int]:
-        """The rounds with a checkpoint on disk, oldest first."""
+        """The rounds with a checkpoint on disk, oldest first.
+
+        Returns:
+            The rounds of the directory's checkpoint-<round>.safetensors files; empty without the directory.
+        """
         if not self.directory.is_dir():
             return []
         matches = (_ROUND_FILE.fullmatch(path.name) for path in self.directory.iterdir())
@@ -158,7 +170,16 @@ class CheckpointStore:
     # ---- writing ---------------------------------------------------------------------------------------------
     def save(self, checkpoint: Checkpoint) -> None:
         """Write round `checkpoint.server_round`'s checkpoint, make it the newest, then delete the ones beyond
-        `keep`. Raises CheckpointError, writing nothing, for a non-finite tensor or arrays unlike the layout."""
+        `keep`.
+
+        Args:
+            checkpoint: the state after its round: global arrays, the strategy's state and the wall time so far.
+
+        Raises:
+            CheckpointError: writing nothing, when a tensor holds a non-finite value or the global arrays differ from
+                the initial ones in names, shapes or dtypes.
+            OSError: the file or the link cannot be written, or an old checkpoint deleted.
+        """
         tensors = self._tensors_to_save(checkpoint)
         metadata = {
             "format": FORMAT_VERSION,
@@ -197,7 +218,14 @@ class CheckpointStore:
 
     def drop_rounds_after(self, server_round: int) -> None:
         """Resumed from the kept round `server_round`: delete the later checkpoints, whose rounds run again. The
-        newest link moves first, then the files go newest first, so a crash midway leaves a consistent newest."""
+        newest link moves first, then the files go newest first, so a crash midway leaves a consistent newest.
+
+        Args:
+            server_round: the kept round resumed from; nothing is deleted when no later round is kept.
+
+        Raises:
+            OSError: the link cannot be moved or a file deleted.
+        """
         later = [kept for kept in self.kept_rounds() if kept > server_round]
         if not later:
             return
@@ -215,7 +243,15 @@ class CheckpointStore:
     # ---- reading ---------------------------------------------------------------------------------------------
     def load(self) -> Checkpoint | None:
         """The checkpoint to resume from (the newest, or round `resume_from_round`), or None if the federation
-        has none; refuses a damaged one, offering the intact kept rounds, and one made with other settings."""
+        has none; refuses a damaged one, offering the intact kept rounds, and one made with other settings.
+
+        Returns:
+            The checkpoint, or None when the federation has none.
+
+        Raises:
+            CheckpointError: `resume_from_round` names a round not kept; the chosen checkpoint is damaged, of another
+                format or made with other settings (not only RESUMABLE_KEYS differ).
+        """
         chosen = self._chosen_path()
         if chosen is None:
             return None
@@ -229,7 +265,17 @@ class CheckpointStore:
 
     def read(self, server_round: int = 0) -> tuple[Checkpoint, dict[str, Any]]:
         """For tools (`fedbayes export`): the kept checkpoint of `server_round` (0: the newest) and the run config it
-        was made with, every field checked as `load` checks it, without comparing that config to this store's."""
+        was made with, every field checked as `load` checks it, without comparing that config to this store's.
+
+        Args:
+            server_round: a kept round; 0 for the newest.
+
+        Returns:
+            (the checkpoint, the run config it was made with, less RESUMABLE_KEYS).
+
+        Raises:
+            CheckpointError: no checkpoint is kept, none of `server_round`, or it is damaged or of another format.
+        """
         kept = self.kept_rounds()
         if not kept:
             raise CheckpointError(f"{self.directory} holds no server checkpoint")

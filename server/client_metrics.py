@@ -82,7 +82,15 @@ def _check_metrics(metrics: pb.HeldOutMetrics, where: str) -> None:
 
 
 def client_entry(evaluation: pb.ClientEvaluation) -> dict[str, float]:
-    """A checked reply's held-out metrics as its entry in the row's `client_metrics`."""
+    """A checked reply's held-out metrics as its entry in the row's `client_metrics`.
+
+    Args:
+        evaluation: a reply's held-out metrics, already checked (its global model's are present).
+
+    Returns:
+        "examples" and the global model's accuracy, nll and ece; with the client's own posterior's, those again
+        suffixed with LOCAL.
+    """
     entry: dict[str, float] = {"examples": evaluation.examples}
     parts = [("global_model", "")] + ([("local_posterior", LOCAL)] if evaluation.HasField("local_posterior") else [])
     for part, suffix in parts:

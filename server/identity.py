@@ -40,7 +40,19 @@ REGISTRY_ENTRY_BYTES = MAX_CLIENT_ID_LENGTH + 64
 
 def read_registry(path: str, max_clients: int) -> dict[str, int]:
     """{client id: node id} from the operator's registry file, which may take what `max_clients` entries take (checked
-    before it is read); ConfigError naming the key if it is unusable."""
+    before it is read).
+
+    Args:
+        path: the registry file (run config `client-registry`).
+        max_clients: the run's `max-clients`; the file may be at most max_clients x REGISTRY_ENTRY_BYTES + 1 KiB.
+
+    Returns:
+        Client id -> node id.
+
+    Raises:
+        ConfigError: naming `client-registry`, when the file is too large, unreadable, not JSON, or not an object of
+            safe client ids to integer node ids.
+    """
     limit = max_clients * REGISTRY_ENTRY_BYTES + 1024
     try:
         entries = json.loads(read_bounded(Path(path), limit, f"a registry of max-clients={max_clients} ids"))
@@ -68,7 +80,13 @@ class ForgetLedger:
     records: tuple[dict[str, Any], ...] = ()
 
     def record_contribution(self, client: str, server_round: int) -> None:
-        """The round's accepted reply of `client` (the one in-place change: rounds only grow between forgets)."""
+        """The round's accepted reply of `client` (the one in-place change: rounds only grow between forgets).
+
+        Args:
+            client: the client id.
+            server_round: the round of the accepted reply; a round at or before the client's last recorded one
+                changes nothing.
+        """
         ranges = self.contributed.setdefault(client, [])
         if ranges and ranges[-1][1] == server_round - 1:
             ranges[-1][1] = server_round
@@ -76,9 +94,27 @@ class ForgetLedger:
             ranges.append([server_round, server_round])
 
     def forgetting(self, client: str, record: Mapping[str, Any]) -> ForgetLedger:
+        """A new ledger with `client` forgotten: its contributions dropped, its id revoked, `record` appended.
+
+        Args:
+            client: the client id.
+            record: the forget's audit record ("event": "forgotten", "client", "node", "round", "request", ...).
+
+        Returns:
+            The new ledger; this one is unchanged.
+        """
         return ForgetLedger(self._contributions_without(client), self.revoked | {client}, (*self.records, dict(record)))
 
     def readmitting(self, client: str, record: Mapping[str, Any]) -> ForgetLedger:
+        """A new ledger in which `client` is no longer revoked, its contributions dropped, `record` appended.
+
+        Args:
+            client: the client id.
+            record: the readmission's audit record.
+
+        Returns:
+            The new ledger; this one is unchanged.
+        """
         return ForgetLedger(self._contributions_without(client), self.revoked - {client}, (*self.records, dict(record)))
 
     def _contributions_without(self, client: str) -> dict[str, list[list[int]]]:
@@ -86,7 +122,14 @@ class ForgetLedger:
         return {c: [list(span) for span in ranges] for c, ranges in self.contributed.items() if c != client}
 
     def forget_of(self, client: str) -> dict[str, Any] | None:
-        """The record of the last forget of `client`, if it is revoked."""
+        """The record of the last forget of `client`, if it is revoked.
+
+        Args:
+            client: the client id.
+
+        Returns:
+            That forget's record (as `forgetting` kept it), or None when `client` is not revoked.
+        """
         if client not in self.revoked:
             return None
         return next(
@@ -94,12 +137,24 @@ class ForgetLedger:
         )
 
     def confirmation_for(self, node: int) -> str:
-        """The revoked client id that `node` itself asked to forget (its instructions say so), or ""."""
+        """The revoked client id that `node` itself asked to forget (its instructions say so), or "".
+
+        Args:
+            node: a Flower node id.
+
+        Returns:
+            The first such id in sorted order, or "" when `node` asked for none.
+        """
         return next(
             (client for client in sorted(self.revoked) if (self.forget_of(client) or {}).get("node") == node), ""
         )
 
     def to_metadata(self) -> str:
+        """The ledger as a checkpoint's metadata string (from_metadata reads it back).
+
+        Returns:
+            JSON of its contributions, revoked ids (sorted) and records, keys sorted.
+        """
         return json.dumps(
             {"contributed": self.contributed, "revoked": sorted(self.revoked), "records": list(self.records)},
             sort_keys=True,
@@ -107,12 +162,31 @@ class ForgetLedger:
 
     @classmethod
     def from_metadata(cls, metadata: str) -> ForgetLedger:
+        """The ledger `to_metadata` wrote.
+
+        Args:
+            metadata: its JSON.
+
+        Returns:
+            The ledger.
+
+        Raises:
+            json.JSONDecodeError: `metadata` is not JSON.
+            KeyError: it lacks "contributed", "revoked" or "records".
+        """
         ledger = json.loads(metadata)
         return cls(ledger["contributed"], frozenset(ledger["revoked"]), tuple(ledger["records"]))
 
 
 @dataclass
 class ClientIdentities:
+    """Which node speaks for which client id, and the forget ledger; checkpointed with the server's state.
+
+    mode           "bound" (an id stays with its first node) or "reconnect" (it may move once its node has left)
+    max_clients    the most ids ever counted (run config `max-clients`)
+    registry_path  the operator's {client id: node id} file (run config `client-registry`); "" for none
+    """
+
     mode: str  # "bound" | "reconnect"
     max_clients: int
     registry_path: str = ""
@@ -138,12 +212,27 @@ class ClientIdentities:
             log(ERROR, "client registry %s: %s; keeping the registry read before", self.registry_path, error)
 
     def bound_node(self, client: str) -> int | None:
-        """The node that speaks for `client`: the registry's, else the one it is bound to (None: neither)."""
+        """The node that speaks for `client`: the registry's, else the one it is bound to (None: neither).
+
+        Args:
+            client: the client id.
+
+        Returns:
+            The node id; with a registry, only the registry's; None when none is known.
+        """
         if self.registry_path:
             return self._registry.get(client)
         return self.node_of_client.get(client)
 
     def client_of(self, node: int) -> str | None:
+        """The client id `node` speaks for: the one bound to it, else the one the registry gives it.
+
+        Args:
+            node: a Flower node id.
+
+        Returns:
+            The id, or None when `node` has none.
+        """
         bound = [client for client, bound_node in self.node_of_client.items() if bound_node == node]
         registered = [client for client, registered_node in self._registry.items() if registered_node == node]
         candidates = bound or registered
@@ -151,7 +240,19 @@ class ClientIdentities:
 
     def check(self, node: int, client: str, connected: Iterable[int], claimed: Mapping[str, int]) -> None:
         """Refuse (PayloadError, naming ids and nodes) a reply from `node` claiming `client`. `claimed`: the
-        ids already accepted this round, each with its node."""
+        ids already accepted this round, each with its node.
+
+        Args:
+            node: the replying node's Flower id.
+            client: the client id its reply's header names.
+            connected: the node ids now in the federation (under `reconnect` an id may move off a node that left).
+            claimed: client id -> node, for the ids already accepted this round.
+
+        Raises:
+            PayloadError: `client` is not a safe id of at most MAX_CLIENT_ID_LENGTH characters, is revoked, is
+                another node's (bound or registered), is not in the registry, is a new id past `max-clients`, or
+                already replied this round.
+        """
         if not (is_safe_name(client) and len(client) <= MAX_CLIENT_ID_LENGTH):
             raise PayloadError(
                 f"field 'header.client_id': {client[:MAX_CLIENT_ID_LENGTH]!r} is not a client id "
@@ -202,18 +303,39 @@ class ClientIdentities:
             )
 
     def bind(self, node: int, client: str) -> None:
-        """After an accepted reply: `client` is `node`'s (a reconnecting client moves to its new node)."""
+        """After an accepted reply: `client` is `node`'s (a reconnecting client moves to its new node).
+
+        Args:
+            node: the node whose reply was accepted.
+            client: the client id it named.
+        """
         self.node_of_client[client] = node
 
     def forgetting(self, client: str, record: Mapping[str, Any]) -> ClientIdentities:
-        """A copy with `client` forgotten: unbound, its contributions dropped, its id revoked, `record` kept."""
+        """A copy with `client` forgotten: unbound, its contributions dropped, its id revoked, `record` kept.
+
+        Args:
+            client: the client id.
+            record: the forget's audit record (ForgetLedger.forgetting).
+
+        Returns:
+            The copy; this one is unchanged (it shares the registry read).
+        """
         forgotten = copy.copy(self)  # not dataclasses.replace: that would read the registry file again
         forgotten.node_of_client = {c: node for c, node in self.node_of_client.items() if c != client}
         forgotten.ledger = self.ledger.forgetting(client, record)
         return forgotten
 
     def readmitting(self, client: str, record: Mapping[str, Any]) -> ClientIdentities:
-        """A copy in which the revoked `client` may reply again (as a new client), `record` kept."""
+        """A copy in which the revoked `client` may reply again (as a new client), `record` kept.
+
+        Args:
+            client: the revoked client id.
+            record: the readmission's audit record.
+
+        Returns:
+            The copy; this one is unchanged (it shares the registry read).
+        """
         readmitted = copy.copy(self)
         readmitted.node_of_client = dict(self.node_of_client)
         readmitted.ledger = self.ledger.readmitting(client, record)
@@ -221,7 +343,16 @@ class ClientIdentities:
 
     def accepted_view(self, node: int, accepted_rounds: Mapping[str, int], connected: Iterable[int]) -> dict[str, int]:
         """The accepted rounds `node` is told: its own client's; for a node not yet known under
-        `reconnect`, those of clients whose node has left (it may be one of them, restarted)."""
+        `reconnect`, those of clients whose node has left (it may be one of them, restarted).
+
+        Args:
+            node: the node the instruction goes to.
+            accepted_rounds: client id -> the last round whose reply the server accepted from it.
+            connected: the node ids now in the federation.
+
+        Returns:
+            Client id -> accepted round, as above; empty for an unknown node outside `reconnect`.
+        """
         own = self.client_of(node)
         if own is not None:
             return {own: accepted_rounds[own]} if own in accepted_rounds else {}
@@ -235,7 +366,21 @@ class ClientIdentities:
         }
 
     def to_metadata(self) -> str:
+        """The bindings as a checkpoint's metadata string (restore reads it back); the ledger is saved apart.
+
+        Returns:
+            JSON of client id -> node id, keys sorted.
+        """
         return json.dumps(self.node_of_client, sort_keys=True)
 
     def restore(self, metadata: str) -> None:
+        """Replace the bindings with those `to_metadata` wrote.
+
+        Args:
+            metadata: its JSON.
+
+        Raises:
+            json.JSONDecodeError: `metadata` is not JSON.
+            ValueError: a node id is not an integer.
+        """
         self.node_of_client = {client: int(node) for client, node in json.loads(metadata).items()}

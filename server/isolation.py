@@ -40,7 +40,19 @@ def usable_subset(payloads: Sequence[P], attempt: Callable[[list[P]], Any], size
     2. A reply whose state alone is unusable is a culprit on its own: left out.
     3. Of the rest, the one whose leaving out makes the round usable, trying the longest updates first; when no
        single one does (several culprits together), the longest is left out and the search repeats.
-    Costs at most K + K(K+1)/2 attempts, and only in a round that fails."""
+    Costs at most K + K(K+1)/2 attempts, and only in a round that fails.
+
+    Args:
+        payloads: the round's replies that passed screening, in reply order.
+        attempt: replies -> the state they make; raises RoundRejected when that state is unusable. Any other
+            exception propagates.
+        size_of: id(reply) -> its update's norm; a reply missing from it counts as 0.
+
+    Returns:
+        The replies used and their state (every reply when all together are usable), and each reply left out with
+        the reason; when no subset was found usable, none used, a None state and every reply left out (none at all
+        for no payloads).
+    """
     remaining = list(payloads)
     if not remaining:
         return Isolated([], None)
@@ -102,14 +114,40 @@ class Quarantine:
     until: dict[int, int] = field(default_factory=dict)  # node -> the last round it sits out
 
     def excludes(self, node: int, server_round: int) -> bool:
+        """Whether `node` sits out `server_round`.
+
+        Args:
+            node: a Flower node id.
+            server_round: the round being sampled or scheduled.
+
+        Returns:
+            True while the round is at or before the last round it sits out.
+        """
         return self.until.get(node, 0) >= server_round
 
     def active(self, server_round: int) -> dict[int, int]:
+        """The quarantines still in force in `server_round`.
+
+        Args:
+            server_round: the round.
+
+        Returns:
+            Node -> the last round it sits out, for nodes that sit out `server_round`.
+        """
         return {node: last for node, last in self.until.items() if last >= server_round}
 
     def record(self, server_round: int, refused: set[int], accepted: set[int]) -> list[int]:
         """After a round: count the nodes whose reply was refused, forgive those accepted (a silent node keeps its
-        count); returns the nodes quarantined now, from the next round on."""
+        count). Quarantines over by the next round are dropped.
+
+        Args:
+            server_round: the round just ended.
+            refused: the nodes with a reply refused this round.
+            accepted: the nodes with a reply accepted this round; a node in both counts as accepted.
+
+        Returns:
+            The nodes quarantined now, ascending; each sits out the next `rounds` rounds.
+        """
         for node in accepted:
             self.refusals.pop(node, None)
         quarantined = []
@@ -123,11 +161,25 @@ class Quarantine:
         return quarantined
 
     def to_metadata(self) -> dict[str, dict[str, int]]:
+        """The counts for a checkpoint (restore reads them back).
+
+        Returns:
+            {"refusals": node -> consecutive refused rounds, "until": node -> last round sat out}, nodes as strings.
+        """
         return {
             "refusals": {str(n): c for n, c in self.refusals.items()},
             "until": {str(n): r for n, r in self.until.items()},
         }
 
     def restore(self, metadata: Mapping[str, Mapping[str, int]]) -> None:
+        """Replace the counts with those `to_metadata` wrote.
+
+        Args:
+            metadata: its "refusals" and "until".
+
+        Raises:
+            KeyError: either is missing.
+            ValueError: a node or count is not an integer.
+        """
         self.refusals = {int(node): int(count) for node, count in metadata["refusals"].items()}
         self.until = {int(node): int(last) for node, last in metadata["until"].items()}

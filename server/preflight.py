@@ -26,7 +26,19 @@ def preflight(settings: RunSettings, clients: int | None = None, new_federation:
     """Refuse (ConfigError naming the key) what the ServerApp or the clients would fail on later.
     `clients`: how many clients the caller starts on this machine (`fedbayes local`), where it does: their count,
     their files and their memory are checked too. `new_federation`: the caller knows the run starts a new
-    federation (a run config that names none always does), so a results file holding rows is refused."""
+    federation (a run config that names none always does), so a results file holding rows is refused.
+
+    Args:
+        settings: the run's settings.
+        clients: the clients the caller starts on this machine; None when it starts none (the ServerApp).
+        new_federation: the run starts a new federation.
+
+    Raises:
+        ConfigError: naming the key: too few clients for min-clients or wait-for-clients, an unreadable split file,
+            an output path that cannot be written or a results file with rows (results-exists "refuse"), an
+            unusable tracking, missing dataset files, "cuda" without a GPU, or what check_model_and_strategy
+            refuses.
+    """
     if clients is not None:
         check_client_counts(settings, clients)
         check_split_file(settings.split_file)
@@ -42,7 +54,18 @@ def check_model_and_strategy(settings: RunSettings, clients: int | None = None) 
     machine's memory holds what the run needs (`clients`: those started here too), and a reply fits
     max-payload-mb. A built-in model is laid out on the meta device, so a model too large for this machine is
     refused by the memory check, not by the allocation of its weights; a user model is built (only its code knows
-    its layout)."""
+    its layout).
+
+    Args:
+        settings: the run's settings.
+        clients: the clients started on this machine, counted in the memory needed; None for none.
+
+    Raises:
+        ConfigError: naming the key: `hidden` does not parse, the model does not fit the dataset's examples, the
+            strategy refuses the model (e.g. bayesadmm-full's size cap) or is unknown, its client half cannot
+            evaluate where client-eval-fraction > 0, the run needs more memory than the machine has, or a reply is
+            over max-payload-mb.
+    """
     from fedbayes.server.assembly import ModelMismatch, assemble_server
     from fedbayes.strategies import get_algorithm
     from fedbayes.tasks.models import parse_hidden
@@ -73,6 +96,10 @@ def check_client_evaluation(settings: RunSettings, client_half: object) -> None:
     """A run that asks its clients for held-out metrics (client-eval-fraction > 0) has a strategy whose client half
     names the global model to evaluate (ClientHalf.global_model); its clients would otherwise answer every round with
     an error.
+
+    Args:
+        settings: the run's settings (its client-eval-fraction and strategy).
+        client_half: the strategy's client half.
 
     Raises:
         ConfigError: naming the key and the strategy.

@@ -59,16 +59,47 @@ class Algorithm:
         return keys_of(self.settings)
 
     def server_half(self) -> Callable[..., Any]:
+        """The server half, imported if `server` names it.
+
+        Returns:
+            The ServerStrategy subclass (or any callable building one from settings and layouts).
+
+        Raises:
+            ImportError: the named module cannot be imported.
+            AttributeError: it has no such attribute.
+        """
         return _resolved(self.server)
 
     def client_half(self) -> Callable[..., Any]:
+        """The client half, imported if `client` names it.
+
+        Returns:
+            The ClientHalf (called with a message's content and the client's runtime).
+
+        Raises:
+            ImportError: the named module cannot be imported.
+            AttributeError: it has no such attribute.
+        """
         return _resolved(self.client)
 
     def build_server(
         self, settings: RunSettings, layout: TensorLayout, buffer_layout: TensorLayout | None = None
     ) -> Any:
         """The server half for this run: the class `server` names, built for the model's parameters (`layout`) and
-        buffers; it reads its own keys typed from `settings` as this algorithm's `settings`."""
+        buffers; it reads its own keys typed from `settings` as this algorithm's `settings`.
+
+        Args:
+            settings: the run's settings.
+            layout: the model's parameters.
+            buffer_layout: the model's buffers (BatchNorm statistics); None for none.
+
+        Returns:
+            The server half.
+
+        Raises:
+            ImportError: the named module cannot be imported.
+            AttributeError: it has no such attribute.
+        """
         return self.server_half()(settings, layout, buffer_layout)
 
 
@@ -103,7 +134,17 @@ BUILTIN = {
 def algorithm_keys(strategy: str = "") -> list[Key]:
     """The hyperparameters of every built-in strategy, and of `strategy` when it is one from elsewhere (only that
     one is loaded: an unrelated broken plugin must not break every run). An unknown or unloadable `strategy` is
-    a ConfigError naming it, here, before its keys could be mistaken for unknown ones."""
+    a ConfigError naming it, here, before its keys could be mistaken for unknown ones.
+
+    Args:
+        strategy: the run's `strategy`; "" or a built-in name adds nothing.
+
+    Returns:
+        The keys, built-in strategies' first; a key several strategies share appears once per strategy.
+
+    Raises:
+        ConfigError: `strategy` is unknown or cannot be loaded (get_algorithm).
+    """
     keys = [key for algorithm in BUILTIN.values() for key in algorithm.hyperparameters]
     if strategy and strategy not in BUILTIN:
         keys += get_algorithm(strategy).hyperparameters
@@ -113,6 +154,16 @@ def algorithm_keys(strategy: str = "") -> list[Key]:
 def declared_keys(strategy: str = "") -> dict[str, Key]:
     """Every run-config key by name: the core's, every built-in strategy's, and `strategy`'s when it is one from
     elsewhere.
+
+    Args:
+        strategy: the run's `strategy`; "" or a built-in name adds nothing.
+
+    Returns:
+        Name -> its Key.
+
+    Raises:
+        ConfigError: `strategy` is unknown or cannot be loaded, or two declarations of one key disagree
+            (tasks/config.py merge_keys).
 
     Examples:
         >>> rho = declared_keys()["rho"]
@@ -127,13 +178,34 @@ def declared_keys(strategy: str = "") -> dict[str, Key]:
 
 
 def default_run_config(strategy: str = "") -> dict[str, Any]:
-    """Every key with its default: what a Flower app's [tool.flwr.app.config] lists (`fedbayes app`)."""
+    """Every key with its default: what a Flower app's [tool.flwr.app.config] lists (`fedbayes app`).
+
+    Args:
+        strategy: the run's `strategy`; "" or a built-in name adds nothing.
+
+    Returns:
+        Key name -> default value.
+
+    Raises:
+        ConfigError: as declared_keys.
+    """
     return {name: key.default for name, key in declared_keys(strategy).items()}
 
 
 def run_settings(run_config: Mapping[str, Any]) -> RunSettings:
     """`run_config` parsed and checked against the core keys and those of every built-in strategy and of the run's
-    own strategy (RunSettings.from_run_config)."""
+    own strategy (RunSettings.from_run_config).
+
+    Args:
+        run_config: the run config, key -> value.
+
+    Returns:
+        The settings.
+
+    Raises:
+        ConfigError: the run's `strategy` is unknown or cannot be loaded, a key is unknown or missing, or a value is
+            invalid.
+    """
     return RunSettings.from_run_config(run_config, algorithm_keys(str(run_config.get("strategy", ""))))
 
 
@@ -143,7 +215,17 @@ def _installed() -> dict[str, str]:
 
 
 def load_algorithm(reference: str) -> Algorithm:
-    """The `Algorithm` at "<module>:<attribute>"; a ConfigError naming `strategy` when it is not one."""
+    """The `Algorithm` at "<module>:<attribute>".
+
+    Args:
+        reference: "<module>:<attribute>".
+
+    Returns:
+        The Algorithm there.
+
+    Raises:
+        ConfigError: the module cannot be imported, has no such attribute, or it is not an Algorithm.
+    """
     module_name, _, attribute = reference.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attribute)
@@ -161,6 +243,16 @@ def load_algorithm(reference: str) -> Algorithm:
 
 def get_algorithm(name: str) -> Algorithm:
     """The strategy called `name`: a built-in one, an installed package's (entry point), or "<module>:<attribute>".
+
+    Args:
+        name: a built-in strategy's name, an entry point's name in the group `fedbayes.strategies`, or
+            "<module>:<attribute>".
+
+    Returns:
+        The Algorithm.
+
+    Raises:
+        ConfigError: `name` is none of these, or what it names cannot be loaded or is not an Algorithm.
 
     Examples:
         >>> algorithm = get_algorithm("bayesadmm")
@@ -185,6 +277,9 @@ def get_algorithm(name: str) -> Algorithm:
 
 def algorithm_names() -> list[str]:
     """The built-in strategies, then those installed packages declare.
+
+    Returns:
+        Their names, built-in ones in registry order.
 
     Examples:
         >>> algorithm_names()[:4]
