@@ -76,6 +76,7 @@ PUBLIC_MODULES = (
     "server/forget/requests.py",
     "server/forget/settling.py",
     "server/forget/stopped.py",
+    "server/loop.py",
     "server/round_core.py",
     "server/tracking.py",
     "strategies/base.py",
