@@ -156,6 +156,14 @@ class ResultsLog:
             raise ValueError(f"results-exists must be refuse, append or replace, got {if_exists!r}")
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append `record` as one JSON line; nothing without a results path.
+
+        Args:
+            record: the round's results row, JSON-serialisable.
+
+        Raises:
+            OSError: the results file cannot be written.
+        """
         if self.path is not None:
             with self.path.open("a") as results_file:
                 results_file.write(json.dumps(record) + "\n")
@@ -168,6 +176,17 @@ def _newlines(path: Path) -> int:
 
 
 def wait_for_clients(grid: Grid, count: int, timeout: float, poll_interval: float) -> None:
+    """Wait until at least `count` nodes are connected.
+
+    Args:
+        grid: the ServerApp's grid.
+        count: the nodes to wait for.
+        timeout: the most seconds to wait.
+        poll_interval: seconds between two looks at the connected nodes.
+
+    Raises:
+        TimeoutError: fewer than `count` are connected after `timeout` seconds (how many are, in its message).
+    """
     deadline = time.monotonic() + timeout
     while len(list(grid.get_node_ids())) < count:
         if time.monotonic() > deadline:
@@ -216,6 +235,12 @@ class RoundOutcomes:
     last_evaluated: tuple[int, float] | None = None
 
     def round_trained(self, server_round: int, accepted: int) -> None:
+        """Note a round's accepted replies: none extends the streak of failed rounds, any ends it.
+
+        Args:
+            server_round: the round.
+            accepted: the replies it accepted.
+        """
         if accepted:
             self.failed_since, self.failed_rounds = None, 0
         else:
@@ -223,12 +248,22 @@ class RoundOutcomes:
             self.failed_rounds += 1
 
     def evaluated(self, server_round: int, accuracy: float | None) -> None:
+        """Note a round's evaluated accuracy, as the first evaluated (if none is yet) and the last.
+
+        Args:
+            server_round: the round.
+            accuracy: its test accuracy; None (not evaluated) notes nothing.
+        """
         if accuracy is not None:
             self.first_evaluated = self.first_evaluated or (server_round, accuracy)
             self.last_evaluated = (server_round, accuracy)
 
     def failed_span(self) -> str:
-        """The current streak of failed rounds: "round 4" or "rounds 3-5"."""
+        """The current streak of failed rounds: "round 4" or "rounds 3-5".
+
+        Returns:
+            The span, for messages; only while a streak runs (`failed_rounds` > 0).
+        """
         assert self.failed_since is not None
         last = self.failed_since + self.failed_rounds - 1
         return f"round {last}" if self.failed_rounds == 1 else f"rounds {self.failed_since}-{last}"
@@ -237,7 +272,15 @@ class RoundOutcomes:
 def run_outcome_problem(outcomes: RoundOutcomes, rounds_run: int) -> str | None:
     """Why a run that went through its `rounds_run` rounds (of this start) did not end well, or None if it did: it
     ended on ENDING_FAILED_ROUNDS or more rounds that accepted no reply (or every one of its rounds did), or its last
-    evaluated accuracy is under ACCURACY_COLLAPSE of its first."""
+    evaluated accuracy is under ACCURACY_COLLAPSE of its first.
+
+    Args:
+        outcomes: the rounds of this start, through the last (its evaluation included).
+        rounds_run: the rounds this start ran.
+
+    Returns:
+        The problem, for RunFailed's message; None for a run that ended well.
+    """
     failed = outcomes.failed_rounds
     if failed and (failed == rounds_run or failed >= ENDING_FAILED_ROUNDS):
         if failed == rounds_run == 1:
@@ -266,7 +309,19 @@ def straggler_deadlines(
     being its examples over the median of those that replied (`replied_examples`), at least 1. A client's compute grows
     with its examples, so the largest honest client is allowed its share, and one slower than its data explains is cut.
     A client of unknown size (or when no reply's is known) counts as size 1, except that one never `waited_once` for
-    is waited for up to round-timeout (math.inf): the server learns its size from that reply."""
+    is waited for up to round-timeout (math.inf): the server learns its size from that reply.
+
+    Args:
+        half_seconds: seconds from the round's start until half the replies were in.
+        waiting: the clients not yet replied -> the examples of their last accepted reply (None: unknown).
+        replied_examples: the known examples of the clients that replied.
+        wait: run config `straggler-wait`.
+        waited_once: the clients of unknown size already waited for up to round-timeout once.
+
+    Returns:
+        Per waiting client, the seconds from the round's start after which the round stops waiting for it
+        (math.inf: up to round-timeout).
+    """
     reference = statistics.median(replied_examples) if replied_examples else None
     deadlines = {}
     for client, examples in waiting.items():
@@ -288,7 +343,17 @@ class Stragglers:
     waited_once: set[int] = field(default_factory=set)
 
     def deadlines(self, half_seconds: float, waiting: Iterable[int], replied: Iterable[int]) -> dict[int, float]:
-        """Per waiting node, the seconds from the round's start after which the round stops waiting for it."""
+        """Per waiting node, the seconds from the round's start after which the round stops waiting for it.
+
+        Args:
+            half_seconds: seconds from the round's start until half the replies were in.
+            waiting: the nodes not yet replied.
+            replied: the nodes that replied.
+
+        Returns:
+            Node -> its deadline (`straggler_deadlines`); the waiting nodes of unknown size are noted as waited for
+            once, so a later round cuts them as size 1.
+        """
         sizes = {node: self.examples_of(node) for node in waiting}
         replied_examples = [examples for node in replied if (examples := self.examples_of(node)) is not None]
         deadlines = straggler_deadlines(half_seconds, sizes, replied_examples, self.wait, self.waited_once)
@@ -296,7 +361,16 @@ class Stragglers:
         return deadlines
 
     def why(self, node: int, half_seconds: float, deadline: float) -> str:
-        """Why the round stopped waiting for `node` at `deadline` seconds."""
+        """Why the round stopped waiting for `node` at `deadline` seconds.
+
+        Args:
+            node: the node cut.
+            half_seconds: seconds from the round's start until half the replies were in.
+            deadline: its deadline (`deadlines`), finite.
+
+        Returns:
+            The reason its silence is reported with: straggler-wait, the half-time, and its size where over 1.
+        """
         size = (deadline / half_seconds - 1) / self.wait
         scaled = f", x its size {size:.2g} ({self.examples_of(node)} examples against the median of those replies)"
         return (
@@ -318,7 +392,21 @@ def exchange(
     (from the moment half the replies are in: `straggler_deadlines`); (replies, silent node -> why, node -> the error
     it answered with). A reply that comes later is never pulled: the server does not use it, and its client rolls
     back. Records in `phases` the seconds the push took and, from the push, until the first and the last reply; in
-    `arrivals` (if given), per node that answered, the seconds from the push until its reply or error was pulled."""
+    `arrivals` (if given), per node that answered, the seconds from the push until its reply or error was pulled.
+
+    Args:
+        grid: the ServerApp's grid.
+        messages: one message per node.
+        timeout: the most seconds to wait for replies (round-timeout).
+        poll_interval: seconds between two pulls.
+        phases: where "push", "first_reply" and "last_reply" seconds are recorded.
+        stragglers: the straggler policy (None, or `wait` 0: wait up to `timeout` for every reply).
+        arrivals: where each answering node's seconds from the push are recorded (None: nowhere).
+
+    Returns:
+        The replies without error; each node that did not answer -> why (logged); each node whose answer is an
+        error -> that error (a SuperLink-made one's under the node it was addressed to).
+    """
     pushed = time.perf_counter()
     message_ids = list(grid.push_messages(messages))
     phases["push"] = time.perf_counter() - pushed
@@ -368,7 +456,16 @@ def exchange(
 
 def client_link(grid: Grid, settings: LoopSettings) -> ClientLink:
     """One message to one node and its reply, between rounds (server/forget/: a client's part of its own forget),
-    bounded by round-timeout like a round's exchange."""
+    bounded by round-timeout like a round's exchange.
+
+    Args:
+        grid: the ServerApp's grid.
+        settings: the loop's settings (round-timeout, poll-interval).
+
+    Returns:
+        The link: the nodes connected now, and `ask(message)`, the node's reply or why none came (its client's
+        error, or no reply within round-timeout).
+    """
 
     def ask(message: Message) -> Message | str:
         node = message.metadata.dst_node_id
@@ -399,13 +496,29 @@ class PhaseTimer:
 
 def client_phases(replies: list[Message], summary: Callable[[list[float]], float]) -> dict[str, float]:
     """Per phase, `summary` (median, max) over this round's replies of the seconds each client reports
-    (client/app.py)."""
+    (client/app.py).
+
+    Args:
+        replies: the round's replies.
+        summary: reduces one phase's seconds over the replies that report it.
+
+    Returns:
+        Phase name -> `summary` of its seconds, by name (none: no reply reports timings).
+    """
     reported = [reply_timings(reply.content) for reply in replies if not reply.has_error()]
     names = sorted({name for timings in reported for name in timings})
     return {name: summary([t[name] for t in reported if name in t]) for name in names}
 
 
 def failure_reasons(report: RoundReport) -> str:
+    """Why a round accepted no reply, for RunFailed's message.
+
+    Args:
+        report: the round's report.
+
+    Returns:
+        Each rejected sender with its reason, or that no client was sent work.
+    """
     return "; ".join(f"{who}: {why}" for who, why in report.rejected.items()) or "no client was sent work"
 
 
@@ -471,6 +584,15 @@ class RoundFinisher:
         self.outcomes = RoundOutcomes()  # the evaluated accuracies, in round order (the loop adds the failed rounds)
 
     def submit(self, finished: FinishedRound) -> None:
+        """Finish `finished` once the previous round is finished (`wait`): on the background thread when pipelined,
+        else at once, its checkpointed state then handed to the round core.
+
+        Args:
+            finished: the round just aggregated.
+
+        Raises:
+            Exception: what finishing the previous round raised; unpipelined, what finishing this one raised.
+        """
         self.wait()
         if self.pool is None:
             self.checkpoint_written(self.finish(finished))
@@ -551,7 +673,14 @@ class RoundFinisher:
 
 
 def evaluated_numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The evaluation's numbers (accuracy, nll, ece, the ensemble's, ...), without its reliability bins."""
+    """The evaluation's numbers (accuracy, nll, ece, the ensemble's, ...), without its reliability bins.
+
+    Args:
+        metrics: a round's evaluation (`Evaluate`).
+
+    Returns:
+        Its finite int and float values, as floats; booleans, None and everything else left out.
+    """
     numbers = {key: value for key, value in metrics.items() if isinstance(value, int | float)}
     return {key: float(value) for key, value in numbers.items() if not isinstance(value, bool) and math.isfinite(value)}
 
@@ -572,7 +701,29 @@ def run_rounds(
     checkpoint. A crash before the checkpoint means the round runs again on resume; clients then start it from
     their state before it (client/state.py). Forget requests (server/forget/) are settled between rounds, under the
     federation's server lock, which the run holds throughout. `events`: where each step is reported as data
-    (tasks/events.py); None: nowhere."""
+    (tasks/events.py); None: nowhere.
+
+    Args:
+        grid: the ServerApp's grid.
+        core: the round core, strategy and client bookkeeping (its state is loaded from the checkpoint, if any).
+        initial_arrays: the global arrays round 1 starts from, without a checkpoint.
+        settings: the loop's settings.
+        evaluate: evaluates the global arrays after a round.
+        results_path: the results file, one row per round ("": none).
+        checkpoints: the federation's checkpoint store; its folder holds the server lock.
+        sinks: each gets every results row as it is written.
+        events: where each step is reported.
+
+    Returns:
+        The global arrays after the last round (the checkpoint's, for a federation that already finished).
+
+    Raises:
+        RunFailed: max-failed-rounds rounds in a row accepted no reply, or the run ended badly
+            (`run_outcome_problem`).
+        TimeoutError: too few clients connected within wait-for-clients-timeout.
+        CheckpointError: the checkpoint to resume from is damaged or was made with other settings.
+        ConfigError: a new federation's results file is not empty and results-exists is refuse.
+    """
     with server_lock(checkpoints.directory):
         return _run_rounds(
             grid, core, initial_arrays, settings, evaluate, results_path, checkpoints, sinks, events or EventLog()
@@ -680,7 +831,27 @@ def train_round(
 ) -> tuple[FinishedRound, RoundOutcome]:
     """Configure, exchange and aggregate one round; the previous round is finished (evaluated, logged,
     checkpointed) meanwhile, and before this one aggregates. Returns the finished round and the aggregate's outcome
-    (its report, and the leave requests that forgetting decides once the round is committed)."""
+    (its report, and the leave requests that forgetting decides once the round is committed).
+
+    Args:
+        grid: the ServerApp's grid.
+        core: the round core.
+        arrays: the global arrays the round starts from.
+        settings: the loop's settings.
+        server_round: the round.
+        finisher: finishes the previous round meanwhile.
+        stragglers: the straggler policy.
+        events: where the round's steps are reported.
+
+    Returns:
+        The finished round (its arrays: the aggregate's, or `arrays` when no update was usable; its row without
+        metrics; the state to checkpoint) and the aggregate's outcome.
+
+    Raises:
+        TimeoutError: fewer than min-clients connected within wait-for-clients-timeout.
+        PayloadError: an instruction is over max-payload-mb.
+        Exception: what finishing the previous round raised.
+    """
     round_started = time.monotonic()
     events.emit(ROUND_STARTED, server_round, rounds=settings.num_rounds)
     phases = PhaseTimer()
@@ -749,7 +920,14 @@ def train_round(
 
 
 def forgotten_event(events: EventLog) -> Callable[[Mapping[str, Any]], None]:
-    """What reports each forget audit record (server/forget/) that forgot a client, as a `forgotten` event."""
+    """What reports each forget audit record (server/forget/) that forgot a client, as a `forgotten` event.
+
+    Args:
+        events: where the events go.
+
+    Returns:
+        The audit log's `on_append`: a `forgotten` event for a "forgotten" record, nothing for another.
+    """
 
     def report(record: Mapping[str, Any]) -> None:
         if record.get("event") == "forgotten":
@@ -768,7 +946,16 @@ def forgotten_event(events: EventLog) -> Callable[[Mapping[str, Any]], None]:
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:
     """The round's log line, for people (the tools read the event stream, tasks/events.py). A round the server did
     not evaluate (run config `eval-every`) shows `-` for its metrics; one evaluated on part of the test set
-    (`eval-fraction`) says on how much."""
+    (`eval-fraction`) says on how much.
+
+    Args:
+        record: the round's results row.
+        num_rounds: the run's rounds.
+
+    Returns:
+        One line: round, accuracy, NLL, ECE, clients accepted of those sent, seconds; then the ensemble's accuracy
+        and NLL where evaluated, and the test examples under eval-fraction.
+    """
     metrics = (
         "acc - | nll - | ece -"
         if record["accuracy"] is None

@@ -25,14 +25,43 @@ class AuditLog:
         self.on_append = on_append  # each record once it is on disk (the ServerApp's event stream)
 
     def records(self) -> list[dict[str, Any]]:
+        """The records on disk.
+
+        Returns:
+            Every complete line that is a JSON object, in the order appended (none: no log yet); a line a crash cut
+            short, one that is not an object, and one over MAX_LINE_BYTES (logged) are left out.
+
+        Raises:
+            OSError: the log exists but cannot be read.
+        """
         if not self.path.exists():
             return []
         return [record for line in complete_lines(self.path) if (record := _parsed_line(self.path, line)) is not None]
 
     def find(self, request_id: str) -> dict[str, Any] | None:
+        """The record of a decided request.
+
+        Args:
+            request_id: the request's id (ForgetRequest.id).
+
+        Returns:
+            The first record of that request, or None where it is not decided yet.
+
+        Raises:
+            OSError: the log exists but cannot be read.
+        """
         return next((record for record in self.records() if record.get("request") == request_id), None)
 
     def append(self, record: Mapping[str, Any]) -> None:
+        """Append `record` as one JSON line and fsync it, ending first a last line a crash cut short; then hand it to
+        `on_append`.
+
+        Args:
+            record: the decided request's record (ForgetRequest.record), JSON-serialisable.
+
+        Raises:
+            OSError: the log (or its folder) cannot be written; `on_append` is not called.
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a+b") as audit_file:
             audit_file.seek(0, os.SEEK_END)

@@ -20,7 +20,24 @@ def forget_command(
 ) -> dict[str, Any]:
     """Settle `request`: at once on a stopped federation; on a running one, queued for the server, which settles it
     after the round in flight (waiting up to `wait_seconds`, and taking over should the server stop meanwhile).
-    Its audit record; ForgetError when it is refused or still waiting."""
+    Its audit record; ForgetError when it is refused or still waiting.
+
+    Args:
+        location: the federation: its server state directory and run config.
+        request: the operator's request (ForgetRequest.by_operator).
+        wait_seconds: how long to wait for the request's audit record before giving up.
+        data_root: where the run's dataset is, if not where its run config says (used on a stopped federation,
+            whose server is rebuilt from the test data).
+        say: prints the note that a running federation settles the request after its round in flight.
+
+    Returns:
+        The request's audit record: a forget's ("forgotten") or a readmission's ("readmitted").
+
+    Raises:
+        ForgetError: the request was refused (with the reason, audited), it was not settled within `wait_seconds`
+            (it stays queued), or a stopped federation's server cannot be rebuilt (nothing was changed).
+        CheckpointError: a stopped federation has no readable newest checkpoint.
+    """
     directory = location.state_dir / location.federation
     audit = AuditLog(directory / AUDIT_LOG)
     with server_lock(directory, wait=False) as stopped:
@@ -50,11 +67,28 @@ def forget_command(
 
 
 def audit_path(location: RunLocation) -> Path:
+    """Where the federation's forget audit log is.
+
+    Args:
+        location: the federation.
+
+    Returns:
+        <server-state-dir>/<federation>/forget-audit.jsonl.
+    """
     return location.state_dir / location.federation / AUDIT_LOG
 
 
 def describe_outcome(record: Mapping[str, Any], audit: Path) -> str:
-    """What `fedbayes forget` prints for an applied request."""
+    """What `fedbayes forget` prints for an applied request.
+
+    Args:
+        record: the request's audit record, a forget's ("forgotten") or a readmission's ("readmitted").
+        audit: the audit log's path, named in the text.
+
+    Returns:
+        The lines to print: for a forget, whether it is exact, its KL, the strategy's note, the rounds the client
+        contributed and any refinement rounds; for a readmission, one line.
+    """
     client, server_round = record["client"], record["round"]
     if record["event"] == "readmitted":
         return (

@@ -135,7 +135,14 @@ class Forgetting:
 
     def finish_interrupted(self, core: BetweenRounds) -> None:
         """After a crash between the checkpoint and the audit line: append the ledger's records the audit log lacks,
-        delete the checkpoints older than the last forget, and the request files already decided."""
+        delete the checkpoints older than the last forget, and the request files already decided.
+
+        Args:
+            core: the round core, in the state of the newest checkpoint (its ledger holds what was applied).
+
+        Raises:
+            OSError: the audit log, a request file or a checkpoint cannot be written or deleted.
+        """
         audited = {record.get("request") for record in self.audit.records()}
         for record in core.ledger_records():
             if record["request"] not in audited:
@@ -311,7 +318,15 @@ class Forgetting:
             fsync_directory(self.store.directory)
 
     def rounds_to_run(self, core: BetweenRounds, num_rounds: int) -> int:
-        """`num_rounds`, raised to the last round a forget's refinement asked for (logged when raised)."""
+        """`num_rounds`, raised to the last round a forget's refinement asked for (logged when raised).
+
+        Args:
+            core: the round core, whose ledger holds the forgets applied.
+            num_rounds: the run config's num-server-rounds.
+
+        Returns:
+            The larger of `num_rounds` and every forget's refine_through_round.
+        """
         forgets = [record for record in core.ledger_records() if record["event"] == "forgotten"]
         through = max((record["refine_through_round"] for record in forgets), default=0)
         if through > num_rounds:
@@ -330,7 +345,19 @@ def forget_record(
     core: BetweenRounds, request: ForgetRequest, forgotten: Forgotten, server_round: int
 ) -> dict[str, Any]:
     """The audit line and ledger record of an applied forget. `node`: the node the id was bound to, which is told
-    from now on that it is forgotten (Header.forgotten_client_id)."""
+    from now on that it is forgotten (Header.forgotten_client_id).
+
+    Args:
+        core: the round core, in the state before the forget.
+        request: the request applied.
+        forgotten: the strategy's answer to it.
+        server_round: the round after which it is applied.
+
+    Returns:
+        The "forgotten" record: the request's fields, the node, strategy, exactness, KL and note, the rounds the
+        client contributed and its last accepted one, and the refinement through round `server_round` +
+        `request.refine_rounds`.
+    """
     client = request.client
     return request.record(
         "forgotten",
@@ -354,7 +381,18 @@ BUFFERS_NOTE = (
 
 
 def refusal(core: BetweenRounds, request: ForgetRequest, federation: str) -> str | None:
-    """Why `request` cannot be applied to the federation's state, before the strategy is asked (None: ask it)."""
+    """Why `request` cannot be applied to the federation's state, before the strategy is asked (None: ask it).
+
+    Args:
+        core: the round core, in the state of the newest checkpoint.
+        request: the request to decide.
+        federation: the federation settling it.
+
+    Returns:
+        The reason: a request for another federation, no client id, a refinement out of range, a readmission of an
+        id not revoked, a forget of one already forgotten, or a node asking for a client id not bound to it; None
+        when the strategy is to be asked.
+    """
     client = request.client
     if request.federation != federation:
         return f"the request is for federation {request.federation[:64]!r}, this is {federation!r}"

@@ -31,7 +31,18 @@ class Rebuilt:
 
 
 def checked_newest(location: RunLocation) -> tuple[Checkpoint, dict[str, Any]]:
-    """The newest checkpoint and its run config; ForgetError when it belongs to another federation."""
+    """The newest checkpoint and its run config; ForgetError when it belongs to another federation.
+
+    Args:
+        location: the stopped federation.
+
+    Returns:
+        The newest kept checkpoint and the run config it was made with.
+
+    Raises:
+        ForgetError: the run config names another federation (nothing was changed).
+        CheckpointError: there is no checkpoint, or the newest is unreadable or damaged.
+    """
     store = CheckpointStore(location.state_dir, location.federation, {})
     checkpoint, run_config = store.read()
     if run_config.get("federation") != location.federation:
@@ -95,6 +106,16 @@ def rebuild(location: RunLocation, data_root: str | None = None) -> Rebuilt:
 
 
 def settle_stopped(location: RunLocation, own: tuple[ForgetRequest, ...] = (), data_root: str | None = None) -> None:
-    """With the server lock held: settle the queued requests and `own` on the newest checkpoint."""
+    """With the server lock held: settle the queued requests and `own` on the newest checkpoint.
+
+    Args:
+        location: the stopped federation.
+        own: the operator's requests, decided after the queued ones.
+        data_root: where the run's dataset is, if not where its run config says.
+
+    Raises:
+        ForgetError: the server cannot be rebuilt from the newest checkpoint (`rebuild`; nothing was changed).
+        CheckpointError: there is no checkpoint, or the newest is unreadable or damaged.
+    """
     rebuilt = rebuild(location, data_root)
     Forgetting(rebuilt.store).settle(rebuilt.core, rebuilt.arrays, rebuilt.server_round, rebuilt.wall_seconds, own)

@@ -66,7 +66,21 @@ class IASG:
 
 
 def local_update(local: LocalRound) -> LocalResult:
-    """FedAvg's local training in burn-in rounds; IASG + the App. C delta in sampling rounds."""
+    """FedAvg's local training in burn-in rounds; IASG + the App. C delta in sampling rounds.
+
+    Args:
+        local: the round's instruction (sampling or burn-in, local training, burn-in epochs, samples, shrinkage),
+            its "weights" tensors (the global model x_0) and this client's runtime.
+
+    Returns:
+        The reply (the samples taken and the norm of the delta's correction over the iterate average; 0 and 0.0 in
+        a burn-in round) with the delta as "delta" (the shrinkage estimate Δ̂ of the samples in a sampling round,
+        x_0 minus the trained weights in a burn-in round), the last epoch's mean loss and the compute seconds.
+
+    Raises:
+        FloatingPointError: the delta is not finite.
+        ValueError: a sampling round took no sample.
+    """
     instruction, runtime, server_round = local.instruction, local.runtime, local.server_round
     set_parameters(runtime.model, local.tensors["weights"])
     x0 = parameters_to_vector(runtime.model.parameters()).detach().clone()
