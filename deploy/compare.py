@@ -575,6 +575,33 @@ def tail_mean(rows: list[dict[str, Any]], key: str, count: int = TAIL_ROUNDS) ->
     return statistics.fmean(values) if values else None
 
 
+def client_tail(rows: list[dict[str, Any]], key: str, count: int = TAIL_ROUNDS) -> float | None:
+    """A per-client key (CLIENT_KEYS) over the run's end: each client's mean over its own last `count` held-out
+    evaluations (the rows' client_metrics), then the mean or the worst of those over the clients; a strategy that
+    trains one client a round is so read at each client's last turns.
+
+    Args:
+        rows: a run's rows.
+        key: client_<metric>_mean or client_<metric>_worst, the metric one of accuracy, nll, ece.
+        count: the evaluations of each client to average.
+
+    Returns:
+        The value, or None when no row holds client metrics.
+    """
+    from fedbayes.server.client_metrics import WORST
+
+    metric, summary = key.removeprefix("client_").rsplit("_", 1)
+    per_client: dict[str, list[float]] = {}
+    for row in rows:
+        for client, entry in (row.get("client_metrics") or {}).items():
+            if entry.get(metric) is not None:
+                per_client.setdefault(client, []).append(entry[metric])
+    if not per_client:
+        return None
+    values = [statistics.fmean(own[-count:]) for own in per_client.values()]
+    return statistics.fmean(values) if summary == "mean" else WORST[metric](values)
+
+
 def best_point(scores: list[float | None]) -> int:
     """The point with the best score, a tie going to the earlier point; a point without one never wins unless no
     point has one.
@@ -641,7 +668,8 @@ def summarise(
         runs = finals[strategy]
         metrics = {}
         for key in (*METRICS, *UNCERTAINTY_KEYS, *CLIENT_KEYS):
-            per_seed = [value for rows in runs if (value := tail_mean(rows, key)) is not None]
+            read = client_tail if key in CLIENT_KEYS else tail_mean
+            per_seed = [value for rows in runs if (value := read(rows, key)) is not None]
             if per_seed:
                 metrics[key] = {"per_seed": per_seed, **(spread(per_seed) or {})}
         strategies[strategy] = {

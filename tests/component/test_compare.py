@@ -233,3 +233,20 @@ def test_dsvgd_gets_the_others_client_work_one_client_a_round(tmp_path):
     assert [row["round"] for row in rows] == [1, 2, 3, 4]
     assert [row.get("accuracy_ensemble") is not None for row in rows] == [False, True, False, True]
     assert cmp.finished_rows(dsvgd, compare.out) == rows  # all 4 of its rounds: read, not run again
+
+
+def test_each_clients_metrics_are_its_own_last_evaluations_then_the_mean_or_the_worst():
+    """Every client every round: each client's mean over its last 3 rounds; one client a round (DSVGD): each
+    client's own last turns, not the last 3 rows' single clients."""
+
+    def held_out(**accuracy):
+        return {"client_metrics": {client: {"accuracy": a, "ece": 1 - a} for client, a in accuracy.items()}}
+
+    every_round = [held_out(a=0.1, b=0.9), held_out(a=0.5, b=0.6), held_out(a=0.6, b=0.7), held_out(a=0.7, b=0.8)]
+    assert cmp.client_tail(every_round, "client_accuracy_mean") == pytest.approx((0.6 + 0.7) / 2)
+    assert cmp.client_tail(every_round, "client_accuracy_worst") == pytest.approx(0.6)  # a: (0.5 + 0.6 + 0.7) / 3
+    assert cmp.client_tail(every_round, "client_ece_worst") == pytest.approx(0.4)
+    turns = [held_out(a=0.2), held_out(b=0.9), held_out(a=0.4), held_out(b=0.7), {"round": 5}]
+    assert cmp.client_tail(turns, "client_accuracy_worst", count=1) == pytest.approx(0.4)  # a's last turn, then b's
+    assert cmp.client_tail(turns, "client_accuracy_mean", count=2) == pytest.approx((0.3 + 0.8) / 2)
+    assert cmp.client_tail([{"round": 1}], "client_accuracy_mean") is None
