@@ -137,6 +137,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--connect-rate", type=float, default=LoadSettings.connect_rate)
     parser.add_argument("--poll", type=float, default=LoadSettings.poll, help="the nodes' FEDBAYES_SUPERNODE_POLL")
     parser.add_argument("--profile", action="store_true", help="py-spy the SuperLink and the ServerApp")
+    parser.add_argument("--key-curve", choices=("p256", "p384"), default="p256", help="the nodes' key curve")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--label", default="", help="a name for these rows (e.g. before/after a change)")
     parser.add_argument(
@@ -157,6 +158,7 @@ def main() -> None:
         connect_rate=args.connect_rate,
         poll=args.poll,
         profile=args.profile,
+        key_curve=args.key_curve,
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     print(f"load before: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
@@ -166,7 +168,8 @@ def main() -> None:
         root = args.workdir or Path(temporary)
         for nodes in args.nodes:
             for case in run_nodes(nodes, [m for m in args.sampled if m <= nodes], settings, root):
-                row = {"label": args.label, "rounds_asked": args.rounds, **summarised(case)}
+                row = {"label": args.label, "rounds_asked": args.rounds, "key_curve": settings.key_curve}
+                row |= summarised(case)
                 with args.output.open("a") as output:
                     output.write(json.dumps(row) + "\n")
                 print(table_row(row), flush=True)

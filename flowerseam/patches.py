@@ -106,6 +106,15 @@ PATCHES = (
     Patch("supernode.bounding_fleet_calls", "instructions-over-max-message-mb", (f"{SUPERNODE}:_init_connection",)),
     Patch("supernode.ringing", "the-executors-doorbell", (f"{SUPERNODE}:_pull_and_store_message",)),
     Patch(
+        "supernode.signing_with_p256",
+        "the-self-registered-supernodes-key",
+        (
+            "flwr.client.grpc_rere_client.connection:grpc_request_response",
+            "flwr.supercore.primitives.asymmetric:generate_key_pairs",
+            "flwr.server.superlink.fleet.grpc_rere.node_auth_server_interceptor:NodeAuthServerInterceptor",
+        ),
+    ),
+    Patch(
         "object_pulls.shorten_pull_backoff",
         "the-object-pulls-first-back-off",
         (f"{INFLATABLE}:pull_objects", f"{INFLATABLE}:pull_and_inflate_object_from_tree"),
@@ -190,6 +199,9 @@ PATCHES = (
 
 # What `flower_digest` gave for each target on Flower PATCHED_FLOWER (tests/unit/test_flower_patches.py checks them)
 FLOWER_DIGESTS = {
+    "flwr.client.grpc_rere_client.connection:grpc_request_response": "5c708e16264f125b",
+    "flwr.supercore.primitives.asymmetric:generate_key_pairs": "93c4133c96e889b3",
+    "flwr.server.superlink.fleet.grpc_rere.node_auth_server_interceptor:NodeAuthServerInterceptor": "3ccea147c5e50412",
     "flwr.cli.build:build_fab_from_disk": "18b4d7d20642bb50",
     "flwr.cli.local_superlink": "4ebade30eb06eb74",
     "flwr.cli.utils:collect_files": "67f9a21cdce322d8",

@@ -1,8 +1,9 @@
 """Patches of Flower's SuperNode loop (flwr/supernode/start_client_internal.py), for `fedbayes supernode`
 (deploy/supernode.py, which says why): its idle sleeps shortened (`polling_time`), a stopped run's message dropped
 (`dropping_stopped_runs`), an instruction over --max-message-mb refused while it is pulled
-(`refusing_oversize_instructions`, `bounding_fleet_calls`), a doorbell rung when it takes a message (`ringing`).
-docs/reference/flower-patches.md has each one's upstream counterpart."""
+(`refusing_oversize_instructions`, `bounding_fleet_calls`), a doorbell rung when it takes a message (`ringing`), a
+self-registered node's key on P-256 (`signing_with_p256`). docs/reference/flower-patches.md has each one's upstream
+counterpart."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ import time
 from collections.abc import Callable
 from logging import INFO
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from fedbayes.flowerseam.object_pulls import call_bytes_limit, shorten_pull_backoff
 from fedbayes.flowerseam.version import require_patched_flower
 from fedbayes.tasks.message_limits import MAX_MESSAGE_OPTION, message_bytes_limit
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 FLOWER_WAITS = (3, 0.5)  # the idle sleep between pulls, and the wait for a reply or an object
 IDLE_GROWTH, IDLE_CAP = 1.5, 1.0  # idle polls of the SuperLink back off by this factor, up to this many seconds
@@ -254,10 +259,35 @@ def bounding_fleet_calls(start_client_internal, max_message_mb: float) -> None:
     start_client_internal.GRPC_MAX_MESSAGE_LENGTH = call_bytes_limit(max_message_mb)
 
 
+def p256_key_pair() -> tuple[ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey]:
+    """A fresh ECDSA key pair on NIST P-256.
+
+    Returns:
+        The private key and its public key.
+    """
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private_key = ec.generate_private_key(ec.SECP256R1())
+    return private_key, private_key.public_key()
+
+
+def signing_with_p256(connection) -> None:
+    """A self-registered SuperNode (no --auth-supernode-private-key) makes its key pair with `p256_key_pair`, not
+    Flower's `generate_key_pairs` (P-384): the SuperLink verifies the signature of every Fleet call, and P-256's
+    verification costs it about a quarter of P-384's. A key the operator gives is used as it is.
+
+    Args:
+        connection: Flower's `flwr.client.grpc_rere_client.connection` module, whose `grpc_request_response` makes
+            the pair when it is given none.
+    """
+    connection.generate_key_pairs = p256_key_pair
+
+
 def patch_supernode(poll: float, ring: Callable[[], None] | None = None, max_message_mb: float | None = None) -> None:
     """Flower's SuperNode loop without its idle sleeps (`polling_time`), dropping a stopped run's message
     (`dropping_stopped_runs`), calling `ring` when it takes a message (if given), refusing an instruction over
-    `max_message_mb` (if given), its object pulls' first back-off shortened (`shorten_pull_backoff`).
+    `max_message_mb` (if given), its object pulls' first back-off shortened (`shorten_pull_backoff`), and a
+    self-registered node's key on P-256 (`signing_with_p256`).
 
     Args:
         poll: seconds the loop waits where Flower waits 3 s idle or 0.5 s for a reply.
@@ -267,9 +297,11 @@ def patch_supernode(poll: float, ring: Callable[[], None] | None = None, max_mes
     Raises:
         SystemExit: the installed Flower is not the one this was read in.
     """
+    from flwr.client.grpc_rere_client import connection
     from flwr.supernode import start_client_internal
 
     require_patched_flower("fedbayes supernode", "SuperNode loop", "flower-supernode")
+    signing_with_p256(connection)
     # a stand-in for the time module, its sleep remapped (polling_time): no ModuleType, but all Flower's loop uses
     start_client_internal.time = polling_time(poll)  # type: ignore[assignment]
     pull_and_store = dropping_stopped_runs(start_client_internal._pull_and_store_message)

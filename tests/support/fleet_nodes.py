@@ -1,7 +1,8 @@
 """Many SuperNodes in one process, the SuperLink load harness's load generator (tests/support/superlink_load.py).
 
 Each node is one thread that speaks Flower 1.39's Fleet API through Flower's own SuperNode connection
-(`flwr.client.grpc_rere_client.connection.grpc_request_response`: its own gRPC channel, a fresh key pair, every call
+(`flwr.client.grpc_rere_client.connection.grpc_request_response`: its own gRPC channel, a fresh key pair on P-256 as
+`fedbayes supernode` makes it (`--key-curve p384`: Flower's own), every call
 signed, RegisterNode and ActivateNode, Flower's heartbeat thread, the retry policy; a TCP connection of its own, as
 each SuperNode process has, and no connectivity watch: `own_connections`) and runs the loop of `fedbayes supernode`
 (Flower's `start_client_internal` with fedbayes' waits, deploy/supernode.py `polling_time`, `--poll` standing for its
@@ -60,6 +61,7 @@ import grpc
 import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.app.message import remove_content_from_message
+from flwr.client.grpc_rere_client import connection
 from flwr.client.grpc_rere_client.connection import grpc_request_response
 from flwr.proto.fleet_pb2_grpc import FleetStub
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree, iterate_object_tree
@@ -73,7 +75,7 @@ from flwr.supercore.retry import make_simple_grpc_retry_invoker
 from fedbayes.deploy.processes import name_this_process
 from fedbayes.deploy.supernode import DEFAULT_POLL
 from fedbayes.flowerseam.object_pulls import shorten_pull_backoff
-from fedbayes.flowerseam.supernode import FLOWER_WAITS, polling_time
+from fedbayes.flowerseam.supernode import FLOWER_WAITS, polling_time, signing_with_p256
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import TIMINGS_KEY, decode, encode, reply_header
 
@@ -286,6 +288,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--noise", type=float, default=0.01, help="sd of the noise added to the received weights")
     parser.add_argument("--connect-rate", type=float, default=100.0, help="nodes started per second, per process")
     parser.add_argument("--output", type=Path, required=True, help="a directory: nodes-<i>.jsonl, replies-<i>.jsonl")
+    parser.add_argument(
+        "--key-curve",
+        choices=("p256", "p384"),
+        default="p256",
+        help="the curve of each node's self-registered key: fedbayes supernode's (p256) or Flower's (p384)",
+    )
     return parser.parse_args(argv)
 
 
@@ -322,6 +330,8 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     shorten_pull_backoff()  # as fedbayes supernode does
+    if args.key_curve == "p256":
+        signing_with_p256(connection)  # as fedbayes supernode does
     own_connections()
     children = []
     for index in range(1, args.processes):

@@ -47,6 +47,7 @@ class LoadSettings:
     idle_seconds: float = 10.0
     connect_rate: float = 100.0  # nodes per second, per load generator process
     poll: float = DEFAULT_POLL  # the nodes' FEDBAYES_SUPERNODE_POLL (deploy/supernode.py)
+    key_curve: str = "p256"  # the nodes' self-registered keys: fedbayes supernode's curve, or Flower's p384
     round_timeout: float = 120.0
     profile: bool = False
 
@@ -288,6 +289,8 @@ def start_generator(federation: LocalFederation, nodes: int, settings: LoadSetti
         str(settings.connect_rate),
         "--poll",
         str(settings.poll),
+        "--key-curve",
+        settings.key_curve,
         "--output",
         str(output),
     ]

@@ -75,3 +75,26 @@ def test_the_boundary_tells_private_flower_from_public():
             "flwr.__version__",
         ]
     )
+
+
+def test_a_self_registered_supernode_signs_with_a_p256_key_the_superlink_verifies(monkeypatch):
+    from flwr.client.grpc_rere_client import connection
+    from flwr.supercore.primitives.asymmetric import (
+        bytes_to_public_key,
+        public_key_to_bytes,
+        sign_message,
+        uses_nist_ec_curve,
+        verify_signature,
+    )
+
+    from fedbayes.flowerseam.supernode import signing_with_p256
+
+    assert connection.generate_key_pairs()[0].curve.name == "secp384r1"  # Flower's own
+    monkeypatch.setattr(connection, "generate_key_pairs", connection.generate_key_pairs)  # put back afterwards
+    signing_with_p256(connection)
+    private, public = connection.generate_key_pairs()
+    assert private.curve.name == "secp256r1"
+    received = bytes_to_public_key(public_key_to_bytes(public))  # the key as the SuperLink reads it from the node
+    stamp = b"2026-12-03T14:00:00+00:00"
+    assert uses_nist_ec_curve(received) and verify_signature(received, stamp, sign_message(private, stamp))
+    assert not verify_signature(received, b"another stamp", sign_message(private, stamp))
