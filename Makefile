@@ -66,9 +66,9 @@ test: install $(CHROMIUM) lint
 	$(BIN)/python -m pytest -q -n auto --dist loadgroup --durations=30 tests
 
 # The in-process tiers (tests/unit, tests/component; tests/conftest.py says what each tier is), after
-# make lint: about two minutes.
+# make lint, on every core: about four minutes on two.
 test-fast: install lint
-	$(BIN)/python -m pytest -q tests/unit tests/component
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup tests/unit tests/component
 
 # The documentation site (mkdocs.yml, docs/): the configuration reference regenerated from the declared keys, then a
 # strict build into site/ (a broken link, a missing page or anchor fails it); docs-serve previews it on 127.0.0.1:8000.
