@@ -16,7 +16,7 @@ interrupted run is resumed by running the same command again, a finished one is 
 
     python benchmarks/compare_protocol.py --list
     python benchmarks/compare_protocol.py                           # every experiment, in order
-    python benchmarks/compare_protocol.py --only wine,iris
+    python benchmarks/compare_protocol.py --only wine,iris --parallel 2
     python benchmarks/compare_protocol.py --only fmnist-het-mlp --strategies fedavg,bayesadmm
 """
 
@@ -74,7 +74,7 @@ EXPERIMENTS = (
 )
 
 
-def spec(experiment: Experiment, strategies: tuple[str, ...], rounds: int) -> CompareSpec:
+def spec(experiment: Experiment, strategies: tuple[str, ...], rounds: int, parallel: int = 1) -> CompareSpec:
     """The comparison of `experiment`, its tabular data set written first (the same files every time, so that a
     resumed run finds its runs).
 
@@ -82,6 +82,7 @@ def spec(experiment: Experiment, strategies: tuple[str, ...], rounds: int) -> Co
         experiment: the experiment.
         strategies: the strategies to compare.
         rounds: the rounds of each federation (of client work: DSVGD runs `clients` times as many).
+        parallel: the federations run at once (the rows do not depend on it: tests/integration/test_compare.py).
 
     Returns:
         Its CompareSpec, writing under RESULTS/<name>.
@@ -101,6 +102,7 @@ def spec(experiment: Experiment, strategies: tuple[str, ...], rounds: int) -> Co
         fraction=experiment.fraction,
         split="dirichlet",
         overrides=experiment.overrides,
+        parallel=parallel,
     )
 
 
@@ -109,6 +111,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated experiment names (default: all, in order)")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help="default: every strategy with a grid")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--parallel", type=int, default=1, help="federations at once (default 1)")
     parser.add_argument("--list", action="store_true", help="print the experiments and stop")
     args = parser.parse_args()
     names = [e.name for e in EXPERIMENTS]
@@ -125,7 +128,7 @@ def main() -> None:
     for experiment in EXPERIMENTS:
         if experiment.name in chosen:
             print(f"== {experiment.name}", flush=True)
-            compare(spec(experiment, strategies, args.rounds))
+            compare(spec(experiment, strategies, args.rounds, args.parallel))
 
 
 if __name__ == "__main__":
