@@ -74,6 +74,7 @@ HEADINGS = {
     "client_ece_worst": "client ECE worst",
 }
 RUNS, VALIDATION, WORK = "runs", "validation", "work"
+FAILED_KEY = "run_failed"  # on every row of a run the server failed: its reason (a diverged point cannot win)
 SUMMARY_FILE, TABLE_FILE = "summary.json", "table.md"
 PLOT_FILES = ("curves.png", "reliability.png", "uncertainty.png")
 # what the command's own options set, or the protocol does (the seeds), and --set may not
@@ -429,11 +430,14 @@ def finished_rows(job: Job, out: Path) -> list[dict[str, Any]] | None:
         out: the comparison's folder.
 
     Returns:
-        The rows, when they are rounds 1..job.rounds in order and each one's `compare` equals job.record; else None.
+        The rows, when they are rounds 1..job.rounds in order (or fewer, ending on a run the server failed: FAILED_KEY)
+        and each one's `compare` equals job.record; else None.
     """
     rows = read_rows(out / RUNS / f"{job.name}.jsonl")
-    whole = [row.get("round") for row in rows] == list(range(1, job.rounds + 1))
-    return rows if whole and all(row.get("compare") == job.record for row in rows) else None
+    rounds = [row.get("round") for row in rows]
+    in_order = bool(rows) and rounds == list(range(1, len(rows) + 1))
+    ended = len(rows) == job.rounds or (len(rows) < job.rounds and bool(rows and rows[-1].get(FAILED_KEY)))
+    return rows if in_order and ended and all(row.get("compare") == job.record for row in rows) else None
 
 
 def run_job(job: Job, clients: int, out: Path) -> list[dict[str, Any]]:
@@ -445,9 +449,14 @@ def run_job(job: Job, clients: int, out: Path) -> list[dict[str, Any]]:
         out: the comparison's folder (its work/<name>/ holds the run's state while it runs).
 
     Returns:
-        Its rows, each with `compare` (Job.record).
+        Its rows, each with `compare` (Job.record). A run the server failed (it diverged, or accepted no reply for
+        max-failed-rounds rounds) keeps the rows it evaluated, each with FAILED_KEY: the server's reason.
+
+    Raises:
+        RunFailed: the server failed the run before it wrote a row.
     """
     from fedbayes.deploy.inprocess import run_inprocess
+    from fedbayes.server.loop import RunFailed
 
     workdir = out / WORK / job.name
     rows_file = out / RUNS / f"{job.name}.jsonl"
@@ -457,12 +466,19 @@ def run_job(job: Job, clients: int, out: Path) -> list[dict[str, Any]]:
     flower = logging.getLogger("flwr")
     level = flower.level
     flower.setLevel(logging.WARNING)  # the progress line says how far it is
+    failure = None
     try:
         rows = run_inprocess(job.run_config, clients, workdir)
+    except RunFailed as failed:
+        rows, failure = read_rows(workdir / "results.jsonl"), str(failed)
+        if not rows:
+            raise
     finally:
         flower.setLevel(level)
     for row in rows:
         row["compare"] = job.record
+        if failure:
+            row[FAILED_KEY] = failure
     write_atomically(rows_file, "".join(json.dumps(row) + "\n" for row in rows).encode(), OUTPUT_MODE)
     shutil.rmtree(workdir, ignore_errors=True)
     return rows
@@ -616,6 +632,34 @@ def best_point(scores: list[float | None]) -> int:
     return -max(ranked)[1]
 
 
+def failed(rows: list[dict[str, Any]]) -> str | None:
+    """The server's reason where it failed the run (FAILED_KEY), else None.
+
+    Args:
+        rows: a run's rows.
+
+    Returns:
+        The reason, or None.
+    """
+    return next((row[FAILED_KEY] for row in rows if row.get(FAILED_KEY)), None)
+
+
+def tuning_scores(runs: list[list[dict[str, Any]]]) -> list[float | None]:
+    """Each grid point's score, its validation accuracy (tail_mean); a point whose run the server failed has none
+    while another point's run did not fail, so that a diverged setting never wins.
+
+    Args:
+        runs: each point's tuning rows, in point order.
+
+    Returns:
+        The scores, for best_point.
+    """
+    scores = [tail_mean(rows, "accuracy") for rows in runs]
+    if all(failed(rows) for rows in runs):
+        return scores
+    return [None if failed(rows) else score for rows, score in zip(runs, scores)]
+
+
 def spread(values: list[float]) -> dict[str, float] | None:
     """Mean and sample standard deviation (0 for one value); None for no values.
 
@@ -663,6 +707,7 @@ def summarise(
                     "settings": settings,
                     "validation_accuracy": tail_mean(rows, "accuracy"),
                     "validation_nll": tail_mean(rows, "nll"),
+                    "failed": failed(rows),
                 }
             )
         runs = finals[strategy]
@@ -678,6 +723,7 @@ def summarise(
             "settings": grid[strategy][winners[strategy]],
             "grid": points,
             "seeds": len(runs),
+            "failed_seeds": {str(seed): reason for seed, rows in enumerate(runs) if (reason := failed(rows))},
             "test": metrics,
         }
     return {
@@ -732,7 +778,8 @@ def table_cells(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         for key in columns:
             value = entry["test"].get(key)
             cells.append("-" if value is None else f"{value['mean']:.4f} ± {value['sd']:.4f}")
-        body.append([strategy, settings, *cells, str(entry["seeds"])])
+        seeds = str(entry["seeds"]) + (f" ({len(entry['failed_seeds'])} failed)" if entry["failed_seeds"] else "")
+        body.append([strategy, settings, *cells, seeds])
     return header, body
 
 
@@ -1009,7 +1056,7 @@ def compare(
         tuned = run_jobs(tuning_jobs(spec, grid, dataset, steps), spec, "tune", progress)
         winners = {
             strategy: best_point(
-                [tail_mean(tuned[f"tune-{strategy}-p{point}"], "accuracy") for point in range(len(grid[strategy]))]
+                tuning_scores([tuned[f"tune-{strategy}-p{point}"] for point in range(len(grid[strategy]))])
             )
             for strategy in spec.strategies
         }

@@ -183,6 +183,59 @@ def test_tuning_reads_no_test_set_and_a_finished_run_is_not_run_again(tmp_path):
     assert ran == ["tune-fedavg-p0"] * 3
 
 
+def test_a_run_the_server_fails_keeps_its_rows_is_not_run_again_and_never_wins(tmp_path, monkeypatch):
+    """A grid point that diverges (the server's RunFailed after its rows are written, as run_federation does) is
+    recorded with the server's reason instead of stopping the comparison; read again it is not rerun; it wins only
+    where every point failed; a final seed that failed is counted in the table."""
+    from fedbayes.deploy import inprocess
+    from fedbayes.server.loop import RunFailed
+
+    compare = spec(tmp_path)
+    jobs = cmp.tuning_jobs(compare, {"fedavg": [{"lr": 0.01}], "bayesadmm": []}, compare.dataset)
+    reason = "accuracy fell from 0.95 (round 1) to 0.40 (round 2), under 0.5 x its first value: training diverged"
+
+    def diverging(run_config, clients, root):
+        (root / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows([0.95, 0.40])))
+        raise RunFailed(reason)
+
+    monkeypatch.setattr(inprocess, "run_inprocess", diverging)
+    progress = cmp.ProgressLine()
+    kept = cmp.run_jobs(jobs, compare, "tune", progress)["tune-fedavg-p0"]
+    assert [row["round"] for row in kept] == [1, 2] and all(row[cmp.FAILED_KEY] == reason for row in kept)
+    assert cmp.failed(kept) == reason and cmp.failed(rows([0.5])) is None
+
+    def never(job, clients, out):
+        raise AssertionError(f"{job.name} ran again")
+
+    assert cmp.run_jobs(jobs, compare, "tune", progress, never)["tune-fedavg-p0"] == kept
+    early = [kept[0]]  # a run stopped by max-failed-rounds after one round: fewer rows, still finished
+    (compare.out / "runs" / "tune-fedavg-p0.jsonl").write_text(json.dumps(early[0]) + "\n")
+    assert cmp.run_jobs(jobs, compare, "tune", progress, never)["tune-fedavg-p0"] == early
+
+    fine = rows([0.5, 0.5])
+    assert cmp.best_point(cmp.tuning_scores([kept, fine])) == 1  # 0.675 diverged, 0.5 did not
+    assert cmp.best_point(cmp.tuning_scores([kept, kept])) == 0  # every point failed: the best of them
+
+    def nothing_written(run_config, clients, root):
+        raise RunFailed("no row")
+
+    monkeypatch.setattr(inprocess, "run_inprocess", nothing_written)
+    shutil.rmtree(compare.out / "runs")
+    with pytest.raises(RunFailed, match="no row"):
+        cmp.run_jobs(jobs, compare, "tune", progress)
+
+    grid = {"fedavg": [{"lr": 0.01}, {"lr": 0.02}], "bayesadmm": [{"lr": 0.01}]}
+    tuned = {"tune-fedavg-p0": kept, "tune-fedavg-p1": fine, "tune-bayesadmm-p0": fine}
+    summary = cmp.summarise(
+        compare, grid, tuned, {"fedavg": [kept], "bayesadmm": [fine]}, {"fedavg": 1, "bayesadmm": 0}
+    )
+    fedavg = summary["strategies"]["fedavg"]
+    assert fedavg["grid"][0]["failed"] == reason and fedavg["grid"][1]["failed"] is None
+    assert fedavg["failed_seeds"] == {"0": reason} and summary["strategies"]["bayesadmm"]["failed_seeds"] == {}
+    fedavg_row = next(line for line in cmp.markdown_table(summary).splitlines() if line.startswith("| fedavg |"))
+    assert fedavg_row.endswith("| 1 (1 failed) |")
+
+
 def test_a_fedlap_func_point_runs_in_the_compare_engine_with_its_memory(tmp_path):
     """FedLap-Func's paper grid is δ × τ_f × schedule at lr 1e-3, and one of its points runs as a tuning job: the
     server fits w_g to the clients' memory points (one per class a client holds) every round."""
