@@ -17,6 +17,7 @@ import torch
 from fedbayes.bayes.metrics import classification_metrics, member_probs
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.tasks.datasets import Dataset
+from fedbayes.tasks.validation import held_out_count
 
 HELD_OUT_BATCH = 1000  # examples per forward pass of the held-out evaluation
 _SPLIT_SALT = b"held-out:"  # keeps the split's generator apart from the client's per-round seeds (ClientRuntime)
@@ -24,7 +25,8 @@ _SPLIT_SALT = b"held-out:"  # keeps the split's generator apart from the client'
 
 def held_out_rows(size: int, fraction: float, seed: int, client_id: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(training rows, held-out rows) of a client's `size` examples, each ascending: round(fraction x size) of them
-    held out, drawn from `seed` (the run's) and `client_id`.
+    held out, at least one and at most size - 1 (tasks/validation.py held_out_count, as the validation carve of
+    `fedbayes compare`), drawn from `seed` (the run's) and `client_id`.
 
     Args:
         size: the client's examples.
@@ -36,16 +38,13 @@ def held_out_rows(size: int, fraction: float, seed: int, client_id: str) -> tupl
         The indices trained on and the indices held out; together every index, once.
 
     Raises:
-        ValueError: `fraction` is not in (0, 1), or it leaves no example to train on or none to hold out.
+        ValueError: `fraction` is not in (0, 1), or the client has fewer than 2 examples (one to train on and one
+            to hold out).
     """
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"the held-out share must be in (0, 1), got {fraction}")
-    count = round(fraction * size)
-    if not 1 <= count <= size - 1:
-        raise ValueError(
-            f"{client_id}: holding out client-eval-fraction={fraction:g} of its {size} examples leaves "
-            f"{count} to evaluate on and {size - count} to train on; it needs at least one of each"
-        )
+    try:
+        count = held_out_count(size, fraction)
+    except ValueError as problem:
+        raise ValueError(f"{client_id}: holding out client-eval-fraction={fraction:g}: {problem}") from None
     generator = torch.Generator().manual_seed(seed ^ zlib.crc32(_SPLIT_SALT + client_id.encode()))
     order = torch.randperm(size, generator=generator)
     return order[count:].sort().values, order[:count].sort().values

@@ -29,6 +29,28 @@ class Carved:
     given: np.ndarray
 
 
+def held_out_count(size: int, share: float) -> int:
+    """How many of a client's `size` examples a share of them is: round(share x size), at least one and at most
+    size - 1, so that the client both keeps some and gives some (the validation carve and the final runs' held-out
+    evaluation, client/evaluation.py, hold out the same number).
+
+    Args:
+        size: the client's examples, at least 2.
+        share: the share, in (0, 1).
+
+    Returns:
+        The count, in 1..size-1.
+
+    Raises:
+        ValueError: `share` outside (0, 1), or fewer than 2 examples.
+    """
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"the share must lie in (0, 1), got {share}")
+    if size < 2:
+        raise ValueError(f"{size} example(s): it needs 2 to keep one and give one")
+    return min(size - 1, max(1, round(share * size)))
+
+
 def carve(sizes: list[int], share: float = VALIDATION_SHARE, seed: int = 0) -> list[Carved]:
     """Which of each client's examples it keeps and which it gives to the validation set.
 
@@ -52,7 +74,7 @@ def carve(sizes: list[int], share: float = VALIDATION_SHARE, seed: int = 0) -> l
     parts = []
     for size in sizes:
         shuffled = generator.permutation(size)
-        cut = min(size - 1, max(1, round(share * size)))
+        cut = held_out_count(size, share)
         parts.append(Carved(kept=np.sort(shuffled[cut:]), given=np.sort(shuffled[:cut])))
     return parts
 

@@ -15,6 +15,7 @@ from fedbayes.client.evaluation import held_out_rows
 from fedbayes.protos import payloads_pb2 as pb
 from fedbayes.protos.codec import PayloadError
 from fedbayes.server.client_metrics import check_evaluation, client_entry, evaluation_request, row_fields
+from fedbayes.tasks.validation import carve
 from tests.support import settings
 
 
@@ -32,15 +33,23 @@ def test_the_held_out_rows_are_a_seeded_share_apart_from_the_training_rows():
 @pytest.mark.parametrize(
     ("size", "fraction", "problem"),
     [
-        (1, 0.5, "leaves 0 to evaluate on and 1 to train on"),
-        (10, 0.99, "leaves 10 to evaluate on and 0 to train on"),
-        (10, 0.0, "must be in (0, 1)"),
-        (10, 1.0, "must be in (0, 1)"),
+        (1, 0.5, "client-1: holding out client-eval-fraction=0.5: 1 example(s): it needs 2"),
+        (10, 0.0, "must lie in (0, 1)"),
+        (10, 1.0, "must lie in (0, 1)"),
     ],
 )
-def test_a_share_that_leaves_nothing_to_train_or_to_evaluate_on_is_an_error(size, fraction, problem):
+def test_a_share_of_a_client_too_small_to_split_is_an_error(size, fraction, problem):
     with pytest.raises(ValueError, match=re.escape(problem)):
         held_out_rows(size, fraction, seed=0, client_id="client-1")
+
+
+@pytest.mark.parametrize(("size", "fraction", "held"), [(5, 0.1, 1), (10, 0.99, 9), (2, 0.5, 1), (30, 0.1, 3)])
+def test_a_small_client_holds_out_one_and_keeps_one_as_the_validation_carve_does(size, fraction, held):
+    """wine's smallest Dirichlet client (5 examples) at the compare's 0.1: round(0.5) is 0, yet it gave one example to
+    the validation set while tuning, and holds out as many in the final runs."""
+    training, held_out = held_out_rows(size, fraction, seed=0, client_id="client-1")
+    assert len(held_out) == held and len(training) == size - held
+    assert len(carve([size], fraction)[0].given) == held
 
 
 def test_the_instruction_asks_only_where_the_run_config_does():
