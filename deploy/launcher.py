@@ -763,21 +763,30 @@ class LocalFederation:
                     on_notice(event.fields["message"])
                 ended += [event] if event.type == RUN_ENDED else []
             # Checked before `finished`: a dying SuperLink also ends `flwr run`, and that is no normal end.
-            superlink = [] if self.superlink_killed else [self.superlink]
-            shared = [] if self.shared_superexec is None else [self.shared_superexec]
-            for daemon in (*superlink, *self.supernodes.values(), *self.superexecs.values(), *shared):
-                if daemon.popen.poll() is not None:
-                    raise RuntimeError(
-                        f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
-                    )
+            self._raise_for_exited_daemons()
             if finished:
                 in_order = [rows[number] for number in sorted(rows)]
                 if not submit.stopped:
                     self._check_outcome(submit, len(in_order), rounds, ended[-1] if ended else None)
                 return in_order
             if len(rows) < rounds:  # after its last row the ServerApp ends by itself: no need to ask why it is gone
-                serverapp.check()
+                try:
+                    serverapp.check()
+                except RuntimeError:
+                    self._raise_for_exited_daemons()  # a SuperLink that died meanwhile is the reason, not `flwr ls`'s
+                    raise
             time.sleep(0.2)
+
+    def _raise_for_exited_daemons(self) -> None:
+        """RuntimeError naming the first of the SuperLink (unless killed on purpose), the SuperNodes and the
+        executors that has exited, with its log's tail; nothing while all run."""
+        superlink = [] if self.superlink_killed else [self.superlink]
+        shared = [] if self.shared_superexec is None else [self.shared_superexec]
+        for daemon in (*superlink, *self.supernodes.values(), *self.superexecs.values(), *shared):
+            if daemon.popen.poll() is not None:
+                raise RuntimeError(
+                    f"{daemon.name} exited with code {daemon.popen.returncode} during the run:\n{daemon.log_tail()}"
+                )
 
     @staticmethod
     def _submission_failure(submit: ManagedProcess) -> str:
