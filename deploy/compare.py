@@ -436,7 +436,7 @@ def finished_rows(job: Job, out: Path) -> list[dict[str, Any]] | None:
     rows = read_rows(out / RUNS / f"{job.name}.jsonl")
     rounds = [row.get("round") for row in rows]
     in_order = bool(rows) and rounds == list(range(1, len(rows) + 1))
-    ended = len(rows) == job.rounds or (len(rows) < job.rounds and bool(rows and rows[-1].get(FAILED_KEY)))
+    ended = len(rows) == job.rounds or (0 < len(rows) < job.rounds and bool(rows[-1].get(FAILED_KEY)))
     return rows if in_order and ended and all(row.get("compare") == job.record for row in rows) else None
 
 
