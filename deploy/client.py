@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key
+from fedbayes.deploy.fleet_probe import FleetTarget, ProbeError, check, load_private_key, release_if_online
 from fedbayes.deploy.processes import ManagedProcess, ProcessGroup, free_ports
 from fedbayes.tasks.config import NON_NEGATIVE, POSITIVE, checked_number
 from fedbayes.tasks.message_limits import MAX_MESSAGE_OPTION, default_max_message_mb
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     check_joining(args)
     node_id = wait_until_accepted(target, args.activation_timeout)
     say(f"the SuperLink at {target.address} accepts this key as node {node_id}")
-    return run_supernode(args)
+    return run_supernode(args, target, node_id)
 
 
 def fleet_target(args: argparse.Namespace) -> FleetTarget:
@@ -316,11 +316,13 @@ def wait_until_accepted(target: FleetTarget, timeout: float) -> int:
             delay = min(2 * delay, MAX_BACKOFF)
 
 
-def run_supernode(args: argparse.Namespace) -> int:
-    """The SuperNode and its ClientApp executor until interrupted or until either exits.
+def run_supernode(args: argparse.Namespace, target: FleetTarget, node_id: int) -> int:
+    """The SuperNode and its ClientApp executor until interrupted or until either exits; its node offline after.
 
     Args:
         args: the command line (`add_arguments`), checked (`check_joining`).
+        target: the SuperLink (`fleet_target`).
+        node_id: the node the SuperLink holds for this key (`wait_until_accepted`).
 
     Returns:
         The exit code of the one that exited; with --leave: 0 once the server has forgotten this client.
@@ -363,6 +365,7 @@ def run_supernode(args: argparse.Namespace) -> int:
             return code
         finally:
             sign_off(processes, supernode)
+            make_sure_offline(target, node_id)
 
 
 class Leaving:
@@ -476,6 +479,21 @@ def sign_off(processes: ProcessGroup, supernode: ManagedProcess) -> None:
             f"the SuperNode did not exit within {SIGN_OFF_TIMEOUT:.0f} s of SIGTERM; killing it (the SuperLink "
             "then holds its node for up to 60 s)"
         )
+
+
+def make_sure_offline(target: FleetTarget, node_id: int) -> None:
+    """Deactivate the node if the SuperLink still holds it online. A SuperNode stopped while its activation is in
+    flight knows no node to deactivate, and the SuperLink would refuse this key until the node's heartbeats expire.
+
+    Args:
+        target: the SuperLink.
+        node_id: this key's node.
+    """
+    try:
+        if release_if_online(target, node_id, timeout=SIGN_OFF_TIMEOUT):
+            say(f"signed node {node_id} off at the SuperLink (the SuperNode stopped before it could)")
+    except ProbeError as problem:
+        say(f"could not sign node {node_id} off at the SuperLink ({problem}); it holds the node for up to 60 s")
 
 
 def say(message: str) -> None:

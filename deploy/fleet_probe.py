@@ -37,6 +37,7 @@ from fedbayes.deploy.pki import certificate_names
 CONNECT_TIMEOUT = 10.0
 RPC_TIMEOUT = 30.0
 ACTIVATION_REFUSED = 2004  # Flower's ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED
+DEACTIVATION_REFUSED = 2005  # Flower's ApiErrorCode.FLEET_NODE_DEACTIVATION_FAILED: the node is not online
 
 
 class ProbeError(RuntimeError):
@@ -332,6 +333,33 @@ def deactivate(stub, node_id: int) -> None:
         stub.DeactivateNode(deactivate_node_request(node_id), timeout=RPC_TIMEOUT)
     except grpc.RpcError as error:
         raise _explain_rpc_failure(error) from None
+
+
+def release_if_online(target: FleetTarget, node_id: int, timeout: float = RPC_TIMEOUT) -> bool:
+    """Deactivate this key's node if the SuperLink still holds it online; a node already offline is left as it is.
+
+    Args:
+        target: the SuperLink and this client's files.
+        node_id: the node the SuperLink holds for this key.
+        timeout: seconds the call may take.
+
+    Returns:
+        True if the node was online and is now offline, False if it was offline already.
+
+    Raises:
+        ProbeError: the call failed for another reason (the SuperLink unreachable, the key refused).
+    """
+    from fedbayes.flowerseam.fleet import deactivate_node_request, flower_error
+
+    with fleet_stub(target, load_private_key(target.private_key)) as stub:
+        try:
+            stub.DeactivateNode(deactivate_node_request(node_id), timeout=timeout)
+        except grpc.RpcError as error:
+            refused = flower_error(error.details() or "")
+            if refused is not None and refused.code == DEACTIVATION_REFUSED:
+                return False
+            raise _explain_rpc_failure(error) from None
+    return True
 
 
 def _explain_rpc_failure(error: grpc.RpcError) -> ProbeError:

@@ -16,6 +16,7 @@ from flwr.common.constant import HEARTBEAT_MIN_INTERVAL, HEARTBEAT_PATIENCE
 from flwr.supercore.date import now
 
 from fedbayes.deploy.cli import main as fedbayes
+from fedbayes.deploy.client import make_sure_offline
 from fedbayes.deploy.control import list_nodes
 from fedbayes.deploy.fleet_probe import FleetTarget, activate, fleet_stub, load_private_key
 from fedbayes.deploy.launcher import CONNECTION, LocalFederation, console_script
@@ -23,7 +24,7 @@ from fedbayes.deploy.pki import init_pki, make_supernode_key
 
 pytestmark = pytest.mark.integration
 
-KEYS = ("checked", "restarted", "crashed", "leaving", "stranger")
+KEYS = ("checked", "restarted", "crashed", "leaving", "released", "stranger")
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,22 @@ def test_the_client_waits_while_the_superlink_still_holds_its_node(federation):
     assert client.popen.poll() is None
     log = client.log_path.read_text()
     assert "refuses this key" in log and "trying again" in log, log
+
+
+def test_a_node_its_supernode_left_online_is_signed_off_by_the_client(federation, capsys):
+    """A SuperNode stopped while its activation is in flight leaves its node online; the client deactivates it,
+    and says so only when it had to."""
+    running, directory, node_ids = federation
+    key = directory / "pki" / "supernodes" / "released"
+    target = FleetTarget.from_address(running.fleet_address, directory / "pki" / "ca.crt", key)
+    with fleet_stub(target, load_private_key(key)) as stub:
+        activate(stub, load_private_key(key), HEARTBEAT_MIN_INTERVAL)
+    assert status(federation, "released") == "online"
+    make_sure_offline(target, node_ids["released"])
+    assert status(federation, "released") == "offline"
+    assert f"signed node {node_ids['released']} off at the SuperLink" in capsys.readouterr().err
+    make_sure_offline(target, node_ids["released"])
+    assert capsys.readouterr().err == ""
 
 
 def test_the_client_gives_up_after_its_activation_timeout(federation):
