@@ -11,6 +11,15 @@ data, then its winner over the seeds on the test set (docs/running/compare.md). 
 - fmnist-het-cnn: the fmnist-het-mlp federation with the Acar CNN (`cnn-acar`), the small grid (each strategy's learning
   rate at a constant and a cosine schedule) and 2 seeds: the paper grid's CNN runs would take days on a CPU.
 
+Then the defaults on data nobody tuned on (issue 65, item 4), the `defaults` grid (every key at its default, nothing
+tuned), 3 seeds:
+
+- defaults-<set>: six UCI sets of R's mlbench (benchmarks/heldout_data.py: sonar, ionosphere, glass, vehicle, pima,
+  satellite), the tabular federation above.
+- defaults-fmnist-cnn: the fmnist-het-cnn federation, 2 seeds.
+
+`python benchmarks/compare_tables.py --verdict defaults-sonar ...` sets each against FedAvg's defaults.
+
 Each experiment writes under benchmarks/results/compare/<name>/ (the tabular data sets' files in its data/); an
 interrupted run is resumed by running the same command again, a finished one is read.
 
@@ -32,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sklearn import datasets  # noqa: E402
 
+from benchmarks import heldout_data  # noqa: E402
 from benchmarks.user_defaults import DATASETS, write_dataset  # noqa: E402
 from fedbayes.deploy.compare import CompareSpec, compare  # noqa: E402
 from fedbayes.deploy.processes import stop_processes_on_signals  # noqa: E402
@@ -50,7 +60,9 @@ STRATEGIES = (
     "dsvgd",
     "fedlap-func",
 )
-TABULAR = {**DATASETS, "iris": datasets.load_iris}
+TUNED_TABULAR = {**DATASETS, "iris": datasets.load_iris}
+HELD_OUT = heldout_data.loaders()
+TABULAR = {**TUNED_TABULAR, **HELD_OUT}
 TABULAR_MODEL = {"hidden": "32", "activation": "relu"}
 
 
@@ -69,8 +81,13 @@ class Experiment:
 
 EXPERIMENTS = (
     Experiment("fmnist-het-mlp", "fmnist", 10, 0.1, "paper", 3, {"local-epochs": 5}),
-    *(Experiment(name, name, 5, 1.0, "paper", 3, {"local-epochs": 5, **TABULAR_MODEL}) for name in TABULAR),
+    *(Experiment(name, name, 5, 1.0, "paper", 3, {"local-epochs": 5, **TABULAR_MODEL}) for name in TUNED_TABULAR),
     Experiment("fmnist-het-cnn", "fmnist", 10, 0.1, "small", 2, {"local-epochs": 5, "model": "cnn-acar"}),
+    *(
+        Experiment(f"defaults-{name}", name, 5, 1.0, "defaults", 3, {"local-epochs": 5, **TABULAR_MODEL})
+        for name in HELD_OUT
+    ),
+    Experiment("defaults-fmnist-cnn", "fmnist", 10, 0.1, "defaults", 2, {"local-epochs": 5, "model": "cnn-acar"}),
 )
 
 
@@ -121,7 +138,7 @@ def main() -> None:
         parser.error(f"--only: no experiment {', '.join(unknown)}; choose from {', '.join(names)}")
     if args.list:
         for experiment in EXPERIMENTS:
-            print(f"{experiment.name:<14} {experiment}")
+            print(f"{experiment.name:<20} {experiment}")
         return
     stop_processes_on_signals()
     strategies = tuple(name.strip() for name in args.strategies.split(",") if name.strip())

@@ -402,7 +402,11 @@ def _add_compare(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds", type=checked_number(int, AT_LEAST_ONE), default=3, help="the winners run on seeds 0..S-1 (default 3)"
     )
-    parser.add_argument("--grid", default="small", help="small: 2 points a strategy; paper: 8 (compare_grids.toml)")
+    parser.add_argument(
+        "--grid",
+        default="small",
+        help="defaults: 1 point a strategy, nothing tuned; small: 2 points; paper: 8 (compare_grids.toml)",
+    )
     parser.add_argument(
         "--out", type=Path, required=True, help="the runs, table, figures and summary; run again to resume"
     )

@@ -2,10 +2,11 @@
 
 1. Validation split (tasks/validation.py): seed 0's split of the clients' training data, each client keeping 90% and
    giving 10%; what they give is the validation set. The test set is not read until the final runs.
-2. Tune: every point of each strategy's grid (deploy/compare_grids.toml, `--grid small|paper`) is one federation on
-   the validation split, seed 0. A point's score is its validation accuracy at the strategy's own predictive (the
-   `_ensemble` value where the rows have one), the mean over the last 3 evaluated rounds (all of them when fewer);
-   the best point wins, a tie going to the earlier point.
+2. Tune: every point of each strategy's grid (deploy/compare_grids.toml, `--grid defaults|small|paper`) is one
+   federation on the validation split, seed 0. A point's score is its validation accuracy at the strategy's own
+   predictive (the `_ensemble` value where the rows have one), the mean over the last 3 evaluated rounds (all of them
+   when fewer); the best point wins, a tie going to the earlier point. A grid of one point (`defaults`) has nothing
+   to tune: it goes straight to the final runs.
    Client work is equal (compare_grids.toml [budget]): a strategy that trains one client a round runs `clients`
    rounds for each round of the others, and a particle strategy's SVGD steps are `local-epochs` epochs of minibatches.
 3. Final: each strategy's winning point on seeds 0..S-1 and the test set; each client holds out the validation share
@@ -352,11 +353,11 @@ def job_config(
 def tuning_jobs(
     spec: CompareSpec, grid: dict[str, list[dict[str, Any]]], dataset: str, steps: int | None = None
 ) -> list[Job]:
-    """Every grid point of every strategy on `dataset` (the validation split), seed 0.
+    """Every point of `grid` on `dataset` (the validation split), seed 0.
 
     Args:
         spec: the comparison.
-        grid: per strategy its points.
+        grid: per strategy the points to tune, in the comparison's order.
         dataset: the validation split as npz:DIR.
         steps: the minibatch steps of the local training on it (`epoch_steps`).
 
@@ -372,8 +373,8 @@ def tuning_jobs(
             settings,
             job_config(spec, strategy, settings, spec.tuning_seed, dataset, steps),
         )
-        for strategy in spec.strategies
-        for point, settings in enumerate(grid[strategy])
+        for strategy, points in grid.items()
+        for point, settings in enumerate(points)
     ]
 
 
@@ -689,7 +690,7 @@ def summarise(
     Args:
         spec: the comparison.
         grid: per strategy its points.
-        tuned: the tuning runs' rows by job name (tune-<strategy>-p<point>).
+        tuned: the tuning runs' rows by job name (tune-<strategy>-p<point>); none for a grid of one point.
         finals: per strategy its final runs' rows, seed by seed.
         winners: per strategy its winning point.
 
@@ -701,7 +702,7 @@ def summarise(
     for strategy in spec.strategies:
         points = []
         for point, settings in enumerate(grid[strategy]):
-            rows = tuned[f"tune-{strategy}-p{point}"]
+            rows = tuned.get(f"tune-{strategy}-p{point}", [])  # a one-point grid: not tuned, no score
             points.append(
                 {
                     "settings": settings,
@@ -794,13 +795,19 @@ def markdown_table(summary: dict[str, Any]) -> str:
     """
     header, body = table_cells(summary)
     protocol = summary["protocol"]
+    if any(len(entry["grid"]) > 1 for entry in summary["strategies"].values()):
+        point = (
+            f"Each strategy at the point of the `{protocol['grid']}` grid with the best {protocol['score']} (the "
+            f"clients' data less {protocol['validation_share']:.0%} each, seed {protocol['tuning_seed']}); then that "
+            "point"
+        )
+    else:
+        point = f"Each strategy at the one point of the `{protocol['grid']}` grid, nothing tuned"
     lines = [
         f"# fedbayes compare: {protocol['dataset']}, {protocol['clients']} clients, {protocol['rounds']} rounds",
         "",
-        f"Each strategy at the point of the `{protocol['grid']}` grid with the best {protocol['score']} (the "
-        f"clients' data less {protocol['validation_share']:.0%} each, seed {protocol['tuning_seed']}); then that "
-        f"point on seed{'s' if len(protocol['seeds']) > 1 else ''} {', '.join(map(str, protocol['seeds']))} and the "
-        f"test set: mean ± sd over the seeds of each "
+        f"{point} on seed{'s' if len(protocol['seeds']) > 1 else ''} {', '.join(map(str, protocol['seeds']))} and "
+        f"the test set: mean ± sd over the seeds of each "
         f"seed's mean over its last {TAIL_ROUNDS} evaluated rounds. Engine: {protocol['engine']}.",
         "",
         "| " + " | ".join(header) + " |",
@@ -1053,13 +1060,13 @@ def compare(
         base = job_config(spec, first, {}, spec.tuning_seed, spec.dataset)
         dataset = validation_dataset(spec, base)
         steps = epoch_steps(check_run_config(base, spec.clients), mean_client_examples(dataset, spec.clients))
-        tuned = run_jobs(tuning_jobs(spec, grid, dataset, steps), spec, "tune", progress)
+        to_tune = {strategy: grid[strategy] for strategy in spec.strategies if len(grid[strategy]) > 1}
+        tuned = run_jobs(tuning_jobs(spec, to_tune, dataset, steps), spec, "tune", progress) if to_tune else {}
         winners = {
-            strategy: best_point(
-                tuning_scores([tuned[f"tune-{strategy}-p{point}"] for point in range(len(grid[strategy]))])
-            )
-            for strategy in spec.strategies
+            strategy: best_point(tuning_scores([tuned[f"tune-{strategy}-p{point}"] for point in range(len(points))]))
+            for strategy, points in to_tune.items()
         }
+        winners = {strategy: winners.get(strategy, 0) for strategy in spec.strategies}
         rows = run_jobs(final_jobs(spec, grid, winners, steps), spec, "final", progress)
     finally:
         progress.close()

@@ -45,8 +45,9 @@ def rows(accuracies: list[float | None], **extra) -> list[dict]:
 
 
 def test_the_grids_give_every_strategy_the_same_budget():
-    small, paper = cmp.load_grid("small"), cmp.load_grid("paper")
-    assert set(small) == set(paper)
+    defaults, small, paper = cmp.load_grid("defaults"), cmp.load_grid("small"), cmp.load_grid("paper")
+    assert set(defaults) == set(small) == set(paper)
+    assert all(points == [{}] for points in defaults.values())  # every key at its default
     assert {len(points) for points in small.values()} == {2}
     sizes = {len(points) for points in paper.values()}
     assert len(sizes) == 1 and 8 <= sizes.pop() <= 12
@@ -234,6 +235,35 @@ def test_a_run_the_server_fails_keeps_its_rows_is_not_run_again_and_never_wins(t
     assert fedavg["failed_seeds"] == {"0": reason} and summary["strategies"]["bayesadmm"]["failed_seeds"] == {}
     fedavg_row = next(line for line in cmp.markdown_table(summary).splitlines() if line.startswith("| fedavg |"))
     assert fedavg_row.endswith("| 1 (1 failed) |")
+
+
+def test_the_defaults_grid_tunes_nothing_and_runs_every_key_at_its_default(tmp_path, monkeypatch):
+    """A grid of one point has nothing to choose: no tuning run, the final runs at that point, and the table says
+    nothing was tuned."""
+    from fedbayes.deploy import inprocess
+
+    configs = []
+
+    def federation(run_config, clients, root):
+        configs.append(run_config)
+        (root / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows([0.5, 0.6])))
+        return rows([0.5, 0.6])
+
+    monkeypatch.setattr(inprocess, "run_inprocess", federation)
+    compare = spec(tmp_path, grid="defaults")
+    summary = cmp.compare(compare, say=lambda line: None)
+    assert sorted(path.name for path in (compare.out / "runs").iterdir()) == [
+        "final-bayesadmm-s0.jsonl",
+        "final-fedavg-s0.jsonl",
+    ]
+    assert [config["strategy"] for config in configs] == ["fedavg", "bayesadmm"]
+    assert not {"lr", "lr-schedule"} & {key for config in configs for key in config}  # nothing set: the defaults
+    fedavg = summary["strategies"]["fedavg"]
+    assert fedavg["settings"] == {} and fedavg["grid"] == [
+        {"settings": {}, "validation_accuracy": None, "validation_nll": None, "failed": None}
+    ]
+    assert fedavg["test"]["accuracy"]["mean"] == pytest.approx(0.55)  # the mean of the last rounds, read as usual
+    assert "at the one point of the `defaults` grid, nothing tuned" in (compare.out / "table.md").read_text()
 
 
 def test_a_fedlap_func_point_runs_in_the_compare_engine_with_its_memory(tmp_path):
