@@ -47,11 +47,13 @@ class Algorithm:
     settings  the frozen dataclass of the run-config keys it reads besides the core's, each field declared with
               `fedbayes.tasks.config.key` (`fedbayes strategies` lists them); the server half reads them typed with
               `RunSettings.hyperparameters(settings)`
+    lr_schedule  the learning-rate schedule of a run whose `lr-schedule` is auto (the default): constant or cosine
     """
 
     server: Callable[..., Any] | str
     client: Callable[..., Any] | str
     settings: type = NoHyperparameters
+    lr_schedule: str = "constant"
 
     @property
     def hyperparameters(self) -> tuple[Key, ...]:
@@ -117,7 +119,8 @@ def _builtin_halves(package: str, server: str, client: str = "client_update") ->
 BUILTIN = {
     "fedavg": Algorithm(*_builtin_halves("fedavg", "FedAvg")),
     "fedprox": Algorithm(*_builtin_halves("fedavg", "FedProx"), FedProxSettings),
-    "bayesadmm": Algorithm(*_builtin_halves("bayesadmm", "BayesADMM"), BayesADMMSettings),
+    # cosine: the paper's schedule, and the one tuning chose on FMNIST (docs/results/compare.md "The defaults")
+    "bayesadmm": Algorithm(*_builtin_halves("bayesadmm", "BayesADMM"), BayesADMMSettings, lr_schedule="cosine"),
     "fedadmm": Algorithm(*_builtin_halves("bayesadmm", "FedADMM"), BayesADMMSettings),
     "bayesadmm-full": Algorithm(*_builtin_halves("bayesadmm", "BayesADMMFull"), BayesADMMSettings),
     "feddyn": Algorithm(*_builtin_halves("feddyn", "FedDyn"), FedDynSettings),
@@ -194,7 +197,7 @@ def default_run_config(strategy: str = "") -> dict[str, Any]:
 
 def run_settings(run_config: Mapping[str, Any]) -> RunSettings:
     """`run_config` parsed and checked against the core keys and those of every built-in strategy and of the run's
-    own strategy (RunSettings.from_run_config).
+    own strategy (RunSettings.from_run_config), with `lr-schedule` auto made the strategy's own (`Algorithm`).
 
     Args:
         run_config: the run config, key -> value.
@@ -205,8 +208,16 @@ def run_settings(run_config: Mapping[str, Any]) -> RunSettings:
     Raises:
         ConfigError: the run's `strategy` is unknown or cannot be loaded, a key is unknown or missing, or a value is
             invalid.
+
+    Examples:
+        >>> base = default_run_config()
+        >>> run_settings({**base, "strategy": "bayesadmm"}).lr_schedule, run_settings(base).lr_schedule
+        ('cosine', 'constant')
     """
-    return RunSettings.from_run_config(run_config, algorithm_keys(str(run_config.get("strategy", ""))))
+    settings = RunSettings.from_run_config(run_config, algorithm_keys(str(run_config.get("strategy", ""))))
+    if settings.lr_schedule != "auto":
+        return settings
+    return settings.replace(lr_schedule=get_algorithm(settings.strategy).lr_schedule)
 
 
 def _installed() -> dict[str, str]:

@@ -247,7 +247,12 @@ class TrainingSettings:
 
         Returns:
             `lr`, or under the cosine schedule lr x (1 + cos(pi x (server_round - 1) / num_rounds)) / 2.
+
+        Raises:
+            ValueError: the schedule is still "auto" (fedbayes.strategies.run_settings resolves it).
         """
+        if self.lr_schedule == "auto":
+            raise ValueError("lr-schedule 'auto' has no rate: parse the run config with strategies.run_settings")
         if self.lr_schedule == "constant":
             return self.lr
         progress = (server_round - 1) / max(self.num_rounds, 1)
@@ -368,7 +373,12 @@ class RunSettings:
     local_epochs: int = key(1, "epochs of local training per round", AT_LEAST_ONE)
     batch_size: int = key(32, "local minibatch size", AT_LEAST_ONE)
     lr: float = key(0.001, "local learning rate", POSITIVE)
-    lr_schedule: str = key("constant", "the local learning rate over the rounds", choices=("constant", "cosine"))
+    lr_schedule: str = key(
+        "auto",
+        "the local learning rate over the rounds: constant, cosine (lr annealed to 0 over num-server-rounds), or "
+        "auto: the strategy's own (cosine for bayesadmm, as its paper; constant for the others)",
+        choices=("auto", "constant", "cosine"),
+    )
     optimizer: str = key("adam", "local optimizer of the non-Bayesian strategies", choices=("adam", "sgd"))
     weight_decay: float = key(0.0, "local weight decay (FedAvg, FedProx, FedDyn, FedPA)", NON_NEGATIVE)
     device: str = key("auto", "auto | cpu | cuda (a SuperNode's node config `device` overrides it)")

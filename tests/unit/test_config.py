@@ -249,3 +249,38 @@ def test_the_local_learning_rate_is_constant_or_cosine_annealed_over_the_rounds(
     cosine = run_settings({**DEFAULTS, "lr": 0.01, "lr-schedule": "cosine", "num-server-rounds": 4}).training
     # progress (round - 1) / 4: 0, 1/2, 3/4 of the half cosine from lr down to 0
     assert [cosine.round_lr(r) for r in (1, 3, 4)] == pytest.approx([0.01, 0.005, 0.01 * (1 - 2**-0.5) / 2])
+
+
+@pytest.mark.parametrize(
+    ("strategy", "given", "parsed"),
+    [
+        ("bayesadmm", "auto", "cosine"),  # BayesADMM's own: its paper's
+        ("fedavg", "auto", "constant"),
+        ("fedlap-cov", "auto", "constant"),
+        ("p-dsvgd", "auto", "constant"),
+        ("bayesadmm", "constant", "constant"),  # a schedule the user names is kept
+        ("fedavg", "cosine", "cosine"),
+    ],
+)
+def test_lr_schedule_auto_is_the_strategys_own_and_a_named_schedule_is_kept(strategy, given, parsed):
+    settings = run_settings({**DEFAULTS, "strategy": strategy, "lr-schedule": given, "num-server-rounds": 4})
+    assert settings.lr_schedule == parsed and settings.training.lr_schedule == parsed
+    assert settings.training.round_lr(3) == pytest.approx(0.0005 if parsed == "cosine" else 0.001)
+
+
+def test_lr_schedule_auto_takes_a_plugged_in_strategys_own_schedule(tmp_path, monkeypatch):
+    (tmp_path / "annealed_plugin.py").write_text(
+        "from fedbayes.strategies import Algorithm\n"
+        "ALGORITHM = Algorithm('fedbayes.strategies.fedavg.server:FedAvg', "
+        "'fedbayes.strategies.fedavg.client:client_update', lr_schedule='cosine')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert run_settings({**DEFAULTS, "strategy": "annealed_plugin:ALGORITHM"}).lr_schedule == "cosine"
+
+
+def test_a_training_group_left_at_auto_refuses_to_give_a_rate():
+    training = TrainingSettings(
+        local_epochs=1, batch_size=32, lr=0.01, lr_schedule="auto", optimizer="adam", seed=0, num_rounds=4
+    )
+    with pytest.raises(ValueError, match="lr-schedule 'auto' has no rate"):
+        training.round_lr(1)
