@@ -2,10 +2,12 @@
 
     python benchmarks/compare_tables.py wine iris          # each experiment's table, the page's columns
     python benchmarks/compare_tables.py --verdict defaults-sonar defaults-glass
+    python benchmarks/compare_tables.py --across ood_auroc_mi defaults-sonar defaults-glass
 
 `--verdict` reads experiments of the `defaults` grid (nothing tuned) and sets each Bayesian strategy against
 FedAvg at its defaults, by issue 65's target: accuracy within 1 point of FedAvg's, and a lower NLL and ECE (means
-over the seeds).
+over the seeds). `--across METRIC` prints one metric's mean per strategy and experiment (the summary's keys:
+ood_auroc, misclassification_auroc, selective_accuracy_80, client_ece_worst, ...).
 """
 
 from __future__ import annotations
@@ -170,11 +172,44 @@ def verdict_table(names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def across_table(names: list[str], metric: str) -> str:
+    """One metric's mean over the seeds, a row per strategy and a column per experiment.
+
+    Args:
+        names: the experiments.
+        metric: a key of the summaries' `test` entries (ood_auroc_mi, ...).
+
+    Returns:
+        The Markdown table; `-` where a strategy was not run or has no such metric.
+
+    Raises:
+        ValueError: no experiment has `metric` for any strategy (a misspelt key).
+    """
+    summaries = {name: read_summary(name)["strategies"] for name in names}
+    strategies = list(dict.fromkeys(strategy for entries in summaries.values() for strategy in entries))
+    rows, found = [], False
+    for strategy in strategies:
+        cells = []
+        for entries in summaries.values():
+            value = entries.get(strategy, {}).get("test", {}).get(metric)
+            found |= value is not None
+            cells.append("-" if value is None else f"{value['mean']:.2f}")
+        rows.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    if not found:
+        raise ValueError(f"no strategy of {', '.join(names)} has the metric {metric!r}")
+    heading = "| strategy | " + " | ".join(name.removeprefix("defaults-") for name in names) + " |"
+    return "\n".join([heading, "|" + "---|" * (len(names) + 1), *rows])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiments", nargs="+", help="folders of benchmarks/results/compare")
     parser.add_argument("--verdict", action="store_true", help="the defaults against FedAvg's (defaults grid)")
+    parser.add_argument("--across", metavar="METRIC", help="one metric's mean per strategy across the experiments")
     args = parser.parse_args()
+    if args.across:
+        print(across_table(args.experiments, args.across))
+        return
     if args.verdict:
         print(verdict_table(args.experiments))
         return
