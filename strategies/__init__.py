@@ -55,6 +55,10 @@ class Algorithm:
     settings: type = NoHyperparameters
     lr_schedule: str = "constant"
 
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"Algorithm lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+
     @property
     def hyperparameters(self) -> tuple[Key, ...]:
         """The run-config keys `settings` declares."""

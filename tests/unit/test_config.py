@@ -278,6 +278,13 @@ def test_lr_schedule_auto_takes_a_plugged_in_strategys_own_schedule(tmp_path, mo
     assert run_settings({**DEFAULTS, "strategy": "annealed_plugin:ALGORITHM"}).lr_schedule == "cosine"
 
 
+def test_a_strategy_must_declare_a_schedule_auto_can_become():
+    from fedbayes.strategies import Algorithm
+
+    with pytest.raises(ValueError, match="lr_schedule must be 'constant' or 'cosine', got 'auto'"):
+        Algorithm("m:server", "m:client", lr_schedule="auto")
+
+
 def test_a_training_group_left_at_auto_refuses_to_give_a_rate():
     training = TrainingSettings(
         local_epochs=1, batch_size=32, lr=0.01, lr_schedule="auto", optimizer="adam", seed=0, num_rounds=4
