@@ -56,8 +56,10 @@ class Algorithm:
     lr_schedule: str = "constant"
 
     def __post_init__(self) -> None:
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"Algorithm lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule not in config.LR_SCHEDULES:
+            raise ValueError(
+                f"Algorithm lr_schedule must be {' or '.join(map(repr, config.LR_SCHEDULES))}, got {self.lr_schedule!r}"
+            )
 
     @property
     def hyperparameters(self) -> tuple[Key, ...]:

@@ -36,6 +36,7 @@ RUN_CONFIG_FILE = "run-config.toml"  # the run config a workdir's federation was
 TRACKING_KINDS = {"mlflow": ("mlflow", "matplotlib"), "tensorboard": ("tensorboard", "matplotlib")}
 # Run config `ood-inputs`: the out-of-distribution inputs of the server's evaluation (tasks/ood.py says what each is).
 OOD_INPUTS = ("noise", "inverted", "permuted", "none")
+LR_SCHEDULES = ("constant", "cosine")  # what `lr-schedule` auto becomes: a strategy's own (strategies.Algorithm)
 H = TypeVar("H", bound="DataclassInstance")  # a strategy's settings dataclass
 G = TypeVar("G", bound="DataclassInstance")  # a group of core keys (`RunSettings.loop`, `RunSettings.data`, ...)
 
@@ -377,7 +378,7 @@ class RunSettings:
         "auto",
         "the local learning rate over the rounds: constant, cosine (lr annealed to 0 over num-server-rounds), or "
         "auto: the strategy's own (cosine for bayesadmm, as its paper; constant for the others)",
-        choices=("auto", "constant", "cosine"),
+        choices=("auto", *LR_SCHEDULES),
     )
     optimizer: str = key("adam", "local optimizer of the non-Bayesian strategies", choices=("adam", "sgd"))
     weight_decay: float = key(0.0, "local weight decay (FedAvg, FedProx, FedDyn, FedPA)", NON_NEGATIVE)
